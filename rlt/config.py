@@ -1,0 +1,126 @@
+"""ModelConfig: the one description of the model, built once by the entry point.
+
+It holds the family's own config object and the family-neutral facts that the coordinator
+(validation, credits) and the workers (KV pool, runner) need. Workers receive it; they never
+re-read config.json.
+"""
+
+import json
+import os
+from dataclasses import dataclass
+from typing import Any
+
+from rlt.errors import ConfigError
+from rlt.models.configs import FAMILY_CONFIGS, HuginnConfig, NanbeigeConfig, OuroConfig
+
+FAMILY_NAMES = {"ouro": "ouro", "nanbeige": "nanbeige", "huginn_raven": "huginn"}
+
+
+@dataclass(frozen=True)
+class KVGeometry:
+    """What one token position stores. Core layers keep one plane per loop depth (LAST_EXITED) or
+    one shared plane; boundary layers (Huginn's prelude and coda) are stored once."""
+
+    num_core_layers: int
+    num_boundary_layers: int
+    num_kv_heads: int
+    head_dim: int
+
+    def bytes_per_token(self, planes: int, dtype_bytes: int) -> int:
+        layers = self.num_core_layers * planes + self.num_boundary_layers
+        return 2 * layers * self.num_kv_heads * self.head_dim * dtype_bytes
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    path: str
+    model_type: str  # config.json's model_type: "ouro" | "nanbeige" | "huginn_raven"
+    family_config: OuroConfig | NanbeigeConfig | HuginnConfig
+    raw: dict[str, Any]  # config.json after hf_overrides (what a worker rebuilds this from)
+    torch_dtype: str  # the checkpoint's declared dtype
+
+    @classmethod
+    def from_pretrained(cls, path: str, hf_overrides: dict | None = None) -> "ModelConfig":
+        path = os.path.abspath(os.fspath(path))
+        cfg_file = os.path.join(path, "config.json")
+        if not os.path.isfile(cfg_file):
+            raise ConfigError(f"no config.json in {path}")
+        with open(cfg_file) as f:
+            raw = json.load(f)
+        if hf_overrides is not None:
+            if not isinstance(hf_overrides, dict):
+                raise ConfigError(f"hf_overrides must be a dict of config.json fields, got {hf_overrides!r}")
+            raw = {**raw, **hf_overrides}
+        if raw.get("eos_token_id") is None:  # as transformers, fall back to generation_config.json
+            gen = os.path.join(path, "generation_config.json")
+            if os.path.isfile(gen):
+                with open(gen) as f:
+                    eos = json.load(f).get("eos_token_id")
+                if eos is not None:
+                    raw = {**raw, "eos_token_id": eos}
+        return cls.from_dict(raw, path)
+
+    @classmethod
+    def from_dict(cls, raw: dict, path: str = "") -> "ModelConfig":
+        model_type = raw.get("model_type")
+        if model_type not in FAMILY_CONFIGS:
+            raise ConfigError(
+                f"config.json field 'model_type': {model_type!r} is not supported "
+                f"(supported: {', '.join(map(repr, FAMILY_CONFIGS))})")
+        fc = FAMILY_CONFIGS[model_type].from_dict(raw)
+        return cls(path=path, model_type=model_type, family_config=fc, raw=raw,
+                   torch_dtype=str(raw.get("torch_dtype") or raw.get("dtype") or "float32"))
+
+    # ---- family-neutral facts -------------------------------------------------------------
+    @property
+    def family(self) -> str:
+        return FAMILY_NAMES[self.model_type]
+
+    @property
+    def vocab_size(self) -> int:
+        return self.family_config.vocab_size
+
+    @property
+    def hidden_size(self) -> int:
+        """Width of the loop state (what a row hands over between loops or workers)."""
+        return self.family_config.hidden_size
+
+    @property
+    def depth(self) -> int:
+        """Loop depth a prompt runs at (and the most a decode token may run)."""
+        fc = self.family_config
+        if isinstance(fc, OuroConfig):
+            return fc.total_ut_steps
+        if isinstance(fc, NanbeigeConfig):
+            return fc.num_loops
+        return fc.mean_recurrence
+
+    @property
+    def has_exit_gate(self) -> bool:
+        return isinstance(self.family_config, OuroConfig)
+
+    @property
+    def default_exit_threshold(self) -> float:
+        fc = self.family_config
+        return fc.early_exit_threshold if isinstance(fc, OuroConfig) else 1.0
+
+    @property
+    def max_positions(self) -> int:
+        return self.family_config.max_position_embeddings
+
+    @property
+    def bos_token_id(self) -> int | None:
+        return self.family_config.bos_token_id
+
+    @property
+    def eos_token_ids(self) -> tuple[int, ...]:
+        return self.family_config.eos_token_ids
+
+    @property
+    def kv(self) -> KVGeometry:
+        fc = self.family_config
+        if isinstance(fc, HuginnConfig):
+            core, boundary = fc.n_layers_in_recurrent_block, fc.n_layers_in_prelude + fc.n_layers_in_coda
+        else:
+            core, boundary = fc.num_hidden_layers, 0
+        return KVGeometry(core, boundary, fc.num_key_value_heads, fc.head_dim)

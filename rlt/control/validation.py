@@ -1,0 +1,92 @@
+"""Request validation against the ModelConfig, before any worker sees the request."""
+
+import math
+import secrets
+from dataclasses import dataclass
+
+from rlt.config import ModelConfig
+from rlt.errors import RequestError
+from rlt.sampling_params import SamplingParams
+
+
+@dataclass(frozen=True)
+class ResolvedParams:
+    """SamplingParams with every default filled in; what a worker runs."""
+
+    max_tokens: int
+    temperature: float
+    top_k: int  # 0 = off
+    top_p: float
+    sampling_seed: int  # a random one when the request gave none
+    state_seed: int  # Huginn's initial latent: the request's seed, else 0 (deterministic by default)
+    min_loops: int
+    max_loops: int
+    exit_threshold: float  # >= 1.0 means fixed depth (max_loops); gate-less families never exit early
+    stop_token_ids: tuple[int, ...]
+    ignore_eos: bool
+    logprobs: int  # 0 = none
+
+
+def _int(name, v, lo=None, hi=None, lo_text=None, hi_text=None):
+    if not isinstance(v, int) or isinstance(v, bool):
+        raise RequestError(f"{name} must be an integer, got {v!r}")
+    if lo is not None and v < lo:
+        raise RequestError(f"{name} must be >= {lo_text or lo}, got {v}")
+    if hi is not None and v > hi:
+        raise RequestError(f"{name} must be <= {hi_text or hi}, got {v}")
+    return v
+
+
+def _float(name, v):
+    if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v):
+        raise RequestError(f"{name} must be a finite number, got {v!r}")
+    return float(v)
+
+
+def validate_prompt(mc: ModelConfig, prompt_token_ids) -> list[int]:
+    if not isinstance(prompt_token_ids, (list, tuple)) or len(prompt_token_ids) == 0:
+        raise RequestError("prompt must be a non-empty text or list of token ids")
+    V = mc.vocab_size
+    for i, t in enumerate(prompt_token_ids):
+        if not isinstance(t, int) or isinstance(t, bool) or not 0 <= t < V:
+            raise RequestError(f"prompt token id {t!r} at index {i} is outside the vocabulary [0, {V})")
+    return list(prompt_token_ids)
+
+
+def resolve_params(mc: ModelConfig, prompt_len: int, p: SamplingParams) -> ResolvedParams:
+    if not isinstance(p, SamplingParams):
+        raise RequestError(f"sampling params must be rlt.SamplingParams, got {type(p).__name__}")
+    depth, V = mc.depth, mc.vocab_size
+    max_tokens = _int("max_tokens", p.max_tokens, lo=1)
+    if prompt_len + max_tokens > mc.max_positions:
+        raise RequestError(f"prompt length {prompt_len} + max_tokens {max_tokens} exceeds the model's "
+                           f"max positions {mc.max_positions}")
+    temperature = _float("temperature", p.temperature)
+    if temperature < 0:
+        raise RequestError(f"temperature must be >= 0, got {temperature}")
+    top_k = _int("top_k", p.top_k, lo=-1)
+    top_p = _float("top_p", p.top_p)
+    if not 0 < top_p <= 1:
+        raise RequestError(f"top_p must be in (0, 1], got {top_p}")
+    if p.seed is not None:
+        _int("seed", p.seed, lo=-(2 ** 63), hi=2 ** 63 - 1)
+    max_loops = depth if p.max_loops is None else _int("max_loops", p.max_loops, lo=1, hi=depth,
+                                                       hi_text=f"the model's depth {depth}")
+    min_loops = 1 if p.min_loops is None else _int("min_loops", p.min_loops, lo=1, hi=max_loops,
+                                                   hi_text=f"max_loops ({max_loops})")
+    thr = mc.default_exit_threshold if p.exit_threshold is None else _float("exit_threshold", p.exit_threshold)
+    if not 0 <= thr <= 1:
+        raise RequestError(f"exit_threshold must be in [0, 1], got {thr}")
+    if not isinstance(p.stop_token_ids, (list, tuple)):
+        raise RequestError(f"stop_token_ids must be a list of token ids, got {p.stop_token_ids!r}")
+    for t in p.stop_token_ids:
+        _int("stop_token_ids entry", t, lo=0, hi=V - 1, hi_text=f"vocab size - 1 ({V - 1})")
+    if not isinstance(p.ignore_eos, bool):
+        raise RequestError(f"ignore_eos must be a bool, got {p.ignore_eos!r}")
+    logprobs = 0 if p.logprobs is None else _int("logprobs", p.logprobs, lo=0, hi=V, hi_text=f"vocab size ({V})")
+    return ResolvedParams(
+        max_tokens=max_tokens, temperature=temperature, top_k=max(top_k, 0), top_p=top_p,
+        sampling_seed=p.seed if p.seed is not None else secrets.randbits(63),
+        state_seed=p.seed if p.seed is not None else 0,
+        min_loops=min_loops, max_loops=max_loops, exit_threshold=thr,
+        stop_token_ids=tuple(p.stop_token_ids), ignore_eos=p.ignore_eos, logprobs=logprobs)

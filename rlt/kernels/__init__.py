@@ -1,0 +1,1 @@
+"""Kernels used by the workers; each has a plain torch reference that runs on CPU and in tests."""

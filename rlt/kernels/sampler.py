@@ -1,0 +1,51 @@
+"""Batched sampling: greedy, temperature, top-k, top-p, per-request seed; no per-row Python loop.
+
+Sampling is Gumbel-max over counter-based noise: the noise for output position i of a request is
+a pure function of (seed, i, token id), so a request's tokens never depend on its batch-mates or
+on which worker samples it.
+"""
+
+from dataclasses import dataclass
+
+import torch
+
+from rlt.kernels.random import gumbel
+
+
+@dataclass
+class SamplingTensors:
+    """Per-row parameters, each a [B] tensor on the logits' device."""
+
+    temperature: torch.Tensor  # float32; 0 means greedy
+    top_k: torch.Tensor  # int64; <= 0 means off
+    top_p: torch.Tensor  # float32 in (0, 1]
+    seed: torch.Tensor  # int64
+    output_index: torch.Tensor  # int64: which output token of its request this row samples
+
+
+def sample(logits: torch.Tensor, p: SamplingTensors) -> torch.Tensor:
+    """logits [B, V] -> token ids [B] (int64)."""
+    logits = logits.float()
+    greedy = logits.argmax(dim=-1)
+    if bool((p.temperature == 0).all()):
+        return greedy
+    B, V = logits.shape
+    scaled = logits / torch.where(p.temperature > 0, p.temperature, 1.0).unsqueeze(1)
+    sorted_logits, order = scaled.sort(dim=-1, descending=True)
+    rank = torch.arange(V, device=logits.device).unsqueeze(0)
+    k = torch.where(p.top_k > 0, p.top_k, V).clamp(max=V).unsqueeze(1)
+    sorted_logits = sorted_logits.masked_fill(rank >= k, float("-inf"))
+    probs = sorted_logits.softmax(dim=-1)
+    # Keep the smallest prefix whose mass reaches top_p (the first token always stays).
+    mass_before = probs.cumsum(dim=-1) - probs
+    drop_sorted = (rank >= k) | (mass_before >= p.top_p.unsqueeze(1))
+    drop = torch.empty_like(drop_sorted).scatter_(1, order, drop_sorted)
+    noise = gumbel(p.seed.unsqueeze(1), p.output_index.unsqueeze(1), rank)
+    sampled = (scaled.masked_fill(drop, float("-inf")) + noise).argmax(dim=-1)
+    return torch.where(p.temperature > 0, sampled, greedy)
+
+
+def top_logprobs(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Top-k of log_softmax(logits) per row: (values [B, k] float32, ids [B, k] int64)."""
+    logp = torch.log_softmax(logits.float(), dim=-1)
+    return logp.topk(k, dim=-1)

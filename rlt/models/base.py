@@ -1,0 +1,38 @@
+"""The stage interface every family implements, and the attention interface it calls.
+
+A looped model is run as stages so that one code path serves the dense reference, the paged
+engine and the GPU kernels:
+
+    inject = embed(ids, positions, attn)            # Ouro/Nanbeige: embedding; Huginn: prelude output
+    state  = initial_state(inject, positions, seeds) # Huginn draws its initial latent here
+    state, gate = loop(state, inject, positions, attn)   # one application of the shared core
+    logits = head(state, positions, attn)           # Huginn: ln_f, coda, ln_f, tied head
+
+Tokens are flattened: every tensor is [T, ...] for T rows (of one or many requests). Attention goes
+through an `Attention` object that owns the KV cache; it knows which request, position and loop
+depth each row is, so the model code never does.
+"""
+
+from typing import Protocol
+
+import torch
+
+
+class Attention(Protocol):
+    def core(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """Attention for a core layer at each row's current depth. q [T, H, D], k/v [T, Hkv, D]
+        (after RoPE); stores k/v for these rows, returns [T, H, D]."""
+
+    def boundary(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """Same for a boundary layer (stored once per position, not per depth)."""
+
+
+class LoopedModel(Protocol):
+    def embed(self, ids: torch.Tensor, positions: torch.Tensor, attn: Attention) -> torch.Tensor: ...
+
+    def initial_state(self, inject: torch.Tensor, positions: torch.Tensor, seeds: torch.Tensor) -> torch.Tensor: ...
+
+    def loop(self, state: torch.Tensor, inject: torch.Tensor, positions: torch.Tensor,
+             attn: Attention) -> tuple[torch.Tensor, torch.Tensor | None]: ...
+
+    def head(self, state: torch.Tensor, positions: torch.Tensor, attn: Attention) -> torch.Tensor: ...

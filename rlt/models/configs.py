@@ -1,0 +1,280 @@
+"""The three families' config.json schemas, parsed and validated (no torch here).
+
+Each class reads the official field names, fills the official defaults, and rejects what the
+engine cannot run with a ConfigError that names the field. Fields that are present but inactive
+(e.g. Huginn's `test_time_noise: 0`, Ouro's `sliding_window` with `use_sliding_window: false`)
+are accepted. Unknown keys are ignored, as transformers does.
+"""
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from rlt.errors import ConfigError
+
+_MISSING = object()
+
+
+class _Reader:
+    """Typed access to a config dict; every error names the field."""
+
+    def __init__(self, d: dict[str, Any], family: str):
+        self.d, self.family = d, family
+
+    def fail(self, name: str, msg: str) -> ConfigError:
+        return ConfigError(f"{self.family} config.json field '{name}': {msg}")
+
+    def get(self, name, typ, default=_MISSING):
+        if name not in self.d or self.d[name] is None:
+            if default is _MISSING:
+                raise self.fail(name, "is required")
+            return default
+        v = self.d[name]
+        ok = {
+            int: isinstance(v, int) and not isinstance(v, bool),
+            float: isinstance(v, (int, float)) and not isinstance(v, bool),
+            bool: isinstance(v, bool),
+            str: isinstance(v, str),
+            list: isinstance(v, list),
+            dict: isinstance(v, dict),
+        }[typ]
+        if not ok:
+            raise self.fail(name, f"expected {typ.__name__}, got {v!r}")
+        return float(v) if typ is float else v
+
+    def positive(self, name, default=_MISSING) -> int:
+        v = self.get(name, int, default)
+        if v < 1:
+            raise self.fail(name, f"must be >= 1, got {v}")
+        return v
+
+    def must_be(self, name, allowed, default=_MISSING):
+        v = self.d.get(name, default)
+        if v is _MISSING:
+            raise self.fail(name, "is required")
+        if v not in allowed:
+            raise self.fail(name, f"{v!r} is not supported (supported: {', '.join(map(repr, allowed))})")
+        return v
+
+    def off(self, name, hint=""):
+        """A feature flag the engine cannot run: absent, null, false, 0 or empty are fine."""
+        v = self.d.get(name)
+        if v not in (None, False, 0, 0.0, [], {}, ""):
+            raise self.fail(name, f"{v!r} is not supported; remove it or set it off{hint}")
+
+    def rope_theta(self, name="rope_theta", default=_MISSING) -> float:
+        """rope_theta; a rope_scaling / rope_parameters dict is accepted only with rope_type 'default'."""
+        theta = self.d.get(name)
+        for key in ("rope_scaling", "rope_parameters"):
+            rs = self.d.get(key)
+            if rs is None:
+                continue
+            if not isinstance(rs, dict) or rs.get("rope_type", rs.get("type", "default")) != "default":
+                raise self.fail(key, f"{rs!r} is not supported: only plain RoPE runs (set it to null)")
+            theta = rs.get("rope_theta", theta)
+        if theta is None:
+            if default is _MISSING:
+                raise self.fail(name, "is required")
+            theta = default
+        if not isinstance(theta, (int, float)) or isinstance(theta, bool) or theta <= 0:
+            raise self.fail(name, f"must be a positive number, got {theta!r}")
+        return float(theta)
+
+    def token_ids(self, name) -> tuple[int, ...]:
+        v = self.d.get(name)
+        if v is None:
+            return ()
+        vals = v if isinstance(v, list) else [v]
+        if not all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in vals):
+            raise self.fail(name, f"expected a token id or a list of token ids, got {v!r}")
+        return tuple(vals)
+
+
+@dataclass(frozen=True)
+class _Common:
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    rope_theta: float
+    rms_norm_eps: float
+    max_position_embeddings: int
+    tie_word_embeddings: bool
+    bos_token_id: int | None
+    eos_token_ids: tuple[int, ...]
+
+
+def _heads(r: _Reader, hidden: int, heads_key: str, kv_key: str, head_dim_keys: tuple[str, ...]):
+    heads = r.positive(heads_key)
+    kv = r.positive(kv_key, heads)
+    if heads % kv:
+        raise r.fail(kv_key, f"{kv} must divide {heads_key}={heads}")
+    for key in head_dim_keys:
+        if r.d.get(key) is not None:
+            return heads, kv, r.positive(key)
+    if hidden % heads:
+        raise r.fail(heads_key, f"{heads} must divide the hidden size {hidden} (or give head_dim)")
+    return heads, kv, hidden // heads
+
+
+def _bos(r: _Reader) -> int | None:
+    ids = r.token_ids("bos_token_id")
+    return ids[0] if ids else None
+
+
+@dataclass(frozen=True)
+class OuroConfig(_Common):
+    num_hidden_layers: int
+    total_ut_steps: int
+    early_exit_threshold: float
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "OuroConfig":
+        r = _Reader(d, "ouro")
+        r.must_be("hidden_act", ("silu",), "silu")
+        r.off("use_sliding_window")
+        layers = r.positive("num_hidden_layers")
+        types = r.get("layer_types", list, [])
+        if any(t != "full_attention" for t in types):
+            raise r.fail("layer_types", "only 'full_attention' layers are supported")
+        hidden = r.positive("hidden_size")
+        heads, kv, hd = _heads(r, hidden, "num_attention_heads", "num_key_value_heads", ("head_dim",))
+        thr = r.get("early_exit_threshold", float, 1.0)
+        if not 0.0 <= thr <= 1.0:
+            raise r.fail("early_exit_threshold", f"must be in [0, 1], got {thr}")
+        return cls(
+            vocab_size=r.positive("vocab_size"),
+            hidden_size=hidden,
+            intermediate_size=r.positive("intermediate_size"),
+            num_attention_heads=heads,
+            num_key_value_heads=kv,
+            head_dim=hd,
+            rope_theta=r.rope_theta(default=10000.0),
+            rms_norm_eps=r.get("rms_norm_eps", float, 1e-6),
+            max_position_embeddings=r.positive("max_position_embeddings", 32768),
+            tie_word_embeddings=r.get("tie_word_embeddings", bool, False),
+            bos_token_id=_bos(r),
+            eos_token_ids=r.token_ids("eos_token_id"),
+            num_hidden_layers=layers,
+            total_ut_steps=r.positive("total_ut_steps", 4),
+            early_exit_threshold=thr,
+        )
+
+
+# Nanbeige's superset features (all off in Nanbeige4.2); any of them enabled is rejected.
+NANBEIGE_UNSUPPORTED = (
+    "enable_double_loop_split", "loop_share_kv", "mhc_diff_for_loop", "enable_hyper_connection",
+    "enable_mhc", "enable_h_res_identity", "enable_depth_attention", "qk_layernorm",
+    "emb_neighbor_num", "emb_split_num", "ngram_vocab_size_ratio", "ngram_embedding_hidden_size",
+    "insert_ngram_layer_idx", "ngram_insert_all_layers", "attention_bias", "mlp_bias",
+    "loop_middle_layers",
+)
+
+
+@dataclass(frozen=True)
+class NanbeigeConfig(_Common):
+    num_hidden_layers: int
+    num_loops: int
+    skip_loop_final_norm: bool
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "NanbeigeConfig":
+        r = _Reader(d, "nanbeige")
+        r.must_be("hidden_act", ("silu",), "silu")
+        for name in NANBEIGE_UNSUPPORTED:
+            r.off(name)
+        # In the reference code a non-empty loop_loss_weights silently overrides num_loops.
+        r.off("loop_loss_weights", " (it is training-only; set num_loops instead)")
+        hidden = r.positive("hidden_size")
+        heads, kv, hd = _heads(r, hidden, "num_attention_heads", "num_key_value_heads",
+                               ("head_dim", "kv_channels"))
+        return cls(
+            vocab_size=r.positive("vocab_size"),
+            hidden_size=hidden,
+            intermediate_size=r.positive("intermediate_size"),
+            num_attention_heads=heads,
+            num_key_value_heads=kv,
+            head_dim=hd,
+            rope_theta=r.rope_theta(default=10000.0),
+            rms_norm_eps=r.get("rms_norm_eps", float, 1e-6),
+            max_position_embeddings=r.positive("max_position_embeddings", 2048),
+            tie_word_embeddings=r.get("tie_word_embeddings", bool, False),
+            bos_token_id=_bos(r),
+            eos_token_ids=r.token_ids("eos_token_id"),
+            num_hidden_layers=r.positive("num_hidden_layers"),
+            num_loops=r.positive("num_loops", 1),
+            skip_loop_final_norm=r.get("skip_loop_final_norm", bool, False),
+        )
+
+
+@dataclass(frozen=True)
+class HuginnConfig(_Common):
+    n_layers_in_prelude: int
+    n_layers_in_recurrent_block: int
+    n_layers_in_coda: int
+    mean_recurrence: int
+    qk_bias: bool
+    state_init: str
+    embed_scale: float
+    state_std: float
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "HuginnConfig":
+        # RavenConfig's attribute_map: the HF aliases name the same fields.
+        aliases = {"hidden_size": "n_embd", "num_attention_heads": "n_heads", "num_hidden_layers": "n_layers"}
+        d = {**{v: d[k] for k, v in aliases.items() if k in d and v not in d}, **d}
+        r = _Reader(d, "huginn_raven")
+        r.must_be("injection_type", ("linear",), "linear")
+        r.must_be("block_class_name", ("SandwichBlock",), "SandwichBlock")
+        r.must_be("norm_class_name", ("RMSNorm_llama",), "RMSNorm_llama")
+        r.must_be("mlp_class_name", ("GatedMLP",), "GatedMLP")
+        r.must_be("nonlin_name", ("SiLU",), "SiLU")
+        r.must_be("state_init", ("like-init", "zero"), "like-init")
+        r.off("bias")
+        r.off("test_time_noise")
+        hidden = r.positive("n_embd")
+        heads, kv, hd = _heads(r, hidden, "n_heads", "num_key_value_heads", ())
+        if kv != heads:
+            raise r.fail("num_key_value_heads", f"{kv} != n_heads={heads}: Huginn attention is MHA")
+        prelude = r.positive("n_layers_in_prelude", 2)
+        core = r.positive("n_layers_in_recurrent_block", 4)
+        coda = r.positive("n_layers_in_coda", 2)
+        n_layers = r.get("n_layers", int, prelude + core + coda)
+        if n_layers != prelude + core + coda:
+            raise r.fail("n_layers", f"{n_layers} != prelude {prelude} + recurrent block {core} + coda {coda}")
+        vocab = r.positive("padded_vocab_size", r.positive("vocab_size"))
+        # init_values as the reference reads them; derived from n_embd when absent.
+        init = r.get("init_values", dict, {})
+        std = math.sqrt(2.0 / (5.0 * hidden))
+        embed_scale = float(init.get("embed_scale", math.sqrt(hidden)))
+        state_std = float(init.get("std", std))
+        tie = r.get("tie_embeddings", bool, True)
+        if not tie:
+            raise r.fail("tie_embeddings", "false is not supported: Huginn's head is the embedding")
+        return cls(
+            vocab_size=vocab,
+            hidden_size=hidden,
+            intermediate_size=r.positive("intermediate_size"),
+            num_attention_heads=heads,
+            num_key_value_heads=kv,
+            head_dim=hd,
+            rope_theta=r.rope_theta("rope_base", default=50000.0),
+            rms_norm_eps=r.get("norm_eps", float, 1e-6),
+            max_position_embeddings=r.positive("block_size", 4096),
+            tie_word_embeddings=True,
+            bos_token_id=_bos(r),
+            eos_token_ids=r.token_ids("eos_token_id"),
+            n_layers_in_prelude=prelude,
+            n_layers_in_recurrent_block=core,
+            n_layers_in_coda=coda,
+            mean_recurrence=r.positive("mean_recurrence", 32),
+            qk_bias=r.get("qk_bias", bool, True),
+            state_init=r.d.get("state_init", "like-init"),
+            embed_scale=embed_scale,
+            state_std=state_std,
+        )
+
+
+FAMILY_CONFIGS = {"ouro": OuroConfig, "nanbeige": NanbeigeConfig, "huginn_raven": HuginnConfig}

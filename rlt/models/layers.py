@@ -1,0 +1,53 @@
+"""Building blocks shared by the three families (plain torch; kernels in rlt/kernels replace them on GPU)."""
+
+import torch
+import torch.nn.functional as F
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """Llama RMSNorm: normalise in float32, cast back, then scale (no +1 offset)."""
+    xf = x.float()
+    y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * y.to(x.dtype)
+
+
+def rope_inv_freq(head_dim: int, theta: float) -> torch.Tensor:
+    return 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
+
+
+def rope_neox(x: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor) -> torch.Tensor:
+    """Rotate-half RoPE (Llama/Qwen2). x [T, H, D]; positions [T]."""
+    freqs = positions.float().unsqueeze(1) * inv_freq.to(positions.device).unsqueeze(0)  # [T, D/2]
+    emb = torch.cat((freqs, freqs), dim=-1)
+    cos, sin = emb.cos().to(x.dtype).unsqueeze(1), emb.sin().to(x.dtype).unsqueeze(1)
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos + rotated * sin
+
+
+def rope_pairs(x: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor) -> torch.Tensor:
+    """RoPE on adjacent (even, odd) pairs as complex numbers (Huginn). Computed in float32."""
+    freqs = positions.float().unsqueeze(1) * inv_freq.to(positions.device).unsqueeze(0)  # [T, D/2]
+    cos, sin = freqs.cos().unsqueeze(1), freqs.sin().unsqueeze(1)
+    xf = x.float().reshape(*x.shape[:-1], -1, 2)
+    re, im = xf[..., 0], xf[..., 1]
+    out = torch.stack((re * cos - im * sin, re * sin + im * cos), dim=-1)
+    return out.flatten(-2).to(x.dtype)
+
+
+def swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    return F.silu(gate) * up
+
+
+def gqa_attention_projection(x, qkv_w, num_heads, num_kv_heads, head_dim):
+    """Fused [q; k; v] projection -> q [T, H, D], k/v [T, Hkv, D] (contiguous blocks, head-major)."""
+    q, k, v = F.linear(x, qkv_w).split([num_heads * head_dim, num_kv_heads * head_dim,
+                                        num_kv_heads * head_dim], dim=-1)
+    T = x.shape[0]
+    return q.view(T, num_heads, head_dim), k.view(T, num_kv_heads, head_dim), v.view(T, num_kv_heads, head_dim)
+
+
+def gated_mlp(x, gate_up_w, down_w):
+    """SwiGLU with a fused [gate; up] weight: down(silu(gate(x)) * up(x))."""
+    gate, up = F.linear(x, gate_up_w).chunk(2, dim=-1)
+    return F.linear(swiglu(gate, up), down_w)

@@ -1,0 +1,66 @@
+"""Nanbeige4.2: a pre-norm Llama core (GQA, wide q/o: head_dim need not be hidden/heads) run
+num_loops times with the same positions; model.norm after every loop (its output feeds the next
+loop) unless skip_loop_final_norm, in which case only after the last."""
+
+import torch
+import torch.nn.functional as F
+
+from rlt.config import ModelConfig
+from rlt.models.base import Attention
+from rlt.models.layers import gated_mlp, gqa_attention_projection, rms_norm, rope_inv_freq, rope_neox
+
+
+def expected_tensors(mc: ModelConfig) -> dict[str, tuple[int, ...]]:
+    fc = mc.family_config
+    H, I, V = fc.hidden_size, fc.intermediate_size, fc.vocab_size
+    q, kv = fc.num_attention_heads * fc.head_dim, fc.num_key_value_heads * fc.head_dim
+    out = {"model.embed_tokens.weight": (V, H), "model.norm.weight": (H,), "lm_head.weight": (V, H)}
+    for i in range(fc.num_hidden_layers):
+        p = f"model.layers.{i}."
+        out.update({p + "self_attn.q_proj.weight": (q, H), p + "self_attn.k_proj.weight": (kv, H),
+                    p + "self_attn.v_proj.weight": (kv, H), p + "self_attn.o_proj.weight": (H, q),
+                    p + "mlp.gate_proj.weight": (I, H), p + "mlp.up_proj.weight": (I, H),
+                    p + "mlp.down_proj.weight": (H, I), p + "input_layernorm.weight": (H,),
+                    p + "post_attention_layernorm.weight": (H,)})
+    return out
+
+
+class NanbeigeModel:
+    def __init__(self, mc: ModelConfig, w: dict[str, torch.Tensor]):
+        fc = self.fc = mc.family_config
+        self.embed_w = w["model.embed_tokens.weight"]
+        self.lm_head = w.get("lm_head.weight", self.embed_w)
+        self.norm_w = w["model.norm.weight"]
+        self.layers = []
+        for i in range(fc.num_hidden_layers):
+            p = f"model.layers.{i}."
+            self.layers.append(dict(
+                qkv=torch.cat([w[p + f"self_attn.{n}_proj.weight"] for n in "qkv"]),
+                o=w[p + "self_attn.o_proj.weight"],
+                gate_up=torch.cat([w[p + "mlp.gate_proj.weight"], w[p + "mlp.up_proj.weight"]]),
+                down=w[p + "mlp.down_proj.weight"],
+                n1=w[p + "input_layernorm.weight"], n2=w[p + "post_attention_layernorm.weight"]))
+        self.inv_freq = rope_inv_freq(fc.head_dim, fc.rope_theta).to(self.embed_w.device)
+
+    def embed(self, ids, positions, attn: Attention):
+        return F.embedding(ids, self.embed_w)
+
+    def initial_state(self, inject, positions, seeds):
+        return inject
+
+    def loop(self, x, inject, positions, attn: Attention):
+        fc, eps = self.fc, self.fc.rms_norm_eps
+        for i, L in enumerate(self.layers):
+            q, k, v = gqa_attention_projection(rms_norm(x, L["n1"], eps), L["qkv"], fc.num_attention_heads,
+                                               fc.num_key_value_heads, fc.head_dim)
+            q, k = rope_neox(q, positions, self.inv_freq), rope_neox(k, positions, self.inv_freq)
+            x = x + F.linear(attn.core(i, q, k, v).flatten(1), L["o"])
+            x = x + gated_mlp(rms_norm(x, L["n2"], eps), L["gate_up"], L["down"])
+        if not fc.skip_loop_final_norm:
+            x = rms_norm(x, self.norm_w, eps)
+        return x, None
+
+    def head(self, x, positions, attn: Attention):
+        if self.fc.skip_loop_final_norm:
+            x = rms_norm(x, self.norm_w, self.fc.rms_norm_eps)
+        return F.linear(x, self.lm_head).float()

@@ -1,0 +1,76 @@
+"""Ouro: a fully looped Qwen2-style stack with sandwich norms and a learned exit gate.
+
+One loop: for each layer, x += N_in2(Attn(N_in(x))); x += N_post2(MLP(N_post(x))); then
+x = model.norm(x). The normed x feeds the next loop, the exit gate and the LM head.
+"""
+
+import torch
+import torch.nn.functional as F
+
+from rlt.config import ModelConfig
+from rlt.models.base import Attention
+from rlt.models.layers import gated_mlp, gqa_attention_projection, rms_norm, rope_inv_freq, rope_neox
+
+_LAYER_TENSORS = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
+                  "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj", "input_layernorm",
+                  "input_layernorm_2", "post_attention_layernorm", "post_attention_layernorm_2")
+
+
+def expected_tensors(mc: ModelConfig) -> dict[str, tuple[int, ...]]:
+    fc = mc.family_config
+    H, I, V = fc.hidden_size, fc.intermediate_size, fc.vocab_size
+    q, kv = fc.num_attention_heads * fc.head_dim, fc.num_key_value_heads * fc.head_dim
+    shapes = {"self_attn.q_proj": (q, H), "self_attn.k_proj": (kv, H), "self_attn.v_proj": (kv, H),
+              "self_attn.o_proj": (H, q), "mlp.gate_proj": (I, H), "mlp.up_proj": (I, H),
+              "mlp.down_proj": (H, I)}
+    out = {"model.embed_tokens.weight": (V, H), "model.norm.weight": (H,),
+           "model.early_exit_gate.weight": (1, H), "model.early_exit_gate.bias": (1,),
+           "lm_head.weight": (V, H)}
+    for i in range(fc.num_hidden_layers):
+        for name in _LAYER_TENSORS:
+            out[f"model.layers.{i}.{name}.weight"] = shapes.get(name, (H,))
+    return out
+
+
+class OuroModel:
+    def __init__(self, mc: ModelConfig, w: dict[str, torch.Tensor]):
+        fc = self.fc = mc.family_config
+        self.embed_w = w["model.embed_tokens.weight"]
+        self.lm_head = w.get("lm_head.weight", self.embed_w)
+        self.norm_w = w["model.norm.weight"]
+        self.gate_w, self.gate_b = w["model.early_exit_gate.weight"].float(), w["model.early_exit_gate.bias"].float()
+        self.layers = []
+        for i in range(fc.num_hidden_layers):
+            p = f"model.layers.{i}."
+            self.layers.append(dict(
+                qkv=torch.cat([w[p + f"self_attn.{n}_proj.weight"] for n in "qkv"]),
+                o=w[p + "self_attn.o_proj.weight"],
+                gate_up=torch.cat([w[p + "mlp.gate_proj.weight"], w[p + "mlp.up_proj.weight"]]),
+                down=w[p + "mlp.down_proj.weight"],
+                n_in=w[p + "input_layernorm.weight"], n_in2=w[p + "input_layernorm_2.weight"],
+                n_post=w[p + "post_attention_layernorm.weight"],
+                n_post2=w[p + "post_attention_layernorm_2.weight"]))
+        self.inv_freq = rope_inv_freq(fc.head_dim, fc.rope_theta).to(self.embed_w.device)
+
+    def embed(self, ids, positions, attn: Attention):
+        return F.embedding(ids, self.embed_w)
+
+    def initial_state(self, inject, positions, seeds):
+        return inject
+
+    def loop(self, x, inject, positions, attn: Attention):
+        fc, eps = self.fc, self.fc.rms_norm_eps
+        for i, L in enumerate(self.layers):
+            q, k, v = gqa_attention_projection(rms_norm(x, L["n_in"], eps), L["qkv"], fc.num_attention_heads,
+                                               fc.num_key_value_heads, fc.head_dim)
+            q, k = rope_neox(q, positions, self.inv_freq), rope_neox(k, positions, self.inv_freq)
+            a = F.linear(attn.core(i, q, k, v).flatten(1), L["o"])
+            x = x + rms_norm(a, L["n_in2"], eps)
+            m = gated_mlp(rms_norm(x, L["n_post"], eps), L["gate_up"], L["down"])
+            x = x + rms_norm(m, L["n_post2"], eps)
+        x = rms_norm(x, self.norm_w, eps)
+        gate = F.linear(x.float(), self.gate_w, self.gate_b).squeeze(-1)  # fp32 gate math
+        return x, gate
+
+    def head(self, x, positions, attn: Attention):
+        return F.linear(x, self.lm_head).float()
