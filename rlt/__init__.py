@@ -1,0 +1,9 @@
+"""rlt: a serving engine for recurrent-depth (looped) language models."""
+
+from rlt.config import KVGeometry, ModelConfig
+from rlt.errors import CheckpointError, ConfigError, EngineDeadError, RequestError
+from rlt.outputs import RequestOutput
+from rlt.sampling_params import SamplingParams
+
+__all__ = ["ModelConfig", "KVGeometry", "SamplingParams", "RequestOutput", "RequestError", "ConfigError",
+           "CheckpointError", "EngineDeadError"]

@@ -1,0 +1,5 @@
+import sys
+
+from rlt.cli import main
+
+sys.exit(main())

@@ -1,0 +1,18 @@
+import os
+
+import pytest
+import torch
+
+os.environ.setdefault("RLT_CACHE_DIR", os.path.join(os.path.dirname(__file__), "..", ".pytest_cache", "rlt"))
+torch.set_num_threads(2)
+
+FAMILIES = ("ouro", "nanbeige", "huginn")
+
+
+@pytest.fixture(scope="session")
+def checkpoints(tmp_path_factory):
+    """One tiny float32 checkpoint per family, made by the product's own checkpoint maker."""
+    from rlt.models.checkpoint import make_checkpoint
+
+    root = tmp_path_factory.mktemp("ckpt")
+    return {f: make_checkpoint(f, str(root / f), preset="tiny", seed=1) for f in FAMILIES}

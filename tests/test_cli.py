@@ -1,0 +1,151 @@
+"""`rlt generate` and `rlt make-checkpoint` as a user runs them (real subprocesses)."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from reference import Ref, ref_generate
+
+PROMPTS = [[11, 42, 7, 300, 19, 5], [3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5]]
+
+
+def rlt(*args, env=None):
+    r = subprocess.run([sys.executable, "-m", "rlt", *map(str, args)], capture_output=True, text=True,
+                       env={**os.environ, **(env or {})}, timeout=300)
+    return r
+
+
+def generate_json(*args):
+    r = rlt("generate", *args, "--json")
+    assert r.returncode == 0, r.stderr
+    return [json.loads(line) for line in r.stdout.splitlines()]
+
+
+CASES = [("ouro", {}), ("ouro", {"total_ut_steps": 2}), ("nanbeige", {}), ("nanbeige", {"num_loops": 1}),
+         ("huginn", {"state_init": "zero"}), ("huginn", {"state_init": "zero", "mean_recurrence": 8})]
+
+
+@pytest.mark.parametrize("family,overrides", CASES)
+def test_greedy_continuations_match_reference(checkpoints, family, overrides):
+    args = ["--model", checkpoints[family], "--max-tokens", 6, "--ignore-eos", "--logprobs", 5,
+            "--dtype", "float32"]
+    for p in PROMPTS:
+        args += ["--prompt-token-ids", ",".join(map(str, p))]
+    if overrides:
+        args += ["--hf-overrides", json.dumps(overrides)]
+    outs = generate_json(*args)
+    ref = Ref(checkpoints[family], overrides)
+    assert [o["request_id"] for o in outs] == ["0", "1"]
+    for o, prompt in zip(outs, PROMPTS):
+        tokens, depths, logps = ref_generate(ref, prompt, 6)
+        assert o["prompt_token_ids"] == prompt
+        assert o["token_ids"] == tokens and o["exit_depths"] == depths
+        assert o["finish_reason"] == "length"
+        assert len(o["logprobs"]) == 6
+        for pos, lp in zip(o["logprobs"], logps):
+            assert len(pos) == 5
+            assert list(map(int, pos)) == lp.topk(5).indices.tolist()
+            for t, v in pos.items():
+                assert abs(v - lp[int(t)].item()) < 1e-4
+
+
+def test_text_prompts_and_order(checkpoints):
+    from transformers import PreTrainedTokenizerFast
+
+    tok = PreTrainedTokenizerFast.from_pretrained(checkpoints["huginn"])
+    outs = generate_json("--model", checkpoints["huginn"], "--prompt", "The river runs", "--prompt-token-ids",
+                         "5,6,7", "--prompt", "Once upon a time", "--max-tokens", 3, "--ignore-eos",
+                         "--hf-overrides", '{"mean_recurrence": 4}')
+    assert [o["request_id"] for o in outs] == ["0", "1", "2"]
+    assert outs[0]["prompt_token_ids"] == tok("The river runs").input_ids
+    assert outs[0]["prompt_token_ids"][0] == tok.bos_token_id  # Huginn's tokenizer prepends BOS
+    assert outs[1]["prompt_token_ids"] == [5, 6, 7]
+    assert outs[2]["text"] == tok.decode(outs[2]["token_ids"], skip_special_tokens=True)
+
+
+def test_stops_on_eos_and_stop_token_ids(checkpoints):
+    base = ["--model", checkpoints["ouro"], "--prompt-token-ids", "11,42,7", "--max-tokens", 8]
+    first = generate_json(*base, "--ignore-eos")[0]["token_ids"]
+    second = first[1]
+    out = generate_json(*base, "--stop-token-ids", f"{second},500")[0]
+    assert out["token_ids"] == first[:2] and out["finish_reason"] == "stop"
+    out = generate_json(*base, "--hf-overrides", json.dumps({"eos_token_id": first[0]}))[0]
+    assert out["token_ids"] == first[:1] and out["finish_reason"] == "stop"
+    out = generate_json(*base, "--hf-overrides", json.dumps({"eos_token_id": first[0]}), "--ignore-eos")[0]
+    assert out["token_ids"] == first and out["finish_reason"] == "length"
+
+
+def test_seeded_sampling_is_reproducible(checkpoints):
+    args = ["--model", checkpoints["nanbeige"], "--prompt-token-ids", "11,42,7", "--max-tokens", 12,
+            "--temperature", 1.0, "--top-k", 50, "--top-p", 0.9, "--ignore-eos"]
+    a = generate_json(*args, "--seed", 1)[0]["token_ids"]
+    assert a == generate_json(*args, "--seed", 1)[0]["token_ids"]
+    assert a != generate_json(*args, "--seed", 2)[0]["token_ids"]
+
+
+def test_adaptive_exit_through_cli(checkpoints):
+    out = generate_json("--model", checkpoints["ouro"], "--prompt-token-ids", "11,42,7,300", "--max-tokens", 16,
+                        "--exit-threshold", 0.5, "--min-loops", 1, "--max-loops", 4, "--ignore-eos")[0]
+    tokens, depths, _ = ref_generate(Ref(checkpoints["ouro"]), [11, 42, 7, 300], 16, 1, 4, 0.5)
+    assert out["token_ids"] == tokens and out["exit_depths"] == depths
+    assert depths[0] == 4 and len(set(depths)) >= 3
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--max-tokens", 0], "max_tokens must be >= 1"),
+    (["--prompt-token-ids", "1,512"], "token id 512 at index 1 is outside the vocabulary [0, 512)"),
+    (["--min-loops", 3, "--max-loops", 2], "min_loops must be <= max_loops (2)"),
+    (["--max-loops", 5], "max_loops must be <= the model's depth 4"),
+    (["--top-p", 0], "top_p must be in (0, 1]"),
+    (["--temperature", -1], "temperature must be >= 0"),
+    (["--exit-threshold", 1.5], "exit_threshold must be in [0, 1]"),
+    (["--max-tokens", 70000], "exceeds the model's max positions 65536"),
+    (["--hf-overrides", '{"rope_scaling": {"type": "linear", "factor": 2}}'], "'rope_scaling'"),
+    (["--dtype", "float32", "--hf-overrides", '{"total_ut_steps": 0}'], "'total_ut_steps'"),
+])
+def test_bad_input_is_a_clear_error(checkpoints, args, message):
+    r = rlt("generate", "--model", checkpoints["ouro"], "--prompt-token-ids", "1,2,3", *args, "--json")
+    assert r.returncode == 2
+    assert message in r.stderr and r.stdout == ""
+
+
+def test_no_tokenizer_needs_token_ids(checkpoints, tmp_path):
+    import shutil
+
+    d = tmp_path / "notok"
+    shutil.copytree(checkpoints["ouro"], d)
+    os.remove(d / "tokenizer.json")
+    r = rlt("generate", "--model", d, "--prompt", "hello")
+    assert r.returncode == 2 and "no tokenizer.json" in r.stderr
+    out = generate_json("--model", d, "--prompt-token-ids", "1,2", "--max-tokens", 2)[0]
+    assert out["text"] == "" and len(out["token_ids"]) == 2
+
+
+def test_default_model_is_made_on_first_use(tmp_path):
+    env = {"RLT_CACHE_DIR": str(tmp_path)}
+    r = rlt("generate", "--prompt", "Hello world", "--max-tokens", 4, "--json", env=env)
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert len(out["token_ids"]) <= 4 and out["exit_depths"][0] == 4
+    assert os.path.isfile(tmp_path / "ouro-tiny-v1" / "model.safetensors")
+    r2 = rlt("generate", "--prompt", "Hello world", "--max-tokens", 4, "--json", env=env)
+    assert json.loads(r2.stdout) == out  # deterministic default: greedy, same checkpoint
+    human = rlt("generate", "--prompt", "Hello world", "--max-tokens", 4, env=env)
+    assert human.returncode == 0 and "exit depths" in human.stdout
+
+
+def test_make_checkpoint_cli(tmp_path):
+    r = rlt("make-checkpoint", "--family", "huginn", "--out", tmp_path / "h", "--seed", 3, "--shards", 2)
+    assert r.returncode == 0, r.stderr
+    names = sorted(os.listdir(tmp_path / "h"))
+    assert "model.safetensors.index.json" in names and "tokenizer.json" in names and "config.json" in names
+    cfg = json.loads((tmp_path / "h" / "config.json").read_text())
+    assert cfg["model_type"] == "huginn_raven" and cfg["mean_recurrence"] == 32 and cfg["n_layers"] == 8
+    tcfg = json.loads((tmp_path / "h" / "tokenizer_config.json").read_text())
+    assert "chat_template" in tcfg and tcfg["eos_token"] == "<|end_text|>"
+    out = generate_json("--model", tmp_path / "h", "--prompt", "Hi", "--max-tokens", 2,
+                        "--hf-overrides", '{"mean_recurrence": 2}')
+    assert len(out) == 1
