@@ -6,7 +6,7 @@ engine and the GPU kernels:
     inject = embed(ids, positions, attn)            # Ouro/Nanbeige: embedding; Huginn: prelude output
     state  = initial_state(inject, positions, seeds) # Huginn draws its initial latent here
     state, gate = loop(state, inject, positions, attn)   # one application of the shared core
-    logits = head(state, positions, attn)           # Huginn: ln_f, coda, ln_f, tied head
+    logits = head(state, positions, attn, select)   # Huginn: ln_f, coda, ln_f, tied head
 
 Tokens are flattened: every tensor is [T, ...] for T rows (of one or many requests). Attention goes
 through an `Attention` object that owns the KV cache; it knows which request, position and loop
@@ -35,4 +35,7 @@ class LoopedModel(Protocol):
     def loop(self, state: torch.Tensor, inject: torch.Tensor, positions: torch.Tensor,
              attn: Attention) -> tuple[torch.Tensor, torch.Tensor | None]: ...
 
-    def head(self, state: torch.Tensor, positions: torch.Tensor, attn: Attention) -> torch.Tensor: ...
+    def head(self, state: torch.Tensor, positions: torch.Tensor, attn: Attention,
+             select: torch.Tensor | None = None) -> torch.Tensor:
+        """float32 logits of the rows in `select` (all rows if None). Boundary layers (Huginn's coda)
+        run on every row, since later positions attend to them."""

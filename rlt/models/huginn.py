@@ -90,10 +90,11 @@ class HuginnModel:
             x = self._block(B, x, positions, lambda q, k, v, j=j: attn.core(j, q, k, v))
         return x, None
 
-    def head(self, s, positions, attn: Attention):
+    def head(self, s, positions, attn: Attention, select=None):
         x = rms_norm(s, self.ln_f, self.fc.rms_norm_eps)
         P = self.fc.n_layers_in_prelude
         for j, B in enumerate(self.coda):
             x = self._block(B, x, positions, lambda q, k, v, j=j: attn.boundary(P + j, q, k, v))
+        x = x if select is None else x[select]
         x = rms_norm(x, self.ln_f, self.fc.rms_norm_eps)
         return F.linear(x, self.wte).float()

@@ -60,7 +60,8 @@ class NanbeigeModel:
             x = rms_norm(x, self.norm_w, eps)
         return x, None
 
-    def head(self, x, positions, attn: Attention):
+    def head(self, x, positions, attn: Attention, select=None):
+        x = x if select is None else x[select]
         if self.fc.skip_loop_final_norm:
             x = rms_norm(x, self.norm_w, self.fc.rms_norm_eps)
         return F.linear(x, self.lm_head).float()

@@ -72,5 +72,6 @@ class OuroModel:
         gate = F.linear(x.float(), self.gate_w, self.gate_b).squeeze(-1)  # fp32 gate math
         return x, gate
 
-    def head(self, x, positions, attn: Attention):
+    def head(self, x, positions, attn: Attention, select=None):
+        x = x if select is None else x[select]
         return F.linear(x, self.lm_head).float()
