@@ -45,6 +45,11 @@ def _add_generate(sub):
     g.add_argument("--hf-overrides", type=json.loads, help="JSON object replacing config.json fields")
     g.add_argument("--topology", default="single", choices=["single"])
     g.add_argument("--json", action="store_true", help="one JSON object per prompt, one per line")
+    g.add_argument("--kv-layout", default="last_exited", choices=["last_exited", "shared"])
+    g.add_argument("--block-size", type=int, default=16)
+    g.add_argument("--num-blocks", type=int, help="KV blocks in the pool (default: sized from 1 GiB)")
+    g.add_argument("--max-num-seqs", type=int, default=64)
+    g.add_argument("--prefill-chunk", type=int, default=256)
 
 
 def _add_make_checkpoint(sub):
@@ -59,8 +64,6 @@ def _add_make_checkpoint(sub):
 
 
 def generate(args) -> int:
-    import torch
-
     from rlt.config import ModelConfig
     from rlt.control.validation import resolve_params, validate_prompt
     from rlt.default_model import default_model_path
@@ -68,7 +71,7 @@ def generate(args) -> int:
     from rlt.models.tokenizer import load_tokenizer
     from rlt.outputs import RequestOutput
     from rlt.sampling_params import SamplingParams
-    from rlt.workers.dense_engine import DenseEngine
+    from rlt.workers.engine import EngineConfig, LoopEngine
 
     if not args.prompts:
         raise RequestError("give at least one --prompt or --prompt-token-ids")
@@ -87,17 +90,30 @@ def generate(args) -> int:
         ids = validate_prompt(mc, prompt)
         requests.append((ids, resolve_params(mc, len(ids), sp)))
     dtype = resolve_dtype(args.dtype, args.device, mc)
-    engine = DenseEngine(mc, load_model(mc, dtype, args.device), args.device)
-    torch.set_num_threads(max(1, torch.get_num_threads()))
+    for name in ("block_size", "max_num_seqs", "prefill_chunk", "num_blocks"):
+        if getattr(args, name) is not None and getattr(args, name) < 1:
+            raise RequestError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    cfg = EngineConfig(kv_layout=args.kv_layout, block_size=args.block_size, num_blocks=args.num_blocks,
+                       max_num_seqs=args.max_num_seqs, prefill_chunk=args.prefill_chunk)
+    engine = LoopEngine(mc, load_model(mc, dtype, args.device), cfg, dtype, args.device)
+    outs = {}
     for i, (ids, params) in enumerate(requests):
-        g = engine.generate(ids, params)
-        text = tokenizer.decode(g.token_ids, skip_special_tokens=True) if tokenizer else ""
-        out = RequestOutput(str(i), ids, g.token_ids, g.exit_depths, text, True, g.finish_reason,
-                            g.logprobs if params.logprobs else None)
+        engine.add_request(str(i), ids, params)
+        outs[str(i)] = RequestOutput(str(i), ids, logprobs=[] if params.logprobs else None)
+    while engine.has_work():
+        for o in engine.step():
+            out = outs[o.request_id]
+            out.token_ids.append(o.token_id)
+            out.exit_depths.append(o.exit_depth)
+            if out.logprobs is not None:
+                out.logprobs.append(o.logprobs)
+            out.finished, out.finish_reason = o.finish_reason is not None, o.finish_reason
+    for out in outs.values():
+        out.text = tokenizer.decode(out.token_ids, skip_special_tokens=True) if tokenizer else ""
         if args.json:
             print(json.dumps(out.to_json()), flush=True)
         else:
-            prompt_text = tokenizer.decode(ids) if tokenizer else str(ids)
+            prompt_text = tokenizer.decode(out.prompt_token_ids) if tokenizer else str(out.prompt_token_ids)
             print(f"[{out.request_id}] {prompt_text!r} -> {out.text!r}  ({out.finish_reason}; "
                   f"{len(out.token_ids)} tokens, exit depths {out.exit_depths})", flush=True)
     return 0

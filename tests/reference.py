@@ -43,11 +43,12 @@ def rope_complex(x, pos, theta, interleaved):
 
 
 def attend(q, k, v):
-    """q [T, H, D], k/v [T, Hkv, D]; causal over the whole sequence."""
+    """q [T, H, D] are the last T of the S positions in k/v [S, Hkv, D]; causal."""
     T, H, D = q.shape
+    S = k.shape[0]
     group = H // k.shape[1]
     out = torch.empty_like(q)
-    causal = torch.ones(T, T, dtype=torch.bool).tril()
+    causal = torch.ones(T, S, dtype=torch.bool).tril(diagonal=S - T)
     for h in range(H):
         s = (q[:, h] @ k[:, h // group].T) / math.sqrt(D)
         s = s.masked_fill(~causal, float("-inf"))
@@ -108,15 +109,17 @@ class Ref:
         m = (silu(f[:, : f.shape[1] // 2]) * f[:, f.shape[1] // 2:]) @ w[p + "mlp.proj.weight"].T
         return norm(x + m, w[p + "norm_4.weight"], eps)
 
-    def run(self, tokens, exits, state_noise=None):
+    def run(self, tokens, exits, state_noise=None, start=0, core_hook=None, boundary_hook=None):
         """tokens [T]; exits[p] = exit depth of position p (<= self.depth). Returns, per depth d
         (1-based), the state of every position after loop d (positions past their exit keep their
         exit state) and Ouro's gate logits, plus a head(state) function for logits."""
         w, eps = self.w, self.eps
         T = len(tokens)
         ids = torch.tensor(tokens)
-        pos = torch.arange(T)
+        pos = torch.arange(start, start + T)
         exits = torch.tensor(exits)
+        no_hook = lambda j: (lambda k, v: (k, v))  # noqa: E731
+        boundary_hook = boundary_hook or no_hook
         stored = {}  # (depth, layer) -> (k, v) as computed at that depth
 
         def hook_for(d, layer):
@@ -130,12 +133,13 @@ class Ref:
                 return k, v
             return hook
 
+        hook_for = core_hook or hook_for
         states, gates = {}, {}
         if self.kind == "huginn_raven":
             scale = self.cfg.get("init_values", {}).get("embed_scale", math.sqrt(self.H))
             e = w["transformer.wte.weight"][ids] * scale
             for j in range(self.cfg["n_layers_in_prelude"]):
-                e = self._huginn_block(f"transformer.prelude.{j}.", e, pos, lambda k, v: (k, v))
+                e = self._huginn_block(f"transformer.prelude.{j}.", e, pos, boundary_hook(j))
             x = torch.zeros(T, self.H, dtype=torch.float64) if state_noise is None else state_noise.double()
             for d in range(1, self.depth + 1):
                 new = torch.cat([x, e], -1) @ w["transformer.adapter.weight"].T
@@ -171,13 +175,15 @@ class Ref:
                 gates[d] = (x @ w["model.early_exit_gate.weight"].T + w["model.early_exit_gate.bias"]).squeeze(-1)
         return states, gates
 
-    def logits(self, state):
+    def logits(self, state, boundary_hook=None):
         """Logits of every position from per-position final states [T, H]."""
         w, eps = self.w, self.eps
         if self.kind == "huginn_raven":
             x = norm(state, w["transformer.ln_f.weight"], eps)
+            P = self.cfg["n_layers_in_prelude"]
             for j in range(self.cfg["n_layers_in_coda"]):
-                x = self._huginn_block(f"transformer.coda.{j}.", x, self._coda_pos, lambda k, v: (k, v))
+                hook = boundary_hook(P + j) if boundary_hook else (lambda k, v: (k, v))
+                x = self._huginn_block(f"transformer.coda.{j}.", x, self._coda_pos, hook)
             x = norm(x, w["transformer.ln_f.weight"], eps)
             return x @ w["transformer.wte.weight"].T
         if self.kind == "nanbeige" and self.cfg.get("skip_loop_final_norm", False):
@@ -216,3 +222,60 @@ def ref_generate(ref: Ref, prompt, max_tokens, min_loops=1, max_loops=None, thre
         tokens.append(tok)
         exits.append(D)
     return out, depths, logps
+
+
+def shared_generate(ref: Ref, prompt, max_tokens, min_loops=1, max_loops=None, threshold=1.0, noise_fn=None):
+    """SHARED layout reference, position by position: a position's loop d attends to its own
+    loop-d K/V and to every earlier position's final (exit-depth) K/V, at every depth."""
+    D = ref.depth
+    max_loops = max_loops or D
+    final = {}  # core layer -> list of (k, v) [1, Hkv, D] per position, at that position's exit
+    bnd = {}  # boundary layer -> list of (k, v) per position
+
+    def stacked(store, layer, k, v):
+        ks = [kv[0] for kv in store.get(layer, [])] + [k]
+        vs = [kv[1] for kv in store.get(layer, [])] + [v]
+        return torch.cat(ks), torch.cat(vs)
+
+    def position(tok, q, decode):
+        cur = {}
+
+        def core_hook(d, layer):
+            def hook(k, v):
+                cur[(d, layer)] = (k, v)
+                return stacked(final, layer, k, v)
+            return hook
+
+        def boundary_hook(j):
+            def hook(k, v):
+                out = stacked(bnd, j, k, v)
+                bnd.setdefault(j, []).append((k, v))
+                return out
+            return hook
+
+        noise = noise_fn(q + 1)[q:] if noise_fn else None
+        states, gates = ref.run([tok], [D], noise, start=q, core_hook=core_hook, boundary_hook=boundary_hook)
+        e = D
+        if decode:
+            surv, e = 1.0, max_loops
+            for d in range(1, max_loops + 1):
+                if gates:
+                    surv *= 1 - torch.sigmoid(gates[d][0]).item()
+                if threshold < 1 and d >= min_loops and 1 - surv >= threshold:
+                    e = d
+                    break
+        for layer in {lay for (_, lay) in cur}:
+            final.setdefault(layer, []).append(cur[(e, layer)])
+        return ref.logits(states[e], boundary_hook)[-1], e
+
+    for q, tok in enumerate(prompt):
+        lg, depth = position(tok, q, decode=False)
+    out, depths, logps = [], [], []
+    while True:
+        tok = int(lg.argmax())
+        out.append(tok)
+        depths.append(depth)
+        logps.append(torch.log_softmax(lg, -1))
+        if len(out) == max_tokens:
+            return out, depths, logps
+        lg, depth = position(tok, len(prompt) + len(out) - 1, decode=True)
