@@ -9,20 +9,34 @@ from rlt.control.validation import resolve_params
 from rlt.kernels.random import truncated_normal
 from rlt.models.loader import load_model
 from rlt.sampling_params import SamplingParams
-from rlt.workers.dense_engine import DenseEngine, DenseKV
+from rlt.workers.engine import EngineConfig, LoopEngine
+
+from dense_kv import DenseKV
 
 PROMPT = [11, 42, 7, 300, 19, 5, 88, 250, 3]
 
 
+class Generated:
+    def __init__(self, outs):
+        self.token_ids = [o.token_id for o in outs]
+        self.exit_depths = [o.exit_depth for o in outs]
+        self.logprobs = [o.logprobs for o in outs]
+
+
 def engine_for(path, overrides=None, dtype=torch.float32):
     mc = ModelConfig.from_pretrained(path, hf_overrides=overrides)
-    return mc, DenseEngine(mc, load_model(mc, dtype))
+    model = load_model(mc, dtype)
+    return mc, LoopEngine(mc, model, EngineConfig(block_size=4, num_blocks=256), dtype)
 
 
 def greedy(mc, engine, prompt, n, **kw):
-    p = resolve_params(mc, len(prompt), SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True,
-                                                       logprobs=5, **kw))
-    return engine.generate(prompt, p)
+    p = resolve_params(mc, len(prompt), SamplingParams(**({"max_tokens": n, "temperature": 0.0, "ignore_eos": True,
+                                                          "logprobs": 5} | kw)))
+    engine.add_request("r", prompt, p)
+    outs = []
+    while engine.has_work():
+        outs += engine.step()
+    return Generated(outs)
 
 
 def huginn_noise(ref, seed=0):
@@ -50,7 +64,7 @@ def test_states_every_depth_match_reference(checkpoints, family):
     mc, engine = engine_for(path, {"state_init": "zero"} if family == "huginn" else None)
     ref = Ref(path, {"state_init": "zero"} if family == "huginn" else None)
     states, gates = ref.run(PROMPT, [ref.depth] * len(PROMPT))
-    model, kv = engine.model, DenseKV(mc)
+    model, kv = engine.runner.model, DenseKV(mc)
     pos, ids = torch.arange(len(PROMPT)), torch.tensor(PROMPT)
     inject = model.embed(ids, pos, kv)
     s = model.initial_state(inject, pos, torch.zeros_like(pos))
@@ -132,7 +146,7 @@ def test_nanbeige_loops_keep_separate_kv(checkpoints):
     """Negative control: a decode token whose loop 2 reads the prompt's loop-1 K/V (one plane shared
     by both loops) gets different logits; the engine's per-loop planes match the reference."""
     mc, engine = engine_for(checkpoints["nanbeige"])
-    model, n = engine.model, len(PROMPT)
+    model, n = engine.runner.model, len(PROMPT)
 
     def decode_logits(shared):
         kv = DenseKV(mc)
@@ -161,7 +175,6 @@ def test_nanbeige_loops_keep_separate_kv(checkpoints):
 def test_half_precision_close_to_float32(checkpoints, dtype):
     mc, e32 = engine_for(checkpoints["ouro"])
     _, e16 = engine_for(checkpoints["ouro"], dtype=dtype)
-    p = resolve_params(mc, len(PROMPT), SamplingParams(max_tokens=1, temperature=0, logprobs=3))
-    a, b = e32.generate(PROMPT, p), e16.generate(PROMPT, p)
+    a, b = greedy(mc, e32, PROMPT, 1, logprobs=3), greedy(mc, e16, PROMPT, 1, logprobs=3)
     for t, v in a.logprobs[0].items():
         assert abs(b.logprobs[0].get(t, v) - v) < 0.1

@@ -1,7 +1,7 @@
 """Torch reference paged attention: each group of rows reads its own block table (its own plane).
 
-The GPU kernels of rlt/kernels replace this behind the same call; this one runs on CPU and is what
-they are checked against.
+Metadata is device tensors (slot mapping, padded block tables) plus the host integers the
+reference's per-segment loop needs; GPU kernels take the same tensors.
 """
 
 from dataclasses import dataclass
@@ -12,34 +12,30 @@ from rlt.kernels.attention import causal_attention
 
 
 @dataclass
-class PagedSegment:
-    """Rows [row_start, row_end) of one request, positions q_start.., over one plane's blocks."""
-
-    row_start: int
-    row_end: int
-    q_start: int
-    blocks: torch.Tensor  # physical blocks covering positions 0..q_start + rows - 1
-    kv_len: int
-
-
-@dataclass
 class PagedMetadata:
-    slot_block: torch.Tensor  # [T] physical block each row's K/V is written to
-    slot_offset: torch.Tensor  # [T] offset inside that block
-    segments: list[PagedSegment]
+    slot_mapping: torch.Tensor  # [T] flat slot (block * block_size + offset) each row's K/V goes to
+    block_table: torch.Tensor  # [S, max_blocks] physical blocks of each segment's plane
+    row_starts: list[int]  # [S + 1] rows of segment s are row_starts[s]:row_starts[s+1]
+    q_starts: list[int]  # [S] position of each segment's first row
+    block_size: int
+
+    def kv_len(self, s: int) -> int:
+        return self.q_starts[s] + self.row_starts[s + 1] - self.row_starts[s]
 
 
 def write_kv(cache: torch.Tensor, layer: int, meta: PagedMetadata, k: torch.Tensor, v: torch.Tensor) -> None:
-    cache[meta.slot_block, layer, 0, meta.slot_offset] = k
-    cache[meta.slot_block, layer, 1, meta.slot_offset] = v
+    """cache [num_blocks, layers, 2, block_size, Hkv, D]."""
+    block, offset = meta.slot_mapping // meta.block_size, meta.slot_mapping % meta.block_size
+    cache[block, layer, 0, offset] = k
+    cache[block, layer, 1, offset] = v
 
 
 def paged_attention(cache: torch.Tensor, layer: int, meta: PagedMetadata, q: torch.Tensor) -> torch.Tensor:
     """q [T, H, D] (K/V of these rows already written) -> [T, H, D]."""
     out = torch.empty_like(q)
-    for s in meta.segments:
-        kv = cache[s.blocks, layer]  # [nb, 2, bs, Hkv, D]
-        K = kv[:, 0].flatten(0, 1)[: s.kv_len]
-        V = kv[:, 1].flatten(0, 1)[: s.kv_len]
-        out[s.row_start:s.row_end] = causal_attention(q[s.row_start:s.row_end], K, V, s.q_start)
+    for s in range(len(meta.q_starts)):
+        r0, r1, kv_len = meta.row_starts[s], meta.row_starts[s + 1], meta.kv_len(s)
+        kv = cache[meta.block_table[s, : -(-kv_len // meta.block_size)], layer]  # [nb, 2, bs, Hkv, D]
+        K, V = kv[:, 0].flatten(0, 1)[:kv_len], kv[:, 1].flatten(0, 1)[:kv_len]
+        out[r0:r1] = causal_attention(q[r0:r1], K, V, meta.q_starts[s])
     return out

@@ -1,0 +1,98 @@
+"""Offline decode throughput of the loop-level engine (CPU or one GPU).
+
+    python scripts/bench.py --family ouro --preset tiny --concurrency 1,16 --threshold 1.0,0.5
+
+Makes (or reuses) a random-weight checkpoint, submits `concurrency` requests at once (random
+prompts, greedy, EOS ignored) and reports output tokens per second over the whole run (prefill
+included) and over the decode phase alone, with the mean exit depth of decode tokens.
+"""
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+
+from rlt.config import ModelConfig  # noqa: E402
+from rlt.control.validation import resolve_params  # noqa: E402
+from rlt.models.checkpoint import make_checkpoint  # noqa: E402
+from rlt.models.loader import load_model, resolve_dtype  # noqa: E402
+from rlt.sampling_params import SamplingParams  # noqa: E402
+from rlt.workers.engine import EngineConfig, LoopEngine  # noqa: E402
+
+
+def run_once(mc, model, dtype, device, concurrency, threshold, prompt_len, max_tokens, layout):
+    engine = LoopEngine(mc, model, EngineConfig(kv_layout=layout, max_num_seqs=max(concurrency, 1),
+                                                max_num_batched_tokens=max(2048, prompt_len * concurrency),
+                                                prefill_chunk=prompt_len), dtype, device)
+    g = torch.Generator().manual_seed(0)
+    sp = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True, exit_threshold=threshold)
+    for i in range(concurrency):
+        prompt = torch.randint(0, mc.vocab_size, (prompt_len,), generator=g).tolist()
+        engine.add_request(str(i), prompt, resolve_params(mc, prompt_len, sp))
+    t0 = time.perf_counter()
+    seen, tokens, depths, decode_t0 = set(), 0, [], None
+    while engine.has_work():
+        for o in engine.step():
+            tokens += 1
+            if o.request_id in seen:
+                depths.append(o.exit_depth)  # decode tokens (the first one comes from the prompt)
+            seen.add(o.request_id)
+        if decode_t0 is None and len(seen) == concurrency:
+            decode_t0, decode_tokens0 = time.perf_counter(), tokens
+        if device.startswith("cuda"):
+            torch.cuda.synchronize()
+    t1 = time.perf_counter()
+    decode_tokens = tokens - decode_tokens0
+    return {"concurrency": concurrency, "threshold": threshold, "output_tokens": tokens,
+            "total_s": round(t1 - t0, 3), "tok_per_s": round(tokens / (t1 - t0), 2),
+            "decode_tok_per_s": round(decode_tokens / (t1 - decode_t0), 2) if decode_tokens else None,
+            "mean_decode_depth": round(sum(depths) / len(depths), 2) if depths else None}
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model")
+    ap.add_argument("--family", default="ouro")
+    ap.add_argument("--preset", default="tiny")
+    ap.add_argument("--concurrency", default="1,16")
+    ap.add_argument("--threshold", default="1.0,0.5")
+    ap.add_argument("--prompt-len", type=int, default=32)
+    ap.add_argument("--max-tokens", type=int, default=32)
+    ap.add_argument("--kv-layout", default="last_exited")
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--dtype")
+    ap.add_argument("--json-out")
+    args = ap.parse_args()
+    path = args.model or os.path.join(os.path.expanduser("~/.cache/rlt/bench"), f"{args.family}-{args.preset}")
+    if not os.path.isfile(os.path.join(path, "config.json")):
+        make_checkpoint(args.family, path, preset=args.preset)
+    mc = ModelConfig.from_pretrained(path)
+    dtype = resolve_dtype(args.dtype, args.device, mc)
+    model = load_model(mc, dtype, args.device)
+    run_once(mc, model, dtype, args.device, 1, 1.0, 8, 2, args.kv_layout)  # warm-up
+    rows = [run_once(mc, model, dtype, args.device, c, t, args.prompt_len, args.max_tokens, args.kv_layout)
+            for c in map(int, args.concurrency.split(",")) for t in map(float, args.threshold.split(","))]
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    meta = {"date": time.strftime("%Y-%m-%d"), "commit": commit, "machine": platform.processor() or platform.machine(),
+            "cpus": os.cpu_count(), "torch": torch.__version__, "model": f"{args.family}-{args.preset}",
+            "dtype": str(dtype).replace("torch.", ""), "device": args.device, "prompt_len": args.prompt_len,
+            "max_tokens": args.max_tokens, "command": " ".join(sys.argv)}
+    print(json.dumps(meta))
+    print(f"{'conc':>5} {'thr':>5} {'tok/s':>9} {'decode tok/s':>13} {'mean depth':>11} {'total s':>8}")
+    for r in rows:
+        print(f"{r['concurrency']:>5} {r['threshold']:>5} {r['tok_per_s']:>9} {str(r['decode_tok_per_s']):>13} "
+              f"{str(r['mean_decode_depth']):>11} {r['total_s']:>8}")
+    if args.json_out:
+        with open(args.json_out, "w") as f:
+            json.dump({"meta": meta, "rows": rows}, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()
