@@ -1,9 +1,10 @@
 """rlt: a serving engine for recurrent-depth (looped) language models."""
 
 from rlt.config import KVGeometry, ModelConfig
+from rlt.control.coordinator import Engine
 from rlt.errors import CheckpointError, ConfigError, EngineDeadError, RequestError
 from rlt.outputs import RequestOutput
 from rlt.sampling_params import SamplingParams
 
-__all__ = ["ModelConfig", "KVGeometry", "SamplingParams", "RequestOutput", "RequestError", "ConfigError",
+__all__ = ["Engine", "ModelConfig", "KVGeometry", "SamplingParams", "RequestOutput", "RequestError", "ConfigError",
            "CheckpointError", "EngineDeadError"]

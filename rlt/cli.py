@@ -4,7 +4,7 @@ import argparse
 import json
 import sys
 
-from rlt.errors import CheckpointError, ConfigError, RequestError
+from rlt.errors import CheckpointError, ConfigError, EngineDeadError, RequestError
 
 
 def _token_ids(text: str) -> list[int]:
@@ -45,11 +45,11 @@ def _add_generate(sub):
     g.add_argument("--hf-overrides", type=json.loads, help="JSON object replacing config.json fields")
     g.add_argument("--topology", default="single", choices=["single"])
     g.add_argument("--json", action="store_true", help="one JSON object per prompt, one per line")
-    g.add_argument("--kv-layout", default="last_exited", choices=["last_exited", "shared"])
-    g.add_argument("--block-size", type=int, default=16)
+    g.add_argument("--kv-layout", choices=["last_exited", "shared"], help="default last_exited")
+    g.add_argument("--block-size", type=int, help="positions per KV block (default 16)")
     g.add_argument("--num-blocks", type=int, help="KV blocks in the pool (default: sized from 1 GiB)")
-    g.add_argument("--max-num-seqs", type=int, default=64)
-    g.add_argument("--prefill-chunk", type=int, default=256)
+    g.add_argument("--max-num-seqs", type=int, help="default 64")
+    g.add_argument("--prefill-chunk", type=int, help="default 256")
 
 
 def _add_make_checkpoint(sub):
@@ -64,56 +64,56 @@ def _add_make_checkpoint(sub):
 
 
 def generate(args) -> int:
-    from rlt.config import ModelConfig
-    from rlt.control.validation import resolve_params, validate_prompt
-    from rlt.default_model import default_model_path
-    from rlt.models.loader import load_model, resolve_dtype
-    from rlt.models.tokenizer import load_tokenizer
-    from rlt.outputs import RequestOutput
+    import asyncio
+
+    from rlt.control.coordinator import Engine
     from rlt.sampling_params import SamplingParams
-    from rlt.workers.engine import EngineConfig, LoopEngine
 
     if not args.prompts:
         raise RequestError("give at least one --prompt or --prompt-token-ids")
-    mc = ModelConfig.from_pretrained(args.model or default_model_path(), hf_overrides=args.hf_overrides)
-    tokenizer = load_tokenizer(mc.path)
     sp = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_k=args.top_k,
                         top_p=args.top_p, seed=args.seed, min_loops=args.min_loops, max_loops=args.max_loops,
                         exit_threshold=args.exit_threshold, stop_token_ids=args.stop_token_ids,
                         ignore_eos=args.ignore_eos, logprobs=args.logprobs)
-    requests = []  # validate everything before loading any weights
-    for prompt in args.prompts:
-        if isinstance(prompt, str):
-            if tokenizer is None:
-                raise RequestError(f"{mc.path} has no tokenizer.json: give --prompt-token-ids instead of --prompt")
-            prompt = tokenizer(prompt).input_ids
-        ids = validate_prompt(mc, prompt)
-        requests.append((ids, resolve_params(mc, len(ids), sp)))
-    dtype = resolve_dtype(args.dtype, args.device, mc)
-    for name in ("block_size", "max_num_seqs", "prefill_chunk", "num_blocks"):
-        if getattr(args, name) is not None and getattr(args, name) < 1:
-            raise RequestError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
-    cfg = EngineConfig(kv_layout=args.kv_layout, block_size=args.block_size, num_blocks=args.num_blocks,
-                       max_num_seqs=args.max_num_seqs, prefill_chunk=args.prefill_chunk)
-    engine = LoopEngine(mc, load_model(mc, dtype, args.device), cfg, dtype, args.device)
-    outs = {}
-    for i, (ids, params) in enumerate(requests):
-        engine.add_request(str(i), ids, params)
-        outs[str(i)] = RequestOutput(str(i), ids, logprobs=[] if params.logprobs else None)
-    while engine.has_work():
-        for o in engine.step():
-            out = outs[o.request_id]
-            out.token_ids.append(o.token_id)
-            out.exit_depths.append(o.exit_depth)
-            if out.logprobs is not None:
-                out.logprobs.append(o.logprobs)
-            out.finished, out.finish_reason = o.finish_reason is not None, o.finish_reason
-    for out in outs.values():
-        out.text = tokenizer.decode(out.token_ids, skip_special_tokens=True) if tokenizer else ""
+    options = {k: getattr(args, k) for k in ("kv_layout", "block_size", "num_blocks", "max_num_seqs",
+                                             "prefill_chunk") if getattr(args, k) is not None}
+    try:
+        launch = Engine.launch(args.model, topology=args.topology, device=args.device, dtype=args.dtype,
+                               hf_overrides=args.hf_overrides, **options)
+    except ValueError as e:
+        if isinstance(e, (RequestError, ConfigError, CheckpointError)):
+            raise
+        raise RequestError(str(e)) from e
+    engine = launch.engine
+    # Every prompt is validated before any process is spawned.
+    requests = [(str(i), engine._tokenize(p)) for i, p in enumerate(args.prompts)]
+    from rlt.control.validation import resolve_params
+
+    for _, ids in requests:
+        resolve_params(engine.model_config, len(ids), sp)
+
+    async def run():
+        async with launch:
+            async def one(rid, ids):
+                final = None
+                async for out in engine.generate(ids, sp, request_id=rid):
+                    final = out
+                return final
+
+            return await asyncio.gather(*(one(rid, ids) for rid, ids in requests))
+
+    try:
+        import uvloop
+
+        outs = uvloop.run(run())
+    except ImportError:
+        outs = asyncio.run(run())
+    for out in outs:
         if args.json:
             print(json.dumps(out.to_json()), flush=True)
         else:
-            prompt_text = tokenizer.decode(out.prompt_token_ids) if tokenizer else str(out.prompt_token_ids)
+            prompt_text = engine.tokenizer.decode(out.prompt_token_ids) if engine.tokenizer else \
+                str(out.prompt_token_ids)
             print(f"[{out.request_id}] {prompt_text!r} -> {out.text!r}  ({out.finish_reason}; "
                   f"{len(out.token_ids)} tokens, exit depths {out.exit_depths})", flush=True)
     return 0
@@ -139,6 +139,9 @@ def main(argv=None) -> int:
     except (RequestError, ConfigError, CheckpointError) as e:
         print(f"rlt: error: {e}", file=sys.stderr)
         return 2
+    except (EngineDeadError, RuntimeError, TimeoutError) as e:
+        print(f"rlt: error: {e}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

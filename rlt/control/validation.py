@@ -2,16 +2,16 @@
 
 import math
 import secrets
-from dataclasses import dataclass
+
+import msgspec
 
 from rlt.config import ModelConfig
 from rlt.errors import RequestError
 from rlt.sampling_params import SamplingParams
 
 
-@dataclass(frozen=True)
-class ResolvedParams:
-    """SamplingParams with every default filled in; what a worker runs."""
+class ResolvedParams(msgspec.Struct, frozen=True, kw_only=True):
+    """SamplingParams with every default filled in; what a worker runs (and what travels to it)."""
 
     max_tokens: int
     temperature: float

@@ -1,0 +1,44 @@
+"""Per-request output collector: one slot + an event (never an unbounded queue).
+
+The worker's tokens are merged into the request's cumulative RequestOutput as they arrive; a slow
+consumer just sees a bigger step next time. An exception (engine death) replaces whatever is
+pending.
+"""
+
+import asyncio
+import copy
+
+from rlt.outputs import RequestOutput
+
+
+class Collector:
+    def __init__(self, out: RequestOutput, gen: int):
+        self.out, self.gen = out, gen
+        self._event = asyncio.Event()
+        self._error: BaseException | None = None
+
+    def push(self, token: int, depth: int, logprobs, finish: str | None) -> None:
+        o = self.out
+        o.token_ids.append(token)
+        o.exit_depths.append(depth)
+        if o.logprobs is not None:
+            o.logprobs.append(logprobs)
+        if finish is not None:
+            o.finished, o.finish_reason = True, finish
+        self._event.set()
+
+    def finish(self, reason: str, error: str | None = None) -> None:
+        if not self.out.finished:
+            self.out.finished, self.out.finish_reason, self.out.error = True, reason, error
+            self._event.set()
+
+    def fail(self, exc: BaseException) -> None:
+        self._error = exc
+        self._event.set()
+
+    async def get(self) -> RequestOutput:
+        await self._event.wait()
+        self._event.clear()
+        if self._error is not None:
+            raise self._error
+        return copy.deepcopy(self.out) if not self.out.finished else self.out

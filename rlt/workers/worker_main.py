@@ -1,0 +1,154 @@
+"""Worker process: HELLO -> Handshake -> load weights, build the engine -> READY -> busy loop.
+
+Busy loop: drain control messages -> one engine step -> one Outputs message for the step. A
+heartbeat thread (its own socket) tells the coordinator the process is alive even during a long
+step; a frozen process (SIGSTOP) goes silent and is caught by the coordinator's deadline. The
+worker dies with its parent (PR_SET_PDEATHSIG) and, failing that, when its parent pid changes.
+"""
+
+import argparse
+import ctypes
+import hashlib
+import json
+import os
+import signal
+import sys
+import threading
+import traceback
+
+import zmq
+
+from rlt.control import from_worker as fw
+from rlt.control import to_worker as tw
+
+
+def _die_with_parent() -> None:
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass
+
+
+def _heartbeat(ctx, addr: str, identity: bytes, interval: float, parent: int, stop: threading.Event) -> None:
+    sock = ctx.socket(zmq.DEALER)
+    sock.setsockopt(zmq.IDENTITY, identity)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.connect(addr)
+    msg = fw.encoder.encode(fw.Heartbeat(os.getpid()))
+    while not stop.wait(interval):
+        if os.getppid() != parent:
+            os._exit(1)
+        sock.send(msg)
+    sock.close()
+
+
+def fingerprint(mc, weights: dict, dtype: str, engine_cfg) -> str:
+    """Hash of config + weights + dtype + KV layout: identical workers hash identically."""
+    import torch
+
+    h = hashlib.sha256(json.dumps(mc.raw, sort_keys=True).encode())
+    h.update(f"{dtype}|{engine_cfg.kv_layout}|{engine_cfg.block_size}".encode())
+    for name in sorted(weights):
+        t = weights[name].double()
+        h.update(f"{name}{tuple(t.shape)}{float(t.sum()):.9e}{float((t * t).sum()):.9e}".encode())
+        del t
+    torch.cuda.empty_cache() if torch.cuda.is_available() else None
+    return h.hexdigest()[:16]
+
+
+def build(h: tw.Handshake):
+    import torch  # noqa: F401
+
+    from rlt.config import ModelConfig
+    from rlt.models.loader import load_weights, resolve_dtype
+    from rlt.models.registry import FAMILIES
+    from rlt.workers.engine import EngineConfig, LoopEngine
+
+    mc = ModelConfig.from_dict(h.config, h.model_path)
+    dtype = resolve_dtype(h.dtype, h.device, mc)
+    cfg = EngineConfig(**h.engine)
+    weights = load_weights(mc, dtype, h.device)
+    fp = fingerprint(mc, weights, str(dtype), cfg)
+    model = FAMILIES[mc.model_type].model_cls(mc, weights)
+    return LoopEngine(mc, model, cfg, dtype, h.device), fp
+
+
+def serve(sock, engine) -> None:
+    from rlt.errors import RequestError
+
+    def stats():
+        return fw.Stats(len(engine.running), len(engine.waiting), engine.num_free_blocks)
+
+    while True:
+        changed = False
+        timeout = 0 if engine.has_work() else 50
+        while sock.poll(timeout):
+            timeout = 0
+            msg = tw.decoder.decode(sock.recv())
+            changed = True
+            if isinstance(msg, tw.Add):
+                try:
+                    engine.add_request(str(msg.gen), msg.prompt, msg.params, msg.priority)
+                except RequestError as e:
+                    sock.send(fw.encoder.encode(fw.Failed(msg.gen, str(e))))
+            elif isinstance(msg, tw.Abort):
+                for gen in msg.gens:
+                    engine.abort(str(gen))
+            elif isinstance(msg, tw.Shutdown):
+                return
+        if engine.has_work():
+            outs = engine.step()
+            tokens = [fw.Token(int(o.request_id), o.token_id, o.exit_depth, o.logprobs, o.finish_reason)
+                      for o in outs]
+            if tokens or changed:
+                sock.send(fw.encoder.encode(fw.Outputs(tokens, stats())))
+        elif changed:
+            sock.send(fw.encoder.encode(fw.Outputs([], stats())))
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--addr", required=True)
+    ap.add_argument("--identity", required=True)
+    ap.add_argument("--handshake-timeout", type=float, default=60.0)
+    args = ap.parse_args(argv)
+    _die_with_parent()
+    parent = os.getppid()
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.DEALER)
+    sock.setsockopt(zmq.IDENTITY, args.identity.encode())
+    sock.setsockopt(zmq.LINGER, 2000)  # so a final Fatal is flushed
+    sock.connect(args.addr)
+    stop = threading.Event()
+    try:
+        sock.send(fw.encoder.encode(fw.Hello(os.getpid())))
+        if not sock.poll(int(args.handshake_timeout * 1000)):
+            raise TimeoutError(f"no handshake from the coordinator within {args.handshake_timeout} s")
+        h = tw.decoder.decode(sock.recv())
+        if not isinstance(h, tw.Handshake):
+            raise RuntimeError(f"expected a handshake, got {type(h).__name__}")
+        threading.Thread(target=_heartbeat, daemon=True,
+                         args=(ctx, args.addr, args.identity.encode() + b"/hb", h.heartbeat_interval, parent,
+                               stop)).start()
+        engine, fp = build(h)
+        p = engine.pool
+        sock.send(fw.encoder.encode(fw.Ready(kv_blocks_total=p.num_blocks, block_size=p.block_size,
+                                             kv_planes=p.num_core_planes + int(p.has_boundary), fingerprint=fp)))
+        serve(sock, engine)
+        return 0
+    except BaseException as e:  # noqa: BLE001 - report the worker's own error, then die
+        text = "".join(traceback.format_exception_only(type(e), e)).strip()
+        sys.stderr.write(traceback.format_exc())
+        try:
+            sock.send(fw.encoder.encode(fw.Fatal(text)))
+        except zmq.ZMQError:
+            pass
+        return 1
+    finally:
+        stop.set()
+        sock.close()
+        ctx.term()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
