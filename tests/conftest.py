@@ -16,3 +16,10 @@ def checkpoints(tmp_path_factory):
 
     root = tmp_path_factory.mktemp("ckpt")
     return {f: make_checkpoint(f, str(root / f), preset="tiny", seed=1) for f in FAMILIES}
+
+
+def pytest_asyncio_loop_factories(config, item):
+    """Async tests run on uvloop (the loop users embed rlt in); pytest-asyncio 1.x hook."""
+    import uvloop
+
+    return {"uvloop": uvloop.new_event_loop}

@@ -1,0 +1,295 @@
+"""rlt.Engine with real worker subprocesses and real ZeroMQ sockets."""
+
+import asyncio
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+import rlt
+from rlt import EngineDeadError, RequestError, SamplingParams
+from rlt.config import ModelConfig
+from rlt.control.validation import resolve_params
+from rlt.models.loader import load_model
+from rlt.workers.engine import EngineConfig, LoopEngine
+
+FAST = dict(heartbeat_interval=0.2, heartbeat_timeout=3.0, startup_timeout=60.0)
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    with open(f"/proc/{pid}/stat") as f:  # a zombie is not alive
+        return f.read().split()[2] != "Z"
+
+
+async def all_blocks_free(engine, timeout=5.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        st = engine.stats()
+        if st["live_requests"] == 0 and all(w["kv_blocks_free"] == w["kv_blocks_total"] and w["running"] == 0
+                                            and w["waiting"] == 0 for w in st["workers"]):
+            return True
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"blocks not all free: {engine.stats()}")
+
+
+async def collect(engine, prompt, sp, rid=None):
+    outs = [o async for o in engine.generate(prompt, sp, request_id=rid)]
+    assert outs and outs[-1].finished and all(not o.finished for o in outs[:-1])
+    return outs[-1]
+
+
+def direct(path, requests):
+    """The same worker engine in-process: {rid: (tokens, depths)}."""
+    mc = ModelConfig.from_pretrained(path)
+    eng = LoopEngine(mc, load_model(mc, torch.float32), EngineConfig(), torch.float32)
+    for rid, (prompt, sp) in requests.items():
+        eng.add_request(rid, prompt, resolve_params(mc, len(prompt), sp))
+    out = {rid: ([], []) for rid in requests}
+    while eng.has_work():
+        for o in eng.step():
+            out[o.request_id][0].append(o.token_id)
+            out[o.request_id][1].append(o.exit_depth)
+    return out
+
+
+def workload(n):
+    rng = random.Random(0)
+    reqs = {}
+    for i in range(n):
+        prompt = [rng.randrange(3, 500) for _ in range(rng.randrange(2, 20))]
+        sp = SamplingParams(max_tokens=rng.randrange(4, 14), temperature=rng.choice([0.0, 0.8]), seed=i,
+                            exit_threshold=rng.choice([None, 0.5, 0.3]), ignore_eos=True)
+        reqs[f"r{i}"] = (prompt, sp)
+    return reqs
+
+
+async def test_concurrent_streams_match_direct_engine(checkpoints):
+    path = checkpoints["ouro"]
+    reqs = workload(40)
+    async with rlt.Engine.launch(path, **FAST) as engine:
+        pid = engine.stats()["workers"][0]["pid"]
+        finals = await asyncio.gather(*(collect(engine, p, sp, rid) for rid, (p, sp) in reqs.items()))
+        expected = direct(path, reqs)
+        for out in finals:
+            assert (out.token_ids, out.exit_depths) == expected[out.request_id]
+            assert out.finish_reason == "length"
+        assert len({tuple(o.exit_depths) for o in finals}) > 1
+        await all_blocks_free(engine)
+    assert not alive(pid)
+
+
+async def test_cancellation_and_immediate_id_reuse(checkpoints):
+    path = checkpoints["ouro"]
+    reqs = workload(32)
+    expected = direct(path, reqs)
+    rng = random.Random(1)
+    async with rlt.Engine.launch(path, **FAST) as engine:
+        async def consume(rid, prompt, sp, stop_after):
+            n = 0
+            async for out in engine.generate(prompt, sp, request_id=rid):
+                n += 1
+                if n == stop_after:
+                    break  # closing the iterator aborts the request
+
+        tasks = [asyncio.ensure_future(consume(rid, p, sp, rng.randrange(1, 4))) for rid, (p, sp) in reqs.items()]
+        cancelled = []
+        for rid, t in zip(reqs, tasks):
+            if rng.random() < 0.5:
+                await asyncio.sleep(rng.random() * 0.02)
+                t.cancel()
+                cancelled.append(rid)
+        await asyncio.gather(*tasks, return_exceptions=True)
+        # every id is reusable at once and gives the right answer
+        finals = await asyncio.gather(*(collect(engine, p, sp, rid) for rid, (p, sp) in reqs.items()))
+        for out in finals:
+            assert (out.token_ids, out.exit_depths) == expected[out.request_id]
+        assert cancelled
+        await all_blocks_free(engine)
+
+
+async def test_abort_ends_stream_with_abort(checkpoints):
+    async with rlt.Engine.launch(checkpoints["nanbeige"], **FAST) as engine:
+        sp = SamplingParams(max_tokens=200, temperature=0, ignore_eos=True)
+        outs = []
+        async for out in engine.generate([1, 2, 3], sp, request_id="a"):
+            outs.append(out)
+            if len(outs) == 2:
+                assert await engine.abort("a") is True
+        assert outs[-1].finished and outs[-1].finish_reason == "abort"
+        assert 2 <= len(outs[-1].token_ids) < 200
+        assert await engine.abort("a") is False  # idempotent
+        assert await engine.abort("never") is False
+        again = await collect(engine, [1, 2, 3], SamplingParams(max_tokens=3, temperature=0), "a")
+        assert again.finish_reason in ("length", "stop")
+        await all_blocks_free(engine)
+
+
+BAD = [
+    ([], SamplingParams(), "prompt must be a non-empty"),
+    ([1, 512], SamplingParams(), "outside the vocabulary [0, 512)"),
+    ([1, -1], SamplingParams(), "outside the vocabulary"),
+    ([1], SamplingParams(max_tokens=0), "max_tokens must be >= 1"),
+    ([1], SamplingParams(max_tokens=70000), "exceeds the model's max positions 65536"),
+    ([1], SamplingParams(temperature=-0.5), "temperature must be >= 0"),
+    ([1], SamplingParams(top_p=0.0), "top_p must be in (0, 1]"),
+    ([1], SamplingParams(top_p=1.5), "top_p must be in (0, 1]"),
+    ([1], SamplingParams(top_k=-2), "top_k must be >= -1"),
+    ([1], SamplingParams(min_loops=0), "min_loops must be >= 1"),
+    ([1], SamplingParams(min_loops=3, max_loops=2), "min_loops must be <= max_loops (2)"),
+    ([1], SamplingParams(max_loops=5), "max_loops must be <= the model's depth 4"),
+    ([1], SamplingParams(exit_threshold=-0.1), "exit_threshold must be in [0, 1]"),
+    ([1], SamplingParams(exit_threshold=1.1), "exit_threshold must be in [0, 1]"),
+    ([1], SamplingParams(stop_token_ids=[600]), "stop_token_ids entry must be <= vocab size - 1 (511)"),
+    ([1], SamplingParams(logprobs=-1), "logprobs must be >= 0"),
+    ([1], SamplingParams(temperature=float("nan")), "temperature must be a finite number"),
+]
+
+
+async def test_bad_input_raises_and_engine_keeps_serving(checkpoints):
+    async with rlt.Engine.launch(checkpoints["ouro"], **FAST) as engine:
+        sp = SamplingParams(max_tokens=30, temperature=0, ignore_eos=True)
+        running = asyncio.ensure_future(collect(engine, [5, 6, 7], sp, "keep"))
+        await asyncio.sleep(0.05)
+        for prompt, params, message in BAD:
+            with pytest.raises(RequestError) as e:
+                engine.generate(prompt, params)
+            assert message in str(e.value)
+            assert isinstance(e.value, ValueError)
+        with pytest.raises(RequestError, match="request_id 'keep' is already live"):
+            engine.generate([1], sp, request_id="keep")
+        out = await running
+        assert len(out.token_ids) == 30
+        await all_blocks_free(engine)
+
+
+async def wait_restart(engine, old_pid, timeout=30.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        ws = engine.stats()["workers"]
+        if ws and ws[0]["pid"] != old_pid:
+            try:
+                return await collect(engine, [1, 2], SamplingParams(max_tokens=2, temperature=0), "probe")
+            except EngineDeadError:
+                pass
+        await asyncio.sleep(0.1)
+    raise AssertionError("worker did not come back")
+
+
+@pytest.mark.parametrize("sig,why", [(signal.SIGKILL, "died (exit code -9)"), (signal.SIGSTOP, "no heartbeat")])
+async def test_dead_or_frozen_worker_fails_its_streams_then_serves_again(checkpoints, sig, why):
+    async with rlt.Engine.launch(checkpoints["ouro"], **FAST) as engine:
+        pid = engine.stats()["workers"][0]["pid"]
+        sp = SamplingParams(max_tokens=60000, temperature=0, ignore_eos=True)
+        got, errors = [], []
+
+        async def stream(rid):
+            try:
+                async for out in engine.generate([1, 2, 3], sp, request_id=rid):
+                    got.append(out)
+            except EngineDeadError as e:
+                errors.append((time.monotonic(), str(e)))
+
+        tasks = [asyncio.ensure_future(stream(f"s{i}")) for i in range(3)]
+        while len(got) < 3:
+            await asyncio.sleep(0.01)
+        t0 = time.monotonic()
+        os.kill(pid, sig)
+        await asyncio.wait_for(asyncio.gather(*tasks), timeout=15)
+        assert len(errors) == 3
+        assert all(why in e for _, e in errors), errors
+        assert max(t for t, _ in errors) - t0 < FAST["heartbeat_timeout"] + 3.0  # bounded detection
+        with pytest.raises(EngineDeadError):  # fails fast until the worker is back
+            for _ in range(100):
+                engine.generate([1], SamplingParams(max_tokens=1))
+                await asyncio.sleep(0.01)
+        out = await wait_restart(engine, pid)
+        assert out.finished
+        assert not alive(pid)
+        await all_blocks_free(engine)
+
+
+async def test_startup_failure_reports_cause_and_leaves_no_process(checkpoints, tmp_path):
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    bad = tmp_path / "bad"
+    shutil.copytree(checkpoints["ouro"], bad)
+    w = load_file(str(bad / "model.safetensors"))
+    del w["model.layers.0.mlp.up_proj.weight"]
+    save_file(w, str(bad / "model.safetensors"))
+    before = set(children())
+    with pytest.raises(RuntimeError, match="failed to start: .*missing tensor 'model.layers.0.mlp.up_proj.weight'"):
+        async with rlt.Engine.launch(str(bad), **FAST):
+            pass
+    assert set(children()) <= before
+
+
+def children() -> list[int]:
+    out = subprocess.run(["pgrep", "-P", str(os.getpid())], capture_output=True, text=True).stdout
+    return [int(p) for p in out.split() if alive(int(p))]
+
+
+async def test_engine_shares_the_loop_with_app_tasks(checkpoints):
+    gaps = []
+
+    async def ticker():
+        last = time.monotonic()
+        while True:
+            await asyncio.sleep(0.01)
+            now = time.monotonic()
+            gaps.append(now - last)
+            last = now
+
+    tick = asyncio.ensure_future(ticker())
+    async with rlt.Engine.launch(checkpoints["huginn"], **FAST) as engine:
+        assert type(asyncio.get_running_loop()).__module__.startswith("uvloop")
+        reqs = workload(16)
+        finals = await asyncio.gather(*(collect(engine, p, SamplingParams(max_tokens=8, temperature=0,
+                                                                             ignore_eos=True), rid)
+                                        for rid, (p, _) in reqs.items()))
+        assert all(len(o.token_ids) == 8 for o in finals)
+    tick.cancel()
+    assert len(gaps) > 20 and max(gaps) < 0.5  # the app's own task kept running throughout
+
+
+def test_workers_exit_when_the_coordinator_dies(checkpoints, tmp_path):
+    script = tmp_path / "app.py"
+    script.write_text(f"""
+import asyncio, os, sys, rlt
+async def main():
+    engine = await rlt.Engine.launch({checkpoints['ouro']!r}, heartbeat_interval=0.2)
+    print(engine.stats()["workers"][0]["pid"], flush=True)
+    await asyncio.sleep(60)
+asyncio.run(main())
+""")
+    app = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
+    worker = int(app.stdout.readline())
+    assert alive(worker)
+    app.kill()
+    app.wait()
+    deadline = time.monotonic() + 10
+    while alive(worker) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not alive(worker)
+
+
+async def test_launch_rejects_bad_options_before_spawning(checkpoints):
+    before = set(children())
+    for kwargs, msg in [(dict(topology="3p3d"), "topology '3p3d'"), (dict(dtype="int8"), "dtype 'int8'"),
+                        (dict(device="tpu"), "device 'tpu'"), (dict(bogus=1), "unknown option 'bogus'"),
+                        (dict(block_size=0), "block_size must be"), (dict(kv_layout="x"), "kv_layout 'x'")]:
+        with pytest.raises(ValueError, match=msg):
+            rlt.Engine.launch(checkpoints["ouro"], **kwargs)
+    with pytest.raises(rlt.ConfigError, match="'total_ut_steps'"):
+        rlt.Engine.launch(checkpoints["ouro"], hf_overrides={"total_ut_steps": 0})
+    assert set(children()) == before
