@@ -1,15 +1,15 @@
 """rlt.Engine: the coordinator, running in the caller's event loop.
 
-It owns the ModelConfig and every request's state, validates requests before any worker sees them,
-talks to worker subprocesses over ZeroMQ (ROUTER here, a DEALER per worker) with msgspec messages,
-and streams outputs into per-request collectors. It never blocks the event loop and imports no
-torch.
+It owns the ModelConfig and every request's state (rlt/control/lifecycle.py), validates requests
+before any worker sees them, routes them to workers (least loaded by credits), talks to worker
+subprocesses over ZeroMQ (ROUTER here, a DEALER per worker) with msgspec messages, and streams
+outputs into per-request collectors. It never blocks the event loop and imports no torch.
 """
 
 import asyncio
-import dataclasses
 import itertools
-import os
+import logging
+import re
 import shutil
 import tempfile
 import time
@@ -22,25 +22,29 @@ from rlt.config import ModelConfig
 from rlt.control import from_worker as fw
 from rlt.control import to_worker as tw
 from rlt.control.collector import Collector
+from rlt.control.lifecycle import Holding, Phase, Request
 from rlt.control.validation import resolve_params, validate_prompt
 from rlt.control.worker_proc import WorkerProc
 from rlt.errors import EngineDeadError, RequestError
 from rlt.outputs import RequestOutput
 from rlt.sampling_params import SamplingParams
 
+log = logging.getLogger("rlt")
+
 ENGINE_OPTIONS = ("kv_layout", "block_size", "num_blocks", "kv_memory_bytes", "max_num_seqs", "prefill_chunk",
                   "max_num_batched_tokens")
 COORDINATOR_OPTIONS = {"startup_timeout": 300.0, "heartbeat_interval": 0.5, "heartbeat_timeout": 10.0,
-                       "restart": True}
-TOPOLOGIES = ("single",)
+                       "restart": True, "transfer_timeout": 30.0}
 
 
-@dataclasses.dataclass
-class _Live:
-    request_id: str
-    gen: int
-    collector: Collector
-    worker: WorkerProc
+def parse_topology(topology: str) -> tuple[int, int]:
+    """'single' -> (0, 0); 'XpYd' -> (X, Y)."""
+    if topology == "single":
+        return 0, 0
+    m = re.fullmatch(r"([1-9]\d*)p([1-9]\d*)d", topology)
+    if m is None:
+        raise ValueError(f"topology {topology!r} is not supported (single, 1p1d, or XpYd such as 2p2d)")
+    return int(m.group(1)), int(m.group(2))
 
 
 class _Launch:
@@ -71,14 +75,18 @@ class Engine:
         from rlt.models.tokenizer import load_tokenizer
 
         self.tokenizer = load_tokenizer(mc.path)
-        self._live: dict[str, _Live] = {}
-        self._by_gen: dict[int, _Live] = {}
-        self._gens = itertools.count(1)
-        self._incarnations = itertools.count()
-        self._workers: list[WorkerProc | None] = [None]
+        n_p, n_d = parse_topology(topology)
+        self._slots = [("unified", 0)] if n_p == 0 else \
+            [("prefill", i) for i in range(n_p)] + [("decode", i) for i in range(n_d)]
+        self._workers: list[WorkerProc | None] = [None] * len(self._slots)
         self._by_identity: dict[str, WorkerProc] = {}
+        self._live: dict[str, Request] = {}  # user-visible requests, by request id
+        self._gens: dict[int, Request] = {}  # every request still holding resources, by generation
+        self._gen_ids = itertools.count(1)
+        self._incarnations = itertools.count()
         self._tasks: set[asyncio.Task] = set()
         self._closing = False
+        self._fingerprint: str | None = None
         self._dead_reason: str | None = None
 
     # ---- launch / shutdown ------------------------------------------------------------------------
@@ -86,8 +94,7 @@ class Engine:
     def launch(cls, model: str | None = None, *, topology: str = "single", device: str = "cpu",
                dtype: str | None = None, hf_overrides: dict | None = None, **options) -> _Launch:
         """Build the ModelConfig and check every option before any process is spawned."""
-        if topology not in TOPOLOGIES:
-            raise ValueError(f"topology {topology!r} is not supported (supported: {', '.join(TOPOLOGIES)})")
+        parse_topology(topology)
         if dtype not in (None, "float32", "bfloat16", "float16"):
             raise ValueError(f"dtype {dtype!r} is not supported (float32, bfloat16, float16)")
         if not (device == "cpu" or device == "cuda" or device.startswith("cuda:")):
@@ -112,6 +119,12 @@ class Engine:
         return _Launch(cls(mc, topology=topology, device=device, dtype=dtype, engine_options=engine_options,
                            options=opts))
 
+    def _device_for(self, slot: int) -> str:
+        """One device per worker on GPU (cuda:0, cuda:1, ... in slot order); all on CPU otherwise."""
+        if self.device == "cpu" or len(self._slots) == 1:
+            return self.device
+        return f"cuda:{slot}"
+
     async def _start(self) -> None:
         self._dir = tempfile.mkdtemp(prefix="rlt-")
         self._ctx = zmq.asyncio.Context()
@@ -123,20 +136,41 @@ class Engine:
         self._spawn(self._recv_loop())
         self._spawn(self._heartbeat_watch())
         try:
-            await self._start_worker(0)
+            await asyncio.gather(*(self._start_worker(i) for i in range(len(self._slots))))
+            await self._introduce_peers(None)
         except BaseException:
             await self.shutdown()
             raise
 
-    async def _start_worker(self, index: int) -> WorkerProc:
-        w = WorkerProc(index, "unified", next(self._incarnations), self._addr, self._dir)
+    async def _start_worker(self, slot: int) -> WorkerProc:
+        role, index = self._slots[slot]
+        w = WorkerProc(index, role, next(self._incarnations), self._addr, self._dir)
+        w.slot, w.device = slot, self._device_for(slot)
         self._by_identity[w.identity] = w
-        self._workers[index] = w
+        self._workers[slot] = w
         await w.spawn(handshake_timeout=self._opt["startup_timeout"])
-        await w.wait_ready(self._opt["startup_timeout"])
+        ready = await w.wait_ready(self._opt["startup_timeout"])
+        if self._fingerprint is None:
+            self._fingerprint = ready.fingerprint
+        elif ready.fingerprint != self._fingerprint:
+            w.kill()
+            others = [o.identity for o in self._workers if o is not None and o is not w and o.ready]
+            raise RuntimeError(f"{role} worker {index} has fingerprint {ready.fingerprint}, "
+                               f"{', '.join(others) or 'the first worker'} {self._fingerprint}: "
+                               "config, weights, dtype or KV layout differ")
         w.last_seen = time.monotonic()
         self._spawn(self._watch_exit(w))
         return w
+
+    async def _introduce_peers(self, new: WorkerProc | None) -> None:
+        """Prefill workers learn the decode workers' agents (all of them, or the one restarted)."""
+        decodes = [w for w in self._workers if w is not None and w.role == "decode" and w.ready]
+        for w in self._workers:
+            if w is None or w.role != "prefill" or not w.ready:
+                continue
+            peers = decodes if new is None or new is w else [new] if new.role == "decode" else []
+            if peers:
+                await self._send(w, tw.Connect([d.ready.transport for d in peers]))
 
     async def shutdown(self) -> None:
         """Stop every worker, fail what is still live, close sockets. Idempotent."""
@@ -146,13 +180,11 @@ class Engine:
         for w in self._workers:
             if w is not None and w.proc is not None and w.proc.returncode is None:
                 await self._send(w, tw.Shutdown())
-        for w in self._workers:
-            if w is not None:
-                await w.stop()
-        for live in list(self._live.values()):
-            live.collector.fail(EngineDeadError("the engine was shut down"))
+        await asyncio.gather(*(w.stop() for w in self._workers if w is not None))
+        for r in list(self._live.values()):
+            r.collector.fail(EngineDeadError("the engine was shut down"))
         self._live.clear()
-        self._by_gen.clear()
+        self._gens.clear()
         for t in list(self._tasks):
             t.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
@@ -174,6 +206,10 @@ class Engine:
         except zmq.ZMQError:  # unroutable: the worker is gone; its death handler reports it
             return False
 
+    def _post(self, w: WorkerProc | None, msg) -> None:
+        if w is not None and w.proc is not None and w.proc.returncode is None:
+            self._spawn(self._send(w, msg))
+
     async def _recv_loop(self) -> None:
         while True:
             identity, payload = await self._sock.recv_multipart()
@@ -184,43 +220,127 @@ class Engine:
             try:
                 await self._dispatch(w, fw.decoder.decode(payload))
             except Exception as e:  # noqa: BLE001 - one bad message must not stop the receiver
-                import logging
-
-                logging.getLogger("rlt").exception("dropped a message from %s: %s", w.identity, e)
+                log.exception("dropped a message from %s: %s", w.identity, e)
 
     async def _dispatch(self, w: WorkerProc, msg) -> None:
         if isinstance(msg, fw.Outputs):
-            self._on_outputs(w, msg)
+            w.stats = msg.stats
+            for t in msg.tokens:
+                self._on_token(w, t)
         elif isinstance(msg, fw.Hello):
             await self._send(w, tw.Handshake(
                 model_path=self.model_config.path, config=self.model_config.raw, dtype=self.dtype,
-                device=self.device, role=w.role, engine=self._engine_options,
-                heartbeat_interval=self._opt["heartbeat_interval"]))
+                device=w.device, role=w.role, engine=self._engine_options,
+                heartbeat_interval=self._opt["heartbeat_interval"], transfer_timeout=self._opt["transfer_timeout"]))
         elif isinstance(msg, fw.Ready):
             w.ready, w.stats = msg, fw.Stats(0, 0, msg.kv_blocks_total)
             if not w.ready_future.done():
                 w.ready_future.set_result(msg)
+        elif isinstance(msg, fw.Reserved):
+            self._on_reserved(w, msg)
+        elif isinstance(msg, fw.TransferDone):
+            self._on_prefill_released(msg.gen, w, chunks=msg.chunks)
+        elif isinstance(msg, fw.Drained):
+            self._on_prefill_released(msg.gen, w, chunks=None)
         elif isinstance(msg, fw.Failed):
-            live = self._by_gen.get(msg.gen)
-            if live is not None:
-                self._retire(live)
-                live.collector.finish("error", msg.error)
+            self._on_failed(w, msg)
         elif isinstance(msg, fw.Fatal):
             w.fatal = msg.error
 
-    def _on_outputs(self, w: WorkerProc, msg: fw.Outputs) -> None:
-        w.stats = msg.stats
-        for t in msg.tokens:
-            live = self._by_gen.get(t.gen)
-            if live is None:
-                continue  # a retired generation (aborted or finished): drop
-            if t.finish is not None:
-                self._retire(live)
-            live.collector.push(t.token, t.depth, t.logprobs, t.finish)
+    # ---- request events ---------------------------------------------------------------------------
+    def _retire(self, r: Request) -> None:
+        """Gone from the user's view: the id may be reused at once; late outputs are dropped."""
+        r.retired = True
+        if self._live.get(r.request_id) is r:
+            del self._live[r.request_id]
 
+    def _forget(self, r: Request) -> None:
+        self._retire(r)
+        self._gens.pop(r.gen, None)
+
+    def _release_decode(self, r: Request) -> None:
+        """Free the decode (or unified) worker's side: only once no write into it can land."""
+        if r.decode is not None and not r.decode.released:
+            r.decode.release()
+            self._post(r.decode.worker, tw.Abort([r.gen]))
+        if r.prefill is None or r.prefill.released:
+            self._forget(r)
+
+    def _on_token(self, w: WorkerProc, t: fw.Token) -> None:
+        r = self._gens.get(t.gen)
+        if r is None or r.retired:
+            return  # a retired generation: drop
+        if r.prefill is not None and w is r.prefill.worker:  # the first token, from the prefill worker
+            r.first_token = t.token
+            r.phase = Phase.TRANSFERRING
+        r.collector.push(t.token, t.depth, t.logprobs, t.finish)
+        if t.finish is not None:
+            self._retire(r)
+            if w is r.decode.worker:  # the decode side finished and freed its blocks itself
+                r.decode.release()
+                if r.prefill is None or r.prefill.released:
+                    self._forget(r)
+            # finished on the prefill worker's first token: the decode side is freed after TransferDone
+
+    def _on_reserved(self, d: WorkerProc, msg: fw.Reserved) -> None:
+        r = self._gens.get(msg.gen)
+        if r is None or r.retired or r.decode is None or r.decode.worker is not d:
+            self._post(d, tw.Abort([msg.gen]))  # aborted while reserving: no writer was ever told
+            if r is not None and r.decode is not None and r.decode.worker is d:
+                r.decode.release()
+                self._forget(r)
+            return
+        p = r.prefill.worker
+        r.phase = Phase.PREFILLING
+        self._post(p, tw.Prefill(gen=r.gen, prompt=r.prompt, params=r.params, priority=r.priority,
+                                 dst_agent=d.ready.transport.agent_name, dst_tables=msg.tables))
+
+    def _on_prefill_released(self, gen: int, p: WorkerProc, chunks: int | None) -> None:
+        """TransferDone (`chunks` written, P's blocks free) or Drained (cancelled, nothing in flight)."""
+        r = self._gens.get(gen)
+        if r is None or r.prefill is None or r.prefill.worker is not p:
+            return
+        r.prefill.release()
+        if chunks is not None and not r.retired:
+            r.phase = Phase.DECODING
+            self._post(r.decode.worker, tw.Activate(gen=gen, prompt=r.prompt, params=r.params, priority=r.priority,
+                                                    first_token=r.first_token, chunks=chunks))
+        else:
+            self._release_decode(r)
+
+    def _on_failed(self, w: WorkerProc, msg: fw.Failed) -> None:
+        r = self._gens.get(msg.gen)
+        if r is None:
+            return
+        if not r.retired:
+            r.collector.finish("error", msg.error)
+            self._retire(r)
+        if r.prefill is not None and w is r.prefill.worker:  # P drained and freed before reporting
+            r.prefill.release()
+            self._release_decode(r)
+        elif r.decode is not None and w is r.decode.worker:  # D freed its side before reporting
+            r.decode.release()
+            if r.prefill is not None and not r.prefill.released:
+                self._post(r.prefill.worker, tw.Cancel(r.gen))  # Drained will finish the cleanup
+            else:
+                self._forget(r)
+
+    def _cancel(self, r: Request) -> None:
+        """User abort / cancellation, at whatever phase the request is in."""
+        self._retire(r)
+        r.collector.finish("abort")
+        if r.prefill is None or r.prefill.released:  # single, or PD after the handoff
+            self._release_decode(r)
+        elif r.phase == Phase.WAITING:  # P not told yet: D drops a queued or granted reservation
+            r.prefill.release()
+            self._release_decode(r)
+        else:  # P may be writing into D's blocks: P drains first, D is freed on Drained/TransferDone
+            self._post(r.prefill.worker, tw.Cancel(r.gen))
+
+    # ---- liveness ---------------------------------------------------------------------------------
     async def _watch_exit(self, w: WorkerProc) -> None:
         rc = await w.proc.wait()
-        if not self._closing and self._workers[w.index] is w:
+        if not self._closing and self._workers[w.slot] is w:
             await asyncio.sleep(0.05)  # a Fatal message racing the exit carries the real cause
             await self._worker_dead(w, f"died (exit code {rc})")
 
@@ -238,32 +358,43 @@ class Engine:
     async def _worker_dead(self, w: WorkerProc, why: str) -> None:
         err = w.dead_error(why)
         self._dead_reason = str(err)
-        self._workers[w.index] = None
+        self._workers[w.slot] = None
         self._by_identity.pop(w.identity, None)
-        for live in [lv for lv in self._live.values() if lv.worker is w]:
-            self._retire(live)
-            live.collector.fail(err)
+        for r in list(self._gens.values()):
+            on_p = r.prefill is not None and r.prefill.worker is w and not r.prefill.released
+            on_d = r.decode is not None and r.decode.worker is w and not r.decode.released
+            if not (on_p or on_d):
+                continue
+            if not r.retired:
+                r.collector.fail(err)
+                self._retire(r)
+            if on_p:  # a dead writer writes nothing more: the decode side can be freed
+                r.prefill.released = True
+                self._release_decode(r)
+            if on_d:
+                r.decode.released = True
+                if r.prefill is not None and not r.prefill.released:
+                    self._post(r.prefill.worker, tw.Cancel(r.gen))
+                else:
+                    self._forget(r)
         await w.stop(0)
         if self._opt["restart"] and not self._closing:
             try:
-                await self._start_worker(w.index)
+                new = await self._start_worker(w.slot)
+                await self._introduce_peers(new)
                 self._dead_reason = None
             except Exception as e:  # noqa: BLE001
                 self._dead_reason = f"{err}; restart failed: {e}"
 
     # ---- public API -------------------------------------------------------------------------------
-    def _retire(self, live: _Live) -> None:
-        """The request is no longer live: its id may be reused at once; late messages are dropped."""
-        self._live.pop(live.request_id, None)
-        self._by_gen.pop(live.gen, None)
-
-    def _worker_for_new_request(self) -> WorkerProc:
-        w = self._workers[0]
+    def _pick(self, role: str) -> WorkerProc:
+        """The least-loaded ready worker of a role: most free blocks after credits, then fewest slots."""
+        ready = [w for w in self._workers if w is not None and w.role == role and w.ready is not None]
         if self._closing:
             raise EngineDeadError("the engine was shut down")
-        if w is None or w.ready is None:
-            raise EngineDeadError(self._dead_reason or "no worker is ready")
-        return w
+        if not ready:
+            raise EngineDeadError(self._dead_reason or f"no {role} worker is ready")
+        return max(ready, key=lambda w: (w.ready.kv_blocks_total - w.credits.blocks, -w.credits.slots))
 
     def _tokenize(self, prompt) -> list[int]:
         if isinstance(prompt, str):
@@ -277,10 +408,14 @@ class Engine:
         """Async iterator of cumulative RequestOutputs; the last has finished=True. The request is
         validated (RequestError) and submitted at the call; cancelling the consuming task or closing
         the iterator aborts it."""
-        live = self._admit(prompt, params if params is not None else SamplingParams(), request_id, priority)
-        return self._stream(live)
+        return self._stream(self._admit(prompt, params if params is not None else SamplingParams(),
+                                        request_id, priority))
 
-    def _admit(self, prompt, params, request_id, priority) -> _Live:
+    @staticmethod
+    def _blocks(ready: fw.Ready, positions: int) -> int:
+        return ready.kv_planes * -(-positions // ready.block_size)
+
+    def _admit(self, prompt, params, request_id, priority) -> Request:
         ids = self._tokenize(prompt)
         p = resolve_params(self.model_config, len(ids), params)
         if request_id is None:
@@ -289,53 +424,62 @@ class Engine:
             raise RequestError(f"request_id must be a non-empty string, got {request_id!r}")
         if request_id in self._live:
             raise RequestError(f"request_id {request_id!r} is already live")
-        w = self._worker_for_new_request()
-        r = w.ready
-        need = r.kv_planes * -(-(len(ids) + p.max_tokens) // r.block_size)
-        if need > r.kv_blocks_total:
+        pd = self._slots[0][0] != "unified"
+        d = self._pick("decode" if pd else "unified")
+        prefill = self._pick("prefill") if pd else None
+        need = self._blocks(d.ready, len(ids) + p.max_tokens)
+        if need > d.ready.kv_blocks_total:
             raise RequestError(f"prompt {len(ids)} + max_tokens {p.max_tokens} needs {need} KV blocks, "
-                               f"the worker has {r.kv_blocks_total}: it can never fit")
-        gen = next(self._gens)
+                               f"the worker has {d.ready.kv_blocks_total}: it can never fit")
+        gen = next(self._gen_ids)
         out = RequestOutput(request_id, ids, logprobs=[] if p.logprobs else None)
-        live = _Live(request_id, gen, Collector(out, gen), w)
-        self._live[request_id] = live
-        self._by_gen[gen] = live
-        self._spawn(self._send(w, tw.Add(gen=gen, prompt=ids, params=p, priority=priority)))
-        return live
+        r = Request(request_id, gen, Collector(out, gen), ids, p, priority)
+        r.decode = Holding(d, need)
+        d.credits.take(need)
+        self._live[request_id] = r
+        self._gens[gen] = r
+        if prefill is None:
+            r.phase = Phase.DECODING
+            self._post(d, tw.Add(gen=gen, prompt=ids, params=p, priority=priority))
+        else:
+            r.prefill = Holding(prefill, self._blocks(prefill.ready, len(ids)))
+            prefill.credits.take(r.prefill.blocks)
+            self._post(d, tw.Reserve(gen, len(ids) + p.max_tokens))
+        return r
 
-    async def _stream(self, live: _Live):
+    async def _stream(self, r: Request):
         try:
             while True:
-                out = await live.collector.get()
+                out = await r.collector.get()
                 if self.tokenizer is not None:
                     out.text = self.tokenizer.decode(out.token_ids, skip_special_tokens=True)
                 yield out
                 if out.finished:
                     return
         finally:
-            if self._by_gen.get(live.gen) is live:  # cancelled or closed mid-stream
-                self._abort(live)
-
-    def _abort(self, live: _Live) -> None:
-        self._retire(live)
-        live.collector.finish("abort")
-        if live.worker.proc is not None and live.worker.proc.returncode is None:
-            self._spawn(self._send(live.worker, tw.Abort([live.gen])))
+            if not r.retired:  # cancelled or closed mid-stream
+                self._cancel(r)
 
     async def abort(self, request_id: str) -> bool:
         """End the request's stream with finish_reason 'abort'. Idempotent: False if not live."""
-        live = self._live.get(request_id)
-        if live is None:
+        r = self._live.get(request_id)
+        if r is None:
             return False
-        self._abort(live)
+        self._cancel(r)
         return True
+
+    def request_phase(self, request_id: str) -> Phase | None:
+        r = self._live.get(request_id)
+        return r.phase if r is not None else None
 
     def stats(self) -> dict:
         workers = []
         for w in self._workers:
             if w is None:
                 continue
-            r, s = w.ready, w.stats
-            workers.append({"role": w.role, "pid": w.pid, "kv_blocks_total": r.kv_blocks_total if r else 0,
-                            "kv_blocks_free": s.kv_blocks_free, "running": s.running, "waiting": s.waiting})
-        return {"live_requests": len(self._live), "workers": workers}
+            rd, s = w.ready, w.stats
+            workers.append({"role": w.role, "pid": w.pid, "kv_blocks_total": rd.kv_blocks_total if rd else 0,
+                            "kv_blocks_free": s.kv_blocks_free, "running": s.running, "waiting": s.waiting,
+                            "credit_blocks": w.credits.blocks, "credit_slots": w.credits.slots})
+        return {"live_requests": len(self._live), "pending_cleanup": len(self._gens) - len(self._live),
+                "workers": workers}

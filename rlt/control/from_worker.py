@@ -7,13 +7,51 @@ class Hello(msgspec.Struct, tag="hello"):
     pid: int
 
 
+class PeerInfo(msgspec.Struct, kw_only=True):
+    """A worker's NIXL agent and registered KV pool, as its peers need them."""
+
+    agent_name: str
+    metadata: bytes
+    base: int  # address of block 0
+    num_blocks: int
+    block_bytes: int
+    mem_type: str  # "DRAM" | "VRAM"
+    dev_id: int
+
+
 class Ready(msgspec.Struct, tag="ready", kw_only=True):
-    """Runtime results only: KV capacity and the fingerprint of config + weights + dtype + KV layout."""
+    """Runtime results only: KV capacity, transport metadata, and the fingerprint of
+    config + weights + dtype + KV layout."""
 
     kv_blocks_total: int
     block_size: int
     kv_planes: int  # block tables per request (core planes + boundary plane)
     fingerprint: str
+    transport: PeerInfo | None = None  # prefill and decode roles
+
+
+class Reserved(msgspec.Struct, tag="reserved"):
+    """Decode worker: blocks reserved for a prompt being prefilled elsewhere (one table per plane:
+    core planes, then the boundary plane)."""
+
+    gen: int
+    tables: list[list[int]]
+
+
+class TransferDone(msgspec.Struct, tag="transfer_done"):
+    """Prefill worker: every chunk of the prompt was written into the decode worker's blocks and
+    the prefill worker's own blocks are free."""
+
+    gen: int
+    chunks: int
+    bytes: int
+    seconds: float
+
+
+class Drained(msgspec.Struct, tag="drained"):
+    """Prefill worker: a cancelled request has no write in flight any more and its blocks are free."""
+
+    gen: int
 
 
 class Stats(msgspec.Struct, array_like=True):
@@ -54,6 +92,6 @@ class Fatal(msgspec.Struct, tag="fatal"):
     error: str
 
 
-FromWorker = Hello | Ready | Outputs | Failed | Heartbeat | Fatal
+FromWorker = Hello | Ready | Outputs | Failed | Heartbeat | Fatal | Reserved | TransferDone | Drained
 encoder = msgspec.msgpack.Encoder()
 decoder = msgspec.msgpack.Decoder(FromWorker)

@@ -7,6 +7,7 @@ import sys
 import time
 
 from rlt.control import from_worker as fw
+from rlt.control.lifecycle import Credits
 from rlt.errors import EngineDeadError
 
 
@@ -22,6 +23,8 @@ class WorkerProc:
         self.stats = fw.Stats(0, 0, 0)
         self.last_seen = time.monotonic()
         self.fatal: str | None = None  # the worker's own error text, if it sent one
+        self.credits = Credits()
+        self.slot, self.device = 0, "cpu"
         self.ready_future = asyncio.get_running_loop().create_future()
 
     async def spawn(self, handshake_timeout: float) -> None:

@@ -36,7 +36,7 @@ class StepOutput:
     token_id: int
     exit_depth: int
     logprobs: dict[int, float] | None
-    finish_reason: str | None  # None while running
+    finish_reason: str | None  # None while running (or, prefill-only, handed off for decoding elsewhere)
 
 
 @dataclass
@@ -49,10 +49,16 @@ class _Seq:
     output: list[int] = field(default_factory=list)
     num_done: int = 0  # positions whose KV is final on every plane
     group: Group | None = None
+    prefill_only: bool = False  # prefill worker: stop after the first token, keep the blocks for transfer
 
     @property
     def decoding(self) -> bool:
         return self.num_done >= len(self.prompt)
+
+    @property
+    def positions(self) -> int:
+        """Positions the request can ever store (what it reserves)."""
+        return len(self.prompt) + (0 if self.prefill_only else self.params.max_tokens)
 
 
 class LoopEngine:
@@ -70,25 +76,69 @@ class LoopEngine:
         self.running: list[_Seq] = []
         self._arrival = itertools.count()
         self._live: dict[str, _Seq] = {}
+        # Disaggregation: a prefill worker keeps a finished prompt's blocks until their transfer is
+        # done (held); a decode worker reserves blocks for a prompt being prefilled elsewhere.
+        self.held: dict[str, BlockTables] = {}
+        self.reserved: dict[str, BlockTables] = {}
+        self.chunk_events: list[tuple[str, int, int]] = []  # (request, start, end) prompt positions final
 
     # ---- requests ---------------------------------------------------------------------------
-    def add_request(self, request_id: str, prompt: list[int], params: ResolvedParams, priority: int = 0) -> None:
-        if request_id in self._live:
+    def _check_live(self, request_id: str) -> None:
+        if request_id in self._live or request_id in self.held or request_id in self.reserved:
             raise RequestError(f"request id {request_id!r} is already live")
-        need = self.pool.blocks_needed(len(prompt) + params.max_tokens)
+
+    def _check_fits(self, request_id: str, positions: int, prompt_len: int, max_tokens: int) -> None:
+        need = self.pool.blocks_needed(positions)
         if need > self.pool.num_blocks:
             raise RequestError(
-                f"request {request_id!r} can never fit: prompt {len(prompt)} + max_tokens {params.max_tokens} "
+                f"request {request_id!r} can never fit: prompt {prompt_len} + max_tokens {max_tokens} "
                 f"needs {need} KV blocks ({self.pool.num_core_planes + int(self.pool.has_boundary)} planes of "
                 f"{self.pool.block_size} positions), the pool has {self.pool.num_blocks}")
-        s = _Seq(request_id, list(prompt), params, (priority, next(self._arrival)))
+
+    def add_request(self, request_id: str, prompt: list[int], params: ResolvedParams, priority: int = 0,
+                    prefill_only: bool = False) -> None:
+        self._check_live(request_id)
+        s = _Seq(request_id, list(prompt), params, (priority, next(self._arrival)), prefill_only=prefill_only)
+        self._check_fits(request_id, s.positions, len(prompt), params.max_tokens)
         self._live[request_id] = s
         self.waiting.append(s)
         self.waiting.sort(key=lambda q: q.order)
 
+    def reserve(self, request_id: str, positions: int) -> BlockTables | None:
+        """Decode side: blocks for a prompt prefilled elsewhere (None: not enough free blocks now)."""
+        self._check_live(request_id)
+        self._check_fits(request_id, positions, positions, 0)
+        if self.pool.blocks_needed(positions) > self.pool.num_free:
+            return None
+        self.reserved[request_id] = self.pool.allocate(positions)
+        return self.reserved[request_id]
+
+    def activate(self, request_id: str, prompt: list[int], params: ResolvedParams, first_token: int,
+                 priority: int = 0) -> None:
+        """Decode side: the prompt's KV is in the reserved blocks; continue from its first token."""
+        s = _Seq(request_id, list(prompt), params, (priority, next(self._arrival)),
+                 tables=self.reserved.pop(request_id), output=[first_token], num_done=len(prompt))
+        self._live[request_id] = s
+        self.waiting.append(s)
+        self.waiting.sort(key=lambda q: q.order)
+
+    def tables_of(self, request_id: str) -> BlockTables | None:
+        s = self._live.get(request_id)
+        return s.tables if s is not None else self.held.get(request_id)
+
+    def release_held(self, request_id: str) -> None:
+        tables = self.held.pop(request_id, None)
+        if tables is not None:
+            self.pool.free(tables)
+
     def abort(self, request_id: str) -> bool:
         """Idempotent: False if the id is not live. Every block returns at once (the pool is only
-        written inside step(), so nothing can still land in them)."""
+        written inside step(); a caller that lets other processes write into it - a decode worker's
+        reservation - must know those writes are over)."""
+        for store in (self.held, self.reserved):
+            if request_id in store:
+                self.pool.free(store.pop(request_id))
+                return True
         s = self._live.get(request_id)
         if s is None:
             return False
@@ -107,6 +157,11 @@ class LoopEngine:
         return bool(self.waiting or self.running)
 
     @property
+    def num_requests(self) -> int:
+        """Everything holding blocks: waiting, running, held for transfer, reserved for a transfer."""
+        return len(self._live) + len(self.held) + len(self.reserved)
+
+    @property
     def num_free_blocks(self) -> int:
         return self.pool.num_free
 
@@ -114,9 +169,10 @@ class LoopEngine:
     def _admit(self) -> None:
         while self.waiting and len(self.running) < self.cfg.max_num_seqs:
             s = self.waiting[0]
-            if self.pool.blocks_needed(len(s.prompt) + s.params.max_tokens) > self.pool.num_free:
-                break  # FCFS: the head waits for blocks
-            s.tables = self.pool.allocate(len(s.prompt) + s.params.max_tokens)
+            if s.tables is None:  # (an activated decode request already has its blocks)
+                if self.pool.blocks_needed(s.positions) > self.pool.num_free:
+                    break  # FCFS: the head waits for blocks
+                s.tables = self.pool.allocate(s.positions)
             self.running.append(self.waiting.pop(0))
 
     def _schedule(self) -> None:
@@ -138,6 +194,7 @@ class LoopEngine:
                             output_index=len(s.output))
 
     def step(self) -> list[StepOutput]:
+        self.chunk_events = []
         self._admit()
         self._schedule()
         active = [s for s in self.running if s.group is not None]
@@ -150,6 +207,8 @@ class LoopEngine:
             outputs.append(self._append_token(owner[id(smp.group)], smp.token, smp.group.depth, smp.logprobs))
         for g in result.exited:
             s = owner[id(g)]
+            if not g.decoding:
+                self.chunk_events.append((s.request_id, g.start, g.start + g.n))
             if s.group is g:  # not finished and released above
                 s.num_done += g.n
                 s.group = None
@@ -163,7 +222,12 @@ class LoopEngine:
             reason = "stop"
         elif len(s.output) >= p.max_tokens:
             reason = "length"
-        if reason is not None:
+        if s.prefill_only:  # handed off: the blocks wait for their transfer, whatever the reason
+            self.running.remove(s)
+            self.held[s.request_id] = s.tables
+            s.tables = None
+            self._release(s)
+        elif reason is not None:
             self.running.remove(s)
             self._release(s)
         return StepOutput(s.request_id, tok, depth, top, reason)
