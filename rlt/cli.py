@@ -43,7 +43,7 @@ def _add_generate(sub):
     g.add_argument("--dtype", choices=["float32", "bfloat16", "float16"])
     g.add_argument("--device", default="cpu", help="cpu or cuda[:N]")
     g.add_argument("--hf-overrides", type=json.loads, help="JSON object replacing config.json fields")
-    g.add_argument("--topology", default="single", choices=["single"])
+    g.add_argument("--topology", default="single", help="single, 1p1d, or XpYd such as 2p2d")
     g.add_argument("--json", action="store_true", help="one JSON object per prompt, one per line")
     g.add_argument("--kv-layout", choices=["last_exited", "shared"], help="default last_exited")
     g.add_argument("--block-size", type=int, help="positions per KV block (default 16)")

@@ -30,6 +30,11 @@ class KVGeometry:
         layers = self.num_core_layers * planes + self.num_boundary_layers
         return 2 * layers * self.num_kv_heads * self.head_dim * dtype_bytes
 
+    def block_bytes(self, block_size: int, dtype_bytes: int) -> int:
+        """One physical block: block_size positions of every layer of one plane (core or boundary)."""
+        layers = max(self.num_core_layers, self.num_boundary_layers)
+        return 2 * layers * self.num_kv_heads * self.head_dim * dtype_bytes * block_size
+
 
 @dataclass(frozen=True)
 class ModelConfig:
@@ -51,13 +56,14 @@ class ModelConfig:
             if not isinstance(hf_overrides, dict):
                 raise ConfigError(f"hf_overrides must be a dict of config.json fields, got {hf_overrides!r}")
             raw = {**raw, **hf_overrides}
-        if raw.get("eos_token_id") is None:  # as transformers, fall back to generation_config.json
-            gen = os.path.join(path, "generation_config.json")
-            if os.path.isfile(gen):
-                with open(gen) as f:
-                    eos = json.load(f).get("eos_token_id")
-                if eos is not None:
-                    raw = {**raw, "eos_token_id": eos}
+        gen = os.path.join(path, "generation_config.json")
+        if os.path.isfile(gen):  # generate() stops on generation_config.json's eos ids too
+            with open(gen) as f:
+                gen_eos = json.load(f).get("eos_token_id")
+            if gen_eos is not None:
+                ids = lambda v: v if isinstance(v, list) else [] if v is None else [v]  # noqa: E731
+                merged = list(dict.fromkeys(ids(raw.get("eos_token_id")) + ids(gen_eos)))
+                raw = {**raw, "eos_token_id": merged[0] if len(merged) == 1 else merged}
         return cls.from_dict(raw, path)
 
     @classmethod

@@ -137,6 +137,7 @@ class Engine:
         self._spawn(self._heartbeat_watch())
         try:
             await asyncio.gather(*(self._start_worker(i) for i in range(len(self._slots))))
+            self._check_fingerprints()
             await self._introduce_peers(None)
         except BaseException:
             await self.shutdown()
@@ -150,17 +151,27 @@ class Engine:
         self._workers[slot] = w
         await w.spawn(handshake_timeout=self._opt["startup_timeout"])
         ready = await w.wait_ready(self._opt["startup_timeout"])
-        if self._fingerprint is None:
-            self._fingerprint = ready.fingerprint
-        elif ready.fingerprint != self._fingerprint:
+        if self._fingerprint is not None and ready.fingerprint != self._fingerprint:  # a restart
             w.kill()
-            others = [o.identity for o in self._workers if o is not None and o is not w and o.ready]
-            raise RuntimeError(f"{role} worker {index} has fingerprint {ready.fingerprint}, "
-                               f"{', '.join(others) or 'the first worker'} {self._fingerprint}: "
-                               "config, weights, dtype or KV layout differ")
+            raise RuntimeError(f"restarted {role} worker {index} has fingerprint {ready.fingerprint}, the others "
+                               f"{self._fingerprint}: config, weights, dtype or KV layout differ")
         w.last_seen = time.monotonic()
         self._spawn(self._watch_exit(w))
+        w.sender = self._spawn(self._sender(w))
         return w
+
+    def _check_fingerprints(self) -> None:
+        """Every worker must hash config + weights + dtype + KV layout identically; name who differs
+        from the most common fingerprint (ties: the first worker's)."""
+        fps = [w.ready.fingerprint for w in self._workers]
+        ref = max(fps, key=lambda f: (fps.count(f), -fps.index(f)))
+        odd = [w for w in self._workers if w.ready.fingerprint != ref]
+        if odd:
+            first = next(w for w in self._workers if w.ready.fingerprint == ref)
+            names = ", ".join(f"{w.role} worker {w.index} (fingerprint {w.ready.fingerprint})" for w in odd)
+            raise RuntimeError(f"{names} differs from {first.role} worker {first.index} (fingerprint {ref}): "
+                               "config, weights, dtype or KV layout differ")
+        self._fingerprint = ref
 
     async def _introduce_peers(self, new: WorkerProc | None) -> None:
         """Prefill workers learn the decode workers' agents (all of them, or the one restarted)."""
@@ -179,6 +190,8 @@ class Engine:
         self._closing = True
         for w in self._workers:
             if w is not None and w.proc is not None and w.proc.returncode is None:
+                while not w.outbox.empty():  # what is queued (aborts) goes first
+                    await self._send(w, w.outbox.get_nowait())
                 await self._send(w, tw.Shutdown())
         await asyncio.gather(*(w.stop() for w in self._workers if w is not None))
         for r in list(self._live.values()):
@@ -207,8 +220,15 @@ class Engine:
             return False
 
     def _post(self, w: WorkerProc | None, msg) -> None:
+        """Queue a message for a worker without waiting; messages to one worker keep their order
+        (Reserve before Abort, Prefill before Cancel)."""
         if w is not None and w.proc is not None and w.proc.returncode is None:
-            self._spawn(self._send(w, msg))
+            w.outbox.put_nowait(msg)
+
+    async def _sender(self, w: WorkerProc) -> None:
+        while True:
+            msg = await w.outbox.get()
+            await self._send(w, msg)
 
     async def _recv_loop(self) -> None:
         while True:
@@ -225,6 +245,10 @@ class Engine:
     async def _dispatch(self, w: WorkerProc, msg) -> None:
         if isinstance(msg, fw.Outputs):
             w.stats = msg.stats
+            for gen in msg.started:
+                r = self._gens.get(gen)
+                if r is not None and r.phase == Phase.RESERVED:
+                    r.phase = Phase.PREFILLING
             for t in msg.tokens:
                 self._on_token(w, t)
         elif isinstance(msg, fw.Hello):
@@ -244,6 +268,10 @@ class Engine:
             self._on_prefill_released(msg.gen, w, chunks=None)
         elif isinstance(msg, fw.Failed):
             self._on_failed(w, msg)
+        elif isinstance(msg, fw.Heartbeat):
+            if msg.progress != w.progress or not msg.busy:
+                w.progress, w.progress_at = msg.progress, time.monotonic()
+            w.busy = msg.busy
         elif isinstance(msg, fw.Fatal):
             w.fatal = msg.error
 
@@ -291,7 +319,7 @@ class Engine:
                 self._forget(r)
             return
         p = r.prefill.worker
-        r.phase = Phase.PREFILLING
+        r.phase = Phase.RESERVED
         self._post(p, tw.Prefill(gen=r.gen, prompt=r.prompt, params=r.params, priority=r.priority,
                                  dst_agent=d.ready.transport.agent_name, dst_tables=msg.tables))
 
@@ -350,10 +378,15 @@ class Engine:
             for w in self._workers:
                 if w is None or w.ready is None or self._closing:
                     continue
-                silent = time.monotonic() - w.last_seen
-                if silent > self._opt["heartbeat_timeout"] and w.proc.returncode is None:
-                    w.fatal = w.fatal or f"no heartbeat for {silent:.1f} s (deadline {self._opt['heartbeat_timeout']} s)"
+                now, limit = time.monotonic(), self._opt["heartbeat_timeout"]
+                if w.proc.returncode is not None:
+                    continue
+                if now - w.last_seen > limit:
+                    w.fatal = w.fatal or f"no heartbeat for {now - w.last_seen:.1f} s (deadline {limit} s)"
                     w.kill()  # a hung process is killed so it cannot come back half-alive
+                elif w.busy and now - w.progress_at > limit:
+                    w.fatal = w.fatal or f"main loop stuck for {now - w.progress_at:.1f} s with work (deadline {limit} s)"
+                    w.kill()
 
     async def _worker_dead(self, w: WorkerProc, why: str) -> None:
         err = w.dead_error(why)
@@ -377,6 +410,8 @@ class Engine:
                     self._post(r.prefill.worker, tw.Cancel(r.gen))
                 else:
                     self._forget(r)
+        if w.sender is not None:
+            w.sender.cancel()
         await w.stop(0)
         if self._opt["restart"] and not self._closing:
             try:

@@ -73,6 +73,7 @@ class Outputs(msgspec.Struct, tag="outputs"):
 
     tokens: list[Token]
     stats: Stats
+    started: list[int] = []  # prefill worker: generations it accepted since the last message
 
 
 class Failed(msgspec.Struct, tag="failed"):
@@ -83,7 +84,11 @@ class Failed(msgspec.Struct, tag="failed"):
 
 
 class Heartbeat(msgspec.Struct, tag="heartbeat"):
+    """From the worker's heartbeat thread: alive, and whether its main loop is still moving."""
+
     pid: int
+    progress: int  # main-loop iterations so far
+    busy: bool  # the main loop has work
 
 
 class Fatal(msgspec.Struct, tag="fatal"):

@@ -1,9 +1,10 @@
 """A request's lifecycle: the one place its states are named.
 
 single:  WAITING -> DECODING (the unified worker prefills and decodes) -> finished
-PD:      WAITING (decode worker reserving blocks) -> PREFILLING (prefill worker computes and writes
-         each chunk into the decode worker's blocks) -> TRANSFERRING (first token streamed; last
-         writes in flight) -> DECODING (decode worker owns it) -> finished
+PD:      WAITING (decode worker reserving blocks) -> RESERVED (blocks granted, Prefill sent) ->
+         PREFILLING (the prefill worker computes and writes each chunk into the decode worker's
+         blocks) -> TRANSFERRING (first token streamed; last writes in flight) -> DECODING (the
+         decode worker owns it) -> finished
 
 A request leaves the user's view (its id reusable) at once on finish, abort or failure; its
 resources are released in writer-before-reader order: a decode worker's reserved blocks are freed
@@ -17,6 +18,7 @@ from dataclasses import dataclass, field
 
 class Phase(enum.Enum):
     WAITING = "waiting"
+    RESERVED = "reserved"
     PREFILLING = "prefilling"
     TRANSFERRING = "transferring"
     DECODING = "decoding"

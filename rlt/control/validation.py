@@ -77,6 +77,8 @@ def resolve_params(mc: ModelConfig, prompt_len: int, p: SamplingParams) -> Resol
     thr = mc.default_exit_threshold if p.exit_threshold is None else _float("exit_threshold", p.exit_threshold)
     if not 0 <= thr <= 1:
         raise RequestError(f"exit_threshold must be in [0, 1], got {thr}")
+    if not mc.has_exit_gate:
+        thr = 1.0  # no gate, no hazard: the family runs max_loops whatever the threshold
     if not isinstance(p.stop_token_ids, (list, tuple)):
         raise RequestError(f"stop_token_ids must be a list of token ids, got {p.stop_token_ids!r}")
     for t in p.stop_token_ids:

@@ -23,7 +23,10 @@ class WorkerProc:
         self.stats = fw.Stats(0, 0, 0)
         self.last_seen = time.monotonic()
         self.fatal: str | None = None  # the worker's own error text, if it sent one
+        self.progress, self.progress_at, self.busy = -1, time.monotonic(), False
         self.credits = Credits()
+        self.outbox: asyncio.Queue = asyncio.Queue()
+        self.sender: asyncio.Task | None = None
         self.slot, self.device = 0, "cpu"
         self.ready_future = asyncio.get_running_loop().create_future()
 

@@ -38,7 +38,7 @@ def sample(logits: torch.Tensor, p: SamplingTensors) -> torch.Tensor:
     probs = sorted_logits.softmax(dim=-1)
     # Keep the smallest prefix whose mass reaches top_p (the first token always stays).
     mass_before = probs.cumsum(dim=-1) - probs
-    drop_sorted = (rank >= k) | (mass_before >= p.top_p.unsqueeze(1))
+    drop_sorted = (rank >= k) | ((mass_before >= p.top_p.unsqueeze(1)) & (p.top_p < 1.0).unsqueeze(1))
     drop = torch.empty_like(drop_sorted).scatter_(1, order, drop_sorted)
     noise = gumbel(p.seed.unsqueeze(1), p.output_index.unsqueeze(1), rank)
     sampled = (scaled.masked_fill(drop, float("-inf")) + noise).argmax(dim=-1)

@@ -106,9 +106,12 @@ class _Common:
     eos_token_ids: tuple[int, ...]
 
 
-def _heads(r: _Reader, hidden: int, heads_key: str, kv_key: str, head_dim_keys: tuple[str, ...]):
+def _heads(r: _Reader, hidden: int, heads_key: str, kv_key: str, head_dim_keys: tuple[str, ...],
+           kv_if_absent: int | None = None):
+    """As the reference config classes: kv heads absent -> kv_if_absent (Qwen2's class default, for
+    Ouro) else the head count; explicit null -> the head count; head_dim absent -> hidden // heads."""
     heads = r.positive(heads_key)
-    kv = r.positive(kv_key, heads)
+    kv = r.positive(kv_key, heads if kv_if_absent is None or kv_key in r.d else kv_if_absent)
     if heads % kv:
         raise r.fail(kv_key, f"{kv} must divide {heads_key}={heads}")
     for key in head_dim_keys:
@@ -135,12 +138,14 @@ class OuroConfig(_Common):
         r = _Reader(d, "ouro")
         r.must_be("hidden_act", ("silu",), "silu")
         r.off("use_sliding_window")
+        r.off("early_exit_step", " (per-request exit_threshold / max_loops select the depth)")
         layers = r.positive("num_hidden_layers")
         types = r.get("layer_types", list, [])
         if any(t != "full_attention" for t in types):
             raise r.fail("layer_types", "only 'full_attention' layers are supported")
         hidden = r.positive("hidden_size")
-        heads, kv, hd = _heads(r, hidden, "num_attention_heads", "num_key_value_heads", ("head_dim",))
+        heads, kv, hd = _heads(r, hidden, "num_attention_heads", "num_key_value_heads", ("head_dim",),
+                               kv_if_absent=32)
         thr = r.get("early_exit_threshold", float, 1.0)
         if not 0.0 <= thr <= 1.0:
             raise r.fail("early_exit_threshold", f"must be in [0, 1], got {thr}")
@@ -188,8 +193,8 @@ class NanbeigeConfig(_Common):
         # In the reference code a non-empty loop_loss_weights silently overrides num_loops.
         r.off("loop_loss_weights", " (it is training-only; set num_loops instead)")
         hidden = r.positive("hidden_size")
-        heads, kv, hd = _heads(r, hidden, "num_attention_heads", "num_key_value_heads",
-                               ("head_dim", "kv_channels"))
+        # kv_channels rides along in the released config but the reference code never reads it.
+        heads, kv, hd = _heads(r, hidden, "num_attention_heads", "num_key_value_heads", ("head_dim",))
         return cls(
             vocab_size=r.positive("vocab_size"),
             hidden_size=hidden,
@@ -201,8 +206,8 @@ class NanbeigeConfig(_Common):
             rms_norm_eps=r.get("rms_norm_eps", float, 1e-6),
             max_position_embeddings=r.positive("max_position_embeddings", 2048),
             tie_word_embeddings=r.get("tie_word_embeddings", bool, False),
-            bos_token_id=_bos(r),
-            eos_token_ids=r.token_ids("eos_token_id"),
+            bos_token_id=_bos(r) if "bos_token_id" in r.d else 1,
+            eos_token_ids=r.token_ids("eos_token_id") if "eos_token_id" in r.d else (2,),  # class defaults
             num_hidden_layers=r.positive("num_hidden_layers"),
             num_loops=r.positive("num_loops", 1),
             skip_loop_final_norm=r.get("skip_loop_final_norm", bool, False),

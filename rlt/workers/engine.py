@@ -68,7 +68,7 @@ class LoopEngine:
             raise ValueError("block_size, max_num_seqs and prefill_chunk must be >= 1")
         num_blocks = cfg.num_blocks
         if num_blocks is None:
-            per_block = mc.kv.bytes_per_token(1, torch.finfo(dtype).bits // 8) * cfg.block_size
+            per_block = mc.kv.block_bytes(cfg.block_size, torch.finfo(dtype).bits // 8)
             num_blocks = max(1, min(65536, cfg.kv_memory_bytes // per_block))
         self.pool = KVPool(mc, cfg.kv_layout, cfg.block_size, num_blocks, dtype, device)
         self.runner = Runner(mc, model, self.pool, device)

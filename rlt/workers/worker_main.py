@@ -32,24 +32,36 @@ def _die_with_parent() -> None:
         pass
 
 
+class LoopState:
+    """Read by the heartbeat thread: a main loop that stops moving while busy is hung."""
+
+    progress = 0
+    busy = False
+
+
 def _heartbeat(ctx, addr: str, identity: bytes, interval: float, parent: int, stop: threading.Event) -> None:
     sock = ctx.socket(zmq.DEALER)
     sock.setsockopt(zmq.IDENTITY, identity)
     sock.setsockopt(zmq.LINGER, 0)
     sock.connect(addr)
-    msg = fw.encoder.encode(fw.Heartbeat(os.getpid()))
     while not stop.wait(interval):
         if os.getppid() != parent:
             os._exit(1)
-        sock.send(msg)
+        sock.send(fw.encoder.encode(fw.Heartbeat(os.getpid(), LoopState.progress, LoopState.busy)))
     sock.close()
 
 
-def fingerprint(mc, weights: dict, dtype: str, engine_cfg) -> str:
+# Fault injection for tests only: workers of this role salt their fingerprint (a "differing" worker).
+FAULT_FINGERPRINT_ENV = "RLT_FAULT_FINGERPRINT_ROLE"
+
+
+def fingerprint(mc, weights: dict, dtype: str, engine_cfg, role: str) -> str:
     """Hash of config + weights + dtype + KV layout: identical workers hash identically."""
     import torch
 
     h = hashlib.sha256(json.dumps(mc.raw, sort_keys=True).encode())
+    if os.environ.get(FAULT_FINGERPRINT_ENV) == role:
+        h.update(b"injected fault")
     h.update(f"{dtype}|{engine_cfg.kv_layout}|{engine_cfg.block_size}".encode())
     for name in sorted(weights):
         t = weights[name].double()
@@ -71,7 +83,7 @@ def build(h: tw.Handshake):
     dtype = resolve_dtype(h.dtype, h.device, mc)
     cfg = EngineConfig(**h.engine)
     weights = load_weights(mc, dtype, h.device)
-    fp = fingerprint(mc, weights, str(dtype), cfg)
+    fp = fingerprint(mc, weights, str(dtype), cfg, h.role)
     model = FAMILIES[mc.model_type].model_cls(mc, weights)
     return LoopEngine(mc, model, cfg, dtype, h.device), fp
 
@@ -106,6 +118,7 @@ class Worker:
         self.outgoing: dict[int, _Outgoing] = {}
         self.incoming: dict[int, _Incoming] = {}
         self.pending_reserves: list[tw.Reserve] = []
+        self.started: list[int] = []
         self.changed = False
 
     def send(self, msg) -> None:
@@ -145,6 +158,7 @@ class Worker:
             try:
                 e.add_request(str(msg.gen), msg.prompt, msg.params, msg.priority, prefill_only=True)
                 self.outgoing[msg.gen] = _Outgoing(msg.dst_agent, msg.dst_tables, msg.prompt[0])
+                self.started.append(msg.gen)
             except RequestError as err:
                 self.send(fw.Failed(msg.gen, str(err)))
         elif isinstance(msg, tw.Cancel):
@@ -271,7 +285,9 @@ class Worker:
     def run(self) -> None:
         while True:
             self.changed = False
-            timeout = 0 if self.engine.has_work() else (1 if self.busy() else 50)
+            LoopState.progress += 1
+            LoopState.busy = self.busy()
+            timeout = 0 if self.engine.has_work() else (1 if LoopState.busy else 50)
             while self.sock.poll(timeout):
                 timeout = 0
                 if not self.handle(tw.decoder.decode(self.sock.recv())):
@@ -285,8 +301,9 @@ class Worker:
                     for o in outs:
                         if int(o.request_id) in self.outgoing:
                             self.outgoing[int(o.request_id)].prompt_done = True
-            if tokens or self.changed:
-                self.send(fw.Outputs(tokens, self.stats()))  # the first token streams before its KV moves
+            if tokens or self.changed:  # the first token streams before its KV moves
+                self.send(fw.Outputs(tokens, self.stats(), self.started))
+                self.started = []
             self.changed = False
             if self.role == "prefill":
                 self._post_chunks(self.engine.chunk_events)

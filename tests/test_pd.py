@@ -1,0 +1,284 @@
+"""Prefill/decode disaggregation: real worker processes, real NIXL (UCX, DRAM to DRAM)."""
+
+import asyncio
+import os
+import signal
+import time
+
+import pytest
+
+import rlt
+from rlt import EngineDeadError, SamplingParams
+from rlt.control.lifecycle import Phase
+
+from test_api import all_blocks_free as _all_free
+
+FAST = dict(heartbeat_interval=0.2, heartbeat_timeout=3.0, startup_timeout=60.0, transfer_timeout=10.0)
+SMALL = dict(block_size=4, prefill_chunk=5, num_blocks=400)  # prompts span several chunks and blocks
+OV = {"huginn": {"mean_recurrence": 6}}
+
+
+async def all_free(engine, timeout=10.0):
+    await _all_free(engine, timeout)
+    st = engine.stats()
+    assert st["pending_cleanup"] == 0
+    assert all(w["credit_blocks"] == 0 and w["credit_slots"] == 0 for w in st["workers"]), st
+
+
+def requests(family):
+    gate = family == "ouro"
+    prompts = [[5 + i for i in range(17)], [300, 2, 77, 9, 14, 100, 6, 3, 12, 40, 41], [8] * 23]
+    params = [SamplingParams(max_tokens=9, temperature=0, ignore_eos=True, logprobs=2),
+              SamplingParams(max_tokens=7, temperature=1.0, top_k=30, seed=11, ignore_eos=True),
+              SamplingParams(max_tokens=8, temperature=0.8, top_p=0.9, seed=3, ignore_eos=True,
+                             exit_threshold=0.5 if gate else None)]
+    if gate:
+        prompts.append([9, 8, 7, 6, 5, 4, 3, 2, 1, 10, 11, 12])
+        params.append(SamplingParams(max_tokens=10, temperature=0, ignore_eos=True, exit_threshold=0.4,
+                                     min_loops=2))
+    return list(zip(prompts, params))
+
+
+async def run_all(path, topology, layout, family, reqs):
+    async with rlt.Engine.launch(path, topology=topology, kv_layout=layout, hf_overrides=OV.get(family),
+                                 **SMALL, **FAST) as engine:
+        async def one(i, p, sp):
+            async for out in engine.generate(p, sp, request_id=f"q{i}"):
+                pass
+            return out
+
+        outs = await asyncio.gather(*(one(i, p, sp) for i, (p, sp) in enumerate(reqs)))
+        await all_free(engine)
+        return [(o.token_ids, o.exit_depths, o.logprobs, o.finish_reason) for o in outs]
+
+
+@pytest.mark.parametrize("layout", ["last_exited", "shared"])
+@pytest.mark.parametrize("family", ["ouro", "nanbeige", "huginn"])
+async def test_pd_equals_single(checkpoints, family, layout):
+    reqs = requests(family)
+    single = await run_all(checkpoints[family], "single", layout, family, reqs)
+    tol = 1e-3 if family == "huginn" else 1e-4  # float32 GEMMs over different batches (see test_engine)
+    for topology in ("1p1d", "2p2d"):
+        got = await run_all(checkpoints[family], topology, layout, family, reqs)
+        for (t1, d1, lp1, f1), (t2, d2, lp2, f2) in zip(single, got):
+            assert (t1, d1, f1) == (t2, d2, f2), topology
+            if lp1 is not None:
+                for a, b in zip(lp1, lp2):
+                    assert a.keys() == b.keys() and max(abs(a[k] - b[k]) for k in a) < tol
+    if family == "ouro":
+        assert len(set(single[2][1][1:] + single[3][1][1:])) >= 2  # adaptive exits really happened
+
+
+async def launch_pd(checkpoints, topology="1p1d", **kw):
+    return await rlt.Engine.launch(checkpoints["ouro"], topology=topology, **(SMALL | FAST | kw))
+
+
+def workers(engine, role):
+    return [w for w in engine._workers if w is not None and w.role == role]
+
+
+async def wait_for(cond, timeout=10.0):
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, "condition not reached"
+        await asyncio.sleep(0.005)
+
+
+async def expect_reuse_ok(engine, rid, prompt=(1, 2, 3)):
+    outs = [o async for o in engine.generate(list(prompt), SamplingParams(max_tokens=4, temperature=0,
+                                                                          ignore_eos=True), request_id=rid)]
+    assert outs[-1].finish_reason == "length" and len(outs[-1].token_ids) == 4
+
+
+async def test_cancel_while_waiting_for_decode_blocks(checkpoints):
+    engine = await launch_pd(checkpoints)
+    try:
+        big = SamplingParams(max_tokens=390, temperature=0, ignore_eos=True)  # 4 planes x 98 of 400 blocks
+        hog = engine.generate([1, 2], big, request_id="hog")
+        first = await hog.__anext__()
+        assert first.token_ids
+        stream = engine.generate([5, 6, 7], SamplingParams(max_tokens=40, ignore_eos=True), request_id="w")
+        await asyncio.sleep(0.2)
+        assert engine.request_phase("w") == Phase.WAITING  # the decode worker has no blocks for it yet
+        assert await engine.abort("w")
+        assert (await stream.__anext__()).finish_reason == "abort"
+        await hog.aclose()
+        await expect_reuse_ok(engine, "w")
+        await all_free(engine)
+    finally:
+        await engine.shutdown()
+
+
+async def test_cancel_while_reserved(checkpoints):
+    engine = await launch_pd(checkpoints)
+    try:
+        p = workers(engine, "prefill")[0]
+        gate = asyncio.Event()
+        real_send = engine._send
+
+        async def gated_send(w, msg):  # hold every message to the prefill worker, in order
+            if w is p:
+                await gate.wait()
+            return await real_send(w, msg)
+
+        engine._send = gated_send
+        stream = engine.generate(list(range(3, 30)), SamplingParams(max_tokens=20), request_id="r")
+        await wait_for(lambda: engine.request_phase("r") == Phase.RESERVED)
+        assert await engine.abort("r")  # Cancel queues behind Prefill: P prefills nothing for long
+        gate.set()
+        assert (await stream.__anext__()).finish_reason == "abort"
+        await all_free(engine)
+        await expect_reuse_ok(engine, "r")
+        await all_free(engine)
+    finally:
+        await engine.shutdown()
+
+
+async def test_cancel_while_prefilling(checkpoints):
+    engine = await launch_pd(checkpoints, prefill_chunk=1, kv_layout="shared")  # position by position
+    try:
+        stream = engine.generate(list(range(3, 200)), SamplingParams(max_tokens=5), request_id="p")
+        await wait_for(lambda: engine.request_phase("p") == Phase.PREFILLING)
+        assert workers(engine, "prefill")[0].stats.kv_blocks_free < 400  # P is really computing
+        assert await engine.abort("p")
+        assert (await stream.__anext__()).finish_reason == "abort"
+        await all_free(engine)
+        await expect_reuse_ok(engine, "p")
+        await all_free(engine)
+    finally:
+        await engine.shutdown()
+
+
+async def test_cancel_while_transferring(checkpoints):
+    engine = await launch_pd(checkpoints)
+    try:
+        held = []
+        real = engine._on_prefill_released
+
+        def hold_transfer_done(gen, p, chunks):
+            if chunks is not None:
+                held.append((gen, p, chunks))  # the decode worker is not activated yet
+            else:
+                real(gen, p, chunks)
+
+        engine._on_prefill_released = hold_transfer_done
+        stream = engine.generate(list(range(3, 30)), SamplingParams(max_tokens=20), request_id="t")
+        first = await stream.__anext__()
+        assert len(first.token_ids) == 1 and first.exit_depths == [4]  # streamed by the prefill worker
+        await wait_for(lambda: held)
+        assert engine.request_phase("t") == Phase.TRANSFERRING
+        assert await engine.abort("t")
+        assert (await stream.__anext__()).finish_reason == "abort"
+        engine._on_prefill_released = real
+        for args in held:
+            real(*args)  # late: a retired generation, ignored
+        await all_free(engine)
+        await expect_reuse_ok(engine, "t")
+        await all_free(engine)
+    finally:
+        await engine.shutdown()
+
+
+async def test_cancel_while_decoding(checkpoints):
+    engine = await launch_pd(checkpoints)
+    try:
+        outs = []
+        async for out in engine.generate(list(range(3, 30)), SamplingParams(max_tokens=300, ignore_eos=True),
+                                          request_id="d"):
+            outs.append(out)
+            if len(outs) == 4:
+                assert engine.request_phase("d") == Phase.DECODING
+                assert await engine.abort("d")
+        assert outs[-1].finish_reason == "abort"
+        await all_free(engine)
+        await expect_reuse_ok(engine, "d")
+        await all_free(engine)
+    finally:
+        await engine.shutdown()
+
+
+async def test_injected_transfer_fault_fails_only_that_request(checkpoints, monkeypatch):
+    monkeypatch.setenv("RLT_FAULT_TRANSFER_FIRST_TOKEN", "99")
+    engine = await launch_pd(checkpoints)
+    try:
+        async def final(prompt, rid):
+            async for out in engine.generate(prompt, SamplingParams(max_tokens=12, temperature=0,
+                                                                    ignore_eos=True), request_id=rid):
+                pass
+            return out
+
+        outs = await asyncio.gather(final([99, 5, 6, 7, 8, 9, 10], "bad"), final([5, 6, 7, 8], "ok1"),
+                                    final([7, 7, 7, 7, 7, 7, 7, 7, 7], "ok2"))
+        assert outs[0].finish_reason == "error" and "injected transfer fault" in outs[0].error
+        assert [o.finish_reason for o in outs[1:]] == ["length", "length"]
+        await all_free(engine)
+        await expect_reuse_ok(engine, "bad", prompt=(5, 6))
+        await all_free(engine)
+    finally:
+        await engine.shutdown()
+
+
+@pytest.mark.parametrize("victim", ["prefill", "decode"])
+async def test_killed_worker_fails_only_its_requests(checkpoints, victim):
+    engine = await launch_pd(checkpoints, topology="2p2d" if victim == "decode" else "1p1d", num_blocks=2000)
+    try:
+        results = {}
+
+        async def run(rid, prompt, n):
+            try:
+                async for out in engine.generate(prompt, SamplingParams(max_tokens=n, temperature=0,
+                                                                        ignore_eos=True), request_id=rid):
+                    results[rid] = out
+            except EngineDeadError as e:
+                results[rid] = e
+
+        # Two long decodes (spread over both decode workers in 2p2d), then a long prefill.
+        tasks = [asyncio.ensure_future(run(f"dec{i}", [3 + i, 4, 5], 400)) for i in range(2)]
+        await wait_for(lambda: all(engine.request_phase(f"dec{i}") == Phase.DECODING for i in range(2)))
+        if victim == "prefill":
+            tasks.append(asyncio.ensure_future(run("pre", list(range(3, 300)), 5)))
+            await wait_for(lambda: engine.request_phase("pre") == Phase.PREFILLING)
+            target = workers(engine, "prefill")[0]
+        else:
+            target = engine._gens[engine._live["dec0"].gen].decode.worker
+        os.kill(target.pid, signal.SIGKILL)
+        await asyncio.wait_for(asyncio.gather(*tasks), 60)
+        if victim == "prefill":
+            assert isinstance(results["pre"], EngineDeadError) and "prefill worker 0" in str(results["pre"])
+            assert [results[f"dec{i}"].finish_reason for i in range(2)] == ["length", "length"]
+        else:
+            assert isinstance(results["dec0"], EngineDeadError) and "decode worker" in str(results["dec0"])
+            assert results["dec1"].finish_reason == "length"  # on the other decode worker
+        await wait_for(lambda: all(w is not None and w.ready for w in engine._workers), 60)
+        await expect_reuse_ok(engine, "dec0")
+        await all_free(engine)
+    finally:
+        await engine.shutdown()
+
+
+async def test_fingerprint_mismatch_stops_launch(checkpoints, monkeypatch):
+    monkeypatch.setenv("RLT_FAULT_FINGERPRINT_ROLE", "decode")
+    with pytest.raises(RuntimeError, match=r"decode worker 0 \(fingerprint \w+\) differs from prefill worker 0"):
+        await launch_pd(checkpoints)
+    with pytest.raises(RuntimeError, match=r"^decode worker 0 \(fingerprint \w+\) differs from prefill worker 0"):
+        await launch_pd(checkpoints, topology="2p1d")  # the odd one out is named
+
+
+def test_cli_topology_1p1d_equals_single(checkpoints):
+    import json
+    import subprocess
+    import sys
+
+    def gen(topology):
+        r = subprocess.run([sys.executable, "-m", "rlt", "generate", "--model", checkpoints["nanbeige"],
+                            "--prompt-token-ids", ",".join(map(str, range(3, 40))), "--prompt", "The river runs",
+                            "--max-tokens", "6", "--logprobs", "3", "--json", "--topology", topology,
+                            "--prefill-chunk", "8"], capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0, r.stderr
+        return [json.loads(line) for line in r.stdout.splitlines()]
+
+    single, pd = gen("single"), gen("1p1d")
+    for a, b in zip(single, pd):
+        assert (a["token_ids"], a["exit_depths"], a["text"]) == (b["token_ids"], b["exit_depths"], b["text"])
+        for x, y in zip(a["logprobs"], b["logprobs"]):
+            assert x.keys() == y.keys() and max(abs(x[k] - y[k]) for k in x) < 1e-4
