@@ -282,3 +282,20 @@ def test_cli_topology_1p1d_equals_single(checkpoints):
         assert (a["token_ids"], a["exit_depths"], a["text"]) == (b["token_ids"], b["exit_depths"], b["text"])
         for x, y in zip(a["logprobs"], b["logprobs"]):
             assert x.keys() == y.keys() and max(abs(x[k] - y[k]) for k in x) < 1e-4
+
+
+def test_launch_1p1d_script(checkpoints):
+    import re
+    import subprocess
+    import sys
+
+    script = os.path.join(os.path.dirname(__file__), "..", "scripts", "launch_1p1d.py")
+    r = subprocess.run([sys.executable, script, "--model", checkpoints["ouro"], "--max-tokens", "5",
+                        "--exit-threshold", "0.5"], input="The river runs\nOnce upon a time\n",
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert "prefill pid" in r.stderr and "decode pid" in r.stderr and "on cpu" in r.stderr
+    stats = re.findall(r"\[req-(\d)\] 5 tokens \(length\), exit depths \[4, .*\], TTFT ([\d.]+) ms, TPOT ([\d.]+) ms",
+                       r.stdout)
+    assert sorted(s[0] for s in stats) == ["0", "1"]
+    assert all(float(ttft) > 0 and float(tpot) > 0 for _, ttft, tpot in stats)

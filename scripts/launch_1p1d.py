@@ -1,0 +1,77 @@
+"""Start 1 prefill + 1 decode worker and stream generations, with per-request TTFT and TPOT.
+
+    python scripts/launch_1p1d.py [--model DIR] [--max-tokens 32] "prompt one" "prompt two"
+    echo "a prompt per line" | python scripts/launch_1p1d.py
+
+Workers go on cuda:0 and cuda:1 when two GPUs are visible, on the CPU otherwise. Without --model
+the embedded default (a tiny Ouro made on first use) is served.
+"""
+
+import argparse
+import asyncio
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+
+import rlt  # noqa: E402
+
+
+def pick_device() -> str:
+    try:
+        import torch
+
+        return "cuda" if torch.cuda.is_available() and torch.cuda.device_count() >= 2 else "cpu"
+    except ImportError:
+        return "cpu"
+
+
+async def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("prompts", nargs="*", help="prompts (default: one per line from stdin)")
+    ap.add_argument("--model")
+    ap.add_argument("--max-tokens", type=int, default=32)
+    ap.add_argument("--temperature", type=float, default=0.0)
+    ap.add_argument("--exit-threshold", type=float)
+    ap.add_argument("--device", default=None, help="cpu or cuda (default: cuda with 2+ GPUs, else cpu)")
+    ap.add_argument("--dtype")
+    ap.add_argument("--hf-overrides", type=__import__("json").loads)
+    args = ap.parse_args()
+    prompts = args.prompts or [line.rstrip("\n") for line in sys.stdin if line.strip()]
+    if not prompts:
+        ap.error("give prompts as arguments or on stdin")
+    device = args.device or pick_device()
+    t0 = time.perf_counter()
+    async with rlt.Engine.launch(args.model, topology="1p1d", device=device, dtype=args.dtype,
+                                 hf_overrides=args.hf_overrides) as engine:
+        roles = ", ".join(f"{w['role']} pid {w['pid']}" for w in engine.stats()["workers"])
+        print(f"ready in {time.perf_counter() - t0:.1f} s on {device}: {roles}", file=sys.stderr)
+        sp = rlt.SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature,
+                                exit_threshold=args.exit_threshold)
+
+        async def one(i: int, prompt: str):
+            start = time.perf_counter()
+            first = last = None
+            async for out in engine.generate(prompt, sp, request_id=f"req-{i}"):
+                now = time.perf_counter()
+                first = first if first is not None else now
+                last = now
+            n = len(out.token_ids)
+            ttft = (first - start) * 1e3
+            tpot = (last - first) * 1e3 / (n - 1) if n > 1 else 0.0
+            print(f"[req-{i}] {prompt!r} -> {out.text!r}")
+            print(f"[req-{i}] {n} tokens ({out.finish_reason}), exit depths {out.exit_depths}, "
+                  f"TTFT {ttft:.1f} ms, TPOT {tpot:.1f} ms")
+
+        await asyncio.gather(*(one(i, p) for i, p in enumerate(prompts)))
+    return 0
+
+
+if __name__ == "__main__":
+    try:
+        import uvloop
+
+        sys.exit(uvloop.run(main()))
+    except ImportError:
+        sys.exit(asyncio.run(main()))
