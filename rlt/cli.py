@@ -61,6 +61,7 @@ def _add_make_checkpoint(sub):
     m.add_argument("--dtype", choices=["float32", "bfloat16", "float16"],
                    help="default: float32 for tiny, bfloat16 for full")
     m.add_argument("--shards", type=int, help="number of safetensors shards (default: ~4 GB each)")
+    m.add_argument("--device", default="cpu", help="where to draw the random weights (cuda: fast for full)")
 
 
 def generate(args) -> int:
@@ -123,7 +124,7 @@ def make_checkpoint_cmd(args) -> int:
     from rlt.models.checkpoint import make_checkpoint
 
     path = make_checkpoint(args.family, args.out, preset=args.preset, seed=args.seed, dtype=args.dtype,
-                           num_shards=args.shards)
+                           num_shards=args.shards, device=args.device)
     print(path)
     return 0
 

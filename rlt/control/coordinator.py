@@ -121,7 +121,7 @@ class Engine:
 
     def _device_for(self, slot: int) -> str:
         """One device per worker on GPU (cuda:0, cuda:1, ... in slot order); all on CPU otherwise."""
-        if self.device == "cpu" or len(self._slots) == 1:
+        if self.device == "cpu" or (len(self._slots) == 1 and self.device != "cuda"):
             return self.device
         return f"cuda:{slot}"
 

@@ -84,28 +84,29 @@ def official_config(family: str, preset: str, ids: dict[str, int], dtype: str) -
             "torch_dtype": dtype, "transformers_version": "4.44.2", **p}
 
 
-def random_weights(mc: ModelConfig, seed: int) -> dict[str, torch.Tensor]:
-    g = torch.Generator().manual_seed(seed)
+def random_weights(mc: ModelConfig, seed: int, device: str = "cpu") -> dict[str, torch.Tensor]:
+    g = torch.Generator(device=device).manual_seed(seed)
+    randn = lambda shape, generator: torch.randn(shape, generator=generator, device=device)  # noqa: E731
     spec = FAMILIES[mc.model_type]
     out = {}
     for name, shape in spec.expected_tensors(mc).items():
         if name.endswith(("norm.weight", "layernorm.weight", "layernorm_2.weight", "ln_f.weight")) or ".norm_" in name:
-            t = 1.0 + 0.1 * torch.randn(shape, generator=g)
+            t = 1.0 + 0.1 * randn(shape, g)
         elif name == "model.early_exit_gate.weight":
-            t = torch.randn(shape, generator=g) * (2.0 / math.sqrt(shape[1]))  # gate logit std ~2
+            t = randn(shape, g) * (2.0 / math.sqrt(shape[1]))  # gate logit std ~2
         elif name == "model.early_exit_gate.bias":
-            t = torch.full(shape, -1.0)
+            t = torch.full(shape, -1.0, device=device)
         elif name.endswith("qk_bias"):
-            t = 0.1 * torch.randn(shape, generator=g)
+            t = 0.1 * randn(shape, g)
         elif name == "transformer.wte.weight":  # also the tied head: logit std ~3
-            t = torch.randn(shape, generator=g) * (3.0 / math.sqrt(shape[1]))
+            t = randn(shape, g) * (3.0 / math.sqrt(shape[1]))
         elif name == "model.embed_tokens.weight":
-            t = torch.randn(shape, generator=g)
+            t = randn(shape, g)
         elif name == "lm_head.weight":
-            t = torch.randn(shape, generator=g) * (3.0 / math.sqrt(shape[1]))  # logit std ~3
+            t = randn(shape, g) * (3.0 / math.sqrt(shape[1]))  # logit std ~3
         else:  # projections: unit gain (Ouro's v/o twice that: more context mixing, less repetition)
             gain = 2.0 if mc.model_type == "ouro" and name.endswith(("v_proj.weight", "o_proj.weight")) else 1.0
-            t = torch.randn(shape, generator=g) * (gain / math.sqrt(shape[-1]))
+            t = randn(shape, g) * (gain / math.sqrt(shape[-1]))
         out[name] = t
     if mc.model_type == "huginn_raven":
         out["lm_head.weight"] = out["transformer.wte.weight"]  # stored, equal to the tied embedding
@@ -113,7 +114,7 @@ def random_weights(mc: ModelConfig, seed: int) -> dict[str, torch.Tensor]:
 
 
 def save_safetensors(weights: dict[str, torch.Tensor], out_dir: str, num_shards: int = 1) -> None:
-    weights = {n: t.contiguous() for n, t in weights.items()}
+    weights = {n: t.contiguous().cpu() for n, t in weights.items()}
     if num_shards <= 1:
         save_file({n: t.clone() for n, t in weights.items()}, os.path.join(out_dir, "model.safetensors"),
                   metadata={"format": "pt"})
@@ -136,7 +137,9 @@ def save_safetensors(weights: dict[str, torch.Tensor], out_dir: str, num_shards:
 
 
 def make_checkpoint(family: str, out_dir: str, preset: str = "tiny", seed: int = 0,
-                    dtype: str | None = None, num_shards: int | None = None) -> str:
+                    dtype: str | None = None, num_shards: int | None = None, device: str = "cpu") -> str:
+    """device: where the random weights are drawn (cuda is much faster for --preset full; the
+    values differ from a CPU draw with the same seed)."""
     if family not in MODEL_TYPES:
         raise ValueError(f"family must be one of {', '.join(MODEL_TYPES)}, got {family!r}")
     if (family, preset) not in PRESETS:
@@ -148,7 +151,7 @@ def make_checkpoint(family: str, out_dir: str, preset: str = "tiny", seed: int =
     with open(os.path.join(out_dir, "config.json"), "w") as f:
         json.dump(cfg, f, indent=2)
     mc = ModelConfig.from_pretrained(out_dir)
-    weights = {n: t.to(DTYPES[dtype]) for n, t in random_weights(mc, seed).items()}
+    weights = {n: t.to(DTYPES[dtype]) for n, t in random_weights(mc, seed, device).items()}
     if num_shards is None:
         num_shards = max(1, math.ceil(sum(t.numel() * t.element_size() for t in weights.values()) / 4e9))
     save_safetensors(weights, out_dir, num_shards)

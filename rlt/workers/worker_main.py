@@ -72,7 +72,7 @@ def fingerprint(mc, weights: dict, dtype: str, engine_cfg, role: str) -> str:
 
 
 def build(h: tw.Handshake):
-    import torch  # noqa: F401
+    import torch
 
     from rlt.config import ModelConfig
     from rlt.models.loader import load_weights, resolve_dtype
@@ -80,6 +80,8 @@ def build(h: tw.Handshake):
     from rlt.workers.engine import EngineConfig, LoopEngine
 
     mc = ModelConfig.from_dict(h.config, h.model_path)
+    if h.device.startswith("cuda"):
+        torch.cuda.set_device(h.device)  # NIXL/UCX register VRAM in the current device's context
     dtype = resolve_dtype(h.dtype, h.device, mc)
     cfg = EngineConfig(**h.engine)
     weights = load_weights(mc, dtype, h.device)
