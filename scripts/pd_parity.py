@@ -22,7 +22,7 @@ import rlt  # noqa: E402
 async def serve(args, topology, prompts, sp):
     opts = dict(kv_memory_bytes=args.kv_gib << 30, prefill_chunk=args.prefill_chunk, max_num_seqs=64,
                 max_num_batched_tokens=max(4096, args.prefill_chunk), startup_timeout=900.0,
-                heartbeat_timeout=120.0)
+                heartbeat_timeout=120.0, batch_invariant=args.batch_invariant)
     t0 = time.perf_counter()
     async with rlt.Engine.launch(args.model, topology=topology, device=args.device, dtype=args.dtype,
                                  **opts) as engine:
@@ -63,6 +63,7 @@ def main():
     ap.add_argument("--prefill-chunk", type=int, default=512)
     ap.add_argument("--kv-gib", type=int, default=24)
     ap.add_argument("--topology", default="1p1d")
+    ap.add_argument("--batch-invariant", action="store_true", help="batch-invariant GEMM/RMSNorm kernels")
     ap.add_argument("--json-out")
     args = ap.parse_args()
     import random
@@ -74,7 +75,7 @@ def main():
     single = asyncio.run(serve(args, "single", prompts, sp))
     pd = asyncio.run(serve(args, args.topology, prompts, sp))
     report = {"date": time.strftime("%Y-%m-%d"), "model": args.model, "family": mc.family, "device": args.device,
-              "dtype": args.dtype, "lengths": args.lengths, "max_tokens": args.max_tokens,
+              "dtype": args.dtype, "batch_invariant": args.batch_invariant, "lengths": args.lengths, "max_tokens": args.max_tokens,
               "command": " ".join(sys.argv)}
     for mode in ("sequential", "concurrent"):
         same, diffs = compare(single[mode], pd[mode])

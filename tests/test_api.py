@@ -285,7 +285,7 @@ asyncio.run(main())
 
 async def test_launch_rejects_bad_options_before_spawning(checkpoints):
     before = set(children())
-    for kwargs, msg in [(dict(topology="3p3d"), "topology '3p3d'"), (dict(dtype="int8"), "dtype 'int8'"),
+    for kwargs, msg in [(dict(topology="1p0d"), "topology .1p0d."), (dict(topology="pd"), "topology .pd."), (dict(dtype="int8"), "dtype 'int8'"),
                         (dict(device="tpu"), "device 'tpu'"), (dict(bogus=1), "unknown option 'bogus'"),
                         (dict(block_size=0), "block_size must be"), (dict(kv_layout="x"), "kv_layout 'x'")]:
         with pytest.raises(ValueError, match=msg):

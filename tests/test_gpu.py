@@ -74,3 +74,59 @@ def test_pd_on_two_gpus_equals_single(checkpoints):
     pd, pids = asyncio.run(serve("1p1d"))
     assert len(pids) == 2
     assert single == pd
+
+
+def test_batch_invariant_kernels_match_torch_and_ignore_the_batch():
+    import torch.nn.functional as F
+
+    from rlt.kernels.batch_invariant import linear, rms_norm
+
+    g = torch.Generator(device="cuda").manual_seed(0)
+    for K, N in ((3072, 1024), (2048, 5632), (96, 200)):
+        x = torch.randn(300, K, device="cuda", generator=g).bfloat16()
+        w = (torch.randn(N, K, device="cuda", generator=g) / K ** 0.5).bfloat16()
+        y = linear(x, w)
+        ref = F.linear(x.float(), w.float())
+        assert (y.float() - ref).abs().max() <= 2e-2 * ref.abs().max()
+        for rows in (slice(0, 1), slice(5, 12), slice(17, 18), slice(0, 300)):
+            assert torch.equal(linear(x[rows], w), y[rows])
+        wn = (1 + 0.1 * torch.randn(K, device="cuda", generator=g)).bfloat16()
+        r = rms_norm(x, wn, 1e-5)
+        xf = x.float()
+        ref = wn * (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + 1e-5)).bfloat16()
+        assert (r.float() - ref.float()).abs().max() <= 2e-2 * ref.float().abs().max()
+        for rows in (slice(0, 1), slice(5, 12), slice(0, 300)):
+            assert torch.equal(rms_norm(x[rows], wn, 1e-5), r[rows])
+
+
+@pytest.mark.parametrize("family", ["ouro", "nanbeige", "huginn"])
+def test_engine_batch_invariant_bf16(checkpoints, family):
+    """With batch_invariant on, a request's tokens and depths are the same alone and in a batch."""
+    from rlt.models.layers import set_batch_invariant
+
+    mc = ModelConfig.from_pretrained(checkpoints[family], hf_overrides={"mean_recurrence": 6} if family == "huginn"
+                                     else None)
+    model = load_model(mc, torch.bfloat16, "cuda")
+    cfg = EngineConfig(num_blocks=512, prefill_chunk=8, batch_invariant=True)
+    prompts = [[5 + (i * 7 + j) % 400 for j in range(n)] for i, n in enumerate((9, 30, 17, 44))]
+    sps = [SamplingParams(max_tokens=12, temperature=0, ignore_eos=True,
+                          exit_threshold=0.5 if family == "ouro" else None),
+           SamplingParams(max_tokens=10, temperature=0.9, seed=4, ignore_eos=True)] * 2
+
+    def run(items):
+        eng = LoopEngine(mc, model, cfg, torch.bfloat16, "cuda")
+        for rid, (p, sp) in items:
+            eng.add_request(rid, p, resolve_params(mc, len(p), sp))
+        out = {rid: [] for rid, _ in items}
+        while eng.has_work():
+            for o in eng.step():
+                out[o.request_id].append((o.token_id, o.exit_depth))
+        return out
+
+    try:
+        items = [(str(i), (p, sp)) for i, (p, sp) in enumerate(zip(prompts, sps))]
+        together = run(items)
+        for item in items:
+            assert run([item])[item[0]] == together[item[0]]
+    finally:
+        set_batch_invariant(False)

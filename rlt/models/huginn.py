@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from rlt.config import ModelConfig
 from rlt.kernels.random import truncated_normal
 from rlt.models.base import Attention
-from rlt.models.layers import gated_mlp, rms_norm, rope_inv_freq, rope_pairs
+from rlt.models.layers import linear, gated_mlp, rms_norm, rope_inv_freq, rope_pairs
 
 _BLOCK_TENSORS = ("norm_1.weight", "norm_2.weight", "norm_3.weight", "norm_4.weight", "attn.Wqkv.weight",
                   "attn.qk_bias", "attn.proj.weight", "mlp.fc.weight", "mlp.proj.weight")
@@ -62,11 +62,11 @@ class HuginnModel:
     def _block(self, B, x, positions, attend):
         fc, eps = self.fc, self.fc.rms_norm_eps
         T, nh, hd = x.shape[0], fc.num_attention_heads, fc.head_dim
-        q, k, v = F.linear(rms_norm(x, B["n1"], eps), B["qkv"]).view(T, 3, nh, hd).unbind(1)
+        q, k, v = linear(rms_norm(x, B["n1"], eps), B["qkv"]).view(T, 3, nh, hd).unbind(1)
         if B["q_bias"] is not None:
             q, k = q + B["q_bias"], k + B["k_bias"]
         q, k = rope_pairs(q, positions, self.inv_freq), rope_pairs(k, positions, self.inv_freq)
-        x = rms_norm(x + F.linear(attend(q, k, v).flatten(1), B["proj"]), B["n2"], eps)
+        x = rms_norm(x + linear(attend(q, k, v).flatten(1), B["proj"]), B["n2"], eps)
         return rms_norm(x + gated_mlp(rms_norm(x, B["n3"], eps), B["fc"], B["mlp_proj"]), B["n4"], eps)
 
     def embed(self, ids, positions, attn: Attention):
@@ -85,7 +85,7 @@ class HuginnModel:
         return (z * (self.fc.state_std * self.fc.embed_scale)).to(inject.dtype)
 
     def loop(self, s, inject, positions, attn: Attention):
-        x = F.linear(torch.cat([s, inject], dim=-1), self.adapter)
+        x = linear(torch.cat([s, inject], dim=-1), self.adapter)
         for j, B in enumerate(self.core):
             x = self._block(B, x, positions, lambda q, k, v, j=j: attn.core(j, q, k, v))
         return x, None
@@ -97,4 +97,4 @@ class HuginnModel:
             x = self._block(B, x, positions, lambda q, k, v, j=j: attn.boundary(P + j, q, k, v))
         x = x if select is None else x[select]
         x = rms_norm(x, self.ln_f, self.fc.rms_norm_eps)
-        return F.linear(x, self.wte).float()
+        return linear(x, self.wte).float()

@@ -3,9 +3,35 @@
 import torch
 import torch.nn.functional as F
 
+# Set once per worker process (EngineConfig.batch_invariant): on CUDA, GEMMs and RMSNorm go through
+# the batch-invariant Triton kernels, so a row's result never depends on its batch.
+_batch_invariant = False
+
+
+def set_batch_invariant(on: bool) -> None:
+    global _batch_invariant
+    _batch_invariant = on
+
+
+def _invariant(x: torch.Tensor) -> bool:
+    return _batch_invariant and x.is_cuda
+
+
+def linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
+    if _invariant(x):
+        from rlt.kernels.batch_invariant import linear as bi_linear
+
+        y = bi_linear(x, w)
+        return y if b is None else y + b
+    return F.linear(x, w, b)
+
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """Llama RMSNorm: normalise in float32, cast back, then scale (no +1 offset)."""
+    if _invariant(x):
+        from rlt.kernels.batch_invariant import rms_norm as bi_rms_norm
+
+        return bi_rms_norm(x, weight, eps)
     xf = x.float()
     y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
     return weight * y.to(x.dtype)
@@ -41,7 +67,7 @@ def swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
 
 def gqa_attention_projection(x, qkv_w, num_heads, num_kv_heads, head_dim):
     """Fused [q; k; v] projection -> q [T, H, D], k/v [T, Hkv, D] (contiguous blocks, head-major)."""
-    q, k, v = F.linear(x, qkv_w).split([num_heads * head_dim, num_kv_heads * head_dim,
+    q, k, v = linear(x, qkv_w).split([num_heads * head_dim, num_kv_heads * head_dim,
                                         num_kv_heads * head_dim], dim=-1)
     T = x.shape[0]
     return q.view(T, num_heads, head_dim), k.view(T, num_kv_heads, head_dim), v.view(T, num_kv_heads, head_dim)
@@ -49,5 +75,5 @@ def gqa_attention_projection(x, qkv_w, num_heads, num_kv_heads, head_dim):
 
 def gated_mlp(x, gate_up_w, down_w):
     """SwiGLU with a fused [gate; up] weight: down(silu(gate(x)) * up(x))."""
-    gate, up = F.linear(x, gate_up_w).chunk(2, dim=-1)
-    return F.linear(swiglu(gate, up), down_w)
+    gate, up = linear(x, gate_up_w).chunk(2, dim=-1)
+    return linear(swiglu(gate, up), down_w)

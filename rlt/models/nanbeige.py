@@ -7,7 +7,7 @@ import torch.nn.functional as F
 
 from rlt.config import ModelConfig
 from rlt.models.base import Attention
-from rlt.models.layers import gated_mlp, gqa_attention_projection, rms_norm, rope_inv_freq, rope_neox
+from rlt.models.layers import linear, gated_mlp, gqa_attention_projection, rms_norm, rope_inv_freq, rope_neox
 
 
 def expected_tensors(mc: ModelConfig) -> dict[str, tuple[int, ...]]:
@@ -54,7 +54,7 @@ class NanbeigeModel:
             q, k, v = gqa_attention_projection(rms_norm(x, L["n1"], eps), L["qkv"], fc.num_attention_heads,
                                                fc.num_key_value_heads, fc.head_dim)
             q, k = rope_neox(q, positions, self.inv_freq), rope_neox(k, positions, self.inv_freq)
-            x = x + F.linear(attn.core(i, q, k, v).flatten(1), L["o"])
+            x = x + linear(attn.core(i, q, k, v).flatten(1), L["o"])
             x = x + gated_mlp(rms_norm(x, L["n2"], eps), L["gate_up"], L["down"])
         if not fc.skip_loop_final_norm:
             x = rms_norm(x, self.norm_w, eps)
@@ -64,4 +64,4 @@ class NanbeigeModel:
         x = x if select is None else x[select]
         if self.fc.skip_loop_final_norm:
             x = rms_norm(x, self.norm_w, self.fc.rms_norm_eps)
-        return F.linear(x, self.lm_head).float()
+        return linear(x, self.lm_head).float()

@@ -9,7 +9,7 @@ import torch.nn.functional as F
 
 from rlt.config import ModelConfig
 from rlt.models.base import Attention
-from rlt.models.layers import gated_mlp, gqa_attention_projection, rms_norm, rope_inv_freq, rope_neox
+from rlt.models.layers import linear, gated_mlp, gqa_attention_projection, rms_norm, rope_inv_freq, rope_neox
 
 _LAYER_TENSORS = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
                   "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj", "input_layernorm",
@@ -64,14 +64,14 @@ class OuroModel:
             q, k, v = gqa_attention_projection(rms_norm(x, L["n_in"], eps), L["qkv"], fc.num_attention_heads,
                                                fc.num_key_value_heads, fc.head_dim)
             q, k = rope_neox(q, positions, self.inv_freq), rope_neox(k, positions, self.inv_freq)
-            a = F.linear(attn.core(i, q, k, v).flatten(1), L["o"])
+            a = linear(attn.core(i, q, k, v).flatten(1), L["o"])
             x = x + rms_norm(a, L["n_in2"], eps)
             m = gated_mlp(rms_norm(x, L["n_post"], eps), L["gate_up"], L["down"])
             x = x + rms_norm(m, L["n_post2"], eps)
         x = rms_norm(x, self.norm_w, eps)
-        gate = F.linear(x.float(), self.gate_w, self.gate_b).squeeze(-1)  # fp32 gate math
+        gate = linear(x.float(), self.gate_w, self.gate_b).squeeze(-1)  # fp32 gate math
         return x, gate
 
     def head(self, x, positions, attn: Attention, select=None):
         x = x if select is None else x[select]
-        return F.linear(x, self.lm_head).float()
+        return linear(x, self.lm_head).float()

@@ -28,6 +28,7 @@ class EngineConfig:
     max_num_seqs: int = 64
     prefill_chunk: int = 256  # prompt rows per request per chunk
     max_num_batched_tokens: int = 2048  # rows per core pass
+    batch_invariant: bool = False  # CUDA: Triton GEMM/RMSNorm whose per-row result ignores the batch
 
 
 @dataclass
@@ -71,6 +72,10 @@ class LoopEngine:
             per_block = mc.kv.block_bytes(cfg.block_size, torch.finfo(dtype).bits // 8)
             num_blocks = max(1, min(65536, cfg.kv_memory_bytes // per_block))
         self.pool = KVPool(mc, cfg.kv_layout, cfg.block_size, num_blocks, dtype, device)
+        if cfg.batch_invariant:
+            from rlt.models.layers import set_batch_invariant
+
+            set_batch_invariant(True)
         self.runner = Runner(mc, model, self.pool, device)
         self.waiting: list[_Seq] = []
         self.running: list[_Seq] = []
