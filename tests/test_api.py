@@ -293,3 +293,17 @@ async def test_launch_rejects_bad_options_before_spawning(checkpoints):
     with pytest.raises(rlt.ConfigError, match="'total_ut_steps'"):
         rlt.Engine.launch(checkpoints["ouro"], hf_overrides={"total_ut_steps": 0})
     assert set(children()) == before
+
+
+async def test_stuck_main_loop_is_detected(checkpoints, monkeypatch):
+    """A worker whose heartbeat thread still beats but whose main loop hangs with work is killed."""
+    monkeypatch.setenv("RLT_FAULT_STALL_FIRST_TOKEN", "77")
+    async with rlt.Engine.launch(checkpoints["ouro"], **FAST) as engine:
+        pid = engine.stats()["workers"][0]["pid"]
+        t0 = time.monotonic()
+        with pytest.raises(EngineDeadError, match="main loop stuck"):
+            async for _ in engine.generate([77, 1, 2], SamplingParams(max_tokens=5)):
+                pass
+        assert time.monotonic() - t0 < FAST["heartbeat_timeout"] + 3.0
+        assert (await wait_restart(engine, pid)).finished
+        await all_blocks_free(engine)

@@ -121,3 +121,28 @@ def test_missing_config_and_generation_config_eos(tmp_path):
 def test_rebuilt_from_raw_is_identical(tmp_path):
     mc = ModelConfig.from_pretrained(write(tmp_path, official("nanbeige")), hf_overrides={"num_loops": 3})
     assert ModelConfig.from_dict(mc.raw, mc.path) == mc
+
+
+def test_absent_fields_take_the_reference_class_defaults(tmp_path):
+    """Defaults as the official config classes set them when config.json omits a field."""
+    cfg = official("nanbeige")
+    for k in ("bos_token_id", "eos_token_id", "head_dim"):
+        del cfg[k]
+    n = ModelConfig.from_pretrained(write(tmp_path, cfg))
+    assert (n.bos_token_id, n.eos_token_ids) == (1, (2,))  # NanbeigeConfig defaults
+    assert n.kv.head_dim == 3072 // 48  # kv_channels (128) is never read by the reference code
+    cfg = official("ouro")
+    del cfg["num_key_value_heads"]
+    cfg["num_attention_heads"] = 32
+    assert ModelConfig.from_pretrained(write(tmp_path, cfg)).kv.num_kv_heads == 32  # Qwen2Config default
+    cfg["num_key_value_heads"] = None
+    cfg["num_attention_heads"] = 16
+    assert ModelConfig.from_pretrained(write(tmp_path, cfg)).kv.num_kv_heads == 16  # null: MHA
+    with pytest.raises(ConfigError, match="'early_exit_step'"):
+        ModelConfig.from_pretrained(write(tmp_path, official("ouro") | {"early_exit_step": 1}))
+
+
+def test_generation_config_eos_ids_are_added(tmp_path):
+    write(tmp_path, official("ouro"))
+    (tmp_path / "generation_config.json").write_text(json.dumps({"eos_token_id": [2, 7]}))
+    assert ModelConfig.from_pretrained(str(tmp_path)).eos_token_ids == (2, 7)

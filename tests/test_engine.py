@@ -188,3 +188,21 @@ def test_stop_conditions(checkpoints):
     stop_at = toks.index(toks[2])
     assert [o[0] for o in got] == toks[: stop_at + 1] and got[-1][3] == "stop"
     assert free["a"][-1][3] == "length" and all(o[3] is None for o in free["a"][:-1])
+
+
+@pytest.mark.parametrize("family", ["nanbeige", "huginn"])
+def test_threshold_means_nothing_without_a_gate(checkpoints, family):
+    mc, new_engine = make(checkpoints[family], family)
+    sp = SamplingParams(max_tokens=6, temperature=0, ignore_eos=True, exit_threshold=0.0)
+    got = run(new_engine(), mc, {"a": (PROMPTS[0], sp)})["a"]
+    assert [o[1] for o in got] == [mc.depth] * 6
+
+
+def test_default_pool_fills_the_memory_budget(checkpoints):
+    """A physical block holds max(core, boundary) layers, so the budget buys that many blocks."""
+    mc = ModelConfig.from_pretrained(checkpoints["huginn"])
+    model = load_model(mc, torch.float32)
+    eng = LoopEngine(mc, model, EngineConfig(kv_memory_bytes=1 << 22, block_size=16), torch.float32)
+    block = 2 * max(4, 2 + 2) * mc.kv.num_kv_heads * mc.kv.head_dim * 4 * 16
+    assert eng.pool.num_blocks == (1 << 22) // block
+    assert eng.pool.cache.numel() * 4 == eng.pool.num_blocks * block

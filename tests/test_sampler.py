@@ -67,3 +67,15 @@ def test_top_logprobs():
     vals, ids = top_logprobs(logits, 2)
     assert ids.tolist() == [[1, 2]]
     assert torch.allclose(vals, torch.log_softmax(logits, -1)[:, [1, 2]])
+
+
+def test_top_p_one_and_top_k_off_drop_nothing():
+    """float32 cumsum reaches 1.0 before the end of a large vocabulary: top_p = 1 must still keep
+    every token (it is "off"), while top_p < 1 and top-k do cut."""
+    from rlt.kernels.sampler import dropped
+
+    scaled = 3 * torch.randn(64, 50000, generator=torch.Generator().manual_seed(0))
+    off = dropped(scaled, torch.zeros(64, dtype=torch.int64), torch.ones(64))
+    assert not off.any()
+    cut = dropped(scaled, torch.full((64,), 10), torch.full((64,), 0.9))
+    assert (cut.sum(-1) >= 50000 - 10).all()

@@ -29,20 +29,24 @@ def sample(logits: torch.Tensor, p: SamplingTensors) -> torch.Tensor:
     greedy = logits.argmax(dim=-1)
     if bool((p.temperature == 0).all()):
         return greedy
-    B, V = logits.shape
     scaled = logits / torch.where(p.temperature > 0, p.temperature, 1.0).unsqueeze(1)
-    sorted_logits, order = scaled.sort(dim=-1, descending=True)
-    rank = torch.arange(V, device=logits.device).unsqueeze(0)
-    k = torch.where(p.top_k > 0, p.top_k, V).clamp(max=V).unsqueeze(1)
-    sorted_logits = sorted_logits.masked_fill(rank >= k, float("-inf"))
-    probs = sorted_logits.softmax(dim=-1)
-    # Keep the smallest prefix whose mass reaches top_p (the first token always stays).
-    mass_before = probs.cumsum(dim=-1) - probs
-    drop_sorted = (rank >= k) | ((mass_before >= p.top_p.unsqueeze(1)) & (p.top_p < 1.0).unsqueeze(1))
-    drop = torch.empty_like(drop_sorted).scatter_(1, order, drop_sorted)
+    rank = torch.arange(logits.shape[1], device=logits.device).unsqueeze(0)
     noise = gumbel(p.seed.unsqueeze(1), p.output_index.unsqueeze(1), rank)
-    sampled = (scaled.masked_fill(drop, float("-inf")) + noise).argmax(dim=-1)
+    sampled = (scaled.masked_fill(dropped(scaled, p.top_k, p.top_p), float("-inf")) + noise).argmax(dim=-1)
     return torch.where(p.temperature > 0, sampled, greedy)
+
+
+def dropped(scaled: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+    """[B, V] mask of tokens outside top-k, then outside the smallest prefix of the renormalised
+    distribution whose mass reaches top_p (the first token always stays; top_p = 1 drops nothing)."""
+    V = scaled.shape[1]
+    sorted_logits, order = scaled.sort(dim=-1, descending=True)
+    rank = torch.arange(V, device=scaled.device).unsqueeze(0)
+    k = torch.where(top_k > 0, top_k, V).clamp(max=V).unsqueeze(1)
+    probs = sorted_logits.masked_fill(rank >= k, float("-inf")).softmax(dim=-1)
+    mass_before = probs.cumsum(dim=-1) - probs
+    drop_sorted = (rank >= k) | ((mass_before >= top_p.unsqueeze(1)) & (top_p < 1.0).unsqueeze(1))
+    return torch.empty_like(drop_sorted).scatter_(1, order, drop_sorted)
 
 
 def top_logprobs(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -7,7 +7,7 @@ are accepted. Unknown keys are ignored, as transformers does.
 """
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from rlt.errors import ConfigError
@@ -127,6 +127,22 @@ def _bos(r: _Reader) -> int | None:
     return ids[0] if ids else None
 
 
+def _llama_fields(r: _Reader, *, kv_if_absent: int | None, max_positions: int, bos: int | None,
+                  eos: tuple[int, ...]) -> dict:
+    """The _Common fields as Ouro's (Qwen2) and Nanbeige's (Llama) config classes read them; the
+    keyword arguments are each class's defaults for fields absent from config.json."""
+    hidden = r.positive("hidden_size")
+    heads, kv, hd = _heads(r, hidden, "num_attention_heads", "num_key_value_heads", ("head_dim",), kv_if_absent)
+    return dict(vocab_size=r.positive("vocab_size"), hidden_size=hidden,
+                intermediate_size=r.positive("intermediate_size"), num_attention_heads=heads,
+                num_key_value_heads=kv, head_dim=hd, rope_theta=r.rope_theta(default=10000.0),
+                rms_norm_eps=r.get("rms_norm_eps", float, 1e-6),
+                max_position_embeddings=r.positive("max_position_embeddings", max_positions),
+                tie_word_embeddings=r.get("tie_word_embeddings", bool, False),
+                bos_token_id=_bos(r) if "bos_token_id" in r.d else bos,
+                eos_token_ids=r.token_ids("eos_token_id") if "eos_token_id" in r.d else eos)
+
+
 @dataclass(frozen=True)
 class OuroConfig(_Common):
     num_hidden_layers: int
@@ -143,29 +159,12 @@ class OuroConfig(_Common):
         types = r.get("layer_types", list, [])
         if any(t != "full_attention" for t in types):
             raise r.fail("layer_types", "only 'full_attention' layers are supported")
-        hidden = r.positive("hidden_size")
-        heads, kv, hd = _heads(r, hidden, "num_attention_heads", "num_key_value_heads", ("head_dim",),
-                               kv_if_absent=32)
         thr = r.get("early_exit_threshold", float, 1.0)
         if not 0.0 <= thr <= 1.0:
             raise r.fail("early_exit_threshold", f"must be in [0, 1], got {thr}")
-        return cls(
-            vocab_size=r.positive("vocab_size"),
-            hidden_size=hidden,
-            intermediate_size=r.positive("intermediate_size"),
-            num_attention_heads=heads,
-            num_key_value_heads=kv,
-            head_dim=hd,
-            rope_theta=r.rope_theta(default=10000.0),
-            rms_norm_eps=r.get("rms_norm_eps", float, 1e-6),
-            max_position_embeddings=r.positive("max_position_embeddings", 32768),
-            tie_word_embeddings=r.get("tie_word_embeddings", bool, False),
-            bos_token_id=_bos(r),
-            eos_token_ids=r.token_ids("eos_token_id"),
-            num_hidden_layers=layers,
-            total_ut_steps=r.positive("total_ut_steps", 4),
-            early_exit_threshold=thr,
-        )
+        return cls(**_llama_fields(r, kv_if_absent=32, max_positions=32768, bos=None, eos=()),
+                   num_hidden_layers=layers, total_ut_steps=r.positive("total_ut_steps", 4),
+                   early_exit_threshold=thr)
 
 
 # Nanbeige's superset features (all off in Nanbeige4.2); any of them enabled is rejected.
@@ -192,26 +191,10 @@ class NanbeigeConfig(_Common):
             r.off(name)
         # In the reference code a non-empty loop_loss_weights silently overrides num_loops.
         r.off("loop_loss_weights", " (it is training-only; set num_loops instead)")
-        hidden = r.positive("hidden_size")
         # kv_channels rides along in the released config but the reference code never reads it.
-        heads, kv, hd = _heads(r, hidden, "num_attention_heads", "num_key_value_heads", ("head_dim",))
-        return cls(
-            vocab_size=r.positive("vocab_size"),
-            hidden_size=hidden,
-            intermediate_size=r.positive("intermediate_size"),
-            num_attention_heads=heads,
-            num_key_value_heads=kv,
-            head_dim=hd,
-            rope_theta=r.rope_theta(default=10000.0),
-            rms_norm_eps=r.get("rms_norm_eps", float, 1e-6),
-            max_position_embeddings=r.positive("max_position_embeddings", 2048),
-            tie_word_embeddings=r.get("tie_word_embeddings", bool, False),
-            bos_token_id=_bos(r) if "bos_token_id" in r.d else 1,
-            eos_token_ids=r.token_ids("eos_token_id") if "eos_token_id" in r.d else (2,),  # class defaults
-            num_hidden_layers=r.positive("num_hidden_layers"),
-            num_loops=r.positive("num_loops", 1),
-            skip_loop_final_norm=r.get("skip_loop_final_norm", bool, False),
-        )
+        return cls(**_llama_fields(r, kv_if_absent=None, max_positions=2048, bos=1, eos=(2,)),
+                   num_hidden_layers=r.positive("num_hidden_layers"), num_loops=r.positive("num_loops", 1),
+                   skip_loop_final_norm=r.get("skip_loop_final_norm", bool, False))
 
 
 @dataclass(frozen=True)

@@ -77,3 +77,24 @@ def gated_mlp(x, gate_up_w, down_w):
     """SwiGLU with a fused [gate; up] weight: down(silu(gate(x)) * up(x))."""
     gate, up = linear(x, gate_up_w).chunk(2, dim=-1)
     return linear(swiglu(gate, up), down_w)
+
+
+def fused_llama_layer(w: dict, prefix: str, norms: dict[str, str]) -> dict:
+    """A Llama/Qwen2 layer's weights with q/k/v and gate/up fused; norms maps short name -> tensor name."""
+    return dict(qkv=torch.cat([w[prefix + f"self_attn.{n}_proj.weight"] for n in "qkv"]),
+                o=w[prefix + "self_attn.o_proj.weight"],
+                gate_up=torch.cat([w[prefix + "mlp.gate_proj.weight"], w[prefix + "mlp.up_proj.weight"]]),
+                down=w[prefix + "mlp.down_proj.weight"],
+                **{k: w[prefix + name + ".weight"] for k, name in norms.items()})
+
+
+class EmbeddingInput:
+    """Ouro and Nanbeige: the loop's input is the token embedding itself (no prelude, no state draw)."""
+
+    embed_w: torch.Tensor
+
+    def embed(self, ids, positions, attn):
+        return F.embedding(ids, self.embed_w)
+
+    def initial_state(self, inject, positions, seeds):
+        return inject

@@ -3,11 +3,10 @@ num_loops times with the same positions; model.norm after every loop (its output
 loop) unless skip_loop_final_norm, in which case only after the last."""
 
 import torch
-import torch.nn.functional as F
 
 from rlt.config import ModelConfig
 from rlt.models.base import Attention
-from rlt.models.layers import linear, gated_mlp, gqa_attention_projection, rms_norm, rope_inv_freq, rope_neox
+from rlt.models.layers import EmbeddingInput, fused_llama_layer, linear, gated_mlp, gqa_attention_projection, rms_norm, rope_inv_freq, rope_neox
 
 
 def expected_tensors(mc: ModelConfig) -> dict[str, tuple[int, ...]]:
@@ -25,7 +24,7 @@ def expected_tensors(mc: ModelConfig) -> dict[str, tuple[int, ...]]:
     return out
 
 
-class NanbeigeModel:
+class NanbeigeModel(EmbeddingInput):
     def __init__(self, mc: ModelConfig, w: dict[str, torch.Tensor]):
         fc = self.fc = mc.family_config
         self.embed_w = w["model.embed_tokens.weight"]
@@ -33,20 +32,9 @@ class NanbeigeModel:
         self.norm_w = w["model.norm.weight"]
         self.layers = []
         for i in range(fc.num_hidden_layers):
-            p = f"model.layers.{i}."
-            self.layers.append(dict(
-                qkv=torch.cat([w[p + f"self_attn.{n}_proj.weight"] for n in "qkv"]),
-                o=w[p + "self_attn.o_proj.weight"],
-                gate_up=torch.cat([w[p + "mlp.gate_proj.weight"], w[p + "mlp.up_proj.weight"]]),
-                down=w[p + "mlp.down_proj.weight"],
-                n1=w[p + "input_layernorm.weight"], n2=w[p + "post_attention_layernorm.weight"]))
+            self.layers.append(fused_llama_layer(w, f"model.layers.{i}.",
+                                                 dict(n1="input_layernorm", n2="post_attention_layernorm")))
         self.inv_freq = rope_inv_freq(fc.head_dim, fc.rope_theta).to(self.embed_w.device)
-
-    def embed(self, ids, positions, attn: Attention):
-        return F.embedding(ids, self.embed_w)
-
-    def initial_state(self, inject, positions, seeds):
-        return inject
 
     def loop(self, x, inject, positions, attn: Attention):
         fc, eps = self.fc, self.fc.rms_norm_eps

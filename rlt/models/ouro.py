@@ -5,11 +5,10 @@ x = model.norm(x). The normed x feeds the next loop, the exit gate and the LM he
 """
 
 import torch
-import torch.nn.functional as F
 
 from rlt.config import ModelConfig
 from rlt.models.base import Attention
-from rlt.models.layers import linear, gated_mlp, gqa_attention_projection, rms_norm, rope_inv_freq, rope_neox
+from rlt.models.layers import EmbeddingInput, fused_llama_layer, linear, gated_mlp, gqa_attention_projection, rms_norm, rope_inv_freq, rope_neox
 
 _LAYER_TENSORS = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
                   "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj", "input_layernorm",
@@ -32,7 +31,7 @@ def expected_tensors(mc: ModelConfig) -> dict[str, tuple[int, ...]]:
     return out
 
 
-class OuroModel:
+class OuroModel(EmbeddingInput):
     def __init__(self, mc: ModelConfig, w: dict[str, torch.Tensor]):
         fc = self.fc = mc.family_config
         self.embed_w = w["model.embed_tokens.weight"]
@@ -41,22 +40,10 @@ class OuroModel:
         self.gate_w, self.gate_b = w["model.early_exit_gate.weight"].float(), w["model.early_exit_gate.bias"].float()
         self.layers = []
         for i in range(fc.num_hidden_layers):
-            p = f"model.layers.{i}."
-            self.layers.append(dict(
-                qkv=torch.cat([w[p + f"self_attn.{n}_proj.weight"] for n in "qkv"]),
-                o=w[p + "self_attn.o_proj.weight"],
-                gate_up=torch.cat([w[p + "mlp.gate_proj.weight"], w[p + "mlp.up_proj.weight"]]),
-                down=w[p + "mlp.down_proj.weight"],
-                n_in=w[p + "input_layernorm.weight"], n_in2=w[p + "input_layernorm_2.weight"],
-                n_post=w[p + "post_attention_layernorm.weight"],
-                n_post2=w[p + "post_attention_layernorm_2.weight"]))
+            self.layers.append(fused_llama_layer(w, f"model.layers.{i}.", dict(
+                n_in="input_layernorm", n_in2="input_layernorm_2", n_post="post_attention_layernorm",
+                n_post2="post_attention_layernorm_2")))
         self.inv_freq = rope_inv_freq(fc.head_dim, fc.rope_theta).to(self.embed_w.device)
-
-    def embed(self, ids, positions, attn: Attention):
-        return F.embedding(ids, self.embed_w)
-
-    def initial_state(self, inject, positions, seeds):
-        return inject
 
     def loop(self, x, inject, positions, attn: Attention):
         fc, eps = self.fc, self.fc.rms_norm_eps

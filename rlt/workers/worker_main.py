@@ -51,8 +51,10 @@ def _heartbeat(ctx, addr: str, identity: bytes, interval: float, parent: int, st
     sock.close()
 
 
-# Fault injection for tests only: workers of this role salt their fingerprint (a "differing" worker).
+# Fault injection for tests only: workers of this role salt their fingerprint (a "differing" worker);
+# a worker whose request's prompt starts with this token id hangs its main loop (a stuck kernel).
 FAULT_FINGERPRINT_ENV = "RLT_FAULT_FINGERPRINT_ROLE"
+FAULT_STALL_ENV = "RLT_FAULT_STALL_FIRST_TOKEN"
 
 
 def fingerprint(mc, weights: dict, dtype: str, engine_cfg, role: str) -> str:
@@ -140,6 +142,10 @@ class Worker:
 
         self.changed = True
         e = self.engine
+        if isinstance(msg, (tw.Add, tw.Prefill)) and str(msg.prompt[0]) == os.environ.get(FAULT_STALL_ENV):
+            LoopState.busy = True
+            while True:  # the heartbeat thread keeps beating; only the main loop is stuck
+                time.sleep(1)
         if isinstance(msg, tw.Add):
             try:
                 e.add_request(str(msg.gen), msg.prompt, msg.params, msg.priority)
