@@ -299,3 +299,27 @@ def test_launch_1p1d_script(checkpoints):
                        r.stdout)
     assert sorted(s[0] for s in stats) == ["0", "1"]
     assert all(float(ttft) > 0 and float(tpot) > 0 for _, ttft, tpot in stats)
+
+
+async def test_transfer_past_its_deadline_fails_only_that_request(checkpoints, monkeypatch):
+    """The writes land but their notifications are lost: the decode worker's deadline fails the
+    request with an error, frees its blocks, and the engine keeps serving."""
+    monkeypatch.setenv("RLT_FAULT_LOSE_NOTIF_FIRST_TOKEN", "98")
+    engine = await launch_pd(checkpoints, transfer_timeout=1.0)
+    try:
+        async def final(prompt, rid):
+            async for out in engine.generate(prompt, SamplingParams(max_tokens=8, temperature=0,
+                                                                    ignore_eos=True), request_id=rid):
+                pass
+            return out
+
+        t0 = time.monotonic()
+        lost, ok = await asyncio.gather(final([98, 5, 6, 7, 8, 9], "lost"), final([5, 6, 7, 8], "ok"))
+        assert lost.finish_reason == "error" and "KV transfer incomplete: 0 of 2 chunks" in lost.error
+        assert len(lost.token_ids) == 1  # the first token had already streamed from the prefill worker
+        assert ok.finish_reason == "length" and time.monotonic() - t0 < 10
+        await all_free(engine)
+        await expect_reuse_ok(engine, "lost", prompt=(5, 6))
+        await all_free(engine)
+    finally:
+        await engine.shutdown()

@@ -221,6 +221,7 @@ class Worker:
                 # The prefill worker reported every write done, so none can still land: free.
                 del self.incoming[gen]
                 self.engine.abort(str(gen))
+                self.changed = True
                 self.send(fw.Failed(gen, f"KV transfer incomplete: {len(inc.seqs)} of {inc.activate.chunks} "
                                          f"chunks arrived within {self.transfer_timeout} s"))
         if self.pending_reserves:
