@@ -27,10 +27,11 @@ from rlt.sampling_params import SamplingParams  # noqa: E402
 from rlt.workers.engine import EngineConfig, LoopEngine  # noqa: E402
 
 
-def run_once(mc, model, dtype, device, concurrency, threshold, prompt_len, max_tokens, layout):
+def run_once(mc, model, dtype, device, concurrency, threshold, prompt_len, max_tokens, layout, kv_gib=1.0):
     engine = LoopEngine(mc, model, EngineConfig(kv_layout=layout, max_num_seqs=max(concurrency, 1),
-                                                max_num_batched_tokens=max(2048, prompt_len * concurrency),
-                                                prefill_chunk=prompt_len), dtype, device)
+                                                max_num_batched_tokens=max(2048, min(prompt_len * concurrency, 16384)),
+                                                prefill_chunk=prompt_len, kv_memory_bytes=int(kv_gib * 2**30)),
+                        dtype, device)
     g = torch.Generator().manual_seed(0)
     sp = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True, exit_threshold=threshold)
     for i in range(concurrency):
@@ -68,6 +69,7 @@ def main():
     ap.add_argument("--kv-layout", default="last_exited")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--dtype")
+    ap.add_argument("--kv-gib", type=float, default=1.0, help="KV pool size")
     ap.add_argument("--json-out")
     args = ap.parse_args()
     path = args.model or os.path.join(os.path.expanduser("~/.cache/rlt/bench"), f"{args.family}-{args.preset}")
@@ -76,14 +78,17 @@ def main():
     mc = ModelConfig.from_pretrained(path)
     dtype = resolve_dtype(args.dtype, args.device, mc)
     model = load_model(mc, dtype, args.device)
-    run_once(mc, model, dtype, args.device, 1, 1.0, 8, 2, args.kv_layout)  # warm-up
-    rows = [run_once(mc, model, dtype, args.device, c, t, args.prompt_len, args.max_tokens, args.kv_layout)
+    run_once(mc, model, dtype, args.device, 1, 1.0, 8, 2, args.kv_layout, args.kv_gib)  # warm-up
+    rows = [run_once(mc, model, dtype, args.device, c, t, args.prompt_len, args.max_tokens, args.kv_layout,
+                     args.kv_gib)
             for c in map(int, args.concurrency.split(",")) for t in map(float, args.threshold.split(","))]
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     meta = {"date": time.strftime("%Y-%m-%d"), "commit": commit, "machine": platform.processor() or platform.machine(),
             "cpus": os.cpu_count(), "torch": torch.__version__, "model": f"{args.family}-{args.preset}",
             "dtype": str(dtype).replace("torch.", ""), "device": args.device, "prompt_len": args.prompt_len,
-            "max_tokens": args.max_tokens, "command": " ".join(sys.argv)}
+            "max_tokens": args.max_tokens, "command": " ".join(sys.argv),
+            "attention": "torch reference" if os.environ.get("RLT_TORCH_ATTENTION") == "1" or args.device == "cpu"
+            else "triton"}
     print(json.dumps(meta))
     print(f"{'conc':>5} {'thr':>5} {'tok/s':>9} {'decode tok/s':>13} {'mean depth':>11} {'total s':>8}")
     for r in rows:

@@ -6,9 +6,25 @@ reference's per-segment loop needs; GPU kernels take the same tensors.
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from rlt.kernels.attention import causal_attention
+
+
+KERNEL_BLOCK_M = 16  # query rows per program of the Triton kernel
+
+
+def kernel_fields(row_starts: list[int], q_starts: list[int]) -> dict[str, np.ndarray]:
+    """The launch's integer metadata: each KERNEL_BLOCK_M-row tile's segment and first row, and each
+    segment's first row, row count and first position."""
+    rows = np.diff(np.asarray(row_starts, dtype=np.int64))
+    per_seg = -(-rows // KERNEL_BLOCK_M)
+    tile_seg = np.repeat(np.arange(len(rows)), per_seg)
+    first_tile = np.cumsum(per_seg) - per_seg
+    tile_row = (np.arange(len(tile_seg)) - np.repeat(first_tile, per_seg)) * KERNEL_BLOCK_M
+    return {"tile_seg": tile_seg, "tile_row": tile_row, "seg_row0": np.asarray(row_starts[:-1], dtype=np.int64),
+            "seg_rows": rows, "seg_q0": np.asarray(q_starts, dtype=np.int64)}
 
 
 @dataclass
@@ -18,6 +34,7 @@ class PagedMetadata:
     row_starts: list[int]  # [S + 1] rows of segment s are row_starts[s]:row_starts[s+1]
     q_starts: list[int]  # [S] position of each segment's first row
     block_size: int
+    kernel: dict | None = None  # device copies of paged_attention_triton.kernel_fields (CUDA)
 
     def kv_len(self, s: int) -> int:
         return self.q_starts[s] + self.row_starts[s + 1] - self.row_starts[s]
@@ -31,7 +48,12 @@ def write_kv(cache: torch.Tensor, layer: int, meta: PagedMetadata, k: torch.Tens
 
 
 def paged_attention(cache: torch.Tensor, layer: int, meta: PagedMetadata, q: torch.Tensor) -> torch.Tensor:
-    """q [T, H, D] (K/V of these rows already written) -> [T, H, D]."""
+    """q [T, H, D] (K/V of these rows already written) -> [T, H, D]. With kernel metadata (CUDA)
+    the Triton kernel runs every segment in one launch; otherwise this loop is the reference."""
+    if meta.kernel is not None:
+        from rlt.kernels import paged_attention_triton
+
+        return paged_attention_triton.paged_attention(cache, layer, q, meta.block_table, meta.kernel, meta.block_size)
     out = torch.empty_like(q)
     for s in range(len(meta.q_starts)):
         r0, r1, kv_len = meta.row_starts[s], meta.row_starts[s + 1], meta.kv_len(s)

@@ -7,6 +7,7 @@ passes; after the core pass the host reads back one exit mask; everything after 
 on the device.
 """
 
+import os
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -14,7 +15,7 @@ import torch
 
 from rlt.config import ModelConfig
 from rlt.control.validation import ResolvedParams
-from rlt.kernels.paged_attention import PagedMetadata, paged_attention, write_kv
+from rlt.kernels.paged_attention import PagedMetadata, kernel_fields, paged_attention, write_kv
 from rlt.kernels.sampler import SamplingTensors, sample, top_logprobs
 from rlt.workers.exit_policy import should_exit, update_survival
 from rlt.workers.kv_pool import BlockTables, KVPool
@@ -85,9 +86,24 @@ class Runner:
     def __init__(self, mc: ModelConfig, model, pool: KVPool, device: str):
         self.mc, self.model, self.pool, self.device = mc, model, pool, device
         self.buffers = StepBuffers(device)
+        # CUDA runs the Triton attention; RLT_TORCH_ATTENTION=1 keeps the reference (for comparisons).
+        self.use_kernels = torch.device(device).type == "cuda" and os.environ.get("RLT_TORCH_ATTENTION") != "1"
 
-    def _meta(self, slots, tables, groups, row_starts) -> PagedMetadata:
-        return PagedMetadata(slots, tables, row_starts, [g.start for g in groups], self.pool.block_size)
+    def _kernel_fields(self, prefix: str, groups, row_starts) -> dict:
+        """On CUDA, the Triton attention's integer metadata, packed with the rest of the step."""
+        if not self.use_kernels:
+            return {}
+        fields = kernel_fields(row_starts, [g.start for g in groups])
+        return {prefix + k: v for k, v in fields.items()}
+
+    def _meta(self, slots, tables, groups, row_starts, t=None, prefix="") -> PagedMetadata:
+        kernel = None
+        if self.use_kernels:
+            if t is None:  # selected after the pass: a small extra copy
+                t = {prefix + k: torch.from_numpy(v).to(self.device)
+                     for k, v in kernel_fields(row_starts, [g.start for g in groups]).items()}
+            kernel = {k[len(prefix):]: v for k, v in t.items() if k.startswith(prefix)}
+        return PagedMetadata(slots, tables, row_starts, [g.start for g in groups], self.pool.block_size, kernel)
 
     @torch.inference_mode()
     def step(self, active: list[Group]) -> StepResult:
@@ -118,7 +134,8 @@ class Runner:
              "output_index": np.array([g.output_index for g in active]),
              # slot of each group's last row in every core plane (LAST_EXITED finalize copies)
              "plane_slot": np.array([[t[(g.start + g.n - 1) // bs] * bs + (g.start + g.n - 1) % bs
-                                      for t in g.tables.core] for g in active], dtype=np.int64)}
+                                      for t in g.tables.core] for g in active], dtype=np.int64),
+             **self._kernel_fields("core_k_", active, rows(active))}
         if new:
             f |= {"new_ids": np.array(sum((g.ids for g in new), []), dtype=np.int64),
                   "new_pos": np.concatenate([np.arange(g.start, g.start + g.n) for g in new]),
@@ -131,11 +148,13 @@ class Runner:
                 f["new_bnd_slot"] = np.array(sum((_slots(g.tables.boundary, g.start, g.n, bs) for g in new), []),
                                              dtype=np.int64)
                 f["new_bnd_table"] = _padded([g.tables.boundary for g in new])
+                f |= self._kernel_fields("new_bnd_k_", new, rows(new))
         t = self.buffers.pack(f)
 
         # ---- embed (Huginn: prelude, boundary KV) and initial state of new rows ---------------------
         if new:
-            meta = self._meta(t["new_bnd_slot"], t["new_bnd_table"], new, rows(new)) if boundary else None
+            meta = self._meta(t["new_bnd_slot"], t["new_bnd_table"], new, rows(new), t, "new_bnd_k_") \
+                if boundary else None
             inject = self.model.embed(t["new_ids"], t["new_pos"], _Attention(pool.cache, None, meta))
             state = self.model.initial_state(inject, t["new_pos"], t["new_seed"])
             for g, r0, r1 in zip(new, rows(new), rows(new)[1:]):
@@ -144,7 +163,7 @@ class Runner:
                     g.survival = torch.ones(1, device=self.device)
 
         # ---- one pass of the core over every active row ----------------------------------------------
-        core_meta = self._meta(t["core_slot"], t["core_table"], active, rows(active))
+        core_meta = self._meta(t["core_slot"], t["core_table"], active, rows(active), t, "core_k_")
         x, gate = self.model.loop(torch.cat([g.state for g in active]), torch.cat([g.inject for g in active]),
                                   t["pos"], _Attention(pool.cache, core_meta, None))
         surv = torch.cat([g.survival if g.decoding else torch.ones(1, device=self.device) for g in active])

@@ -1,0 +1,91 @@
+"""Paged attention in Triton: every query row of every segment in one launch.
+
+A segment is a run of rows of one request at one plane (a prompt chunk, or one decode token);
+each reads its own block table, so rows at different loop depths share the launch. Flash-style:
+keys stream through in BLOCK_N tiles with an online softmax in float32; causal by position.
+Same call and metadata as rlt/kernels/paged_attention.py (the reference it is tested against).
+"""
+
+import torch
+import triton
+import triton.language as tl
+
+from rlt.kernels.paged_attention import KERNEL_BLOCK_M as BLOCK_M
+
+BLOCK_N = 64
+
+
+@triton.jit
+def _paged_attn_kernel(q_ptr, o_ptr, cache_ptr, table_ptr, tile_seg_ptr, tile_row_ptr, seg_row0_ptr,
+                       seg_rows_ptr, seg_q0_ptr, layer, scale,
+                       stride_qt, stride_qh, stride_cb, stride_cl, stride_ckv, stride_co, stride_ch, stride_ts,
+                       GROUP: tl.constexpr, BLOCK_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr,
+                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, IEEE: tl.constexpr):
+    tile = tl.program_id(0)
+    head = tl.program_id(1)
+    kv_head = head // GROUP
+    seg = tl.load(tile_seg_ptr + tile)
+    r0 = tl.load(tile_row_ptr + tile)  # first row of this tile, relative to the segment
+    seg_row0 = tl.load(seg_row0_ptr + seg)
+    n_rows = tl.load(seg_rows_ptr + seg)
+    q0 = tl.load(seg_q0_ptr + seg)  # position of the segment's first row
+    offs_m = r0 + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, D_PAD)  # head_dim padded to a power of two (Huginn: 96 -> 128)
+    d_ok = offs_d < HEAD_DIM
+    row_ok = offs_m < n_rows
+    rows = seg_row0 + offs_m
+    q = tl.load(q_ptr + rows[:, None] * stride_qt + head * stride_qh + offs_d[None, :],
+                mask=row_ok[:, None] & d_ok[None, :], other=0.0)
+    q_pos = q0 + offs_m
+    m_i = tl.full((BLOCK_M,), float("-inf"), tl.float32)
+    l_i = tl.zeros((BLOCK_M,), tl.float32)
+    acc = tl.zeros((BLOCK_M, D_PAD), tl.float32)
+    kv_end = q0 + tl.minimum(r0 + BLOCK_M, n_rows)  # keys up to the tile's last row position
+    base = cache_ptr + layer * stride_cl + kv_head * stride_ch
+    for n0 in range(0, kv_end, BLOCK_N):
+        pos = n0 + tl.arange(0, BLOCK_N)
+        key_ok = pos < kv_end
+        block = tl.load(table_ptr + seg * stride_ts + pos // BLOCK_SIZE, mask=key_ok, other=0)
+        off = block.to(tl.int64) * stride_cb + (pos % BLOCK_SIZE) * stride_co
+        kv_mask = key_ok[:, None] & d_ok[None, :]
+        k = tl.load(base + off[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
+        v = tl.load(base + stride_ckv + off[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
+        if IEEE:
+            s = tl.dot(q, tl.trans(k), input_precision="ieee") * scale
+        else:
+            s = tl.dot(q, tl.trans(k)).to(tl.float32) * scale
+        s = tl.where((pos[None, :] <= q_pos[:, None]) & key_ok[None, :], s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        p = tl.exp(s - m_safe[:, None])
+        alpha = tl.exp(m_i - m_safe)
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        if IEEE:
+            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
+        else:
+            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v).to(tl.float32)
+        m_i = m_new
+    out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
+    tl.store(o_ptr + rows[:, None] * stride_qt + head * stride_qh + offs_d[None, :], out.to(o_ptr.dtype.element_ty),
+             mask=row_ok[:, None] & d_ok[None, :])
+
+
+def paged_attention(cache: torch.Tensor, layer: int, q: torch.Tensor, block_table: torch.Tensor, k: dict,
+                    block_size: int) -> torch.Tensor:
+    """q [T, H, D] (K/V already written) -> [T, H, D]. cache [blocks, layers, 2, block_size, Hkv, D];
+    k: kernel_fields() as device tensors."""
+    T, H, D = q.shape
+    tile_seg, tile_row, seg_row0, seg_rows, seg_q0 = (k[n] for n in ("tile_seg", "tile_row", "seg_row0",
+                                                                     "seg_rows", "seg_q0"))
+    q = q.contiguous()
+    out = torch.empty_like(q)
+    if tile_seg.numel() == 0:
+        return out
+    grid = (tile_seg.numel(), H)
+    _paged_attn_kernel[grid](q, out, cache, block_table, tile_seg, tile_row, seg_row0, seg_rows, seg_q0, layer,
+                             D ** -0.5, q.stride(0), q.stride(1), cache.stride(0), cache.stride(1), cache.stride(2),
+                             cache.stride(3), cache.stride(4), block_table.stride(0), GROUP=H // cache.shape[4],
+                             BLOCK_SIZE=block_size, HEAD_DIM=D, D_PAD=max(16, triton.next_power_of_2(D)),
+                             BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N,
+                             IEEE=q.dtype == torch.float32)
+    return out
