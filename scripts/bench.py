@@ -78,13 +78,17 @@ def main():
     mc = ModelConfig.from_pretrained(path)
     dtype = resolve_dtype(args.dtype, args.device, mc)
     model = load_model(mc, dtype, args.device)
-    run_once(mc, model, dtype, args.device, 1, 1.0, 8, 2, args.kv_layout, args.kv_gib)  # warm-up
+    # Warm-up: one run at every concurrency, so Triton compilation and allocator growth stay out
+    # of the timed runs.
+    for c in map(int, args.concurrency.split(",")):
+        run_once(mc, model, dtype, args.device, c, 1.0, min(args.prompt_len, 64), 4, args.kv_layout, args.kv_gib)
     rows = [run_once(mc, model, dtype, args.device, c, t, args.prompt_len, args.max_tokens, args.kv_layout,
                      args.kv_gib)
             for c in map(int, args.concurrency.split(",")) for t in map(float, args.threshold.split(","))]
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
-    meta = {"date": time.strftime("%Y-%m-%d"), "commit": commit, "machine": platform.processor() or platform.machine(),
-            "cpus": os.cpu_count(), "torch": torch.__version__, "model": f"{args.family}-{args.preset}",
+    meta = {"date": time.strftime("%Y-%m-%d"), "commit": commit or os.environ.get("RLT_COMMIT", ""),
+            "machine": platform.processor() or platform.machine(), "cpus": os.cpu_count(), "torch": torch.__version__,
+            "model": args.model or f"{args.family}-{args.preset}", "family": mc.family,
             "dtype": str(dtype).replace("torch.", ""), "device": args.device, "prompt_len": args.prompt_len,
             "max_tokens": args.max_tokens, "command": " ".join(sys.argv),
             "attention": "torch reference" if os.environ.get("RLT_TORCH_ATTENTION") == "1" or args.device == "cpu"
