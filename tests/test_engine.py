@@ -205,4 +205,4 @@ def test_default_pool_fills_the_memory_budget(checkpoints):
     eng = LoopEngine(mc, model, EngineConfig(kv_memory_bytes=1 << 22, block_size=16), torch.float32)
     block = 2 * max(4, 2 + 2) * mc.kv.num_kv_heads * mc.kv.head_dim * 4 * 16
     assert eng.pool.num_blocks == (1 << 22) // block
-    assert eng.pool.cache.numel() * 4 == eng.pool.num_blocks * block
+    assert eng.pool.cache.numel() * 4 == (eng.pool.num_blocks + 1) * block  # + the scratch block, never lent

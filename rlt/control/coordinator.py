@@ -32,7 +32,7 @@ from rlt.sampling_params import SamplingParams
 log = logging.getLogger("rlt")
 
 ENGINE_OPTIONS = ("kv_layout", "block_size", "num_blocks", "kv_memory_bytes", "max_num_seqs", "prefill_chunk",
-                  "max_num_batched_tokens", "batch_invariant")
+                  "max_num_batched_tokens", "batch_invariant", "cuda_graph_max_batch")
 COORDINATOR_OPTIONS = {"startup_timeout": 300.0, "heartbeat_interval": 0.5, "heartbeat_timeout": 10.0,
                        "restart": True, "transfer_timeout": 30.0}
 

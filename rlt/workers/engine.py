@@ -29,6 +29,7 @@ class EngineConfig:
     prefill_chunk: int = 256  # prompt rows per request per chunk
     max_num_batched_tokens: int = 2048  # rows per core pass
     batch_invariant: bool = False  # CUDA: Triton GEMM/RMSNorm whose per-row result ignores the batch
+    cuda_graph_max_batch: int = 256  # CUDA: decode-only core passes up to this many rows replay a graph (0: off)
 
 
 @dataclass
@@ -76,7 +77,7 @@ class LoopEngine:
             from rlt.models.layers import set_batch_invariant
 
             set_batch_invariant(True)
-        self.runner = Runner(mc, model, self.pool, device)
+        self.runner = Runner(mc, model, self.pool, device, cfg.cuda_graph_max_batch)
         self.waiting: list[_Seq] = []
         self.running: list[_Seq] = []
         self._arrival = itertools.count()

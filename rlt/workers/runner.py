@@ -75,6 +75,11 @@ def _slots(table: list[int], start: int, n: int, bs: int) -> list[int]:
     return [table[p // bs] * bs + p % bs for p in range(start, start + n)]
 
 
+def new_prompt_rows(groups: list[Group]) -> bool:
+    """Any prompt chunk in the pass (CUDA graphs capture decode-only passes: one row per group)."""
+    return any(not g.decoding for g in groups)
+
+
 def _padded(tables: list[list[int]]) -> np.ndarray:
     out = np.zeros((len(tables), max(1, max(len(t) for t in tables))), dtype=np.int64)
     for i, t in enumerate(tables):
@@ -83,11 +88,17 @@ def _padded(tables: list[list[int]]) -> np.ndarray:
 
 
 class Runner:
-    def __init__(self, mc: ModelConfig, model, pool: KVPool, device: str):
+    def __init__(self, mc: ModelConfig, model, pool: KVPool, device: str, cuda_graph_max_batch: int = 0):
         self.mc, self.model, self.pool, self.device = mc, model, pool, device
         self.buffers = StepBuffers(device)
         # CUDA runs the Triton attention; RLT_TORCH_ATTENTION=1 keeps the reference (for comparisons).
         self.use_kernels = torch.device(device).type == "cuda" and os.environ.get("RLT_TORCH_ATTENTION") != "1"
+        self.graphs = None
+        if self.use_kernels and cuda_graph_max_batch > 0:
+            from rlt.workers.cuda_graphs import DecodeGraphs
+
+            self.graphs = DecodeGraphs(model, pool, mc.hidden_size, pool.cache.dtype, device, cuda_graph_max_batch,
+                                       _Attention)
 
     def _kernel_fields(self, prefix: str, groups, row_starts) -> dict:
         """On CUDA, the Triton attention's integer metadata, packed with the rest of the step."""
@@ -163,9 +174,12 @@ class Runner:
                     g.survival = torch.ones(1, device=self.device)
 
         # ---- one pass of the core over every active row ----------------------------------------------
-        core_meta = self._meta(t["core_slot"], t["core_table"], active, rows(active), t, "core_k_")
-        x, gate = self.model.loop(torch.cat([g.state for g in active]), torch.cat([g.inject for g in active]),
-                                  t["pos"], _Attention(pool.cache, core_meta, None))
+        x_in, inject_in = torch.cat([g.state for g in active]), torch.cat([g.inject for g in active])
+        if self.graphs is not None and not new_prompt_rows(active) and self.graphs.fits(len(active)):
+            x, gate = self.graphs.run(x_in, inject_in, t["pos"], t["core_slot"], t["core_table"])
+        else:
+            core_meta = self._meta(t["core_slot"], t["core_table"], active, rows(active), t, "core_k_")
+            x, gate = self.model.loop(x_in, inject_in, t["pos"], _Attention(pool.cache, core_meta, None))
         surv = torch.cat([g.survival if g.decoding else torch.ones(1, device=self.device) for g in active])
         if gate is not None:
             surv = update_survival(surv, gate[t["last_row"]])  # decode groups are single rows
