@@ -27,11 +27,12 @@ from rlt.sampling_params import SamplingParams  # noqa: E402
 from rlt.workers.engine import EngineConfig, LoopEngine  # noqa: E402
 
 
-def run_once(mc, model, dtype, device, concurrency, threshold, prompt_len, max_tokens, layout, kv_gib=1.0):
+def run_once(mc, model, dtype, device, concurrency, threshold, prompt_len, max_tokens, layout, kv_gib=1.0,
+             graphs=256):
     engine = LoopEngine(mc, model, EngineConfig(kv_layout=layout, max_num_seqs=max(concurrency, 1),
                                                 max_num_batched_tokens=max(2048, min(prompt_len * concurrency, 16384)),
-                                                prefill_chunk=prompt_len, kv_memory_bytes=int(kv_gib * 2**30)),
-                        dtype, device)
+                                                prefill_chunk=prompt_len, kv_memory_bytes=int(kv_gib * 2**30),
+                                                cuda_graph_max_batch=graphs), dtype, device)
     g = torch.Generator().manual_seed(0)
     sp = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True, exit_threshold=threshold)
     for i in range(concurrency):
@@ -70,6 +71,7 @@ def main():
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--dtype")
     ap.add_argument("--kv-gib", type=float, default=1.0, help="KV pool size")
+    ap.add_argument("--cuda-graph-max-batch", type=int, default=256, help="0: eager decode")
     ap.add_argument("--json-out")
     args = ap.parse_args()
     path = args.model or os.path.join(os.path.expanduser("~/.cache/rlt/bench"), f"{args.family}-{args.preset}")
@@ -81,9 +83,10 @@ def main():
     # Warm-up: one run at every concurrency, so Triton compilation and allocator growth stay out
     # of the timed runs.
     for c in map(int, args.concurrency.split(",")):
-        run_once(mc, model, dtype, args.device, c, 1.0, min(args.prompt_len, 64), 4, args.kv_layout, args.kv_gib)
+        run_once(mc, model, dtype, args.device, c, 1.0, min(args.prompt_len, 64), 4, args.kv_layout, args.kv_gib,
+                 args.cuda_graph_max_batch)
     rows = [run_once(mc, model, dtype, args.device, c, t, args.prompt_len, args.max_tokens, args.kv_layout,
-                     args.kv_gib)
+                     args.kv_gib, args.cuda_graph_max_batch)
             for c in map(int, args.concurrency.split(",")) for t in map(float, args.threshold.split(","))]
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     meta = {"date": time.strftime("%Y-%m-%d"), "commit": commit or os.environ.get("RLT_COMMIT", ""),
@@ -92,7 +95,7 @@ def main():
             "dtype": str(dtype).replace("torch.", ""), "device": args.device, "prompt_len": args.prompt_len,
             "max_tokens": args.max_tokens, "command": " ".join(sys.argv),
             "attention": "torch reference" if os.environ.get("RLT_TORCH_ATTENTION") == "1" or args.device == "cpu"
-            else "triton"}
+            else "triton", "cuda_graph_max_batch": args.cuda_graph_max_batch if args.device != "cpu" else 0}
     print(json.dumps(meta))
     print(f"{'conc':>5} {'thr':>5} {'tok/s':>9} {'decode tok/s':>13} {'mean depth':>11} {'total s':>8}")
     for r in rows:

@@ -17,12 +17,13 @@ if [ "${SKIP_HANDOFF:-0}" != 1 ]; then
   timeout 240 python3 scripts/bench_kv_handoff.py --json-out "$OUT/handoff.json" 2>&1 | grep -v "NIXL INFO" | tee "$OUT/handoff.log"
 fi
 if [ "${BENCH:-0}" = 1 ]; then
-  step "offline decode, Ouro-1.4B shapes, bf16, 1K context (Triton attention vs torch reference)"
+  step "offline decode, Ouro-1.4B shapes, bf16, 1K context (Triton attention, CUDA graphs)"
   python3 -m rlt make-checkpoint --family ouro --preset full --out /tmp/ouro-full --device cuda >/dev/null
   timeout 300 python3 scripts/bench.py --model /tmp/ouro-full --device cuda --concurrency 1,16,64 \
     --threshold 1.0,0.5 --prompt-len 1024 --max-tokens 64 --kv-gib 60 --json-out "$OUT/bench_triton.json" 2>&1 | tail -8
-  RLT_TORCH_ATTENTION=1 timeout 200 python3 scripts/bench.py --model /tmp/ouro-full --device cuda --concurrency 1,16 \
-    --threshold 1.0 --prompt-len 1024 --max-tokens 32 --kv-gib 30 --json-out "$OUT/bench_torch.json" 2>&1 | tail -5
+  step "the same without CUDA graphs"
+  timeout 200 python3 scripts/bench.py --model /tmp/ouro-full --device cuda --concurrency 1,16,64 --threshold 1.0 \
+    --prompt-len 1024 --max-tokens 64 --kv-gib 60 --cuda-graph-max-batch 0 --json-out "$OUT/bench_eager.json" 2>&1 | tail -5
 fi
 if [ "${SKIP_PARITY:-0}" != 1 ]; then
   step "Nanbeige full checkpoint (random bf16 weights, drawn on cuda)"
