@@ -200,3 +200,31 @@ def test_cuda_graphs_equal_eager(checkpoints, family):
         assert graphed == eager
     finally:
         set_batch_invariant(False)
+
+
+@pytest.mark.parametrize("pairs", [False, True])
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
+@pytest.mark.parametrize("D", [128, 96, 16])
+def test_rope_kernel_matches_torch(pairs, dtype, tol, D):
+    from rlt.kernels.rope import rope_
+    from rlt.models import layers
+
+    g = torch.Generator(device="cuda").manual_seed(0)
+    qkv = torch.randn(50, 3 * 8 * D, device="cuda", generator=g).to(dtype)
+    x = qkv[:, : 8 * D].view(50, 8, D)  # a strided view, as the models pass it
+    pos = torch.randint(0, 60000, (50,), device="cuda", generator=g)
+    inv = layers.rope_inv_freq(D, 1e6 if not pairs else 5e4).cuda()
+    ref = (layers.rope_pairs if pairs else layers.rope_neox)(x.cpu().float(), pos.cpu(), inv.cpu())
+    got = rope_(x, pos, inv, pairs).float().cpu()
+    assert (got - ref).abs().max() <= tol * ref.abs().max()
+    assert torch.equal(qkv[:, 8 * D:], qkv[:, 8 * D:].clone())  # neighbours untouched
+
+
+def test_rms_norm_on_cuda_matches_torch():
+    from rlt.models import layers
+
+    g = torch.Generator(device="cuda").manual_seed(0)
+    x = torch.randn(37, 5280, device="cuda", generator=g).bfloat16()
+    w = (1 + 0.1 * torch.randn(5280, device="cuda", generator=g)).bfloat16()
+    ref = layers.rms_norm(x.cpu().float(), w.cpu().float(), 1e-6)
+    assert (layers.rms_norm(x, w, 1e-6).float().cpu() - ref).abs().max() <= 2e-2 * ref.abs().max()

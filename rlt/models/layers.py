@@ -27,8 +27,9 @@ def linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> t
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """Llama RMSNorm: normalise in float32, cast back, then scale (no +1 offset)."""
-    if _invariant(x):
+    """Llama RMSNorm: normalise in float32, cast back, then scale (no +1 offset). On CUDA one Triton
+    launch (also batch-invariant) instead of ~7 torch kernels."""
+    if x.is_cuda:
         from rlt.kernels.batch_invariant import rms_norm as bi_rms_norm
 
         return bi_rms_norm(x, weight, eps)
@@ -42,7 +43,11 @@ def rope_inv_freq(head_dim: int, theta: float) -> torch.Tensor:
 
 
 def rope_neox(x: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor) -> torch.Tensor:
-    """Rotate-half RoPE (Llama/Qwen2). x [T, H, D]; positions [T]."""
+    """Rotate-half RoPE (Llama/Qwen2). x [T, H, D]; positions [T]. On CUDA: in place, one launch."""
+    if x.is_cuda:
+        from rlt.kernels.rope import rope_
+
+        return rope_(x, positions, inv_freq, pairs=False)
     freqs = positions.float().unsqueeze(1) * inv_freq.to(positions.device).unsqueeze(0)  # [T, D/2]
     emb = torch.cat((freqs, freqs), dim=-1)
     cos, sin = emb.cos().to(x.dtype).unsqueeze(1), emb.sin().to(x.dtype).unsqueeze(1)
@@ -52,7 +57,12 @@ def rope_neox(x: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor) 
 
 
 def rope_pairs(x: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor) -> torch.Tensor:
-    """RoPE on adjacent (even, odd) pairs as complex numbers (Huginn). Computed in float32."""
+    """RoPE on adjacent (even, odd) pairs as complex numbers (Huginn). Computed in float32. On CUDA:
+    in place, one launch."""
+    if x.is_cuda:
+        from rlt.kernels.rope import rope_
+
+        return rope_(x, positions, inv_freq, pairs=True)
     freqs = positions.float().unsqueeze(1) * inv_freq.to(positions.device).unsqueeze(0)  # [T, D/2]
     cos, sin = freqs.cos().unsqueeze(1), freqs.sin().unsqueeze(1)
     xf = x.float().reshape(*x.shape[:-1], -1, 2)
