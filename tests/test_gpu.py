@@ -157,10 +157,14 @@ def test_triton_paged_attention_matches_reference(dtype, tol, H, Hkv, D):
     ref_meta = PagedMetadata(slots, tab.cuda(), row_starts, [s[0] for s in segs], bs)
     fields = {k: torch.from_numpy(v).cuda() for k, v in kernel_fields(row_starts, [s[0] for s in segs]).items()}
     kern_meta = PagedMetadata(slots, tab.cuda(), row_starts, [s[0] for s in segs], bs, fields)
+    from rlt.kernels import paged_attention_triton as pat
+
     for layer in range(L):
         ref = paged_attention(cache, layer, ref_meta, q).float()
         got = paged_attention(cache, layer, kern_meta, q).float()
         assert (got - ref).abs().max() <= tol * max(1.0, ref.abs().max().item())
+        split = pat.paged_attention(cache, layer, q, tab.cuda(), fields, bs, splits=pat.DECODE_SPLITS).float()
+        assert (split - ref).abs().max() <= tol * max(1.0, ref.abs().max().item())
         # one segment alone gives the same bits as inside the batch
         s0 = kernel_fields([0, 19], [700])
         alone = paged_attention(cache, layer, PagedMetadata(slots[:19], tab[6:7].cuda(), [0, 19], [700], bs,

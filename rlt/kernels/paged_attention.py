@@ -51,9 +51,14 @@ def paged_attention(cache: torch.Tensor, layer: int, meta: PagedMetadata, q: tor
     """q [T, H, D] (K/V of these rows already written) -> [T, H, D]. With kernel metadata (CUDA)
     the Triton kernel runs every segment in one launch; otherwise this loop is the reference."""
     if meta.kernel is not None:
-        from rlt.kernels import paged_attention_triton
+        from rlt.kernels import mode, paged_attention_triton as pat
 
-        return paged_attention_triton.paged_attention(cache, layer, q, meta.block_table, meta.kernel, meta.block_size)
+        # Decode-only passes (one row per segment) split the keys (flash-decoding); passes with
+        # prompt chunks do not. Batch-invariant mode never splits, so a decode row's result is the
+        # same whether its pass also carries prompt chunks or not.
+        decode_only = meta.row_starts[-1] == len(meta.row_starts) - 1
+        splits = pat.DECODE_SPLITS if decode_only and not mode.batch_invariant else 1
+        return pat.paged_attention(cache, layer, q, meta.block_table, meta.kernel, meta.block_size, splits)
     out = torch.empty_like(q)
     for s in range(len(meta.q_starts)):
         r0, r1, kv_len = meta.row_starts[s], meta.row_starts[s + 1], meta.kv_len(s)

@@ -1,9 +1,10 @@
-"""Paged attention in Triton: every query row of every segment in one launch.
+"""Paged attention in Triton: every query row of every segment in one launch (plus a combine).
 
 A segment is a run of rows of one request at one plane (a prompt chunk, or one decode token);
 each reads its own block table, so rows at different loop depths share the launch. Flash-style:
-keys stream through in BLOCK_N tiles with an online softmax in float32; causal by position.
-Same call and metadata as rlt/kernels/paged_attention.py (the reference it is tested against).
+keys stream through in BLOCK_N tiles with an online softmax in float32, causal by position, split
+over SPLITS slices of the keys (flash-decoding) whose partials a second kernel merges. Same call and
+metadata as rlt/kernels/paged_attention.py (the reference it is tested against).
 """
 
 import torch
@@ -13,16 +14,20 @@ import triton.language as tl
 from rlt.kernels.paged_attention import KERNEL_BLOCK_M as BLOCK_M
 
 BLOCK_N = 64
+DECODE_SPLITS = 8  # key slices per (row, head) in decode-only passes: small batches still fill the GPU
 
 
 @triton.jit
-def _paged_attn_kernel(q_ptr, o_ptr, cache_ptr, table_ptr, tile_seg_ptr, tile_row_ptr, seg_row0_ptr,
+def _paged_attn_kernel(q_ptr, o_ptr, part_ptr, ml_ptr, cache_ptr, table_ptr, tile_seg_ptr, tile_row_ptr, seg_row0_ptr,
                        seg_rows_ptr, seg_q0_ptr, layer, scale,
                        stride_qt, stride_qh, stride_cb, stride_cl, stride_ckv, stride_co, stride_ch, stride_ts,
                        GROUP: tl.constexpr, BLOCK_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr,
-                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, IEEE: tl.constexpr):
+                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPLITS: tl.constexpr, IEEE: tl.constexpr):
+    """One (tile, head, split): attention of the tile's rows over one slice of their keys; writes the
+    unnormalised partial output and its running max / sum for the combine kernel."""
     tile = tl.program_id(0)
     head = tl.program_id(1)
+    split = tl.program_id(2)
     kv_head = head // GROUP
     seg = tl.load(tile_seg_ptr + tile)
     r0 = tl.load(tile_row_ptr + tile)  # first row of this tile, relative to the segment
@@ -41,10 +46,14 @@ def _paged_attn_kernel(q_ptr, o_ptr, cache_ptr, table_ptr, tile_seg_ptr, tile_ro
     l_i = tl.zeros((BLOCK_M,), tl.float32)
     acc = tl.zeros((BLOCK_M, D_PAD), tl.float32)
     kv_end = q0 + tl.minimum(r0 + BLOCK_M, n_rows)  # keys up to the tile's last row position
+    # A fixed number of splits, whatever the batch: a row's result never depends on its batch.
+    chunk = tl.cdiv(tl.cdiv(kv_end, BLOCK_N), SPLITS) * BLOCK_N
+    lo = split * chunk
+    hi = tl.minimum(lo + chunk, kv_end)
     base = cache_ptr + layer * stride_cl + kv_head * stride_ch
-    for n0 in range(0, kv_end, BLOCK_N):
+    for n0 in range(lo, hi, BLOCK_N):
         pos = n0 + tl.arange(0, BLOCK_N)
-        key_ok = pos < kv_end
+        key_ok = pos < hi
         block = tl.load(table_ptr + seg * stride_ts + pos // BLOCK_SIZE, mask=key_ok, other=0)
         off = block.to(tl.int64) * stride_cb + (pos % BLOCK_SIZE) * stride_co
         kv_mask = key_ok[:, None] & d_ok[None, :]
@@ -65,27 +74,70 @@ def _paged_attn_kernel(q_ptr, o_ptr, cache_ptr, table_ptr, tile_seg_ptr, tile_ro
         else:
             acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v).to(tl.float32)
         m_i = m_new
-    out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
+    if SPLITS == 1:  # the whole key range: normalise and store
+        out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
+        tl.store(o_ptr + rows[:, None] * stride_qt + head * stride_qh + offs_d[None, :],
+                 out.to(o_ptr.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
+    else:
+        slot = (tile * tl.num_programs(1) + head) * SPLITS + split
+        offs_r = tl.arange(0, BLOCK_M)
+        tl.store(part_ptr + (slot * BLOCK_M + offs_r)[:, None] * D_PAD + offs_d[None, :], acc)
+        tl.store(ml_ptr + (slot * 2) * BLOCK_M + offs_r, m_i)
+        tl.store(ml_ptr + (slot * 2 + 1) * BLOCK_M + offs_r, l_i)
+
+
+@triton.jit
+def _combine_kernel(o_ptr, part_ptr, ml_ptr, tile_seg_ptr, tile_row_ptr, seg_row0_ptr, seg_rows_ptr,
+                    stride_qt, stride_qh, HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_M: tl.constexpr,
+                    SPLITS: tl.constexpr):
+    """Merge a (tile, head)'s split partials in split order: out = sum_s acc_s e^(m_s - M) / L."""
+    tile = tl.program_id(0)
+    head = tl.program_id(1)
+    seg = tl.load(tile_seg_ptr + tile)
+    r0 = tl.load(tile_row_ptr + tile)
+    n_rows = tl.load(seg_rows_ptr + seg)
+    offs_r = tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, D_PAD)
+    base = (tile * tl.num_programs(1) + head) * SPLITS
+    m = tl.full((BLOCK_M,), float("-inf"), tl.float32)
+    for sp in range(SPLITS):
+        m = tl.maximum(m, tl.load(ml_ptr + ((base + sp) * 2) * BLOCK_M + offs_r))
+    m_safe = tl.where(m == float("-inf"), 0.0, m)
+    l_tot = tl.zeros((BLOCK_M,), tl.float32)
+    acc = tl.zeros((BLOCK_M, D_PAD), tl.float32)
+    for sp in range(SPLITS):
+        w = tl.exp(tl.load(ml_ptr + ((base + sp) * 2) * BLOCK_M + offs_r) - m_safe)
+        l_tot += w * tl.load(ml_ptr + ((base + sp) * 2 + 1) * BLOCK_M + offs_r)
+        acc += w[:, None] * tl.load(part_ptr + ((base + sp) * BLOCK_M + offs_r)[:, None] * D_PAD + offs_d[None, :])
+    out = acc / tl.where(l_tot == 0.0, 1.0, l_tot)[:, None]
+    rows = tl.load(seg_row0_ptr + seg) + r0 + offs_r
+    ok = ((r0 + offs_r) < n_rows)[:, None] & (offs_d < HEAD_DIM)[None, :]
     tl.store(o_ptr + rows[:, None] * stride_qt + head * stride_qh + offs_d[None, :], out.to(o_ptr.dtype.element_ty),
-             mask=row_ok[:, None] & d_ok[None, :])
+             mask=ok)
 
 
 def paged_attention(cache: torch.Tensor, layer: int, q: torch.Tensor, block_table: torch.Tensor, k: dict,
-                    block_size: int) -> torch.Tensor:
+                    block_size: int, splits: int = 1) -> torch.Tensor:
     """q [T, H, D] (K/V already written) -> [T, H, D]. cache [blocks, layers, 2, block_size, Hkv, D];
-    k: kernel_fields() as device tensors."""
+    k: kernel_fields() as device tensors; splits: key slices per (tile, head) (1: no combine pass)."""
     T, H, D = q.shape
     tile_seg, tile_row, seg_row0, seg_rows, seg_q0 = (k[n] for n in ("tile_seg", "tile_row", "seg_row0",
                                                                      "seg_rows", "seg_q0"))
     q = q.contiguous()
     out = torch.empty_like(q)
-    if tile_seg.numel() == 0:
+    n_tiles = tile_seg.numel()
+    if n_tiles == 0:
         return out
-    grid = (tile_seg.numel(), H)
-    _paged_attn_kernel[grid](q, out, cache, block_table, tile_seg, tile_row, seg_row0, seg_rows, seg_q0, layer,
-                             D ** -0.5, q.stride(0), q.stride(1), cache.stride(0), cache.stride(1), cache.stride(2),
-                             cache.stride(3), cache.stride(4), block_table.stride(0), GROUP=H // cache.shape[4],
-                             BLOCK_SIZE=block_size, HEAD_DIM=D, D_PAD=max(16, triton.next_power_of_2(D)),
-                             BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N,
-                             IEEE=q.dtype == torch.float32)
+    d_pad = max(16, triton.next_power_of_2(D))
+    part = torch.empty(n_tiles * H * splits * BLOCK_M if splits > 1 else 1, d_pad, dtype=torch.float32,
+                       device=q.device)
+    ml = torch.empty(n_tiles * H * splits * 2 * BLOCK_M if splits > 1 else 1, dtype=torch.float32, device=q.device)
+    _paged_attn_kernel[(n_tiles, H, splits)](
+        q, out, part, ml, cache, block_table, tile_seg, tile_row, seg_row0, seg_rows, seg_q0, layer, D ** -0.5,
+        q.stride(0), q.stride(1), cache.stride(0), cache.stride(1), cache.stride(2), cache.stride(3), cache.stride(4),
+        block_table.stride(0), GROUP=H // cache.shape[4], BLOCK_SIZE=block_size, HEAD_DIM=D, D_PAD=d_pad,
+        BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, SPLITS=splits, IEEE=q.dtype == torch.float32)
+    if splits > 1:
+        _combine_kernel[(n_tiles, H)](out, part, ml, tile_seg, tile_row, seg_row0, seg_rows, q.stride(0),
+                                      q.stride(1), HEAD_DIM=D, D_PAD=d_pad, BLOCK_M=BLOCK_M, SPLITS=splits)
     return out

@@ -3,18 +3,18 @@
 import torch
 import torch.nn.functional as F
 
-# Set once per worker process (EngineConfig.batch_invariant): on CUDA, GEMMs and RMSNorm go through
-# the batch-invariant Triton kernels, so a row's result never depends on its batch.
-_batch_invariant = False
+from rlt.kernels import mode
 
 
 def set_batch_invariant(on: bool) -> None:
-    global _batch_invariant
-    _batch_invariant = on
+    """Set once per worker process (EngineConfig.batch_invariant): on CUDA, GEMMs go through the
+    batch-invariant Triton kernel and attention never splits keys, so a row's result never depends
+    on its batch."""
+    mode.batch_invariant = on
 
 
 def _invariant(x: torch.Tensor) -> bool:
-    return _batch_invariant and x.is_cuda
+    return mode.batch_invariant and x.is_cuda
 
 
 def linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
