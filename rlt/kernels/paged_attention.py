@@ -53,11 +53,13 @@ def paged_attention(cache: torch.Tensor, layer: int, meta: PagedMetadata, q: tor
     if meta.kernel is not None:
         from rlt.kernels import mode, paged_attention_triton as pat
 
-        # Decode-only passes (one row per segment) split the keys (flash-decoding); passes with
-        # prompt chunks do not. Batch-invariant mode never splits, so a decode row's result is the
-        # same whether its pass also carries prompt chunks or not.
-        decode_only = meta.row_starts[-1] == len(meta.row_starts) - 1
-        splits = pat.DECODE_SPLITS if decode_only and not mode.batch_invariant else 1
+        # Small decode-only passes (one row per segment, too few (row, head) programs to fill the
+        # GPU) split the keys (flash-decoding); other passes do not. Batch-invariant mode never
+        # splits, so a decode row's result is the same whatever else its pass carries.
+        rows = meta.row_starts[-1]
+        decode_only = rows == len(meta.row_starts) - 1
+        small = rows * q.shape[1] < 2 * pat.num_sms(q.device)
+        splits = pat.DECODE_SPLITS if decode_only and small and not mode.batch_invariant else 1
         return pat.paged_attention(cache, layer, q, meta.block_table, meta.kernel, meta.block_size, splits)
     out = torch.empty_like(q)
     for s in range(len(meta.q_starts)):

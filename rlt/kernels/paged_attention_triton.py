@@ -7,6 +7,8 @@ over SPLITS slices of the keys (flash-decoding) whose partials a second kernel m
 metadata as rlt/kernels/paged_attention.py (the reference it is tested against).
 """
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
@@ -14,7 +16,12 @@ import triton.language as tl
 from rlt.kernels.paged_attention import KERNEL_BLOCK_M as BLOCK_M
 
 BLOCK_N = 64
-DECODE_SPLITS = 8  # key slices per (row, head) in decode-only passes: small batches still fill the GPU
+DECODE_SPLITS = 8  # key slices per (row, head) in small decode-only passes: they still fill the GPU
+
+
+@functools.cache
+def num_sms(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count
 
 
 @triton.jit
