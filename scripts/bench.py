@@ -27,12 +27,14 @@ from rlt.sampling_params import SamplingParams  # noqa: E402
 from rlt.workers.engine import EngineConfig, LoopEngine  # noqa: E402
 
 
-def run_once(mc, model, dtype, device, concurrency, threshold, prompt_len, max_tokens, layout, kv_gib=1.0,
-             graphs=256):
-    engine = LoopEngine(mc, model, EngineConfig(kv_layout=layout, max_num_seqs=max(concurrency, 1),
-                                                max_num_batched_tokens=max(2048, min(prompt_len * concurrency, 16384)),
-                                                prefill_chunk=prompt_len, kv_memory_bytes=int(kv_gib * 2**30),
-                                                cuda_graph_max_batch=graphs), dtype, device)
+def make_engine(mc, model, dtype, device, max_conc, prompt_len, layout, kv_gib, graphs):
+    return LoopEngine(mc, model, EngineConfig(kv_layout=layout, max_num_seqs=max(max_conc, 1),
+                                              max_num_batched_tokens=max(2048, min(prompt_len * max_conc, 16384)),
+                                              prefill_chunk=prompt_len, kv_memory_bytes=int(kv_gib * 2**30),
+                                              cuda_graph_max_batch=graphs), dtype, device)
+
+
+def run_once(engine, mc, device, concurrency, threshold, prompt_len, max_tokens):
     g = torch.Generator().manual_seed(0)
     sp = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True, exit_threshold=threshold)
     for i in range(concurrency):
@@ -80,14 +82,17 @@ def main():
     mc = ModelConfig.from_pretrained(path)
     dtype = resolve_dtype(args.dtype, args.device, mc)
     model = load_model(mc, dtype, args.device)
-    # Warm-up: one run at every concurrency, so Triton compilation and allocator growth stay out
-    # of the timed runs.
-    for c in map(int, args.concurrency.split(",")):
-        run_once(mc, model, dtype, args.device, c, 1.0, min(args.prompt_len, 64), 4, args.kv_layout, args.kv_gib,
-                 args.cuda_graph_max_batch)
-    rows = [run_once(mc, model, dtype, args.device, c, t, args.prompt_len, args.max_tokens, args.kv_layout,
-                     args.kv_gib, args.cuda_graph_max_batch)
-            for c in map(int, args.concurrency.split(",")) for t in map(float, args.threshold.split(","))]
+    concs = list(map(int, args.concurrency.split(",")))
+    thresholds = list(map(float, args.threshold.split(",")))
+    engine = make_engine(mc, model, dtype, args.device, max(concs), args.prompt_len, args.kv_layout, args.kv_gib,
+                         args.cuda_graph_max_batch)
+    # Warm-up on the same engine: Triton compilation, CUDA-graph capture (per batch size and
+    # block-table width) and allocator growth stay out of the timed runs.
+    for c in concs:
+        for t in thresholds:
+            run_once(engine, mc, args.device, c, t, args.prompt_len, 8)
+    rows = [run_once(engine, mc, args.device, c, t, args.prompt_len, args.max_tokens)
+            for c in concs for t in thresholds]
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     meta = {"date": time.strftime("%Y-%m-%d"), "commit": commit or os.environ.get("RLT_COMMIT", ""),
             "machine": platform.processor() or platform.machine(), "cpus": os.cpu_count(), "torch": torch.__version__,
