@@ -1,0 +1,254 @@
+"""The worker's main loop: control messages in, one engine step, one Outputs message out; plus
+the role-specific work of disaggregation (a prefill worker posts KV writes and reports them done,
+a decode worker reserves blocks, counts chunk notifications and activates)."""
+
+import os
+import time
+from dataclasses import dataclass, field
+
+from rlt.control import from_worker as fw
+from rlt.control import to_worker as tw
+from rlt.workers.kv_transfer import TransferError, wait_done
+
+# Fault injection for tests only: a worker whose request's prompt starts with this token id hangs
+# its main loop (a stuck kernel) while its heartbeat thread keeps beating.
+FAULT_STALL_ENV = "RLT_FAULT_STALL_FIRST_TOKEN"
+
+
+class LoopState:
+    """Read by the heartbeat thread: a main loop that stops moving while busy is hung."""
+
+    progress = 0
+    busy = False
+
+
+@dataclass
+class _Outgoing:
+    """Prefill worker: one prompt being written into a decode worker's blocks."""
+
+    dst_agent: str
+    dst_tables: list[list[int]]
+    first_token_id: int
+    seq: int = 0
+    pending: list = field(default_factory=list)  # (handle, posted_at)
+    prompt_done: bool = False
+    bytes: int = 0
+    started: float = field(default_factory=time.monotonic)
+
+
+@dataclass
+class _Incoming:
+    """Decode worker: a reservation waiting for its chunks and the coordinator's Activate."""
+
+    seqs: set = field(default_factory=set)
+    activate: tw.Activate | None = None
+    deadline: float = 0.0
+
+
+class Worker:
+    def __init__(self, sock, engine, role: str, transport, transfer_timeout: float):
+        self.sock, self.engine, self.role, self.transport = sock, engine, role, transport
+        self.transfer_timeout = transfer_timeout
+        self.outgoing: dict[int, _Outgoing] = {}
+        self.incoming: dict[int, _Incoming] = {}
+        self.pending_reserves: list[tw.Reserve] = []
+        self.started: list[int] = []
+        self.changed = False
+
+    def send(self, msg) -> None:
+        self.sock.send(fw.encoder.encode(msg))
+
+    def stats(self) -> fw.Stats:
+        e = self.engine
+        return fw.Stats(len(e.running) + len(e.held) + len(e.reserved) + len(self.pending_reserves),
+                        len(e.waiting), e.num_free_blocks)
+
+    def busy(self) -> bool:
+        return self.engine.has_work() or bool(self.outgoing or self.incoming or self.pending_reserves)
+
+    # ---- control messages ---------------------------------------------------------------------
+    def handle(self, msg) -> bool:
+        from rlt.errors import RequestError
+
+        self.changed = True
+        e = self.engine
+        if isinstance(msg, (tw.Add, tw.Prefill)) and str(msg.prompt[0]) == os.environ.get(FAULT_STALL_ENV):
+            LoopState.busy = True
+            while True:  # the heartbeat thread keeps beating; only the main loop is stuck
+                time.sleep(1)
+        if isinstance(msg, tw.Add):
+            try:
+                e.add_request(str(msg.gen), msg.prompt, msg.params, msg.priority)
+            except RequestError as err:
+                self.send(fw.Failed(msg.gen, str(err)))
+        elif isinstance(msg, tw.Abort):
+            for gen in msg.gens:
+                self.incoming.pop(gen, None)
+                self.pending_reserves = [r for r in self.pending_reserves if r.gen != gen]
+                e.abort(str(gen))
+        elif isinstance(msg, tw.Connect):
+            for peer in msg.peers:
+                self.transport.add_peer(peer)
+        elif isinstance(msg, tw.Reserve):
+            self.pending_reserves.append(msg)
+            self._try_reserve()
+        elif isinstance(msg, tw.Prefill):
+            try:
+                e.add_request(str(msg.gen), msg.prompt, msg.params, msg.priority, prefill_only=True)
+                self.outgoing[msg.gen] = _Outgoing(msg.dst_agent, msg.dst_tables, msg.prompt[0])
+                self.started.append(msg.gen)
+            except RequestError as err:
+                self.send(fw.Failed(msg.gen, str(err)))
+        elif isinstance(msg, tw.Cancel):
+            self._drain(msg.gen)
+            e.abort(str(msg.gen))
+            self.send(fw.Drained(msg.gen))
+        elif isinstance(msg, tw.Activate):
+            inc = self.incoming.get(msg.gen)
+            if inc is not None:  # else: aborted meanwhile
+                inc.activate, inc.deadline = msg, time.monotonic() + self.transfer_timeout
+                self._try_activate(msg.gen)
+        elif isinstance(msg, tw.Shutdown):
+            return False
+        return True
+
+    # ---- decode side ----------------------------------------------------------------------------
+    def _try_reserve(self) -> None:
+        from rlt.errors import RequestError
+
+        while self.pending_reserves:
+            r = self.pending_reserves[0]
+            try:
+                tables = self.engine.reserve(str(r.gen), r.positions)
+            except RequestError as err:
+                self.pending_reserves.pop(0)
+                self.send(fw.Failed(r.gen, str(err)))
+                continue
+            if tables is None:
+                return  # FCFS: wait for blocks
+            self.pending_reserves.pop(0)
+            self.incoming[r.gen] = _Incoming()
+            planes = tables.core + ([tables.boundary] if tables.boundary is not None else [])
+            self.send(fw.Reserved(r.gen, planes))
+            self.changed = True
+
+    def _try_activate(self, gen: int) -> None:
+        inc = self.incoming[gen]
+        a = inc.activate
+        if a is not None and inc.seqs >= set(range(a.chunks)):
+            del self.incoming[gen]
+            self.engine.activate(str(gen), a.prompt, a.params, a.first_token, a.priority)
+
+    def _decode_progress(self) -> None:
+        for gen, seq in self.transport.notifications():
+            inc = self.incoming.get(gen)
+            if inc is not None:  # notifications of retired generations are dropped
+                inc.seqs.add(seq)
+                self._try_activate(gen)
+        now = time.monotonic()
+        for gen, inc in list(self.incoming.items()):
+            if inc.activate is not None and now > inc.deadline:
+                # The prefill worker reported every write done, so none can still land: free.
+                del self.incoming[gen]
+                self.engine.abort(str(gen))
+                self.changed = True
+                self.send(fw.Failed(gen, f"KV transfer incomplete: {len(inc.seqs)} of {inc.activate.chunks} "
+                                         f"chunks arrived within {self.transfer_timeout} s"))
+        if self.pending_reserves:
+            self._try_reserve()
+
+    # ---- prefill side ---------------------------------------------------------------------------
+    def _drain(self, gen: int) -> None:
+        """Wait for this generation's writes in flight (bounded), then forget it."""
+        o = self.outgoing.pop(gen, None)
+        if o is None:
+            return
+        for h, _ in o.pending:
+            try:
+                wait_done(self.transport, h, self.transfer_timeout)
+            except TransferError:
+                pass
+            self.transport.release(h)
+        self.engine.release_held(str(gen))
+
+    def _fail(self, gen: int, error: str) -> None:
+        self._drain(gen)
+        self.engine.abort(str(gen))
+        self.send(fw.Failed(gen, error))
+        self.changed = True
+
+    def _post_chunks(self, events) -> None:
+        bs = self.engine.pool.block_size
+        for rid, start, end in events:
+            gen = int(rid)
+            o = self.outgoing.get(gen)
+            tables = self.engine.tables_of(rid)
+            if o is None or tables is None:
+                continue
+            planes = tables.core + ([tables.boundary] if tables.boundary is not None else [])
+            b0, b1 = start // bs, (end - 1) // bs + 1
+            src = [b for t in planes for b in t[b0:b1]]
+            dst = [b for t in o.dst_tables for b in t[b0:b1]]
+            try:
+                h = self.transport.write(o.dst_agent, src, dst, f"{gen}:{o.seq}".encode(), o.first_token_id)
+            except TransferError as err:
+                self._fail(gen, str(err))
+                continue
+            o.pending.append((h, time.monotonic()))
+            o.seq += 1
+            o.bytes += len(src) * self.transport.block_bytes
+
+    def _prefill_progress(self) -> None:
+        now = time.monotonic()
+        for gen, o in list(self.outgoing.items()):
+            try:
+                still = []
+                for h, posted in o.pending:
+                    if self.transport.poll(h):
+                        self.transport.release(h)
+                    elif now - posted > self.transfer_timeout:
+                        raise TransferError(f"KV write past its deadline ({self.transfer_timeout} s)")
+                    else:
+                        still.append((h, posted))
+                o.pending = still
+            except TransferError as err:
+                self._fail(gen, str(err))
+                continue
+            if o.prompt_done and not o.pending:
+                del self.outgoing[gen]
+                self.engine.release_held(str(gen))
+                self.send(fw.TransferDone(gen, o.seq, o.bytes, time.monotonic() - o.started))
+                self.changed = True
+
+    # ---- the loop -------------------------------------------------------------------------------
+    def run(self) -> None:
+        while True:
+            self.changed = False
+            LoopState.progress += 1
+            LoopState.busy = self.busy()
+            timeout = 0 if self.engine.has_work() else (1 if LoopState.busy else 50)
+            while self.sock.poll(timeout):
+                timeout = 0
+                if not self.handle(tw.decoder.decode(self.sock.recv())):
+                    return
+            tokens = []
+            if self.engine.has_work():
+                outs = self.engine.step()
+                tokens = [fw.Token(int(o.request_id), o.token_id, o.exit_depth, o.logprobs, o.finish_reason)
+                          for o in outs]
+                if self.role == "prefill":
+                    for o in outs:
+                        if int(o.request_id) in self.outgoing:
+                            self.outgoing[int(o.request_id)].prompt_done = True
+            if tokens or self.changed:  # the first token streams before its KV moves
+                self.send(fw.Outputs(tokens, self.stats(), self.started))
+                self.started = []
+            self.changed = False
+            if self.role == "prefill":
+                self._post_chunks(self.engine.chunk_events)
+                self.engine.chunk_events = []
+                self._prefill_progress()
+            elif self.role == "decode":
+                self._decode_progress()
+            if self.changed:
+                self.send(fw.Outputs([], self.stats()))
