@@ -1,6 +1,9 @@
-"""Offline decode throughput of the loop-level engine (CPU or one GPU).
+"""Benchmarks. Offline (default): decode throughput of the loop-level engine (CPU or one GPU).
 
     python scripts/bench.py --family ouro --preset tiny --concurrency 1,16 --threshold 1.0,0.5
+
+Serving (`--mode serve`, scripts/bench_serving.py): Poisson arrivals into rlt.Engine with vLLM's
+metric names.
 
 Makes (or reuses) a random-weight checkpoint, submits `concurrency` requests at once (random
 prompts, greedy, EOS ignored) and reports output tokens per second over the whole run (prefill
@@ -62,6 +65,7 @@ def run_once(engine, mc, device, concurrency, threshold, prompt_len, max_tokens)
 
 def main():
     ap = argparse.ArgumentParser()
+    ap.add_argument("--mode", choices=["offline", "serve"], default="offline")
     ap.add_argument("--model")
     ap.add_argument("--family", default="ouro")
     ap.add_argument("--preset", default="tiny")
@@ -75,7 +79,25 @@ def main():
     ap.add_argument("--kv-gib", type=float, default=1.0, help="KV pool size")
     ap.add_argument("--cuda-graph-max-batch", type=int, default=256, help="0: eager decode")
     ap.add_argument("--json-out")
+    serve = ap.add_argument_group("serve mode (scripts/bench_serving.py)")
+    serve.add_argument("--topology", default="single")
+    serve.add_argument("--rates", default="0.25,0.5,1")
+    serve.add_argument("--duration", type=float, default=60.0)
+    serve.add_argument("--prompt-lens", default="128,4096")
+    serve.add_argument("--output-len", type=int, default=64)
+    serve.add_argument("--prefill-chunk", type=int, default=512)
+    serve.add_argument("--max-num-seqs", type=int, default=256)
+    serve.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
+    if args.mode == "serve":
+        import bench_serving
+
+        if args.model is None:
+            from rlt.default_model import default_model_path
+
+            args.model = default_model_path()
+        bench_serving.main(args)
+        return
     path = args.model or os.path.join(os.path.expanduser("~/.cache/rlt/bench"), f"{args.family}-{args.preset}")
     if not os.path.isfile(os.path.join(path, "config.json")):
         make_checkpoint(args.family, path, preset=args.preset)

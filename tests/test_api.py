@@ -307,3 +307,43 @@ async def test_stuck_main_loop_is_detected(checkpoints, monkeypatch):
         assert time.monotonic() - t0 < FAST["heartbeat_timeout"] + 3.0
         assert (await wait_restart(engine, pid)).finished
         await all_blocks_free(engine)
+
+
+async def test_replicas_topology_spreads_requests_and_matches_single(checkpoints):
+    reqs = workload(12)
+    expected = direct(checkpoints["ouro"], reqs)
+    async with rlt.Engine.launch(checkpoints["ouro"], topology="2x", **FAST) as engine:
+        assert [w["role"] for w in engine.stats()["workers"]] == ["unified", "unified"]
+        streams = [engine.generate(p, sp, rid) for rid, (p, sp) in reqs.items()]
+        used = {engine._live[rid].decode.worker.pid for rid in reqs}
+        finals = []
+        for s in streams:
+            async for out in s:
+                pass
+            finals.append(out)
+        assert len(used) == 2  # least-loaded routing used both replicas
+        for out in finals:
+            assert (out.token_ids, out.exit_depths) == expected[out.request_id]
+        await all_blocks_free(engine)
+
+
+async def test_serving_benchmark_metrics(checkpoints):
+    import sys as _sys
+
+    _sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "scripts"))
+    import bench_serving
+
+    async with rlt.Engine.launch(checkpoints["nanbeige"], **FAST) as engine:
+        row = await bench_serving.one_rate(engine, rate=20.0, duration=1.0, prompt_lens=[8, 40], output_len=6,
+                                           seed=3)
+    import random as _random
+
+    rng, t, n = _random.Random(3), 0.0, 0
+    while True:  # the same Poisson draw: every arrival completed
+        t += rng.expovariate(20.0)
+        if t > 1.0:
+            break
+        n += 1
+    assert row["completed"] == n > 5
+    assert row["mean_ttft_ms"] <= row["mean_e2el_ms"] and row["median_ttft_ms"] <= row["p99_ttft_ms"]
+    assert row["output_throughput_tok_s"] == pytest.approx(6 * n / row["duration_s"], rel=0.02)

@@ -37,14 +37,19 @@ COORDINATOR_OPTIONS = {"startup_timeout": 300.0, "heartbeat_interval": 0.5, "hea
                        "restart": True, "transfer_timeout": 30.0}
 
 
-def parse_topology(topology: str) -> tuple[int, int]:
-    """'single' -> (0, 0); 'XpYd' -> (X, Y)."""
+def parse_topology(topology: str) -> list[tuple[str, int]]:
+    """The worker slots: 'single' -> one unified worker; 'Nx' -> N unified replicas (requests go
+    to the least loaded); 'XpYd' -> X prefill and Y decode workers."""
     if topology == "single":
-        return 0, 0
+        return [("unified", 0)]
+    m = re.fullmatch(r"([1-9]\d*)x", topology)
+    if m is not None:
+        return [("unified", i) for i in range(int(m.group(1)))]
     m = re.fullmatch(r"([1-9]\d*)p([1-9]\d*)d", topology)
     if m is None:
-        raise ValueError(f"topology {topology!r} is not supported (single, 1p1d, or XpYd such as 2p2d)")
-    return int(m.group(1)), int(m.group(2))
+        raise ValueError(f"topology {topology!r} is not supported (single, Nx replicas such as 2x, or XpYd "
+                         "such as 1p1d)")
+    return [("prefill", i) for i in range(int(m.group(1)))] + [("decode", i) for i in range(int(m.group(2)))]
 
 
 class _Launch:
@@ -75,9 +80,7 @@ class Engine:
         from rlt.models.tokenizer import load_tokenizer
 
         self.tokenizer = load_tokenizer(mc.path)
-        n_p, n_d = parse_topology(topology)
-        self._slots = [("unified", 0)] if n_p == 0 else \
-            [("prefill", i) for i in range(n_p)] + [("decode", i) for i in range(n_d)]
+        self._slots = parse_topology(topology)
         self._workers: list[WorkerProc | None] = [None] * len(self._slots)
         self._by_identity: dict[str, WorkerProc] = {}
         self._live: dict[str, Request] = {}  # user-visible requests, by request id

@@ -1,0 +1,106 @@
+"""Serving benchmark: Poisson arrivals into rlt.Engine, vLLM's metric names.
+
+    python scripts/bench.py --mode serve --model DIR --topology 1p1d --rates 0.25,0.5,1 --duration 60 \\
+        --prompt-lens 128,4096 --output-len 64 [--device cuda]
+
+Requests arrive as a Poisson process at each rate for --duration seconds, prompts cycling through
+--prompt-lens (random token ids), greedy, EOS ignored, exactly --output-len tokens each. Reported
+per rate, as a table and JSON: TTFT, TPOT, ITL and E2EL in ms (mean, median, p95, p99), output
+tokens/s and requests/s (completed requests over the time from the first arrival to the last
+completion).
+"""
+
+import asyncio
+import json
+import os
+import random
+import statistics
+import sys
+import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+
+import rlt  # noqa: E402
+
+
+def _pct(values, q):
+    s = sorted(values)
+    return s[min(len(s) - 1, max(0, int(round(q / 100 * (len(s) - 1)))))]
+
+
+def summarize(name, values_s):
+    ms = [v * 1e3 for v in values_s]
+    if not ms:
+        return {f"mean_{name}_ms": None}
+    return {f"mean_{name}_ms": round(statistics.fmean(ms), 2), f"median_{name}_ms": round(statistics.median(ms), 2),
+            f"p95_{name}_ms": round(_pct(ms, 95), 2), f"p99_{name}_ms": round(_pct(ms, 99), 2)}
+
+
+async def one_rate(engine, rate, duration, prompt_lens, output_len, seed):
+    rng = random.Random(seed)
+    vocab = engine.model_config.vocab_size
+    arrivals, t = [], 0.0
+    while True:
+        t += rng.expovariate(rate)
+        if t > duration:
+            break
+        arrivals.append(t)
+    sp = rlt.SamplingParams(max_tokens=output_len, temperature=0.0, ignore_eos=True)
+    results = []
+
+    async def request(i, at, start):
+        await asyncio.sleep(max(0.0, start + at - time.perf_counter()))
+        prompt = [rng.randrange(3, vocab) for _ in range(prompt_lens[i % len(prompt_lens)])]
+        t0 = time.perf_counter()
+        stamps, n = [], 0
+        async for out in engine.generate(prompt, sp):
+            now = time.perf_counter()
+            new = len(out.token_ids) - n
+            n = len(out.token_ids)
+            stamps += [now] * new  # tokens merged into one output arrive together
+        results.append({"submit": t0, "stamps": stamps, "tokens": n})
+
+    start = time.perf_counter()
+    await asyncio.gather(*(request(i, at, start) for i, at in enumerate(arrivals)))
+    if not results:
+        return {"rate": rate, "completed": 0}
+    first = min(r["submit"] for r in results)
+    last = max(r["stamps"][-1] for r in results)
+    ttft = [r["stamps"][0] - r["submit"] for r in results]
+    e2el = [r["stamps"][-1] - r["submit"] for r in results]
+    tpot = [(r["stamps"][-1] - r["stamps"][0]) / (r["tokens"] - 1) for r in results if r["tokens"] > 1]
+    itl = [b - a for r in results for a, b in zip(r["stamps"], r["stamps"][1:])]
+    out_tokens = sum(r["tokens"] for r in results)
+    return {"rate": rate, "completed": len(results), "duration_s": round(last - first, 2),
+            "output_throughput_tok_s": round(out_tokens / (last - first), 2),
+            "request_throughput_req_s": round(len(results) / (last - first), 3),
+            **summarize("ttft", ttft), **summarize("tpot", tpot), **summarize("itl", itl), **summarize("e2el", e2el)}
+
+
+async def serve(args):
+    opts = dict(kv_memory_bytes=int(args.kv_gib * 2**30), prefill_chunk=args.prefill_chunk,
+                max_num_seqs=args.max_num_seqs, startup_timeout=900.0, heartbeat_timeout=120.0)
+    async with rlt.Engine.launch(args.model, topology=args.topology, device=args.device, dtype=args.dtype,
+                                 **opts) as engine:
+        rows = []
+        for rate in map(float, args.rates.split(",")):
+            rows.append(await one_rate(engine, rate, args.duration, list(map(int, args.prompt_lens.split(","))),
+                                       args.output_len, args.seed))
+        return rows
+
+
+def main(args):
+    rows = asyncio.run(serve(args))
+    meta = {"date": time.strftime("%Y-%m-%d"), "commit": os.environ.get("RLT_COMMIT", ""), "model": args.model,
+            "topology": args.topology, "device": args.device, "prompt_lens": args.prompt_lens,
+            "output_len": args.output_len, "duration_s": args.duration, "command": " ".join(sys.argv)}
+    print(json.dumps(meta))
+    cols = ["rate", "completed", "output_throughput_tok_s", "request_throughput_req_s", "mean_ttft_ms",
+            "p95_ttft_ms", "mean_tpot_ms", "p95_tpot_ms", "p99_itl_ms", "mean_e2el_ms"]
+    print(" ".join(f"{c:>14}" for c in cols))
+    for r in rows:
+        print(" ".join(f"{str(r.get(c)):>14}" for c in cols))
+    if args.json_out:
+        with open(args.json_out, "w") as f:
+            json.dump({"meta": meta, "rows": rows}, f, indent=2)
+    return rows
