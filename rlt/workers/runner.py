@@ -190,7 +190,13 @@ class Runner:
             g.state, g.depth = x[r0:r1], g.depth + 1
             if g.decoding:
                 g.survival = s
-        done_host = done.tolist()  # the step's one read-back before sampling
+        # Read the exit mask back only if some row's exit depends on its gate at this depth;
+        # otherwise the host knows it and runs ahead to the next step while the GPU works.
+        if any(g.decoding and g.params.exit_threshold < 1.0 and g.params.min_loops <= g.depth < g.params.max_loops
+               for g in active):
+            done_host = done.tolist()
+        else:
+            done_host = [g.depth >= (g.params.max_loops if g.decoding else D) for g in active]
         result = StepResult(exited=[g for g, d in zip(active, done_host) if d])
         if not result.exited:
             return result

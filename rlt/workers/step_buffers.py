@@ -1,8 +1,8 @@
 """Preallocated host/device buffers: a step's metadata goes to the device in one copy.
 
-Integer fields are packed into one int64 host buffer (pinned on CUDA), copied with a single
-non-blocking transfer, and handed out as device views. Float fields travel as their float32 bit
-patterns in the same buffer.
+Integer fields are packed into one int64 host buffer (pinned on CUDA, two used in turn), copied with
+a single non-blocking transfer, and handed out as device views. Float fields travel as their
+float32 bit patterns in the same buffer.
 """
 
 import numpy as np
@@ -15,10 +15,15 @@ class StepBuffers:
         self._alloc(capacity)
 
     def _alloc(self, capacity: int) -> None:
-        pin = self.device.type == "cuda"
-        self.host = torch.empty(capacity, dtype=torch.int64, pin_memory=pin)
-        self.dev = self.host if self.device.type == "cpu" else torch.empty(capacity, dtype=torch.int64,
-                                                                           device=self.device)
+        cuda = self.device.type == "cuda"
+        # Two pinned staging buffers, used in turn: the host fills one while the copy of the other
+        # may still be in flight (steps without a read-back let the host run ahead of the GPU).
+        self.hosts = [torch.empty(capacity, dtype=torch.int64, pin_memory=cuda) for _ in range(2 if cuda else 1)]
+        self.copied = [None] * len(self.hosts)  # CUDA event: that buffer's last copy is done
+        self.turn = 0
+        self.host = self.hosts[0]
+        # One device buffer is enough: copies and the kernels reading them share a stream, in order.
+        self.dev = self.host if not cuda else torch.empty(capacity, dtype=torch.int64, device=self.device)
 
     def pack(self, fields: dict[str, np.ndarray]) -> dict[str, torch.Tensor]:
         """fields: name -> int64 or float32 array (any shape). Returns device tensors of the same shapes."""
@@ -27,6 +32,10 @@ class StepBuffers:
         total = sum(a.size for a in arrays.values())
         if total > self.host.numel():
             self._alloc(max(total, 2 * self.host.numel()))
+        self.turn = (self.turn + 1) % len(self.hosts)
+        self.host = self.hosts[self.turn]
+        if self.copied[self.turn] is not None:
+            self.copied[self.turn].synchronize()
         host = self.host.numpy()
         off, spans = 0, {}
         for k, a in arrays.items():
@@ -35,6 +44,8 @@ class StepBuffers:
             off += a.size
         if self.dev is not self.host:
             self.dev[:total].copy_(self.host[:total], non_blocking=True)
+            self.copied[self.turn] = torch.cuda.Event()
+            self.copied[self.turn].record()
         out = {}
         for k, (o, shape) in spans.items():
             t = self.dev[o:o + int(np.prod(shape, dtype=np.int64))].view(shape)
