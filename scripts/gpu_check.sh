@@ -25,6 +25,17 @@ if [ "${BENCH:-0}" = 1 ]; then
   timeout 200 python3 scripts/bench.py --model /tmp/ouro-full --device cuda --concurrency 1,16,64 --threshold 1.0 \
     --prompt-len 1024 --max-tokens 64 --kv-gib 60 --cuda-graph-max-batch 0 --json-out "$OUT/bench_eager.json" 2>&1 | tail -5
 fi
+if [ "${SERVE:-0}" = 1 ]; then
+  # Issue #6 P4: prompts alternating 128 and 4096 tokens, 64 output tokens, greedy, EOS ignored,
+  # Poisson arrivals; 1P1D against two single-GPU replicas with the same per-worker KV pool.
+  step "serving: 1p1d vs 2x replicas, Nanbeige4.2-3B shapes"
+  [ -d /tmp/nb-full ] || python3 -m rlt make-checkpoint --family nanbeige --preset full --out /tmp/nb-full --device cuda >/dev/null
+  for topo in 1p1d 2x; do
+    timeout 280 python3 scripts/bench.py --mode serve --model /tmp/nb-full --device cuda --topology $topo \
+      --rates ${RATES:-0.25,0.5,1} --duration ${DURATION:-60} --prompt-lens 128,4096 --output-len 64 --kv-gib 40 \
+      --json-out "$OUT/serve_$topo.json" 2>&1 | grep -v "NIXL INFO" | tail -5
+  done
+fi
 if [ "${SKIP_PARITY:-0}" != 1 ]; then
   step "Nanbeige full checkpoint (random bf16 weights, drawn on cuda)"
   t0=$(date +%s); python3 -m rlt make-checkpoint --family nanbeige --preset full --out /tmp/nb-full --device cuda >/dev/null; echo "made in $(( $(date +%s) - t0 )) s"
