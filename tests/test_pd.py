@@ -69,8 +69,9 @@ async def test_pd_equals_single(checkpoints, family, layout):
         assert len(set(single[2][1][1:] + single[3][1][1:])) >= 2  # adaptive exits really happened
 
 
-async def launch_pd(checkpoints, topology="1p1d", **kw):
-    return await rlt.Engine.launch(checkpoints["ouro"], topology=topology, **(SMALL | FAST | kw))
+def launch_pd(checkpoints, topology="1p1d", **kw):
+    """`async with launch_pd(...) as engine` (or awaited)."""
+    return rlt.Engine.launch(checkpoints["ouro"], topology=topology, **(SMALL | FAST | kw))
 
 
 def workers(engine, role):
@@ -90,9 +91,15 @@ async def expect_reuse_ok(engine, rid, prompt=(1, 2, 3)):
     assert outs[-1].finish_reason == "length" and len(outs[-1].token_ids) == 4
 
 
+async def freed_then_reusable(engine, rid, prompt=(1, 2, 3)):
+    """Every block and credit is back on both workers, and the id serves again at once."""
+    await all_free(engine)
+    await expect_reuse_ok(engine, rid, prompt)
+    await all_free(engine)
+
+
 async def test_cancel_while_waiting_for_decode_blocks(checkpoints):
-    engine = await launch_pd(checkpoints)
-    try:
+    async with launch_pd(checkpoints) as engine:
         big = SamplingParams(max_tokens=390, temperature=0, ignore_eos=True)  # 4 planes x 98 of 400 blocks
         hog = engine.generate([1, 2], big, request_id="hog")
         first = await hog.__anext__()
@@ -105,13 +112,10 @@ async def test_cancel_while_waiting_for_decode_blocks(checkpoints):
         await hog.aclose()
         await expect_reuse_ok(engine, "w")
         await all_free(engine)
-    finally:
-        await engine.shutdown()
 
 
 async def test_cancel_while_reserved(checkpoints):
-    engine = await launch_pd(checkpoints)
-    try:
+    async with launch_pd(checkpoints) as engine:
         p = workers(engine, "prefill")[0]
         gate = asyncio.Event()
         real_send = engine._send
@@ -127,31 +131,22 @@ async def test_cancel_while_reserved(checkpoints):
         assert await engine.abort("r")  # Cancel queues behind Prefill: P prefills nothing for long
         gate.set()
         assert (await stream.__anext__()).finish_reason == "abort"
-        await all_free(engine)
-        await expect_reuse_ok(engine, "r")
-        await all_free(engine)
-    finally:
-        await engine.shutdown()
+        await freed_then_reusable(engine, "r")
 
 
 async def test_cancel_while_prefilling(checkpoints):
-    engine = await launch_pd(checkpoints, prefill_chunk=1, kv_layout="shared")  # position by position
-    try:
+    # SHARED prefills position by position: the prompt stays in PREFILLING for many steps
+    async with launch_pd(checkpoints, prefill_chunk=1, kv_layout="shared") as engine:
         stream = engine.generate(list(range(3, 200)), SamplingParams(max_tokens=5), request_id="p")
         await wait_for(lambda: engine.request_phase("p") == Phase.PREFILLING)
         assert workers(engine, "prefill")[0].stats.kv_blocks_free < 400  # P is really computing
         assert await engine.abort("p")
         assert (await stream.__anext__()).finish_reason == "abort"
-        await all_free(engine)
-        await expect_reuse_ok(engine, "p")
-        await all_free(engine)
-    finally:
-        await engine.shutdown()
+        await freed_then_reusable(engine, "p")
 
 
 async def test_cancel_while_transferring(checkpoints):
-    engine = await launch_pd(checkpoints)
-    try:
+    async with launch_pd(checkpoints) as engine:
         held = []
         real = engine._on_prefill_released
 
@@ -172,16 +167,11 @@ async def test_cancel_while_transferring(checkpoints):
         engine._on_prefill_released = real
         for args in held:
             real(*args)  # late: a retired generation, ignored
-        await all_free(engine)
-        await expect_reuse_ok(engine, "t")
-        await all_free(engine)
-    finally:
-        await engine.shutdown()
+        await freed_then_reusable(engine, "t")
 
 
 async def test_cancel_while_decoding(checkpoints):
-    engine = await launch_pd(checkpoints)
-    try:
+    async with launch_pd(checkpoints) as engine:
         outs = []
         async for out in engine.generate(list(range(3, 30)), SamplingParams(max_tokens=300, ignore_eos=True),
                                           request_id="d"):
@@ -190,17 +180,12 @@ async def test_cancel_while_decoding(checkpoints):
                 assert engine.request_phase("d") == Phase.DECODING
                 assert await engine.abort("d")
         assert outs[-1].finish_reason == "abort"
-        await all_free(engine)
-        await expect_reuse_ok(engine, "d")
-        await all_free(engine)
-    finally:
-        await engine.shutdown()
+        await freed_then_reusable(engine, "d")
 
 
 async def test_injected_transfer_fault_fails_only_that_request(checkpoints, monkeypatch):
     monkeypatch.setenv("RLT_FAULT_TRANSFER_FIRST_TOKEN", "99")
-    engine = await launch_pd(checkpoints)
-    try:
+    async with launch_pd(checkpoints) as engine:
         async def final(prompt, rid):
             async for out in engine.generate(prompt, SamplingParams(max_tokens=12, temperature=0,
                                                                     ignore_eos=True), request_id=rid):
@@ -211,17 +196,12 @@ async def test_injected_transfer_fault_fails_only_that_request(checkpoints, monk
                                     final([7, 7, 7, 7, 7, 7, 7, 7, 7], "ok2"))
         assert outs[0].finish_reason == "error" and "injected transfer fault" in outs[0].error
         assert [o.finish_reason for o in outs[1:]] == ["length", "length"]
-        await all_free(engine)
-        await expect_reuse_ok(engine, "bad", prompt=(5, 6))
-        await all_free(engine)
-    finally:
-        await engine.shutdown()
+        await freed_then_reusable(engine, "bad", prompt=(5, 6))
 
 
 @pytest.mark.parametrize("victim", ["prefill", "decode"])
 async def test_killed_worker_fails_only_its_requests(checkpoints, victim):
-    engine = await launch_pd(checkpoints, topology="2p2d" if victim == "decode" else "1p1d", num_blocks=2000)
-    try:
+    async with launch_pd(checkpoints, topology="2p2d" if victim == "decode" else "1p1d", num_blocks=2000) as engine:
         results = {}
 
         async def run(rid, prompt, n):
@@ -252,8 +232,6 @@ async def test_killed_worker_fails_only_its_requests(checkpoints, victim):
         await wait_for(lambda: all(w is not None and w.ready for w in engine._workers), 60)
         await expect_reuse_ok(engine, "dec0")
         await all_free(engine)
-    finally:
-        await engine.shutdown()
 
 
 async def test_fingerprint_mismatch_stops_launch(checkpoints, monkeypatch):
@@ -305,8 +283,7 @@ async def test_transfer_past_its_deadline_fails_only_that_request(checkpoints, m
     """The writes land but their notifications are lost: the decode worker's deadline fails the
     request with an error, frees its blocks, and the engine keeps serving."""
     monkeypatch.setenv("RLT_FAULT_LOSE_NOTIF_FIRST_TOKEN", "98")
-    engine = await launch_pd(checkpoints, transfer_timeout=1.0)
-    try:
+    async with launch_pd(checkpoints, transfer_timeout=1.0) as engine:
         async def final(prompt, rid):
             async for out in engine.generate(prompt, SamplingParams(max_tokens=8, temperature=0,
                                                                     ignore_eos=True), request_id=rid):
@@ -318,8 +295,4 @@ async def test_transfer_past_its_deadline_fails_only_that_request(checkpoints, m
         assert lost.finish_reason == "error" and "KV transfer incomplete: 0 of 2 chunks" in lost.error
         assert len(lost.token_ids) == 1  # the first token had already streamed from the prefill worker
         assert ok.finish_reason == "length" and time.monotonic() - t0 < 10
-        await all_free(engine)
-        await expect_reuse_ok(engine, "lost", prompt=(5, 6))
-        await all_free(engine)
-    finally:
-        await engine.shutdown()
+        await freed_then_reusable(engine, "lost", prompt=(5, 6))

@@ -12,8 +12,8 @@ from rlt.outputs import RequestOutput
 
 
 class Collector:
-    def __init__(self, out: RequestOutput, gen: int):
-        self.out, self.gen = out, gen
+    def __init__(self, out: RequestOutput):
+        self.out = out
         self._event = asyncio.Event()
         self._error: BaseException | None = None
 

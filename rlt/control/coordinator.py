@@ -471,7 +471,7 @@ class Engine:
                                f"the worker has {d.ready.kv_blocks_total}: it can never fit")
         gen = next(self._gen_ids)
         out = RequestOutput(request_id, ids, logprobs=[] if p.logprobs else None)
-        r = Request(request_id, gen, Collector(out, gen), ids, p, priority)
+        r = Request(request_id, gen, Collector(out), ids, p, priority)
         r.decode = Holding(d, need)
         d.credits.take(need)
         self._live[request_id] = r

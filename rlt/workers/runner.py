@@ -125,6 +125,8 @@ class Runner:
         def rows(gs):
             return np.cumsum([0] + [g.n for g in gs]).tolist()
 
+        ra, rn = rows(active), rows(new)  # row offsets of each group in the pass / among new groups
+
         # ---- pack the step's metadata: one host-to-device copy ----------------------------------
         f = {"pos": np.concatenate([np.arange(g.start, g.start + g.n) for g in active]),
              "core_slot": np.array(sum((_slots(g.tables.core[pool.plane_of(g.depth + 1)], g.start, g.n, bs)
@@ -135,7 +137,7 @@ class Runner:
              "min_loops": np.array([g.params.min_loops for g in active]),
              "max_loops": np.array([g.params.max_loops for g in active]),
              "threshold": np.array([g.params.exit_threshold for g in active], dtype=np.float32),
-             "last_row": np.array(rows(active)[1:]) - 1,
+             "last_row": np.array(ra[1:]) - 1,
              "row_group": np.repeat(np.arange(len(active)), [g.n for g in active]),
              "samples": np.array([g.samples for g in active]),
              "temperature": np.array([g.params.temperature for g in active], dtype=np.float32),
@@ -146,7 +148,7 @@ class Runner:
              # slot of each group's last row in every core plane (LAST_EXITED finalize copies)
              "plane_slot": np.array([[t[(g.start + g.n - 1) // bs] * bs + (g.start + g.n - 1) % bs
                                       for t in g.tables.core] for g in active], dtype=np.int64),
-             **self._kernel_fields("core_k_", active, rows(active))}
+             **self._kernel_fields("core_k_", active, ra)}
         if new:
             f |= {"new_ids": np.array(sum((g.ids for g in new), []), dtype=np.int64),
                   "new_pos": np.concatenate([np.arange(g.start, g.start + g.n) for g in new]),
@@ -159,16 +161,16 @@ class Runner:
                 f["new_bnd_slot"] = np.array(sum((_slots(g.tables.boundary, g.start, g.n, bs) for g in new), []),
                                              dtype=np.int64)
                 f["new_bnd_table"] = _padded([g.tables.boundary for g in new])
-                f |= self._kernel_fields("new_bnd_k_", new, rows(new))
+                f |= self._kernel_fields("new_bnd_k_", new, rn)
         t = self.buffers.pack(f)
 
         # ---- embed (Huginn: prelude, boundary KV) and initial state of new rows ---------------------
         if new:
-            meta = self._meta(t["new_bnd_slot"], t["new_bnd_table"], new, rows(new), t, "new_bnd_k_") \
+            meta = self._meta(t["new_bnd_slot"], t["new_bnd_table"], new, rn, t, "new_bnd_k_") \
                 if boundary else None
             inject = self.model.embed(t["new_ids"], t["new_pos"], _Attention(pool.cache, None, meta))
             state = self.model.initial_state(inject, t["new_pos"], t["new_seed"])
-            for g, r0, r1 in zip(new, rows(new), rows(new)[1:]):
+            for g, r0, r1 in zip(new, rn, rn[1:]):
                 g.inject, g.state = inject[r0:r1], state[r0:r1]
                 if g.decoding:
                     g.survival = torch.ones(1, device=self.device)
@@ -178,7 +180,7 @@ class Runner:
         if self.graphs is not None and not new_prompt_rows(active) and self.graphs.fits(len(active)):
             x, gate = self.graphs.run(x_in, inject_in, t["pos"], t["core_slot"], t["core_table"])
         else:
-            core_meta = self._meta(t["core_slot"], t["core_table"], active, rows(active), t, "core_k_")
+            core_meta = self._meta(t["core_slot"], t["core_table"], active, ra, t, "core_k_")
             x, gate = self.model.loop(x_in, inject_in, t["pos"], _Attention(pool.cache, core_meta, None))
         surv = torch.cat([g.survival if g.decoding else torch.ones(1, device=self.device) for g in active])
         if gate is not None:
@@ -186,7 +188,7 @@ class Runner:
         decoding = t["decoding"].bool()
         done = torch.where(decoding, should_exit(t["depth_next"], surv, t["min_loops"], t["max_loops"],
                                                  t["threshold"]), t["depth_next"] >= D)
-        for g, r0, r1, s in zip(active, rows(active), rows(active)[1:], surv.split(1)):
+        for g, r0, r1, s in zip(active, ra, ra[1:], surv.split(1)):
             g.state, g.depth = x[r0:r1], g.depth + 1
             if g.decoding:
                 g.survival = s
