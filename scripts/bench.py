@@ -8,6 +8,10 @@ metric names.
 Makes (or reuses) a random-weight checkpoint, submits `concurrency` requests at once (random
 prompts, greedy, EOS ignored) and reports output tokens per second over the whole run (prefill
 included) and over the decode phase alone, with the mean exit depth of decode tokens.
+`--prefill-lens` adds prefill latency (one prompt, submission to first token) by prompt length;
+on CUDA `--floors` measures the ceilings in the same run (scripts/floors.py) and reports each
+result as a fraction of its floor: decode against the HBM roofline at the row's concurrency and
+mean context, prefill against the same GEMMs + SDPA in plain torch.
 """
 
 import argparse
@@ -21,6 +25,7 @@ import time
 import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+sys.path.insert(0, os.path.dirname(__file__))
 
 from rlt.config import ModelConfig  # noqa: E402
 from rlt.control.validation import resolve_params  # noqa: E402
@@ -63,6 +68,24 @@ def run_once(engine, mc, device, concurrency, threshold, prompt_len, max_tokens)
             "mean_decode_depth": round(sum(depths) / len(depths), 2) if depths else None}
 
 
+def prefill_ms(mc, model, dtype, device, n, reps=3):
+    """Median time from submission to the first token of one n-token prompt in one chunk."""
+    engine = LoopEngine(mc, model, EngineConfig(max_num_seqs=1, max_num_batched_tokens=n, prefill_chunk=n,
+                                                num_blocks=-(-n // 16) * mc.depth + 64), dtype, device)
+    sp = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True)
+    prompt = torch.randint(0, mc.vocab_size, (n,), generator=torch.Generator().manual_seed(n)).tolist()
+    times = []
+    for i in range(reps + 1):  # the first is warm-up (compilation)
+        engine.add_request(str(i), prompt, resolve_params(mc, n, sp))
+        t0 = time.perf_counter()
+        while not engine.step():
+            pass
+        if device.startswith("cuda"):
+            torch.cuda.synchronize()
+        times.append((time.perf_counter() - t0) * 1e3)
+    return sorted(times[1:])[reps // 2]
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--mode", choices=["offline", "serve"], default="offline")
@@ -78,6 +101,8 @@ def main():
     ap.add_argument("--dtype")
     ap.add_argument("--kv-gib", type=float, default=1.0, help="KV pool size")
     ap.add_argument("--cuda-graph-max-batch", type=int, default=256, help="0: eager decode")
+    ap.add_argument("--prefill-lens", default="", help="e.g. 512,1024,4096: prefill latency by prompt length")
+    ap.add_argument("--floors", action="store_true", help="CUDA: measure ceilings and floors in the same run")
     ap.add_argument("--json-out")
     serve = ap.add_argument_group("serve mode (scripts/bench_serving.py)")
     serve.add_argument("--topology", default="single")
@@ -104,10 +129,10 @@ def main():
     mc = ModelConfig.from_pretrained(path)
     dtype = resolve_dtype(args.dtype, args.device, mc)
     model = load_model(mc, dtype, args.device)
-    concs = list(map(int, args.concurrency.split(",")))
+    concs = list(map(int, filter(None, args.concurrency.split(","))))
     thresholds = list(map(float, args.threshold.split(",")))
-    engine = make_engine(mc, model, dtype, args.device, max(concs), args.prompt_len, args.kv_layout, args.kv_gib,
-                         args.cuda_graph_max_batch)
+    engine = make_engine(mc, model, dtype, args.device, max(concs, default=1), args.prompt_len, args.kv_layout,
+                         args.kv_gib, args.cuda_graph_max_batch) if concs else None
     # Warm-up on the same engine: Triton compilation, CUDA-graph capture (per batch size and
     # block-table width) and allocator growth stay out of the timed runs.
     for c in concs:
@@ -115,22 +140,47 @@ def main():
             run_once(engine, mc, args.device, c, t, args.prompt_len, 8)
     rows = [run_once(engine, mc, args.device, c, t, args.prompt_len, args.max_tokens)
             for c in concs for t in thresholds]
+    del engine
+    prefill = [{"prompt_len": n, "ms": round(prefill_ms(mc, model, dtype, args.device, n), 2)}
+               for n in map(int, filter(None, args.prefill_lens.split(",")))]
+    floors = None
+    if args.floors and args.device.startswith("cuda"):
+        import floors as fl
+
+        torch.cuda.empty_cache()
+        floors = fl.ceilings(args.device)
+        for r in rows:
+            ctx = args.prompt_len + args.max_tokens // 2
+            roof = fl.decode_roofline(model, mc, r["concurrency"], ctx, floors["copy_gbps"])
+            r["roofline_tok_per_s"] = roof["tok_per_s"]
+            if r["decode_tok_per_s"]:
+                r["of_roofline"] = round(r["decode_tok_per_s"] / roof["tok_per_s"], 3)
+        for p in prefill:
+            p["floor_ms"] = round(fl.prefill_floor_ms(model, mc, p["prompt_len"]), 2)
+            p["x_floor"] = round(p["ms"] / p["floor_ms"], 3)
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     meta = {"date": time.strftime("%Y-%m-%d"), "commit": commit or os.environ.get("RLT_COMMIT", ""),
             "machine": platform.processor() or platform.machine(), "cpus": os.cpu_count(), "torch": torch.__version__,
+            "gpu": torch.cuda.get_device_name() if args.device.startswith("cuda") else None,
             "model": args.model or f"{args.family}-{args.preset}", "family": mc.family,
             "dtype": str(dtype).replace("torch.", ""), "device": args.device, "prompt_len": args.prompt_len,
             "max_tokens": args.max_tokens, "command": " ".join(sys.argv),
             "attention": "torch reference" if os.environ.get("RLT_TORCH_ATTENTION") == "1" or args.device == "cpu"
-            else "triton", "cuda_graph_max_batch": args.cuda_graph_max_batch if args.device != "cpu" else 0}
+            else "triton", "cuda_graph_max_batch": args.cuda_graph_max_batch if args.device != "cpu" else 0,
+            "ceilings": floors}
     print(json.dumps(meta))
-    print(f"{'conc':>5} {'thr':>5} {'tok/s':>9} {'decode tok/s':>13} {'mean depth':>11} {'total s':>8}")
+    print(f"{'conc':>5} {'thr':>5} {'tok/s':>9} {'decode tok/s':>13} {'mean depth':>11} {'total s':>8} "
+          f"{'roofline':>9} {'of roof':>8}")
     for r in rows:
         print(f"{r['concurrency']:>5} {r['threshold']:>5} {r['tok_per_s']:>9} {str(r['decode_tok_per_s']):>13} "
-              f"{str(r['mean_decode_depth']):>11} {r['total_s']:>8}")
+              f"{str(r['mean_decode_depth']):>11} {r['total_s']:>8} {str(r.get('roofline_tok_per_s', '')):>9} "
+              f"{str(r.get('of_roofline', '')):>8}")
+    for p in prefill:
+        print(f"prefill {p['prompt_len']:>6} tokens: {p['ms']:>9} ms" +
+              (f"   dense floor {p['floor_ms']} ms   x{p['x_floor']}" if "floor_ms" in p else ""))
     if args.json_out:
         with open(args.json_out, "w") as f:
-            json.dump({"meta": meta, "rows": rows}, f, indent=2)
+            json.dump({"meta": meta, "rows": rows, "prefill": prefill}, f, indent=2)
 
 
 if __name__ == "__main__":

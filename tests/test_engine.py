@@ -206,3 +206,22 @@ def test_default_pool_fills_the_memory_budget(checkpoints):
     block = 2 * max(4, 2 + 2) * mc.kv.num_kv_heads * mc.kv.head_dim * 4 * 16
     assert eng.pool.num_blocks == (1 << 22) // block
     assert eng.pool.cache.numel() * 4 == (eng.pool.num_blocks + 1) * block  # + the scratch block, never lent
+
+
+def test_step_buffers_pack_and_append():
+    """A step's fields come back with their shapes and values (floats through their bit patterns);
+    an appended pack lands after the first, whose views stay intact; a pack larger than the buffer
+    grows it."""
+    import numpy as np
+
+    from rlt.workers.step_buffers import StepBuffers
+
+    b = StepBuffers("cpu", capacity=16)
+    t = b.pack({"a": np.arange(6).reshape(2, 3), "f": np.array([0.5, -2.25], dtype=np.float32)})
+    u = b.pack({"c": np.array([7, 8, 9])}, append=True)
+    assert t["a"].tolist() == [[0, 1, 2], [3, 4, 5]] and t["f"].dtype == torch.float32
+    assert t["f"].tolist() == [0.5, -2.25] and u["c"].tolist() == [7, 8, 9]
+    big = b.pack({"x": np.arange(40)})
+    assert big["x"].tolist() == list(range(40)) and b.host.numel() >= 40
+    w = b.pack({"y": np.arange(30)}, append=True)  # does not fit after x: fresh buffers, x intact
+    assert w["y"].tolist() == list(range(30)) and big["x"].tolist() == list(range(40))

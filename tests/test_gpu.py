@@ -79,7 +79,8 @@ def test_pd_on_two_gpus_equals_single(checkpoints):
 def test_batch_invariant_kernels_match_torch_and_ignore_the_batch():
     import torch.nn.functional as F
 
-    from rlt.kernels.batch_invariant import linear, rms_norm
+    from rlt.kernels.batch_invariant import linear
+    from rlt.kernels.norm import rms_norm
 
     g = torch.Generator(device="cuda").manual_seed(0)
     for K, N in ((3072, 1024), (2048, 5632), (96, 200)):
@@ -135,42 +136,101 @@ def test_engine_batch_invariant_bf16(checkpoints, family):
 @pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-4), (torch.bfloat16, 2e-2)])
 @pytest.mark.parametrize("H,Hkv,D", [(16, 16, 128), (48, 8, 128), (4, 2, 16), (55, 55, 96)])
 def test_triton_paged_attention_matches_reference(dtype, tol, H, Hkv, D):
+    """Every tiling the runner uses (decode tiles, prefill tiles with prefix-free chunks on dense
+    SDPA, key splits) against the torch reference, on K/V written by the KV-write kernel."""
     import random
 
     import numpy as np
 
-    from rlt.kernels.paged_attention import PagedMetadata, kernel_fields, paged_attention
+    from rlt.kernels import paged_attention_triton as pat
+    from rlt.kernels.kv_write import write_kv
+    from rlt.kernels.paged_attention import KernelPlan, PagedMetadata, kernel_fields, paged_attention, plan_kernel
 
     rng = random.Random(0)
-    bs, L, NB = 16, 2, 400
+    bs, L, NB = 16, 2, 700
     g = torch.Generator(device="cuda").manual_seed(0)
     cache = torch.randn(NB, L, 2, bs, Hkv, D, device="cuda", generator=g).to(dtype)
-    # prompt chunks (first and later), decode rows at various positions, a long context
-    segs = [(0, 37), (100, 1), (5, 1), (250, 64), (1500, 1), (16, 16), (700, 19)]
-    tables = [rng.sample(range(NB), -(-(q0 + n) // bs)) for q0, n in segs]
+    # prompt chunks (first and later, some prefix-free and long), decode rows, a long context
+    segs = [(0, 37), (100, 1), (5, 1), (250, 64), (1500, 1), (16, 16), (700, 19), (0, 300), (0, 64)]
+    blocks = rng.sample(range(NB), sum(-(-(q0 + n) // bs) for q0, n in segs))
+    tables = []
+    for q0, n in segs:
+        tables.append(blocks[:-(-(q0 + n) // bs)])
+        blocks = blocks[len(tables[-1]):]
     tab = torch.zeros(len(segs), max(map(len, tables)), dtype=torch.int64)
     for i, t in enumerate(tables):
         tab[i, :len(t)] = torch.tensor(t)
+    tab = tab.cuda()
     row_starts = np.cumsum([0] + [n for _, n in segs]).tolist()
-    q = torch.randn(row_starts[-1], H, D, device="cuda", generator=g).to(dtype)
-    slots = torch.zeros(row_starts[-1], dtype=torch.int64, device="cuda")
-    ref_meta = PagedMetadata(slots, tab.cuda(), row_starts, [s[0] for s in segs], bs)
-    fields = {k: torch.from_numpy(v).cuda() for k, v in kernel_fields(row_starts, [s[0] for s in segs]).items()}
-    kern_meta = PagedMetadata(slots, tab.cuda(), row_starts, [s[0] for s in segs], bs, fields)
-    from rlt.kernels import paged_attention_triton as pat
-
+    q_starts = [s[0] for s in segs]
+    T = row_starts[-1]
+    q = torch.randn(T, H, D, device="cuda", generator=g).to(dtype)
+    k, v = (torch.randn(T, Hkv, D, device="cuda", generator=g).to(dtype) for _ in range(2))
+    slots = torch.tensor([t[p // bs] * bs + p % bs for (q0, n), t in zip(segs, tables) for p in range(q0, q0 + n)],
+                         device="cuda")
     for layer in range(L):
-        ref = paged_attention(cache, layer, ref_meta, q).float()
-        got = paged_attention(cache, layer, kern_meta, q).float()
-        assert (got - ref).abs().max() <= tol * max(1.0, ref.abs().max().item())
-        split = pat.paged_attention(cache, layer, q, tab.cuda(), fields, bs, splits=pat.DECODE_SPLITS).float()
-        assert (split - ref).abs().max() <= tol * max(1.0, ref.abs().max().item())
+        write_kv(cache, layer, slots, k, v, bs)
+    ref_meta = PagedMetadata(slots, tab, row_starts, q_starts, bs)
+
+    def meta(plan):
+        f = {n: torch.from_numpy(a).cuda() for n, a in kernel_fields(row_starts, q_starts, plan).items()}
+        return PagedMetadata(slots, tab, row_starts, q_starts, bs, f, plan)
+
+    prefill = plan_kernel(row_starts, q_starts, batch_invariant=False)
+    assert prefill.tile_rows == 64 and prefill.dense == (7, 8)  # prefix-free and >= 64 rows
+    assert plan_kernel(row_starts, q_starts, batch_invariant=True) == KernelPlan()
+    for layer in range(L):
+        ref = paged_attention(cache, layer, ref_meta, q, k, v).float()
+        bound = tol * max(1.0, ref.abs().max().item())
+        for plan in (KernelPlan(), prefill, KernelPlan(64)):
+            got = paged_attention(cache, layer, meta(plan), q, k, v).float()
+            assert (got - ref).abs().max() <= bound, plan
+        m16 = meta(KernelPlan())
+        split = pat.paged_attention(cache, layer, q, tab, m16.kernel, bs, splits=pat.DECODE_SPLITS).float()
+        assert (split - ref).abs().max() <= bound
         # one segment alone gives the same bits as inside the batch
-        s0 = kernel_fields([0, 19], [700])
-        alone = paged_attention(cache, layer, PagedMetadata(slots[:19], tab[6:7].cuda(), [0, 19], [700], bs,
-                                                            {k: torch.from_numpy(v).cuda() for k, v in s0.items()}),
-                                q[row_starts[6]:row_starts[7]])
-        assert torch.equal(alone, paged_attention(cache, layer, kern_meta, q)[row_starts[6]:row_starts[7]])
+        alone = PagedMetadata(slots[row_starts[6]:row_starts[7]], tab[6:7], [0, 19], [700], bs,
+                              {n: torch.from_numpy(a).cuda() for n, a in kernel_fields([0, 19], [700]).items()})
+        r6 = slice(row_starts[6], row_starts[7])
+        assert torch.equal(paged_attention(cache, layer, alone, q[r6], k[r6], v[r6]),
+                           paged_attention(cache, layer, m16, q, k, v)[r6])
+
+
+def test_fused_kernels_match_torch():
+    """Residual add + RMSNorm, SwiGLU and KV write against the torch compositions they replace."""
+    import torch.nn.functional as F
+
+    from rlt.kernels.activation import silu_mul
+    from rlt.kernels.kv_write import write_kv
+    from rlt.kernels.norm import add_rms_norm
+    from rlt.models import layers
+
+    g = torch.Generator(device="cuda").manual_seed(0)
+    for dtype, tol in ((torch.float32, 1e-5), (torch.bfloat16, 2e-2)):
+        for N in (2048, 5280, 64):
+            x, a = (torch.randn(37, N, device="cuda", generator=g).to(dtype) for _ in range(2))
+            wa, wo = ((1 + 0.1 * torch.randn(N, device="cuda", generator=g)).to(dtype) for _ in range(2))
+            for w in (wa, None):
+                rx = x.cpu().float() + (a.cpu().float() if w is None else
+                                        layers.rms_norm(a.cpu().float(), w.cpu().float(), 1e-6))
+                rh = layers.rms_norm(rx, wo.cpu().float(), 1e-6)
+                gx, gh = add_rms_norm(x, a, w, wo, 1e-6)
+                assert (gx.float().cpu() - rx).abs().max() <= tol * rx.abs().max()
+                assert (gh.float().cpu() - rh).abs().max() <= tol * rh.abs().max()
+                assert torch.equal(add_rms_norm(x[3:4], a[3:4], w, wo, 1e-6)[1], gh[3:4])  # batch-invariant
+            gu = torch.randn(37, 2 * N, device="cuda", generator=g).to(dtype)
+            gate, up = gu.cpu().float().chunk(2, dim=-1)
+            ref = F.silu(gate) * up
+            assert (silu_mul(gu).float().cpu() - ref).abs().max() <= tol * ref.abs().max()
+        cache = torch.zeros(9, 3, 2, 16, 4, 96, dtype=dtype, device="cuda")
+        qkv = torch.randn(20, 12 * 96, device="cuda", generator=g).to(dtype)
+        k, v = qkv[:, 4 * 96:8 * 96].view(20, 4, 96), qkv[:, 8 * 96:].view(20, 4, 96)  # views, as the models pass
+        slots = torch.randperm(9 * 16, device="cuda", generator=g)[:20]
+        write_kv(cache, 2, slots, k, v, 16)
+        ref = torch.zeros_like(cache)
+        ref[slots // 16, 2, 0, slots % 16] = k
+        ref[slots // 16, 2, 1, slots % 16] = v
+        assert torch.equal(cache, ref)
 
 
 @pytest.mark.parametrize("family", ["ouro", "nanbeige", "huginn"])
@@ -214,15 +274,17 @@ def test_rope_kernel_matches_torch(pairs, dtype, tol, D):
     from rlt.models import layers
 
     g = torch.Generator(device="cuda").manual_seed(0)
-    qkv = torch.randn(50, 3 * 8 * D, device="cuda", generator=g).to(dtype)
-    x = qkv[:, : 8 * D].view(50, 8, D)  # a strided view, as the models pass it
+    qkv = torch.randn(50, (8 + 2 * 4) * D, device="cuda", generator=g).to(dtype)
+    q, k = qkv[:, : 8 * D].view(50, 8, D), qkv[:, 8 * D:12 * D].view(50, 4, D)  # strided views, as the models pass
     pos = torch.randint(0, 60000, (50,), device="cuda", generator=g)
     inv = layers.rope_inv_freq(D, 1e6 if not pairs else 5e4).cuda()
-    ref = (layers.rope_pairs if pairs else layers.rope_neox)(x.cpu().float(), pos.cpu(), inv.cpu())
-    neighbours = qkv[:, 8 * D:].clone()
-    got = rope_(x, pos, inv, pairs).float().cpu()
-    assert (got - ref).abs().max() <= tol * ref.abs().max()
-    assert torch.equal(qkv[:, 8 * D:], neighbours)  # k and v beside q in the projection are untouched
+    f = layers.rope_pairs if pairs else layers.rope_neox
+    ref_q, ref_k = f(q.cpu().float(), pos.cpu(), inv.cpu()), f(k.cpu().float(), pos.cpu(), inv.cpu())
+    v = qkv[:, 12 * D:].clone()
+    got_q, got_k = rope_(q, k, pos, inv, pairs)
+    assert (got_q.float().cpu() - ref_q).abs().max() <= tol * ref_q.abs().max()
+    assert (got_k.float().cpu() - ref_k).abs().max() <= tol * ref_k.abs().max()
+    assert torch.equal(qkv[:, 12 * D:], v)  # v beside q and k in the projection is untouched
 
 
 def test_rms_norm_on_cuda_matches_torch():

@@ -15,3 +15,13 @@ def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_start:
     out = F.scaled_dot_product_attention(q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1),
                                          attn_mask=mask, scale=D ** -0.5)
     return out.transpose(0, 1)
+
+
+def prefix_free_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """A prompt chunk at positions 0..T-1 over its own keys: plain causal SDPA (flash kernels on
+    CUDA; grouped heads without repeating K/V). q [T, H, D], k/v [T, Hkv, D] -> [T, H, D]."""
+    H, Hkv, D = q.shape[1], k.shape[1], q.shape[2]
+    out = F.scaled_dot_product_attention(q.transpose(0, 1).unsqueeze(0), k.transpose(0, 1).unsqueeze(0),
+                                         v.transpose(0, 1).unsqueeze(0), is_causal=True, scale=D ** -0.5,
+                                         enable_gqa=Hkv != H)
+    return out.squeeze(0).transpose(0, 1)

@@ -1,12 +1,13 @@
-"""Batch-invariant GEMM and RMSNorm in Triton: a row's result never depends on how many other rows
+"""Batch-invariant GEMM in Triton: a row's result never depends on how many other rows
 share the call.
 
 cuBLAS and PyTorch's reductions pick algorithms by shape (split-K, tile sizes, vectorisation), so
 in bf16 a row computed in a batch of 512 can differ in its last bits from the same row computed
-alone; greedy decoding then diverges. These kernels fix the tiling and the reduction order: every
+alone; greedy decoding then diverges. This kernel fixes the tiling and the reduction order: every
 output element is accumulated over K in the same blocks, in the same order, in float32, whatever
-M is. Used when EngineConfig.batch_invariant is on (CUDA); the torch versions in
-rlt/models/layers.py are the reference they are tested against.
+M is. Used when EngineConfig.batch_invariant is on (CUDA); torch's F.linear is the
+reference it is tested against. (The row-wise norms in rlt/kernels/norm.py are batch-invariant by
+construction: one program per row.)
 """
 
 import torch
@@ -61,27 +62,3 @@ def linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
                              c.stride(1), BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K, GROUP_M=GROUP_M,
                              IEEE=x.dtype == torch.float32)
     return c.reshape(*shape[:-1], N)
-
-
-@triton.jit
-def _rms_norm_kernel(x_ptr, w_ptr, y_ptr, stride_x, stride_y, N, eps, BLOCK: tl.constexpr):
-    row = tl.program_id(0)
-    offs = tl.arange(0, BLOCK)
-    mask = offs < N
-    x = tl.load(x_ptr + row * stride_x + offs, mask=mask, other=0.0).to(tl.float32)
-    y = x * tl.rsqrt(tl.sum(x * x, axis=0) / N + eps)
-    w = tl.load(w_ptr + offs, mask=mask, other=0.0)
-    y = y.to(w.dtype)  # as the reference: normalise in float32, cast back, then scale
-    tl.store(y_ptr + row * stride_y + offs, (w * y).to(y_ptr.dtype.element_ty), mask=mask)
-
-
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    shape = x.shape
-    a = x.reshape(-1, shape[-1])
-    if a.stride(-1) != 1:
-        a = a.contiguous()
-    y = torch.empty(a.shape, dtype=torch.promote_types(weight.dtype, x.dtype), device=x.device)
-    if a.shape[0]:
-        _rms_norm_kernel[(a.shape[0],)](a, weight, y, a.stride(0), y.stride(0), a.shape[1], eps,
-                                        BLOCK=triton.next_power_of_2(a.shape[1]))
-    return y.reshape(shape)

@@ -9,20 +9,42 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from rlt.kernels.attention import causal_attention
+from rlt.kernels.attention import causal_attention, prefix_free_attention
 
 
-KERNEL_BLOCK_M = 16  # query rows per program of the Triton kernel
+KERNEL_BLOCK_M = 16  # query rows per program of the Triton kernel (decode passes, batch-invariant mode)
+PREFILL_BLOCK_M = 64  # passes carrying prompt chunks: fewer key re-reads per query row
+DENSE_MIN_ROWS = 64  # a prefix-free prompt chunk this long runs as dense causal SDPA (flash)
 
 
-def kernel_fields(row_starts: list[int], q_starts: list[int]) -> dict[str, np.ndarray]:
-    """The launch's integer metadata: each KERNEL_BLOCK_M-row tile's segment and first row, and each
-    segment's first row, row count and first position."""
+@dataclass(frozen=True)
+class KernelPlan:
+    """How the Triton attention tiles one pass: rows per tile, and which segments skip the paged
+    kernel for dense SDPA instead (prompt chunks at position 0: their keys are their own rows)."""
+
+    tile_rows: int = KERNEL_BLOCK_M
+    dense: tuple[int, ...] = ()
+
+
+def plan_kernel(row_starts: list[int], q_starts: list[int], batch_invariant: bool) -> KernelPlan:
+    """Batch-invariant mode keeps one tiling for every pass and never takes the dense path, so a
+    row's result never depends on how its prompt was chunked or what shares its pass."""
+    rows = np.diff(row_starts)
+    if batch_invariant or len(rows) == 0 or rows.max() <= KERNEL_BLOCK_M:
+        return KernelPlan()
+    dense = tuple(int(s) for s in np.flatnonzero((np.asarray(q_starts) == 0) & (rows >= DENSE_MIN_ROWS)))
+    return KernelPlan(PREFILL_BLOCK_M, dense)
+
+
+def kernel_fields(row_starts: list[int], q_starts: list[int], plan: KernelPlan = KernelPlan()) -> dict[str, np.ndarray]:
+    """The launch's integer metadata: each tile's segment and first row (tiles of plan.tile_rows
+    rows; none for dense segments), and each segment's first row, row count and first position."""
     rows = np.diff(np.asarray(row_starts, dtype=np.int64))
-    per_seg = -(-rows // KERNEL_BLOCK_M)
+    per_seg = -(-rows // plan.tile_rows)
+    per_seg[list(plan.dense)] = 0
     tile_seg = np.repeat(np.arange(len(rows)), per_seg)
     first_tile = np.cumsum(per_seg) - per_seg
-    tile_row = (np.arange(len(tile_seg)) - np.repeat(first_tile, per_seg)) * KERNEL_BLOCK_M
+    tile_row = (np.arange(len(tile_seg)) - np.repeat(first_tile, per_seg)) * plan.tile_rows
     return {"tile_seg": tile_seg, "tile_row": tile_row, "seg_row0": np.asarray(row_starts[:-1], dtype=np.int64),
             "seg_rows": rows, "seg_q0": np.asarray(q_starts, dtype=np.int64)}
 
@@ -34,22 +56,30 @@ class PagedMetadata:
     row_starts: list[int]  # [S + 1] rows of segment s are row_starts[s]:row_starts[s+1]
     q_starts: list[int]  # [S] position of each segment's first row
     block_size: int
-    kernel: dict | None = None  # device copies of paged_attention_triton.kernel_fields (CUDA)
+    kernel: dict | None = None  # device copies of kernel_fields (CUDA)
+    plan: KernelPlan = KernelPlan()  # the tiling those fields were built for
 
     def kv_len(self, s: int) -> int:
         return self.q_starts[s] + self.row_starts[s + 1] - self.row_starts[s]
 
 
 def write_kv(cache: torch.Tensor, layer: int, meta: PagedMetadata, k: torch.Tensor, v: torch.Tensor) -> None:
-    """cache [num_blocks, layers, 2, block_size, Hkv, D]."""
+    """cache [num_blocks, layers, 2, block_size, Hkv, D]. On CUDA one Triton launch."""
+    if meta.kernel is not None:
+        from rlt.kernels.kv_write import write_kv as kernel_write_kv
+
+        kernel_write_kv(cache, layer, meta.slot_mapping, k, v, meta.block_size)
+        return
     block, offset = meta.slot_mapping // meta.block_size, meta.slot_mapping % meta.block_size
     cache[block, layer, 0, offset] = k
     cache[block, layer, 1, offset] = v
 
 
-def paged_attention(cache: torch.Tensor, layer: int, meta: PagedMetadata, q: torch.Tensor) -> torch.Tensor:
-    """q [T, H, D] (K/V of these rows already written) -> [T, H, D]. With kernel metadata (CUDA)
-    the Triton kernel runs every segment in one launch; otherwise this loop is the reference."""
+def paged_attention(cache: torch.Tensor, layer: int, meta: PagedMetadata, q: torch.Tensor, k: torch.Tensor,
+                    v: torch.Tensor) -> torch.Tensor:
+    """q [T, H, D], k/v [T, Hkv, D] of the same rows (already written to the cache) -> [T, H, D].
+    With kernel metadata (CUDA) the Triton kernel runs every segment in one launch (dense segments
+    of the plan run as causal SDPA on k/v directly); otherwise this loop is the reference."""
     if meta.kernel is not None:
         from rlt.kernels import mode, paged_attention_triton as pat
 
@@ -60,7 +90,12 @@ def paged_attention(cache: torch.Tensor, layer: int, meta: PagedMetadata, q: tor
         decode_only = rows == len(meta.row_starts) - 1
         small = rows * q.shape[1] < 2 * pat.num_sms(q.device)
         splits = pat.DECODE_SPLITS if decode_only and small and not mode.batch_invariant else 1
-        return pat.paged_attention(cache, layer, q, meta.block_table, meta.kernel, meta.block_size, splits)
+        out = pat.paged_attention(cache, layer, q, meta.block_table, meta.kernel, meta.block_size, splits,
+                                  meta.plan.tile_rows)
+        for s in meta.plan.dense:
+            r0, r1 = meta.row_starts[s], meta.row_starts[s + 1]
+            out[r0:r1] = prefix_free_attention(q[r0:r1], k[r0:r1], v[r0:r1])
+        return out
     out = torch.empty_like(q)
     for s in range(len(meta.q_starts)):
         r0, r1, kv_len = meta.row_starts[s], meta.row_starts[s + 1], meta.kv_len(s)

@@ -13,8 +13,6 @@ import torch
 import triton
 import triton.language as tl
 
-from rlt.kernels.paged_attention import KERNEL_BLOCK_M as BLOCK_M
-
 BLOCK_N = 64
 DECODE_SPLITS = 8  # key slices per (row, head) in small decode-only passes: they still fill the GPU
 
@@ -124,9 +122,11 @@ def _combine_kernel(o_ptr, part_ptr, ml_ptr, tile_seg_ptr, tile_row_ptr, seg_row
 
 
 def paged_attention(cache: torch.Tensor, layer: int, q: torch.Tensor, block_table: torch.Tensor, k: dict,
-                    block_size: int, splits: int = 1) -> torch.Tensor:
+                    block_size: int, splits: int = 1, tile_rows: int = 16) -> torch.Tensor:
     """q [T, H, D] (K/V already written) -> [T, H, D]. cache [blocks, layers, 2, block_size, Hkv, D];
-    k: kernel_fields() as device tensors; splits: key slices per (tile, head) (1: no combine pass)."""
+    k: kernel_fields() as device tensors, built for tiles of tile_rows rows; splits: key slices per
+    (tile, head) (1: no combine pass). Rows of no tile (dense segments) are left for the caller."""
+    BLOCK_M = tile_rows
     T, H, D = q.shape
     tile_seg, tile_row, seg_row0, seg_rows, seg_q0 = (k[n] for n in ("tile_seg", "tile_row", "seg_row0",
                                                                      "seg_rows", "seg_q0"))

@@ -23,12 +23,15 @@ class SamplingTensors:
     output_index: torch.Tensor  # int64: which output token of its request this row samples
 
 
-def sample(logits: torch.Tensor, p: SamplingTensors) -> torch.Tensor:
-    """logits [B, V] -> token ids [B] (int64)."""
+def sample(logits: torch.Tensor, p: SamplingTensors, greedy: bool | None = None) -> torch.Tensor:
+    """logits [B, V] -> token ids [B] (int64). greedy: the caller knows every temperature is 0 (no
+    device read-back to find out)."""
     logits = logits.float()
+    if greedy is None:
+        greedy = bool((p.temperature == 0).all())
+    if greedy:
+        return logits.argmax(dim=-1)
     greedy = logits.argmax(dim=-1)
-    if bool((p.temperature == 0).all()):
-        return greedy
     scaled = logits / torch.where(p.temperature > 0, p.temperature, 1.0).unsqueeze(1)
     rank = torch.arange(logits.shape[1], device=logits.device).unsqueeze(0)
     noise = gumbel(p.seed.unsqueeze(1), p.output_index.unsqueeze(1), rank)

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from rlt.config import ModelConfig
 from rlt.kernels.random import truncated_normal
 from rlt.models.base import Attention
-from rlt.models.layers import linear, gated_mlp, rms_norm, rope_inv_freq, rope_pairs
+from rlt.models.layers import linear, gated_mlp, rms_norm, rope, rope_inv_freq
 
 _BLOCK_TENSORS = ("norm_1.weight", "norm_2.weight", "norm_3.weight", "norm_4.weight", "attn.Wqkv.weight",
                   "attn.qk_bias", "attn.proj.weight", "mlp.fc.weight", "mlp.proj.weight")
@@ -65,7 +65,7 @@ class HuginnModel:
         q, k, v = linear(rms_norm(x, B["n1"], eps), B["qkv"]).view(T, 3, nh, hd).unbind(1)
         if B["q_bias"] is not None:
             q, k = q + B["q_bias"], k + B["k_bias"]
-        q, k = rope_pairs(q, positions, self.inv_freq), rope_pairs(k, positions, self.inv_freq)
+        q, k = rope(q, k, positions, self.inv_freq, pairs=True)
         x = rms_norm(x + linear(attend(q, k, v).flatten(1), B["proj"]), B["n2"], eps)
         return rms_norm(x + gated_mlp(rms_norm(x, B["n3"], eps), B["fc"], B["mlp_proj"]), B["n4"], eps)
 

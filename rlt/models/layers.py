@@ -30,24 +30,44 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """Llama RMSNorm: normalise in float32, cast back, then scale (no +1 offset). On CUDA one Triton
     launch (also batch-invariant) instead of ~7 torch kernels."""
     if x.is_cuda:
-        from rlt.kernels.batch_invariant import rms_norm as bi_rms_norm
+        from rlt.kernels.norm import rms_norm as kernel_rms_norm
 
-        return bi_rms_norm(x, weight, eps)
+        return kernel_rms_norm(x, weight, eps)
     xf = x.float()
     y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
     return weight * y.to(x.dtype)
+
+
+def add_norm(x: torch.Tensor, a: torch.Tensor, weight_a: torch.Tensor | None, weight_out: torch.Tensor,
+             eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Residual add, then the next norm: x_new = x + (rms_norm(a, weight_a) if weight_a is given
+    else a); returns (x_new, rms_norm(x_new, weight_out)). On CUDA one launch instead of three."""
+    if x.is_cuda:
+        from rlt.kernels.norm import add_rms_norm
+
+        return add_rms_norm(x, a, weight_a, weight_out, eps)
+    x = x + (a if weight_a is None else rms_norm(a, weight_a, eps))
+    return x, rms_norm(x, weight_out, eps)
 
 
 def rope_inv_freq(head_dim: int, theta: float) -> torch.Tensor:
     return 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
 
 
-def rope_neox(x: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor) -> torch.Tensor:
-    """Rotate-half RoPE (Llama/Qwen2). x [T, H, D]; positions [T]. On CUDA: in place, one launch."""
-    if x.is_cuda:
+def rope(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor,
+         pairs: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """RoPE on q [T, H, D] and k [T, Hkv, D]: adjacent pairs (Huginn) or rotate-half. On CUDA in
+    place, one launch for both."""
+    if q.is_cuda:
         from rlt.kernels.rope import rope_
 
-        return rope_(x, positions, inv_freq, pairs=False)
+        return rope_(q, k, positions, inv_freq, pairs)
+    f = rope_pairs if pairs else rope_neox
+    return f(q, positions, inv_freq), f(k, positions, inv_freq)
+
+
+def rope_neox(x: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor) -> torch.Tensor:
+    """Rotate-half RoPE (Llama/Qwen2), the reference. x [T, H, D]; positions [T]."""
     freqs = positions.float().unsqueeze(1) * inv_freq.to(positions.device).unsqueeze(0)  # [T, D/2]
     emb = torch.cat((freqs, freqs), dim=-1)
     cos, sin = emb.cos().to(x.dtype).unsqueeze(1), emb.sin().to(x.dtype).unsqueeze(1)
@@ -57,12 +77,8 @@ def rope_neox(x: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor) 
 
 
 def rope_pairs(x: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor) -> torch.Tensor:
-    """RoPE on adjacent (even, odd) pairs as complex numbers (Huginn). Computed in float32. On CUDA:
-    in place, one launch."""
-    if x.is_cuda:
-        from rlt.kernels.rope import rope_
-
-        return rope_(x, positions, inv_freq, pairs=True)
+    """RoPE on adjacent (even, odd) pairs as complex numbers (Huginn), the reference. Computed in
+    float32."""
     freqs = positions.float().unsqueeze(1) * inv_freq.to(positions.device).unsqueeze(0)  # [T, D/2]
     cos, sin = freqs.cos().unsqueeze(1), freqs.sin().unsqueeze(1)
     xf = x.float().reshape(*x.shape[:-1], -1, 2)
@@ -71,7 +87,13 @@ def rope_pairs(x: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor)
     return out.flatten(-2).to(x.dtype)
 
 
-def swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+def swiglu(gate_up: torch.Tensor) -> torch.Tensor:
+    """silu(gate) * up from the fused [gate; up] projection output; on CUDA one launch."""
+    if gate_up.is_cuda:
+        from rlt.kernels.activation import silu_mul
+
+        return silu_mul(gate_up)
+    gate, up = gate_up.chunk(2, dim=-1)
     return F.silu(gate) * up
 
 
@@ -83,10 +105,17 @@ def gqa_attention_projection(x, qkv_w, num_heads, num_kv_heads, head_dim):
     return q.view(T, num_heads, head_dim), k.view(T, num_kv_heads, head_dim), v.view(T, num_kv_heads, head_dim)
 
 
+def llama_attention(h, L: dict, fc, positions, inv_freq, attn, layer: int) -> torch.Tensor:
+    """Ouro / Nanbeige self-attention of one core layer on normed input h: fused q/k/v projection,
+    rotate-half RoPE, paged attention at this layer, output projection."""
+    q, k, v = gqa_attention_projection(h, L["qkv"], fc.num_attention_heads, fc.num_key_value_heads, fc.head_dim)
+    q, k = rope(q, k, positions, inv_freq, pairs=False)
+    return linear(attn.core(layer, q, k, v).flatten(1), L["o"])
+
+
 def gated_mlp(x, gate_up_w, down_w):
     """SwiGLU with a fused [gate; up] weight: down(silu(gate(x)) * up(x))."""
-    gate, up = linear(x, gate_up_w).chunk(2, dim=-1)
-    return linear(swiglu(gate, up), down_w)
+    return linear(swiglu(linear(x, gate_up_w)), down_w)
 
 
 def fused_llama_layer(w: dict, prefix: str, norms: dict[str, str]) -> dict:

@@ -6,7 +6,8 @@ import torch
 
 from rlt.config import ModelConfig
 from rlt.models.base import Attention
-from rlt.models.layers import EmbeddingInput, fused_llama_layer, linear, gated_mlp, gqa_attention_projection, rms_norm, rope_inv_freq, rope_neox
+from rlt.models.layers import (EmbeddingInput, add_norm, fused_llama_layer, gated_mlp, linear, llama_attention,
+                               rms_norm, rope_inv_freq)
 
 
 def expected_tensors(mc: ModelConfig) -> dict[str, tuple[int, ...]]:
@@ -37,15 +38,17 @@ class NanbeigeModel(EmbeddingInput):
         self.inv_freq = rope_inv_freq(fc.head_dim, fc.rope_theta).to(self.embed_w.device)
 
     def loop(self, x, inject, positions, attn: Attention):
-        fc, eps = self.fc, self.fc.rms_norm_eps
-        for i, L in enumerate(self.layers):
-            q, k, v = gqa_attention_projection(rms_norm(x, L["n1"], eps), L["qkv"], fc.num_attention_heads,
-                                               fc.num_key_value_heads, fc.head_dim)
-            q, k = rope_neox(q, positions, self.inv_freq), rope_neox(k, positions, self.inv_freq)
-            x = x + linear(attn.core(i, q, k, v).flatten(1), L["o"])
-            x = x + gated_mlp(rms_norm(x, L["n2"], eps), L["gate_up"], L["down"])
-        if not fc.skip_loop_final_norm:
-            x = rms_norm(x, self.norm_w, eps)
+        fc, eps, layers = self.fc, self.fc.rms_norm_eps, self.layers
+        h = rms_norm(x, layers[0]["n1"], eps)
+        for i, L in enumerate(layers):
+            x, h = add_norm(x, llama_attention(h, L, fc, positions, self.inv_freq, attn, i), None, L["n2"], eps)
+            m = gated_mlp(h, L["gate_up"], L["down"])
+            if i + 1 < len(layers):  # the residual add, then the next layer's input norm
+                x, h = add_norm(x, m, None, layers[i + 1]["n1"], eps)
+            elif not fc.skip_loop_final_norm:
+                _, x = add_norm(x, m, None, self.norm_w, eps)
+            else:
+                x = x + m
         return x, None
 
     def head(self, x, positions, attn: Attention, select=None):

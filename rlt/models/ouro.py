@@ -8,7 +8,8 @@ import torch
 
 from rlt.config import ModelConfig
 from rlt.models.base import Attention
-from rlt.models.layers import EmbeddingInput, fused_llama_layer, linear, gated_mlp, gqa_attention_projection, rms_norm, rope_inv_freq, rope_neox
+from rlt.models.layers import (EmbeddingInput, add_norm, fused_llama_layer, gated_mlp, linear, llama_attention,
+                               rms_norm, rope_inv_freq)
 
 _LAYER_TENSORS = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
                   "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj", "input_layernorm",
@@ -46,18 +47,16 @@ class OuroModel(EmbeddingInput):
         self.inv_freq = rope_inv_freq(fc.head_dim, fc.rope_theta).to(self.embed_w.device)
 
     def loop(self, x, inject, positions, attn: Attention):
-        fc, eps = self.fc, self.fc.rms_norm_eps
-        for i, L in enumerate(self.layers):
-            q, k, v = gqa_attention_projection(rms_norm(x, L["n_in"], eps), L["qkv"], fc.num_attention_heads,
-                                               fc.num_key_value_heads, fc.head_dim)
-            q, k = rope_neox(q, positions, self.inv_freq), rope_neox(k, positions, self.inv_freq)
-            a = linear(attn.core(i, q, k, v).flatten(1), L["o"])
-            x = x + rms_norm(a, L["n_in2"], eps)
-            m = gated_mlp(rms_norm(x, L["n_post"], eps), L["gate_up"], L["down"])
-            x = x + rms_norm(m, L["n_post2"], eps)
-        x = rms_norm(x, self.norm_w, eps)
-        gate = linear(x.float(), self.gate_w, self.gate_b).squeeze(-1)  # fp32 gate math
-        return x, gate
+        fc, eps, layers = self.fc, self.fc.rms_norm_eps, self.layers
+        h = rms_norm(x, layers[0]["n_in"], eps)
+        for i, L in enumerate(layers):
+            a = llama_attention(h, L, fc, positions, self.inv_freq, attn, i)
+            x, h = add_norm(x, a, L["n_in2"], L["n_post"], eps)
+            m = gated_mlp(h, L["gate_up"], L["down"])
+            # the residual add, then the next layer's input norm (after the last layer: model.norm)
+            x, h = add_norm(x, m, L["n_post2"], layers[i + 1]["n_in"] if i + 1 < len(layers) else self.norm_w, eps)
+        gate = linear(h.float(), self.gate_w, self.gate_b).squeeze(-1)  # fp32 gate math
+        return h, gate
 
     def head(self, x, positions, attn: Attention, select=None):
         x = x if select is None else x[select]

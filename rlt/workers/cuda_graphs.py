@@ -8,6 +8,7 @@ input. Padding rows write their K/V into the pool's scratch block and read nothi
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from rlt.kernels.paged_attention import PagedMetadata
@@ -20,12 +21,13 @@ class _Graph:
     graph: torch.cuda.CUDAGraph
     x: torch.Tensor
     inject: torch.Tensor
-    pos: torch.Tensor
-    slots: torch.Tensor
-    table: torch.Tensor
-    kernel: dict
+    ints: torch.Tensor  # [B * (2 + W)]: positions, slots, block tables; filled by one copy per replay
     out: torch.Tensor
     gate: torch.Tensor | None
+
+
+def _bucket(n: int, w: int) -> tuple[int, int]:
+    return next(b for b in BUCKETS if b >= n), 1 << max(0, (w - 1).bit_length())
 
 
 class DecodeGraphs:
@@ -40,19 +42,37 @@ class DecodeGraphs:
     def fits(self, rows: int) -> bool:
         return rows <= min(self.max_batch, BUCKETS[-1])
 
+    def inputs(self, pos: np.ndarray, tables: list[list[int]], starts: list[int], block_size: int) -> np.ndarray:
+        """The graph's integer inputs for n single-row groups, padded on the host to the (batch,
+        table width) bucket: padding rows sit at position 0, write to the scratch block, read only it."""
+        n = len(tables)
+        B, W = _bucket(n, max(len(t) for t in tables))
+        out = np.empty(B * (2 + W), dtype=np.int64)
+        out[:n], out[n:B] = pos, 0
+        slots = out[B:2 * B]
+        slots[n:] = self.scratch_slot
+        tab = out[2 * B:].reshape(B, W)
+        tab.fill(self.pool.scratch_block)
+        for i, (t, p) in enumerate(zip(tables, starts)):
+            slots[i] = t[p // block_size] * block_size + p % block_size
+            tab[i, :len(t)] = t
+        return out
+
     def _capture(self, B: int, W: int) -> _Graph:
         dev, bs = self.device, self.pool.block_size
         ar = torch.arange(B, device=dev)
+        ints = torch.zeros(B * (2 + W), dtype=torch.int64, device=dev)
+        ints[B:2 * B] = self.scratch_slot
+        ints[2 * B:] = self.pool.scratch_block
         e = _Graph(torch.cuda.CUDAGraph(), torch.zeros(B, self.hidden, dtype=self.dtype, device=dev),
-                   torch.zeros(B, self.hidden, dtype=self.dtype, device=dev), torch.zeros(B, dtype=torch.int64, device=dev),
-                   torch.full((B,), self.scratch_slot, dtype=torch.int64, device=dev),
-                   torch.full((B, W), self.pool.scratch_block, dtype=torch.int64, device=dev),
-                   {"tile_seg": ar.clone(), "tile_row": torch.zeros_like(ar), "seg_row0": ar.clone(),
-                    "seg_rows": torch.ones_like(ar), "seg_q0": torch.zeros_like(ar)}, None, None)
-        meta = PagedMetadata(e.slots, e.table, list(range(B + 1)), [0] * B, bs, e.kernel)
+                   torch.zeros(B, self.hidden, dtype=self.dtype, device=dev), ints, None, None)
+        pos, slots, table = ints[:B], ints[B:2 * B], ints[2 * B:].view(B, W)
+        kernel = {"tile_seg": ar.clone(), "tile_row": torch.zeros_like(ar), "seg_row0": ar.clone(),
+                  "seg_rows": torch.ones_like(ar), "seg_q0": pos}  # one row per segment: q0 is its position
+        meta = PagedMetadata(slots, table, list(range(B + 1)), [0] * B, bs, kernel)
 
         def forward():
-            return self.model.loop(e.x, e.inject, e.pos, self.attention_cls(self.pool.cache, meta, None))
+            return self.model.loop(e.x, e.inject, pos, self.attention_cls(self.pool.cache, meta, None))
 
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
@@ -64,24 +84,17 @@ class DecodeGraphs:
             e.out, e.gate = forward()
         return e
 
-    def run(self, x, inject, pos, slots, table):
-        """One core pass over len(x) decode rows -> (new state, gate logits or None)."""
-        n, w = x.shape[0], table.shape[1]
+    def run(self, states: list[torch.Tensor], injects: list[torch.Tensor], ints: torch.Tensor):
+        """One core pass over n single-row decode groups -> (new states [n, hidden], gate logits or None).
+        ints: inputs() of the same rows, on the device."""
+        n = len(states)
         B = next(b for b in BUCKETS if b >= n)
-        W = 1 << max(0, (w - 1).bit_length())
+        W = ints.numel() // B - 2
         e = self.graphs.get((B, W))
         if e is None:
             e = self.graphs[(B, W)] = self._capture(B, W)
-        e.x[:n].copy_(x)
-        e.inject[:n].copy_(inject)
-        e.pos[:n].copy_(pos)
-        e.kernel["seg_q0"][:n].copy_(pos)
-        e.slots[:n].copy_(slots)
-        e.table[:n, :w].copy_(table)
-        if n < B:  # rows a larger batch used last time are padding again
-            e.pos[n:].zero_()
-            e.kernel["seg_q0"][n:].zero_()
-            e.slots[n:].fill_(self.scratch_slot)
-            e.table[n:].fill_(self.pool.scratch_block)
+        torch.cat(states, out=e.x[:n])
+        torch.cat(injects, out=e.inject[:n])
+        e.ints.copy_(ints)
         e.graph.replay()
         return e.out[:n].clone(), None if e.gate is None else e.gate[:n].clone()

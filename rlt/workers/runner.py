@@ -3,8 +3,9 @@
 and batched sampling.
 
 Everything the step needs from the host is packed into one buffer and sent in one copy before the
-passes; after the core pass the host reads back one exit mask; everything after that is selected
-on the device.
+pass. The host reads the exit mask back only when some row's exit depends on its gate at this depth;
+otherwise it knows the exits and runs ahead of the GPU. What exited groups need (finalize copies,
+sampling parameters, Huginn's coda metadata) is selected on the host and sent in one more copy.
 """
 
 import os
@@ -15,7 +16,8 @@ import torch
 
 from rlt.config import ModelConfig
 from rlt.control.validation import ResolvedParams
-from rlt.kernels.paged_attention import PagedMetadata, kernel_fields, paged_attention, write_kv
+from rlt.kernels import mode
+from rlt.kernels.paged_attention import PagedMetadata, kernel_fields, paged_attention, plan_kernel, write_kv
 from rlt.kernels.sampler import SamplingTensors, sample, top_logprobs
 from rlt.workers.exit_policy import should_exit, update_survival
 from rlt.workers.kv_pool import BlockTables, KVPool
@@ -64,11 +66,11 @@ class _Attention:
 
     def core(self, layer, q, k, v):
         write_kv(self.cache, layer, self.core_meta, k, v)
-        return paged_attention(self.cache, layer, self.core_meta, q)
+        return paged_attention(self.cache, layer, self.core_meta, q, k, v)
 
     def boundary(self, layer, q, k, v):
         write_kv(self.cache, layer, self.boundary_meta, k, v)
-        return paged_attention(self.cache, layer, self.boundary_meta, q)
+        return paged_attention(self.cache, layer, self.boundary_meta, q, k, v)
 
 
 def _slots(table: list[int], start: int, n: int, bs: int) -> list[int]:
@@ -78,6 +80,10 @@ def _slots(table: list[int], start: int, n: int, bs: int) -> list[int]:
 def new_prompt_rows(groups: list[Group]) -> bool:
     """Any prompt chunk in the pass (CUDA graphs capture decode-only passes: one row per group)."""
     return any(not g.decoding for g in groups)
+
+
+def _row_starts(groups: list[Group]) -> list[int]:
+    return np.cumsum([0] + [g.n for g in groups]).tolist()
 
 
 def _padded(tables: list[list[int]]) -> np.ndarray:
@@ -100,74 +106,63 @@ class Runner:
             self.graphs = DecodeGraphs(model, pool, mc.hidden_size, pool.cache.dtype, device, cuda_graph_max_batch,
                                        _Attention)
 
-    def _kernel_fields(self, prefix: str, groups, row_starts) -> dict:
+    def _attention_fields(self, prefix: str, groups, row_starts) -> dict:
         """On CUDA, the Triton attention's integer metadata, packed with the rest of the step."""
         if not self.use_kernels:
             return {}
-        fields = kernel_fields(row_starts, [g.start for g in groups])
+        q_starts = [g.start for g in groups]
+        fields = kernel_fields(row_starts, q_starts, plan_kernel(row_starts, q_starts, mode.batch_invariant))
         return {prefix + k: v for k, v in fields.items()}
 
-    def _meta(self, slots, tables, groups, row_starts, t=None, prefix="") -> PagedMetadata:
-        kernel = None
-        if self.use_kernels:
-            if t is None:  # selected after the pass: a small extra copy
-                t = {prefix + k: torch.from_numpy(v).to(self.device)
-                     for k, v in kernel_fields(row_starts, [g.start for g in groups]).items()}
-            kernel = {k[len(prefix):]: v for k, v in t.items() if k.startswith(prefix)}
-        return PagedMetadata(slots, tables, row_starts, [g.start for g in groups], self.pool.block_size, kernel)
+    def _meta(self, t, prefix, groups, row_starts) -> PagedMetadata:
+        q_starts = [g.start for g in groups]
+        kernel = {k[len(prefix) + 2:]: v for k, v in t.items() if k.startswith(prefix + "k_")} \
+            if self.use_kernels else None
+        return PagedMetadata(t[prefix + "slot"], t[prefix + "table"], row_starts, q_starts, self.pool.block_size,
+                             kernel, plan_kernel(row_starts, q_starts, mode.batch_invariant))
+
+    def _plane_fields(self, prefix: str, groups, row_starts, tables) -> dict:
+        """Slots each row's K/V goes to and the block table each group reads, for one plane per group."""
+        bs = self.pool.block_size
+        return {prefix + "slot": np.array(sum((_slots(t, g.start, g.n, bs) for g, t in zip(groups, tables)), []),
+                                          dtype=np.int64),
+                prefix + "table": _padded(tables), **self._attention_fields(prefix, groups, row_starts)}
 
     @torch.inference_mode()
     def step(self, active: list[Group]) -> StepResult:
-        pool, bs, D = self.pool, self.pool.block_size, self.mc.depth
+        pool, D = self.pool, self.mc.depth
         new = [g for g in active if g.state is None]
         boundary = pool.has_boundary
-
-        def rows(gs):
-            return np.cumsum([0] + [g.n for g in gs]).tolist()
-
-        ra, rn = rows(active), rows(new)  # row offsets of each group in the pass / among new groups
+        ra, rn = _row_starts(active), _row_starts(new)  # row offsets of each group in the pass / among new
+        core_tables = [g.tables.core[pool.plane_of(g.depth + 1)] for g in active]
+        graphed = self.graphs is not None and not new_prompt_rows(active) and self.graphs.fits(len(active))
+        # Survival and the exit test run on the device only while some row's exit depends on its gate.
+        adaptive = any(g.decoding and g.params.exit_threshold < 1.0 for g in active)
 
         # ---- pack the step's metadata: one host-to-device copy ----------------------------------
-        f = {"pos": np.concatenate([np.arange(g.start, g.start + g.n) for g in active]),
-             "core_slot": np.array(sum((_slots(g.tables.core[pool.plane_of(g.depth + 1)], g.start, g.n, bs)
-                                        for g in active), []), dtype=np.int64),
-             "core_table": _padded([g.tables.core[pool.plane_of(g.depth + 1)] for g in active]),
-             "depth_next": np.array([g.depth + 1 for g in active]),
-             "decoding": np.array([g.decoding for g in active]),
-             "min_loops": np.array([g.params.min_loops for g in active]),
-             "max_loops": np.array([g.params.max_loops for g in active]),
-             "threshold": np.array([g.params.exit_threshold for g in active], dtype=np.float32),
-             "last_row": np.array(ra[1:]) - 1,
-             "row_group": np.repeat(np.arange(len(active)), [g.n for g in active]),
-             "samples": np.array([g.samples for g in active]),
-             "temperature": np.array([g.params.temperature for g in active], dtype=np.float32),
-             "top_k": np.array([g.params.top_k for g in active]),
-             "top_p": np.array([g.params.top_p for g in active], dtype=np.float32),
-             "seed": np.array([g.params.sampling_seed for g in active]),
-             "output_index": np.array([g.output_index for g in active]),
-             # slot of each group's last row in every core plane (LAST_EXITED finalize copies)
-             "plane_slot": np.array([[t[(g.start + g.n - 1) // bs] * bs + (g.start + g.n - 1) % bs
-                                      for t in g.tables.core] for g in active], dtype=np.int64),
-             **self._kernel_fields("core_k_", active, ra)}
+        f = {"pos": np.concatenate([np.arange(g.start, g.start + g.n) for g in active])}
+        if graphed:
+            f["graph_in"] = self.graphs.inputs(f["pos"], core_tables, [g.start for g in active], pool.block_size)
+        else:
+            f |= self._plane_fields("core_", active, ra, core_tables)
+        if adaptive:
+            f |= {"depth_next": np.array([g.depth + 1 for g in active]),
+                  "decoding": np.array([g.decoding for g in active]),
+                  "min_loops": np.array([g.params.min_loops for g in active]),
+                  "max_loops": np.array([g.params.max_loops for g in active]),
+                  "threshold": np.array([g.params.exit_threshold for g in active], dtype=np.float32),
+                  "last_row": np.array(ra[1:]) - 1}
         if new:
             f |= {"new_ids": np.array(sum((g.ids for g in new), []), dtype=np.int64),
                   "new_pos": np.concatenate([np.arange(g.start, g.start + g.n) for g in new]),
                   "new_seed": np.concatenate([np.full(g.n, g.params.state_seed, dtype=np.int64) for g in new])}
-        if boundary:
-            f |= {"bnd_slot": np.array(sum((_slots(g.tables.boundary, g.start, g.n, bs) for g in active), []),
-                                       dtype=np.int64),
-                  "bnd_table": _padded([g.tables.boundary for g in active])}
-            if new:
-                f["new_bnd_slot"] = np.array(sum((_slots(g.tables.boundary, g.start, g.n, bs) for g in new), []),
-                                             dtype=np.int64)
-                f["new_bnd_table"] = _padded([g.tables.boundary for g in new])
-                f |= self._kernel_fields("new_bnd_k_", new, rn)
+            if boundary:
+                f |= self._plane_fields("new_bnd_", new, rn, [g.tables.boundary for g in new])
         t = self.buffers.pack(f)
 
         # ---- embed (Huginn: prelude, boundary KV) and initial state of new rows ---------------------
         if new:
-            meta = self._meta(t["new_bnd_slot"], t["new_bnd_table"], new, rn, t, "new_bnd_k_") \
-                if boundary else None
+            meta = self._meta(t, "new_bnd_", new, rn) if boundary else None
             inject = self.model.embed(t["new_ids"], t["new_pos"], _Attention(pool.cache, None, meta))
             state = self.model.initial_state(inject, t["new_pos"], t["new_seed"])
             for g, r0, r1 in zip(new, rn, rn[1:]):
@@ -176,73 +171,75 @@ class Runner:
                     g.survival = torch.ones(1, device=self.device)
 
         # ---- one pass of the core over every active row ----------------------------------------------
-        x_in, inject_in = torch.cat([g.state for g in active]), torch.cat([g.inject for g in active])
-        if self.graphs is not None and not new_prompt_rows(active) and self.graphs.fits(len(active)):
-            x, gate = self.graphs.run(x_in, inject_in, t["pos"], t["core_slot"], t["core_table"])
+        if graphed:
+            x, gate = self.graphs.run([g.state for g in active], [g.inject for g in active], t["graph_in"])
         else:
-            core_meta = self._meta(t["core_slot"], t["core_table"], active, ra, t, "core_k_")
-            x, gate = self.model.loop(x_in, inject_in, t["pos"], _Attention(pool.cache, core_meta, None))
-        surv = torch.cat([g.survival if g.decoding else torch.ones(1, device=self.device) for g in active])
-        if gate is not None:
-            surv = update_survival(surv, gate[t["last_row"]])  # decode groups are single rows
-        decoding = t["decoding"].bool()
-        done = torch.where(decoding, should_exit(t["depth_next"], surv, t["min_loops"], t["max_loops"],
-                                                 t["threshold"]), t["depth_next"] >= D)
-        for g, r0, r1, s in zip(active, ra, ra[1:], surv.split(1)):
+            x, gate = self.model.loop(torch.cat([g.state for g in active]), torch.cat([g.inject for g in active]),
+                                      t["pos"], _Attention(pool.cache, self._meta(t, "core_", active, ra), None))
+        for g, r0, r1 in zip(active, ra, ra[1:]):
             g.state, g.depth = x[r0:r1], g.depth + 1
-            if g.decoding:
-                g.survival = s
-        # Read the exit mask back only if some row's exit depends on its gate at this depth;
-        # otherwise the host knows it and runs ahead to the next step while the GPU works.
-        if any(g.decoding and g.params.exit_threshold < 1.0 and g.params.min_loops <= g.depth < g.params.max_loops
-               for g in active):
-            done_host = done.tolist()
-        else:
-            done_host = [g.depth >= (g.params.max_loops if g.decoding else D) for g in active]
+        done_host = [g.depth >= (g.params.max_loops if g.decoding else D) for g in active]
+        if adaptive:
+            surv = torch.cat([g.survival if g.decoding else torch.ones(1, device=self.device) for g in active])
+            if gate is not None:
+                surv = update_survival(surv, gate[t["last_row"]])  # decode groups are single rows
+            done = should_exit(t["depth_next"], surv, t["min_loops"], t["max_loops"], t["threshold"])
+            for g, s in zip(active, surv.split(1)):
+                if g.decoding:
+                    g.survival = s
+            # Read the exit mask back only if some row's exit depends on its gate at this depth;
+            # otherwise the host knows it and runs ahead to the next step while the GPU works.
+            if any(g.decoding and g.params.exit_threshold < 1.0 and g.params.min_loops <= g.depth < g.params.max_loops
+                   for g in active):
+                done_host = [d if g.decoding else h for g, d, h in zip(active, done.tolist(), done_host)]
         result = StepResult(exited=[g for g, d in zip(active, done_host) if d])
-        if not result.exited:
-            return result
-        done_idx = done.nonzero().squeeze(1)
-        self._finalize(t, done & decoding & (t["depth_next"] < D))
-        self._head_and_sample(t, active, done, done_idx, result)
+        if result.exited:
+            self._exit(result)
         return result
 
-    def _finalize(self, t, mask: torch.Tensor) -> None:
-        """LAST_EXITED: copy each exited decode token's depth-e K/V into planes e+1..D (all core layers)."""
-        if self.pool.layout != "last_exited":
-            return
-        planes = torch.arange(t["plane_slot"].shape[1], device=self.device)
-        copy = mask.unsqueeze(1) & (planes.unsqueeze(0) >= t["depth_next"].unsqueeze(1))  # [G, planes]
-        if not bool(copy.any()):
-            return
-        src = t["plane_slot"].gather(1, (t["depth_next"] - 1).unsqueeze(1)).expand_as(copy)[copy]
-        dst = t["plane_slot"][copy]
-        bs, c = self.pool.block_size, self.pool.cache
-        c[dst // bs, :, :, dst % bs] = c[src // bs, :, :, src % bs]
-
-    def _head_and_sample(self, t, active, done, done_idx, result: StepResult) -> None:
+    def _exit(self, result: StepResult) -> None:
+        """Exited groups: LAST_EXITED finalize copies, heads (Huginn: the coda for every row, writing
+        boundary KV) and batched sampling. Selected on the host: one small copy, no device masks."""
+        pool, bs, D = self.pool, self.pool.block_size, self.mc.depth
         exited = result.exited
         sampling = [g for g in exited if g.samples]
-        samples_mask = t["samples"].bool()
-        if self.pool.has_boundary:  # Huginn: the coda writes boundary KV for every exited row
-            row_mask = done[t["row_group"]]
-            sel_rows = row_mask.nonzero().squeeze(1)
-            new_index = row_mask.cumsum(0) - 1
-            row_starts = np.cumsum([0] + [g.n for g in exited]).tolist()
-            meta = self._meta(t["bnd_slot"][sel_rows], t["bnd_table"][done_idx], exited, row_starts)
-            pick = done & samples_mask if sampling else None
-            select = new_index[t["last_row"][pick]] if sampling else torch.zeros(0, dtype=torch.long)
-            logits = self.model.head(torch.cat([g.state for g in exited]), t["pos"][sel_rows],
-                                     _Attention(self.pool.cache, None, meta), select)
+        f = {}
+        if pool.layout == "last_exited":  # copy each early-exited token's depth-e K/V into planes e+1..D
+            src, dst = [], []
+            for g in exited:
+                if g.decoding and g.depth < D:
+                    s = _slots(g.tables.core[g.depth - 1], g.start, 1, bs)
+                    for plane in range(g.depth, D):
+                        src += s
+                        dst += _slots(g.tables.core[plane], g.start, 1, bs)
+            if src:
+                f |= {"fin_src": np.array(src, dtype=np.int64), "fin_dst": np.array(dst, dtype=np.int64)}
+        if sampling:
+            f |= {"temperature": np.array([g.params.temperature for g in sampling], dtype=np.float32),
+                  "top_k": np.array([g.params.top_k for g in sampling]),
+                  "top_p": np.array([g.params.top_p for g in sampling], dtype=np.float32),
+                  "seed": np.array([g.params.sampling_seed for g in sampling]),
+                  "output_index": np.array([g.output_index for g in sampling])}
+        re = _row_starts(exited)
+        if pool.has_boundary:
+            f |= self._plane_fields("bnd_", exited, re, [g.tables.boundary for g in exited])
+            f |= {"bnd_pos": np.concatenate([np.arange(g.start, g.start + g.n) for g in exited]),
+                  "select": np.array([r1 - 1 for g, r1 in zip(exited, re[1:]) if g.samples], dtype=np.int64)}
+        if not f:
+            return
+        t = self.buffers.pack(f, append=True)
+        if "fin_src" in t:
+            c, s, d = pool.cache, t["fin_src"], t["fin_dst"]
+            c[d // bs, :, :, d % bs] = c[s // bs, :, :, s % bs]
+        if pool.has_boundary:
+            logits = self.model.head(torch.cat([g.state for g in exited]), t["bnd_pos"],
+                                     _Attention(pool.cache, None, self._meta(t, "bnd_", exited, re)), t["select"])
         elif sampling:
-            pick = done & samples_mask
-            logits = self.model.head(torch.cat([g.state[-1:] for g in sampling]), t["pos"][t["last_row"][pick]],
-                                     None)
+            logits = self.model.head(torch.cat([g.state[-1:] for g in sampling]), None, None)
         if not sampling:
             return
-        st = SamplingTensors(t["temperature"][pick], t["top_k"][pick], t["top_p"][pick], t["seed"][pick],
-                             t["output_index"][pick])
-        tokens = sample(logits, st).tolist()
+        st = SamplingTensors(t["temperature"], t["top_k"], t["top_p"], t["seed"], t["output_index"])
+        tokens = sample(logits, st, greedy=all(g.params.temperature == 0 for g in sampling)).tolist()
         k = max(g.params.logprobs for g in sampling)
         vals, ids = top_logprobs(logits, k) if k else (None, None)
         vals, ids = (vals.tolist(), ids.tolist()) if k else (None, None)

@@ -20,30 +20,37 @@ class StepBuffers:
         # may still be in flight (steps without a read-back let the host run ahead of the GPU).
         self.hosts = [torch.empty(capacity, dtype=torch.int64, pin_memory=cuda) for _ in range(2 if cuda else 1)]
         self.copied = [None] * len(self.hosts)  # CUDA event: that buffer's last copy is done
-        self.turn = 0
+        self.turn, self.end = 0, 0
         self.host = self.hosts[0]
         # One device buffer is enough: copies and the kernels reading them share a stream, in order.
         self.dev = self.host if not cuda else torch.empty(capacity, dtype=torch.int64, device=self.device)
 
-    def pack(self, fields: dict[str, np.ndarray]) -> dict[str, torch.Tensor]:
-        """fields: name -> int64 or float32 array (any shape). Returns device tensors of the same shapes."""
+    def pack(self, fields: dict[str, np.ndarray], append: bool = False) -> dict[str, torch.Tensor]:
+        """fields: name -> int64 or float32 array (any shape). Returns device tensors of the same shapes.
+        append: a second pack in the same step, placed after the first (whose device views kernels
+        queued later in the step still read)."""
         arrays = {k: (v.astype(np.float32).view(np.int32).astype(np.int64) if v.dtype.kind == "f"
                       else v.astype(np.int64)) for k, v in fields.items()}
-        total = sum(a.size for a in arrays.values())
+        start = self.end if append else 0
+        total = start + sum(a.size for a in arrays.values())
         if total > self.host.numel():
+            if append:  # keep the first pack's buffers alive: this one goes to fresh ones
+                return StepBuffers(self.device, 2 * total).pack(fields)
             self._alloc(max(total, 2 * self.host.numel()))
-        self.turn = (self.turn + 1) % len(self.hosts)
-        self.host = self.hosts[self.turn]
-        if self.copied[self.turn] is not None:
-            self.copied[self.turn].synchronize()
+        if not append:
+            self.turn = (self.turn + 1) % len(self.hosts)
+            self.host = self.hosts[self.turn]
+            if self.copied[self.turn] is not None:
+                self.copied[self.turn].synchronize()
+        self.end = total
         host = self.host.numpy()
-        off, spans = 0, {}
+        off, spans = start, {}
         for k, a in arrays.items():
             host[off:off + a.size] = a.ravel()
             spans[k] = (off, a.shape)
             off += a.size
         if self.dev is not self.host:
-            self.dev[:total].copy_(self.host[:total], non_blocking=True)
+            self.dev[start:total].copy_(self.host[start:total], non_blocking=True)
             self.copied[self.turn] = torch.cuda.Event()
             self.copied[self.turn].record()
         out = {}

@@ -1,0 +1,73 @@
+"""RMSNorm in Triton, alone and fused with the residual add that precedes it.
+
+One program per row with the whole row in registers: the reduction order is fixed by the row
+length alone, so a row's result never depends on its batch (batch-invariant by construction).
+Rounding follows the torch reference in rlt/models/layers.py step by step: normalise in float32,
+cast to the activation dtype, scale by the weight, round; the residual sum is rounded before it is
+normalised again.
+"""
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _norm_row(x, w_ptr, offs, mask, N, eps, OUT_DTYPE: tl.constexpr):
+    """x: float32 row -> weight * (x / rms(x)) rounded as the reference."""
+    y = (x * tl.rsqrt(tl.sum(x * x, axis=0) / N + eps)).to(OUT_DTYPE)
+    w = tl.load(w_ptr + offs, mask=mask, other=0.0)
+    return (w.to(tl.float32) * y.to(tl.float32)).to(OUT_DTYPE)
+
+
+@triton.jit
+def _rms_norm_kernel(x_ptr, w_ptr, y_ptr, stride_x, stride_y, N, eps, BLOCK: tl.constexpr):
+    row = tl.program_id(0)
+    offs = tl.arange(0, BLOCK)
+    mask = offs < N
+    x = tl.load(x_ptr + row * stride_x + offs, mask=mask, other=0.0).to(tl.float32)
+    tl.store(y_ptr + row * stride_y + offs, _norm_row(x, w_ptr, offs, mask, N, eps, y_ptr.dtype.element_ty),
+             mask=mask)
+
+
+@triton.jit
+def _add_rms_norm_kernel(x_ptr, a_ptr, wa_ptr, wo_ptr, xo_ptr, h_ptr, stride_x, stride_a, stride_xo, stride_h, N,
+                         eps, NORM_A: tl.constexpr, BLOCK: tl.constexpr):
+    row = tl.program_id(0)
+    offs = tl.arange(0, BLOCK)
+    mask = offs < N
+    dt = xo_ptr.dtype.element_ty
+    a = tl.load(a_ptr + row * stride_a + offs, mask=mask, other=0.0)
+    if NORM_A:
+        a = _norm_row(a.to(tl.float32), wa_ptr, offs, mask, N, eps, dt)
+    x = tl.load(x_ptr + row * stride_x + offs, mask=mask, other=0.0)
+    x = (x.to(tl.float32) + a.to(tl.float32)).to(dt)
+    tl.store(xo_ptr + row * stride_xo + offs, x, mask=mask)
+    tl.store(h_ptr + row * stride_h + offs, _norm_row(x.to(tl.float32), wo_ptr, offs, mask, N, eps, dt), mask=mask)
+
+
+def _rows(x: torch.Tensor) -> torch.Tensor:
+    a = x.reshape(-1, x.shape[-1])
+    return a if a.stride(-1) == 1 else a.contiguous()
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    a = _rows(x)
+    y = torch.empty(a.shape, dtype=torch.promote_types(weight.dtype, x.dtype), device=x.device)
+    if a.shape[0]:
+        _rms_norm_kernel[(a.shape[0],)](a, weight, y, a.stride(0), y.stride(0), a.shape[1], eps,
+                                        BLOCK=triton.next_power_of_2(a.shape[1]))
+    return y.reshape(x.shape)
+
+
+def add_rms_norm(x: torch.Tensor, a: torch.Tensor, weight_a: torch.Tensor | None, weight_out: torch.Tensor,
+                 eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """x_new = x + (rms_norm(a, weight_a) if weight_a is given else a); h = rms_norm(x_new, weight_out).
+    x, a [T, N] of one dtype (the weights' dtype too). Returns (x_new, h), one launch."""
+    x2, a2 = _rows(x), _rows(a)
+    xo, h = torch.empty_like(x2), torch.empty_like(x2)
+    if x2.shape[0]:
+        _add_rms_norm_kernel[(x2.shape[0],)](x2, a2, weight_out if weight_a is None else weight_a, weight_out, xo, h,
+                                             x2.stride(0), a2.stride(0), xo.stride(0), h.stride(0), x2.shape[1], eps,
+                                             NORM_A=weight_a is not None, BLOCK=triton.next_power_of_2(x2.shape[1]))
+    return xo.reshape(x.shape), h.reshape(x.shape)

@@ -1,0 +1,83 @@
+"""In-run ceilings and floors for bench.py (issue #6, deliverable 3c), measured on the device in use.
+
+* ceilings: bf16 GEMM TFLOP/s (8192^3 torch.matmul) and copy bandwidth (a 2 GiB device copy,
+  bytes read + written per second);
+* prefill floor: the same GEMMs + causal SDPA as the model's prefill, in plain torch on the
+  model's own weights, for one prompt of n tokens at full depth (norms, RoPE, KV writes excluded);
+* decode roofline: per decode step of c sequences, the core weights read once per loop plus every
+  row's KV read at every loop, plus the LM head, over the measured copy bandwidth.
+"""
+
+import torch
+import torch.nn.functional as F
+
+
+def _time_ms(fn, reps: int = 5) -> float:
+    fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b))
+    return sorted(times)[len(times) // 2]
+
+
+def ceilings(device: str) -> dict:
+    n = 8192
+    a, b = (torch.randn(n, n, device=device, dtype=torch.bfloat16) for _ in range(2))
+    gemm_ms = _time_ms(lambda: a @ b)
+    del a, b
+    src = torch.empty(1 << 30, dtype=torch.int16, device=device)
+    dst = torch.empty_like(src)
+    copy_ms = _time_ms(lambda: dst.copy_(src))
+    return {"gemm_tflops": round(2 * n ** 3 / gemm_ms / 1e9, 1),
+            "copy_gbps": round(2 * src.numel() * 2 / copy_ms / 1e6, 1)}
+
+
+def _layers(model) -> list[dict]:
+    """Each core layer's (attention in, attention out, MLP in, MLP out) weights, whatever the family."""
+    names = [("qkv", "o", "gate_up", "down"), ("qkv", "proj", "fc", "mlp_proj")]
+    core = getattr(model, "layers", None) or model.core
+    return [[L[n] for n in next(ns for ns in names if ns[1] in L)] for L in core]
+
+
+def _boundary_layers(model) -> list[list[torch.Tensor]]:
+    return [[L[n] for n in ("qkv", "proj", "fc", "mlp_proj")] for L in getattr(model, "prelude", []) +
+            getattr(model, "coda", [])]
+
+
+def prefill_floor_ms(model, mc, n: int) -> float:
+    """Plain-torch GEMMs + causal SDPA of one n-token prompt through every loop, on the model's weights."""
+    layers = _layers(model) * mc.depth + _boundary_layers(model)
+    Hkv, D = mc.kv.num_kv_heads, mc.kv.head_dim
+    H = layers[0][0].shape[0] // D - 2 * Hkv
+    x = torch.randn(n, mc.hidden_size, device=layers[0][0].device, dtype=layers[0][0].dtype)
+
+    def run():
+        for qkv, o, up, down in layers:
+            y = x @ qkv.t()
+            q = y[:, :H * D].view(n, H, D).transpose(0, 1)
+            k = y[:, H * D:(H + Hkv) * D].view(n, Hkv, D).transpose(0, 1)
+            v = y[:, (H + Hkv) * D:].view(n, Hkv, D).transpose(0, 1)
+            a = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=Hkv != H)
+            _ = a.transpose(0, 1).reshape(n, H * D) @ o.t()
+            g = x @ up.t()
+            _ = g[:, :down.shape[1]] @ down.t()
+
+    return _time_ms(run, reps=3)
+
+
+def decode_roofline(model, mc, concurrency: int, context: int, copy_gbps: float) -> dict:
+    """Time per decode step of `concurrency` sequences at `context` tokens, at full depth."""
+    weights = sum(w.numel() * w.element_size() for L in _layers(model) for w in L)
+    g = mc.kv
+    kv_layer = context * 2 * g.num_kv_heads * g.head_dim * 2  # one row's K and V of one layer, bf16
+    head = mc.vocab_size * mc.hidden_size * 2
+    step_bytes = (mc.depth * (weights + concurrency * kv_layer * g.num_core_layers) + head
+                  + concurrency * kv_layer * g.num_boundary_layers)
+    ms = step_bytes / copy_gbps / 1e6
+    return {"bytes_per_step": step_bytes, "ms_per_step": round(ms, 3), "tok_per_s": round(concurrency / ms * 1e3, 1)}

@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Issue #6 on one H200 (device tool): install carried wheels, run the GPU tests, then the offline
+# benchmark with in-run ceilings (Ouro-1.4B decode, Nanbeige4.2-3B prefill) and a GPU profile of
+# decode steps. Logs and JSON go to $OUT; a short table is printed last.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-/tmp/rlt-out}; mkdir -p "$OUT"
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
+export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 RLT_CACHE_DIR=/tmp/rltcache
+step() { echo "=== $1 ($(date +%T))"; }
+if [ "${SKIP_TESTS:-0}" != 1 ]; then
+  step "pytest -m gpu"
+  timeout ${TEST_TIMEOUT:-240} python3 -m pytest -m gpu -q -x -p no:cacheprovider tests/test_gpu.py ${PYTEST_K:+-k "$PYTEST_K"} \
+    2>&1 | tee "$OUT/pytest_gpu.log" | tail -15
+fi
+step "checkpoints (random bf16 weights at the official shapes, drawn on cuda)"
+python3 -m rlt make-checkpoint --family ouro --preset full --out /tmp/ouro-full --device cuda >/dev/null &
+[ "${NB:-1}" = 1 ] && python3 -m rlt make-checkpoint --family nanbeige --preset full --out /tmp/nb-full --device cuda >/dev/null
+wait
+if [ "${PROFILE:-1}" = 1 ]; then
+  for c in ${PROFILE_CONC:-1 128}; do
+    step "GPU profile of decode steps, concurrency $c"
+    timeout 150 python3 scripts/profile_gpu.py --model /tmp/ouro-full --concurrency $c --json-out "$OUT/profile_c$c.json" \
+      2>&1 | tee "$OUT/profile_c$c.log" | tail -17
+  done
+fi
+step "offline decode, Ouro-1.4B shapes, 1K context, with ceilings"
+timeout ${BENCH_TIMEOUT:-240} python3 scripts/bench.py --model /tmp/ouro-full --device cuda --concurrency ${CONC:-1,16,64,128} \
+  --threshold ${THR:-1.0,0.5} --prompt-len 1024 --max-tokens 64 --kv-gib 60 --floors --json-out "$OUT/bench_ouro.json" \
+  2>&1 | tee "$OUT/bench_ouro.log" | tail -12
+if [ "${NB:-1}" = 1 ]; then
+  step "prefill, Nanbeige4.2-3B shapes, with the dense floor"
+  timeout 150 python3 scripts/bench.py --model /tmp/nb-full --device cuda --concurrency "" --prefill-lens ${PREFILL_LENS:-1024,4096} \
+    --floors --json-out "$OUT/bench_nb_prefill.json" 2>&1 | tee "$OUT/bench_nb_prefill.log" | tail -4
+fi

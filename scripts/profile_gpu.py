@@ -1,0 +1,92 @@
+"""Where a decode step's GPU time goes, and how much of the wall time the GPU is idle (issue #6).
+
+    python scripts/profile_gpu.py --model DIR --concurrency 1 --steps 40
+
+Runs decode-only loop steps at a given concurrency under torch.profiler after warm-up, then prints
+wall time per loop step, GPU busy time per step (the union of kernel intervals), the idle fraction,
+and the kernels taking the most GPU time.
+"""
+
+import argparse
+import json
+import os
+import sys
+import time
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+
+from rlt.config import ModelConfig  # noqa: E402
+from rlt.control.validation import resolve_params  # noqa: E402
+from rlt.models.loader import load_model, resolve_dtype  # noqa: E402
+from rlt.sampling_params import SamplingParams  # noqa: E402
+from rlt.workers.engine import EngineConfig, LoopEngine  # noqa: E402
+
+
+def busy_us(intervals: list[tuple[float, float]]) -> float:
+    total, end = 0.0, float("-inf")
+    for a, b in sorted(intervals):
+        if b > end:
+            total += b - max(a, end)
+            end = b
+    return total
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--concurrency", type=int, default=1)
+    ap.add_argument("--prompt-len", type=int, default=1024)
+    ap.add_argument("--threshold", type=float, default=1.0)
+    ap.add_argument("--steps", type=int, default=40)
+    ap.add_argument("--kv-gib", type=float, default=60)
+    ap.add_argument("--json-out")
+    args = ap.parse_args()
+    mc = ModelConfig.from_pretrained(args.model)
+    dtype = resolve_dtype(None, "cuda", mc)
+    model = load_model(mc, dtype, "cuda")
+    eng = LoopEngine(mc, model, EngineConfig(max_num_seqs=args.concurrency, kv_memory_bytes=int(args.kv_gib * 2**30),
+                                             prefill_chunk=args.prompt_len, max_num_batched_tokens=16384), dtype, "cuda")
+    sp = SamplingParams(max_tokens=100000, temperature=0, ignore_eos=True, exit_threshold=args.threshold)
+    g = torch.Generator().manual_seed(0)
+    for i in range(args.concurrency):
+        p = torch.randint(3, mc.vocab_size, (args.prompt_len,), generator=g).tolist()
+        eng.add_request(str(i), p, resolve_params(mc, len(p), sp))
+    seen = set()
+    while len(seen) < args.concurrency:  # prefill
+        seen |= {o.request_id for o in eng.step()}
+    for _ in range(8 * mc.depth):  # decode warm-up: graph capture
+        eng.step()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        t0 = time.perf_counter()
+        for _ in range(args.steps):
+            eng.step()
+        torch.cuda.synchronize()
+        wall = time.perf_counter() - t0
+    kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    busy = busy_us([(e.time_range.start, e.time_range.end) for e in kernels])
+    per = {}
+    for e in kernels:
+        n, t = per.get(e.name, (0, 0.0))
+        per[e.name] = (n + 1, t + e.time_range.elapsed_us())
+    top = sorted(per.items(), key=lambda kv: -kv[1][1])[:15]
+    res = {"concurrency": args.concurrency, "threshold": args.threshold, "steps": args.steps,
+           "wall_ms_per_step": round(wall / args.steps * 1e3, 3), "gpu_busy_ms_per_step": round(busy / args.steps / 1e3, 3),
+           "gpu_idle_fraction": round(1 - busy / (wall * 1e6), 3), "kernels_per_step": round(len(kernels) / args.steps, 1),
+           "top": [{"kernel": k[:90], "per_step": round(n / args.steps, 1), "us_per_step": round(t / args.steps, 1)}
+                   for k, (n, t) in top]}
+    print(f"concurrency {args.concurrency}, threshold {args.threshold}: {res['wall_ms_per_step']} ms per loop step, "
+          f"GPU busy {res['gpu_busy_ms_per_step']} ms ({res['kernels_per_step']} kernels), "
+          f"idle {res['gpu_idle_fraction'] * 100:.1f} %")
+    for r in res["top"]:
+        print(f"  {r['us_per_step']:>9} us  x{r['per_step']:>6}  {r['kernel']}")
+    if args.json_out:
+        with open(args.json_out, "w") as f:
+            json.dump(res, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()
