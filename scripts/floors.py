@@ -28,9 +28,9 @@ def _time_ms(fn, reps: int = 5) -> float:
 
 def ceilings(device: str) -> dict:
     n = 8192
-    a, b = (torch.randn(n, n, device=device, dtype=torch.bfloat16) for _ in range(2))
-    gemm_ms = _time_ms(lambda: a @ b)
-    del a, b
+    mats = [torch.randn(n, n, device=device, dtype=torch.bfloat16) for _ in range(2)]
+    gemm_ms = _time_ms(lambda: mats[0] @ mats[1])
+    mats.clear()
     src = torch.empty(1 << 30, dtype=torch.int16, device=device)
     dst = torch.empty_like(src)
     copy_ms = _time_ms(lambda: dst.copy_(src))
