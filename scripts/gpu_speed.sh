@@ -17,13 +17,6 @@ step "checkpoints (random bf16 weights at the official shapes, drawn on cuda)"
 python3 -m rlt make-checkpoint --family ouro --preset full --out /tmp/ouro-full --device cuda >/dev/null &
 [ "${NB:-1}" = 1 ] && python3 -m rlt make-checkpoint --family nanbeige --preset full --out /tmp/nb-full --device cuda >/dev/null
 wait
-if [ "${PROFILE:-1}" = 1 ]; then
-  for c in ${PROFILE_CONC:-1 128}; do
-    step "GPU profile of decode steps, concurrency $c"
-    timeout 150 python3 scripts/profile_gpu.py --model /tmp/ouro-full --concurrency $c --json-out "$OUT/profile_c$c.json" \
-      2>&1 | tee "$OUT/profile_c$c.log" | tail -17
-  done
-fi
 step "offline decode, Ouro-1.4B shapes, 1K context, with ceilings"
 timeout ${BENCH_TIMEOUT:-240} python3 scripts/bench.py --model /tmp/ouro-full --device cuda --concurrency ${CONC:-1,16,64,128} \
   --threshold ${THR:-1.0,0.5} --prompt-len 1024 --max-tokens 64 --kv-gib 60 --floors --json-out "$OUT/bench_ouro.json" \
@@ -32,4 +25,11 @@ if [ "${NB:-1}" = 1 ]; then
   step "prefill, Nanbeige4.2-3B shapes, with the dense floor"
   timeout 150 python3 scripts/bench.py --model /tmp/nb-full --device cuda --concurrency "" --prefill-lens ${PREFILL_LENS:-1024,4096} \
     --floors --json-out "$OUT/bench_nb_prefill.json" 2>&1 | tee "$OUT/bench_nb_prefill.log" | tail -4
+fi
+if [ "${PROFILE:-1}" = 1 ]; then
+  for c in ${PROFILE_CONC:-1 128}; do
+    step "GPU profile of decode steps, concurrency $c"
+    timeout 150 python3 scripts/profile_gpu.py --model /tmp/ouro-full --concurrency $c --json-out "$OUT/profile_c$c.json" \
+      2>&1 | tee "$OUT/profile_c$c.log" | tail -17
+  done
 fi
