@@ -126,7 +126,7 @@ class Runner:
         bs = self.pool.block_size
         return {prefix + "slot": np.array(sum((_slots(t, g.start, g.n, bs) for g, t in zip(groups, tables)), []),
                                           dtype=np.int64),
-                prefix + "table": _padded(tables), **self._attention_fields(prefix, groups, row_starts)}
+                prefix + "table": _padded(tables), **self._attention_fields(prefix + "k_", groups, row_starts)}
 
     @torch.inference_mode()
     def step(self, active: list[Group]) -> StepResult:
