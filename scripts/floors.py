@@ -60,11 +60,12 @@ def prefill_floor_ms(model, mc, n: int) -> float:
     def run():
         for qkv, o, up, down in layers:
             y = x @ qkv.t()
-            q = y[:, :H * D].view(n, H, D).transpose(0, 1)
-            k = y[:, H * D:(H + Hkv) * D].view(n, Hkv, D).transpose(0, 1)
-            v = y[:, (H + Hkv) * D:].view(n, Hkv, D).transpose(0, 1)
+            # [1, heads, n, D]: SDPA's fused kernels need the batch dimension (3-D inputs fall back to math)
+            q = y[:, :H * D].view(1, n, H, D).transpose(1, 2)
+            k = y[:, H * D:(H + Hkv) * D].view(1, n, Hkv, D).transpose(1, 2)
+            v = y[:, (H + Hkv) * D:].view(1, n, Hkv, D).transpose(1, 2)
             a = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=Hkv != H)
-            _ = a.transpose(0, 1).reshape(n, H * D) @ o.t()
+            _ = a.transpose(1, 2).reshape(n, H * D) @ o.t()
             g = x @ up.t()
             _ = g[:, :down.shape[1]] @ down.t()
 

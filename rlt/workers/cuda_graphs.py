@@ -22,6 +22,7 @@ class _Graph:
     x: torch.Tensor
     inject: torch.Tensor
     ints: torch.Tensor  # [B * (2 + W)]: positions, slots, block tables; filled by one copy per replay
+    kernel: dict  # the attention's fixed tile metadata: the graph reads it, so it must stay alive
     out: torch.Tensor
     gate: torch.Tensor | None
 
@@ -64,11 +65,11 @@ class DecodeGraphs:
         ints = torch.zeros(B * (2 + W), dtype=torch.int64, device=dev)
         ints[B:2 * B] = self.scratch_slot
         ints[2 * B:] = self.pool.scratch_block
-        e = _Graph(torch.cuda.CUDAGraph(), torch.zeros(B, self.hidden, dtype=self.dtype, device=dev),
-                   torch.zeros(B, self.hidden, dtype=self.dtype, device=dev), ints, None, None)
         pos, slots, table = ints[:B], ints[B:2 * B], ints[2 * B:].view(B, W)
         kernel = {"tile_seg": ar.clone(), "tile_row": torch.zeros_like(ar), "seg_row0": ar.clone(),
                   "seg_rows": torch.ones_like(ar), "seg_q0": pos}  # one row per segment: q0 is its position
+        e = _Graph(torch.cuda.CUDAGraph(), torch.zeros(B, self.hidden, dtype=self.dtype, device=dev),
+                   torch.zeros(B, self.hidden, dtype=self.dtype, device=dev), ints, kernel, None, None)
         meta = PagedMetadata(slots, table, list(range(B + 1)), [0] * B, bs, kernel)
 
         def forward():
