@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # On the GPU machine (device tool): install carried wheels, run the GPU tests, measure the KV
 # handoff and check 1p1d against single for Nanbeige4.2-3B shapes. Logs and JSON go to $OUT.
+# Speed (issue #6: offline bench, profiles, serving) is scripts/gpu_speed.sh.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/rlt-out}; mkdir -p "$OUT"
@@ -15,26 +16,6 @@ timeout 300 python3 -m pytest -m gpu -q -p no:cacheprovider tests/test_gpu.py 2>
 if [ "${SKIP_HANDOFF:-0}" != 1 ]; then
   step "KV handoff bandwidth, 4096-token Nanbeige prompt, cuda:0 -> cuda:1"
   timeout 240 python3 scripts/bench_kv_handoff.py --json-out "$OUT/handoff.json" 2>&1 | grep -v "NIXL INFO" | tee "$OUT/handoff.log"
-fi
-if [ "${BENCH:-0}" = 1 ]; then
-  step "offline decode, Ouro-1.4B shapes, bf16, 1K context (Triton attention, CUDA graphs)"
-  python3 -m rlt make-checkpoint --family ouro --preset full --out /tmp/ouro-full --device cuda >/dev/null
-  timeout 300 python3 scripts/bench.py --model /tmp/ouro-full --device cuda --concurrency 1,16,64 \
-    --threshold 1.0,0.5 --prompt-len 1024 --max-tokens 64 --kv-gib 60 --json-out "$OUT/bench_triton.json" 2>&1 | tail -8
-  step "the same without CUDA graphs"
-  timeout 200 python3 scripts/bench.py --model /tmp/ouro-full --device cuda --concurrency 1,16,64 --threshold 1.0 \
-    --prompt-len 1024 --max-tokens 64 --kv-gib 60 --cuda-graph-max-batch 0 --json-out "$OUT/bench_eager.json" 2>&1 | tail -5
-fi
-if [ "${SERVE:-0}" = 1 ]; then
-  # Issue #6 P4: prompts alternating 128 and 4096 tokens, 64 output tokens, greedy, EOS ignored,
-  # Poisson arrivals; 1P1D against two single-GPU replicas with the same per-worker KV pool.
-  step "serving: 1p1d vs 2x replicas, Nanbeige4.2-3B shapes"
-  [ -d /tmp/nb-full ] || python3 -m rlt make-checkpoint --family nanbeige --preset full --out /tmp/nb-full --device cuda >/dev/null
-  for topo in 1p1d 2x; do
-    timeout 280 python3 scripts/bench.py --mode serve --model /tmp/nb-full --device cuda --topology $topo \
-      --rates ${RATES:-0.25,0.5,1} --duration ${DURATION:-60} --prompt-lens 128,4096 --output-len 64 --kv-gib 40 \
-      --json-out "$OUT/serve_$topo.json" 2>&1 | grep -v "NIXL INFO" | tail -5
-  done
 fi
 if [ "${SKIP_PARITY:-0}" != 1 ]; then
   step "Nanbeige full checkpoint (random bf16 weights, drawn on cuda)"

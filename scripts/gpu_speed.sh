@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Issue #6 on one H200 (device tool): install carried wheels, run the GPU tests, then the offline
-# benchmark with in-run ceilings (Ouro-1.4B decode, Nanbeige4.2-3B prefill) and a GPU profile of
-# decode steps. Logs and JSON go to $OUT; a short table is printed last.
+# benchmark with in-run ceilings (Ouro-1.4B decode, Nanbeige4.2-3B prefill), a GPU profile of
+# decode steps and, with SERVE_TOPOS (e.g. "2x 1p1d", on nvidia-h200-x2), the serving benchmark of
+# issue #6's P4. Logs and JSON go to $OUT.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/rlt-out}; mkdir -p "$OUT"
@@ -14,22 +15,32 @@ if [ "${SKIP_TESTS:-0}" != 1 ]; then
     2>&1 | tee "$OUT/pytest_gpu.log" | tail -15
 fi
 step "checkpoints (random bf16 weights at the official shapes, drawn on cuda)"
-python3 -m rlt make-checkpoint --family ouro --preset full --out /tmp/ouro-full --device cuda >/dev/null &
+[ "${OURO:-1}" = 1 ] && python3 -m rlt make-checkpoint --family ouro --preset full --out /tmp/ouro-full --device cuda >/dev/null &
 [ "${NB:-1}" = 1 ] && python3 -m rlt make-checkpoint --family nanbeige --preset full --out /tmp/nb-full --device cuda >/dev/null
 wait
-step "offline decode, Ouro-1.4B shapes, 1K context, with ceilings"
-timeout ${BENCH_TIMEOUT:-240} python3 scripts/bench.py --model /tmp/ouro-full --device cuda --concurrency ${CONC:-1,16,64,128} \
-  --threshold ${THR:-1.0,0.5} --prompt-len 1024 --max-tokens 64 --kv-gib 60 --floors --json-out "$OUT/bench_ouro.json" \
-  2>&1 | tee "$OUT/bench_ouro.log" | tail -12
+if [ "${OURO:-1}" = 1 ]; then
+  step "offline decode, Ouro-1.4B shapes, 1K context, with ceilings"
+  timeout ${BENCH_TIMEOUT:-240} python3 scripts/bench.py --model /tmp/ouro-full --device cuda --concurrency ${CONC:-1,16,64,128} \
+    --threshold ${THR:-1.0,0.5} --prompt-len 1024 --max-tokens 64 --kv-gib 60 --floors --json-out "$OUT/bench_ouro.json" \
+    2>&1 | tee "$OUT/bench_ouro.log" | tail -12
+fi
 if [ "${NB:-1}" = 1 ]; then
   step "prefill, Nanbeige4.2-3B shapes, with the dense floor"
   timeout 150 python3 scripts/bench.py --model /tmp/nb-full --device cuda --concurrency "" --prefill-lens ${PREFILL_LENS:-1024,4096} \
     --floors --json-out "$OUT/bench_nb_prefill.json" 2>&1 | tee "$OUT/bench_nb_prefill.log" | tail -4
 fi
-if [ "${PROFILE:-1}" = 1 ]; then
+if [ "${PROFILE:-1}" = 1 ] && [ "${OURO:-1}" = 1 ]; then
   for c in ${PROFILE_CONC:-1 128}; do
     step "GPU profile of decode steps, concurrency $c"
     timeout 150 python3 scripts/profile_gpu.py --model /tmp/ouro-full --concurrency $c --json-out "$OUT/profile_c$c.json" \
       2>&1 | tee "$OUT/profile_c$c.log" | tail -17
   done
 fi
+for topo in ${SERVE_TOPOS:-}; do
+  # P4: prompts alternating 128 and 4096 tokens, 64 output tokens, greedy, EOS ignored, Poisson
+  # arrivals; 1P1D against two single-GPU replicas with the same per-worker KV pool.
+  step "serving $topo, Nanbeige4.2-3B shapes, rates ${RATES:-0.25,0.5,1} x ${DURATION:-60} s"
+  timeout ${SERVE_TIMEOUT:-400} python3 scripts/bench.py --mode serve --model /tmp/nb-full --device cuda --topology $topo \
+    --rates ${RATES:-0.25,0.5,1} --duration ${DURATION:-60} --prompt-lens 128,4096 --output-len 64 --kv-gib 40 \
+    --json-out "$OUT/serve_$topo.json" 2>&1 | grep -v "NIXL INFO" | tee "$OUT/serve_$topo.log" | tail -8
+done

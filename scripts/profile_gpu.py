@@ -49,7 +49,7 @@ def main():
     model = load_model(mc, dtype, "cuda")
     eng = LoopEngine(mc, model, EngineConfig(max_num_seqs=args.concurrency, kv_memory_bytes=int(args.kv_gib * 2**30),
                                              prefill_chunk=args.prompt_len, max_num_batched_tokens=16384), dtype, "cuda")
-    sp = SamplingParams(max_tokens=mc.max_positions - args.prompt_len, temperature=0, ignore_eos=True, exit_threshold=args.threshold)
+    sp = SamplingParams(max_tokens=2048, temperature=0, ignore_eos=True, exit_threshold=args.threshold)
     g = torch.Generator().manual_seed(0)
     for i in range(args.concurrency):
         p = torch.randint(3, mc.vocab_size, (args.prompt_len,), generator=g).tolist()

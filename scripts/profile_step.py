@@ -29,14 +29,16 @@ def main():
     ap.add_argument("--prompt-len", type=int, default=1024)
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--top", type=int, default=30)
+    ap.add_argument("--threshold", type=float, default=1.0)
+    ap.add_argument("--kv-gib", type=float, default=20)
     args = ap.parse_args()
     mc = ModelConfig.from_pretrained(args.model)
     dtype = resolve_dtype(None, args.device, mc)
     model = load_model(mc, dtype, args.device)
-    eng = LoopEngine(mc, model, EngineConfig(max_num_seqs=args.concurrency, kv_memory_bytes=20 << 30,
+    eng = LoopEngine(mc, model, EngineConfig(max_num_seqs=args.concurrency, kv_memory_bytes=int(args.kv_gib * 2**30),
                                              prefill_chunk=args.prompt_len, max_num_batched_tokens=16384),
                      dtype, args.device)
-    sp = SamplingParams(max_tokens=4000, temperature=0, ignore_eos=True)
+    sp = SamplingParams(max_tokens=2000, temperature=0, ignore_eos=True, exit_threshold=args.threshold)
     g = torch.Generator().manual_seed(0)
     for i in range(args.concurrency):
         p = torch.randint(3, mc.vocab_size, (args.prompt_len,), generator=g).tolist()

@@ -14,7 +14,7 @@ import triton
 import triton.language as tl
 
 BLOCK_N = 64
-DECODE_SPLITS = 8  # key slices per (row, head) in small decode-only passes: they still fill the GPU
+MAX_DECODE_SPLITS = 32  # key slices per (row, head) in small decode-only passes, so they still fill the GPU
 
 
 @functools.cache
