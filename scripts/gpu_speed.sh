@@ -31,9 +31,11 @@ if [ "${NB:-1}" = 1 ]; then
 fi
 if [ "${PROFILE:-1}" = 1 ] && [ "${OURO:-1}" = 1 ]; then
   for c in ${PROFILE_CONC:-1 128}; do
-    step "GPU profile of decode steps, concurrency $c"
-    timeout 150 python3 scripts/profile_gpu.py --model /tmp/ouro-full --concurrency $c --json-out "$OUT/profile_c$c.json" \
-      2>&1 | tee "$OUT/profile_c$c.log" | tail -17
+    for thr in ${PROFILE_THR:-1.0 0.5}; do
+      step "GPU profile of decode steps, concurrency $c, threshold $thr"
+      timeout 150 python3 scripts/profile_gpu.py --model /tmp/ouro-full --concurrency $c --threshold $thr \
+        --json-out "$OUT/profile_c${c}_t$thr.json" 2>&1 | tee "$OUT/profile_c${c}_t$thr.log" | tail -18
+    done
   done
 fi
 for topo in ${SERVE_TOPOS:-}; do

@@ -2,9 +2,10 @@
 
     python scripts/profile_gpu.py --model DIR --concurrency 1 --steps 40
 
-Runs decode-only loop steps at a given concurrency under torch.profiler after warm-up, then prints
-wall time per loop step, GPU busy time per step (the union of kernel intervals), the idle fraction,
-and the kernels taking the most GPU time.
+Every request decodes at once (none finishes during the measurement). After warm-up, a timed
+window of loop steps gives tokens/s at exactly this concurrency; a second window under
+torch.profiler gives GPU busy time per step (the union of kernel intervals), the idle fraction and
+the kernels taking the most GPU time.
 """
 
 import argparse
@@ -49,7 +50,7 @@ def main():
     model = load_model(mc, dtype, "cuda")
     eng = LoopEngine(mc, model, EngineConfig(max_num_seqs=args.concurrency, kv_memory_bytes=int(args.kv_gib * 2**30),
                                              prefill_chunk=args.prompt_len, max_num_batched_tokens=16384), dtype, "cuda")
-    sp = SamplingParams(max_tokens=2048, temperature=0, ignore_eos=True, exit_threshold=args.threshold)
+    sp = SamplingParams(max_tokens=2 * args.steps + 24 * mc.depth + 64, temperature=0, ignore_eos=True, exit_threshold=args.threshold)
     g = torch.Generator().manual_seed(0)
     for i in range(args.concurrency):
         p = torch.randint(3, mc.vocab_size, (args.prompt_len,), generator=g).tolist()
@@ -60,6 +61,11 @@ def main():
     for _ in range(8 * mc.depth):  # decode warm-up: graph capture
         eng.step()
     torch.cuda.synchronize()
+    t0, tokens = time.perf_counter(), 0  # a timed window without the profiler: tokens per second
+    for _ in range(args.steps):
+        tokens += len(eng.step())
+    torch.cuda.synchronize()
+    clean = time.perf_counter() - t0
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         t0 = time.perf_counter()
         for _ in range(args.steps):
@@ -74,15 +80,21 @@ def main():
         per[e.name] = (n + 1, t + e.time_range.elapsed_us())
     top = sorted(per.items(), key=lambda kv: -kv[1][1])[:15]
     res = {"concurrency": args.concurrency, "threshold": args.threshold, "steps": args.steps,
+           "clean_ms_per_step": round(clean / args.steps * 1e3, 3), "tok_per_s": round(tokens / clean, 1),
            "wall_ms_per_step": round(wall / args.steps * 1e3, 3), "gpu_busy_ms_per_step": round(busy / args.steps / 1e3, 3),
            "gpu_idle_fraction": round(1 - busy / (wall * 1e6), 3), "kernels_per_step": round(len(kernels) / args.steps, 1),
            "top": [{"kernel": k[:90], "per_step": round(n / args.steps, 1), "us_per_step": round(t / args.steps, 1)}
                    for k, (n, t) in top]}
-    print(f"concurrency {args.concurrency}, threshold {args.threshold}: {res['wall_ms_per_step']} ms per loop step, "
+    print(f"concurrency {args.concurrency}, threshold {args.threshold}: {res['tok_per_s']} tok/s, "
+          f"{res['clean_ms_per_step']} ms per loop step ({res['wall_ms_per_step']} under the profiler), "
           f"GPU busy {res['gpu_busy_ms_per_step']} ms ({res['kernels_per_step']} kernels), "
           f"idle {res['gpu_idle_fraction'] * 100:.1f} %")
     for r in res["top"]:
         print(f"  {r['us_per_step']:>9} us  x{r['per_step']:>6}  {r['kernel']}")
+    from rlt.kernels.gemv import _choice
+
+    res["gemv_choice"] = {str(k[0]): v or "cublas" for k, v in _choice.items()}
+    print("one-row GEMMs, per weight shape (BLOCK_N, BLOCK_K, warps):", res["gemv_choice"])
     if args.json_out:
         with open(args.json_out, "w") as f:
             json.dump(res, f, indent=2)

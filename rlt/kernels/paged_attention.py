@@ -81,20 +81,19 @@ def paged_attention(cache: torch.Tensor, layer: int, meta: PagedMetadata, q: tor
     With kernel metadata (CUDA) the Triton kernel runs every segment in one launch (dense segments
     of the plan run as causal SDPA on k/v directly); otherwise this loop is the reference."""
     if meta.kernel is not None:
-        import triton
-
         from rlt.kernels import mode, paged_attention_triton as pat
 
         # Small decode-only passes (one row per segment, too few (row, head) programs to fill the
-        # GPU) split the keys (flash-decoding) into enough slices for about two programs per SM;
+        # GPU) split the keys (flash-decoding) into enough slices for one to two programs per SM;
         # other passes do not. Batch-invariant mode never splits, so a decode row's result is the
         # same whatever else its pass carries.
         rows = meta.row_starts[-1]
         decode_only = rows == len(meta.row_starts) - 1
         programs = rows * q.shape[1]
         splits = 1
-        if decode_only and not mode.batch_invariant and programs < 2 * pat.num_sms(q.device):
-            splits = min(pat.MAX_DECODE_SPLITS, triton.next_power_of_2(-(-2 * pat.num_sms(q.device) // programs)))
+        if decode_only and not mode.batch_invariant and programs < pat.num_sms(q.device):
+            # a power of two with splits * programs in [SMs, 2 SMs)
+            splits = min(pat.MAX_DECODE_SPLITS, 1 << (pat.num_sms(q.device) // programs).bit_length())
         out = pat.paged_attention(cache, layer, q, meta.block_table, meta.kernel, meta.block_size, splits,
                                   meta.plan.tile_rows)
         for s in meta.plan.dense:

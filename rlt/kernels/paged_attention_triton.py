@@ -83,12 +83,12 @@ def _paged_attn_kernel(q_ptr, o_ptr, part_ptr, ml_ptr, cache_ptr, table_ptr, til
         out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
         tl.store(o_ptr + rows[:, None] * stride_qt + head * stride_qh + offs_d[None, :],
                  out.to(o_ptr.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
-    else:
+    else:  # partials of the tile's real rows only (a decode tile has one): the combine reads no more
         slot = (tile * tl.num_programs(1) + head) * SPLITS + split
         offs_r = tl.arange(0, BLOCK_M)
-        tl.store(part_ptr + (slot * BLOCK_M + offs_r)[:, None] * D_PAD + offs_d[None, :], acc)
-        tl.store(ml_ptr + (slot * 2) * BLOCK_M + offs_r, m_i)
-        tl.store(ml_ptr + (slot * 2 + 1) * BLOCK_M + offs_r, l_i)
+        tl.store(part_ptr + (slot * BLOCK_M + offs_r)[:, None] * D_PAD + offs_d[None, :], acc, mask=row_ok[:, None])
+        tl.store(ml_ptr + (slot * 2) * BLOCK_M + offs_r, m_i, mask=row_ok)
+        tl.store(ml_ptr + (slot * 2 + 1) * BLOCK_M + offs_r, l_i, mask=row_ok)
 
 
 @triton.jit
@@ -103,20 +103,22 @@ def _combine_kernel(o_ptr, part_ptr, ml_ptr, tile_seg_ptr, tile_row_ptr, seg_row
     n_rows = tl.load(seg_rows_ptr + seg)
     offs_r = tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, D_PAD)
+    r_ok = (r0 + offs_r) < n_rows
     base = (tile * tl.num_programs(1) + head) * SPLITS
     m = tl.full((BLOCK_M,), float("-inf"), tl.float32)
     for sp in range(SPLITS):
-        m = tl.maximum(m, tl.load(ml_ptr + ((base + sp) * 2) * BLOCK_M + offs_r))
+        m = tl.maximum(m, tl.load(ml_ptr + ((base + sp) * 2) * BLOCK_M + offs_r, mask=r_ok, other=float("-inf")))
     m_safe = tl.where(m == float("-inf"), 0.0, m)
     l_tot = tl.zeros((BLOCK_M,), tl.float32)
     acc = tl.zeros((BLOCK_M, D_PAD), tl.float32)
     for sp in range(SPLITS):
-        w = tl.exp(tl.load(ml_ptr + ((base + sp) * 2) * BLOCK_M + offs_r) - m_safe)
-        l_tot += w * tl.load(ml_ptr + ((base + sp) * 2 + 1) * BLOCK_M + offs_r)
-        acc += w[:, None] * tl.load(part_ptr + ((base + sp) * BLOCK_M + offs_r)[:, None] * D_PAD + offs_d[None, :])
+        w = tl.exp(tl.load(ml_ptr + ((base + sp) * 2) * BLOCK_M + offs_r, mask=r_ok, other=float("-inf")) - m_safe)
+        l_tot += w * tl.load(ml_ptr + ((base + sp) * 2 + 1) * BLOCK_M + offs_r, mask=r_ok, other=0.0)
+        acc += w[:, None] * tl.load(part_ptr + ((base + sp) * BLOCK_M + offs_r)[:, None] * D_PAD + offs_d[None, :],
+                                    mask=r_ok[:, None], other=0.0)
     out = acc / tl.where(l_tot == 0.0, 1.0, l_tot)[:, None]
     rows = tl.load(seg_row0_ptr + seg) + r0 + offs_r
-    ok = ((r0 + offs_r) < n_rows)[:, None] & (offs_d < HEAD_DIM)[None, :]
+    ok = r_ok[:, None] & (offs_d < HEAD_DIM)[None, :]
     tl.store(o_ptr + rows[:, None] * stride_qt + head * stride_qh + offs_d[None, :], out.to(o_ptr.dtype.element_ty),
              mask=ok)
 

@@ -86,8 +86,8 @@ class DecodeGraphs:
         return e
 
     def run(self, states: list[torch.Tensor], injects: list[torch.Tensor], ints: torch.Tensor):
-        """One core pass over n single-row decode groups -> (new states [n, hidden], gate logits or None).
-        ints: inputs() of the same rows, on the device."""
+        """One core pass over n single-row decode groups -> (new states [n, hidden], gate logits [n] or
+        None, valid until the next replay). ints: inputs() of the same rows, on the device."""
         n = len(states)
         B = next(b for b in BUCKETS if b >= n)
         W = ints.numel() // B - 2
@@ -98,4 +98,5 @@ class DecodeGraphs:
         torch.cat(injects, out=e.inject[:n])
         e.ints.copy_(ints)
         e.graph.replay()
-        return e.out[:n].clone(), None if e.gate is None else e.gate[:n].clone()
+        # The gate is a view: the caller reads it in this step, before any other replay.
+        return e.out[:n].clone(), None if e.gate is None else e.gate[:n]

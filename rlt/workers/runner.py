@@ -97,6 +97,7 @@ class Runner:
     def __init__(self, mc: ModelConfig, model, pool: KVPool, device: str, cuda_graph_max_batch: int = 0):
         self.mc, self.model, self.pool, self.device = mc, model, pool, device
         self.buffers = StepBuffers(device)
+        self.one = torch.ones(1, device=device)  # survival before the first loop (read-only)
         # CUDA runs the Triton attention; RLT_TORCH_ATTENTION=1 keeps the reference (for comparisons).
         self.use_kernels = torch.device(device).type == "cuda" and os.environ.get("RLT_TORCH_ATTENTION") != "1"
         self.graphs = None
@@ -167,8 +168,6 @@ class Runner:
             state = self.model.initial_state(inject, t["new_pos"], t["new_seed"])
             for g, r0, r1 in zip(new, rn, rn[1:]):
                 g.inject, g.state = inject[r0:r1], state[r0:r1]
-                if g.decoding:
-                    g.survival = torch.ones(1, device=self.device)
 
         # ---- one pass of the core over every active row ----------------------------------------------
         if graphed:
@@ -180,7 +179,7 @@ class Runner:
             g.state, g.depth = x[r0:r1], g.depth + 1
         done_host = [g.depth >= (g.params.max_loops if g.decoding else D) for g in active]
         if adaptive:
-            surv = torch.cat([g.survival if g.decoding else torch.ones(1, device=self.device) for g in active])
+            surv = torch.cat([self.one if g.survival is None else g.survival for g in active])
             if gate is not None:
                 surv = update_survival(surv, gate[t["last_row"]])  # decode groups are single rows
             done = should_exit(t["depth_next"], surv, t["min_loops"], t["max_loops"], t["threshold"])
