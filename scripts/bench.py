@@ -43,6 +43,14 @@ def make_engine(mc, model, dtype, device, max_conc, prompt_len, layout, kv_gib, 
                                               cuda_graph_max_batch=graphs), dtype, device)
 
 
+def check_pool(pool, concurrency: int, positions: int) -> None:
+    """The pool must hold every sequence at once, or the run measures a lower concurrency."""
+    need = concurrency * pool.blocks_needed(positions)
+    if need > pool.num_blocks:
+        raise SystemExit(f"the KV pool holds {pool.num_blocks} blocks; concurrency {concurrency} x {positions} "
+                         f"positions needs {need}: raise --kv-gib (or lower --concurrency)")
+
+
 def run_once(engine, mc, device, concurrency, threshold, prompt_len, max_tokens):
     g = torch.Generator().manual_seed(0)
     sp = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True, exit_threshold=threshold)
@@ -143,6 +151,8 @@ def main():
     thresholds = list(map(float, args.threshold.split(",")))
     engine = make_engine(mc, model, dtype, args.device, max(concs, default=1), args.prompt_len, args.kv_layout,
                          args.kv_gib, args.cuda_graph_max_batch) if concs else None
+    for c in concs:  # before any work: every row must run at its full concurrency
+        check_pool(engine.pool, c, args.prompt_len + args.max_tokens)
     # Warm-up on the same engine: Triton compilation, CUDA-graph capture (per batch size and
     # block-table width) and allocator growth stay out of the timed runs.
     for c in concs:

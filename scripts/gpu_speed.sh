@@ -21,7 +21,7 @@ wait
 if [ "${OURO:-1}" = 1 ]; then
   step "offline decode, Ouro-1.4B shapes, 1K context, with ceilings"
   timeout ${BENCH_TIMEOUT:-240} python3 scripts/bench.py --model /tmp/ouro-full --device cuda --concurrency ${CONC:-1,16,64,128} \
-    --threshold ${THR:-1.0,0.5} --prompt-len 1024 --max-tokens 64 --kv-gib 60 --floors --json-out "$OUT/bench_ouro.json" \
+    --threshold ${THR:-1.0,0.5} --prompt-len 1024 --max-tokens 64 --kv-gib ${KV_GIB:-120} --floors --json-out "$OUT/bench_ouro.json" \
     2>&1 | tee "$OUT/bench_ouro.log" | tail -12
 fi
 if [ "${NB:-1}" = 1 ]; then
@@ -33,7 +33,7 @@ if [ "${PROFILE:-1}" = 1 ] && [ "${OURO:-1}" = 1 ]; then
   for c in ${PROFILE_CONC:-1 128}; do
     for thr in ${PROFILE_THR:-1.0 0.5}; do
       step "GPU profile of decode steps, concurrency $c, threshold $thr"
-      timeout 150 python3 scripts/profile_gpu.py --model /tmp/ouro-full --concurrency $c --threshold $thr \
+      timeout 150 python3 scripts/profile_gpu.py --model /tmp/ouro-full --concurrency $c --threshold $thr --kv-gib ${KV_GIB:-120} \
         --json-out "$OUT/profile_c${c}_t$thr.json" 2>&1 | tee "$OUT/profile_c${c}_t$thr.log" | tail -18
     done
   done

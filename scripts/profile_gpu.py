@@ -18,6 +18,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+sys.path.insert(0, os.path.dirname(__file__))
 
 from rlt.config import ModelConfig  # noqa: E402
 from rlt.control.validation import resolve_params  # noqa: E402
@@ -50,7 +51,10 @@ def main():
     model = load_model(mc, dtype, "cuda")
     eng = LoopEngine(mc, model, EngineConfig(max_num_seqs=args.concurrency, kv_memory_bytes=int(args.kv_gib * 2**30),
                                              prefill_chunk=args.prompt_len, max_num_batched_tokens=16384), dtype, "cuda")
-    sp = SamplingParams(max_tokens=2 * args.steps + 24 * mc.depth + 64, temperature=0, ignore_eos=True, exit_threshold=args.threshold)
+    sp = SamplingParams(max_tokens=2 * args.steps + 16 * mc.depth + 32, temperature=0, ignore_eos=True, exit_threshold=args.threshold)
+    from bench import check_pool
+
+    check_pool(eng.pool, args.concurrency, args.prompt_len + sp.max_tokens)
     g = torch.Generator().manual_seed(0)
     for i in range(args.concurrency):
         p = torch.randint(3, mc.vocab_size, (args.prompt_len,), generator=g).tolist()
@@ -91,10 +95,7 @@ def main():
           f"idle {res['gpu_idle_fraction'] * 100:.1f} %")
     for r in res["top"]:
         print(f"  {r['us_per_step']:>9} us  x{r['per_step']:>6}  {r['kernel']}")
-    from rlt.kernels.gemv import _choice
 
-    res["gemv_choice"] = {str(k[0]): v or "cublas" for k, v in _choice.items()}
-    print("one-row GEMMs, per weight shape (BLOCK_N, BLOCK_K, warps):", res["gemv_choice"])
     if args.json_out:
         with open(args.json_out, "w") as f:
             json.dump(res, f, indent=2)

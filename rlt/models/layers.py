@@ -23,11 +23,6 @@ def linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> t
 
         y = bi_linear(x, w)
         return y if b is None else y + b
-    if x.is_cuda and x.dim() == 2 and x.shape[0] == 1 and b is None and x.dtype == w.dtype != torch.float32 \
-            and w.stride(1) == 1:
-        from rlt.kernels.gemv import linear_one_row
-
-        return linear_one_row(x, w)  # decode at batch 1: the faster of cuBLAS and a Triton GEMV
     return F.linear(x, w, b)
 
 
