@@ -334,6 +334,7 @@ async def test_serving_benchmark_metrics(checkpoints):
     import bench_serving
 
     async with rlt.Engine.launch(checkpoints["nanbeige"], **FAST) as engine:
+        await bench_serving.warm_up(engine, [8, 40], 6)
         row = await bench_serving.one_rate(engine, rate=20.0, duration=1.0, prompt_lens=[8, 40], output_len=6,
                                            seed=3)
     import random as _random
