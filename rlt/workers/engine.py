@@ -87,6 +87,7 @@ class LoopEngine:
         self.held: dict[str, BlockTables] = {}
         self.reserved: dict[str, BlockTables] = {}
         self.chunk_events: list[tuple[str, int, int]] = []  # (request, start, end) prompt positions final
+        self._in_flight_freed = False  # blocks of an aborted request may still be written by queued kernels
 
     # ---- requests ---------------------------------------------------------------------------
     def _check_live(self, request_id: str) -> None:
@@ -116,6 +117,9 @@ class LoopEngine:
         self._check_fits(request_id, positions, positions, 0)
         if self.pool.blocks_needed(positions) > self.pool.num_free:
             return None
+        if self._in_flight_freed and self.pool.cache.is_cuda:  # a peer will write these blocks (NIXL)
+            torch.cuda.synchronize(self.pool.cache.device)
+        self._in_flight_freed = False
         self.reserved[request_id] = self.pool.allocate(positions)
         return self.reserved[request_id]
 
@@ -149,6 +153,9 @@ class LoopEngine:
         if s is None:
             return False
         (self.running if s in self.running else self.waiting).remove(s)
+        # Its group may still be computing on the device (the host runs ahead of the GPU): until
+        # that work is done, its freed blocks must not be handed to another process's writes.
+        self._in_flight_freed |= s.group is not None
         self._release(s)
         return True
 
