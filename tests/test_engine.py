@@ -180,13 +180,21 @@ def test_priority_orders_admission(checkpoints):
 
 
 def test_stop_conditions(checkpoints):
+    """A stop token ends the request there although its next token's first loop was already
+    launched (tokens are read back one step late); that work is dropped, every block comes back,
+    and a neighbour's tokens do not change."""
     mc, new_engine = make(checkpoints["ouro"], "ouro")
-    free = run(new_engine(), mc, {"a": (PROMPTS[1], SamplingParams(max_tokens=6, temperature=0, ignore_eos=True))})
+    b = (PROMPTS[0], SamplingParams(max_tokens=9, temperature=0, ignore_eos=True))
+    free = run(new_engine(), mc, {"a": (PROMPTS[1], SamplingParams(max_tokens=6, temperature=0, ignore_eos=True)),
+                                  "b": b})
     toks = [o[0] for o in free["a"]]
-    got = run(new_engine(), mc, {"a": (PROMPTS[1], SamplingParams(max_tokens=6, temperature=0,
-                                                                    stop_token_ids=[toks[2]]))})["a"]
+    engine = new_engine()
+    blocks = engine.num_free_blocks
+    got = run(engine, mc, {"a": (PROMPTS[1], SamplingParams(max_tokens=6, temperature=0, stop_token_ids=[toks[2]])),
+                           "b": b})
     stop_at = toks.index(toks[2])
-    assert [o[0] for o in got] == toks[: stop_at + 1] and got[-1][3] == "stop"
+    assert [o[0] for o in got["a"]] == toks[: stop_at + 1] and got["a"][-1][3] == "stop"
+    assert got["b"] == free["b"] and engine.num_free_blocks == blocks
     assert free["a"][-1][3] == "length" and all(o[3] is None for o in free["a"][:-1])
 
 

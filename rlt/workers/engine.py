@@ -4,7 +4,9 @@ A row is (request, position, depth). Each step runs one pass of the shared core 
 row, each at its own depth and reading its own KV plane: prompt chunks (full depth, chunked) and
 decode tokens (until their exit) share the pass. A row group that leaves the loop gets its head
 and, where it ends a prompt or is a decode token, is sampled; its request's next group joins the
-next pass. This module is the scheduler and bookkeeping; rlt/workers/runner.py runs the passes.
+next pass. Sampled tokens are read back one step late: the next pass (whose new decode rows take
+those tokens on the device) is launched first, so the device never waits for the host's
+bookkeeping. This module is the scheduler and bookkeeping; rlt/workers/runner.py runs the passes.
 """
 
 import itertools
@@ -52,6 +54,7 @@ class _Seq:
     num_done: int = 0  # positions whose KV is final on every plane
     group: Group | None = None
     prefill_only: bool = False  # prefill worker: stop after the first token, keep the blocks for transfer
+    feed: tuple | None = None  # its last sampled token, not read back yet: (PendingTokens, index)
 
     @property
     def decoding(self) -> bool:
@@ -87,7 +90,8 @@ class LoopEngine:
         self.held: dict[str, BlockTables] = {}
         self.reserved: dict[str, BlockTables] = {}
         self.chunk_events: list[tuple[str, int, int]] = []  # (request, start, end) prompt positions final
-        self._in_flight_freed = False  # blocks of an aborted request may still be written by queued kernels
+        self._in_flight_freed = False  # freed blocks (abort, stop) may still be written by queued kernels
+        self._pending: list[tuple] = []  # (PendingTokens, their sequences): sampled, not read back yet
 
     # ---- requests ---------------------------------------------------------------------------
     def _check_live(self, request_id: str) -> None:
@@ -166,9 +170,6 @@ class LoopEngine:
         s.group = None
         del self._live[s.request_id]
 
-    def has_work(self) -> bool:
-        return bool(self.waiting or self.running)
-
     @property
     def num_requests(self) -> int:
         """Everything holding blocks: waiting, running, held for transfer, reserved for a transfer."""
@@ -195,7 +196,9 @@ class LoopEngine:
             if s.group is not None or budget <= 0:
                 continue
             if s.decoding:
-                ids = [s.output[-1]]
+                if s.feed is not None and (s.prefill_only or len(s.output) + 1 >= s.params.max_tokens):
+                    continue  # that token ends it (or hands it off): nothing to decode here
+                ids = [0] if s.feed is not None else [s.output[-1]]
             else:
                 # SHARED keeps its meaning only position by position (later positions read earlier
                 # positions' final KV at every depth).
@@ -204,27 +207,40 @@ class LoopEngine:
             budget -= len(ids)
             s.group = Group(ids, s.num_done, s.tables, s.params, s.decoding,
                             samples=s.decoding or s.num_done + len(ids) == len(s.prompt),
-                            output_index=len(s.output))
+                            output_index=len(s.output) + (s.feed is not None), feed=s.feed if s.decoding else None)
+
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running or self._pending)
 
     def step(self) -> list[StepOutput]:
+        """Launch one pass, then read back the tokens the previous pass sampled (the device is busy
+        with this pass meanwhile) and return them. A request that those tokens finish may already
+        have its next token's first loop in this pass: that work is simply dropped."""
         self.chunk_events = []
         self._admit()
         self._schedule()
         active = [s for s in self.running if s.group is not None]
-        if not active:
-            return []
-        owner = {id(s.group): s for s in active}
-        result = self.runner.step([s.group for s in active])
-        outputs = []
-        for smp in result.sampled:
-            outputs.append(self._append_token(owner[id(smp.group)], smp.token, smp.group.depth, smp.logprobs))
-        for g in result.exited:
-            s = owner[id(g)]
-            if not g.decoding:
-                self.chunk_events.append((s.request_id, g.start, g.start + g.n))
-            if s.group is g:  # not finished and released above
+        pending, self._pending = self._pending, []
+        if active:
+            result = self.runner.step([s.group for s in active])
+            owner = {id(s.group): s for s in active}
+            for g in result.exited:
+                s = owner[id(g)]
+                if not g.decoding:
+                    self.chunk_events.append((s.request_id, g.start, g.start + g.n))
                 s.num_done += g.n
                 s.group = None
+            if result.sampled is not None:
+                for i, g in enumerate(result.sampled.groups):
+                    owner[id(g)].feed = (result.sampled, i)
+                self._pending.append((result.sampled, [owner[id(g)] for g in result.sampled.groups]))
+        outputs = []
+        for tokens, seqs in pending:
+            for s, smp in zip(seqs, tokens.resolve()):
+                if s.feed is not None and s.feed[0] is tokens:  # (this step may have sampled its next one)
+                    s.feed = None
+                if self._live.get(s.request_id) is s:  # not aborted or finished meanwhile
+                    outputs.append(self._append_token(s, smp.token, smp.group.depth, smp.logprobs))
         return outputs
 
     def _append_token(self, s: _Seq, tok: int, depth: int, top) -> StepOutput:
@@ -242,5 +258,6 @@ class LoopEngine:
             self._release(s)
         elif reason is not None:
             self.running.remove(s)
+            self._in_flight_freed |= s.group is not None  # its next token's first loop may be running
             self._release(s)
         return StepOutput(s.request_id, tok, depth, top, reason)

@@ -3,7 +3,8 @@
 and batched sampling.
 
 Everything the step needs from the host is packed into one buffer and sent in one copy before the
-pass. The host reads the exit mask back only when some row's exit depends on its gate at this depth;
+pass. Sampled tokens come back asynchronously (PendingTokens): the engine launches the next step,
+whose new decode rows read those tokens on the device, before it reads them. The host reads the exit mask back only when some row's exit depends on its gate at this depth;
 otherwise it knows the exits and runs ahead of the GPU. What exited groups need (finalize copies,
 sampling parameters, Huginn's coda metadata) is selected on the host and sent in one more copy.
 """
@@ -28,7 +29,7 @@ from rlt.workers.step_buffers import StepBuffers
 class Group:
     """Rows of one request moving through the loop together (a prompt chunk or a decode token)."""
 
-    ids: list[int]
+    ids: list[int]  # a decode group fed from the device holds [0] here
     start: int  # position of the first row
     tables: BlockTables
     params: ResolvedParams
@@ -39,6 +40,8 @@ class Group:
     inject: torch.Tensor | None = None
     state: torch.Tensor | None = None
     survival: torch.Tensor | None = None  # [1] prod(1 - hazard), decode groups
+    # A decode token sampled by the previous step and not read back yet: (its PendingTokens, index)
+    feed: "tuple[PendingTokens, int] | None" = None
 
     @property
     def n(self) -> int:
@@ -52,10 +55,39 @@ class Sampled:
     logprobs: dict[int, float] | None
 
 
+class PendingTokens:
+    """Tokens sampled by one step, still on their way to the host. On CUDA they are copied into
+    pinned memory without waiting, so the host can launch the next step (whose new decode rows read
+    these tokens on the device) before it reads them; resolve() waits for the copy."""
+
+    def __init__(self, groups: list[Group], tokens: torch.Tensor, top: tuple | None):
+        self.groups, self.tokens = groups, tokens  # tokens [S] int64 on the device
+        tensors = (tokens,) + (top or ())
+        if tokens.is_cuda:
+            self._host = tuple(torch.empty(t.shape, dtype=t.dtype, pin_memory=True) for t in tensors)
+            for h, t in zip(self._host, tensors):
+                h.copy_(t, non_blocking=True)
+            self._event = torch.cuda.Event()
+            self._event.record()
+        else:
+            self._host, self._event = tensors, None
+
+    def resolve(self) -> list[Sampled]:
+        if self._event is not None:
+            self._event.synchronize()
+        tokens = self._host[0].tolist()
+        vals, ids = (self._host[1].tolist(), self._host[2].tolist()) if len(self._host) > 1 else (None, None)
+        out = []
+        for i, (g, tok) in enumerate(zip(self.groups, tokens)):
+            k = g.params.logprobs
+            out.append(Sampled(g, tok, dict(zip(ids[i][:k], vals[i][:k])) if k else None))
+        return out
+
+
 @dataclass
 class StepResult:
     exited: list[Group] = field(default_factory=list)
-    sampled: list[Sampled] = field(default_factory=list)
+    sampled: PendingTokens | None = None
 
 
 class _Attention:
@@ -153,6 +185,11 @@ class Runner:
                   "max_loops": np.array([g.params.max_loops for g in active]),
                   "threshold": np.array([g.params.exit_threshold for g in active], dtype=np.float32),
                   "last_row": np.array(ra[1:]) - 1}
+        fed = next((g.feed[0] for g in new if g.feed is not None), None)
+        if fed is not None:
+            assert all(g.feed is None or g.feed[0] is fed for g in new), "every fed row reads the last step's tokens"
+            rows_fed = [(r, g.feed[1]) for g, r in zip(new, rn) if g.feed is not None]
+            f |= {"fed_row": np.array([r for r, _ in rows_fed]), "fed_src": np.array([i for _, i in rows_fed])}
         if new:
             f |= {"new_ids": np.array(sum((g.ids for g in new), []), dtype=np.int64),
                   "new_pos": np.concatenate([np.arange(g.start, g.start + g.n) for g in new]),
@@ -164,7 +201,10 @@ class Runner:
         # ---- embed (Huginn: prelude, boundary KV) and initial state of new rows ---------------------
         if new:
             meta = self._meta(t, "new_bnd_", new, rn) if boundary else None
-            inject = self.model.embed(t["new_ids"], t["new_pos"], _Attention(pool.cache, None, meta))
+            ids = t["new_ids"]
+            if "fed_row" in t:  # tokens not read back yet are taken from the device
+                ids = ids.index_put((t["fed_row"],), fed.tokens[t["fed_src"]])
+            inject = self.model.embed(ids, t["new_pos"], _Attention(pool.cache, None, meta))
             state = self.model.initial_state(inject, t["new_pos"], t["new_seed"])
             for g, r0, r1 in zip(new, rn, rn[1:]):
                 g.inject, g.state = inject[r0:r1], state[r0:r1]
@@ -238,10 +278,6 @@ class Runner:
         if not sampling:
             return
         st = SamplingTensors(t["temperature"], t["top_k"], t["top_p"], t["seed"], t["output_index"])
-        tokens = sample(logits, st, greedy=all(g.params.temperature == 0 for g in sampling)).tolist()
+        tokens = sample(logits, st, greedy=all(g.params.temperature == 0 for g in sampling))
         k = max(g.params.logprobs for g in sampling)
-        vals, ids = top_logprobs(logits, k) if k else (None, None)
-        vals, ids = (vals.tolist(), ids.tolist()) if k else (None, None)
-        for i, (g, tok) in enumerate(zip(sampling, tokens)):
-            lp = dict(zip(ids[i][: g.params.logprobs], vals[i][: g.params.logprobs])) if g.params.logprobs else None
-            result.sampled.append(Sampled(g, tok, lp))
+        result.sampled = PendingTokens(sampling, tokens, top_logprobs(logits, k) if k else None)
