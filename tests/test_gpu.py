@@ -297,3 +297,27 @@ def test_rms_norm_on_cuda_matches_torch():
     ref = layers.rms_norm(x.cpu().float(), w.cpu().float(), 1e-6)
     assert (layers.rms_norm(x, w, 1e-6).float().cpu() - ref).abs().max() <= 2e-2 * ref.abs().max()
 
+
+
+@pytest.mark.parametrize("family", ["ouro", "nanbeige", "huginn"])
+def test_cuda_decode_equals_cpu_in_float32(checkpoints, family):
+    """Greedy decode on CUDA in float32 (kernels, CUDA graphs, tokens fed to the next pass on the
+    device and read back one step late through pinned memory) gives the CPU reference's tokens and
+    exit depths."""
+    mc = ModelConfig.from_pretrained(checkpoints[family], hf_overrides={"mean_recurrence": 6} if family == "huginn"
+                                     else None)
+    sp = SamplingParams(max_tokens=10, temperature=0, ignore_eos=True, exit_threshold=0.5 if family == "ouro" else None)
+    prompts = [[5 + (i * 11 + j) % 400 for j in range(n)] for i, n in enumerate((12, 33, 7))]
+
+    def run(device):
+        eng = LoopEngine(mc, load_model(mc, torch.float32, device), EngineConfig(num_blocks=256, prefill_chunk=16),
+                         torch.float32, device)
+        for i, p in enumerate(prompts):
+            eng.add_request(str(i), p, resolve_params(mc, len(p), sp))
+        out = {str(i): [] for i in range(len(prompts))}
+        while eng.has_work():
+            for o in eng.step():
+                out[o.request_id].append((o.token_id, o.exit_depth))
+        return out
+
+    assert run("cuda") == run("cpu")
