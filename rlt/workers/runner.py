@@ -3,10 +3,11 @@
 and batched sampling.
 
 Everything the step needs from the host is packed into one buffer and sent in one copy before the
-pass. Sampled tokens come back asynchronously (PendingTokens): the engine launches the next step,
-whose new decode rows read those tokens on the device, before it reads them. The host reads the exit mask back only when some row's exit depends on its gate at this depth;
-otherwise it knows the exits and runs ahead of the GPU. What exited groups need (finalize copies,
-sampling parameters, Huginn's coda metadata) is selected on the host and sent in one more copy.
+pass. The host reads the exit mask back only when some row's exit depends on its gate at this
+depth; otherwise it knows the exits and runs ahead of the GPU. What exited groups need (finalize
+copies, sampling parameters, Huginn's coda metadata) is selected on the host and sent in one more
+copy. Sampled tokens come back asynchronously (PendingTokens): the engine launches the next step,
+whose new decode rows read those tokens on the device, before it reads them.
 """
 
 import os
@@ -186,14 +187,14 @@ class Runner:
                   "threshold": np.array([g.params.exit_threshold for g in active], dtype=np.float32),
                   "last_row": np.array(ra[1:]) - 1}
         fed = next((g.feed[0] for g in new if g.feed is not None), None)
-        if fed is not None:
-            assert all(g.feed is None or g.feed[0] is fed for g in new), "every fed row reads the last step's tokens"
-            rows_fed = [(r, g.feed[1]) for g, r in zip(new, rn) if g.feed is not None]
-            f |= {"fed_row": np.array([r for r, _ in rows_fed]), "fed_src": np.array([i for _, i in rows_fed])}
         if new:
             f |= {"new_ids": np.array(sum((g.ids for g in new), []), dtype=np.int64),
                   "new_pos": np.concatenate([np.arange(g.start, g.start + g.n) for g in new]),
                   "new_seed": np.concatenate([np.full(g.n, g.params.state_seed, dtype=np.int64) for g in new])}
+            if fed is not None:  # decode rows whose token is still on the device (one row each)
+                assert all(g.feed is None or g.feed[0] is fed for g in new), "fed rows read the last step's tokens"
+                f |= {"fed_row": np.array([r for g, r in zip(new, rn) if g.feed is not None]),
+                      "fed_src": np.array([g.feed[1] for g in new if g.feed is not None])}
             if boundary:
                 f |= self._plane_fields("new_bnd_", new, rn, [g.tables.boundary for g in new])
         t = self.buffers.pack(f)
