@@ -23,6 +23,12 @@ if [ "${OURO:-1}" = 1 ]; then
   timeout ${BENCH_TIMEOUT:-240} python3 scripts/bench.py --model /tmp/ouro-full --device cuda --concurrency ${CONC:-1,16,64,128} \
     --threshold ${THR:-1.0,0.5} --prompt-len 1024 --max-tokens 64 --kv-gib ${KV_GIB:-120} --floors --json-out "$OUT/bench_ouro.json" \
     2>&1 | tee "$OUT/bench_ouro.log" | tail -12
+  if [ -n "${CONC4K-1,16,32}" ]; then
+    step "offline decode, Ouro-1.4B shapes, 4K context"
+    timeout ${BENCH_TIMEOUT:-240} python3 scripts/bench.py --model /tmp/ouro-full --device cuda --concurrency ${CONC4K-1,16,32} \
+      --threshold ${THR:-1.0,0.5} --prompt-len 4096 --max-tokens 64 --kv-gib ${KV_GIB:-120} --floors \
+      --json-out "$OUT/bench_ouro_4k.json" 2>&1 | tee "$OUT/bench_ouro_4k.log" | tail -8
+  fi
 fi
 if [ "${NB:-1}" = 1 ]; then
   step "prefill, Nanbeige4.2-3B shapes, with the dense floor"
