@@ -10,6 +10,7 @@ copy. Sampled tokens come back asynchronously (PendingTokens): the engine launch
 whose new decode rows read those tokens on the device, before it reads them.
 """
 
+import itertools
 import os
 from dataclasses import dataclass, field
 
@@ -119,6 +120,15 @@ def _row_starts(groups: list[Group]) -> list[int]:
     return np.cumsum([0] + [g.n for g in groups]).tolist()
 
 
+def _positions(groups: list[Group], row_starts: list[int]) -> np.ndarray:
+    """Every row's position, in pass order (groups are runs of consecutive positions)."""
+    starts = np.fromiter((g.start for g in groups), np.int64, len(groups))
+    if row_starts[-1] == len(groups):  # one row each (decode): no per-group ranges
+        return starts
+    offsets = np.arange(row_starts[-1]) - np.repeat(row_starts[:-1], np.diff(row_starts))
+    return np.repeat(starts, np.diff(row_starts)) + offsets
+
+
 def _padded(tables: list[list[int]]) -> np.ndarray:
     out = np.zeros((len(tables), max(1, max(len(t) for t in tables))), dtype=np.int64)
     for i, t in enumerate(tables):
@@ -174,7 +184,7 @@ class Runner:
         adaptive = any(g.decoding and g.params.exit_threshold < 1.0 for g in active)
 
         # ---- pack the step's metadata: one host-to-device copy ----------------------------------
-        f = {"pos": np.concatenate([np.arange(g.start, g.start + g.n) for g in active])}
+        f = {"pos": _positions(active, ra)}
         if graphed:
             f["graph_in"] = self.graphs.inputs(f["pos"], core_tables, [g.start for g in active], pool.block_size)
         else:
@@ -188,9 +198,9 @@ class Runner:
                   "last_row": np.array(ra[1:]) - 1}
         fed = next((g.feed[0] for g in new if g.feed is not None), None)
         if new:
-            f |= {"new_ids": np.array(sum((g.ids for g in new), []), dtype=np.int64),
-                  "new_pos": np.concatenate([np.arange(g.start, g.start + g.n) for g in new]),
-                  "new_seed": np.concatenate([np.full(g.n, g.params.state_seed, dtype=np.int64) for g in new])}
+            f |= {"new_ids": np.fromiter(itertools.chain.from_iterable(g.ids for g in new), np.int64, rn[-1]),
+                  "new_pos": _positions(new, rn),
+                  "new_seed": np.repeat([g.params.state_seed for g in new], [g.n for g in new])}
             if fed is not None:  # decode rows whose token is still on the device (one row each)
                 assert all(g.feed is None or g.feed[0] is fed for g in new), "fed rows read the last step's tokens"
                 f |= {"fed_row": np.array([r for g, r in zip(new, rn) if g.feed is not None]),
@@ -263,7 +273,7 @@ class Runner:
         re = _row_starts(exited)
         if pool.has_boundary:
             f |= self._plane_fields("bnd_", exited, re, [g.tables.boundary for g in exited])
-            f |= {"bnd_pos": np.concatenate([np.arange(g.start, g.start + g.n) for g in exited]),
+            f |= {"bnd_pos": _positions(exited, re),
                   "select": np.array([r1 - 1 for g, r1 in zip(exited, re[1:]) if g.samples], dtype=np.int64)}
         if not f:
             return
