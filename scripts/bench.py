@@ -131,6 +131,8 @@ def main():
     serve.add_argument("--prefill-chunk", type=int, default=512)
     serve.add_argument("--max-num-seqs", type=int, default=256)
     serve.add_argument("--seed", type=int, default=0)
+    serve.add_argument("--sweep", type=int, default=0,
+                       help="after the listed rates, double the last one up to N times until past capacity")
     args = ap.parse_args()
     if args.mode == "serve":
         import bench_serving

@@ -7,7 +7,9 @@ Requests arrive as a Poisson process at each rate for --duration seconds, prompt
 --prompt-lens (random token ids), greedy, EOS ignored, exactly --output-len tokens each. Reported
 per rate, as a table and JSON: TTFT, TPOT, ITL and E2EL in ms (mean, median, p95, p99), output
 tokens/s and requests/s (completed requests over the time from the first arrival to the last
-completion).
+completion), and whether the rate is past capacity (completions more than 10 % behind it).
+`--sweep N` then keeps doubling the last rate, at most N times, until that happens.
+scripts/compare_serving.py checks issue #6's P4 on two such JSON files.
 """
 
 import asyncio
@@ -77,6 +79,11 @@ async def one_rate(engine, rate, duration, prompt_lens, output_len, seed):
             **summarize("ttft", ttft), **summarize("tpot", tpot), **summarize("itl", itl), **summarize("e2el", e2el)}
 
 
+def saturated(row: dict) -> bool:
+    """Past capacity: completions fall more than 10 % behind the offered Poisson rate."""
+    return row.get("completed", 0) == 0 or row["request_throughput_req_s"] < 0.9 * row["rate"]
+
+
 async def warm_up(engine, prompt_lens, output_len):
     """Before timing (as vLLM's serving benchmark sends a test request first): two requests of each
     prompt length at once, so kernel compilation and the first CUDA-graph captures stay out of the
@@ -95,11 +102,16 @@ async def serve(args):
                 max_num_seqs=args.max_num_seqs, startup_timeout=900.0, heartbeat_timeout=120.0)
     async with rlt.Engine.launch(args.model, topology=args.topology, device=args.device, dtype=args.dtype,
                                  **opts) as engine:
-        await warm_up(engine, list(map(int, args.prompt_lens.split(","))), args.output_len)
-        rows = []
-        for rate in map(float, args.rates.split(",")):
-            rows.append(await one_rate(engine, rate, args.duration, list(map(int, args.prompt_lens.split(","))),
-                                       args.output_len, args.seed))
+        lens = list(map(int, args.prompt_lens.split(",")))
+        await warm_up(engine, lens, args.output_len)
+        rates = list(map(float, args.rates.split(",")))
+        rows, doublings = [], args.sweep
+        while rates:
+            rows.append(await one_rate(engine, rates.pop(0), args.duration, lens, args.output_len, args.seed))
+            rows[-1]["saturated"] = saturated(rows[-1])
+            if not rates and doublings and not rows[-1]["saturated"]:
+                rates.append(rows[-1]["rate"] * 2)  # double until the configuration falls behind
+                doublings -= 1
         return rows
 
 
@@ -110,7 +122,7 @@ def main(args):
             "output_len": args.output_len, "duration_s": args.duration, "command": " ".join(sys.argv)}
     print(json.dumps(meta))
     cols = ["rate", "completed", "output_throughput_tok_s", "request_throughput_req_s", "mean_ttft_ms",
-            "p95_ttft_ms", "mean_tpot_ms", "p95_tpot_ms", "p99_itl_ms", "mean_e2el_ms"]
+            "p95_ttft_ms", "mean_tpot_ms", "p95_tpot_ms", "p99_itl_ms", "mean_e2el_ms", "saturated"]
     print(" ".join(f"{c:>14}" for c in cols))
     for r in rows:
         print(" ".join(f"{str(r.get(c)):>14}" for c in cols))

@@ -348,3 +348,30 @@ async def test_serving_benchmark_metrics(checkpoints):
     assert row["completed"] == n > 5
     assert row["mean_ttft_ms"] <= row["mean_e2el_ms"] and row["median_ttft_ms"] <= row["p99_ttft_ms"]
     assert row["output_throughput_tok_s"] == pytest.approx(6 * n / row["duration_s"], rel=0.02)
+
+
+def test_p4_verdict_and_capacity():
+    """compare_serving checks P4 only up to the replicas' capacity, rate by rate, against each limit."""
+    import sys as _sys
+
+    _sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "scripts"))
+    import bench_serving
+    import compare_serving
+
+    def row(rate, tput, ttft, tpot, req_s):
+        r = {"rate": rate, "completed": 10, "output_throughput_tok_s": tput, "p95_ttft_ms": ttft,
+             "p95_tpot_ms": tpot, "request_throughput_req_s": req_s}
+        r["saturated"] = bench_serving.saturated(r)
+        return r
+
+    reps = [row(0.5, 100, 200, 20, 0.49), row(1, 200, 220, 22, 0.97), row(2, 260, 900, 40, 1.3)]
+    assert [r["saturated"] for r in reps] == [False, False, True]  # 1.3 < 0.9 * 2
+    pd = [row(0.5, 98, 230, 9, 0.49), row(1, 190, 230, 10, 0.95), row(2, 100, 9000, 5, 0.5)]
+    got = compare_serving.compare(pd, reps)
+    assert [r["rate"] for r in got] == [0.5, 1]  # rate 2 is past the replicas' capacity
+    assert [r["ok"] for r in got] == [True, False]  # 190/200 = 0.95 < 0.97
+    assert got[0] == {"rate": 0.5, "throughput": 0.98, "ttft": 1.15, "tpot": 0.45, "ok": True}
+    pd[1]["output_throughput_tok_s"] = 196
+    assert all(r["ok"] for r in compare_serving.compare(pd, reps))
+    pd[0]["p95_tpot_ms"] = 11  # 11 / 20 > 0.5
+    assert not compare_serving.compare(pd, reps)[0]["ok"]

@@ -1,0 +1,47 @@
+"""Issue #6's P4 verdict from two serving-benchmark JSON files (bench.py --mode serve --json-out):
+
+    python scripts/compare_serving.py serve_1p1d.json serve_2x.json
+
+For every rate both ran, up to the replicas' capacity (their last rate not past capacity): 1P1D
+output throughput >= 97 % of the replicas', p95 TTFT <= 1.2x theirs, p95 TPOT <= 0.5x theirs.
+Prints a row per rate and exits non-zero unless every checked rate passes.
+"""
+
+import json
+import sys
+
+LIMITS = {"throughput": 0.97, "ttft": 1.2, "tpot": 0.5}
+
+
+def compare(pd_rows: list[dict], rep_rows: list[dict]) -> list[dict]:
+    rep = {r["rate"]: r for r in rep_rows}
+    capacity = max((r["rate"] for r in rep_rows if not r.get("saturated")), default=None)
+    out = []
+    for p in pd_rows:
+        r = rep.get(p["rate"])
+        if r is None or capacity is None or p["rate"] > capacity:
+            continue
+        row = {"rate": p["rate"],
+               "throughput": round(p["output_throughput_tok_s"] / r["output_throughput_tok_s"], 3),
+               "ttft": round(p["p95_ttft_ms"] / r["p95_ttft_ms"], 3),
+               "tpot": round(p["p95_tpot_ms"] / r["p95_tpot_ms"], 3)}
+        row["ok"] = (row["throughput"] >= LIMITS["throughput"] and row["ttft"] <= LIMITS["ttft"]
+                     and row["tpot"] <= LIMITS["tpot"])
+        out.append(row)
+    return out
+
+
+def main(argv: list[str]) -> int:
+    pd, rep = (json.load(open(a))["rows"] for a in argv[:2])
+    rows = compare(pd, rep)
+    print(f"{'rate':>6} {'tput 1p1d/2x':>13} {'p95 TTFT ratio':>15} {'p95 TPOT ratio':>15}  P4")
+    for r in rows:
+        print(f"{r['rate']:>6} {r['throughput']:>13} {r['ttft']:>15} {r['tpot']:>15}  {'ok' if r['ok'] else 'MISSED'}")
+    passed = bool(rows) and all(r["ok"] for r in rows)
+    print("P4", "met" if passed else "not met", f"(limits: throughput >= {LIMITS['throughput']}, "
+          f"p95 TTFT <= {LIMITS['ttft']}x, p95 TPOT <= {LIMITS['tpot']}x)")
+    return 0 if passed else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
