@@ -233,3 +233,32 @@ def test_step_buffers_pack_and_append():
     assert big["x"].tolist() == list(range(40)) and b.host.numel() >= 40
     w = b.pack({"y": np.arange(30)}, append=True)  # does not fit after x: fresh buffers, x intact
     assert w["y"].tolist() == list(range(30)) and big["x"].tolist() == list(range(40))
+
+
+@pytest.mark.parametrize("family,layout", [("ouro", "last_exited"), ("ouro", "shared"), ("nanbeige", "last_exited")])
+def test_steady_decode_equals_the_regular_path(checkpoints, family, layout):
+    """Decode stretches run as device-side lanes give the same tokens, exit depths and logprobs as
+    the regular path: mixed sampling and exit parameters, arrivals that end and restart steady
+    decode, a stop token, an abort; every block comes back."""
+    mc, new_engine = make(checkpoints[family], family, layout)
+    params = mixed_params(family)
+    toks = [o[0] for o in run(new_engine(steady_decode=False), mc, {"s": (PROMPTS[1], params[0])})["s"]]
+    stop = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True, stop_token_ids=[toks[4]], logprobs=1,
+                          exit_threshold=0.5 if family == "ouro" else None)
+    requests = {str(i): (PROMPTS[i % 3], params[i % 3]) for i in range(5)} | {"s": (PROMPTS[1], stop)}
+    arrivals = {"0": 0, "1": 0, "s": 0, "2": 9, "3": 30, "4": 31}
+    runs = {}
+    for steady in (False, True):
+        engine = new_engine(steady_decode=steady)
+        blocks = engine.num_free_blocks
+        runs[steady] = run(engine, mc, requests, arrivals, abort_at=("1", 12))
+        assert engine.num_free_blocks == blocks and not engine.has_work()
+        assert (engine.steady_steps > 10) == steady  # steady decode ran, and only when on
+    # tokens, depths and finish reasons exactly; logprobs to float32 rounding (steady decode runs
+    # the head over every lane, so its GEMM has another row count)
+    for rid, outs in runs[False].items():
+        assert [(o[0], o[1], o[3]) for o in runs[True][rid]] == [(o[0], o[1], o[3]) for o in outs]
+        for (_, _, a, _), (_, _, b, _) in zip(runs[True][rid], outs):
+            assert (a or {}).keys() == (b or {}).keys() and all(abs(a[t] - b[t]) < 1e-5 for t in a or ())
+    assert [o[0] for o in runs[True]["s"]][-1] == toks[4] and runs[True]["s"][-1][3] == "stop"
+    assert 0 < len(runs[True]["1"]) < 7  # aborted mid-decode

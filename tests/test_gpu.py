@@ -321,3 +321,40 @@ def test_cuda_decode_equals_cpu_in_float32(checkpoints, family):
         return out
 
     assert run("cuda") == run("cpu")
+
+
+@pytest.mark.parametrize("family", ["ouro", "nanbeige"])
+@pytest.mark.parametrize("graphs", [0, 256])
+def test_steady_decode_equals_regular_on_cuda(checkpoints, family, graphs):
+    """Steady decode on the GPU (device-side lanes, with and without CUDA graphs) against the regular
+    path, with batch-invariant kernels: the same tokens and depths, logprobs to float32 rounding
+    (log_softmax runs over every lane there)."""
+    from rlt.models.layers import set_batch_invariant
+
+    mc = ModelConfig.from_pretrained(checkpoints[family])
+    model = load_model(mc, torch.bfloat16, "cuda")
+    prompts = [[5 + (i * 7 + j) % 400 for j in range(n)] for i, n in enumerate((9, 30, 17, 44, 3))]
+    sp = SamplingParams(max_tokens=14, temperature=0, ignore_eos=True, logprobs=3,
+                        exit_threshold=0.5 if family == "ouro" else None)
+
+    def run(steady):
+        eng = LoopEngine(mc, model, EngineConfig(num_blocks=512, prefill_chunk=8, batch_invariant=True,
+                                                 cuda_graph_max_batch=graphs, steady_decode=steady),
+                         torch.bfloat16, "cuda")
+        for i, p in enumerate(prompts):
+            eng.add_request(str(i), p, resolve_params(mc, len(p), sp))
+        out = {str(i): [] for i in range(len(prompts))}
+        while eng.has_work():
+            for o in eng.step():
+                out[o.request_id].append((o.token_id, o.exit_depth, o.logprobs))
+        return out, eng.steady_steps
+
+    try:
+        (regular, _), (steady, steps) = run(False), run(True)
+        assert steps > 10
+        for rid, outs in regular.items():
+            assert [o[:2] for o in steady[rid]] == [o[:2] for o in outs]
+            for (_, _, a), (_, _, b) in zip(steady[rid], outs):
+                assert a.keys() == b.keys() and all(abs(a[t] - b[t]) < 1e-4 for t in a)
+    finally:
+        set_batch_invariant(False)

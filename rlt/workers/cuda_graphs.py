@@ -85,6 +85,27 @@ class DecodeGraphs:
             e.out, e.gate = forward()
         return e
 
+    def run_device(self, x, inject, pos, slots, table):
+        """The same pass with inputs already on the device (steady decode): x/inject [n, hidden],
+        pos/slots [n], table [n, w]."""
+        n, w = table.shape
+        B, W = _bucket(n, w)
+        e = self.graphs.get((B, W))
+        if e is None:
+            e = self.graphs[(B, W)] = self._capture(B, W)
+        e.x[:n].copy_(x)
+        e.inject[:n].copy_(inject)
+        e.ints[:n].copy_(pos)
+        e.ints[B:B + n].copy_(slots)
+        tab = e.ints[2 * B:].view(B, W)
+        if n < B or w < W:  # padding rows and columns: position 0, scratch block
+            e.ints[n:B].zero_()
+            e.ints[B + n:2 * B].fill_(self.scratch_slot)
+            tab.fill_(self.pool.scratch_block)
+        tab[:n, :w].copy_(table)
+        e.graph.replay()
+        return e.out[:n].clone(), None if e.gate is None else e.gate[:n]
+
     def run(self, states: list[torch.Tensor], injects: list[torch.Tensor], ints: torch.Tensor):
         """One core pass over n single-row decode groups -> (new states [n, hidden], gate logits [n] or
         None, valid until the next replay). ints: inputs() of the same rows, on the device."""

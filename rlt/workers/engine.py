@@ -19,6 +19,7 @@ from rlt.control.validation import ResolvedParams
 from rlt.errors import RequestError
 from rlt.workers.kv_pool import BlockTables, KVPool
 from rlt.workers.runner import Group, Runner
+from rlt.workers.steady import SteadyDecode
 
 
 @dataclass
@@ -32,6 +33,7 @@ class EngineConfig:
     max_num_batched_tokens: int = 2048  # rows per core pass
     batch_invariant: bool = False  # CUDA: Triton GEMM/RMSNorm whose per-row result ignores the batch
     cuda_graph_max_batch: int = 256  # CUDA: decode-only core passes up to this many rows replay a graph (0: off)
+    steady_decode: bool = True  # decode-only stretches run as device-side lanes (Ouro, Nanbeige)
 
 
 @dataclass
@@ -91,7 +93,10 @@ class LoopEngine:
         self.reserved: dict[str, BlockTables] = {}
         self.chunk_events: list[tuple[str, int, int]] = []  # (request, start, end) prompt positions final
         self._in_flight_freed = False  # freed blocks (abort, stop) may still be written by queued kernels
-        self._pending: list[tuple] = []  # (PendingTokens, their sequences): sampled, not read back yet
+        self._pending: list = []  # callables: read back a launched step's tokens -> outputs
+        self._steady: SteadyDecode | None = None
+        self._steady_seqs: list[_Seq] = []  # the request of each steady lane
+        self.steady_steps = 0  # passes run in steady decode (observability, tests)
 
     # ---- requests ---------------------------------------------------------------------------
     def _check_live(self, request_id: str) -> None:
@@ -160,6 +165,9 @@ class LoopEngine:
         # Its group may still be computing on the device (the host runs ahead of the GPU): until
         # that work is done, its freed blocks must not be handed to another process's writes.
         self._in_flight_freed |= s.group is not None
+        if s in self._steady_seqs:
+            self._steady.deactivate(self._steady_seqs.index(s))
+            self._in_flight_freed = True
         self._release(s)
         return True
 
@@ -215,13 +223,27 @@ class LoopEngine:
     def step(self) -> list[StepOutput]:
         """Launch one pass, then read back the tokens the previous pass sampled (the device is busy
         with this pass meanwhile) and return them. A request that those tokens finish may already
-        have its next token's first loop in this pass: that work is simply dropped."""
+        have its next token's first loop in this pass: that work is simply dropped.
+
+        While every running request has just one decode row in flight and nothing waits that could
+        be admitted, the passes run in steady decode (rlt/workers/steady.py): no host work between
+        them at all."""
         self.chunk_events = []
-        self._admit()
-        self._schedule()
-        active = [s for s in self.running if s.group is not None]
+        outputs = self._end_steady() if self._steady is not None and self._steady_must_end() else []
+        if self._steady is None:
+            self._admit()
+            self._schedule()
+            if self._steady_possible():
+                self._steady, self._steady_seqs = SteadyDecode(self.runner, [s.group for s in self.running]), \
+                    list(self.running)
+                for s in self.running:
+                    s.group = s.feed = None
         pending, self._pending = self._pending, []
-        if active:
+        if self._steady is not None:
+            handle, lanes = self._steady.step(), self._steady_seqs
+            self.steady_steps += 1
+            self._pending.append(lambda: self._resolve_steady(handle, lanes))
+        elif active := [s for s in self.running if s.group is not None]:
             result = self.runner.step([s.group for s in active])
             owner = {id(s.group): s for s in active}
             for g in result.exited:
@@ -230,17 +252,63 @@ class LoopEngine:
                     self.chunk_events.append((s.request_id, g.start, g.start + g.n))
                 s.num_done += g.n
                 s.group = None
-            if result.sampled is not None:
-                for i, g in enumerate(result.sampled.groups):
-                    owner[id(g)].feed = (result.sampled, i)
-                self._pending.append((result.sampled, [owner[id(g)] for g in result.sampled.groups]))
+            if (sampled := result.sampled) is not None:
+                seqs = [owner[id(g)] for g in sampled.groups]
+                for i, s in enumerate(seqs):
+                    s.feed = (sampled, i)
+                self._pending.append(lambda: self._resolve_tokens(sampled, seqs))
+        return outputs + [o for resolve in pending for o in resolve()]
+
+    def _resolve_tokens(self, tokens, seqs: list[_Seq]) -> list[StepOutput]:
         outputs = []
-        for tokens, seqs in pending:
-            for s, smp in zip(seqs, tokens.resolve()):
-                if s.feed is not None and s.feed[0] is tokens:  # (this step may have sampled its next one)
-                    s.feed = None
-                if self._live.get(s.request_id) is s:  # not aborted or finished meanwhile
-                    outputs.append(self._append_token(s, smp.token, smp.group.depth, smp.logprobs))
+        for s, smp in zip(seqs, tokens.resolve()):
+            if s.feed is not None and s.feed[0] is tokens:  # (a later step may have sampled its next one)
+                s.feed = None
+            if self._live.get(s.request_id) is s:  # not aborted or finished meanwhile
+                outputs.append(self._append_token(s, smp.token, smp.group.depth, smp.logprobs))
+        return outputs
+
+    # ---- steady decode ------------------------------------------------------------------------
+    def _admissible(self) -> bool:
+        if not self.waiting or len(self.running) >= self.cfg.max_num_seqs:
+            return False
+        s = self.waiting[0]
+        return s.tables is not None or self.pool.blocks_needed(s.positions) <= self.pool.num_free
+
+    def _steady_possible(self) -> bool:
+        return (self.cfg.steady_decode and self.runner.supports_steady and bool(self.running)
+                and not self._admissible()
+                and all(s.group is not None and s.group.decoding and s.group.n == 1 and not s.prefill_only
+                        for s in self.running))
+
+    def _steady_must_end(self) -> bool:
+        return self._admissible() or not any(self._live.get(s.request_id) is s for s in self._steady_seqs)
+
+    def _resolve_steady(self, handle, seqs: list[_Seq]) -> list[StepOutput]:
+        done, tokens, depths, *top = handle.resolve()
+        outputs = []
+        for lane, s in enumerate(seqs):
+            if not done[lane] or self._live.get(s.request_id) is not s:
+                continue
+            s.num_done += 1
+            k = s.params.logprobs
+            lp = dict(zip(top[1][lane][:k], top[0][lane][:k])) if k else None
+            outputs.append(self._append_token(s, tokens[lane], depths[lane], lp))
+            if self._live.get(s.request_id) is not s:  # finished: its lane stops writing
+                self._steady.deactivate(lane)
+                self._in_flight_freed = True
+        return outputs
+
+    def _end_steady(self) -> list[StepOutput]:
+        """Back to the regular path: read everything back, give each live lane its group again."""
+        outputs = [o for resolve in self._pending for o in resolve()]
+        self._pending = []
+        for s, st in zip(self._steady_seqs, self._steady.lane_states()):
+            if self._live.get(s.request_id) is s:
+                s.group = Group([s.output[-1]], st["start"], s.tables, s.params, True, samples=True,
+                                output_index=st["output_index"], depth=st["depth"], inject=st["inject"],
+                                state=st["state"], survival=st["survival"])
+        self._steady, self._steady_seqs = None, []
         return outputs
 
     def _append_token(self, s: _Seq, tok: int, depth: int, top) -> StepOutput:

@@ -22,6 +22,7 @@ from rlt.control.validation import ResolvedParams
 from rlt.kernels import mode
 from rlt.kernels.paged_attention import PagedMetadata, kernel_fields, paged_attention, plan_kernel, write_kv
 from rlt.kernels.sampler import SamplingTensors, sample, top_logprobs
+from rlt.models.layers import EmbeddingInput
 from rlt.workers.exit_policy import should_exit, update_survival
 from rlt.workers.kv_pool import BlockTables, KVPool
 from rlt.workers.step_buffers import StepBuffers
@@ -143,12 +144,18 @@ class Runner:
         self.one = torch.ones(1, device=device)  # survival before the first loop (read-only)
         # CUDA runs the Triton attention; RLT_TORCH_ATTENTION=1 keeps the reference (for comparisons).
         self.use_kernels = torch.device(device).type == "cuda" and os.environ.get("RLT_TORCH_ATTENTION") != "1"
+        # Steady decode (rlt/workers/steady.py) needs the loop input to be the token embedding.
+        self.supports_steady = not pool.has_boundary and isinstance(model, EmbeddingInput)
         self.graphs = None
         if self.use_kernels and cuda_graph_max_batch > 0:
             from rlt.workers.cuda_graphs import DecodeGraphs
 
             self.graphs = DecodeGraphs(model, pool, mc.hidden_size, pool.cache.dtype, device, cuda_graph_max_batch,
                                        _Attention)
+
+    def attention(self, core: PagedMetadata) -> "_Attention":
+        """The models' Attention interface over the pool for a core pass with this metadata."""
+        return _Attention(self.pool.cache, core, None)
 
     def _attention_fields(self, prefix: str, groups, row_starts) -> dict:
         """On CUDA, the Triton attention's integer metadata, packed with the rest of the step."""

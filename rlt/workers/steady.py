@@ -1,0 +1,147 @@
+"""Steady decode: every running request has exactly one decode row in flight and nothing else is
+scheduled, so a loop step needs nothing from the host.
+
+Each request is a lane with its state on the device (hidden state, depth, position, survival,
+output index, block tables of every plane, sampling and exit parameters). One step runs the core
+over every lane at its own depth, decides exits on the device, samples every lane (the host keeps
+only the exited ones), does the LAST_EXITED finalize copies under a mask, and advances each lane:
+an exited lane starts its next token (embedding of the sampled token, depth 0, next position), the
+others go one loop deeper. Exits and tokens come back asynchronously, one step late, like the
+regular path's tokens; the host launches step t+1 before it reads step t. A lane whose request ends
+is masked off (it then writes only the scratch block). Families whose embedding is the loop input
+(Ouro, Nanbeige) run here; Huginn's prelude/coda keep the regular path.
+"""
+
+import numpy as np
+import torch
+
+from rlt.kernels.paged_attention import PagedMetadata
+from rlt.kernels.sampler import SamplingTensors, sample, top_logprobs
+from rlt.workers.exit_policy import should_exit, update_survival
+
+
+class SteadyPending:
+    """One step's exits, tokens and exit depths on their way to the host."""
+
+    def __init__(self, tensors: tuple[torch.Tensor, ...]):
+        if tensors[0].is_cuda:
+            self._host = tuple(torch.empty(t.shape, dtype=t.dtype, pin_memory=True) for t in tensors)
+            for h, t in zip(self._host, tensors):
+                h.copy_(t, non_blocking=True)
+            self._event = torch.cuda.Event()
+            self._event.record()
+        else:
+            self._host, self._event = tensors, None
+
+    def resolve(self) -> tuple[list, ...]:
+        if self._event is not None:
+            self._event.synchronize()
+        return tuple(h.tolist() for h in self._host)
+
+
+class SteadyDecode:
+    @torch.inference_mode()
+    def __init__(self, runner, groups):
+        """groups: one single-row decode group per lane (some may not be embedded yet)."""
+        self.runner, self.model, self.pool = runner, runner.model, runner.pool
+        self.params = [g.params for g in groups]
+        self.lanes = len(groups)
+        dev, pool, bs = runner.device, runner.pool, runner.pool.block_size
+        self.depth_max = runner.mc.depth
+
+        def t(values, dtype=torch.int64):
+            return torch.tensor(values, dtype=dtype, device=dev)
+
+        W = max(len(tab) for g in groups for tab in g.tables.core)
+        tables = np.full((self.lanes, pool.num_core_planes, W), pool.scratch_block, dtype=np.int64)
+        for i, g in enumerate(groups):
+            for p, tab in enumerate(g.tables.core):
+                tables[i, p, :len(tab)] = tab
+        self.tables = torch.from_numpy(tables).to(dev)
+        self.pos, self.depth = t([g.start for g in groups]), t([g.depth for g in groups])
+        self.out_idx = t([g.output_index for g in groups])
+        self.active = torch.ones(self.lanes, dtype=torch.bool, device=dev)
+        self.surv = torch.cat([runner.one if g.survival is None else g.survival for g in groups]).float()
+        ps = self.params
+        self.min_loops, self.max_loops = t([p.min_loops for p in ps]), t([p.max_loops for p in ps])
+        self.threshold = t([p.exit_threshold for p in ps], torch.float32)
+        self.max_tokens = t([p.max_tokens for p in ps])
+        self.sampling = SamplingTensors(t([p.temperature for p in ps], torch.float32), t([p.top_k for p in ps]),
+                                        t([p.top_p for p in ps], torch.float32), t([p.sampling_seed for p in ps]),
+                                        self.out_idx)
+        self.greedy = all(p.temperature == 0 for p in ps)
+        self.top_k = max(p.logprobs for p in ps)
+        self.scratch_slot = pool.scratch_block * bs
+        # Lanes not embedded yet: their token is on the host (ids) or still on the device (feed).
+        new = [i for i, g in enumerate(groups) if g.state is None]
+        emb = None
+        if new:
+            ids = t([groups[i].ids[0] for i in new])
+            fed = [(k, groups[i].feed) for k, i in enumerate(new) if groups[i].feed is not None]
+            for k, (tokens, j) in fed:
+                ids[k] = tokens.tokens[j]
+            emb = self.model.embed(ids, None, None)
+        k = iter(range(len(new)))
+        self.x = torch.cat([g.state if g.state is not None else emb[next(k)].unsqueeze(0) for g in groups])
+        k = iter(range(len(new)))
+        self.inject = torch.cat([g.inject if g.state is not None else emb[next(k)].unsqueeze(0) for g in groups])
+
+    @torch.inference_mode()
+    def deactivate(self, lane: int) -> None:
+        """Its request ended: the lane keeps its place but writes only the scratch block."""
+        self.active[lane] = False
+
+    @torch.inference_mode()
+    def step(self) -> SteadyPending:
+        pool, bs, D = self.pool, self.pool.block_size, self.depth_max
+        lanes = torch.arange(self.lanes, device=self.x.device)
+        plane = self.depth if pool.layout == "last_exited" else torch.zeros_like(self.depth)
+        table = self.tables[lanes, plane]  # [L, W]: each lane's plane for this loop
+        block_of = (self.pos // bs).unsqueeze(1)
+        slot = table.gather(1, block_of).squeeze(1) * bs + self.pos % bs
+        slot = torch.where(self.active, slot, self.scratch_slot)
+        table = torch.where(self.active.unsqueeze(1), table, pool.scratch_block)
+        x, gate = self._core(slot, table)
+        depth = self.depth + 1
+        surv = update_survival(self.surv, gate)
+        done = should_exit(depth, surv, self.min_loops, self.max_loops, self.threshold) & self.active
+        logits = self.model.head(x, None, None)
+        tokens = sample(logits, self.sampling, greedy=self.greedy)
+        top = top_logprobs(logits, self.top_k) if self.top_k else ()
+        if pool.layout == "last_exited":  # exited at depth e < D: its K/V into planes e+1..D, masked
+            c = pool.cache
+            for p in range(1, D):
+                dst = self.tables[:, p].gather(1, block_of).squeeze(1) * bs + self.pos % bs
+                dst = torch.where(done & (depth <= p), dst, self.scratch_slot)
+                c[dst // bs, :, :, dst % bs] = c[slot // bs, :, :, slot % bs]
+        emb = self.model.embed(tokens, None, None)
+        nxt = done.unsqueeze(1)
+        self.x, self.inject = torch.where(nxt, emb, x), torch.where(nxt, emb, self.inject)
+        self.active = self.active & ~(done & (self.out_idx + 1 >= self.max_tokens))  # length: the lane ends
+        self.depth = torch.where(done | ~self.active, 0, depth)  # (an ended lane idles at depth 0)
+        self.pos = self.pos + done
+        self.surv = torch.where(done, 1.0, surv)
+        self.out_idx += done  # in place: the sampling parameters hold this tensor
+        return SteadyPending((done, tokens, depth) + tuple(top))
+
+    def _core(self, slot: torch.Tensor, table: torch.Tensor):
+        r = self.runner
+        if r.graphs is not None and r.graphs.fits(self.lanes):
+            return r.graphs.run_device(self.x, self.inject, self.pos, slot, table)
+        kernel = None
+        if r.use_kernels:  # one row per segment; positions stay on the device
+            ar = torch.arange(self.lanes, device=self.x.device)
+            kernel = {"tile_seg": ar, "tile_row": torch.zeros_like(ar), "seg_row0": ar,
+                      "seg_rows": torch.ones_like(ar), "seg_q0": self.pos}
+            q_starts = [0] * self.lanes  # (read by the reference path only)
+        else:
+            q_starts = self.pos.tolist()  # CPU: the reference attention loops over segments on the host
+        meta = PagedMetadata(slot, table, list(range(self.lanes + 1)), q_starts, self.pool.block_size, kernel)
+        return self.model.loop(self.x, self.inject, self.pos, r.attention(meta))
+
+    def lane_states(self) -> list[dict]:
+        """Every lane's state on the host side of the regular path (after the last step is resolved)."""
+        depth, pos, out_idx, active = (t.tolist() for t in (self.depth, self.pos, self.out_idx, self.active))
+        return [dict(depth=depth[i], start=pos[i], output_index=out_idx[i], active=active[i],
+                     state=self.x[i:i + 1], inject=self.inject[i:i + 1], survival=self.surv[i:i + 1])
+                for i in range(self.lanes)]
