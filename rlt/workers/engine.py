@@ -282,7 +282,10 @@ class LoopEngine:
                         for s in self.running))
 
     def _steady_must_end(self) -> bool:
-        return self._admissible() or not any(self._live.get(s.request_id) is s for s in self._steady_seqs)
+        """A request could be admitted, or over a quarter of the lanes ended (they would keep
+        computing on the scratch block): back to the regular path, which re-enters compacted."""
+        dead = sum(self._live.get(s.request_id) is not s for s in self._steady_seqs)
+        return self._admissible() or dead > len(self._steady_seqs) // 4
 
     def _resolve_steady(self, handle, seqs: list[_Seq]) -> list[StepOutput]:
         done, tokens, depths, *top = handle.resolve()
