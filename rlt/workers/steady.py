@@ -97,7 +97,8 @@ class SteadyDecode:
         lanes = torch.arange(self.lanes, device=self.x.device)
         plane = self.depth if pool.layout == "last_exited" else torch.zeros_like(self.depth)
         table = self.tables[lanes, plane]  # [L, W]: each lane's plane for this loop
-        block_of = (self.pos // bs).unsqueeze(1)
+        # (an ended lane's position may sit one past its last block: clamp, it writes scratch anyway)
+        block_of = (self.pos // bs).clamp(max=self.tables.shape[2] - 1).unsqueeze(1)
         slot = table.gather(1, block_of).squeeze(1) * bs + self.pos % bs
         slot = torch.where(self.active, slot, self.scratch_slot)
         table = torch.where(self.active.unsqueeze(1), table, pool.scratch_block)
