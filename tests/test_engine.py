@@ -235,13 +235,18 @@ def test_step_buffers_pack_and_append():
     assert w["y"].tolist() == list(range(30)) and big["x"].tolist() == list(range(40))
 
 
-@pytest.mark.parametrize("family,layout", [("ouro", "last_exited"), ("ouro", "shared"), ("nanbeige", "last_exited")])
-def test_steady_decode_equals_the_regular_path(checkpoints, family, layout):
+@pytest.mark.parametrize("family,layout,fixed", [("ouro", "last_exited", False), ("ouro", "shared", False),
+                                                 ("ouro", "last_exited", True), ("nanbeige", "last_exited", True)])
+def test_steady_decode_equals_the_regular_path(checkpoints, family, layout, fixed):
     """Decode stretches run as device-side lanes give the same tokens, exit depths and logprobs as
-    the regular path: mixed sampling and exit parameters, arrivals that end and restart steady
-    decode, a stop token, an abort; every block comes back."""
+    the regular path: mixed sampling and exit parameters (or fixed depth, where passes no lane can
+    exit in skip the head), arrivals that end and restart steady decode, a stop token, an abort;
+    every block comes back."""
+    import msgspec
+
     mc, new_engine = make(checkpoints[family], family, layout)
-    params = mixed_params(family)
+    params = [msgspec.structs.replace(p, exit_threshold=None, min_loops=None) if fixed else p
+              for p in mixed_params(family)]
     toks = [o[0] for o in run(new_engine(steady_decode=False), mc, {"s": (PROMPTS[1], params[0])})["s"]]
     stop = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True, stop_token_ids=[toks[4]], logprobs=1,
                           exit_threshold=0.5 if family == "ouro" else None)

@@ -242,7 +242,8 @@ class LoopEngine:
         if self._steady is not None:
             handle, lanes = self._steady.step(), self._steady_seqs
             self.steady_steps += 1
-            self._pending.append(lambda: self._resolve_steady(handle, lanes))
+            if handle is not None:
+                self._pending.append(lambda: self._resolve_steady(handle, lanes))
         elif active := [s for s in self.running if s.group is not None]:
             result = self.runner.step([s.group for s in active])
             owner = {id(s.group): s for s in active}

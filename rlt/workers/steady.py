@@ -8,8 +8,10 @@ only the exited ones), does the LAST_EXITED finalize copies under a mask, and ad
 an exited lane starts its next token (embedding of the sampled token, depth 0, next position), the
 others go one loop deeper. Exits and tokens come back asynchronously, one step late, like the
 regular path's tokens; the host launches step t+1 before it reads step t. A lane whose request ends
-is masked off (it then writes only the scratch block). Families whose embedding is the loop input
-(Ouro, Nanbeige) run here; Huginn's prelude/coda keep the regular path.
+is masked off (it then writes only the scratch block). When every lane runs at fixed depth the host
+knows which passes no lane can exit in, and those skip the head, sampling and advance. Families
+whose embedding is the loop input (Ouro, Nanbeige) run here; Huginn's prelude/coda keep the
+regular path.
 """
 
 import numpy as np
@@ -72,6 +74,10 @@ class SteadyDecode:
         self.greedy = all(p.temperature == 0 for p in ps)
         self.top_k = max(p.logprobs for p in ps)
         self.scratch_slot = pool.scratch_block * bs
+        # Fixed depth everywhere: the host knows on which loops a lane can exit and skips the head,
+        # sampling and advance on the others (lanes ended on the device only make it cautious).
+        self.fixed = all(p.exit_threshold >= 1.0 for p in ps)
+        self.host_depth, self.alive = [g.depth for g in groups], [True] * self.lanes
         # Lanes not embedded yet: their token is on the host (ids) or still on the device (feed).
         new = [i for i, g in enumerate(groups) if g.state is None]
         emb = None
@@ -90,9 +96,18 @@ class SteadyDecode:
     def deactivate(self, lane: int) -> None:
         """Its request ended: the lane keeps its place but writes only the scratch block."""
         self.active[lane] = False
+        self.alive[lane] = False
+
+    def _may_exit(self) -> bool:
+        if not self.fixed:
+            return True
+        nxt = [d + 1 for d in self.host_depth]
+        self.host_depth = [0 if n >= p.max_loops else n for n, p in zip(nxt, self.params)]
+        return any(a and n >= p.max_loops for a, n, p in zip(self.alive, nxt, self.params))
 
     @torch.inference_mode()
-    def step(self) -> SteadyPending:
+    def step(self) -> SteadyPending | None:
+        """Launch one pass over every lane; None when no lane could exit in it (nothing to read)."""
         pool, bs, D = self.pool, self.pool.block_size, self.depth_max
         lanes = torch.arange(self.lanes, device=self.x.device)
         plane = self.depth if pool.layout == "last_exited" else torch.zeros_like(self.depth)
@@ -104,6 +119,9 @@ class SteadyDecode:
         table = torch.where(self.active.unsqueeze(1), table, pool.scratch_block)
         x, gate = self._core(slot, table)
         depth = self.depth + 1
+        if not self._may_exit():
+            self.x, self.depth = x, torch.where(self.active, depth, 0)
+            return None
         surv = update_survival(self.surv, gate)
         done = should_exit(depth, surv, self.min_loops, self.max_loops, self.threshold) & self.active
         logits = self.model.head(x, None, None)
