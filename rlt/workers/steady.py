@@ -79,18 +79,18 @@ class SteadyDecode:
         self.fixed = all(p.exit_threshold >= 1.0 for p in ps)
         self.host_depth, self.alive = [g.depth for g in groups], [True] * self.lanes
         # Lanes not embedded yet: their token is on the host (ids) or still on the device (feed).
+        x, inject = [g.state for g in groups], [g.inject for g in groups]
         new = [i for i, g in enumerate(groups) if g.state is None]
-        emb = None
         if new:
             ids = t([groups[i].ids[0] for i in new])
-            fed = [(k, groups[i].feed) for k, i in enumerate(new) if groups[i].feed is not None]
-            for k, (tokens, j) in fed:
-                ids[k] = tokens.tokens[j]
+            for k, i in enumerate(new):
+                if groups[i].feed is not None:
+                    tokens, j = groups[i].feed
+                    ids[k] = tokens.tokens[j]
             emb = self.model.embed(ids, None, None)
-        k = iter(range(len(new)))
-        self.x = torch.cat([g.state if g.state is not None else emb[next(k)].unsqueeze(0) for g in groups])
-        k = iter(range(len(new)))
-        self.inject = torch.cat([g.inject if g.state is not None else emb[next(k)].unsqueeze(0) for g in groups])
+            for k, i in enumerate(new):
+                x[i] = inject[i] = emb[k:k + 1]
+        self.x, self.inject = torch.cat(x), torch.cat(inject)
 
     @torch.inference_mode()
     def deactivate(self, lane: int) -> None:
