@@ -287,7 +287,8 @@ async def test_launch_rejects_bad_options_before_spawning(checkpoints):
     before = set(children())
     for kwargs, msg in [(dict(topology="1p0d"), "topology .1p0d."), (dict(topology="pd"), "topology .pd."), (dict(dtype="int8"), "dtype 'int8'"),
                         (dict(device="tpu"), "device 'tpu'"), (dict(bogus=1), "unknown option 'bogus'"),
-                        (dict(block_size=0), "block_size must be"), (dict(kv_layout="x"), "kv_layout 'x'")]:
+                        (dict(block_size=0), "block_size must be"), (dict(kv_layout="x"), "kv_layout 'x'"),
+                        (dict(steady_decode="yes"), "steady_decode must be True or False, got 'yes'")]:
         with pytest.raises(ValueError, match=msg):
             rlt.Engine.launch(checkpoints["ouro"], **kwargs)
     with pytest.raises(rlt.ConfigError, match="'total_ut_steps'"):

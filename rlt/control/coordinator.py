@@ -32,7 +32,7 @@ from rlt.sampling_params import SamplingParams
 log = logging.getLogger("rlt")
 
 ENGINE_OPTIONS = ("kv_layout", "block_size", "num_blocks", "kv_memory_bytes", "max_num_seqs", "prefill_chunk",
-                  "max_num_batched_tokens", "batch_invariant", "cuda_graph_max_batch")
+                  "max_num_batched_tokens", "batch_invariant", "cuda_graph_max_batch", "steady_decode")
 COORDINATOR_OPTIONS = {"startup_timeout": 300.0, "heartbeat_interval": 0.5, "heartbeat_timeout": 10.0,
                        "restart": True, "transfer_timeout": 30.0}
 
@@ -112,6 +112,9 @@ class Engine:
             v = options.get(name)
             if v is not None and (not isinstance(v, int) or v < 1):
                 raise ValueError(f"{name} must be an integer >= 1, got {v!r}")
+        for name in ("batch_invariant", "steady_decode"):
+            if name in options and not isinstance(options[name], bool):
+                raise ValueError(f"{name} must be True or False, got {options[name]!r}")
         if model is None:
             from rlt.default_model import default_model_path
 
