@@ -75,9 +75,9 @@ def prefill_floor_ms(model, mc, n: int) -> float:
 def decode_roofline(model, mc, concurrency: int, context: int, copy_gbps: float) -> dict:
     """Time per decode step of `concurrency` sequences at `context` tokens, at full depth."""
     weights = sum(w.numel() * w.element_size() for L in _layers(model) for w in L)
-    g = mc.kv
-    kv_layer = context * 2 * g.num_kv_heads * g.head_dim * 2  # one row's K and V of one layer, bf16
-    head = mc.vocab_size * mc.hidden_size * 2
+    g, es = mc.kv, _layers(model)[0][0].element_size()  # the KV pool and head use the weights' dtype
+    kv_layer = context * 2 * g.num_kv_heads * g.head_dim * es  # one row's K and V of one layer
+    head = mc.vocab_size * mc.hidden_size * es
     step_bytes = (mc.depth * (weights + concurrency * kv_layer * g.num_core_layers) + head
                   + concurrency * kv_layer * g.num_boundary_layers)
     ms = step_bytes / copy_gbps / 1e6

@@ -267,3 +267,24 @@ def test_steady_decode_equals_the_regular_path(checkpoints, family, layout, fixe
             assert (a or {}).keys() == (b or {}).keys() and all(abs(a[t] - b[t]) < 1e-5 for t in a or ())
     assert [o[0] for o in runs[True]["s"]][-1] == toks[4] and runs[True]["s"][-1][3] == "stop"
     assert 0 < len(runs[True]["1"]) < 7  # aborted mid-decode
+
+
+def test_decode_roofline_arithmetic(checkpoints):
+    """bench.py's decode roofline: core weights once per loop, every row's KV at every loop, the head."""
+    import os
+    import sys
+
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "scripts"))
+    import floors
+
+    mc = ModelConfig.from_pretrained(checkpoints["ouro"])
+    model = load_model(mc, torch.float32)
+    fc = mc.family_config
+    H, I, L = fc.hidden_size, fc.intermediate_size, fc.num_hidden_layers
+    q, kv = fc.num_attention_heads * fc.head_dim, fc.num_key_value_heads * fc.head_dim
+    weights = L * (H * (q + 2 * kv) + q * H + 2 * I * H + I * H) * 4  # float32 checkpoint
+    kv_row_loop = 100 * L * 2 * kv * 4  # 100 positions, K and V
+    head = mc.vocab_size * H * 4
+    got = floors.decode_roofline(model, mc, concurrency=3, context=100, copy_gbps=1.0)
+    assert got["bytes_per_step"] == mc.depth * (weights + 3 * kv_row_loop) + head
+    assert got["ms_per_step"] == round(got["bytes_per_step"] / 1e6, 3)
