@@ -38,9 +38,12 @@ fi
 if [ "${PROFILE:-1}" = 1 ] && [ "${OURO:-1}" = 1 ]; then
   for c in ${PROFILE_CONC:-1 128}; do
     for thr in ${PROFILE_THR:-1.0 0.5}; do
-      step "GPU profile of decode steps, concurrency $c, threshold $thr"
-      timeout 150 python3 scripts/profile_gpu.py --model /tmp/ouro-full --concurrency $c --threshold $thr --kv-gib ${KV_GIB:-120} \
-        --json-out "$OUT/profile_c${c}_t$thr.json" 2>&1 | tee "$OUT/profile_c${c}_t$thr.log" | tail -18
+      step "GPU profile of decode steps, concurrency $c, threshold $thr (steady decode on, then off)"
+      for steady in ${PROFILE_STEADY:-1 0}; do
+        timeout 150 python3 scripts/profile_gpu.py --model /tmp/ouro-full --concurrency $c --threshold $thr \
+          --kv-gib ${KV_GIB:-120} --steady-decode $steady --json-out "$OUT/profile_c${c}_t${thr}_s$steady.json" \
+          2>&1 | tee "$OUT/profile_c${c}_t${thr}_s$steady.log" | tail -18
+      done
     done
   done
 fi
