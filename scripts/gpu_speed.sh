@@ -2,7 +2,8 @@
 # Issue #6 on one H200 (device tool): install carried wheels, run the GPU tests, then the offline
 # benchmark with in-run ceilings (Ouro-1.4B decode, Nanbeige4.2-3B prefill), a GPU profile of
 # decode steps and, with SERVE_TOPOS (e.g. "2x 1p1d", on nvidia-h200-x2), the serving benchmark of
-# issue #6's P4. Logs and JSON go to $OUT.
+# issue #6's P4. Logs and JSON go to $OUT. Everything at once runs past one device call (10 min):
+# split it, e.g. PROFILE=0 first, then SKIP_TESTS=1 BENCH=0 NB=0 for the profiles.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/rlt-out}; mkdir -p "$OUT"
@@ -18,7 +19,7 @@ step "checkpoints (random bf16 weights at the official shapes, drawn on cuda)"
 [ "${OURO:-1}" = 1 ] && python3 -m rlt make-checkpoint --family ouro --preset full --out /tmp/ouro-full --device cuda >/dev/null &
 [ "${NB:-1}" = 1 ] && python3 -m rlt make-checkpoint --family nanbeige --preset full --out /tmp/nb-full --device cuda >/dev/null
 wait
-if [ "${OURO:-1}" = 1 ]; then
+if [ "${OURO:-1}" = 1 ] && [ "${BENCH:-1}" = 1 ]; then
   step "offline decode, Ouro-1.4B shapes, 1K context, with ceilings"
   timeout ${BENCH_TIMEOUT:-240} python3 scripts/bench.py --model /tmp/ouro-full --device cuda --concurrency ${CONC:-1,16,64,128} \
     --threshold ${THR:-1.0,0.5} --prompt-len 1024 --max-tokens 64 --kv-gib ${KV_GIB:-120} --floors --json-out "$OUT/bench_ouro.json" \
