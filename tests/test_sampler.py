@@ -79,3 +79,18 @@ def test_top_p_one_and_top_k_off_drop_nothing():
     assert not off.any()
     cut = dropped(scaled, torch.full((64,), 10), torch.full((64,), 0.9))
     assert (cut.sum(-1) >= 50000 - 10).all()
+
+
+def test_unfiltered_shortcut_draws_the_same_tokens():
+    """filtered=False (no row uses top-k/top-p: no sort) gives the tokens of the full path, greedy
+    rows included; with filtering on the draws differ somewhere."""
+    g = torch.Generator().manual_seed(1)
+    logits = 2 * torch.randn(40, 3000, generator=g)
+    p = params(40, temperature=0.8, seed=7)
+    p.temperature[::5] = 0.0
+    p.output_index.copy_(torch.arange(40))
+    full = sample(logits, p)
+    assert torch.equal(sample(logits, p, filtered=False), full)
+    assert torch.equal(full[::5], logits[::5].argmax(-1))
+    p.top_k.fill_(3)
+    assert not torch.equal(sample(logits, p), full)

@@ -23,9 +23,10 @@ class SamplingTensors:
     output_index: torch.Tensor  # int64: which output token of its request this row samples
 
 
-def sample(logits: torch.Tensor, p: SamplingTensors, greedy: bool | None = None) -> torch.Tensor:
-    """logits [B, V] -> token ids [B] (int64). greedy: the caller knows every temperature is 0 (no
-    device read-back to find out)."""
+def sample(logits: torch.Tensor, p: SamplingTensors, greedy: bool | None = None,
+           filtered: bool = True) -> torch.Tensor:
+    """logits [B, V] -> token ids [B] (int64). What the caller knows saves device work and
+    read-backs: greedy, every temperature is 0; filtered=False, no row uses top-k or top-p (no sort)."""
     logits = logits.float()
     if greedy is None:
         greedy = bool((p.temperature == 0).all())
@@ -35,8 +36,9 @@ def sample(logits: torch.Tensor, p: SamplingTensors, greedy: bool | None = None)
     scaled = logits / torch.where(p.temperature > 0, p.temperature, 1.0).unsqueeze(1)
     rank = torch.arange(logits.shape[1], device=logits.device).unsqueeze(0)
     noise = gumbel(p.seed.unsqueeze(1), p.output_index.unsqueeze(1), rank)
-    sampled = (scaled.masked_fill(dropped(scaled, p.top_k, p.top_p), float("-inf")) + noise).argmax(dim=-1)
-    return torch.where(p.temperature > 0, sampled, greedy)
+    if filtered:
+        scaled = scaled.masked_fill(dropped(scaled, p.top_k, p.top_p), float("-inf"))
+    return torch.where(p.temperature > 0, (scaled + noise).argmax(dim=-1), greedy)
 
 
 def dropped(scaled: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:

@@ -296,6 +296,7 @@ class Runner:
         if not sampling:
             return
         st = SamplingTensors(t["temperature"], t["top_k"], t["top_p"], t["seed"], t["output_index"])
-        tokens = sample(logits, st, greedy=all(g.params.temperature == 0 for g in sampling))
+        tokens = sample(logits, st, greedy=all(g.params.temperature == 0 for g in sampling),
+                        filtered=any(g.params.top_k > 0 or g.params.top_p < 1.0 for g in sampling))
         k = max(g.params.logprobs for g in sampling)
         result.sampled = PendingTokens(sampling, tokens, top_logprobs(logits, k) if k else None)

@@ -72,6 +72,7 @@ class SteadyDecode:
                                         t([p.top_p for p in ps], torch.float32), t([p.sampling_seed for p in ps]),
                                         self.out_idx)
         self.greedy = all(p.temperature == 0 for p in ps)
+        self.filtered = any(p.top_k > 0 or p.top_p < 1.0 for p in ps)
         self.top_k = max(p.logprobs for p in ps)
         self.scratch_slot = pool.scratch_block * bs
         # Fixed depth everywhere: the host knows on which loops a lane can exit and skips the head,
@@ -125,7 +126,7 @@ class SteadyDecode:
         surv = update_survival(self.surv, gate)
         done = should_exit(depth, surv, self.min_loops, self.max_loops, self.threshold) & self.active
         logits = self.model.head(x, None, None)
-        tokens = sample(logits, self.sampling, greedy=self.greedy)
+        tokens = sample(logits, self.sampling, greedy=self.greedy, filtered=self.filtered)
         top = top_logprobs(logits, self.top_k) if self.top_k else ()
         if pool.layout == "last_exited":  # exited at depth e < D: its K/V into planes e+1..D, masked
             c = pool.cache
