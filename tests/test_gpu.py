@@ -19,6 +19,21 @@ from rlt.workers.engine import EngineConfig, LoopEngine
 pytestmark = pytest.mark.gpu
 
 
+PROMPTS = [[5 + (i * 7 + j) % 400 for j in range(n)] for i, n in enumerate((9, 30, 17, 44, 3))]
+
+
+def decode_all(mc, model, cfg, prompts, sp, dtype=torch.bfloat16, device="cuda"):
+    """Every prompt through one engine at once -> ({id: [(token, depth, logprobs)]}, the engine)."""
+    eng = LoopEngine(mc, model, cfg, dtype, device)
+    for i, p in enumerate(prompts):
+        eng.add_request(str(i), p, resolve_params(mc, len(p), sp))
+    out = {str(i): [] for i in range(len(prompts))}
+    while eng.has_work():
+        for o in eng.step():
+            out[o.request_id].append((o.token_id, o.exit_depth, o.logprobs))
+    return out, eng
+
+
 def first_logprobs(path, device, dtype, prompt):
     mc = ModelConfig.from_pretrained(path, hf_overrides={"mean_recurrence": 8} if "huginn" in path else None)
     eng = LoopEngine(mc, load_model(mc, dtype, device), EngineConfig(num_blocks=256), dtype, device)
@@ -243,20 +258,12 @@ def test_cuda_graphs_equal_eager(checkpoints, family):
     mc = ModelConfig.from_pretrained(checkpoints[family], hf_overrides={"mean_recurrence": 6} if family == "huginn"
                                      else None)
     model = load_model(mc, torch.bfloat16, "cuda")
-    prompts = [[5 + (i * 7 + j) % 400 for j in range(n)] for i, n in enumerate((9, 30, 17, 44, 3))]
     sp = SamplingParams(max_tokens=14, temperature=0, ignore_eos=True, logprobs=3,
                         exit_threshold=0.5 if family == "ouro" else None)
 
     def run(graph_max):
-        eng = LoopEngine(mc, model, EngineConfig(num_blocks=512, prefill_chunk=8, batch_invariant=True,
-                                                 cuda_graph_max_batch=graph_max), torch.bfloat16, "cuda")
-        for i, p in enumerate(prompts):
-            eng.add_request(str(i), p, resolve_params(mc, len(p), sp))
-        out = {str(i): [] for i in range(len(prompts))}
-        while eng.has_work():
-            for o in eng.step():
-                out[o.request_id].append((o.token_id, o.exit_depth, o.logprobs))
-        return out, eng
+        return decode_all(mc, model, EngineConfig(num_blocks=512, prefill_chunk=8, batch_invariant=True,
+                                                  cuda_graph_max_batch=graph_max), PROMPTS, sp)
 
     try:
         eager, _ = run(0)
@@ -310,15 +317,9 @@ def test_cuda_decode_equals_cpu_in_float32(checkpoints, family):
     prompts = [[5 + (i * 11 + j) % 400 for j in range(n)] for i, n in enumerate((12, 33, 7))]
 
     def run(device):
-        eng = LoopEngine(mc, load_model(mc, torch.float32, device), EngineConfig(num_blocks=256, prefill_chunk=16),
-                         torch.float32, device)
-        for i, p in enumerate(prompts):
-            eng.add_request(str(i), p, resolve_params(mc, len(p), sp))
-        out = {str(i): [] for i in range(len(prompts))}
-        while eng.has_work():
-            for o in eng.step():
-                out[o.request_id].append((o.token_id, o.exit_depth))
-        return out
+        out, _ = decode_all(mc, load_model(mc, torch.float32, device), EngineConfig(num_blocks=256, prefill_chunk=16),
+                            prompts, sp, torch.float32, device)
+        return {rid: [o[:2] for o in outs] for rid, outs in out.items()}
 
     assert run("cuda") == run("cpu")
 
@@ -333,20 +334,13 @@ def test_steady_decode_equals_regular_on_cuda(checkpoints, family, graphs):
 
     mc = ModelConfig.from_pretrained(checkpoints[family])
     model = load_model(mc, torch.bfloat16, "cuda")
-    prompts = [[5 + (i * 7 + j) % 400 for j in range(n)] for i, n in enumerate((9, 30, 17, 44, 3))]
     sp = SamplingParams(max_tokens=14, temperature=0, ignore_eos=True, logprobs=3,
                         exit_threshold=0.5 if family == "ouro" else None)
 
     def run(steady):
-        eng = LoopEngine(mc, model, EngineConfig(num_blocks=512, prefill_chunk=8, batch_invariant=True,
-                                                 cuda_graph_max_batch=graphs, steady_decode=steady),
-                         torch.bfloat16, "cuda")
-        for i, p in enumerate(prompts):
-            eng.add_request(str(i), p, resolve_params(mc, len(p), sp))
-        out = {str(i): [] for i in range(len(prompts))}
-        while eng.has_work():
-            for o in eng.step():
-                out[o.request_id].append((o.token_id, o.exit_depth, o.logprobs))
+        out, eng = decode_all(mc, model, EngineConfig(num_blocks=512, prefill_chunk=8, batch_invariant=True,
+                                                      cuda_graph_max_batch=graphs, steady_decode=steady),
+                              PROMPTS, sp)
         return out, eng.steady_steps
 
     try:

@@ -18,7 +18,7 @@ from rlt.config import ModelConfig
 from rlt.control.validation import ResolvedParams
 from rlt.errors import RequestError
 from rlt.workers.kv_pool import BlockTables, KVPool
-from rlt.workers.runner import Group, Runner
+from rlt.workers.runner import Group, Runner, top_dict
 from rlt.workers.steady import SteadyDecode
 
 
@@ -295,9 +295,7 @@ class LoopEngine:
             if not done[lane] or self._live.get(s.request_id) is not s:
                 continue
             s.num_done += 1
-            k = s.params.logprobs
-            lp = dict(zip(top[1][lane][:k], top[0][lane][:k])) if k else None
-            outputs.append(self._append_token(s, tokens[lane], depths[lane], lp))
+            outputs.append(self._append_token(s, tokens[lane], depths[lane], top_dict(top, lane, s.params.logprobs)))
             if self._live.get(s.request_id) is not s:  # finished: its lane stops writing
                 self._steady.deactivate(lane)
                 self._in_flight_freed = True

@@ -25,7 +25,7 @@ from rlt.kernels.sampler import SamplingTensors, sample, top_logprobs
 from rlt.models.layers import EmbeddingInput
 from rlt.workers.exit_policy import should_exit, update_survival
 from rlt.workers.kv_pool import BlockTables, KVPool
-from rlt.workers.step_buffers import StepBuffers
+from rlt.workers.step_buffers import DeviceReadback, StepBuffers
 
 
 @dataclass
@@ -59,32 +59,22 @@ class Sampled:
 
 
 class PendingTokens:
-    """Tokens sampled by one step, still on their way to the host. On CUDA they are copied into
-    pinned memory without waiting, so the host can launch the next step (whose new decode rows read
-    these tokens on the device) before it reads them; resolve() waits for the copy."""
+    """Tokens sampled by one step, still on their way to the host: the host can launch the next
+    step (whose new decode rows read these tokens on the device) before it reads them."""
 
     def __init__(self, groups: list[Group], tokens: torch.Tensor, top: tuple | None):
         self.groups, self.tokens = groups, tokens  # tokens [S] int64 on the device
-        tensors = (tokens,) + (top or ())
-        if tokens.is_cuda:
-            self._host = tuple(torch.empty(t.shape, dtype=t.dtype, pin_memory=True) for t in tensors)
-            for h, t in zip(self._host, tensors):
-                h.copy_(t, non_blocking=True)
-            self._event = torch.cuda.Event()
-            self._event.record()
-        else:
-            self._host, self._event = tensors, None
+        self._readback = DeviceReadback((tokens,) + (top or ()))
 
     def resolve(self) -> list[Sampled]:
-        if self._event is not None:
-            self._event.synchronize()
-        tokens = self._host[0].tolist()
-        vals, ids = (self._host[1].tolist(), self._host[2].tolist()) if len(self._host) > 1 else (None, None)
-        out = []
-        for i, (g, tok) in enumerate(zip(self.groups, tokens)):
-            k = g.params.logprobs
-            out.append(Sampled(g, tok, dict(zip(ids[i][:k], vals[i][:k])) if k else None))
-        return out
+        tokens, *top = self._readback.resolve()
+        return [Sampled(g, tok, top_dict(top, i, g.params.logprobs))
+                for i, (g, tok) in enumerate(zip(self.groups, tokens))]
+
+
+def top_dict(top: list, row: int, k: int) -> dict[int, float] | None:
+    """A row's k most likely tokens as {id: logprob} from read-back (values, ids) lists; None if k is 0."""
+    return dict(zip(top[1][row][:k], top[0][row][:k])) if k else None
 
 
 @dataclass

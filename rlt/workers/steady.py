@@ -20,25 +20,7 @@ import torch
 from rlt.kernels.paged_attention import PagedMetadata
 from rlt.kernels.sampler import SamplingTensors, sample, top_logprobs
 from rlt.workers.exit_policy import should_exit, update_survival
-
-
-class SteadyPending:
-    """One step's exits, tokens and exit depths on their way to the host."""
-
-    def __init__(self, tensors: tuple[torch.Tensor, ...]):
-        if tensors[0].is_cuda:
-            self._host = tuple(torch.empty(t.shape, dtype=t.dtype, pin_memory=True) for t in tensors)
-            for h, t in zip(self._host, tensors):
-                h.copy_(t, non_blocking=True)
-            self._event = torch.cuda.Event()
-            self._event.record()
-        else:
-            self._host, self._event = tensors, None
-
-    def resolve(self) -> tuple[list, ...]:
-        if self._event is not None:
-            self._event.synchronize()
-        return tuple(h.tolist() for h in self._host)
+from rlt.workers.step_buffers import DeviceReadback
 
 
 class SteadyDecode:
@@ -107,8 +89,9 @@ class SteadyDecode:
         return any(a and n >= p.max_loops for a, n, p in zip(self.alive, nxt, self.params))
 
     @torch.inference_mode()
-    def step(self) -> SteadyPending | None:
-        """Launch one pass over every lane; None when no lane could exit in it (nothing to read)."""
+    def step(self) -> DeviceReadback | None:
+        """Launch one pass over every lane -> its (exited, tokens, exit depths[, top values, top ids])
+        on their way to the host; None when no lane could exit in it (nothing to read)."""
         pool, bs, D = self.pool, self.pool.block_size, self.depth_max
         lanes = torch.arange(self.lanes, device=self.x.device)
         plane = self.depth if pool.layout == "last_exited" else torch.zeros_like(self.depth)
@@ -142,7 +125,7 @@ class SteadyDecode:
         self.pos = self.pos + done
         self.surv = torch.where(done, 1.0, surv)
         self.out_idx += done  # in place: the sampling parameters hold this tensor
-        return SteadyPending((done, tokens, depth) + tuple(top))
+        return DeviceReadback((done, tokens, depth) + tuple(top))
 
     def _core(self, slot: torch.Tensor, table: torch.Tensor):
         r = self.runner

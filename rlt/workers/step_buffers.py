@@ -58,3 +58,23 @@ class StepBuffers:
             t = self.dev[o:o + int(np.prod(shape, dtype=np.int64))].view(shape)
             out[k] = t.to(torch.int32).view(torch.float32) if fields[k].dtype.kind == "f" else t
         return out
+
+
+class DeviceReadback:
+    """Device tensors on their way to the host: on CUDA copied into fresh pinned memory without
+    waiting (the host launches more work first); resolve() waits for the copy and returns lists."""
+
+    def __init__(self, tensors: tuple[torch.Tensor, ...]):
+        if tensors[0].is_cuda:
+            self._host = tuple(torch.empty(t.shape, dtype=t.dtype, pin_memory=True) for t in tensors)
+            for h, t in zip(self._host, tensors):
+                h.copy_(t, non_blocking=True)
+            self._event = torch.cuda.Event()
+            self._event.record()
+        else:
+            self._host, self._event = tensors, None
+
+    def resolve(self) -> tuple[list, ...]:
+        if self._event is not None:
+            self._event.synchronize()
+        return tuple(h.tolist() for h in self._host)
