@@ -15,6 +15,7 @@ from rlt.kernels.sampler import SamplingTensors, sample
 from rlt.models.loader import load_model
 from rlt.sampling_params import SamplingParams
 from rlt.workers.engine import EngineConfig, LoopEngine
+from kernel_cases import decode_case
 
 pytestmark = pytest.mark.gpu
 
@@ -152,12 +153,11 @@ def test_engine_batch_invariant_bf16(checkpoints, family):
 @pytest.mark.parametrize("H,Hkv,D", [(16, 16, 128), (48, 8, 128), (4, 2, 16), (55, 55, 96)])
 def test_triton_paged_attention_matches_reference(dtype, tol, H, Hkv, D):
     """Every tiling the runner uses (decode tiles, prefill tiles with prefix-free chunks on dense
-    SDPA, key splits) against the torch reference, on K/V written by the KV-write kernel."""
+    SDPA) against the torch reference, on K/V written by the KV-write kernel."""
     import random
 
     import numpy as np
 
-    from rlt.kernels import paged_attention_triton as pat
     from rlt.kernels.kv_write import write_kv
     from rlt.kernels.paged_attention import KernelPlan, PagedMetadata, kernel_fields, paged_attention, plan_kernel
 
@@ -201,15 +201,53 @@ def test_triton_paged_attention_matches_reference(dtype, tol, H, Hkv, D):
             got = paged_attention(cache, layer, meta(plan), q, k, v).float()
             assert (got - ref).abs().max() <= bound, plan
         m16 = meta(KernelPlan())
-        for splits in (2, 8, pat.MAX_DECODE_SPLITS):
-            split = pat.paged_attention(cache, layer, q, tab, m16.kernel, bs, splits=splits).float()
-            assert (split - ref).abs().max() <= bound
         # one segment alone gives the same bits as inside the batch
         alone = PagedMetadata(slots[row_starts[6]:row_starts[7]], tab[6:7], [0, 19], [700], bs,
                               {n: torch.from_numpy(a).cuda() for n, a in kernel_fields([0, 19], [700]).items()})
         r6 = slice(row_starts[6], row_starts[7])
         assert torch.equal(paged_attention(cache, layer, alone, q[r6], k[r6], v[r6]),
                            paged_attention(cache, layer, m16, q, k, v)[r6])
+
+
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-4), (torch.bfloat16, 2e-2)])
+@pytest.mark.parametrize("H,Hkv,D", [(16, 16, 128), (48, 8, 128), (4, 2, 16), (55, 55, 96)])
+def test_decode_attention_matches_reference(dtype, tol, H, Hkv, D):
+    """The decode kernel (GQA group per program; 1, 2, 8, MAX_SPLITS key slices and the planned
+    count) against the torch reference, and a decode-only pass through paged_attention takes it."""
+    from rlt.kernels import decode_attention as da
+    from rlt.kernels.paged_attention import PagedMetadata, kernel_fields, paged_attention
+
+    cache, meta, tab, q, pos = decode_case(H, Hkv, D, dtype, "cuda")
+    fields = {k: torch.from_numpy(a).cuda() for k, a in kernel_fields(meta.row_starts, meta.q_starts).items()}
+    kernel_meta = PagedMetadata(meta.slot_mapping, tab, meta.row_starts, meta.q_starts, meta.block_size, fields)
+    for layer in range(cache.shape[1]):
+        ref = paged_attention(cache, layer, meta, q, None, None).float()
+        bound = tol * max(1.0, ref.abs().max().item())
+        for splits in (1, 2, 8, da.MAX_SPLITS, None):
+            got = da.decode_attention(cache, layer, q, tab, pos, meta.block_size, splits).float()
+            assert (got - ref).abs().max() <= bound, splits
+        assert torch.equal(paged_attention(cache, layer, kernel_meta, q, None, None),
+                           da.decode_attention(cache, layer, q, tab, pos, meta.block_size))
+
+
+def test_gemv_matches_torch():
+    """Every GEMV config and the per-shape pick against F.linear, at decode shapes (Ouro's q/k/v,
+    output, gate/up, down projections) and a ragged one."""
+    import torch.nn.functional as F
+
+    from rlt.kernels import gemv as gv
+
+    g = torch.Generator(device="cuda").manual_seed(0)
+    for dtype, tol in ((torch.float32, 1e-4), (torch.bfloat16, 2e-2)):
+        for N, K in ((6144, 2048), (2048, 2048), (11264, 2048), (2048, 5632), (37, 300)):
+            x = torch.randn(1, K, device="cuda", generator=g).to(dtype)
+            w = (torch.randn(N, K, device="cuda", generator=g) / K ** 0.5).to(dtype)
+            ref = F.linear(x.float(), w.float())
+            bound = tol * ref.abs().max().item()
+            for cfg in gv.CONFIGS:
+                assert (gv.gemv(x, w, cfg).float() - ref).abs().max() <= bound, (N, K, cfg)
+            assert (gv.linear_one_row(x, w).float() - ref).abs().max() <= bound
+    assert set(gv.choices()) >= {"6144x2048", "2048x2048"}
 
 
 def test_fused_kernels_match_torch():

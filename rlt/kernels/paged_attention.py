@@ -83,18 +83,14 @@ def paged_attention(cache: torch.Tensor, layer: int, meta: PagedMetadata, q: tor
     if meta.kernel is not None:
         from rlt.kernels import mode, paged_attention_triton as pat
 
-        # Small decode-only passes (one row per segment, too few (row, head) programs to fill the
-        # GPU) split the keys (flash-decoding) into enough slices for one to two programs per SM;
-        # other passes do not. Batch-invariant mode never splits, so a decode row's result is the
-        # same whatever else its pass carries.
-        rows = meta.row_starts[-1]
-        decode_only = rows == len(meta.row_starts) - 1
-        programs = rows * q.shape[1]
-        splits = 1
-        if decode_only and not mode.batch_invariant and programs < pat.num_sms(q.device):
-            # a power of two with splits * programs in [SMs, 2 SMs)
-            splits = min(pat.MAX_DECODE_SPLITS, 1 << (pat.num_sms(q.device) // programs).bit_length())
-        out = pat.paged_attention(cache, layer, q, meta.block_table, meta.kernel, meta.block_size, splits,
+        # Decode-only passes (one row per segment) take the decode kernel: a GQA group per program,
+        # keys split to fill the GPU. Batch-invariant mode keeps every pass on the general kernel,
+        # so a decode row's result is the same whatever else its pass carries.
+        if meta.row_starts[-1] == len(meta.row_starts) - 1 and not mode.batch_invariant:
+            from rlt.kernels.decode_attention import decode_attention
+
+            return decode_attention(cache, layer, q, meta.block_table, meta.kernel["seg_q0"], meta.block_size)
+        out = pat.paged_attention(cache, layer, q, meta.block_table, meta.kernel, meta.block_size,
                                   meta.plan.tile_rows)
         for s in meta.plan.dense:
             r0, r1 = meta.row_starts[s], meta.row_starts[s + 1]

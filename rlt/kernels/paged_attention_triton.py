@@ -1,38 +1,29 @@
-"""Paged attention in Triton: every query row of every segment in one launch (plus a combine).
+"""Paged attention in Triton: every query row of every segment in one launch.
 
 A segment is a run of rows of one request at one plane (a prompt chunk, or one decode token);
 each reads its own block table, so rows at different loop depths share the launch. Flash-style:
-keys stream through in BLOCK_N tiles with an online softmax in float32, causal by position, split
-over SPLITS slices of the keys (flash-decoding) whose partials a second kernel merges. Same call and
-metadata as rlt/kernels/paged_attention.py (the reference it is tested against).
+keys stream through in BLOCK_N tiles with an online softmax in float32, causal by position. Passes
+carrying prompt chunks (and every pass in batch-invariant mode) run here; decode-only passes take
+rlt/kernels/decode_attention.py. Same call and metadata as rlt/kernels/paged_attention.py (the
+reference it is tested against).
 """
-
-import functools
 
 import torch
 import triton
 import triton.language as tl
 
 BLOCK_N = 64
-MAX_DECODE_SPLITS = 32  # key slices per (row, head) in small decode-only passes, so they still fill the GPU
-
-
-@functools.cache
-def num_sms(device: torch.device) -> int:
-    return torch.cuda.get_device_properties(device).multi_processor_count
 
 
 @triton.jit
-def _paged_attn_kernel(q_ptr, o_ptr, part_ptr, ml_ptr, cache_ptr, table_ptr, tile_seg_ptr, tile_row_ptr, seg_row0_ptr,
+def _paged_attn_kernel(q_ptr, o_ptr, cache_ptr, table_ptr, tile_seg_ptr, tile_row_ptr, seg_row0_ptr,
                        seg_rows_ptr, seg_q0_ptr, layer, scale,
                        stride_qt, stride_qh, stride_cb, stride_cl, stride_ckv, stride_co, stride_ch, stride_ts,
                        GROUP: tl.constexpr, BLOCK_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr,
-                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPLITS: tl.constexpr, IEEE: tl.constexpr):
-    """One (tile, head, split): attention of the tile's rows over one slice of their keys; writes the
-    unnormalised partial output and its running max / sum for the combine kernel."""
+                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, IEEE: tl.constexpr):
+    """One (tile, head): attention of the tile's rows over their keys (causal by position)."""
     tile = tl.program_id(0)
     head = tl.program_id(1)
-    split = tl.program_id(2)
     kv_head = head // GROUP
     seg = tl.load(tile_seg_ptr + tile)
     r0 = tl.load(tile_row_ptr + tile)  # first row of this tile, relative to the segment
@@ -51,14 +42,10 @@ def _paged_attn_kernel(q_ptr, o_ptr, part_ptr, ml_ptr, cache_ptr, table_ptr, til
     l_i = tl.zeros((BLOCK_M,), tl.float32)
     acc = tl.zeros((BLOCK_M, D_PAD), tl.float32)
     kv_end = q0 + tl.minimum(r0 + BLOCK_M, n_rows)  # keys up to the tile's last row position
-    # A fixed number of splits, whatever the batch: a row's result never depends on its batch.
-    chunk = tl.cdiv(tl.cdiv(kv_end, BLOCK_N), SPLITS) * BLOCK_N
-    lo = split * chunk
-    hi = tl.minimum(lo + chunk, kv_end)
     base = cache_ptr + layer * stride_cl + kv_head * stride_ch
-    for n0 in range(lo, hi, BLOCK_N):
+    for n0 in range(0, kv_end, BLOCK_N):
         pos = n0 + tl.arange(0, BLOCK_N)
-        key_ok = pos < hi
+        key_ok = pos < kv_end
         block = tl.load(table_ptr + seg * stride_ts + pos // BLOCK_SIZE, mask=key_ok, other=0)
         off = block.to(tl.int64) * stride_cb + (pos % BLOCK_SIZE) * stride_co
         kv_mask = key_ok[:, None] & d_ok[None, :]
@@ -79,56 +66,16 @@ def _paged_attn_kernel(q_ptr, o_ptr, part_ptr, ml_ptr, cache_ptr, table_ptr, til
         else:
             acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v).to(tl.float32)
         m_i = m_new
-    if SPLITS == 1:  # the whole key range: normalise and store
-        out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
-        tl.store(o_ptr + rows[:, None] * stride_qt + head * stride_qh + offs_d[None, :],
-                 out.to(o_ptr.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
-    else:  # partials of the tile's real rows only (a decode tile has one): the combine reads no more
-        slot = (tile * tl.num_programs(1) + head) * SPLITS + split
-        offs_r = tl.arange(0, BLOCK_M)
-        tl.store(part_ptr + (slot * BLOCK_M + offs_r)[:, None] * D_PAD + offs_d[None, :], acc, mask=row_ok[:, None])
-        tl.store(ml_ptr + (slot * 2) * BLOCK_M + offs_r, m_i, mask=row_ok)
-        tl.store(ml_ptr + (slot * 2 + 1) * BLOCK_M + offs_r, l_i, mask=row_ok)
-
-
-@triton.jit
-def _combine_kernel(o_ptr, part_ptr, ml_ptr, tile_seg_ptr, tile_row_ptr, seg_row0_ptr, seg_rows_ptr,
-                    stride_qt, stride_qh, HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_M: tl.constexpr,
-                    SPLITS: tl.constexpr):
-    """Merge a (tile, head)'s split partials in split order: out = sum_s acc_s e^(m_s - M) / L."""
-    tile = tl.program_id(0)
-    head = tl.program_id(1)
-    seg = tl.load(tile_seg_ptr + tile)
-    r0 = tl.load(tile_row_ptr + tile)
-    n_rows = tl.load(seg_rows_ptr + seg)
-    offs_r = tl.arange(0, BLOCK_M)
-    offs_d = tl.arange(0, D_PAD)
-    r_ok = (r0 + offs_r) < n_rows
-    base = (tile * tl.num_programs(1) + head) * SPLITS
-    m = tl.full((BLOCK_M,), float("-inf"), tl.float32)
-    for sp in range(SPLITS):
-        m = tl.maximum(m, tl.load(ml_ptr + ((base + sp) * 2) * BLOCK_M + offs_r, mask=r_ok, other=float("-inf")))
-    m_safe = tl.where(m == float("-inf"), 0.0, m)
-    l_tot = tl.zeros((BLOCK_M,), tl.float32)
-    acc = tl.zeros((BLOCK_M, D_PAD), tl.float32)
-    for sp in range(SPLITS):
-        w = tl.exp(tl.load(ml_ptr + ((base + sp) * 2) * BLOCK_M + offs_r, mask=r_ok, other=float("-inf")) - m_safe)
-        l_tot += w * tl.load(ml_ptr + ((base + sp) * 2 + 1) * BLOCK_M + offs_r, mask=r_ok, other=0.0)
-        acc += w[:, None] * tl.load(part_ptr + ((base + sp) * BLOCK_M + offs_r)[:, None] * D_PAD + offs_d[None, :],
-                                    mask=r_ok[:, None], other=0.0)
-    out = acc / tl.where(l_tot == 0.0, 1.0, l_tot)[:, None]
-    rows = tl.load(seg_row0_ptr + seg) + r0 + offs_r
-    ok = r_ok[:, None] & (offs_d < HEAD_DIM)[None, :]
-    tl.store(o_ptr + rows[:, None] * stride_qt + head * stride_qh + offs_d[None, :], out.to(o_ptr.dtype.element_ty),
-             mask=ok)
+    out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
+    tl.store(o_ptr + rows[:, None] * stride_qt + head * stride_qh + offs_d[None, :],
+             out.to(o_ptr.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
 
 
 def paged_attention(cache: torch.Tensor, layer: int, q: torch.Tensor, block_table: torch.Tensor, k: dict,
-                    block_size: int, splits: int = 1, tile_rows: int = 16) -> torch.Tensor:
+                    block_size: int, tile_rows: int = 16) -> torch.Tensor:
     """q [T, H, D] (K/V already written) -> [T, H, D]. cache [blocks, layers, 2, block_size, Hkv, D];
-    k: kernel_fields() as device tensors, built for tiles of tile_rows rows; splits: key slices per
-    (tile, head) (1: no combine pass). Rows of no tile (dense segments) are left for the caller."""
-    BLOCK_M = tile_rows
+    k: kernel_fields() as device tensors, built for tiles of tile_rows rows. Rows of no tile (dense
+    segments) are left for the caller."""
     T, H, D = q.shape
     tile_seg, tile_row, seg_row0, seg_rows, seg_q0 = (k[n] for n in ("tile_seg", "tile_row", "seg_row0",
                                                                      "seg_rows", "seg_q0"))
@@ -137,16 +84,9 @@ def paged_attention(cache: torch.Tensor, layer: int, q: torch.Tensor, block_tabl
     n_tiles = tile_seg.numel()
     if n_tiles == 0:
         return out
-    d_pad = max(16, triton.next_power_of_2(D))
-    part = torch.empty(n_tiles * H * splits * BLOCK_M if splits > 1 else 1, d_pad, dtype=torch.float32,
-                       device=q.device)
-    ml = torch.empty(n_tiles * H * splits * 2 * BLOCK_M if splits > 1 else 1, dtype=torch.float32, device=q.device)
-    _paged_attn_kernel[(n_tiles, H, splits)](
-        q, out, part, ml, cache, block_table, tile_seg, tile_row, seg_row0, seg_rows, seg_q0, layer, D ** -0.5,
+    _paged_attn_kernel[(n_tiles, H)](
+        q, out, cache, block_table, tile_seg, tile_row, seg_row0, seg_rows, seg_q0, layer, D ** -0.5,
         q.stride(0), q.stride(1), cache.stride(0), cache.stride(1), cache.stride(2), cache.stride(3), cache.stride(4),
-        block_table.stride(0), GROUP=H // cache.shape[4], BLOCK_SIZE=block_size, HEAD_DIM=D, D_PAD=d_pad,
-        BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, SPLITS=splits, IEEE=q.dtype == torch.float32)
-    if splits > 1:
-        _combine_kernel[(n_tiles, H)](out, part, ml, tile_seg, tile_row, seg_row0, seg_rows, q.stride(0),
-                                      q.stride(1), HEAD_DIM=D, D_PAD=d_pad, BLOCK_M=BLOCK_M, SPLITS=splits)
+        block_table.stride(0), GROUP=H // cache.shape[4], BLOCK_SIZE=block_size, HEAD_DIM=D,
+        D_PAD=max(16, triton.next_power_of_2(D)), BLOCK_M=tile_rows, BLOCK_N=BLOCK_N, IEEE=q.dtype == torch.float32)
     return out

@@ -23,6 +23,10 @@ def linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> t
 
         y = bi_linear(x, w)
         return y if b is None else y + b
+    if x.is_cuda and x.shape[0] == 1 and b is None and x.dtype == w.dtype:  # decode at one row: a GEMV
+        from rlt.kernels.gemv import linear_one_row
+
+        return linear_one_row(x, w)
     return F.linear(x, w, b)
 
 

@@ -27,8 +27,13 @@ class _Graph:
     gate: torch.Tensor | None
 
 
+def table_width(w: int) -> int:
+    """Block-table widths are padded to a power of two (one graph per width bucket)."""
+    return 1 << max(0, (w - 1).bit_length())
+
+
 def _bucket(n: int, w: int) -> tuple[int, int]:
-    return next(b for b in BUCKETS if b >= n), 1 << max(0, (w - 1).bit_length())
+    return next(b for b in BUCKETS if b >= n), table_width(w)
 
 
 class DecodeGraphs:

@@ -20,6 +20,7 @@ import torch
 from rlt.kernels.paged_attention import PagedMetadata
 from rlt.kernels.sampler import SamplingTensors, sample, top_logprobs
 from rlt.workers.exit_policy import should_exit, update_survival
+from rlt.workers.cuda_graphs import table_width
 from rlt.workers.step_buffers import DeviceReadback
 
 
@@ -36,12 +37,14 @@ class SteadyDecode:
         def t(values, dtype=torch.int64):
             return torch.tensor(values, dtype=dtype, device=dev)
 
-        W = max(len(tab) for g in groups for tab in g.tables.core)
+        # tables padded to the graphs' width bucket once, so no pass pads them again
+        W = table_width(max(len(tab) for g in groups for tab in g.tables.core))
         tables = np.full((self.lanes, pool.num_core_planes, W), pool.scratch_block, dtype=np.int64)
         for i, g in enumerate(groups):
             for p, tab in enumerate(g.tables.core):
                 tables[i, p, :len(tab)] = tab
         self.tables = torch.from_numpy(tables).to(dev)
+        self.lane_ids = torch.arange(self.lanes, device=dev)
         self.pos, self.depth = t([g.start for g in groups]), t([g.depth for g in groups])
         self.out_idx = t([g.output_index for g in groups])
         self.active = torch.ones(self.lanes, dtype=torch.bool, device=dev)
@@ -93,9 +96,8 @@ class SteadyDecode:
         """Launch one pass over every lane -> its (exited, tokens, exit depths[, top values, top ids])
         on their way to the host; None when no lane could exit in it (nothing to read)."""
         pool, bs, D = self.pool, self.pool.block_size, self.depth_max
-        lanes = torch.arange(self.lanes, device=self.x.device)
         plane = self.depth if pool.layout == "last_exited" else torch.zeros_like(self.depth)
-        table = self.tables[lanes, plane]  # [L, W]: each lane's plane for this loop
+        table = self.tables[self.lane_ids, plane]  # [L, W]: each lane's plane for this loop
         # (an ended lane's position may sit one past its last block: clamp, it writes scratch anyway)
         block_of = (self.pos // bs).clamp(max=self.tables.shape[2] - 1).unsqueeze(1)
         slot = table.gather(1, block_of).squeeze(1) * bs + self.pos % bs

@@ -1,0 +1,167 @@
+"""Paged decode attention in Triton: passes where every segment is one query row (decode tokens).
+
+One program per (row, KV head, key slice) serves every query head of its GQA group, so each K/V
+block is read once per row, not once per query head. A group of one head (Ouro, Huginn: MHA)
+scores keys with a vector product on CUDA cores (a tensor-core tile would be 1/16 full); larger
+groups use tl.dot with the group's heads as the tile rows. Small passes split the keys (flash-
+decoding) into slices that fill the GPU; a combine launch merges the slices' partials, one program
+per (row, head) reading all slices at once. Tested against rlt/kernels/paged_attention.py's
+reference (the general Triton kernel keeps prompt chunks and batch-invariant mode).
+"""
+
+import functools
+
+import torch
+import triton
+import triton.language as tl
+
+BLOCK_N = 64
+MAX_SPLITS = 32
+
+
+@functools.cache
+def num_sms(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def plan_splits(rows: int, kv_heads: int, device: torch.device) -> int:
+    """Key slices per (row, KV head): a power of two giving one to two programs per SM when the
+    pass has fewer (row, KV head) programs than SMs; 1 otherwise."""
+    programs, sms = rows * kv_heads, num_sms(device)
+    return 1 if programs >= sms else min(MAX_SPLITS, 1 << (sms // programs).bit_length())
+
+
+@triton.jit
+def _decode_kernel(q_ptr, o_ptr, part_ptr, ml_ptr, cache_ptr, table_ptr, pos_ptr, layer, scale,
+                   stride_qt, stride_qh, stride_cb, stride_cl, stride_ckv, stride_co, stride_ch, stride_ts,
+                   H: tl.constexpr, GROUP: tl.constexpr, G_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr,
+                   HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_N: tl.constexpr, SPLITS: tl.constexpr,
+                   IEEE: tl.constexpr):
+    row = tl.program_id(0)
+    kv_head = tl.program_id(1)
+    split = tl.program_id(2)
+    offs_d = tl.arange(0, D_PAD)
+    d_ok = offs_d < HEAD_DIM
+    kv_len = tl.load(pos_ptr + row) + 1  # keys 0..position (the row's own K/V is written)
+    chunk = tl.cdiv(tl.cdiv(kv_len, BLOCK_N), SPLITS) * BLOCK_N
+    lo = split * chunk
+    hi = tl.minimum(lo + chunk, kv_len)
+    base = cache_ptr + layer * stride_cl + kv_head * stride_ch
+    tab = table_ptr + row * stride_ts
+    head0 = kv_head * GROUP
+    if G_PAD == 1:  # one query head: q . k on CUDA cores
+        q = tl.load(q_ptr + row * stride_qt + head0 * stride_qh + offs_d, mask=d_ok, other=0.0).to(tl.float32)
+        m_i = tl.max(tl.full((1,), float("-inf"), tl.float32), axis=0)
+        l_i = tl.sum(tl.zeros((1,), tl.float32), axis=0)
+        acc = tl.zeros((D_PAD,), tl.float32)
+        for n0 in range(lo, hi, BLOCK_N):
+            pos = n0 + tl.arange(0, BLOCK_N)
+            key_ok = pos < hi
+            block = tl.load(tab + pos // BLOCK_SIZE, mask=key_ok, other=0)
+            off = block.to(tl.int64) * stride_cb + (pos % BLOCK_SIZE) * stride_co
+            kv_mask = key_ok[:, None] & d_ok[None, :]
+            k = tl.load(base + off[:, None] + offs_d[None, :], mask=kv_mask, other=0.0).to(tl.float32)
+            v = tl.load(base + stride_ckv + off[:, None] + offs_d[None, :], mask=kv_mask, other=0.0).to(tl.float32)
+            s = tl.where(key_ok, tl.sum(k * q[None, :], axis=1) * scale, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(s, axis=0))
+            p = tl.exp(s - m_new)
+            alpha = tl.exp(m_i - m_new)
+            l_i = l_i * alpha + tl.sum(p, axis=0)
+            acc = acc * alpha + tl.sum(p[:, None] * v, axis=0)
+            m_i = m_new
+        if SPLITS == 1:
+            tl.store(o_ptr + row * stride_qt + head0 * stride_qh + offs_d,
+                     (acc / tl.where(l_i == 0.0, 1.0, l_i)).to(o_ptr.dtype.element_ty), mask=d_ok)
+        else:
+            slot = (row * H + head0) * SPLITS + split
+            tl.store(part_ptr + slot * D_PAD + offs_d, acc)
+            tl.store(ml_ptr + slot * 2, m_i)
+            tl.store(ml_ptr + slot * 2 + 1, l_i)
+    else:  # the group's heads are the rows of a tensor-core tile
+        offs_g = tl.arange(0, G_PAD)
+        g_ok = offs_g < GROUP
+        heads = head0 + offs_g
+        q = tl.load(q_ptr + row * stride_qt + heads[:, None] * stride_qh + offs_d[None, :],
+                    mask=g_ok[:, None] & d_ok[None, :], other=0.0)
+        m_i = tl.full((G_PAD,), float("-inf"), tl.float32)
+        l_i = tl.zeros((G_PAD,), tl.float32)
+        acc = tl.zeros((G_PAD, D_PAD), tl.float32)
+        for n0 in range(lo, hi, BLOCK_N):
+            pos = n0 + tl.arange(0, BLOCK_N)
+            key_ok = pos < hi
+            block = tl.load(tab + pos // BLOCK_SIZE, mask=key_ok, other=0)
+            off = block.to(tl.int64) * stride_cb + (pos % BLOCK_SIZE) * stride_co
+            kv_mask = key_ok[:, None] & d_ok[None, :]
+            k = tl.load(base + off[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
+            v = tl.load(base + stride_ckv + off[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
+            if IEEE:
+                s = tl.dot(q, tl.trans(k), input_precision="ieee") * scale
+            else:
+                s = tl.dot(q, tl.trans(k)).to(tl.float32) * scale
+            s = tl.where(key_ok[None, :], s, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(s, axis=1))
+            p = tl.exp(s - m_new[:, None])
+            alpha = tl.exp(m_i - m_new)
+            l_i = l_i * alpha + tl.sum(p, axis=1)
+            if IEEE:
+                acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
+            else:
+                acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v).to(tl.float32)
+            m_i = m_new
+        if SPLITS == 1:
+            out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
+            tl.store(o_ptr + row * stride_qt + heads[:, None] * stride_qh + offs_d[None, :],
+                     out.to(o_ptr.dtype.element_ty), mask=g_ok[:, None] & d_ok[None, :])
+        else:
+            slot = (row * H + heads) * SPLITS + split
+            tl.store(part_ptr + slot[:, None] * D_PAD + offs_d[None, :], acc, mask=g_ok[:, None])
+            tl.store(ml_ptr + slot * 2, m_i, mask=g_ok)
+            tl.store(ml_ptr + slot * 2 + 1, l_i, mask=g_ok)
+
+
+@triton.jit
+def _combine_kernel(o_ptr, part_ptr, ml_ptr, stride_qt, stride_qh, H: tl.constexpr, HEAD_DIM: tl.constexpr,
+                    D_PAD: tl.constexpr, SPLITS: tl.constexpr):
+    """out = sum_s acc_s e^(m_s - M) / sum_s l_s e^(m_s - M) over one (row, head)'s slices (an empty
+    slice has m = -inf, l = 0, acc = 0)."""
+    row = tl.program_id(0)
+    head = tl.program_id(1)
+    slots = (row * H + head) * SPLITS + tl.arange(0, SPLITS)
+    m = tl.load(ml_ptr + slots * 2)
+    l = tl.load(ml_ptr + slots * 2 + 1)
+    offs_d = tl.arange(0, D_PAD)
+    acc = tl.load(part_ptr + slots[:, None] * D_PAD + offs_d[None, :])
+    m_max = tl.max(m, axis=0)
+    w = tl.exp(m - tl.where(m_max == float("-inf"), 0.0, m_max))
+    l_tot = tl.sum(w * l, axis=0)
+    out = tl.sum(w[:, None] * acc, axis=0) / tl.where(l_tot == 0.0, 1.0, l_tot)
+    tl.store(o_ptr + row * stride_qt + head * stride_qh + offs_d, out.to(o_ptr.dtype.element_ty),
+             mask=offs_d < HEAD_DIM)
+
+
+def decode_attention(cache: torch.Tensor, layer: int, q: torch.Tensor, block_table: torch.Tensor,
+                     positions: torch.Tensor, block_size: int, splits: int | None = None) -> torch.Tensor:
+    """q [R, H, D]: one query row per segment at positions [R] (its K/V already written), row r's
+    keys in block_table[r]; cache [blocks, layers, 2, block_size, Hkv, D] -> [R, H, D].
+    splits: key slices per (row, KV head); None: plan_splits."""
+    R, H, D = q.shape
+    Hkv = cache.shape[4]
+    group = H // Hkv
+    if splits is None:
+        splits = plan_splits(R, Hkv, q.device)
+    q = q.contiguous()
+    out = torch.empty_like(q)
+    d_pad = max(16, triton.next_power_of_2(D))
+    g_pad = 1 if group == 1 else max(16, triton.next_power_of_2(group))
+    n_part = R * H * splits if splits > 1 else 1
+    part = torch.empty(n_part, d_pad, dtype=torch.float32, device=q.device)
+    ml = torch.empty(2 * n_part, dtype=torch.float32, device=q.device)
+    _decode_kernel[(R, Hkv, splits)](
+        q, out, part, ml, cache, block_table, positions, layer, D ** -0.5,
+        q.stride(0), q.stride(1), cache.stride(0), cache.stride(1), cache.stride(2), cache.stride(3), cache.stride(4),
+        block_table.stride(0), H=H, GROUP=group, G_PAD=g_pad, BLOCK_SIZE=block_size, HEAD_DIM=D, D_PAD=d_pad,
+        BLOCK_N=BLOCK_N, SPLITS=splits, IEEE=q.dtype == torch.float32)
+    if splits > 1:
+        _combine_kernel[(R, H)](out, part, ml, q.stride(0), q.stride(1), H=H, HEAD_DIM=D, D_PAD=d_pad,
+                                SPLITS=splits)
+    return out

@@ -1,0 +1,18 @@
+"""Triton kernels checked on the CPU through Triton's interpreter (a subprocess: the interpreter
+must be chosen before triton is first imported)."""
+
+import os
+import subprocess
+import sys
+
+
+def test_kernels_match_references_interpreted():
+    """Decode attention (vector and GQA paths, split and whole) and every GEMV config."""
+    here = os.path.dirname(__file__)
+    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": os.pathsep.join([here, os.environ.get("PYTHONPATH", "")])}
+    r = subprocess.run([sys.executable, os.path.join(here, "interpreted_kernels.py")], env=env, capture_output=True,
+                       text=True, timeout=600)
+    assert r.returncode == 0, r.stdout + r.stderr
+    from rlt.kernels.gemv import CONFIGS
+
+    assert r.stdout.count("max error") == 6 + len(CONFIGS), r.stdout
