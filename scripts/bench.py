@@ -191,7 +191,7 @@ def main():
             p["floor_ms"] = round(fl.prefill_floor_ms(model, mc, p["prompt_len"]), 2)
             p["x_floor"] = round(p["ms"] / p["floor_ms"], 3)
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
-    meta = {"date": time.strftime("%Y-%m-%d"), "commit": commit or os.environ.get("RLT_COMMIT", ""),
+    meta = {"date": time.strftime("%Y-%m-%d"), "commit": os.environ.get("RLT_COMMIT") or commit,
             "machine": platform.processor() or platform.machine(), "cpus": os.cpu_count(), "torch": torch.__version__,
             "gpu": torch.cuda.get_device_name() if args.device.startswith("cuda") else None,
             "model": args.model or f"{args.family}-{args.preset}", "family": mc.family,

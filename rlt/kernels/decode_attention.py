@@ -1,9 +1,9 @@
 """Paged decode attention in Triton: passes where every segment is one query row (decode tokens).
 
 One program per (row, KV head, key slice) serves every query head of its GQA group, so each K/V
-block is read once per row, not once per query head. A group of one head (Ouro, Huginn: MHA)
-scores keys with a vector product on CUDA cores (a tensor-core tile would be 1/16 full); larger
-groups use tl.dot with the group's heads as the tile rows. Small passes split the keys (flash-
+block is read once per row, not once per query head: the group's heads are the rows of a
+tensor-core tile (padded to 16; MHA uses one of them; a vector product on CUDA cores measured
+slower on an H200). Small passes split the keys (flash-
 decoding) into slices that fill the GPU; a combine launch merges the slices' partials, one program
 per (row, head) reading all slices at once. Tested against rlt/kernels/paged_attention.py's
 reference (the general Triton kernel keeps prompt chunks and batch-invariant mode).
@@ -49,74 +49,45 @@ def _decode_kernel(q_ptr, o_ptr, part_ptr, ml_ptr, cache_ptr, table_ptr, pos_ptr
     base = cache_ptr + layer * stride_cl + kv_head * stride_ch
     tab = table_ptr + row * stride_ts
     head0 = kv_head * GROUP
-    if G_PAD == 1:  # one query head: q . k on CUDA cores
-        q = tl.load(q_ptr + row * stride_qt + head0 * stride_qh + offs_d, mask=d_ok, other=0.0).to(tl.float32)
-        m_i = tl.max(tl.full((1,), float("-inf"), tl.float32), axis=0)
-        l_i = tl.sum(tl.zeros((1,), tl.float32), axis=0)
-        acc = tl.zeros((D_PAD,), tl.float32)
-        for n0 in range(lo, hi, BLOCK_N):
-            pos = n0 + tl.arange(0, BLOCK_N)
-            key_ok = pos < hi
-            block = tl.load(tab + pos // BLOCK_SIZE, mask=key_ok, other=0)
-            off = block.to(tl.int64) * stride_cb + (pos % BLOCK_SIZE) * stride_co
-            kv_mask = key_ok[:, None] & d_ok[None, :]
-            k = tl.load(base + off[:, None] + offs_d[None, :], mask=kv_mask, other=0.0).to(tl.float32)
-            v = tl.load(base + stride_ckv + off[:, None] + offs_d[None, :], mask=kv_mask, other=0.0).to(tl.float32)
-            s = tl.where(key_ok, tl.sum(k * q[None, :], axis=1) * scale, float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(s, axis=0))
-            p = tl.exp(s - m_new)
-            alpha = tl.exp(m_i - m_new)
-            l_i = l_i * alpha + tl.sum(p, axis=0)
-            acc = acc * alpha + tl.sum(p[:, None] * v, axis=0)
-            m_i = m_new
-        if SPLITS == 1:
-            tl.store(o_ptr + row * stride_qt + head0 * stride_qh + offs_d,
-                     (acc / tl.where(l_i == 0.0, 1.0, l_i)).to(o_ptr.dtype.element_ty), mask=d_ok)
+    offs_g = tl.arange(0, G_PAD)
+    g_ok = offs_g < GROUP
+    heads = head0 + offs_g
+    q = tl.load(q_ptr + row * stride_qt + heads[:, None] * stride_qh + offs_d[None, :],
+                mask=g_ok[:, None] & d_ok[None, :], other=0.0)
+    m_i = tl.full((G_PAD,), float("-inf"), tl.float32)
+    l_i = tl.zeros((G_PAD,), tl.float32)
+    acc = tl.zeros((G_PAD, D_PAD), tl.float32)
+    for n0 in range(lo, hi, BLOCK_N):
+        pos = n0 + tl.arange(0, BLOCK_N)
+        key_ok = pos < hi
+        block = tl.load(tab + pos // BLOCK_SIZE, mask=key_ok, other=0)
+        off = block.to(tl.int64) * stride_cb + (pos % BLOCK_SIZE) * stride_co
+        kv_mask = key_ok[:, None] & d_ok[None, :]
+        k = tl.load(base + off[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
+        v = tl.load(base + stride_ckv + off[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
+        if IEEE:
+            s = tl.dot(q, tl.trans(k), input_precision="ieee") * scale
         else:
-            slot = (row * H + head0) * SPLITS + split
-            tl.store(part_ptr + slot * D_PAD + offs_d, acc)
-            tl.store(ml_ptr + slot * 2, m_i)
-            tl.store(ml_ptr + slot * 2 + 1, l_i)
-    else:  # the group's heads are the rows of a tensor-core tile
-        offs_g = tl.arange(0, G_PAD)
-        g_ok = offs_g < GROUP
-        heads = head0 + offs_g
-        q = tl.load(q_ptr + row * stride_qt + heads[:, None] * stride_qh + offs_d[None, :],
-                    mask=g_ok[:, None] & d_ok[None, :], other=0.0)
-        m_i = tl.full((G_PAD,), float("-inf"), tl.float32)
-        l_i = tl.zeros((G_PAD,), tl.float32)
-        acc = tl.zeros((G_PAD, D_PAD), tl.float32)
-        for n0 in range(lo, hi, BLOCK_N):
-            pos = n0 + tl.arange(0, BLOCK_N)
-            key_ok = pos < hi
-            block = tl.load(tab + pos // BLOCK_SIZE, mask=key_ok, other=0)
-            off = block.to(tl.int64) * stride_cb + (pos % BLOCK_SIZE) * stride_co
-            kv_mask = key_ok[:, None] & d_ok[None, :]
-            k = tl.load(base + off[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
-            v = tl.load(base + stride_ckv + off[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
-            if IEEE:
-                s = tl.dot(q, tl.trans(k), input_precision="ieee") * scale
-            else:
-                s = tl.dot(q, tl.trans(k)).to(tl.float32) * scale
-            s = tl.where(key_ok[None, :], s, float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(s, axis=1))
-            p = tl.exp(s - m_new[:, None])
-            alpha = tl.exp(m_i - m_new)
-            l_i = l_i * alpha + tl.sum(p, axis=1)
-            if IEEE:
-                acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
-            else:
-                acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v).to(tl.float32)
-            m_i = m_new
-        if SPLITS == 1:
-            out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
-            tl.store(o_ptr + row * stride_qt + heads[:, None] * stride_qh + offs_d[None, :],
-                     out.to(o_ptr.dtype.element_ty), mask=g_ok[:, None] & d_ok[None, :])
+            s = tl.dot(q, tl.trans(k)).to(tl.float32) * scale
+        s = tl.where(key_ok[None, :], s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        p = tl.exp(s - m_new[:, None])
+        alpha = tl.exp(m_i - m_new)
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        if IEEE:
+            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
         else:
-            slot = (row * H + heads) * SPLITS + split
-            tl.store(part_ptr + slot[:, None] * D_PAD + offs_d[None, :], acc, mask=g_ok[:, None])
-            tl.store(ml_ptr + slot * 2, m_i, mask=g_ok)
-            tl.store(ml_ptr + slot * 2 + 1, l_i, mask=g_ok)
+            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v).to(tl.float32)
+        m_i = m_new
+    if SPLITS == 1:
+        out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
+        tl.store(o_ptr + row * stride_qt + heads[:, None] * stride_qh + offs_d[None, :],
+                 out.to(o_ptr.dtype.element_ty), mask=g_ok[:, None] & d_ok[None, :])
+    else:
+        slot = (row * H + heads) * SPLITS + split
+        tl.store(part_ptr + slot[:, None] * D_PAD + offs_d[None, :], acc, mask=g_ok[:, None])
+        tl.store(ml_ptr + slot * 2, m_i, mask=g_ok)
+        tl.store(ml_ptr + slot * 2 + 1, l_i, mask=g_ok)
 
 
 @triton.jit
@@ -152,7 +123,7 @@ def decode_attention(cache: torch.Tensor, layer: int, q: torch.Tensor, block_tab
     q = q.contiguous()
     out = torch.empty_like(q)
     d_pad = max(16, triton.next_power_of_2(D))
-    g_pad = 1 if group == 1 else max(16, triton.next_power_of_2(group))
+    g_pad = max(16, triton.next_power_of_2(group))  # tl.dot needs 16 rows
     n_part = R * H * splits if splits > 1 else 1
     part = torch.empty(n_part, d_pad, dtype=torch.float32, device=q.device)
     ml = torch.empty(2 * n_part, dtype=torch.float32, device=q.device)
