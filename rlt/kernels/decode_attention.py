@@ -111,10 +111,11 @@ def _combine_kernel(o_ptr, part_ptr, ml_ptr, stride_qt, stride_qh, H: tl.constex
 
 
 def decode_attention(cache: torch.Tensor, layer: int, q: torch.Tensor, block_table: torch.Tensor,
-                     positions: torch.Tensor, block_size: int, splits: int | None = None) -> torch.Tensor:
+                     positions: torch.Tensor, block_size: int, splits: int | None = None, block_n: int = BLOCK_N,
+                     num_warps: int = 4) -> torch.Tensor:
     """q [R, H, D]: one query row per segment at positions [R] (its K/V already written), row r's
     keys in block_table[r]; cache [blocks, layers, 2, block_size, Hkv, D] -> [R, H, D].
-    splits: key slices per (row, KV head); None: plan_splits."""
+    splits: key slices per (row, KV head); None: plan_splits. block_n / num_warps: for tuning."""
     R, H, D = q.shape
     Hkv = cache.shape[4]
     group = H // Hkv
@@ -131,7 +132,7 @@ def decode_attention(cache: torch.Tensor, layer: int, q: torch.Tensor, block_tab
         q, out, part, ml, cache, block_table, positions, layer, D ** -0.5,
         q.stride(0), q.stride(1), cache.stride(0), cache.stride(1), cache.stride(2), cache.stride(3), cache.stride(4),
         block_table.stride(0), H=H, GROUP=group, G_PAD=g_pad, BLOCK_SIZE=block_size, HEAD_DIM=D, D_PAD=d_pad,
-        BLOCK_N=BLOCK_N, SPLITS=splits, IEEE=q.dtype == torch.float32)
+        BLOCK_N=block_n, SPLITS=splits, IEEE=q.dtype == torch.float32, num_warps=num_warps)
     if splits > 1:
         _combine_kernel[(R, H)](out, part, ml, q.stride(0), q.stride(1), H=H, HEAD_DIM=D, D_PAD=d_pad,
                                 SPLITS=splits)
