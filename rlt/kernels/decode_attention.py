@@ -15,7 +15,8 @@ import torch
 import triton
 import triton.language as tl
 
-BLOCK_N = 32  # tune_decode.py on an H200: 32-key tiles and 32 slices beat 64 / 16 at 1K context
+BLOCK_N = 64  # key tile of unsplit passes (measured at conc 128)
+SPLIT_BLOCK_N = 32  # split passes: tune_decode.py on an H200, 32-key tiles x 32 slices beat 64 x 16 at 1K
 MAX_SPLITS = 32
 
 
@@ -111,16 +112,18 @@ def _combine_kernel(o_ptr, part_ptr, ml_ptr, stride_qt, stride_qh, H: tl.constex
 
 
 def decode_attention(cache: torch.Tensor, layer: int, q: torch.Tensor, block_table: torch.Tensor,
-                     positions: torch.Tensor, block_size: int, splits: int | None = None, block_n: int = BLOCK_N,
+                     positions: torch.Tensor, block_size: int, splits: int | None = None, block_n: int | None = None,
                      num_warps: int = 4) -> torch.Tensor:
     """q [R, H, D]: one query row per segment at positions [R] (its K/V already written), row r's
     keys in block_table[r]; cache [blocks, layers, 2, block_size, Hkv, D] -> [R, H, D].
-    splits: key slices per (row, KV head); None: plan_splits. block_n / num_warps: for tuning."""
+    splits: key slices per (row, KV head); None: plan_splits. block_n (None: by splits) / num_warps: for tuning."""
     R, H, D = q.shape
     Hkv = cache.shape[4]
     group = H // Hkv
     if splits is None:
         splits = plan_splits(R, Hkv, q.device)
+    if block_n is None:
+        block_n = BLOCK_N if splits == 1 else SPLIT_BLOCK_N
     q = q.contiguous()
     out = torch.empty_like(q)
     d_pad = max(16, triton.next_power_of_2(D))
