@@ -58,7 +58,7 @@ def run_once(engine, mc, device, concurrency, threshold, prompt_len, max_tokens)
         prompt = torch.randint(0, mc.vocab_size, (prompt_len,), generator=g).tolist()
         engine.add_request(str(i), prompt, resolve_params(mc, prompt_len, sp))
     t0 = time.perf_counter()
-    seen, tokens, depths, decode_t0, full_t1 = set(), 0, [], None, None
+    seen, tokens, depths, decode_t0, full_t1, full_depths = set(), 0, [], None, None, []
     while engine.has_work():
         outs = engine.step()
         for o in outs:
@@ -67,9 +67,10 @@ def run_once(engine, mc, device, concurrency, threshold, prompt_len, max_tokens)
                 depths.append(o.exit_depth)  # decode tokens (the first one comes from the prompt)
             seen.add(o.request_id)
         if decode_t0 is None and len(seen) == concurrency:
-            decode_t0, decode_tokens0 = time.perf_counter(), tokens
+            decode_t0, decode_tokens0, depths0 = time.perf_counter(), tokens, len(depths)
         if full_t1 is None and decode_t0 is not None and any(o.finish_reason for o in outs):
             full_t1, full_tokens = time.perf_counter(), tokens  # concurrency drops from here on
+            full_depths = depths[depths0:]
     # (no per-step synchronize: the engine lets the host run ahead of the GPU between read-backs;
     # outputs only exist once their tokens were read back, so these clocks are honest)
     t1 = time.perf_counter()
@@ -83,7 +84,10 @@ def run_once(engine, mc, device, concurrency, threshold, prompt_len, max_tokens)
             "decode_tok_per_s": rate(decode_tokens, t1 - decode_t0),
             # decode while every request is still running: the rate at exactly `concurrency`
             "full_conc_tok_per_s": rate(full_tokens - decode_tokens0, full_t1 - decode_t0) if full_t1 else None,
-            "mean_decode_depth": round(sum(depths) / len(depths), 2) if depths else None}
+            "mean_decode_depth": round(sum(depths) / len(depths), 2) if depths else None,
+            # the tokens of that window: with exits, shallow requests make more of them, so the
+            # depth-ratio ideal for the window's rate is 4 / this, not 4 / the run's mean
+            "full_conc_mean_depth": round(sum(full_depths) / len(full_depths), 2) if full_depths else None}
 
 
 def prefill_ms(mc, model, dtype, device, n, reps=3):
@@ -202,11 +206,12 @@ def main():
             "steady_decode": bool(args.steady_decode), "gemv": gemv_choices(args.device),
             "ceilings": floors}
     print(json.dumps(meta))
-    print(f"{'conc':>5} {'thr':>5} {'tok/s':>9} {'decode tok/s':>13} {'at full conc':>13} {'mean depth':>11} "
-          f"{'total s':>8} {'roofline':>9} {'of roof':>8}")
+    print(f"{'conc':>5} {'thr':>5} {'tok/s':>9} {'decode tok/s':>13} {'at full conc':>13} {'its depth':>10} "
+          f"{'mean depth':>11} {'total s':>8} {'roofline':>9} {'of roof':>8}")
     for r in rows:
         print(f"{r['concurrency']:>5} {r['threshold']:>5} {r['tok_per_s']:>9} {str(r['decode_tok_per_s']):>13} "
-              f"{str(r['full_conc_tok_per_s']):>13} {str(r['mean_decode_depth']):>11} {r['total_s']:>8} "
+              f"{str(r['full_conc_tok_per_s']):>13} {str(r['full_conc_mean_depth']):>10} "
+              f"{str(r['mean_decode_depth']):>11} {r['total_s']:>8} "
               f"{str(r.get('roofline_tok_per_s', '')):>9} {str(r.get('of_roofline', '')):>8}")
     for p in prefill:
         print(f"prefill {p['prompt_len']:>6} tokens: {p['ms']:>9} ms" +

@@ -9,7 +9,8 @@ import sys
 def test_kernels_match_references_interpreted():
     """Decode attention (vector and GQA paths, split and whole) and every GEMV config."""
     here = os.path.dirname(__file__)
-    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": os.pathsep.join([here, os.environ.get("PYTHONPATH", "")])}
+    path = os.pathsep.join([here, os.environ.get("PYTHONPATH", "")])
+    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": path}
     r = subprocess.run([sys.executable, os.path.join(here, "interpreted_kernels.py")], env=env, capture_output=True,
                        text=True, timeout=600)
     assert r.returncode == 0, r.stdout + r.stderr

@@ -12,9 +12,10 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-# (rows of w per program, K per load, warps): few wide loads per program keep many bytes in flight;
-# the leaders of scripts/tune_decode.py on an H200 at Ouro's and the lm head's shapes
-CONFIGS = ((2, 1024, 4), (2, 2048, 2), (2, 2048, 8), (1, 1024, 4), (2, 1024, 1), (4, 2048, 8))
+# (rows of w per program, K per load, warps): few wide loads per program keep many bytes in flight.
+# (The leaders of scripts/tune_decode.py's isolated timings, tried at 6c10aee, ran 4 % slower in the
+# engine than this set, whose pick was 2 x 1024 / 4 warps for every Ouro shape.)
+CONFIGS = ((2, 1024, 4), (4, 1024, 4), (4, 2048, 8), (8, 512, 4), (8, 1024, 8), (16, 256, 4))
 
 
 @triton.jit
