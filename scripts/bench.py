@@ -147,6 +147,7 @@ def main():
     serve.add_argument("--seed", type=int, default=0)
     serve.add_argument("--sweep", type=int, default=0,
                        help="after the listed rates, double the last one up to N times until past capacity")
+    serve.add_argument("--sweep-duration", type=float, help="seconds of arrivals per sweep rate (default --duration)")
     args = ap.parse_args()
     if args.mode == "serve":
         import bench_serving

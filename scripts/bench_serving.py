@@ -8,7 +8,8 @@ Requests arrive as a Poisson process at each rate for --duration seconds, prompt
 per rate, as a table and JSON: TTFT, TPOT, ITL and E2EL in ms (mean, median, p95, p99), output
 tokens/s and requests/s (completed requests over the time from the first arrival to the last
 completion), and whether the rate is past capacity (completions more than 10 % behind it).
-`--sweep N` then keeps doubling the last rate, at most N times, until that happens.
+`--sweep N` then keeps doubling the last rate, at most N times, until that happens (each for
+`--sweep-duration` seconds, default `--duration`).
 scripts/compare_serving.py checks issue #6's P4 on two such JSON files.
 """
 
@@ -105,9 +106,11 @@ async def serve(args):
         lens = list(map(int, args.prompt_lens.split(",")))
         await warm_up(engine, lens, args.output_len)
         rates = list(map(float, args.rates.split(",")))
-        rows, doublings = [], args.sweep
+        rows, doublings, listed = [], args.sweep, len(rates)
         while rates:
-            rows.append(await one_rate(engine, rates.pop(0), args.duration, lens, args.output_len, args.seed))
+            duration = args.duration if len(rows) < listed else (args.sweep_duration or args.duration)
+            rows.append(await one_rate(engine, rates.pop(0), duration, lens, args.output_len, args.seed))
+            rows[-1]["arrivals_s"] = duration
             rows[-1]["saturated"] = saturated(rows[-1])
             if not rates and doublings and not rows[-1]["saturated"]:
                 rates.append(rows[-1]["rate"] * 2)  # double until the configuration falls behind

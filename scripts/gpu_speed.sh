@@ -53,7 +53,8 @@ for topo in ${SERVE_TOPOS:-}; do
   # arrivals; 1P1D against two single-GPU replicas with the same per-worker KV pool.
   step "serving $topo, Nanbeige4.2-3B shapes, rates ${RATES:-0.25,0.5,1} x ${DURATION:-60} s"
   timeout ${SERVE_TIMEOUT:-400} python3 scripts/bench.py --mode serve --model /tmp/nb-full --device cuda --topology $topo \
-    --rates ${RATES:-0.25,0.5,1} --sweep ${SWEEP:-0} --duration ${DURATION:-60} --prompt-lens 128,4096 --output-len 64 \
+    --rates ${RATES:-0.25,0.5,1} --sweep ${SWEEP:-0} --duration ${DURATION:-60} --sweep-duration ${SWEEP_DURATION:-${DURATION:-60}} \
+    --prompt-lens 128,4096 --output-len 64 \
     --kv-gib 40 --json-out "$OUT/serve_$topo.json" 2>&1 | grep -v "NIXL INFO" | tee "$OUT/serve_$topo.log" | tail -10
 done
 # P4's verdict when both topologies ran here (else: compare_serving.py on the two JSON files)
