@@ -108,13 +108,15 @@ def prefill_ms(mc, model, dtype, device, n, reps=3):
     return sorted(times[1:])[reps // 2]
 
 
-def gemv_choices(device: str) -> dict | None:
-    """Which one-row GEMM each weight shape took on CUDA (cuBLAS or a Triton config)."""
+def kernel_choices(device: str) -> dict | None:
+    """On CUDA: which one-row GEMM each weight shape took (cuBLAS or a Triton config), and whether
+    the decode kernels launched with programmatic dependent launch."""
     if not device.startswith("cuda"):
         return None
+    from rlt.kernels import pdl
     from rlt.kernels.gemv import choices
 
-    return choices()
+    return {"gemv": choices(), "pdl": pdl.enabled}
 
 
 def main():
@@ -204,7 +206,7 @@ def main():
             "max_tokens": args.max_tokens, "command": " ".join(sys.argv),
             "attention": "torch reference" if os.environ.get("RLT_TORCH_ATTENTION") == "1" or args.device == "cpu"
             else "triton", "cuda_graph_max_batch": args.cuda_graph_max_batch if args.device != "cpu" else 0,
-            "steady_decode": bool(args.steady_decode), "gemv": gemv_choices(args.device),
+            "steady_decode": bool(args.steady_decode), "kernels": kernel_choices(args.device),
             "ceilings": floors}
     print(json.dumps(meta))
     print(f"{'conc':>5} {'thr':>5} {'tok/s':>9} {'decode tok/s':>13} {'at full conc':>13} {'its depth':>10} "

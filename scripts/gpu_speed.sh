@@ -12,7 +12,8 @@ export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 RLT_CACHE_DIR=/tmp/rltcache
 step() { echo "=== $1 ($(date +%T))"; }
 if [ "${SKIP_TESTS:-0}" != 1 ]; then
   step "pytest -m gpu"
-  timeout ${TEST_TIMEOUT:-240} python3 -m pytest -m gpu -q -x -p no:cacheprovider tests/test_gpu.py ${PYTEST_K:+-k "$PYTEST_K"} \
+  # the GPU tests run the kernels with programmatic dependent launch (TEST_PDL=0: without)
+  RLT_PDL=${TEST_PDL:-1} timeout ${TEST_TIMEOUT:-240} python3 -m pytest -m gpu -q -x -p no:cacheprovider tests/test_gpu.py ${PYTEST_K:+-k "$PYTEST_K"} \
     2>&1 | tee "$OUT/pytest_gpu.log" | tail -15
 fi
 step "checkpoints (random bf16 weights at the official shapes, drawn on cuda)"
@@ -39,11 +40,13 @@ fi
 if [ "${PROFILE:-1}" = 1 ] && [ "${OURO:-1}" = 1 ]; then
   for c in ${PROFILE_CONC:-1 128}; do
     for thr in ${PROFILE_THR:-1.0 0.5}; do
-      step "GPU profile of decode steps, concurrency $c, threshold $thr (steady decode on, then off)"
+      step "GPU profile of decode steps, concurrency $c, threshold $thr (steady decode ${PROFILE_STEADY:-1 0}, PDL ${PROFILE_PDL:-0})"
       for steady in ${PROFILE_STEADY:-1 0}; do
-        timeout 150 python3 scripts/profile_gpu.py --model /tmp/ouro-full --concurrency $c --threshold $thr \
-          --kv-gib ${KV_GIB:-120} --steady-decode $steady --json-out "$OUT/profile_c${c}_t${thr}_s$steady.json" \
-          2>&1 | tee "$OUT/profile_c${c}_t${thr}_s$steady.log" | tail -18
+        for pdl in ${PROFILE_PDL:-0}; do
+          RLT_PDL=$pdl timeout 150 python3 scripts/profile_gpu.py --model /tmp/ouro-full --concurrency $c --threshold $thr \
+            --kv-gib ${KV_GIB:-120} --steady-decode $steady --json-out "$OUT/profile_c${c}_t${thr}_s${steady}_p$pdl.json" \
+            2>&1 | tee "$OUT/profile_c${c}_t${thr}_s${steady}_p$pdl.log" | tail -18
+        done
       done
     done
   done

@@ -92,13 +92,15 @@ def main():
            "gpu_idle_fraction": round(1 - busy / (wall * 1e6), 3), "kernels_per_step": round(len(kernels) / args.steps, 1),
            "top": [{"kernel": k[:90], "per_step": round(n / args.steps, 1), "us_per_step": round(t / args.steps, 1)}
                    for k, (n, t) in top]}
+    from rlt.kernels import pdl
     from rlt.kernels.gemv import choices
 
     res["gemv"] = choices()  # which one-row GEMM each weight shape took (cuBLAS or a Triton config)
+    res["pdl"] = pdl.enabled
     print(f"concurrency {args.concurrency}, threshold {args.threshold}: {res['tok_per_s']} tok/s, "
           f"{res['clean_ms_per_step']} ms per loop step ({res['wall_ms_per_step']} under the profiler), "
           f"GPU busy {res['gpu_busy_ms_per_step']} ms ({res['kernels_per_step']} kernels), "
-          f"idle {res['gpu_idle_fraction'] * 100:.1f} %; one-row GEMMs: {res['gemv']}")
+          f"idle {res['gpu_idle_fraction'] * 100:.1f} %; PDL {'on' if res['pdl'] else 'off'}; one-row GEMMs: {res['gemv']}")
     for r in res["top"]:
         print(f"  {r['us_per_step']:>9} us  x{r['per_step']:>6}  {r['kernel']}")
 

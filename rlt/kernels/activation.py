@@ -6,9 +6,12 @@ import torch
 import triton
 import triton.language as tl
 
+from rlt.kernels import pdl
+
 
 @triton.jit
-def _silu_mul_kernel(gu_ptr, out_ptr, stride_gu, stride_out, N, BLOCK: tl.constexpr):
+def _silu_mul_kernel(gu_ptr, out_ptr, stride_gu, stride_out, N, BLOCK: tl.constexpr, PDL: tl.constexpr):
+    pdl.begin(PDL)
     t = tl.program_id(0)
     offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     ok = offs < N
@@ -26,6 +29,7 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
         gate_up = gate_up.contiguous()
     out = torch.empty(T, N, dtype=gate_up.dtype, device=gate_up.device)
     if T:
-        BLOCK = 1024
-        _silu_mul_kernel[(T, triton.cdiv(N, BLOCK))](gate_up, out, gate_up.stride(0), out.stride(0), N, BLOCK=BLOCK)
+        BLOCK, p = 1024, pdl.use(gate_up)
+        _silu_mul_kernel[(T, triton.cdiv(N, BLOCK))](gate_up, out, gate_up.stride(0), out.stride(0), N, BLOCK=BLOCK,
+                                                     PDL=p, **pdl.options(p))
     return out

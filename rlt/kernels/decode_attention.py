@@ -15,6 +15,8 @@ import torch
 import triton
 import triton.language as tl
 
+from rlt.kernels import pdl
+
 BLOCK_N = 64  # key tile of unsplit passes (measured at conc 128)
 SPLIT_BLOCK_N = 32  # split passes: tune_decode.py on an H200, 32-key tiles x 32 slices beat 64 x 16 at 1K
 MAX_SPLITS = 32
@@ -37,7 +39,8 @@ def _decode_kernel(q_ptr, o_ptr, part_ptr, ml_ptr, cache_ptr, table_ptr, pos_ptr
                    stride_qt, stride_qh, stride_cb, stride_cl, stride_ckv, stride_co, stride_ch, stride_ts,
                    H: tl.constexpr, GROUP: tl.constexpr, G_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr,
                    HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_N: tl.constexpr, SPLITS: tl.constexpr,
-                   IEEE: tl.constexpr):
+                   IEEE: tl.constexpr, PDL: tl.constexpr):
+    pdl.begin(PDL)
     row = tl.program_id(0)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
@@ -93,9 +96,10 @@ def _decode_kernel(q_ptr, o_ptr, part_ptr, ml_ptr, cache_ptr, table_ptr, pos_ptr
 
 @triton.jit
 def _combine_kernel(o_ptr, part_ptr, ml_ptr, stride_qt, stride_qh, H: tl.constexpr, HEAD_DIM: tl.constexpr,
-                    D_PAD: tl.constexpr, SPLITS: tl.constexpr):
+                    D_PAD: tl.constexpr, SPLITS: tl.constexpr, PDL: tl.constexpr):
     """out = sum_s acc_s e^(m_s - M) / sum_s l_s e^(m_s - M) over one (row, head)'s slices (an empty
     slice has m = -inf, l = 0, acc = 0)."""
+    pdl.begin(PDL)
     row = tl.program_id(0)
     head = tl.program_id(1)
     slots = (row * H + head) * SPLITS + tl.arange(0, SPLITS)
@@ -131,12 +135,13 @@ def decode_attention(cache: torch.Tensor, layer: int, q: torch.Tensor, block_tab
     n_part = R * H * splits if splits > 1 else 1
     part = torch.empty(n_part, d_pad, dtype=torch.float32, device=q.device)
     ml = torch.empty(2 * n_part, dtype=torch.float32, device=q.device)
+    p = pdl.use(q)
     _decode_kernel[(R, Hkv, splits)](
         q, out, part, ml, cache, block_table, positions, layer, D ** -0.5,
         q.stride(0), q.stride(1), cache.stride(0), cache.stride(1), cache.stride(2), cache.stride(3), cache.stride(4),
         block_table.stride(0), H=H, GROUP=group, G_PAD=g_pad, BLOCK_SIZE=block_size, HEAD_DIM=D, D_PAD=d_pad,
-        BLOCK_N=block_n, SPLITS=splits, IEEE=q.dtype == torch.float32, num_warps=num_warps)
+        BLOCK_N=block_n, SPLITS=splits, IEEE=q.dtype == torch.float32, PDL=p, num_warps=num_warps, **pdl.options(p))
     if splits > 1:
         _combine_kernel[(R, H)](out, part, ml, q.stride(0), q.stride(1), H=H, HEAD_DIM=D, D_PAD=d_pad,
-                                SPLITS=splits)
+                                SPLITS=splits, PDL=p, **pdl.options(p))
     return out

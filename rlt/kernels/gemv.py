@@ -12,6 +12,8 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
+from rlt.kernels import pdl
+
 # (rows of w per program, K per load, warps): few wide loads per program keep many bytes in flight.
 # (The leaders of scripts/tune_decode.py's isolated timings, tried at 6c10aee, ran 4 % slower in the
 # engine than this set, whose pick was 2 x 1024 / 4 warps for every Ouro shape.)
@@ -19,7 +21,9 @@ CONFIGS = ((2, 1024, 4), (4, 1024, 4), (4, 2048, 8), (8, 512, 4), (8, 1024, 8), 
 
 
 @triton.jit
-def _gemv_kernel(x_ptr, w_ptr, y_ptr, N, K, stride_wn, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+def _gemv_kernel(x_ptr, w_ptr, y_ptr, N, K, stride_wn, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                 PDL: tl.constexpr):
+    pdl.begin(PDL)
     offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = offs_n < N
     acc = tl.zeros((BLOCK_N, BLOCK_K), tl.float32)
@@ -38,7 +42,9 @@ def gemv(x: torch.Tensor, w: torch.Tensor, config: tuple[int, int, int]) -> torc
     N, K = w.shape
     bn, bk, warps = config
     y = torch.empty(1, N, dtype=x.dtype, device=x.device)
-    _gemv_kernel[(triton.cdiv(N, bn),)](x, w, y, N, K, w.stride(0), BLOCK_N=bn, BLOCK_K=bk, num_warps=warps)
+    p = pdl.use(x)
+    _gemv_kernel[(triton.cdiv(N, bn),)](x, w, y, N, K, w.stride(0), BLOCK_N=bn, BLOCK_K=bk, PDL=p, num_warps=warps,
+                                        **pdl.options(p))
     return y
 
 

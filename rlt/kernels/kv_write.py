@@ -6,11 +6,14 @@ import torch
 import triton
 import triton.language as tl
 
+from rlt.kernels import pdl
+
 
 @triton.jit
 def _write_kv_kernel(k_ptr, v_ptr, cache_ptr, slot_ptr, layer, stride_kt, stride_kh, stride_vt, stride_vh, stride_cb,
                      stride_cl, stride_ckv, stride_co, stride_ch, HKV: tl.constexpr, D: tl.constexpr,
-                     BLOCK_SIZE: tl.constexpr, BLOCK: tl.constexpr):
+                     BLOCK_SIZE: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):
+    pdl.begin(PDL)
     t = tl.program_id(0)
     which = tl.program_id(1)  # 0: K, 1: V
     slot = tl.load(slot_ptr + t)
@@ -32,6 +35,8 @@ def write_kv(cache: torch.Tensor, layer: int, slots: torch.Tensor, k: torch.Tens
     contiguous; views of the projection are fine)."""
     T, Hkv, D = k.shape
     if T:
+        p = pdl.use(k)
         _write_kv_kernel[(T, 2)](k, v, cache, slots, layer, k.stride(0), k.stride(1), v.stride(0), v.stride(1),
                                  cache.stride(0), cache.stride(1), cache.stride(2), cache.stride(3), cache.stride(4),
-                                 HKV=Hkv, D=D, BLOCK_SIZE=block_size, BLOCK=triton.next_power_of_2(Hkv * D))
+                                 HKV=Hkv, D=D, BLOCK_SIZE=block_size, BLOCK=triton.next_power_of_2(Hkv * D),
+                                 PDL=p, **pdl.options(p))

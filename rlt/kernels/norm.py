@@ -11,6 +11,8 @@ import torch
 import triton
 import triton.language as tl
 
+from rlt.kernels import pdl
+
 
 @triton.jit
 def _norm_row(x, w_ptr, offs, mask, N, eps, OUT_DTYPE: tl.constexpr):
@@ -21,7 +23,8 @@ def _norm_row(x, w_ptr, offs, mask, N, eps, OUT_DTYPE: tl.constexpr):
 
 
 @triton.jit
-def _rms_norm_kernel(x_ptr, w_ptr, y_ptr, stride_x, stride_y, N, eps, BLOCK: tl.constexpr):
+def _rms_norm_kernel(x_ptr, w_ptr, y_ptr, stride_x, stride_y, N, eps, BLOCK: tl.constexpr, PDL: tl.constexpr):
+    pdl.begin(PDL)
     row = tl.program_id(0)
     offs = tl.arange(0, BLOCK)
     mask = offs < N
@@ -32,7 +35,8 @@ def _rms_norm_kernel(x_ptr, w_ptr, y_ptr, stride_x, stride_y, N, eps, BLOCK: tl.
 
 @triton.jit
 def _add_rms_norm_kernel(x_ptr, a_ptr, wa_ptr, wo_ptr, xo_ptr, h_ptr, stride_x, stride_a, stride_xo, stride_h, N,
-                         eps, NORM_A: tl.constexpr, BLOCK: tl.constexpr):
+                         eps, NORM_A: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):
+    pdl.begin(PDL)
     row = tl.program_id(0)
     offs = tl.arange(0, BLOCK)
     mask = offs < N
@@ -55,8 +59,9 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     a = _rows(x)
     y = torch.empty(a.shape, dtype=torch.promote_types(weight.dtype, x.dtype), device=x.device)
     if a.shape[0]:
+        p = pdl.use(a)
         _rms_norm_kernel[(a.shape[0],)](a, weight, y, a.stride(0), y.stride(0), a.shape[1], eps,
-                                        BLOCK=triton.next_power_of_2(a.shape[1]))
+                                        BLOCK=triton.next_power_of_2(a.shape[1]), PDL=p, **pdl.options(p))
     return y.reshape(x.shape)
 
 
@@ -67,7 +72,9 @@ def add_rms_norm(x: torch.Tensor, a: torch.Tensor, weight_a: torch.Tensor | None
     x2, a2 = _rows(x), _rows(a)
     xo, h = torch.empty_like(x2), torch.empty_like(x2)
     if x2.shape[0]:
+        p = pdl.use(x2)
         _add_rms_norm_kernel[(x2.shape[0],)](x2, a2, weight_out if weight_a is None else weight_a, weight_out, xo, h,
                                              x2.stride(0), a2.stride(0), xo.stride(0), h.stride(0), x2.shape[1], eps,
-                                             NORM_A=weight_a is not None, BLOCK=triton.next_power_of_2(x2.shape[1]))
+                                             NORM_A=weight_a is not None, BLOCK=triton.next_power_of_2(x2.shape[1]),
+                                             PDL=p, **pdl.options(p))
     return xo.reshape(x.shape), h.reshape(x.shape)

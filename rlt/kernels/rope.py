@@ -6,10 +6,13 @@ import torch
 import triton
 import triton.language as tl
 
+from rlt.kernels import pdl
+
 
 @triton.jit
 def _rope_kernel(q_ptr, k_ptr, pos_ptr, inv_ptr, stride_qt, stride_qh, stride_kt, stride_kh, HQ: tl.constexpr,
-                 HALF: tl.constexpr, HALF_PAD: tl.constexpr, PAIRS: tl.constexpr):
+                 HALF: tl.constexpr, HALF_PAD: tl.constexpr, PAIRS: tl.constexpr, PDL: tl.constexpr):
+    pdl.begin(PDL)
     t = tl.program_id(0)
     h = tl.program_id(1)  # q heads first, then k heads
     j = tl.arange(0, HALF_PAD)
@@ -37,6 +40,8 @@ def rope_(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, inv_freq: t
     T, H, D = q.shape
     if T:
         half = D // 2
+        p = pdl.use(q)
         _rope_kernel[(T, H + k.shape[1])](q, k, positions, inv_freq, q.stride(0), q.stride(1), k.stride(0), k.stride(1),
-                                          HQ=H, HALF=half, HALF_PAD=triton.next_power_of_2(half), PAIRS=pairs)
+                                          HQ=H, HALF=half, HALF_PAD=triton.next_power_of_2(half), PAIRS=pairs,
+                                          PDL=p, **pdl.options(p))
     return q, k

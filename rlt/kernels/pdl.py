@@ -1,0 +1,42 @@
+"""Programmatic dependent launch (PDL, Hopper and later) for the kernels of a decode pass.
+
+A kernel launched with PDL may be scheduled while the kernel before it on the stream finishes; its
+first act is griddepcontrol.wait (every write of the previous kernel visible), then it lets its own
+successor launch. Only launch latency and scheduling overlap, never memory accesses, so results are
+unchanged; a one-row decode pass is ~300 short launches, and the gaps between them are a tenth of
+its time (docs/benchmarks.md). Off unless RLT_PDL=1 (not yet measured on a GPU); never on the CPU
+or under Triton's interpreter.
+"""
+
+import functools
+import os
+
+import torch
+import triton
+import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+
+enabled = os.environ.get("RLT_PDL", "0") == "1"
+
+
+@functools.cache
+def _supported(index: int) -> bool:
+    return torch.cuda.get_device_capability(index)[0] >= 9
+
+
+def use(t: torch.Tensor) -> bool:
+    """Launch the kernels reading t with PDL?"""
+    return enabled and t.is_cuda and _supported(t.device.index)
+
+
+def options(pdl: bool) -> dict:
+    """Launch options to pass with PDL=pdl."""
+    return {"launch_pdl": True} if pdl else {}
+
+
+@triton.jit
+def begin(PDL: tl.constexpr):
+    """First statement of a PDL kernel: wait for the previous kernel, then release the next."""
+    if PDL:
+        gdc_wait()
+        gdc_launch_dependents()

@@ -1,0 +1,59 @@
+"""The decode-pass kernels compile for Hopper (sm_90) on the CPU, and with programmatic dependent
+launch (rlt/kernels/pdl.py) each one waits for the previous kernel before its first memory access:
+griddepcontrol.wait precedes every global load and store in the PTX."""
+
+import re
+
+import pytest
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+
+def kernels():
+    from rlt.kernels import activation, decode_attention, gemv, kv_write, norm, rope
+
+    i, f, p16, p32, p64 = "i32", "fp32", "*bf16", "*fp32", "*i64"
+    return {
+        "gemv": (gemv._gemv_kernel, dict(x_ptr=p16, w_ptr=p16, y_ptr=p16, N=i, K=i, stride_wn=i),
+                 dict(BLOCK_N=2, BLOCK_K=1024)),
+        "decode": (decode_attention._decode_kernel,
+                   dict(q_ptr=p16, o_ptr=p16, part_ptr=p32, ml_ptr=p32, cache_ptr=p16, table_ptr=p64, pos_ptr=p64,
+                        layer=i, scale=f, stride_qt=i, stride_qh=i, stride_cb=i, stride_cl=i, stride_ckv=i,
+                        stride_co=i, stride_ch=i, stride_ts=i),
+                   dict(H=16, GROUP=1, G_PAD=16, BLOCK_SIZE=16, HEAD_DIM=128, D_PAD=128, BLOCK_N=32, SPLITS=8,
+                        IEEE=False)),
+        "combine": (decode_attention._combine_kernel,
+                    dict(o_ptr=p16, part_ptr=p32, ml_ptr=p32, stride_qt=i, stride_qh=i),
+                    dict(H=16, HEAD_DIM=128, D_PAD=128, SPLITS=8)),
+        "add_rms_norm": (norm._add_rms_norm_kernel,
+                         dict(x_ptr=p16, a_ptr=p16, wa_ptr=p16, wo_ptr=p16, xo_ptr=p16, h_ptr=p16, stride_x=i,
+                              stride_a=i, stride_xo=i, stride_h=i, N=i, eps=f), dict(NORM_A=False, BLOCK=2048)),
+        "rms_norm": (norm._rms_norm_kernel, dict(x_ptr=p16, w_ptr=p16, y_ptr=p16, stride_x=i, stride_y=i, N=i, eps=f),
+                     dict(BLOCK=2048)),
+        "rope": (rope._rope_kernel, dict(q_ptr=p16, k_ptr=p16, pos_ptr=p64, inv_ptr=p32, stride_qt=i, stride_qh=i,
+                                         stride_kt=i, stride_kh=i), dict(HQ=16, HALF=64, HALF_PAD=64, PAIRS=False)),
+        "write_kv": (kv_write._write_kv_kernel,
+                     dict(k_ptr=p16, v_ptr=p16, cache_ptr=p16, slot_ptr=p64, layer=i, stride_kt=i, stride_kh=i,
+                          stride_vt=i, stride_vh=i, stride_cb=i, stride_cl=i, stride_ckv=i, stride_co=i, stride_ch=i),
+                     dict(HKV=16, D=128, BLOCK_SIZE=16, BLOCK=2048)),
+        "silu_mul": (activation._silu_mul_kernel, dict(gu_ptr=p16, out_ptr=p16, stride_gu=i, stride_out=i, N=i),
+                     dict(BLOCK=1024)),
+    }
+
+
+@pytest.mark.parametrize("name", ["gemv", "decode", "combine", "add_rms_norm", "rms_norm", "rope", "write_kv",
+                                  "silu_mul"])
+def test_pdl_kernel_waits_before_touching_memory(name):
+    fn, sig, consts = kernels()[name]
+    ptx = {}
+    for pdl in (True, False):
+        c = {**consts, "PDL": pdl}
+        src = ASTSource(fn=fn, signature={**sig, **{k: "constexpr" for k in c}}, constexprs=c)
+        ptx[pdl] = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"launch_pdl": pdl}).asm["ptx"]
+    body = ptx[True]
+    wait = body.index("griddepcontrol.wait")
+    first_access = min(m.start() for m in re.finditer(r"\b(ld|st|atom|red)\.global", body))
+    assert wait < first_access
+    assert "griddepcontrol.launch_dependents" in body
+    assert "griddepcontrol" not in ptx[False]
