@@ -212,8 +212,9 @@ def test_triton_paged_attention_matches_reference(dtype, tol, H, Hkv, D):
 @pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-4), (torch.bfloat16, 2e-2)])
 @pytest.mark.parametrize("H,Hkv,D", [(16, 16, 128), (48, 8, 128), (4, 2, 16), (55, 55, 96)])
 def test_decode_attention_matches_reference(dtype, tol, H, Hkv, D):
-    """The decode kernel (GQA group per program; 1, 2, 8, MAX_SPLITS key slices and the planned
-    count) against the torch reference, and a decode-only pass through paged_attention takes it."""
+    """The decode kernel (GQA group per program; 1, 2, 8, MAX_SPLITS key slices merged by the last
+    slice, and the planned count) against the torch reference, and a decode-only pass through
+    paged_attention takes it."""
     from rlt.kernels import decode_attention as da
     from rlt.kernels.paged_attention import PagedMetadata, kernel_fields, paged_attention
 
@@ -228,6 +229,7 @@ def test_decode_attention_matches_reference(dtype, tol, H, Hkv, D):
             assert (got - ref).abs().max() <= bound, splits
         assert torch.equal(paged_attention(cache, layer, kernel_meta, q, None, None),
                            da.decode_attention(cache, layer, q, tab, pos, meta.block_size))
+    assert da._counters(q.device).abs().sum().item() == 0  # every merging slice reset its counter
 
 
 def test_gemv_matches_torch():

@@ -18,14 +18,11 @@ def kernels():
         "gemv": (gemv._gemv_kernel, dict(x_ptr=p16, w_ptr=p16, y_ptr=p16, N=i, K=i, stride_wn=i),
                  dict(BLOCK_N=2, BLOCK_K=1024)),
         "decode": (decode_attention._decode_kernel,
-                   dict(q_ptr=p16, o_ptr=p16, part_ptr=p32, ml_ptr=p32, cache_ptr=p16, table_ptr=p64, pos_ptr=p64,
+                   dict(q_ptr=p16, o_ptr=p16, part_ptr=p32, ml_ptr=p32, count_ptr="*i32", cache_ptr=p16, table_ptr=p64, pos_ptr=p64,
                         layer=i, scale=f, stride_qt=i, stride_qh=i, stride_cb=i, stride_cl=i, stride_ckv=i,
                         stride_co=i, stride_ch=i, stride_ts=i),
                    dict(H=16, GROUP=1, G_PAD=16, BLOCK_SIZE=16, HEAD_DIM=128, D_PAD=128, BLOCK_N=32, SPLITS=8,
                         IEEE=False)),
-        "combine": (decode_attention._combine_kernel,
-                    dict(o_ptr=p16, part_ptr=p32, ml_ptr=p32, stride_qt=i, stride_qh=i),
-                    dict(H=16, HEAD_DIM=128, D_PAD=128, SPLITS=8)),
         "add_rms_norm": (norm._add_rms_norm_kernel,
                          dict(x_ptr=p16, a_ptr=p16, wa_ptr=p16, wo_ptr=p16, xo_ptr=p16, h_ptr=p16, stride_x=i,
                               stride_a=i, stride_xo=i, stride_h=i, N=i, eps=f), dict(NORM_A=False, BLOCK=2048)),
@@ -42,7 +39,7 @@ def kernels():
     }
 
 
-@pytest.mark.parametrize("name", ["gemv", "decode", "combine", "add_rms_norm", "rms_norm", "rope", "write_kv",
+@pytest.mark.parametrize("name", ["gemv", "decode", "add_rms_norm", "rms_norm", "rope", "write_kv",
                                   "silu_mul"])
 def test_pdl_kernel_waits_before_touching_memory(name):
     fn, sig, consts = kernels()[name]
@@ -57,3 +54,14 @@ def test_pdl_kernel_waits_before_touching_memory(name):
     assert wait < first_access
     assert "griddepcontrol.launch_dependents" in body
     assert "griddepcontrol" not in ptx[False]
+
+
+def test_split_decode_merges_after_an_acquire_release_handshake():
+    """The split decode kernel's last slice merges: a CTA barrier, then one gpu-scope acq_rel atomic
+    on the arrival counter, before the merge reads the other slices' partials."""
+    fn, sig, consts = kernels()["decode"]
+    c = {**consts, "PDL": False}
+    ptx = triton.compile(ASTSource(fn=fn, signature={**sig, **{k: "constexpr" for k in c}}, constexprs=c),
+                         target=GPUTarget("cuda", 90, 32)).asm["ptx"]
+    atom = ptx.index("atom.global.gpu.acq_rel.add")
+    assert "bar.sync" in ptx[:atom]

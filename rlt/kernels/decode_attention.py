@@ -3,9 +3,9 @@
 One program per (row, KV head, key slice) serves every query head of its GQA group, so each K/V
 block is read once per row, not once per query head: the group's heads are the rows of a
 tensor-core tile (padded to 16; MHA uses one of them; a vector product on CUDA cores measured
-slower on an H200). Small passes split the keys (flash-
-decoding) into slices that fill the GPU; a combine launch merges the slices' partials, one program
-per (row, head) reading all slices at once. Tested against rlt/kernels/paged_attention.py's
+slower on an H200). Small passes split the keys (flash-decoding) into slices that fill the GPU; the
+last slice of a (row, KV head) to finish merges all of them (a counter per (row, KV head), reset by
+that slice), so no second launch is needed. Tested against rlt/kernels/paged_attention.py's
 reference (the general Triton kernel keeps prompt chunks and batch-invariant mode).
 """
 
@@ -20,6 +20,13 @@ from rlt.kernels import pdl
 BLOCK_N = 64  # key tile of unsplit passes (measured at conc 128)
 SPLIT_BLOCK_N = 32  # split passes: tune_decode.py on an H200, 32-key tiles x 32 slices beat 64 x 16 at 1K
 MAX_SPLITS = 32
+_COUNTERS = 4096  # (row, KV head) pairs of a split pass: splits only happen below one per SM
+
+
+@functools.cache
+def _counters(device: torch.device) -> torch.Tensor:
+    """Arrival counters of split passes: zero between launches (the merging slice resets its own)."""
+    return torch.zeros(_COUNTERS, dtype=torch.int32, device=device)
 
 
 @functools.cache
@@ -35,7 +42,7 @@ def plan_splits(rows: int, kv_heads: int, device: torch.device) -> int:
 
 
 @triton.jit
-def _decode_kernel(q_ptr, o_ptr, part_ptr, ml_ptr, cache_ptr, table_ptr, pos_ptr, layer, scale,
+def _decode_kernel(q_ptr, o_ptr, part_ptr, ml_ptr, count_ptr, cache_ptr, table_ptr, pos_ptr, layer, scale,
                    stride_qt, stride_qh, stride_cb, stride_cl, stride_ckv, stride_co, stride_ch, stride_ts,
                    H: tl.constexpr, GROUP: tl.constexpr, G_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr,
                    HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_N: tl.constexpr, SPLITS: tl.constexpr,
@@ -92,16 +99,21 @@ def _decode_kernel(q_ptr, o_ptr, part_ptr, ml_ptr, cache_ptr, table_ptr, pos_ptr
         tl.store(part_ptr + slot[:, None] * D_PAD + offs_d[None, :], acc, mask=g_ok[:, None])
         tl.store(ml_ptr + slot * 2, m_i, mask=g_ok)
         tl.store(ml_ptr + slot * 2 + 1, l_i, mask=g_ok)
+        # Every thread's partial stores happen before the release; the last arrival acquires them all
+        # (the split-K "serial reduction" handshake: barrier, one gpu-scope acq_rel atomic, barrier).
+        tl.debug_barrier()
+        counter = count_ptr + row * tl.num_programs(1) + kv_head
+        if tl.atomic_add(counter, 1, sem="acq_rel") == SPLITS - 1:
+            for g in tl.static_range(GROUP):
+                _merge(o_ptr, part_ptr, ml_ptr, row, head0 + g, stride_qt, stride_qh, H, HEAD_DIM, D_PAD, SPLITS)
+            tl.atomic_xchg(counter, 0)
 
 
 @triton.jit
-def _combine_kernel(o_ptr, part_ptr, ml_ptr, stride_qt, stride_qh, H: tl.constexpr, HEAD_DIM: tl.constexpr,
-                    D_PAD: tl.constexpr, SPLITS: tl.constexpr, PDL: tl.constexpr):
+def _merge(o_ptr, part_ptr, ml_ptr, row, head, stride_qt, stride_qh, H: tl.constexpr, HEAD_DIM: tl.constexpr,
+           D_PAD: tl.constexpr, SPLITS: tl.constexpr):
     """out = sum_s acc_s e^(m_s - M) / sum_s l_s e^(m_s - M) over one (row, head)'s slices (an empty
     slice has m = -inf, l = 0, acc = 0)."""
-    pdl.begin(PDL)
-    row = tl.program_id(0)
-    head = tl.program_id(1)
     slots = (row * H + head) * SPLITS + tl.arange(0, SPLITS)
     m = tl.load(ml_ptr + slots * 2)
     l = tl.load(ml_ptr + slots * 2 + 1)
@@ -136,12 +148,11 @@ def decode_attention(cache: torch.Tensor, layer: int, q: torch.Tensor, block_tab
     part = torch.empty(n_part, d_pad, dtype=torch.float32, device=q.device)
     ml = torch.empty(2 * n_part, dtype=torch.float32, device=q.device)
     p = pdl.use(q)
+    counters = _counters(q.device)
+    assert splits == 1 or R * Hkv <= _COUNTERS, "more split (row, KV head) pairs than counters"
     _decode_kernel[(R, Hkv, splits)](
-        q, out, part, ml, cache, block_table, positions, layer, D ** -0.5,
+        q, out, part, ml, counters, cache, block_table, positions, layer, D ** -0.5,
         q.stride(0), q.stride(1), cache.stride(0), cache.stride(1), cache.stride(2), cache.stride(3), cache.stride(4),
         block_table.stride(0), H=H, GROUP=group, G_PAD=g_pad, BLOCK_SIZE=block_size, HEAD_DIM=D, D_PAD=d_pad,
         BLOCK_N=block_n, SPLITS=splits, IEEE=q.dtype == torch.float32, PDL=p, num_warps=num_warps, **pdl.options(p))
-    if splits > 1:
-        _combine_kernel[(R, H)](out, part, ml, q.stride(0), q.stride(1), H=H, HEAD_DIM=D, D_PAD=d_pad,
-                                SPLITS=splits, PDL=p, **pdl.options(p))
     return out
