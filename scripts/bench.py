@@ -36,11 +36,12 @@ from rlt.sampling_params import SamplingParams  # noqa: E402
 from rlt.workers.engine import EngineConfig, LoopEngine  # noqa: E402
 
 
-def make_engine(mc, model, dtype, device, max_conc, prompt_len, layout, kv_gib, graphs, steady=True):
+def make_engine(mc, model, dtype, device, max_conc, prompt_len, layout, kv_gib, graphs, steady=1):
     return LoopEngine(mc, model, EngineConfig(kv_layout=layout, max_num_seqs=max(max_conc, 1),
                                               max_num_batched_tokens=max(2048, min(prompt_len * max_conc, 16384)),
                                               prefill_chunk=prompt_len, kv_memory_bytes=int(kv_gib * 2**30),
-                                              cuda_graph_max_batch=graphs, steady_decode=steady), dtype, device)
+                                              cuda_graph_max_batch=graphs, steady_decode=steady > 0,
+                                              steady_fixed_depth=steady == 2), dtype, device)
 
 
 def check_pool(pool, concurrency: int, positions: int) -> None:
@@ -134,7 +135,9 @@ def main():
     ap.add_argument("--dtype")
     ap.add_argument("--kv-gib", type=float, default=1.0, help="KV pool size")
     ap.add_argument("--cuda-graph-max-batch", type=int, default=256, help="0: eager decode")
-    ap.add_argument("--steady-decode", type=int, default=1, help="0: decode on the regular path only")
+    ap.add_argument("--steady-decode", type=int, choices=(0, 1, 2), default=1,
+                    help="0: regular path only; 1: steady decode where a request can exit early (the default); "
+                         "2: also at fixed depth")
     ap.add_argument("--prefill-lens", default="", help="e.g. 512,1024,4096: prefill latency by prompt length")
     ap.add_argument("--floors", action="store_true", help="CUDA: measure ceilings and floors in the same run")
     ap.add_argument("--json-out")
@@ -169,7 +172,7 @@ def main():
     concs = list(map(int, filter(None, args.concurrency.split(","))))
     thresholds = list(map(float, args.threshold.split(",")))
     engine = make_engine(mc, model, dtype, args.device, max(concs, default=1), args.prompt_len, args.kv_layout,
-                         args.kv_gib, args.cuda_graph_max_batch, bool(args.steady_decode)) if concs else None
+                         args.kv_gib, args.cuda_graph_max_batch, args.steady_decode) if concs else None
     for c in concs:  # before any work: every row must run at its full concurrency
         check_pool(engine.pool, c, args.prompt_len + args.max_tokens)
     # Warm-up on the same engine: Triton compilation, CUDA-graph capture (per batch size and
@@ -206,7 +209,7 @@ def main():
             "max_tokens": args.max_tokens, "command": " ".join(sys.argv),
             "attention": "torch reference" if os.environ.get("RLT_TORCH_ATTENTION") == "1" or args.device == "cpu"
             else "triton", "cuda_graph_max_batch": args.cuda_graph_max_batch if args.device != "cpu" else 0,
-            "steady_decode": bool(args.steady_decode), "kernels": kernel_choices(args.device),
+            "steady_decode": args.steady_decode, "kernels": kernel_choices(args.device),
             "ceilings": floors}
     print(json.dumps(meta))
     print(f"{'conc':>5} {'thr':>5} {'tok/s':>9} {'decode tok/s':>13} {'at full conc':>13} {'its depth':>10} "

@@ -44,7 +44,9 @@ def main():
     ap.add_argument("--threshold", type=float, default=1.0)
     ap.add_argument("--steps", type=int, default=40)
     ap.add_argument("--kv-gib", type=float, default=60)
-    ap.add_argument("--steady-decode", type=int, default=1, help="0: decode on the regular path only")
+    ap.add_argument("--steady-decode", type=int, choices=(0, 1, 2), default=1,
+                    help="0: regular path only; 1: steady decode where a request can exit early (the default); "
+                         "2: also at fixed depth")
     ap.add_argument("--json-out")
     args = ap.parse_args()
     mc = ModelConfig.from_pretrained(args.model)
@@ -52,7 +54,8 @@ def main():
     model = load_model(mc, dtype, "cuda")
     eng = LoopEngine(mc, model, EngineConfig(max_num_seqs=args.concurrency, kv_memory_bytes=int(args.kv_gib * 2**30),
                                              prefill_chunk=args.prompt_len, max_num_batched_tokens=16384,
-                                             steady_decode=bool(args.steady_decode)), dtype, "cuda")
+                                             steady_decode=args.steady_decode > 0,
+                                             steady_fixed_depth=args.steady_decode == 2), dtype, "cuda")
     sp = SamplingParams(max_tokens=2 * args.steps + 16 * mc.depth + 32, temperature=0, ignore_eos=True, exit_threshold=args.threshold)
     from bench import check_pool
 
@@ -86,7 +89,7 @@ def main():
         per[e.name] = (n + 1, t + e.time_range.elapsed_us())
     top = sorted(per.items(), key=lambda kv: -kv[1][1])[:15]
     res = {"concurrency": args.concurrency, "threshold": args.threshold, "steps": args.steps,
-           "steady_decode": bool(args.steady_decode), "steady_steps": eng.steady_steps,
+           "steady_decode": args.steady_decode, "steady_steps": eng.steady_steps,
            "clean_ms_per_step": round(clean / args.steps * 1e3, 3), "tok_per_s": round(tokens / clean, 1),
            "wall_ms_per_step": round(wall / args.steps * 1e3, 3), "gpu_busy_ms_per_step": round(busy / args.steps / 1e3, 3),
            "gpu_idle_fraction": round(1 - busy / (wall * 1e6), 3), "kernels_per_step": round(len(kernels) / args.steps, 1),

@@ -254,7 +254,7 @@ def test_steady_decode_equals_the_regular_path(checkpoints, family, layout, fixe
     arrivals = {"0": 0, "1": 0, "s": 0, "2": 9, "3": 30, "4": 31}
     runs = {}
     for steady in (False, True):
-        engine = new_engine(steady_decode=steady)
+        engine = new_engine(steady_decode=steady, steady_fixed_depth=fixed)
         blocks = engine.num_free_blocks
         runs[steady] = run(engine, mc, requests, arrivals, abort_at=("1", 12))
         assert engine.num_free_blocks == blocks and not engine.has_work()
@@ -267,6 +267,19 @@ def test_steady_decode_equals_the_regular_path(checkpoints, family, layout, fixe
             assert (a or {}).keys() == (b or {}).keys() and all(abs(a[t] - b[t]) < 1e-5 for t in a or ())
     assert [o[0] for o in runs[True]["s"]][-1] == toks[4] and runs[True]["s"][-1][3] == "stop"
     assert 0 < len(runs[True]["1"]) < 7  # aborted mid-decode
+
+
+def test_steady_decode_runs_only_when_a_request_can_exit_early(checkpoints):
+    """By default steady decode serves stretches where some running request has adaptive exit; at
+    fixed depth everywhere the regular path runs (measured faster there), unless steady_fixed_depth."""
+    mc, new_engine = make(checkpoints["ouro"], "ouro")
+    fixed = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)
+    adaptive = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True, exit_threshold=0.5)
+    for cfg, params, runs_steady in ((dict(), (fixed, fixed), False), (dict(), (fixed, adaptive), True),
+                                     (dict(steady_fixed_depth=True), (fixed, fixed), True)):
+        engine = new_engine(**cfg)
+        run(engine, mc, {str(i): (PROMPTS[i], p) for i, p in enumerate(params)})
+        assert (engine.steady_steps > 0) == runs_steady, (cfg, params)
 
 
 def test_decode_roofline_arithmetic(checkpoints):

@@ -379,7 +379,8 @@ def test_steady_decode_equals_regular_on_cuda(checkpoints, family, graphs):
 
     def run(steady):
         out, eng = decode_all(mc, model, EngineConfig(num_blocks=512, prefill_chunk=8, batch_invariant=True,
-                                                      cuda_graph_max_batch=graphs, steady_decode=steady),
+                                                      cuda_graph_max_batch=graphs, steady_decode=steady,
+                                                      steady_fixed_depth=True),
                               PROMPTS, sp)
         return out, eng.steady_steps
 

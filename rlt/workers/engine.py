@@ -17,6 +17,7 @@ import torch
 from rlt.config import ModelConfig
 from rlt.control.validation import ResolvedParams
 from rlt.errors import RequestError
+from rlt.workers.exit_policy import exits_early
 from rlt.workers.kv_pool import BlockTables, KVPool
 from rlt.workers.runner import Group, Runner, top_dict
 from rlt.workers.steady import SteadyDecode
@@ -34,6 +35,9 @@ class EngineConfig:
     batch_invariant: bool = False  # CUDA: Triton GEMM/RMSNorm whose per-row result ignores the batch
     cuda_graph_max_batch: int = 256  # CUDA: decode-only core passes up to this many rows replay a graph (0: off)
     steady_decode: bool = True  # decode-only stretches run as device-side lanes (Ouro, Nanbeige)
+    # ...also when no running request can exit early: measured 2-6 % slower than the regular path
+    # there on an H200 (docs/benchmarks.md), so off unless asked for (tests, benchmarks)
+    steady_fixed_depth: bool = False
 
 
 @dataclass
@@ -280,7 +284,9 @@ class LoopEngine:
         return (self.cfg.steady_decode and self.runner.supports_steady and bool(self.running)
                 and not self._admissible()
                 and all(s.group is not None and s.group.decoding and s.group.n == 1 and not s.prefill_only
-                        for s in self.running))
+                        for s in self.running)
+                and (self.cfg.steady_fixed_depth
+                     or any(exits_early(s.group.params.exit_threshold) for s in self.running)))
 
     def _steady_must_end(self) -> bool:
         """A request could be admitted, or over a quarter of the lanes ended (they would keep

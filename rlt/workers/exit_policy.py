@@ -9,6 +9,11 @@ have hazard 0: they always run max_loops. Prompts always run at the model's full
 import torch
 
 
+def exits_early(threshold: float) -> bool:
+    """Can a request with this exit threshold leave the loop before max_loops?"""
+    return threshold < 1.0
+
+
 def update_survival(survival: torch.Tensor, gate_logit: torch.Tensor | None) -> torch.Tensor:
     """survival = prod(1 - lambda_i) so far, in float32; unchanged without a gate."""
     if gate_logit is None:

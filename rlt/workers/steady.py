@@ -19,7 +19,7 @@ import torch
 
 from rlt.kernels.paged_attention import PagedMetadata
 from rlt.kernels.sampler import SamplingTensors, sample, top_logprobs
-from rlt.workers.exit_policy import should_exit, update_survival
+from rlt.workers.exit_policy import exits_early, should_exit, update_survival
 from rlt.workers.cuda_graphs import table_width
 from rlt.workers.step_buffers import DeviceReadback
 
@@ -62,7 +62,7 @@ class SteadyDecode:
         self.scratch_slot = pool.scratch_block * bs
         # Fixed depth everywhere: the host knows on which loops a lane can exit and skips the head,
         # sampling and advance on the others (lanes ended on the device only make it cautious).
-        self.fixed = all(p.exit_threshold >= 1.0 for p in ps)
+        self.fixed = not any(exits_early(p.exit_threshold) for p in ps)
         self.host_depth, self.alive = [g.depth for g in groups], [True] * self.lanes
         # Lanes not embedded yet: their token is on the host (ids) or still on the device (feed).
         x, inject = [g.state for g in groups], [g.inject for g in groups]
