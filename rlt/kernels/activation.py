@@ -29,7 +29,7 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
         gate_up = gate_up.contiguous()
     out = torch.empty(T, N, dtype=gate_up.dtype, device=gate_up.device)
     if T:
-        BLOCK, p = 1024, pdl.use(gate_up)
-        _silu_mul_kernel[(T, triton.cdiv(N, BLOCK))](gate_up, out, gate_up.stride(0), out.stride(0), N, BLOCK=BLOCK,
-                                                     PDL=p, **pdl.options(p))
+        BLOCK = 1024
+        pdl.launch(_silu_mul_kernel, (T, triton.cdiv(N, BLOCK)), gate_up, out, gate_up.stride(0), out.stride(0), N,
+                   BLOCK=BLOCK, like=gate_up)
     return out

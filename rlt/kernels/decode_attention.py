@@ -132,7 +132,8 @@ def decode_attention(cache: torch.Tensor, layer: int, q: torch.Tensor, block_tab
                      num_warps: int = 4) -> torch.Tensor:
     """q [R, H, D]: one query row per segment at positions [R] (its K/V already written), row r's
     keys in block_table[r]; cache [blocks, layers, 2, block_size, Hkv, D] -> [R, H, D].
-    splits: key slices per (row, KV head); None: plan_splits. block_n (None: by splits) / num_warps: for tuning."""
+    splits: key slices per (row, KV head); None: plan_splits. block_n (None: by splits) and num_warps
+    are for tuning."""
     R, H, D = q.shape
     Hkv = cache.shape[4]
     group = H // Hkv
@@ -147,12 +148,10 @@ def decode_attention(cache: torch.Tensor, layer: int, q: torch.Tensor, block_tab
     n_part = R * H * splits if splits > 1 else 1
     part = torch.empty(n_part, d_pad, dtype=torch.float32, device=q.device)
     ml = torch.empty(2 * n_part, dtype=torch.float32, device=q.device)
-    p = pdl.use(q)
-    counters = _counters(q.device)
     assert splits == 1 or R * Hkv <= _COUNTERS, "more split (row, KV head) pairs than counters"
-    _decode_kernel[(R, Hkv, splits)](
-        q, out, part, ml, counters, cache, block_table, positions, layer, D ** -0.5,
-        q.stride(0), q.stride(1), cache.stride(0), cache.stride(1), cache.stride(2), cache.stride(3), cache.stride(4),
-        block_table.stride(0), H=H, GROUP=group, G_PAD=g_pad, BLOCK_SIZE=block_size, HEAD_DIM=D, D_PAD=d_pad,
-        BLOCK_N=block_n, SPLITS=splits, IEEE=q.dtype == torch.float32, PDL=p, num_warps=num_warps, **pdl.options(p))
+    pdl.launch(_decode_kernel, (R, Hkv, splits), q, out, part, ml, _counters(q.device), cache, block_table, positions,
+               layer, D ** -0.5, q.stride(0), q.stride(1), cache.stride(0), cache.stride(1), cache.stride(2),
+               cache.stride(3), cache.stride(4), block_table.stride(0), H=H, GROUP=group, G_PAD=g_pad,
+               BLOCK_SIZE=block_size, HEAD_DIM=D, D_PAD=d_pad, BLOCK_N=block_n, SPLITS=splits,
+               IEEE=q.dtype == torch.float32, num_warps=num_warps, like=q)
     return out

@@ -42,9 +42,8 @@ def gemv(x: torch.Tensor, w: torch.Tensor, config: tuple[int, int, int]) -> torc
     N, K = w.shape
     bn, bk, warps = config
     y = torch.empty(1, N, dtype=x.dtype, device=x.device)
-    p = pdl.use(x)
-    _gemv_kernel[(triton.cdiv(N, bn),)](x, w, y, N, K, w.stride(0), BLOCK_N=bn, BLOCK_K=bk, PDL=p, num_warps=warps,
-                                        **pdl.options(p))
+    pdl.launch(_gemv_kernel, (triton.cdiv(N, bn),), x, w, y, N, K, w.stride(0), BLOCK_N=bn, BLOCK_K=bk,
+               num_warps=warps, like=x)
     return y
 
 

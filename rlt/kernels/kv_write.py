@@ -35,8 +35,6 @@ def write_kv(cache: torch.Tensor, layer: int, slots: torch.Tensor, k: torch.Tens
     contiguous; views of the projection are fine)."""
     T, Hkv, D = k.shape
     if T:
-        p = pdl.use(k)
-        _write_kv_kernel[(T, 2)](k, v, cache, slots, layer, k.stride(0), k.stride(1), v.stride(0), v.stride(1),
-                                 cache.stride(0), cache.stride(1), cache.stride(2), cache.stride(3), cache.stride(4),
-                                 HKV=Hkv, D=D, BLOCK_SIZE=block_size, BLOCK=triton.next_power_of_2(Hkv * D),
-                                 PDL=p, **pdl.options(p))
+        pdl.launch(_write_kv_kernel, (T, 2), k, v, cache, slots, layer, k.stride(0), k.stride(1), v.stride(0),
+                   v.stride(1), cache.stride(0), cache.stride(1), cache.stride(2), cache.stride(3), cache.stride(4),
+                   HKV=Hkv, D=D, BLOCK_SIZE=block_size, BLOCK=triton.next_power_of_2(Hkv * D), like=k)

@@ -59,9 +59,8 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     a = _rows(x)
     y = torch.empty(a.shape, dtype=torch.promote_types(weight.dtype, x.dtype), device=x.device)
     if a.shape[0]:
-        p = pdl.use(a)
-        _rms_norm_kernel[(a.shape[0],)](a, weight, y, a.stride(0), y.stride(0), a.shape[1], eps,
-                                        BLOCK=triton.next_power_of_2(a.shape[1]), PDL=p, **pdl.options(p))
+        pdl.launch(_rms_norm_kernel, (a.shape[0],), a, weight, y, a.stride(0), y.stride(0), a.shape[1], eps,
+                   BLOCK=triton.next_power_of_2(a.shape[1]), like=a)
     return y.reshape(x.shape)
 
 
@@ -72,9 +71,7 @@ def add_rms_norm(x: torch.Tensor, a: torch.Tensor, weight_a: torch.Tensor | None
     x2, a2 = _rows(x), _rows(a)
     xo, h = torch.empty_like(x2), torch.empty_like(x2)
     if x2.shape[0]:
-        p = pdl.use(x2)
-        _add_rms_norm_kernel[(x2.shape[0],)](x2, a2, weight_out if weight_a is None else weight_a, weight_out, xo, h,
-                                             x2.stride(0), a2.stride(0), xo.stride(0), h.stride(0), x2.shape[1], eps,
-                                             NORM_A=weight_a is not None, BLOCK=triton.next_power_of_2(x2.shape[1]),
-                                             PDL=p, **pdl.options(p))
+        pdl.launch(_add_rms_norm_kernel, (x2.shape[0],), x2, a2, weight_out if weight_a is None else weight_a,
+                   weight_out, xo, h, x2.stride(0), a2.stride(0), xo.stride(0), h.stride(0), x2.shape[1], eps,
+                   NORM_A=weight_a is not None, BLOCK=triton.next_power_of_2(x2.shape[1]), like=x2)
     return xo.reshape(x.shape), h.reshape(x.shape)

@@ -24,14 +24,11 @@ def _supported(index: int) -> bool:
     return torch.cuda.get_device_capability(index)[0] >= 9
 
 
-def use(t: torch.Tensor) -> bool:
-    """Launch the kernels reading t with PDL?"""
-    return enabled and t.is_cuda and _supported(t.device.index)
-
-
-def options(pdl: bool) -> dict:
-    """Launch options to pass with PDL=pdl."""
-    return {"launch_pdl": True} if pdl else {}
+def launch(kernel, grid, *args, like: torch.Tensor, **kwargs) -> None:
+    """kernel[grid](*args, **kwargs) with its PDL constexpr set, and launched with PDL when it is on
+    for like's device."""
+    on = enabled and like.is_cuda and _supported(like.device.index)
+    kernel[grid](*args, PDL=on, **kwargs, **({"launch_pdl": True} if on else {}))
 
 
 @triton.jit

@@ -40,8 +40,7 @@ def rope_(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, inv_freq: t
     T, H, D = q.shape
     if T:
         half = D // 2
-        p = pdl.use(q)
-        _rope_kernel[(T, H + k.shape[1])](q, k, positions, inv_freq, q.stride(0), q.stride(1), k.stride(0), k.stride(1),
-                                          HQ=H, HALF=half, HALF_PAD=triton.next_power_of_2(half), PAIRS=pairs,
-                                          PDL=p, **pdl.options(p))
+        pdl.launch(_rope_kernel, (T, H + k.shape[1]), q, k, positions, inv_freq, q.stride(0), q.stride(1),
+                   k.stride(0), k.stride(1), HQ=H, HALF=half, HALF_PAD=triton.next_power_of_2(half), PAIRS=pairs,
+                   like=q)
     return q, k
