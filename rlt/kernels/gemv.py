@@ -23,16 +23,19 @@ CONFIGS = ((2, 1024, 4), (4, 1024, 4), (4, 2048, 8), (8, 512, 4), (8, 1024, 8), 
 @triton.jit
 def _gemv_kernel(x_ptr, w_ptr, y_ptr, N, K, stride_wn, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                  PDL: tl.constexpr):
-    pdl.begin(PDL)
     offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = offs_n < N
+    rows = w_ptr + offs_n[:, None].to(tl.int64) * stride_wn
+    offs_k = tl.arange(0, BLOCK_K)
+    # The first weight tile is read before waiting on the previous kernel (with PDL its reads overlap
+    # that kernel's tail): weights are never written during a pass. x is read only after the wait.
+    w = tl.load(rows + offs_k[None, :], mask=n_ok[:, None] & (offs_k < K)[None, :], other=0.0)
+    pdl.begin(PDL)
     acc = tl.zeros((BLOCK_N, BLOCK_K), tl.float32)
     for k0 in range(0, K, BLOCK_K):
-        offs_k = k0 + tl.arange(0, BLOCK_K)
-        k_ok = offs_k < K
-        x = tl.load(x_ptr + offs_k, mask=k_ok, other=0.0).to(tl.float32)
-        w = tl.load(w_ptr + offs_n[:, None].to(tl.int64) * stride_wn + offs_k[None, :],
-                    mask=n_ok[:, None] & k_ok[None, :], other=0.0)
+        if k0 > 0:
+            w = tl.load(rows + (k0 + offs_k)[None, :], mask=n_ok[:, None] & (k0 + offs_k < K)[None, :], other=0.0)
+        x = tl.load(x_ptr + k0 + offs_k, mask=k0 + offs_k < K, other=0.0).to(tl.float32)
         acc += w.to(tl.float32) * x[None, :]
     tl.store(y_ptr + offs_n, tl.sum(acc, axis=1).to(y_ptr.dtype.element_ty), mask=n_ok)
 

@@ -1,10 +1,11 @@
 """Programmatic dependent launch (PDL, Hopper and later) for the kernels of a decode pass.
 
-A kernel launched with PDL may be scheduled while the kernel before it on the stream finishes; its
-first act is griddepcontrol.wait (every write of the previous kernel visible), then it lets its own
-successor launch. Only launch latency and scheduling overlap, never memory accesses, so results are
-unchanged; a one-row decode pass is ~300 short launches, and the gaps between them are a tenth of
-its time (docs/benchmarks.md). Off unless RLT_PDL=1 (not yet measured on a GPU); never on the CPU
+A kernel launched with PDL may be scheduled while the kernel before it on the stream finishes; it
+calls griddepcontrol.wait (every write of the previous kernel visible) before touching anything
+another kernel writes, then lets its own successor launch. Only launch latency, scheduling and
+reads of constant data (the GEMV's first weight tile) overlap, so results are unchanged; a one-row
+decode pass is ~300 short launches, and the gaps between them are a tenth of its time
+(docs/benchmarks.md). Off unless RLT_PDL=1 (not yet measured on a GPU); never on the CPU
 or under Triton's interpreter.
 """
 
