@@ -4,6 +4,10 @@
 # decode steps and, with SERVE_TOPOS (e.g. "2x 1p1d", on nvidia-h200-x2), the serving benchmark of
 # issue #6's P4. Logs and JSON go to $OUT. Everything at once runs past one device call (10 min):
 # split it, e.g. PROFILE=0 first, then SKIP_TESTS=1 BENCH=0 NB=0 for the profiles.
+# Switches: SKIP_TESTS PYTEST_K TEST_TIMEOUT TEST_PDL (GPU tests with RLT_PDL, default 1); OURO NB
+# BENCH CONC THR KV_GIB CONC4K PREFILL_LENS BENCH_TIMEOUT; PROFILE PROFILE_CONC PROFILE_THR
+# PROFILE_STEADY (0 regular, 1 auto, 2 forced) PROFILE_PDL ("0 1" compares); SERVE_TOPOS RATES
+# SWEEP DURATION SWEEP_DURATION SERVE_TIMEOUT. RLT_PDL set outside applies to the benchmarks.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/rlt-out}; mkdir -p "$OUT"
