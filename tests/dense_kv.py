@@ -4,6 +4,7 @@ import torch
 
 from rlt.config import ModelConfig
 from rlt.kernels.attention import causal_attention
+from rlt.models.layers import rope
 
 
 class DenseKV:
@@ -22,11 +23,11 @@ class DenseKV:
         store[idx] = (K, V)
         return causal_attention(q, K, V, q_start=K.shape[0] - q.shape[0])
 
-    def core(self, layer, q, k, v):
-        return self._append_attend(self.core_kv[self.plane], layer, q, k, v)
+    def core(self, layer, q, k, v, rotary):
+        return self._append_attend(self.core_kv[self.plane], layer, *rope(q, k, *rotary), v)
 
-    def boundary(self, layer, q, k, v):
-        return self._append_attend(self.boundary_kv, layer, q, k, v)
+    def boundary(self, layer, q, k, v, rotary):
+        return self._append_attend(self.boundary_kv, layer, *rope(q, k, *rotary), v)
 
     def finalize_exit(self, exit_depth: int) -> None:
         """The last position exited at exit_depth: copy its K/V there into every deeper plane."""

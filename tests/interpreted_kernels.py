@@ -54,5 +54,32 @@ def check_gemv() -> bool:
     return ok
 
 
+def check_rope_write_kv() -> bool:
+    from rlt.kernels.paged_attention import PagedMetadata, write_kv
+    from rlt.kernels.rope import rope_write_kv
+    from rlt.models import layers
+
+    g = torch.Generator().manual_seed(0)
+    ok = True
+    for pairs in (False, True):
+        T, H, Hkv, D, bs = 5, 4, 2, 8, 4
+        qkv = torch.randn(T, (H + 2 * Hkv) * D, generator=g)
+        q, k, v = (qkv[:, a * D:b * D].view(T, b - a, D) for a, b in ((0, H), (H, H + Hkv), (H + Hkv, H + 2 * Hkv)))
+        pos = torch.tensor([0, 3, 7, 100, 5])
+        inv = layers.rope_inv_freq(D, 1e4)
+        slots = torch.tensor([9, 2, 14, 0, 7])
+        f = layers.rope_pairs if pairs else layers.rope_neox
+        ref_q, ref_k = f(q, pos, inv), f(k, pos, inv)
+        ref_cache = torch.zeros(4, 2, 2, bs, Hkv, D)
+        write_kv(ref_cache, 1, PagedMetadata(slots, None, [], [], bs), ref_k, v)
+        cache = torch.zeros_like(ref_cache)
+        got_q, got_k = rope_write_kv(q, k, v, pos, inv, pairs, cache, 1, slots, bs)
+        err = max((got_q - ref_q).abs().max().item(), (got_k - ref_k).abs().max().item(),
+                  (cache - ref_cache).abs().max().item())
+        print(f"rope_write_kv pairs={pairs}: max error {err:.2e}")
+        ok &= err <= 1e-5 and got_q.data_ptr() == q.data_ptr()  # rotated in place
+    return ok
+
+
 if __name__ == "__main__":
-    sys.exit(0 if check_decode_attention() & check_gemv() else 1)
+    sys.exit(0 if check_decode_attention() & check_gemv() & check_rope_write_kv() else 1)

@@ -158,8 +158,8 @@ def test_triton_paged_attention_matches_reference(dtype, tol, H, Hkv, D):
 
     import numpy as np
 
-    from rlt.kernels.kv_write import write_kv
-    from rlt.kernels.paged_attention import KernelPlan, PagedMetadata, kernel_fields, paged_attention, plan_kernel
+    from rlt.kernels.paged_attention import (KernelPlan, PagedMetadata, kernel_fields, paged_attention, plan_kernel,
+                                             write_kv)
 
     rng = random.Random(0)
     bs, L, NB = 16, 2, 700
@@ -183,9 +183,9 @@ def test_triton_paged_attention_matches_reference(dtype, tol, H, Hkv, D):
     k, v = (torch.randn(T, Hkv, D, device="cuda", generator=g).to(dtype) for _ in range(2))
     slots = torch.tensor([t[p // bs] * bs + p % bs for (q0, n), t in zip(segs, tables) for p in range(q0, q0 + n)],
                          device="cuda")
-    for layer in range(L):
-        write_kv(cache, layer, slots, k, v, bs)
     ref_meta = PagedMetadata(slots, tab, row_starts, q_starts, bs)
+    for layer in range(L):
+        write_kv(cache, layer, ref_meta, k, v)
 
     def meta(plan):
         f = {n: torch.from_numpy(a).cuda() for n, a in kernel_fields(row_starts, q_starts, plan).items()}
@@ -253,11 +253,10 @@ def test_gemv_matches_torch():
 
 
 def test_fused_kernels_match_torch():
-    """Residual add + RMSNorm, SwiGLU and KV write against the torch compositions they replace."""
+    """Residual add + RMSNorm and SwiGLU against the torch compositions they replace."""
     import torch.nn.functional as F
 
     from rlt.kernels.activation import silu_mul
-    from rlt.kernels.kv_write import write_kv
     from rlt.kernels.norm import add_rms_norm
     from rlt.models import layers
 
@@ -278,15 +277,6 @@ def test_fused_kernels_match_torch():
             gate, up = gu.cpu().float().chunk(2, dim=-1)
             ref = F.silu(gate) * up
             assert (silu_mul(gu).float().cpu() - ref).abs().max() <= tol * ref.abs().max()
-        cache = torch.zeros(9, 3, 2, 16, 4, 96, dtype=dtype, device="cuda")
-        qkv = torch.randn(20, 12 * 96, device="cuda", generator=g).to(dtype)
-        k, v = qkv[:, 4 * 96:8 * 96].view(20, 4, 96), qkv[:, 8 * 96:].view(20, 4, 96)  # views, as the models pass
-        slots = torch.randperm(9 * 16, device="cuda", generator=g)[:20]
-        write_kv(cache, 2, slots, k, v, 16)
-        ref = torch.zeros_like(cache)
-        ref[slots // 16, 2, 0, slots % 16] = k
-        ref[slots // 16, 2, 1, slots % 16] = v
-        assert torch.equal(cache, ref)
 
 
 @pytest.mark.parametrize("family", ["ouro", "nanbeige", "huginn"])
@@ -318,7 +308,8 @@ def test_cuda_graphs_equal_eager(checkpoints, family):
 @pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
 @pytest.mark.parametrize("D", [128, 96, 16])
 def test_rope_kernel_matches_torch(pairs, dtype, tol, D):
-    from rlt.kernels.rope import rope_
+    from rlt.kernels.paged_attention import PagedMetadata, write_kv
+    from rlt.kernels.rope import rope_, rope_write_kv
     from rlt.models import layers
 
     g = torch.Generator(device="cuda").manual_seed(0)
@@ -329,10 +320,18 @@ def test_rope_kernel_matches_torch(pairs, dtype, tol, D):
     f = layers.rope_pairs if pairs else layers.rope_neox
     ref_q, ref_k = f(q.cpu().float(), pos.cpu(), inv.cpu()), f(k.cpu().float(), pos.cpu(), inv.cpu())
     v = qkv[:, 12 * D:].clone()
+    qkv2 = qkv.clone()
     got_q, got_k = rope_(q, k, pos, inv, pairs)
     assert (got_q.float().cpu() - ref_q).abs().max() <= tol * ref_q.abs().max()
     assert (got_k.float().cpu() - ref_k).abs().max() <= tol * ref_k.abs().max()
     assert torch.equal(qkv[:, 12 * D:], v)  # v beside q and k in the projection is untouched
+    # the same launch storing k and v into the paged cache: same q/k bits, the cache as write_kv leaves it
+    cache, ref_cache = (torch.zeros(8, 2, 2, 16, 4, D, dtype=dtype, device="cuda") for _ in range(2))
+    slots = torch.randperm(8 * 16, device="cuda", generator=g)[:50]
+    q2, k2, v2 = qkv2[:, : 8 * D].view(50, 8, D), qkv2[:, 8 * D:12 * D].view(50, 4, D), qkv2[:, 12 * D:].view(50, 4, D)
+    rope_write_kv(q2, k2, v2, pos, inv, pairs, cache, 1, slots, 16)
+    write_kv(ref_cache, 1, PagedMetadata(slots, None, [], [], 16), got_k, v.view(50, 4, D))
+    assert torch.equal(q2, got_q) and torch.equal(k2, got_k) and torch.equal(cache, ref_cache)
 
 
 def test_rms_norm_on_cuda_matches_torch():

@@ -12,7 +12,7 @@ from triton.compiler import ASTSource
 
 
 def kernels():
-    from rlt.kernels import activation, decode_attention, gemv, kv_write, norm, rope
+    from rlt.kernels import activation, decode_attention, gemv, norm, rope
 
     i, f, p16, p32, p64 = "i32", "fp32", "*bf16", "*fp32", "*i64"
     return {
@@ -29,19 +29,17 @@ def kernels():
                               stride_a=i, stride_xo=i, stride_h=i, N=i, eps=f), dict(NORM_A=False, BLOCK=2048)),
         "rms_norm": (norm._rms_norm_kernel, dict(x_ptr=p16, w_ptr=p16, y_ptr=p16, stride_x=i, stride_y=i, N=i, eps=f),
                      dict(BLOCK=2048)),
-        "rope": (rope._rope_kernel, dict(q_ptr=p16, k_ptr=p16, pos_ptr=p64, inv_ptr=p32, stride_qt=i, stride_qh=i,
-                                         stride_kt=i, stride_kh=i), dict(HQ=16, HALF=64, HALF_PAD=64, PAIRS=False)),
-        "write_kv": (kv_write._write_kv_kernel,
-                     dict(k_ptr=p16, v_ptr=p16, cache_ptr=p16, slot_ptr=p64, layer=i, stride_kt=i, stride_kh=i,
-                          stride_vt=i, stride_vh=i, stride_cb=i, stride_cl=i, stride_ckv=i, stride_co=i, stride_ch=i),
-                     dict(HKV=16, D=128, BLOCK_SIZE=16, BLOCK=2048)),
+        "rope": (rope._rope_kernel, dict(q_ptr=p16, k_ptr=p16, v_ptr=p16, pos_ptr=p64, inv_ptr=p32, cache_ptr=p16,
+                                         slot_ptr=p64, layer=i, stride_qt=i, stride_qh=i, stride_kt=i, stride_kh=i,
+                                         stride_vt=i, stride_vh=i, stride_cb=i, stride_cl=i, stride_ckv=i,
+                                         stride_co=i, stride_ch=i),
+                 dict(HQ=16, HKV=16, HALF=64, HALF_PAD=64, PAIRS=False, WRITE_KV=True, BLOCK_SIZE=16)),
         "silu_mul": (activation._silu_mul_kernel, dict(gu_ptr=p16, out_ptr=p16, stride_gu=i, stride_out=i, N=i),
                      dict(BLOCK=1024)),
     }
 
 
-@pytest.mark.parametrize("name", ["gemv", "decode", "add_rms_norm", "rms_norm", "rope", "write_kv",
-                                  "silu_mul"])
+@pytest.mark.parametrize("name", ["gemv", "decode", "add_rms_norm", "rms_norm", "rope", "silu_mul"])
 def test_pdl_kernel_waits_before_touching_memory(name):
     fn, sig, consts = kernels()[name]
     ptx = {}

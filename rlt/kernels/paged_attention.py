@@ -64,12 +64,8 @@ class PagedMetadata:
 
 
 def write_kv(cache: torch.Tensor, layer: int, meta: PagedMetadata, k: torch.Tensor, v: torch.Tensor) -> None:
-    """cache [num_blocks, layers, 2, block_size, Hkv, D]. On CUDA one Triton launch."""
-    if meta.kernel is not None:
-        from rlt.kernels.kv_write import write_kv as kernel_write_kv
-
-        kernel_write_kv(cache, layer, meta.slot_mapping, k, v, meta.block_size)
-        return
+    """cache [num_blocks, layers, 2, block_size, Hkv, D], the reference (CUDA kernels store K/V in
+    the RoPE launch: rlt/kernels/rope.rope_write_kv)."""
     block, offset = meta.slot_mapping // meta.block_size, meta.slot_mapping % meta.block_size
     cache[block, layer, 0, offset] = k
     cache[block, layer, 1, offset] = v

@@ -1,6 +1,8 @@
 """RoPE in place on q and k together, one Triton launch (instead of ~10 torch ops per tensor):
 rotate-half (Llama/Qwen2) or adjacent pairs (Huginn), angles computed in float32 from the
-positions. The torch functions in rlt/models/layers.py are the reference."""
+positions. With a KV cache the same launch also stores the rotated k and v into their slots (the
+attention of a pass needs no separate KV-write launch). The torch functions in
+rlt/models/layers.py and rlt/kernels/paged_attention.write_kv are the reference."""
 
 import torch
 import triton
@@ -10,37 +12,76 @@ from rlt.kernels import pdl
 
 
 @triton.jit
-def _rope_kernel(q_ptr, k_ptr, pos_ptr, inv_ptr, stride_qt, stride_qh, stride_kt, stride_kh, HQ: tl.constexpr,
-                 HALF: tl.constexpr, HALF_PAD: tl.constexpr, PAIRS: tl.constexpr, PDL: tl.constexpr):
+def _rope_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, inv_ptr, cache_ptr, slot_ptr, layer, stride_qt, stride_qh, stride_kt,
+                 stride_kh, stride_vt, stride_vh, stride_cb, stride_cl, stride_ckv, stride_co, stride_ch,
+                 HQ: tl.constexpr, HKV: tl.constexpr, HALF: tl.constexpr, HALF_PAD: tl.constexpr,
+                 PAIRS: tl.constexpr, WRITE_KV: tl.constexpr, BLOCK_SIZE: tl.constexpr, PDL: tl.constexpr):
+    """Program (t, h): h < HQ rotates q head h; then the k heads (rotated, and stored with WRITE_KV);
+    then, with WRITE_KV, the v heads (stored as they are)."""
     pdl.begin(PDL)
     t = tl.program_id(0)
-    h = tl.program_id(1)  # q heads first, then k heads
+    h = tl.program_id(1)
     j = tl.arange(0, HALF_PAD)
     ok = j < HALF
-    angle = tl.load(pos_ptr + t).to(tl.float32) * tl.load(inv_ptr + j, mask=ok, other=0.0)
-    c, s = tl.cos(angle), tl.sin(angle)
-    if h < HQ:
-        base = q_ptr + t * stride_qt + h * stride_qh
-    else:
-        base = k_ptr + t * stride_kt + (h - HQ) * stride_kh
     if PAIRS:  # (x[2j], x[2j+1]) as a complex number
         ia, ib = 2 * j, 2 * j + 1
     else:  # (x[j], x[j + D/2])
         ia, ib = j, j + HALF
-    a = tl.load(base + ia, mask=ok, other=0.0).to(tl.float32)
-    b = tl.load(base + ib, mask=ok, other=0.0).to(tl.float32)
-    tl.store(base + ia, (a * c - b * s).to(q_ptr.dtype.element_ty), mask=ok)
-    tl.store(base + ib, (b * c + a * s).to(q_ptr.dtype.element_ty), mask=ok)
+    if h < HQ + HKV:
+        angle = tl.load(pos_ptr + t).to(tl.float32) * tl.load(inv_ptr + j, mask=ok, other=0.0)
+        c, s = tl.cos(angle), tl.sin(angle)
+        if h < HQ:
+            base = q_ptr + t * stride_qt + h * stride_qh
+        else:
+            base = k_ptr + t * stride_kt + (h - HQ) * stride_kh
+        a = tl.load(base + ia, mask=ok, other=0.0).to(tl.float32)
+        b = tl.load(base + ib, mask=ok, other=0.0).to(tl.float32)
+        ra, rb = (a * c - b * s).to(q_ptr.dtype.element_ty), (b * c + a * s).to(q_ptr.dtype.element_ty)
+        tl.store(base + ia, ra, mask=ok)
+        tl.store(base + ib, rb, mask=ok)
+    else:  # a v head (only launched with WRITE_KV)
+        base = v_ptr + t * stride_vt + (h - HQ - HKV) * stride_vh
+        ra = tl.load(base + ia, mask=ok, other=0.0)
+        rb = tl.load(base + ib, mask=ok, other=0.0)
+    if WRITE_KV:
+        if h >= HQ:
+            kv_head = (h - HQ) % HKV
+            which = (h - HQ) // HKV  # 0: K, 1: V
+            slot = tl.load(slot_ptr + t)
+            dst = (cache_ptr + (slot // BLOCK_SIZE) * stride_cb + layer * stride_cl + which * stride_ckv
+                   + (slot % BLOCK_SIZE) * stride_co + kv_head * stride_ch)
+            tl.store(dst + ia, ra, mask=ok)
+            tl.store(dst + ib, rb, mask=ok)
+
+
+def _launch(q, k, v, positions, inv_freq, pairs, cache, layer, slots, block_size):
+    T, H, D = q.shape
+    Hkv = k.shape[1]
+    if not T:
+        return
+    half = D // 2
+    write = cache is not None
+    c = cache if write else q  # (unused without WRITE_KV)
+    v = v if write else k
+    cs = cache.stride() if write else (0,) * 6
+    pdl.launch(_rope_kernel, (T, H + (2 if write else 1) * Hkv), q, k, v, positions, inv_freq, c,
+               slots if write else positions, layer, q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0),
+               v.stride(1), cs[0], cs[1], cs[2], cs[3], cs[4], HQ=H, HKV=Hkv, HALF=half,
+               HALF_PAD=triton.next_power_of_2(half), PAIRS=pairs, WRITE_KV=write, BLOCK_SIZE=block_size, like=q)
 
 
 def rope_(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor,
           pairs: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """q [T, H, D], k [T, Hkv, D] (last dim contiguous; views of the projection are fine), rotated in
     place and returned."""
-    T, H, D = q.shape
-    if T:
-        half = D // 2
-        pdl.launch(_rope_kernel, (T, H + k.shape[1]), q, k, positions, inv_freq, q.stride(0), q.stride(1),
-                   k.stride(0), k.stride(1), HQ=H, HALF=half, HALF_PAD=triton.next_power_of_2(half), PAIRS=pairs,
-                   like=q)
+    _launch(q, k, None, positions, inv_freq, pairs, None, 0, None, 1)
+    return q, k
+
+
+def rope_write_kv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor,
+                  pairs: bool, cache: torch.Tensor, layer: int, slots: torch.Tensor,
+                  block_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """rope_ on q and k, and the rotated k and v stored at slots [T] of cache [blocks, layers, 2,
+    block_size, Hkv, D] at this layer: one launch. Returns (q, k), rotated in place."""
+    _launch(q, k, v, positions, inv_freq, pairs, cache, layer, slots, block_size)
     return q, k

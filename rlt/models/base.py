@@ -13,17 +13,28 @@ through an `Attention` object that owns the KV cache; it knows which request, po
 depth each row is, so the model code never does.
 """
 
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 import torch
 
 
-class Attention(Protocol):
-    def core(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        """Attention for a core layer at each row's current depth. q [T, H, D], k/v [T, Hkv, D]
-        (after RoPE); stores k/v for these rows, returns [T, H, D]."""
+class Rotary(NamedTuple):
+    """The RoPE of q and k: angles positions [T] x inv_freq [D/2]; adjacent pairs (Huginn) or
+    rotate-half (rlt/models/layers.rope)."""
 
-    def boundary(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    positions: torch.Tensor
+    inv_freq: torch.Tensor
+    pairs: bool
+
+
+class Attention(Protocol):
+    def core(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rotary: Rotary) -> torch.Tensor:
+        """Attention for a core layer at each row's current depth. q [T, H, D], k/v [T, Hkv, D]
+        before RoPE: applies it to q and k (in place where it can: on CUDA in the same launch that
+        stores k/v), stores k/v for these rows, returns [T, H, D]."""
+
+    def boundary(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                 rotary: Rotary) -> torch.Tensor:
         """Same for a boundary layer (stored once per position, not per depth)."""
 
 

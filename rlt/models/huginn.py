@@ -11,8 +11,8 @@ import torch.nn.functional as F
 
 from rlt.config import ModelConfig
 from rlt.kernels.random import truncated_normal
-from rlt.models.base import Attention
-from rlt.models.layers import linear, gated_mlp, rms_norm, rope, rope_inv_freq
+from rlt.models.base import Attention, Rotary
+from rlt.models.layers import linear, gated_mlp, rms_norm, rope_inv_freq
 
 _BLOCK_TENSORS = ("norm_1.weight", "norm_2.weight", "norm_3.weight", "norm_4.weight", "attn.Wqkv.weight",
                   "attn.qk_bias", "attn.proj.weight", "mlp.fc.weight", "mlp.proj.weight")
@@ -65,14 +65,14 @@ class HuginnModel:
         q, k, v = linear(rms_norm(x, B["n1"], eps), B["qkv"]).view(T, 3, nh, hd).unbind(1)
         if B["q_bias"] is not None:
             q, k = q + B["q_bias"], k + B["k_bias"]
-        q, k = rope(q, k, positions, self.inv_freq, pairs=True)
-        x = rms_norm(x + linear(attend(q, k, v).flatten(1), B["proj"]), B["n2"], eps)
+        x = rms_norm(x + linear(attend(q, k, v, Rotary(positions, self.inv_freq, True)).flatten(1), B["proj"]),
+                     B["n2"], eps)
         return rms_norm(x + gated_mlp(rms_norm(x, B["n3"], eps), B["fc"], B["mlp_proj"]), B["n4"], eps)
 
     def embed(self, ids, positions, attn: Attention):
         x = F.embedding(ids, self.wte) * self.fc.embed_scale
         for j, B in enumerate(self.prelude):
-            x = self._block(B, x, positions, lambda q, k, v, j=j: attn.boundary(j, q, k, v))
+            x = self._block(B, x, positions, lambda q, k, v, r, j=j: attn.boundary(j, q, k, v, r))
         return x
 
     def initial_state(self, inject, positions, seeds):
@@ -87,14 +87,14 @@ class HuginnModel:
     def loop(self, s, inject, positions, attn: Attention):
         x = linear(torch.cat([s, inject], dim=-1), self.adapter)
         for j, B in enumerate(self.core):
-            x = self._block(B, x, positions, lambda q, k, v, j=j: attn.core(j, q, k, v))
+            x = self._block(B, x, positions, lambda q, k, v, r, j=j: attn.core(j, q, k, v, r))
         return x, None
 
     def head(self, s, positions, attn: Attention, select=None):
         x = rms_norm(s, self.ln_f, self.fc.rms_norm_eps)
         P = self.fc.n_layers_in_prelude
         for j, B in enumerate(self.coda):
-            x = self._block(B, x, positions, lambda q, k, v, j=j: attn.boundary(P + j, q, k, v))
+            x = self._block(B, x, positions, lambda q, k, v, r, j=j: attn.boundary(P + j, q, k, v, r))
         x = x if select is None else x[select]
         x = rms_norm(x, self.ln_f, self.fc.rms_norm_eps)
         return linear(x, self.wte).float()

@@ -4,6 +4,7 @@ import torch
 import torch.nn.functional as F
 
 from rlt.kernels import mode
+from rlt.models.base import Rotary
 
 
 def set_batch_invariant(on: bool) -> None:
@@ -111,10 +112,9 @@ def gqa_attention_projection(x, qkv_w, num_heads, num_kv_heads, head_dim):
 
 def llama_attention(h, L: dict, fc, positions, inv_freq, attn, layer: int) -> torch.Tensor:
     """Ouro / Nanbeige self-attention of one core layer on normed input h: fused q/k/v projection,
-    rotate-half RoPE, paged attention at this layer, output projection."""
+    paged attention at this layer with rotate-half RoPE, output projection."""
     q, k, v = gqa_attention_projection(h, L["qkv"], fc.num_attention_heads, fc.num_key_value_heads, fc.head_dim)
-    q, k = rope(q, k, positions, inv_freq, pairs=False)
-    return linear(attn.core(layer, q, k, v).flatten(1), L["o"])
+    return linear(attn.core(layer, q, k, v, Rotary(positions, inv_freq, False)).flatten(1), L["o"])
 
 
 def gated_mlp(x, gate_up_w, down_w):

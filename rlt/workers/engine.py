@@ -286,7 +286,7 @@ class LoopEngine:
                 and all(s.group is not None and s.group.decoding and s.group.n == 1 and not s.prefill_only
                         for s in self.running)
                 and (self.cfg.steady_fixed_depth
-                     or any(exits_early(s.group.params.exit_threshold) for s in self.running)))
+                     or any(exits_early(s.group.params) for s in self.running)))
 
     def _steady_must_end(self) -> bool:
         """A request could be admitted, or over a quarter of the lanes ended (they would keep

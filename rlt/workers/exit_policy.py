@@ -9,9 +9,9 @@ have hazard 0: they always run max_loops. Prompts always run at the model's full
 import torch
 
 
-def exits_early(threshold: float) -> bool:
-    """Can a request with this exit threshold leave the loop before max_loops?"""
-    return threshold < 1.0
+def exits_early(params) -> bool:
+    """Can a request with these (resolved) parameters leave the loop before max_loops?"""
+    return params.exit_threshold < 1.0 and params.min_loops < params.max_loops
 
 
 def update_survival(survival: torch.Tensor, gate_logit: torch.Tensor | None) -> torch.Tensor:

@@ -22,7 +22,8 @@ from rlt.control.validation import ResolvedParams
 from rlt.kernels import mode
 from rlt.kernels.paged_attention import PagedMetadata, kernel_fields, paged_attention, plan_kernel, write_kv
 from rlt.kernels.sampler import SamplingTensors, sample, top_logprobs
-from rlt.models.layers import EmbeddingInput
+from rlt.models.base import Rotary
+from rlt.models.layers import EmbeddingInput, rope
 from rlt.workers.exit_policy import should_exit, update_survival
 from rlt.workers.kv_pool import BlockTables, KVPool
 from rlt.workers.step_buffers import DeviceReadback, StepBuffers
@@ -89,13 +90,21 @@ class _Attention:
     def __init__(self, cache, core: PagedMetadata | None, boundary: PagedMetadata | None):
         self.cache, self.core_meta, self.boundary_meta = cache, core, boundary
 
-    def core(self, layer, q, k, v):
-        write_kv(self.cache, layer, self.core_meta, k, v)
-        return paged_attention(self.cache, layer, self.core_meta, q, k, v)
+    def core(self, layer, q, k, v, rotary: Rotary):
+        return self._attend(self.core_meta, layer, q, k, v, rotary)
 
-    def boundary(self, layer, q, k, v):
-        write_kv(self.cache, layer, self.boundary_meta, k, v)
-        return paged_attention(self.cache, layer, self.boundary_meta, q, k, v)
+    def boundary(self, layer, q, k, v, rotary: Rotary):
+        return self._attend(self.boundary_meta, layer, q, k, v, rotary)
+
+    def _attend(self, meta: PagedMetadata, layer, q, k, v, rotary: Rotary):
+        if meta.kernel is not None:  # CUDA kernels: RoPE and the K/V store in one launch
+            from rlt.kernels.rope import rope_write_kv
+
+            rope_write_kv(q, k, v, *rotary, self.cache, layer, meta.slot_mapping, meta.block_size)
+        else:
+            q, k = rope(q, k, *rotary)
+            write_kv(self.cache, layer, meta, k, v)
+        return paged_attention(self.cache, layer, meta, q, k, v)
 
 
 def _slots(table: list[int], start: int, n: int, bs: int) -> list[int]:

@@ -62,7 +62,7 @@ class SteadyDecode:
         self.scratch_slot = pool.scratch_block * bs
         # Fixed depth everywhere: the host knows on which loops a lane can exit and skips the head,
         # sampling and advance on the others (lanes ended on the device only make it cautious).
-        self.fixed = not any(exits_early(p.exit_threshold) for p in ps)
+        self.fixed = not any(map(exits_early, ps))
         self.host_depth, self.alive = [g.depth for g in groups], [True] * self.lanes
         # Lanes not embedded yet: their token is on the host (ids) or still on the device (feed).
         x, inject = [g.state for g in groups], [g.inject for g in groups]
