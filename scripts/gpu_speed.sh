@@ -6,7 +6,7 @@
 # split it, e.g. PROFILE=0 first, then SKIP_TESTS=1 BENCH=0 NB=0 for the profiles.
 # Switches: SKIP_TESTS PYTEST_K TEST_TIMEOUT TEST_PDL (GPU tests with RLT_PDL, default 1); OURO NB
 # BENCH CONC THR KV_GIB CONC4K PREFILL_LENS BENCH_TIMEOUT; PROFILE PROFILE_CONC PROFILE_THR
-# PROFILE_STEADY (0 regular, 1 auto, 2 forced) PROFILE_PDL ("0 1" compares); SERVE_TOPOS RATES
+# PROFILE_STEADY (0 regular, 1 auto, 2 forced) PROFILE_PDL ("0 1" compares; default 1); SERVE_TOPOS RATES
 # SWEEP DURATION SWEEP_DURATION SERVE_TIMEOUT. RLT_PDL set outside applies to the benchmarks.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -16,7 +16,7 @@ export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 RLT_CACHE_DIR=/tmp/rltcache
 step() { echo "=== $1 ($(date +%T))"; }
 if [ "${SKIP_TESTS:-0}" != 1 ]; then
   step "pytest -m gpu"
-  # the GPU tests run the kernels with programmatic dependent launch (TEST_PDL=0: without)
+  # the GPU tests run the kernels with programmatic dependent launch, the default (TEST_PDL=0: without)
   RLT_PDL=${TEST_PDL:-1} timeout ${TEST_TIMEOUT:-240} python3 -m pytest -m gpu -q -x -p no:cacheprovider tests/test_gpu.py ${PYTEST_K:+-k "$PYTEST_K"} \
     2>&1 | tee "$OUT/pytest_gpu.log" | tail -15
 fi
@@ -44,9 +44,9 @@ fi
 if [ "${PROFILE:-1}" = 1 ] && [ "${OURO:-1}" = 1 ]; then
   for c in ${PROFILE_CONC:-1 128}; do
     for thr in ${PROFILE_THR:-1.0 0.5}; do
-      step "GPU profile of decode steps, concurrency $c, threshold $thr (steady decode ${PROFILE_STEADY:-1 0}, PDL ${PROFILE_PDL:-0})"
+      step "GPU profile of decode steps, concurrency $c, threshold $thr (steady decode ${PROFILE_STEADY:-1 0}, PDL ${PROFILE_PDL:-1})"
       for steady in ${PROFILE_STEADY:-1 0}; do
-        for pdl in ${PROFILE_PDL:-0}; do
+        for pdl in ${PROFILE_PDL:-1}; do
           RLT_PDL=$pdl timeout 150 python3 scripts/profile_gpu.py --model /tmp/ouro-full --concurrency $c --threshold $thr \
             --kv-gib ${KV_GIB:-120} --steady-decode $steady --json-out "$OUT/profile_c${c}_t${thr}_s${steady}_p$pdl.json" \
             2>&1 | tee "$OUT/profile_c${c}_t${thr}_s${steady}_p$pdl.log" | tail -18

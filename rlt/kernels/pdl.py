@@ -4,9 +4,9 @@ A kernel launched with PDL may be scheduled while the kernel before it on the st
 calls griddepcontrol.wait (every write of the previous kernel visible) before touching anything
 another kernel writes, then lets its own successor launch. Only launch latency, scheduling and
 reads of constant data (the GEMV's first weight tile) overlap, so results are unchanged; a one-row
-decode pass is ~300 short launches, and the gaps between them are a tenth of its time
-(docs/benchmarks.md). Off unless RLT_PDL=1 (not yet measured on a GPU); never on the CPU
-or under Triton's interpreter.
+decode pass is ~300 short launches: with PDL, Ouro-1.4B decodes 12 % faster at concurrency 1 on
+an H200 (docs/benchmarks.md). On by default on Hopper and later; RLT_PDL=0 turns it off (A/B
+measurements); never on the CPU or under Triton's interpreter.
 """
 
 import functools
@@ -17,7 +17,7 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-enabled = os.environ.get("RLT_PDL", "0") == "1"
+enabled = os.environ.get("RLT_PDL", "1") != "0"
 
 
 @functools.cache
