@@ -40,6 +40,34 @@ def check_decode_attention() -> bool:
     return ok and left == 0
 
 
+def check_paged_attention() -> bool:
+    """The general kernel (passes with prompt chunks): a prompt chunk after a prefix, a first chunk,
+    and a decode row in one launch, tiles of 16 rows."""
+    from rlt.kernels.paged_attention import PagedMetadata, kernel_fields, paged_attention
+    from rlt.kernels.paged_attention_triton import paged_attention as triton_paged
+
+    g = torch.Generator().manual_seed(0)
+    H, Hkv, D, bs = 4, 2, 16, 4
+    segs = [(6, 20), (0, 9), (30, 1)]  # (first position, rows)
+    tables, nxt = [], 0
+    for q0, n in segs:
+        nb = -(-(q0 + n) // bs)
+        tables.append(list(range(nxt, nxt + nb)))
+        nxt += nb
+    tab = torch.zeros(len(segs), max(map(len, tables)), dtype=torch.int64)
+    for i, t in enumerate(tables):
+        tab[i, :len(t)] = torch.tensor(t)
+    cache = torch.randn(nxt, 1, 2, bs, Hkv, D, generator=g)
+    row_starts = [0, 20, 29, 30]
+    q_starts = [q0 for q0, _ in segs]
+    q = torch.randn(30, H, D, generator=g)
+    ref = paged_attention(cache, 0, PagedMetadata(None, tab, row_starts, q_starts, bs), q, None, None)
+    fields = {k: torch.from_numpy(a) for k, a in kernel_fields(row_starts, q_starts).items()}
+    err = (triton_paged(cache, 0, q, tab, fields, bs) - ref).abs().max().item()
+    print(f"paged_attention (prompt chunks and a decode row): max error {err:.2e}")
+    return err <= 1e-5
+
+
 def check_gemv() -> bool:
     from rlt.kernels.gemv import CONFIGS, gemv
 
@@ -82,4 +110,4 @@ def check_rope_write_kv() -> bool:
 
 
 if __name__ == "__main__":
-    sys.exit(0 if check_decode_attention() & check_gemv() & check_rope_write_kv() else 1)
+    sys.exit(0 if check_decode_attention() & check_paged_attention() & check_gemv() & check_rope_write_kv() else 1)

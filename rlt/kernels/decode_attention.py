@@ -16,6 +16,7 @@ import triton
 import triton.language as tl
 
 from rlt.kernels import pdl
+from rlt.kernels.paged_attention_triton import kv_tile, softmax_step
 
 BLOCK_N = 64  # key tile of unsplit passes (measured at conc 128)
 SPLIT_BLOCK_N = 32  # split passes: tune_decode.py on an H200, 32-key tiles x 32 slices beat 64 x 16 at 1K
@@ -71,25 +72,8 @@ def _decode_kernel(q_ptr, o_ptr, part_ptr, ml_ptr, count_ptr, cache_ptr, table_p
     for n0 in range(lo, hi, BLOCK_N):
         pos = n0 + tl.arange(0, BLOCK_N)
         key_ok = pos < hi
-        block = tl.load(tab + pos // BLOCK_SIZE, mask=key_ok, other=0)
-        off = block.to(tl.int64) * stride_cb + (pos % BLOCK_SIZE) * stride_co
-        kv_mask = key_ok[:, None] & d_ok[None, :]
-        k = tl.load(base + off[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
-        v = tl.load(base + stride_ckv + off[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
-        if IEEE:
-            s = tl.dot(q, tl.trans(k), input_precision="ieee") * scale
-        else:
-            s = tl.dot(q, tl.trans(k)).to(tl.float32) * scale
-        s = tl.where(key_ok[None, :], s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, axis=1))
-        p = tl.exp(s - m_new[:, None])
-        alpha = tl.exp(m_i - m_new)
-        l_i = l_i * alpha + tl.sum(p, axis=1)
-        if IEEE:
-            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
-        else:
-            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v).to(tl.float32)
-        m_i = m_new
+        k, v = kv_tile(base, tab, pos, key_ok, offs_d, d_ok, stride_cb, stride_co, stride_ckv, BLOCK_SIZE)
+        m_i, l_i, acc = softmax_step(q, k, v, key_ok[None, :], m_i, l_i, acc, scale, IEEE)
     if SPLITS == 1:
         out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
         tl.store(o_ptr + row * stride_qt + heads[:, None] * stride_qh + offs_d[None, :],
