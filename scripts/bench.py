@@ -153,6 +153,8 @@ def main():
     serve.add_argument("--sweep", type=int, default=0,
                        help="after the listed rates, double the last one up to N times until past capacity")
     serve.add_argument("--sweep-duration", type=float, help="seconds of arrivals per sweep rate (default --duration)")
+    serve.add_argument("--max-local-prefill-length", type=int, help="PD: conditional disaggregation (README)")
+    serve.add_argument("--max-prefill-queue-size", type=int, help="PD: conditional disaggregation (README)")
     args = ap.parse_args()
     if args.mode == "serve":
         import bench_serving

@@ -101,6 +101,9 @@ async def warm_up(engine, prompt_lens, output_len):
 async def serve(args):
     opts = dict(kv_memory_bytes=int(args.kv_gib * 2**30), prefill_chunk=args.prefill_chunk,
                 max_num_seqs=args.max_num_seqs, startup_timeout=900.0, heartbeat_timeout=120.0)
+    for name in ("max_local_prefill_length", "max_prefill_queue_size"):
+        if getattr(args, name) is not None:
+            opts[name] = getattr(args, name)
     async with rlt.Engine.launch(args.model, topology=args.topology, device=args.device, dtype=args.dtype,
                                  **opts) as engine:
         lens = list(map(int, args.prompt_lens.split(",")))
@@ -115,14 +118,17 @@ async def serve(args):
             if not rates and doublings and not rows[-1]["saturated"]:
                 rates.append(rows[-1]["rate"] * 2)  # double until the configuration falls behind
                 doublings -= 1
-        return rows
+        return rows, engine.stats()["local_prefills"]
 
 
 def main(args):
-    rows = asyncio.run(serve(args))
+    rows, local_prefills = asyncio.run(serve(args))
     meta = {"date": time.strftime("%Y-%m-%d"), "commit": os.environ.get("RLT_COMMIT", ""), "model": args.model,
             "topology": args.topology, "device": args.device, "prompt_lens": args.prompt_lens,
-            "output_len": args.output_len, "duration_s": args.duration, "command": " ".join(sys.argv)}
+            "output_len": args.output_len, "duration_s": args.duration, "command": " ".join(sys.argv),
+            "max_local_prefill_length": args.max_local_prefill_length,
+            "max_prefill_queue_size": args.max_prefill_queue_size,
+            "local_prefills": local_prefills}  # PD requests the decode worker prefilled itself (warm-up included)
     print(json.dumps(meta))
     cols = ["rate", "completed", "output_throughput_tok_s", "request_throughput_req_s", "mean_ttft_ms",
             "p95_ttft_ms", "mean_tpot_ms", "p95_tpot_ms", "p99_itl_ms", "mean_e2el_ms", "saturated"]

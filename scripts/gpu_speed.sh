@@ -7,7 +7,8 @@
 # Switches: SKIP_TESTS PYTEST_K TEST_TIMEOUT TEST_PDL (GPU tests with RLT_PDL, default 1); OURO NB
 # BENCH CONC THR KV_GIB CONC4K PREFILL_LENS BENCH_TIMEOUT; PROFILE PROFILE_CONC PROFILE_THR
 # PROFILE_STEADY (0 regular, 1 auto, 2 forced) PROFILE_PDL ("0 1" compares; default 1); SERVE_TOPOS RATES
-# SWEEP DURATION SWEEP_DURATION SERVE_TIMEOUT. RLT_PDL set outside applies to the benchmarks.
+# SWEEP DURATION SWEEP_DURATION SERVE_TIMEOUT SERVE_ARGS (e.g. "--max-local-prefill-length 256").
+# RLT_PDL set outside applies to the benchmarks.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/rlt-out}; mkdir -p "$OUT"
@@ -62,7 +63,7 @@ for topo in ${SERVE_TOPOS:-}; do
   timeout ${SERVE_TIMEOUT:-400} python3 scripts/bench.py --mode serve --model /tmp/nb-full --device cuda --topology $topo \
     --rates ${RATES:-0.25,0.5,1} --sweep ${SWEEP:-0} --duration ${DURATION:-60} --sweep-duration ${SWEEP_DURATION:-${DURATION:-60}} \
     --prompt-lens 128,4096 --output-len 64 \
-    --kv-gib 40 --json-out "$OUT/serve_$topo.json" 2>&1 | grep -v "NIXL INFO" | tee "$OUT/serve_$topo.log" | tail -10
+    --kv-gib 40 ${SERVE_ARGS:-} --json-out "$OUT/serve_$topo.json" 2>&1 | grep -v "NIXL INFO" | tee "$OUT/serve_$topo.log" | tail -10
 done
 # P4's verdict when both topologies ran here (else: compare_serving.py on the two JSON files)
 [ -f "$OUT/serve_1p1d.json" ] && [ -f "$OUT/serve_2x.json" ] && python3 scripts/compare_serving.py "$OUT/serve_1p1d.json" "$OUT/serve_2x.json"

@@ -288,7 +288,11 @@ async def test_launch_rejects_bad_options_before_spawning(checkpoints):
     for kwargs, msg in [(dict(topology="1p0d"), "topology .1p0d."), (dict(topology="pd"), "topology .pd."), (dict(dtype="int8"), "dtype 'int8'"),
                         (dict(device="tpu"), "device 'tpu'"), (dict(bogus=1), "unknown option 'bogus'"),
                         (dict(block_size=0), "block_size must be"), (dict(kv_layout="x"), "kv_layout 'x'"),
-                        (dict(steady_decode="yes"), "steady_decode must be True or False, got 'yes'")]:
+                        (dict(steady_decode="yes"), "steady_decode must be True or False, got 'yes'"),
+                        (dict(topology="1p1d", max_local_prefill_length=-1),
+                         "max_local_prefill_length must be an integer >= 0, got -1"),
+                        (dict(max_prefill_queue_size=2), "max_prefill_queue_size applies to prefill/decode "
+                                                        "topologies .XpYd., not 'single'")]:
         with pytest.raises(ValueError, match=msg):
             rlt.Engine.launch(checkpoints["ouro"], **kwargs)
     with pytest.raises(rlt.ConfigError, match="'total_ut_steps'"):

@@ -39,9 +39,11 @@ def requests(family):
     return list(zip(prompts, params))
 
 
-async def run_all(path, topology, layout, family, reqs):
+async def run_all(path, topology, layout, family, reqs, stats=None, **opts):
+    """Every request at once -> (tokens, depths, logprobs, finish) each; stats: a dict to fill with
+    the engine's stats after the run."""
     async with rlt.Engine.launch(path, topology=topology, kv_layout=layout, hf_overrides=OV.get(family),
-                                 **SMALL, **FAST) as engine:
+                                 **SMALL, **FAST, **opts) as engine:
         async def one(i, p, sp):
             async for out in engine.generate(p, sp, request_id=f"q{i}"):
                 pass
@@ -49,6 +51,8 @@ async def run_all(path, topology, layout, family, reqs):
 
         outs = await asyncio.gather(*(one(i, p, sp) for i, (p, sp) in enumerate(reqs)))
         await all_free(engine)
+        if stats is not None:
+            stats.update(engine.stats())
         return [(o.token_ids, o.exit_depths, o.logprobs, o.finish_reason) for o in outs]
 
 
@@ -67,6 +71,24 @@ async def test_pd_equals_single(checkpoints, family, layout):
                     assert a.keys() == b.keys() and max(abs(a[k] - b[k]) for k in a) < tol
     if family == "ouro":
         assert len(set(single[2][1][1:] + single[3][1][1:])) >= 2  # adaptive exits really happened
+
+
+@pytest.mark.parametrize("opts,local", [(dict(max_local_prefill_length=12), 2),  # the 11- and 12-token prompts
+                                        (dict(max_prefill_queue_size=1), 3),  # all but the first: P holds it
+                                        (dict(max_prefill_queue_size=0), 4)])
+async def test_conditional_disaggregation_equals_single(checkpoints, opts, local):
+    """Prompts the decode worker prefills itself (short, or while the prefill worker has a queue)
+    give the same tokens, depths and logprobs as single, and every block and credit comes back."""
+    reqs = requests("ouro")
+    single = await run_all(checkpoints["ouro"], "single", "last_exited", "ouro", reqs)
+    stats = {}
+    got = await run_all(checkpoints["ouro"], "1p1d", "last_exited", "ouro", reqs, stats, **opts)
+    assert stats["local_prefills"] == local
+    for (t1, d1, lp1, f1), (t2, d2, lp2, f2) in zip(single, got):
+        assert (t1, d1, f1) == (t2, d2, f2)
+        assert (lp1 is None) == (lp2 is None)
+        for a, b in zip(lp1 or (), lp2 or ()):
+            assert a.keys() == b.keys() and max(abs(a[k] - b[k]) for k in a) < 1e-4
 
 
 def launch_pd(checkpoints, topology="1p1d", **kw):

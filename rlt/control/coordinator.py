@@ -34,7 +34,11 @@ log = logging.getLogger("rlt")
 ENGINE_OPTIONS = ("kv_layout", "block_size", "num_blocks", "kv_memory_bytes", "max_num_seqs", "prefill_chunk",
                   "max_num_batched_tokens", "batch_invariant", "cuda_graph_max_batch", "steady_decode")
 COORDINATOR_OPTIONS = {"startup_timeout": 300.0, "heartbeat_interval": 0.5, "heartbeat_timeout": 10.0,
-                       "restart": True, "transfer_timeout": 30.0}
+                       "restart": True, "transfer_timeout": 30.0,
+                       # XpYd, conditional disaggregation: the decode worker prefills a prompt itself
+                       # (no KV handoff) when it is at most this long, or when the prefill worker
+                       # already holds this many requests (None: never)
+                       "max_local_prefill_length": 0, "max_prefill_queue_size": None}
 
 
 def parse_topology(topology: str) -> list[tuple[str, int]]:
@@ -91,6 +95,7 @@ class Engine:
         self._closing = False
         self._fingerprint: str | None = None
         self._dead_reason: str | None = None
+        self._local_prefills = 0  # PD requests the decode worker prefilled itself
 
     # ---- launch / shutdown ------------------------------------------------------------------------
     @classmethod
@@ -115,6 +120,14 @@ class Engine:
         for name in ("batch_invariant", "steady_decode"):
             if name in options and not isinstance(options[name], bool):
                 raise ValueError(f"{name} must be True or False, got {options[name]!r}")
+        for name in ("max_local_prefill_length", "max_prefill_queue_size"):
+            v = options.get(name)
+            if v is None:
+                continue
+            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+                raise ValueError(f"{name} must be an integer >= 0, got {v!r}")
+            if parse_topology(topology)[0][0] != "prefill":
+                raise ValueError(f"{name} applies to prefill/decode topologies (XpYd), not {topology!r}")
         if model is None:
             from rlt.default_model import default_model_path
 
@@ -468,6 +481,9 @@ class Engine:
         pd = self._slots[0][0] != "unified"
         d = self._pick("decode" if pd else "unified")
         prefill = self._pick("prefill") if pd else None
+        if prefill is not None and self._prefill_locally(len(ids), prefill):
+            prefill = None
+            self._local_prefills += 1
         need = self._blocks(d.ready, len(ids) + p.max_tokens)
         if need > d.ready.kv_blocks_total:
             raise RequestError(f"prompt {len(ids)} + max_tokens {p.max_tokens} needs {need} KV blocks, "
@@ -487,6 +503,12 @@ class Engine:
             prefill.credits.take(r.prefill.blocks)
             self._post(d, tw.Reserve(gen, len(ids) + p.max_tokens))
         return r
+
+    def _prefill_locally(self, prompt_len: int, p: WorkerProc) -> bool:
+        """Conditional disaggregation: a short prompt, or a prefill worker with a queue, and the
+        decode worker prefills the request as a unified worker would."""
+        queue = self._opt["max_prefill_queue_size"]
+        return prompt_len <= self._opt["max_local_prefill_length"] or (queue is not None and p.credits.slots >= queue)
 
     async def _stream(self, r: Request):
         try:
@@ -523,4 +545,4 @@ class Engine:
                             "kv_blocks_free": s.kv_blocks_free, "running": s.running, "waiting": s.waiting,
                             "credit_blocks": w.credits.blocks, "credit_slots": w.credits.slots})
         return {"live_requests": len(self._live), "pending_cleanup": len(self._gens) - len(self._live),
-                "workers": workers}
+                "local_prefills": self._local_prefills, "workers": workers}

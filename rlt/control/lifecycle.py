@@ -5,6 +5,8 @@ PD:      WAITING (decode worker reserving blocks) -> RESERVED (blocks granted, P
          PREFILLING (the prefill worker computes and writes each chunk into the decode worker's
          blocks) -> TRANSFERRING (first token streamed; last writes in flight) -> DECODING (the
          decode worker owns it) -> finished
+PD, prefilled locally (conditional disaggregation: a short prompt, or a busy prefill worker):
+         WAITING -> DECODING on the decode worker, as single
 
 A request leaves the user's view (its id reusable) at once on finish, abort or failure; its
 resources are released in writer-before-reader order: a decode worker's reserved blocks are freed
