@@ -45,8 +45,8 @@ fi
 if [ "${PROFILE:-1}" = 1 ] && [ "${OURO:-1}" = 1 ]; then
   for c in ${PROFILE_CONC:-1 128}; do
     for thr in ${PROFILE_THR:-1.0 0.5}; do
-      step "GPU profile of decode steps, concurrency $c, threshold $thr (steady decode ${PROFILE_STEADY:-1 0}, PDL ${PROFILE_PDL:-1})"
-      for steady in ${PROFILE_STEADY:-1 0}; do
+      step "GPU profile of decode steps, concurrency $c, threshold $thr (steady decode ${PROFILE_STEADY:-1}, PDL ${PROFILE_PDL:-1})"
+      for steady in ${PROFILE_STEADY:-1}; do
         for pdl in ${PROFILE_PDL:-1}; do
           RLT_PDL=$pdl timeout 150 python3 scripts/profile_gpu.py --model /tmp/ouro-full --concurrency $c --threshold $thr \
             --kv-gib ${KV_GIB:-120} --steady-decode $steady --json-out "$OUT/profile_c${c}_t${thr}_s${steady}_p$pdl.json" \
