@@ -37,9 +37,9 @@ if [ "${OURO:-1}" = 1 ] && [ "${BENCH:-1}" = 1 ]; then
       --json-out "$OUT/bench_ouro_4k.json" 2>&1 | tee "$OUT/bench_ouro_4k.log" | tail -8
   fi
 fi
-if [ "${NB:-1}" = 1 ]; then
+if [ "${NB:-1}" = 1 ] && [ -n "${PREFILL_LENS-1024,4096}" ]; then  # PREFILL_LENS="": checkpoint only (serving)
   step "prefill, Nanbeige4.2-3B shapes, with the dense floor"
-  timeout 150 python3 scripts/bench.py --model /tmp/nb-full --device cuda --concurrency "" --prefill-lens ${PREFILL_LENS:-1024,4096} \
+  timeout 150 python3 scripts/bench.py --model /tmp/nb-full --device cuda --concurrency "" --prefill-lens ${PREFILL_LENS-1024,4096} \
     --floors --json-out "$OUT/bench_nb_prefill.json" 2>&1 | tee "$OUT/bench_nb_prefill.log" | tail -4
 fi
 if [ "${PROFILE:-1}" = 1 ] && [ "${OURO:-1}" = 1 ]; then
