@@ -57,7 +57,7 @@ def main():
                                              steady_decode=args.steady_decode > 0,
                                              steady_fixed_depth=args.steady_decode == 2), dtype, "cuda")
     sp = SamplingParams(max_tokens=2 * args.steps + 16 * mc.depth + 32, temperature=0, ignore_eos=True, exit_threshold=args.threshold)
-    from bench import check_pool
+    from bench import check_pool, kernel_choices
 
     check_pool(eng.pool, args.concurrency, args.prompt_len + sp.max_tokens)
     g = torch.Generator().manual_seed(0)
@@ -95,11 +95,7 @@ def main():
            "gpu_idle_fraction": round(1 - busy / (wall * 1e6), 3), "kernels_per_step": round(len(kernels) / args.steps, 1),
            "top": [{"kernel": k[:90], "per_step": round(n / args.steps, 1), "us_per_step": round(t / args.steps, 1)}
                    for k, (n, t) in top]}
-    from rlt.kernels import pdl
-    from rlt.kernels.gemv import choices
-
-    res["gemv"] = choices()  # which one-row GEMM each weight shape took (cuBLAS or a Triton config)
-    res["pdl"] = pdl.enabled
+    res |= kernel_choices("cuda")  # which one-row GEMM each weight shape took; PDL on or off
     print(f"concurrency {args.concurrency}, threshold {args.threshold}: {res['tok_per_s']} tok/s, "
           f"{res['clean_ms_per_step']} ms per loop step ({res['wall_ms_per_step']} under the profiler), "
           f"GPU busy {res['gpu_busy_ms_per_step']} ms ({res['kernels_per_step']} kernels), "

@@ -24,7 +24,7 @@ from rlt.kernels.paged_attention import PagedMetadata, kernel_fields, paged_atte
 from rlt.kernels.sampler import SamplingTensors, sample, top_logprobs
 from rlt.models.base import Rotary
 from rlt.models.layers import EmbeddingInput, rope
-from rlt.workers.exit_policy import should_exit, update_survival
+from rlt.workers.exit_policy import exits_early, should_exit, update_survival
 from rlt.workers.kv_pool import BlockTables, KVPool
 from rlt.workers.step_buffers import DeviceReadback, StepBuffers
 
@@ -187,7 +187,7 @@ class Runner:
         core_tables = [g.tables.core[pool.plane_of(g.depth + 1)] for g in active]
         graphed = self.graphs is not None and not new_prompt_rows(active) and self.graphs.fits(len(active))
         # Survival and the exit test run on the device only while some row's exit depends on its gate.
-        adaptive = any(g.decoding and g.params.exit_threshold < 1.0 for g in active)
+        adaptive = any(g.decoding and exits_early(g.params) for g in active)
 
         # ---- pack the step's metadata: one host-to-device copy ----------------------------------
         f = {"pos": _positions(active, ra)}
@@ -245,7 +245,7 @@ class Runner:
                     g.survival = s
             # Read the exit mask back only if some row's exit depends on its gate at this depth;
             # otherwise the host knows it and runs ahead to the next step while the GPU works.
-            if any(g.decoding and g.params.exit_threshold < 1.0 and g.params.min_loops <= g.depth < g.params.max_loops
+            if any(g.decoding and exits_early(g.params) and g.params.min_loops <= g.depth < g.params.max_loops
                    for g in active):
                 done_host = [d if g.decoding else h for g, d, h in zip(active, done.tolist(), done_host)]
         result = StepResult(exited=[g for g, d in zip(active, done_host) if d])
