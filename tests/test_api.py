@@ -353,6 +353,9 @@ async def test_serving_benchmark_metrics(checkpoints):
     assert row["completed"] == n > 5
     assert row["mean_ttft_ms"] <= row["mean_e2el_ms"] and row["median_ttft_ms"] <= row["p99_ttft_ms"]
     assert row["output_throughput_tok_s"] == pytest.approx(6 * n / row["duration_s"], rel=0.02)
+    assert [r[0] for r in row["requests"]] == [(8, 40)[i % 2] for i in range(n)]  # per request, arrival order
+    assert n < 50 and max(r[1] for r in row["requests"]) == pytest.approx(row["p99_ttft_ms"], abs=0.02)
+    assert not bench_serving.saturated(row)  # an engine that keeps up with its arrivals
 
 
 def test_p4_verdict_and_capacity():
@@ -363,14 +366,17 @@ def test_p4_verdict_and_capacity():
     import bench_serving
     import compare_serving
 
-    def row(rate, tput, ttft, tpot, req_s):
+    def row(rate, tput, ttft, tpot, req_s, arrivals_s=None):
         r = {"rate": rate, "completed": 10, "output_throughput_tok_s": tput, "p95_ttft_ms": ttft,
-             "p95_tpot_ms": tpot, "request_throughput_req_s": req_s}
+             "p95_tpot_ms": tpot, "request_throughput_req_s": req_s, "arrival_rate_req_s": arrivals_s or rate}
         r["saturated"] = bench_serving.saturated(r)
         return r
 
     reps = [row(0.5, 100, 200, 20, 0.49), row(1, 200, 220, 22, 0.97), row(2, 260, 900, 40, 1.3)]
     assert [r["saturated"] for r in reps] == [False, False, True]  # 1.3 < 0.9 * 2
+    # saturation is judged against the draw's own arrival rate: 23 arrivals in 60 s at a nominal 0.5/s
+    assert not row(0.5, 100, 200, 20, 0.417, 0.43)["saturated"]
+    assert row(0.5, 100, 200, 20, 0.30, 0.43)["saturated"]
     pd = [row(0.5, 98, 230, 9, 0.49), row(1, 190, 230, 10, 0.95), row(2, 100, 9000, 5, 0.5)]
     got = compare_serving.compare(pd, reps)
     assert [r["rate"] for r in got] == [0.5, 1]  # rate 2 is past the replicas' capacity

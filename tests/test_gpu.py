@@ -252,6 +252,68 @@ def test_gemv_matches_torch():
     assert set(gv.choices()) >= {"6144x2048", "2048x2048"}
 
 
+def test_gemv_prologues_match_separate_launches():
+    """The GEMV making its input row (SwiGLU; RMSNorm; residual add + RMSNorm, the added row normed
+    or not) against the separate kernels then the plain GEMV, at Ouro's and Nanbeige's decode
+    shapes, every config and the picked one; the new residual row too."""
+    from rlt.kernels import gemv as gv
+    from rlt.kernels.activation import silu_mul
+    from rlt.kernels.norm import add_rms_norm, rms_norm
+
+    g = torch.Generator(device="cuda").manual_seed(0)
+    eps = 1e-6
+    for dtype, tol in ((torch.float32, 1e-4), (torch.bfloat16, 2e-2)):
+        for N, K in ((6144, 2048), (11264, 2048), (2048, 5632), (37, 300), (4096, 2560)):
+            w = (torch.randn(N, K, device="cuda", generator=g) / K ** 0.5).to(dtype)
+            x, a = (torch.randn(1, K, device="cuda", generator=g).to(dtype) for _ in range(2))
+            gu = torch.randn(1, 2 * K, device="cuda", generator=g).to(dtype)
+            wa, wo = ((1 + 0.1 * torch.randn(K, device="cuda", generator=g)).to(dtype) for _ in range(2))
+            cases = {gv.SWIGLU: (silu_mul(gu), None), gv.NORM: (rms_norm(x, wo, eps), None),
+                     gv.ADD_NORM: add_rms_norm(x, a, None, wo, eps)[::-1],
+                     gv.NORMED_ADD_NORM: add_rms_norm(x, a, wa, wo, eps)[::-1]}
+            for prologue, (row, residual) in cases.items():
+                ref = gv.gemv(row, w, gv.CONFIGS[0]).float()
+                bound = tol * max(1.0, ref.abs().max().item())
+                inp = gu if prologue == gv.SWIGLU else x
+                for cfg in gv.CONFIGS:
+                    out = torch.full_like(x, float("nan"))
+                    got = gv.gemv(inp, w, cfg, prologue, a, wa, wo, eps, out).float()
+                    assert (got - ref).abs().max() <= bound, (N, K, prologue, cfg)
+                    if residual is not None:
+                        assert (out.float() - residual.float()).abs().max() <= tol * residual.abs().max(), cfg
+                picked = gv.fused_one_row(inp, w, prologue, a, wa, wo, eps, torch.empty_like(x))
+                assert picked is not None and (picked.float() - ref).abs().max() <= bound
+
+
+def test_decode_attention_right_after_the_kv_store():
+    """With PDL the decode kernel reads its first key tile before waiting for the RoPE + K/V store
+    launched just before it: the newest key, which that launch writes, must still be the new one.
+    The cache holds garbage at each row's newest slot until the store; 20 back-to-back pairs."""
+    from rlt.kernels.decode_attention import decode_attention
+    from rlt.kernels.paged_attention import paged_attention
+    from rlt.kernels.rope import rope_write_kv
+    from rlt.models import layers
+
+    g = torch.Generator(device="cuda").manual_seed(0)
+    for H, Hkv, D in ((16, 16, 64), (32, 8, 128)):
+        cache, meta, tab, _, pos = decode_case(H, Hkv, D, torch.bfloat16, "cuda", layers=20)
+        inv = layers.rope_inv_freq(D, 1e4).cuda()
+        R = len(pos)
+        qkvs = [torch.randn(R, (H + 2 * Hkv) * D, device="cuda", generator=g).bfloat16() for _ in range(20)]
+        views = [layers.split_qkv(t, H, Hkv, D) for t in qkvs]
+        blk, off = meta.slot_mapping // meta.block_size, meta.slot_mapping % meta.block_size
+        cache[blk, :, :, off] = 1e4  # garbage where the new K/V go
+        torch.cuda.synchronize()
+        outs = []
+        for layer, (q, k, v) in enumerate(views):
+            q, k = rope_write_kv(q, k, v, pos, inv, False, cache, layer, meta.slot_mapping, meta.block_size)
+            outs.append(decode_attention(cache, layer, q, tab, pos, meta.block_size))
+        torch.cuda.synchronize()
+        for layer, (q, _, _) in enumerate(views):
+            ref = paged_attention(cache, layer, meta, q, None, None).float()
+            assert (outs[layer].float() - ref).abs().max() <= 2e-2 * max(1.0, ref.abs().max().item()), (H, layer)
+
+
 def test_fused_kernels_match_torch():
     """Residual add + RMSNorm and SwiGLU against the torch compositions they replace."""
     import torch.nn.functional as F

@@ -1,7 +1,9 @@
 """The decode-pass kernels compile for Hopper (sm_90) on the CPU, and with programmatic dependent
 launch (rlt/kernels/pdl.py) each one waits for the previous kernel before touching memory another
-kernel writes: griddepcontrol.wait precedes every global load and store in the PTX, except the
-GEMV's first weight tile (weights are never written during a pass)."""
+kernel writes: griddepcontrol.wait precedes every global store and atomic in the PTX, and every
+load except the GEMV's first weight tile (weights are never written during a pass) and the decode
+attention's position, block table and first key tile (written before the previous kernel; the
+newest key, which it writes, is read again after the wait)."""
 
 import re
 
@@ -15,9 +17,13 @@ def kernels():
     from rlt.kernels import activation, decode_attention, gemv, norm, rope
 
     i, f, p16, p32, p64 = "i32", "fp32", "*bf16", "*fp32", "*i64"
+    gemv_args = dict(x_ptr=p16, w_ptr=p16, y_ptr=p16, N=i, K=i, stride_wn=i, a_ptr=p16, wa_ptr=p16, wo_ptr=p16,
+                     ro_ptr=p16, eps=f)
     return {
-        "gemv": (gemv._gemv_kernel, dict(x_ptr=p16, w_ptr=p16, y_ptr=p16, N=i, K=i, stride_wn=i),
-                 dict(BLOCK_N=2, BLOCK_K=1024)),
+        "gemv": (gemv._gemv_kernel, gemv_args, dict(BLOCK_N=2, BLOCK_K=1024, PROLOGUE=gemv.PLAIN, ROW=1)),
+        "gemv_swiglu": (gemv._gemv_kernel, gemv_args, dict(BLOCK_N=2, BLOCK_K=1024, PROLOGUE=gemv.SWIGLU, ROW=1)),
+        "gemv_normed_add_norm": (gemv._gemv_kernel, gemv_args,
+                                 dict(BLOCK_N=2, BLOCK_K=1024, PROLOGUE=gemv.NORMED_ADD_NORM, ROW=2048)),
         "decode": (decode_attention._decode_kernel,
                    dict(q_ptr=p16, o_ptr=p16, part_ptr=p32, ml_ptr=p32, count_ptr="*i32", cache_ptr=p16, table_ptr=p64, pos_ptr=p64,
                         layer=i, scale=f, stride_qt=i, stride_qh=i, stride_cb=i, stride_cl=i, stride_ckv=i,
@@ -39,7 +45,8 @@ def kernels():
     }
 
 
-@pytest.mark.parametrize("name", ["gemv", "decode", "add_rms_norm", "rms_norm", "rope", "silu_mul"])
+@pytest.mark.parametrize("name", ["gemv", "gemv_swiglu", "gemv_normed_add_norm", "decode", "add_rms_norm",
+                                  "rms_norm", "rope", "silu_mul"])
 def test_pdl_kernel_waits_before_touching_memory(name):
     fn, sig, consts = kernels()[name]
     ptx = {}
@@ -49,12 +56,13 @@ def test_pdl_kernel_waits_before_touching_memory(name):
         ptx[pdl] = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"launch_pdl": pdl}).asm["ptx"]
     body = ptx[True]
     wait = body.index("griddepcontrol.wait")
-    # the GEMV reads its first weight tile before the wait (weights are never written in a pass);
-    # nothing else is read, and nothing written, before it
+    # only the GEMV (its first weight tile) and the decode attention (its first key tile) read
+    # before the wait; nothing is written before it
     before = re.findall(r"\b(ld|st|atom|red)\.global", body[:wait])
-    assert before == (["ld"] * len(before) if name == "gemv" else []), before
-    if name == "gemv":
-        assert before and re.search(r"\bld\.global", body[wait:])  # the x loads come after
+    early_reads = name.startswith("gemv") or name == "decode"
+    assert before == (["ld"] * len(before) if early_reads else []), before
+    if early_reads:
+        assert before and re.search(r"\bld\.global", body[wait:])  # the activations / q come after
     assert "griddepcontrol.launch_dependents" in body
     assert "griddepcontrol" not in ptx[False]
 

@@ -18,17 +18,47 @@ def _invariant(x: torch.Tensor) -> bool:
     return mode.batch_invariant and x.is_cuda
 
 
+def _one_row_gemv(x: torch.Tensor, w: torch.Tensor) -> bool:
+    return x.is_cuda and x.shape[0] == 1 and x.dtype == w.dtype and not mode.batch_invariant
+
+
 def linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
     if _invariant(x):
         from rlt.kernels.batch_invariant import linear as bi_linear
 
         y = bi_linear(x, w)
         return y if b is None else y + b
-    if x.is_cuda and x.shape[0] == 1 and b is None and x.dtype == w.dtype:  # decode at one row: a GEMV
+    if b is None and _one_row_gemv(x, w):  # decode at one row: a GEMV
         from rlt.kernels.gemv import linear_one_row
 
         return linear_one_row(x, w)
     return F.linear(x, w, b)
+
+
+def norm_linear(x: torch.Tensor, a: torch.Tensor | None, weight_a: torch.Tensor | None, weight_out: torch.Tensor,
+                eps: float, w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The residual add, the next norm and the projection after it: x_new = x + (rms_norm(a,
+    weight_a) if weight_a is given else a), or x itself when a is None; returns (x_new,
+    rms_norm(x_new, weight_out) @ w.T). A one-row CUDA pass does it in one launch (the GEMV makes its
+    input row); otherwise add_norm (or rms_norm), then linear."""
+    if _one_row_gemv(x, w):
+        from rlt.kernels import gemv
+
+        x = x.contiguous()
+        if a is None:
+            y = gemv.fused_one_row(x, w, gemv.NORM, weight_out=weight_out, eps=eps)
+            if y is not None:
+                return x, y
+        else:
+            x_new = torch.empty_like(x)
+            y = gemv.fused_one_row(x, w, gemv.ADD_NORM if weight_a is None else gemv.NORMED_ADD_NORM,
+                                   a.contiguous(), weight_a, weight_out, eps, x_new)
+            if y is not None:
+                return x_new, y
+    if a is None:
+        return x, linear(rms_norm(x, weight_out, eps), w)
+    x, h = add_norm(x, a, weight_a, weight_out, eps)
+    return x, linear(h, w)
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -102,24 +132,29 @@ def swiglu(gate_up: torch.Tensor) -> torch.Tensor:
     return F.silu(gate) * up
 
 
-def gqa_attention_projection(x, qkv_w, num_heads, num_kv_heads, head_dim):
-    """Fused [q; k; v] projection -> q [T, H, D], k/v [T, Hkv, D] (contiguous blocks, head-major)."""
-    q, k, v = linear(x, qkv_w).split([num_heads * head_dim, num_kv_heads * head_dim,
-                                        num_kv_heads * head_dim], dim=-1)
-    T = x.shape[0]
+def swiglu_linear(gate_up: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """swiglu(gate_up) @ w.T (the MLP's down projection); one launch for a one-row CUDA pass."""
+    if _one_row_gemv(gate_up, w):
+        from rlt.kernels import gemv
+
+        y = gemv.fused_one_row(gate_up.contiguous(), w, gemv.SWIGLU)
+        if y is not None:
+            return y
+    return linear(swiglu(gate_up), w)
+
+
+def split_qkv(qkv, num_heads, num_kv_heads, head_dim):
+    """The fused [q; k; v] projection's output -> q [T, H, D], k/v [T, Hkv, D] (views, head-major)."""
+    q, k, v = qkv.split([num_heads * head_dim, num_kv_heads * head_dim, num_kv_heads * head_dim], dim=-1)
+    T = qkv.shape[0]
     return q.view(T, num_heads, head_dim), k.view(T, num_kv_heads, head_dim), v.view(T, num_kv_heads, head_dim)
 
 
-def llama_attention(h, L: dict, fc, positions, inv_freq, attn, layer: int) -> torch.Tensor:
-    """Ouro / Nanbeige self-attention of one core layer on normed input h: fused q/k/v projection,
-    paged attention at this layer with rotate-half RoPE, output projection."""
-    q, k, v = gqa_attention_projection(h, L["qkv"], fc.num_attention_heads, fc.num_key_value_heads, fc.head_dim)
+def llama_attention(qkv, L: dict, fc, positions, inv_freq, attn, layer: int) -> torch.Tensor:
+    """Ouro / Nanbeige self-attention of one core layer from its fused q/k/v projection: paged
+    attention at this layer with rotate-half RoPE, then the output projection."""
+    q, k, v = split_qkv(qkv, fc.num_attention_heads, fc.num_key_value_heads, fc.head_dim)
     return linear(attn.core(layer, q, k, v, Rotary(positions, inv_freq, False)).flatten(1), L["o"])
-
-
-def gated_mlp(x, gate_up_w, down_w):
-    """SwiGLU with a fused [gate; up] weight: down(silu(gate(x)) * up(x))."""
-    return linear(swiglu(linear(x, gate_up_w)), down_w)
 
 
 def fused_llama_layer(w: dict, prefix: str, norms: dict[str, str]) -> dict:
