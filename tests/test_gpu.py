@@ -282,7 +282,10 @@ def test_gemv_prologues_match_separate_launches():
                     if residual is not None:
                         assert (out.float() - residual.float()).abs().max() <= tol * residual.abs().max(), cfg
                 picked = gv.fused_one_row(inp, w, prologue, a, wa, wo, eps, torch.empty_like(x))
-                assert picked is not None and (picked.float() - ref).abs().max() <= bound
+                if gv._choice[(tuple(w.shape), dtype, w.device, gv.PLAIN)] is None:
+                    assert picked is None  # cuBLAS serves the plain product: the caller launches separately
+                else:
+                    assert (picked.float() - ref).abs().max() <= bound
 
 
 def test_decode_attention_right_after_the_kv_store():

@@ -53,21 +53,21 @@ def _decode_kernel(q_ptr, o_ptr, part_ptr, ml_ptr, count_ptr, cache_ptr, table_p
     split = tl.program_id(2)
     offs_d = tl.arange(0, D_PAD)
     d_ok = offs_d < HEAD_DIM
-    # Read before waiting on the previous kernel (PDL): the position and block table (set before the
-    # pass) and the first key tile except the newest key, which that kernel (RoPE + K/V store)
-    # writes; every other key of this plane was written by an earlier pass.
     kv_len = tl.load(pos_ptr + row) + 1  # keys 0..position (the row's own K/V is written)
     chunk = tl.cdiv(tl.cdiv(kv_len, BLOCK_N), SPLITS) * BLOCK_N
     lo = split * chunk
     hi = tl.minimum(lo + chunk, kv_len)
     base = cache_ptr + layer * stride_cl + kv_head * stride_ch
     tab = table_ptr + row * stride_ts
-    pos = lo + tl.arange(0, BLOCK_N)
-    k, v = kv_tile(base, tab, pos, pos < tl.minimum(hi, kv_len - 1), offs_d, d_ok, stride_cb, stride_co,
-                   stride_ckv, BLOCK_SIZE)
+    if SPLITS > 1:
+        # A split pass is short (a tile or two per program): its first key tile is read before
+        # waiting on the previous kernel (PDL), all but the newest key, which that kernel (RoPE + K/V
+        # store) writes; every other key of the plane, the position and the block table were
+        # written before it. (Unsplit passes keep a plain loop, which Triton pipelines.)
+        pos = lo + tl.arange(0, BLOCK_N)
+        k, v = kv_tile(base, tab, pos, pos < tl.minimum(hi, kv_len - 1), offs_d, d_ok, stride_cb, stride_co,
+                       stride_ckv, BLOCK_SIZE)
     pdl.begin(PDL)
-    if lo < hi and lo + BLOCK_N >= kv_len:  # the first tile holds the newest key: read it now
-        k, v = kv_tile(base, tab, pos, pos < hi, offs_d, d_ok, stride_cb, stride_co, stride_ckv, BLOCK_SIZE)
     head0 = kv_head * GROUP
     offs_g = tl.arange(0, G_PAD)
     g_ok = offs_g < GROUP
@@ -77,11 +77,17 @@ def _decode_kernel(q_ptr, o_ptr, part_ptr, ml_ptr, count_ptr, cache_ptr, table_p
     m_i = tl.full((G_PAD,), float("-inf"), tl.float32)
     l_i = tl.zeros((G_PAD,), tl.float32)
     acc = tl.zeros((G_PAD, D_PAD), tl.float32)
-    for n0 in range(lo, hi, BLOCK_N):
+    start = lo
+    if SPLITS > 1:
+        if lo < hi:
+            if lo + BLOCK_N >= kv_len:  # the first tile holds the newest key: read it now
+                k, v = kv_tile(base, tab, pos, pos < hi, offs_d, d_ok, stride_cb, stride_co, stride_ckv, BLOCK_SIZE)
+            m_i, l_i, acc = softmax_step(q, k, v, (pos < hi)[None, :], m_i, l_i, acc, scale, IEEE)
+        start = lo + BLOCK_N
+    for n0 in range(start, hi, BLOCK_N):
         pos = n0 + tl.arange(0, BLOCK_N)
         key_ok = pos < hi
-        if n0 > lo:
-            k, v = kv_tile(base, tab, pos, key_ok, offs_d, d_ok, stride_cb, stride_co, stride_ckv, BLOCK_SIZE)
+        k, v = kv_tile(base, tab, pos, key_ok, offs_d, d_ok, stride_cb, stride_co, stride_ckv, BLOCK_SIZE)
         m_i, l_i, acc = softmax_step(q, k, v, key_ok[None, :], m_i, l_i, acc, scale, IEEE)
     if SPLITS == 1:
         out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
