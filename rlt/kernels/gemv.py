@@ -34,6 +34,8 @@ PLAIN, SWIGLU, NORM, ADD_NORM, NORMED_ADD_NORM = range(5)
 # NORMED_ADD_NORM: r' = r + rms_norm(a, w_a), x = rms_norm(r', w_out). r' is stored (program 0).
 _SWIGLU, _NORM, _ADD_NORM, _NORMED_ADD_NORM = (tl.constexpr(p) for p in range(1, 5))  # the same, for kernels
 fused = os.environ.get("RLT_FUSED_GEMV", "1") != "0"  # 0: separate launches (A/B measurements)
+# RLT_GEMV_CONFIG=2,1024,4: that config for every shape instead of timing (A/B measurements)
+forced = tuple(map(int, os.environ["RLT_GEMV_CONFIG"].split(","))) if os.environ.get("RLT_GEMV_CONFIG") else None
 
 
 @triton.jit
@@ -110,6 +112,9 @@ def _pick(w: torch.Tensor, prologue: int, *args) -> tuple | None:
     flushed before every call, in three interleaved rounds keeping each one's best: a single
     timing can catch the GPU's clocks ramping up or other work, and a pick lasts the process."""
     from triton.testing import do_bench
+
+    if forced is not None:
+        return forced
 
     def call(cfg):
         if cfg is None:
