@@ -110,14 +110,14 @@ def prefill_ms(mc, model, dtype, device, n, reps=3):
 
 
 def kernel_choices(device: str) -> dict | None:
-    """On CUDA: which one-row GEMM each weight shape (and prologue) took (cuBLAS or a Triton config),
-    whether the GEMVs made their input rows (RLT_FUSED_GEMV) and whether the decode kernels launched
-    with programmatic dependent launch (RLT_PDL)."""
+    """On CUDA: the one-row GEMV's config and whether it made its input rows (RLT_GEMV_CONFIG,
+    RLT_FUSED_GEMV), and whether the decode kernels launched with programmatic dependent launch
+    (RLT_PDL)."""
     if not device.startswith("cuda"):
         return None
     from rlt.kernels import gemv, pdl
 
-    return {"gemv": gemv.choices(), "fused_gemv": gemv.fused, "pdl": pdl.enabled}
+    return {"gemv": gemv.choices(), "pdl": pdl.enabled}
 
 
 def main():

@@ -1,21 +1,18 @@
 """One-row GEMM (GEMV) in Triton, for decode passes of one row: y = x @ w.T with x [1, K].
 
 Such a pass reads every weight once and does little else, so its speed is these products' share
-of HBM bandwidth. cuBLAS serves most shapes well at M = 1 but not all (a 2048 x 2048 projection
-runs split-K at a fraction of the bandwidth), so the first call per weight shape times cuBLAS and
-each config here with the L2 flushed before every call (weights come from HBM in a real pass,
-never from L2) and keeps the fastest; during a CUDA-graph capture an undecided shape uses cuBLAS.
+of HBM bandwidth. cuBLAS does not serve every shape well at M = 1 (it ran Ouro's 2048 x 2048
+projection split-K at a fraction of the bandwidth), so one-row products on CUDA all come here.
 
-The GEMV can also compute its input row itself (a prologue), saving the launch that would make it
-(at one row a launch costs about as much as a small kernel's work): SwiGLU of the [gate; up]
-projection (the down projection), or the residual add and RMSNorm before a projection. Each program
-recomputes the row from the previous kernel's outputs, rounding as the separate kernels do.
+The GEMV can also compute its input row itself (a prologue) instead of a separate launch making it:
+SwiGLU of the [gate; up] projection (the down projection), or the residual add and RMSNorm before a
+projection. Each program recomputes the row from the previous kernel's outputs, rounding as the
+separate kernels do. Off by default (measured slower, below); RLT_FUSED_GEMV=1 turns it on.
 """
 
 import os
 
 import torch
-import torch.nn.functional as F
 import triton
 import triton.language as tl
 
@@ -23,9 +20,16 @@ from rlt.kernels import pdl
 from rlt.kernels.norm import rstd, scale
 
 # (rows of w per program, K per load, warps): few wide loads per program keep many bytes in flight.
-# (The leaders of scripts/tune_decode.py's isolated timings, tried at 6c10aee, ran 4 % slower in the
-# engine than this set, whose pick was 2 x 1024 / 4 warps for every Ouro shape.)
+# CONFIGS is the set the kernel is tested and tuned over (scripts/tune_decode.py). The engine uses
+# CONFIG for every shape: picking per shape by isolated timings (L2 flushed, interleaved rounds)
+# gave unstable picks, some on cuBLAS, and a slower engine (Ouro-1.4B, conc 1, H200, b0fe606: 181.5
+# tok/s picked against 206.5 at CONFIG; docs/benchmarks.md).
 CONFIGS = ((2, 1024, 4), (4, 1024, 4), (4, 2048, 8), (8, 512, 4), (8, 1024, 8), (16, 256, 4))
+# RLT_GEMV_CONFIG=4,1024,4 runs another (A/B measurements)
+CONFIG = tuple(map(int, os.environ["RLT_GEMV_CONFIG"].split(","))) if os.environ.get("RLT_GEMV_CONFIG") else CONFIGS[0]
+# The input prologues measured slower in the engine (182.9 against 206.5 tok/s at CONFIG, b0fe606:
+# each program re-reads the whole input rows), so they are off unless RLT_FUSED_GEMV=1.
+fused = os.environ.get("RLT_FUSED_GEMV", "0") == "1"
 
 # Prologues: how a program gets its input row x.
 PLAIN, SWIGLU, NORM, ADD_NORM, NORMED_ADD_NORM = range(5)
@@ -33,9 +37,6 @@ PLAIN, SWIGLU, NORM, ADD_NORM, NORMED_ADD_NORM = range(5)
 # NORM: x = rms_norm(r, w_out). ADD_NORM: r' = r + a, x = rms_norm(r', w_out).
 # NORMED_ADD_NORM: r' = r + rms_norm(a, w_a), x = rms_norm(r', w_out). r' is stored (program 0).
 _SWIGLU, _NORM, _ADD_NORM, _NORMED_ADD_NORM = (tl.constexpr(p) for p in range(1, 5))  # the same, for kernels
-fused = os.environ.get("RLT_FUSED_GEMV", "1") != "0"  # 0: separate launches (A/B measurements)
-# RLT_GEMV_CONFIG=2,1024,4: that config for every shape instead of timing (A/B measurements)
-forced = tuple(map(int, os.environ["RLT_GEMV_CONFIG"].split(","))) if os.environ.get("RLT_GEMV_CONFIG") else None
 
 
 @triton.jit
@@ -104,69 +105,18 @@ def gemv(x: torch.Tensor, w: torch.Tensor, config: tuple[int, int, int], prologu
     return y
 
 
-_choice: dict[tuple, tuple | None] = {}  # (w.shape, dtype, device, prologue) -> fastest config; None: cuBLAS
-
-
-def _pick(w: torch.Tensor, prologue: int, *args) -> tuple | None:
-    """The fastest config for this call (cuBLAS too for a plain product), each timed with the L2
-    flushed before every call, in three interleaved rounds keeping each one's best: a single
-    timing can catch the GPU's clocks ramping up or other work, and a pick lasts the process."""
-    from triton.testing import do_bench
-
-    if forced is not None:
-        return forced
-
-    def call(cfg):
-        if cfg is None:
-            return lambda: F.linear(args[0], w)
-        return lambda: gemv(args[0], w, cfg, prologue, *args[1:])
-
-    best = dict.fromkeys(([None] if prologue == PLAIN else []) + list(CONFIGS), float("inf"))
-    for _ in range(3):
-        for cfg in best:
-            best[cfg] = min(best[cfg], do_bench(call(cfg), warmup=2, rep=10, return_mode="median"))
-    return min(best, key=best.get)
-
-
-def _decided(key: tuple, w: torch.Tensor, prologue: int, *args) -> bool:
-    """Whether _choice[key] is known, picking it now unless a CUDA graph is being captured."""
-    if key not in _choice:
-        if torch.cuda.is_current_stream_capturing():
-            return False
-        _choice[key] = _pick(w, prologue, *args)
-    return True
-
-
 def linear_one_row(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    """x [1, K] @ w.T by the faster of cuBLAS and the Triton GEMV for this weight shape (cuBLAS while
-    a CUDA graph captures an undecided shape)."""
-    key = (tuple(w.shape), w.dtype, w.device, PLAIN)
-    x = x.contiguous()
-    if not _decided(key, w, PLAIN, x):
-        return F.linear(x, w)
-    cfg = _choice[key]
-    return F.linear(x, w) if cfg is None else gemv(x, w, cfg)
+    """x [1, K] @ w.T by the Triton GEMV at CONFIG."""
+    return gemv(x.contiguous(), w, CONFIG)
 
 
 def fused_one_row(x: torch.Tensor, w: torch.Tensor, prologue: int, a: torch.Tensor | None = None,
                   weight_a: torch.Tensor | None = None, weight_out: torch.Tensor | None = None, eps: float = 0.0,
-                  residual_out: torch.Tensor | None = None) -> torch.Tensor | None:
-    """gemv with a prologue (arguments as gemv's), its config picked per (shape, prologue); None
-    where the plain product of this shape runs on cuBLAS, a CUDA graph captures an undecided shape,
-    or RLT_FUSED_GEMV=0: the caller then makes the input row with its own launch."""
-    plain = (tuple(w.shape), w.dtype, w.device, PLAIN)
-    K = w.shape[1]
-    if not fused or not _decided(plain, w, PLAIN, x[:, :K].contiguous()) or _choice[plain] is None:
-        return None
-    key = plain[:3] + (prologue,)
-    scratch = None if residual_out is None else torch.empty_like(residual_out)
-    if not _decided(key, w, prologue, x, a, weight_a, weight_out, eps, scratch):
-        return None
-    return gemv(x, w, _choice[key], prologue, a, weight_a, weight_out, eps, residual_out)
+                  residual_out: torch.Tensor | None = None) -> torch.Tensor:
+    """gemv with a prologue at CONFIG (arguments as gemv's); callers use it where `fused`."""
+    return gemv(x, w, CONFIG, prologue, a, weight_a, weight_out, eps, residual_out)
 
 
-def choices() -> dict[str, str]:
-    """What the picker chose per shape and prologue (for benchmark logs)."""
-    names = ("", "+swiglu", "+norm", "+add_norm", "+normed_add_norm")
-    return {"x".join(map(str, k[0])) + names[k[3]]: "cublas" if c is None else "triton %dx%d/%dw" % c
-            for k, c in _choice.items()}
+def choices() -> dict:
+    """The GEMV setup (for benchmark logs)."""
+    return {"config": "%dx%d/%dw" % CONFIG, "fused": fused}

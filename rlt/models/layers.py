@@ -39,22 +39,18 @@ def norm_linear(x: torch.Tensor, a: torch.Tensor | None, weight_a: torch.Tensor 
                 eps: float, w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """The residual add, the next norm and the projection after it: x_new = x + (rms_norm(a,
     weight_a) if weight_a is given else a), or x itself when a is None; returns (x_new,
-    rms_norm(x_new, weight_out) @ w.T). A one-row CUDA pass does it in one launch (the GEMV makes its
-    input row); otherwise add_norm (or rms_norm), then linear."""
-    if _one_row_gemv(x, w):
-        from rlt.kernels import gemv
+    rms_norm(x_new, weight_out) @ w.T). With RLT_FUSED_GEMV=1 a one-row CUDA pass does it in one
+    launch (the GEMV makes its input row); otherwise add_norm (or rms_norm), then linear."""
+    from rlt.kernels import gemv
 
+    if gemv.fused and _one_row_gemv(x, w):
         x = x.contiguous()
         if a is None:
-            y = gemv.fused_one_row(x, w, gemv.NORM, weight_out=weight_out, eps=eps)
-            if y is not None:
-                return x, y
-        else:
-            x_new = torch.empty_like(x)
-            y = gemv.fused_one_row(x, w, gemv.ADD_NORM if weight_a is None else gemv.NORMED_ADD_NORM,
-                                   a.contiguous(), weight_a, weight_out, eps, x_new)
-            if y is not None:
-                return x_new, y
+            return x, gemv.fused_one_row(x, w, gemv.NORM, weight_out=weight_out, eps=eps)
+        x_new = torch.empty_like(x)
+        y = gemv.fused_one_row(x, w, gemv.ADD_NORM if weight_a is None else gemv.NORMED_ADD_NORM, a.contiguous(),
+                               weight_a, weight_out, eps, x_new)
+        return x_new, y
     if a is None:
         return x, linear(rms_norm(x, weight_out, eps), w)
     x, h = add_norm(x, a, weight_a, weight_out, eps)
@@ -133,13 +129,12 @@ def swiglu(gate_up: torch.Tensor) -> torch.Tensor:
 
 
 def swiglu_linear(gate_up: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    """swiglu(gate_up) @ w.T (the MLP's down projection); one launch for a one-row CUDA pass."""
-    if _one_row_gemv(gate_up, w):
-        from rlt.kernels import gemv
+    """swiglu(gate_up) @ w.T (the MLP's down projection); one launch for a one-row CUDA pass with
+    RLT_FUSED_GEMV=1."""
+    from rlt.kernels import gemv
 
-        y = gemv.fused_one_row(gate_up.contiguous(), w, gemv.SWIGLU)
-        if y is not None:
-            return y
+    if gemv.fused and _one_row_gemv(gate_up, w):
+        return gemv.fused_one_row(gate_up.contiguous(), w, gemv.SWIGLU)
     return linear(swiglu(gate_up), w)
 
 
