@@ -6,7 +6,7 @@
 # split it, e.g. PROFILE=0 first, then SKIP_TESTS=1 BENCH=0 NB=0 for the profiles.
 # Switches: SKIP_TESTS PYTEST_K TEST_TIMEOUT TEST_PDL (GPU tests with RLT_PDL, default 1) TEST_GPU (run
 # them on that GPU beside the benchmarks, which take GPU 0); OURO NB BENCH CONC THR KV_GIB CONC4K
-# PREFILL_LENS BENCH_TIMEOUT AB_FUSED (conc 1 again with RLT_FUSED_GEMV=1); PROFILE PROFILE_CONC PROFILE_THR
+# PREFILL_LENS BENCH_TIMEOUT AB (conc 1 again per ';'-separated env setting); PROFILE PROFILE_CONC PROFILE_THR
 # PROFILE_STEADY (0 regular, 1 auto, 2 forced) PROFILE_PDL ("0 1" compares; default 1); SERVE_TOPOS RATES
 # SWEEP DURATION SWEEP_DURATION SERVE_TIMEOUT SERVE_ARGS (e.g. "--max-local-prefill-length 256").
 # RLT_PDL set outside applies to the benchmarks.
@@ -41,12 +41,14 @@ if [ "${OURO:-1}" = 1 ] && [ "${BENCH:-1}" = 1 ]; then
   timeout ${BENCH_TIMEOUT:-240} python3 scripts/bench.py --model /tmp/ouro-full --device cuda --concurrency ${CONC:-1,16,64,128} \
     --threshold ${THR:-1.0,0.5} --prompt-len 1024 --max-tokens 64 --kv-gib ${KV_GIB:-120} --floors --json-out "$OUT/bench_ouro.json" \
     2>&1 | tee "$OUT/bench_ouro.log" | tail -12
-  if [ "${AB_FUSED:-0}" = 1 ]; then  # A/B: the GEMVs making their input rows (no separate norm / SwiGLU launches)
-    step "offline decode at conc 1 with RLT_FUSED_GEMV=1"
-    RLT_FUSED_GEMV=1 timeout ${BENCH_TIMEOUT:-240} python3 scripts/bench.py --model /tmp/ouro-full --device cuda --concurrency 1 \
-      --threshold 1.0 --prompt-len 1024 --max-tokens 64 --kv-gib ${KV_GIB:-120} --json-out "$OUT/bench_ouro_fused.json" \
-      2>&1 | tee "$OUT/bench_ouro_fused.log" | tail -3
-  fi
+  # A/B at conc 1: AB="RLT_FUSED_GEMV=1;RLT_GEMV_CONFIG=4,2048,8" runs the decode once per ';'-separated setting
+  n=0; IFS=';' read -ra settings <<< "${AB:-}"
+  for setting in "${settings[@]}"; do
+    n=$((n + 1)); step "offline decode at conc 1 with $setting"
+    env $setting timeout ${BENCH_TIMEOUT:-240} python3 scripts/bench.py --model /tmp/ouro-full --device cuda --concurrency 1 \
+      --threshold 1.0 --prompt-len 1024 --max-tokens 64 --kv-gib ${KV_GIB:-120} --json-out "$OUT/bench_ouro_ab$n.json" \
+      2>&1 | tail -1
+  done
   if [ -n "${CONC4K-1,16,32}" ]; then
     step "offline decode, Ouro-1.4B shapes, 4K context"
     timeout ${BENCH_TIMEOUT:-240} python3 scripts/bench.py --model /tmp/ouro-full --device cuda --concurrency ${CONC4K-1,16,32} \

@@ -95,7 +95,7 @@ def main():
            "gpu_idle_fraction": round(1 - busy / (wall * 1e6), 3), "kernels_per_step": round(len(kernels) / args.steps, 1),
            "top": [{"kernel": k[:90], "per_step": round(n / args.steps, 1), "us_per_step": round(t / args.steps, 1)}
                    for k, (n, t) in top]}
-    res |= kernel_choices("cuda")  # which one-row GEMM each weight shape took; PDL on or off
+    res |= kernel_choices("cuda")  # the one-row GEMV setup; PDL on or off
     print(f"concurrency {args.concurrency}, threshold {args.threshold}: {res['tok_per_s']} tok/s, "
           f"{res['clean_ms_per_step']} ms per loop step ({res['wall_ms_per_step']} under the profiler), "
           f"GPU busy {res['gpu_busy_ms_per_step']} ms ({res['kernels_per_step']} kernels), "

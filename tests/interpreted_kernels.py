@@ -82,33 +82,31 @@ def check_gemv() -> bool:
     return ok
 
 
-def check_gemv_prologues() -> bool:
-    """The GEMV making its own input row (SwiGLU; RMSNorm; residual add + RMSNorm, with the added
-    row normed or not) against the separate steps, every config; the new residual row too."""
+def check_gemv_epilogues() -> bool:
+    """The GEMV finishing what follows it (SwiGLU of [gate; up]; the residual add + RMSNorm, the
+    added row normed or not, by the last program) against the separate steps, every config."""
     from rlt.kernels import gemv as gv
     from rlt.models import layers
 
     g = torch.Generator().manual_seed(1)
     N, K, eps = 37, 300, 1e-6
-    w = torch.randn(N, K, generator=g)
-    x, a, gu = torch.randn(1, K, generator=g), torch.randn(1, K, generator=g), torch.randn(1, 2 * K, generator=g)
-    wa, wo = 1 + 0.1 * torch.randn(K, generator=g), 1 + 0.1 * torch.randn(K, generator=g)
-    cases = {gv.SWIGLU: (layers.swiglu(gu), None), gv.NORM: (layers.rms_norm(x, wo, eps), None),
-             gv.ADD_NORM: (layers.rms_norm(x + a, wo, eps), x + a),
-             gv.NORMED_ADD_NORM: (layers.rms_norm(x + layers.rms_norm(a, wa, eps), wo, eps),
-                                  x + layers.rms_norm(a, wa, eps))}
+    x, r = torch.randn(1, K, generator=g), torch.randn(1, N, generator=g)
+    w, gate_up = torch.randn(N, K, generator=g), torch.randn(2 * N, K, generator=g)
+    wa, wo = 1 + 0.1 * torch.randn(N, generator=g), 1 + 0.1 * torch.randn(N, generator=g)
+    def rel(a, b):
+        return ((a - b).abs().max() / b.abs().max()).item()
+
     ok = True
-    for prologue, (row, residual) in cases.items():
-        ref = row @ w.T
-        for cfg in gv.CONFIGS:
-            out = torch.full_like(x, float("nan"))
-            y = gv.gemv(gu if prologue == gv.SWIGLU else x, w, cfg, prologue, a, wa, wo, eps, out)
-            err = (y - ref).abs().max().item()
-            if residual is not None:
-                err = max(err, (out - residual).abs().max().item())
-            print(f"gemv prologue {prologue} {cfg}: max error {err:.2e}")
-            ok &= err <= 1e-4
-    return ok
+    for cfg in gv.CONFIGS:
+        err = rel(gv.gemv_swiglu(x, gate_up, cfg), layers.swiglu(x @ gate_up.T))
+        for weight_a in (None, wa):
+            refs = layers.add_norm(r, x @ w.T, weight_a, wo, eps)
+            err = max(err, *(rel(a, b) for a, b in zip(gv.gemv_add_norm(x, w, r, weight_a, wo, eps, cfg), refs)))
+        print(f"gemv epilogues {cfg}: max error {err:.2e} (relative)")
+        ok &= err <= 1e-5
+    left = int(gv._counter(torch.device("cpu")).item())
+    print(f"gemv arrival counter left nonzero: {left}")
+    return ok and left == 0
 
 
 def check_rope_write_kv() -> bool:
@@ -139,4 +137,4 @@ def check_rope_write_kv() -> bool:
 
 
 if __name__ == "__main__":
-    sys.exit(0 if check_decode_attention() & check_paged_attention() & check_gemv() & check_gemv_prologues() & check_rope_write_kv() else 1)
+    sys.exit(0 if check_decode_attention() & check_paged_attention() & check_gemv() & check_gemv_epilogues() & check_rope_write_kv() else 1)

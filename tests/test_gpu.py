@@ -233,11 +233,12 @@ def test_decode_attention_matches_reference(dtype, tol, H, Hkv, D):
 
 
 def test_gemv_matches_torch():
-    """Every GEMV config and the per-shape pick against F.linear, at decode shapes (Ouro's q/k/v,
-    output, gate/up, down projections) and a ragged one."""
+    """Every GEMV config and the engine's one-row path against F.linear, at decode shapes (Ouro's
+    q/k/v, output, gate/up, down projections) and a ragged one."""
     import torch.nn.functional as F
 
     from rlt.kernels import gemv as gv
+    from rlt.models import layers
 
     g = torch.Generator(device="cuda").manual_seed(0)
     for dtype, tol in ((torch.float32, 1e-4), (torch.bfloat16, 2e-2)):
@@ -248,49 +249,43 @@ def test_gemv_matches_torch():
             bound = tol * ref.abs().max().item()
             for cfg in gv.CONFIGS:
                 assert (gv.gemv(x, w, cfg).float() - ref).abs().max() <= bound, (N, K, cfg)
-            assert torch.equal(gv.linear_one_row(x, w), gv.gemv(x, w, gv.CONFIG))
+            assert torch.equal(layers.linear(x, w), gv.gemv(x, w, gv.CONFIG))  # the engine's one-row path
 
 
-def test_gemv_prologues_match_separate_launches(monkeypatch):
-    """The GEMV making its input row (SwiGLU; RMSNorm; residual add + RMSNorm, the added row normed
-    or not) against the separate kernels then the plain GEMV, at Ouro's and Nanbeige's decode
-    shapes, every config, and through fused_one_row when RLT_FUSED_GEMV=1; the new residual row too."""
+def test_gemv_epilogues_match_separate_launches(monkeypatch):
+    """The GEMV finishing what follows it — SwiGLU of the [gate; up] projection; the residual add +
+    RMSNorm (the added row normed or not) by the last program — against the plain GEMV then the
+    separate kernels, at Ouro's and Nanbeige's decode shapes, every config; the models' calls with
+    RLT_FUSED_GEMV=1 against the default; the arrival counter back at zero."""
     from rlt.kernels import gemv as gv
     from rlt.kernels.activation import silu_mul
-    from rlt.kernels.norm import add_rms_norm, rms_norm
+    from rlt.kernels.norm import add_rms_norm
     from rlt.models import layers
 
     g = torch.Generator(device="cuda").manual_seed(0)
     eps = 1e-6
     for dtype, tol in ((torch.float32, 1e-4), (torch.bfloat16, 2e-2)):
-        for N, K in ((6144, 2048), (11264, 2048), (2048, 5632), (37, 300), (4096, 2560)):
-            w = (torch.randn(N, K, device="cuda", generator=g) / K ** 0.5).to(dtype)
-            x, a = (torch.randn(1, K, device="cuda", generator=g).to(dtype) for _ in range(2))
-            gu = torch.randn(1, 2 * K, device="cuda", generator=g).to(dtype)
-            wa, wo = ((1 + 0.1 * torch.randn(K, device="cuda", generator=g)).to(dtype) for _ in range(2))
-            cases = {gv.SWIGLU: (silu_mul(gu), None), gv.NORM: (rms_norm(x, wo, eps), None),
-                     gv.ADD_NORM: add_rms_norm(x, a, None, wo, eps)[::-1],
-                     gv.NORMED_ADD_NORM: add_rms_norm(x, a, wa, wo, eps)[::-1]}
-            for prologue, (row, residual) in cases.items():
-                ref = gv.gemv(row, w, gv.CONFIGS[0]).float()
-                bound = tol * max(1.0, ref.abs().max().item())
-                inp = gu if prologue == gv.SWIGLU else x
-                for cfg in gv.CONFIGS:
-                    out = torch.full_like(x, float("nan"))
-                    got = gv.gemv(inp, w, cfg, prologue, a, wa, wo, eps, out).float()
-                    assert (got - ref).abs().max() <= bound, (N, K, prologue, cfg)
-                    if residual is not None:
-                        assert (out.float() - residual.float()).abs().max() <= tol * residual.abs().max(), cfg
-            # the model's calls with RLT_FUSED_GEMV=1 against the default (separate launches)
+        for N, K in ((2048, 2048), (2048, 5632), (37, 300), (2560, 4096)):
+            x = torch.randn(1, K, device="cuda", generator=g).to(dtype)
+            w, gate_up = ((torch.randn(n, K, device="cuda", generator=g) / K ** 0.5).to(dtype) for n in (N, 2 * N))
+            r = torch.randn(1, N, device="cuda", generator=g).to(dtype)
+            wa, wo = ((1 + 0.1 * torch.randn(N, device="cuda", generator=g)).to(dtype) for _ in range(2))
+
+            def close(got, ref):
+                return (got.float() - ref.float()).abs().max() <= tol * max(1.0, ref.float().abs().max().item())
+
+            for cfg in gv.CONFIGS:
+                assert close(gv.gemv_swiglu(x, gate_up, cfg), silu_mul(gv.gemv(x, gate_up, cfg))), (N, K, cfg)
+                for weight_a in (None, wa):
+                    refs = add_rms_norm(r, gv.gemv(x, w, cfg), weight_a, wo, eps)
+                    got = gv.gemv_add_norm(x, w, r, weight_a, wo, eps, cfg)
+                    assert close(got[0], refs[0]) and close(got[1], refs[1]), (N, K, cfg, weight_a is None)
             calls = {}
             for on in (False, True):
                 monkeypatch.setattr(gv, "fused", on)
-                calls[on] = layers.norm_linear(x, a, wa, wo, eps, w), layers.swiglu_linear(gu, w)
-            (x0, y0), s0 = calls[False]
-            (x1, y1), s1 = calls[True]
-            assert (x1.float() - x0.float()).abs().max() <= tol * x0.abs().max().item()
-            assert (y1.float() - y0.float()).abs().max() <= tol * max(1.0, y0.abs().max().item())
-            assert (s1.float() - s0.float()).abs().max() <= tol * max(1.0, s0.abs().max().item())
+                calls[on] = (layers.linear_swiglu(x, gate_up), *layers.linear_add_norm(x, w, r, wa, wo, eps))
+            assert all(close(a, b) for a, b in zip(calls[True], calls[False]))
+    assert gv._counter(torch.device("cuda", torch.cuda.current_device())).item() == 0
 
 
 def test_decode_attention_right_after_the_kv_store():
@@ -429,6 +424,25 @@ def test_cuda_decode_equals_cpu_in_float32(checkpoints, family):
         out, _ = decode_all(mc, load_model(mc, torch.float32, device), EngineConfig(num_blocks=256, prefill_chunk=16),
                             prompts, sp, torch.float32, device)
         return {rid: [o[:2] for o in outs] for rid, outs in out.items()}
+
+    assert run("cuda") == run("cpu")
+
+
+@pytest.mark.parametrize("fused", [False, True])
+@pytest.mark.parametrize("family", ["ouro", "nanbeige"])
+def test_one_row_decode_equals_cpu_in_float32(checkpoints, family, fused, monkeypatch):
+    """One request alone decodes through the one-row GEMVs (with RLT_FUSED_GEMV=1 their SwiGLU and
+    add + RMSNorm epilogues): in float32 the CPU reference's tokens and exit depths."""
+    from rlt.kernels import gemv as gv
+
+    monkeypatch.setattr(gv, "fused", fused)
+    mc = ModelConfig.from_pretrained(checkpoints[family])
+    sp = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True, exit_threshold=0.5 if family == "ouro" else None)
+
+    def run(device):
+        out, _ = decode_all(mc, load_model(mc, torch.float32, device), EngineConfig(num_blocks=256, prefill_chunk=16),
+                            [[7 + j % 300 for j in range(21)]], sp, torch.float32, device)
+        return [o[:2] for o in out["0"]]
 
     assert run("cuda") == run("cpu")
 

@@ -17,13 +17,16 @@ def kernels():
     from rlt.kernels import activation, decode_attention, gemv, norm, rope
 
     i, f, p16, p32, p64 = "i32", "fp32", "*bf16", "*fp32", "*i64"
-    gemv_args = dict(x_ptr=p16, w_ptr=p16, y_ptr=p16, N=i, K=i, stride_wn=i, a_ptr=p16, wa_ptr=p16, wo_ptr=p16,
-                     ro_ptr=p16, eps=f)
+    gemv_args = dict(x_ptr=p16, w_ptr=p16, y_ptr=p16, N=i, K=i, stride_wn=i, r_ptr=p16, wa_ptr=p16, wo_ptr=p16,
+                     ro_ptr=p16, h_ptr=p16, count_ptr="*i32", eps=f)
+
+    def gemv_case(epilogue, row=1):
+        return gemv._gemv_kernel, gemv_args, dict(BLOCK_N=2, BLOCK_K=1024, EPILOGUE=epilogue, NORM_A=True, ROW=row)
+
     return {
-        "gemv": (gemv._gemv_kernel, gemv_args, dict(BLOCK_N=2, BLOCK_K=1024, PROLOGUE=gemv.PLAIN, ROW=1)),
-        "gemv_swiglu": (gemv._gemv_kernel, gemv_args, dict(BLOCK_N=2, BLOCK_K=1024, PROLOGUE=gemv.SWIGLU, ROW=1)),
-        "gemv_normed_add_norm": (gemv._gemv_kernel, gemv_args,
-                                 dict(BLOCK_N=2, BLOCK_K=1024, PROLOGUE=gemv.NORMED_ADD_NORM, ROW=2048)),
+        "gemv": gemv_case(gemv.PLAIN),
+        "gemv_swiglu": gemv_case(gemv.SWIGLU),
+        "gemv_add_norm": gemv_case(gemv.ADD_NORM, 2048),
         "decode": (decode_attention._decode_kernel,
                    dict(q_ptr=p16, o_ptr=p16, part_ptr=p32, ml_ptr=p32, count_ptr="*i32", cache_ptr=p16, table_ptr=p64, pos_ptr=p64,
                         layer=i, scale=f, stride_qt=i, stride_qh=i, stride_cb=i, stride_cl=i, stride_ckv=i,
@@ -45,8 +48,8 @@ def kernels():
     }
 
 
-@pytest.mark.parametrize("name", ["gemv", "gemv_swiglu", "gemv_normed_add_norm", "decode", "add_rms_norm",
-                                  "rms_norm", "rope", "silu_mul"])
+@pytest.mark.parametrize("name", ["gemv", "gemv_swiglu", "gemv_add_norm", "decode", "add_rms_norm", "rms_norm",
+                                  "rope", "silu_mul"])
 def test_pdl_kernel_waits_before_touching_memory(name):
     fn, sig, consts = kernels()[name]
     ptx = {}
@@ -67,10 +70,12 @@ def test_pdl_kernel_waits_before_touching_memory(name):
     assert "griddepcontrol" not in ptx[False]
 
 
-def test_split_decode_merges_after_an_acquire_release_handshake():
-    """The split decode kernel's last slice merges: a CTA barrier, then one gpu-scope acq_rel atomic
-    on the arrival counter, before the merge reads the other slices' partials."""
-    fn, sig, consts = kernels()["decode"]
+@pytest.mark.parametrize("name", ["decode", "gemv_add_norm"])
+def test_last_arrival_finishes_after_an_acquire_release_handshake(name):
+    """The split decode kernel's last slice merges, and the ADD_NORM GEMV's last program finishes the
+    row: a CTA barrier, then one gpu-scope acq_rel atomic on the arrival counter, before reading
+    what the other programs stored."""
+    fn, sig, consts = kernels()[name]
     c = {**consts, "PDL": False}
     ptx = triton.compile(ASTSource(fn=fn, signature={**sig, **{k: "constexpr" for k in c}}, constexprs=c),
                          target=GPUTarget("cuda", 90, 32)).asm["ptx"]

@@ -4,12 +4,15 @@ Such a pass reads every weight once and does little else, so its speed is these 
 of HBM bandwidth. cuBLAS does not serve every shape well at M = 1 (it ran Ouro's 2048 x 2048
 projection split-K at a fraction of the bandwidth), so one-row products on CUDA all come here.
 
-The GEMV can also compute its input row itself (a prologue) instead of a separate launch making it:
-SwiGLU of the [gate; up] projection (the down projection), or the residual add and RMSNorm before a
-projection. Each program recomputes the row from the previous kernel's outputs, rounding as the
-separate kernels do. Off by default (measured slower, below); RLT_FUSED_GEMV=1 turns it on.
+The GEMV can also finish what follows it instead of a separate launch (an epilogue): SwiGLU, each
+program computing the same rows of the gate and the up projection ([gate; up] weight); or the
+residual add and RMSNorm after a projection, done by the last program to finish (an arrival
+counter, as the split decode attention merges its slices). Off by default until measured in the
+engine; RLT_FUSED_GEMV=1 turns it on. (An earlier variant made the GEMV compute its *input* row
+instead — every program re-reading and re-reducing the whole row — and ran 11 % slower.)
 """
 
+import functools
 import os
 
 import torch
@@ -17,104 +20,115 @@ import triton
 import triton.language as tl
 
 from rlt.kernels import pdl
-from rlt.kernels.norm import rstd, scale
+from rlt.kernels.norm import _norm_row
 
 # (rows of w per program, K per load, warps): few wide loads per program keep many bytes in flight.
 # CONFIGS is the set the kernel is tested and tuned over (scripts/tune_decode.py). The engine uses
 # CONFIG for every shape: picking per shape by isolated timings (L2 flushed, interleaved rounds)
 # gave unstable picks, some on cuBLAS, and a slower engine (Ouro-1.4B, conc 1, H200, b0fe606: 181.5
-# tok/s picked against 206.5 at CONFIG; docs/benchmarks.md).
-CONFIGS = ((2, 1024, 4), (4, 1024, 4), (4, 2048, 8), (8, 512, 4), (8, 1024, 8), (16, 256, 4))
-# RLT_GEMV_CONFIG=4,1024,4 runs another (A/B measurements)
+# tok/s picked against 206.5 at CONFIG; docs/benchmarks.md). With K <= BLOCK_K a program reads
+# all its weights before the PDL wait (the x 2048 configs at K = 2048): measure in the engine.
+CONFIGS = ((2, 1024, 4), (4, 1024, 4), (4, 2048, 8), (2, 2048, 4), (8, 512, 4), (8, 1024, 8), (16, 256, 4))
+# RLT_GEMV_CONFIG=4,2048,8 runs another (A/B measurements)
 CONFIG = tuple(map(int, os.environ["RLT_GEMV_CONFIG"].split(","))) if os.environ.get("RLT_GEMV_CONFIG") else CONFIGS[0]
-# The input prologues measured slower in the engine (182.9 against 206.5 tok/s at CONFIG, b0fe606:
-# each program re-reads the whole input rows), so they are off unless RLT_FUSED_GEMV=1.
 fused = os.environ.get("RLT_FUSED_GEMV", "0") == "1"
 
-# Prologues: how a program gets its input row x.
-PLAIN, SWIGLU, NORM, ADD_NORM, NORMED_ADD_NORM = range(5)
-# PLAIN: x as given. SWIGLU: x = silu(gate) * up of the [gate; up] row given (2K wide).
-# NORM: x = rms_norm(r, w_out). ADD_NORM: r' = r + a, x = rms_norm(r', w_out).
-# NORMED_ADD_NORM: r' = r + rms_norm(a, w_a), x = rms_norm(r', w_out). r' is stored (program 0).
-_SWIGLU, _NORM, _ADD_NORM, _NORMED_ADD_NORM = (tl.constexpr(p) for p in range(1, 5))  # the same, for kernels
+PLAIN, SWIGLU, ADD_NORM = range(3)  # epilogues
+_SWIGLU, _ADD_NORM = tl.constexpr(SWIGLU), tl.constexpr(ADD_NORM)  # the same, for kernels
+
+
+@functools.cache
+def _counter(device: torch.device) -> torch.Tensor:
+    """The ADD_NORM arrival counter: zero between launches (the last program resets it). One serves
+    every launch: the next ADD_NORM GEMV of a pass runs after a kernel that waited for this one."""
+    return torch.zeros(1, dtype=torch.int32, device=device)
 
 
 @triton.jit
-def _gemv_kernel(x_ptr, w_ptr, y_ptr, N, K, stride_wn, a_ptr, wa_ptr, wo_ptr, ro_ptr, eps, BLOCK_N: tl.constexpr,
-                 BLOCK_K: tl.constexpr, PROLOGUE: tl.constexpr, ROW: tl.constexpr, PDL: tl.constexpr):
+def _gemv_kernel(x_ptr, w_ptr, y_ptr, N, K, stride_wn, r_ptr, wa_ptr, wo_ptr, ro_ptr, h_ptr, count_ptr, eps,
+                 BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EPILOGUE: tl.constexpr, NORM_A: tl.constexpr,
+                 ROW: tl.constexpr, PDL: tl.constexpr):
+    """y = x @ w.T. SWIGLU: w is [gate; up] (2N rows), y = silu(x @ gate.T) * (x @ up.T), rounded as
+    the separate launches round. ADD_NORM: then the last program to finish stores r' = r + (rms_norm(y,
+    wa) if NORM_A else y) to ro and rms_norm(r', wo) to h."""
     offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = offs_n < N
     rows = w_ptr + offs_n[:, None].to(tl.int64) * stride_wn
+    rows_up = rows + N * stride_wn
     offs_k = tl.arange(0, BLOCK_K)
     dt = y_ptr.dtype.element_ty
     # The first weight tile is read before waiting on the previous kernel (with PDL its reads overlap
-    # that kernel's tail): weights are never written during a pass. Activations only after the wait.
-    w = tl.load(rows + offs_k[None, :], mask=n_ok[:, None] & (offs_k < K)[None, :], other=0.0)
+    # that kernel's tail): weights are never written during a pass. x only after the wait.
+    mask = n_ok[:, None] & (offs_k < K)[None, :]
+    w = tl.load(rows + offs_k[None, :], mask=mask, other=0.0)
+    if EPILOGUE == _SWIGLU:
+        w_up = tl.load(rows_up + offs_k[None, :], mask=mask, other=0.0)
     pdl.begin(PDL)
-    r_a = 1.0
-    r_x = 1.0
-    if PROLOGUE >= _NORM:  # the row's rstd (and the new residual) from the whole row first
-        offs_r = tl.arange(0, ROW)
-        r_ok = offs_r < K
-        xr = tl.load(x_ptr + offs_r, mask=r_ok, other=0.0)
-        if PROLOGUE >= _ADD_NORM:
-            ar = tl.load(a_ptr + offs_r, mask=r_ok, other=0.0)
-            if PROLOGUE == _NORMED_ADD_NORM:
-                r_a = rstd(ar.to(tl.float32), K, eps)
-                ar = scale(ar.to(tl.float32), r_a, tl.load(wa_ptr + offs_r, mask=r_ok, other=0.0), dt)
-            xr = (xr.to(tl.float32) + ar.to(tl.float32)).to(dt)
-            if tl.program_id(0) == 0:
-                tl.store(ro_ptr + offs_r, xr, mask=r_ok)
-        r_x = rstd(xr.to(tl.float32), K, eps)
     acc = tl.zeros((BLOCK_N, BLOCK_K), tl.float32)
+    acc_up = tl.zeros((BLOCK_N, BLOCK_K), tl.float32)
     for k0 in range(0, K, BLOCK_K):
         kk = k0 + offs_k
-        k_ok = kk < K
+        mask = n_ok[:, None] & (kk < K)[None, :]
         if k0 > 0:
-            w = tl.load(rows + kk[None, :], mask=n_ok[:, None] & k_ok[None, :], other=0.0)
-        if PROLOGUE == _SWIGLU:
-            g = tl.load(x_ptr + kk, mask=k_ok, other=0.0).to(tl.float32)
-            u = tl.load(x_ptr + K + kk, mask=k_ok, other=0.0).to(tl.float32)
-            x = ((g * tl.sigmoid(g)).to(dt).to(tl.float32) * u).to(dt)
-        else:
-            x = tl.load(x_ptr + kk, mask=k_ok, other=0.0)
-        if PROLOGUE >= _NORM:
-            if PROLOGUE >= _ADD_NORM:
-                a = tl.load(a_ptr + kk, mask=k_ok, other=0.0)
-                if PROLOGUE == _NORMED_ADD_NORM:
-                    a = scale(a.to(tl.float32), r_a, tl.load(wa_ptr + kk, mask=k_ok, other=0.0), dt)
-                x = (x.to(tl.float32) + a.to(tl.float32)).to(dt)
-            x = scale(x.to(tl.float32), r_x, tl.load(wo_ptr + kk, mask=k_ok, other=0.0), dt)
-        acc += w.to(tl.float32) * x.to(tl.float32)[None, :]
-    tl.store(y_ptr + offs_n, tl.sum(acc, axis=1).to(dt), mask=n_ok)
+            w = tl.load(rows + kk[None, :], mask=mask, other=0.0)
+            if EPILOGUE == _SWIGLU:
+                w_up = tl.load(rows_up + kk[None, :], mask=mask, other=0.0)
+        x = tl.load(x_ptr + kk, mask=kk < K, other=0.0).to(tl.float32)
+        acc += w.to(tl.float32) * x[None, :]
+        if EPILOGUE == _SWIGLU:
+            acc_up += w_up.to(tl.float32) * x[None, :]
+    y = tl.sum(acc, axis=1).to(dt)
+    if EPILOGUE == _SWIGLU:
+        g = y.to(tl.float32)
+        y = ((g * tl.sigmoid(g)).to(dt).to(tl.float32) * tl.sum(acc_up, axis=1).to(dt).to(tl.float32)).to(dt)
+    tl.store(y_ptr + offs_n, y, mask=n_ok)
+    if EPILOGUE == _ADD_NORM:
+        # Every thread's stores before the release; the last arrival acquires them all (as in
+        # rlt/kernels/decode_attention.py), then finishes the row as rlt/kernels/norm.py's kernel.
+        tl.debug_barrier()
+        if tl.atomic_add(count_ptr, 1, sem="acq_rel") == tl.num_programs(0) - 1:
+            offs_r = tl.arange(0, ROW)
+            r_ok = offs_r < N
+            a = tl.load(y_ptr + offs_r, mask=r_ok, other=0.0)
+            if NORM_A:
+                a = _norm_row(a.to(tl.float32), wa_ptr, offs_r, r_ok, N, eps, dt)
+            r = (tl.load(r_ptr + offs_r, mask=r_ok, other=0.0).to(tl.float32) + a.to(tl.float32)).to(dt)
+            tl.store(ro_ptr + offs_r, r, mask=r_ok)
+            tl.store(h_ptr + offs_r, _norm_row(r.to(tl.float32), wo_ptr, offs_r, r_ok, N, eps, dt), mask=r_ok)
+            tl.atomic_xchg(count_ptr, 0)
 
 
-def gemv(x: torch.Tensor, w: torch.Tensor, config: tuple[int, int, int], prologue: int = PLAIN,
-         a: torch.Tensor | None = None, weight_a: torch.Tensor | None = None, weight_out: torch.Tensor | None = None,
-         eps: float = 0.0, residual_out: torch.Tensor | None = None) -> torch.Tensor:
-    """x [1, K] (contiguous; [1, 2K] for SWIGLU), w [N, K] (rows contiguous) -> [1, N] in x's dtype.
-    The norm prologues take the residual row as x, a the row added to it, the norm weights, eps and
-    residual_out [1, K] for the new residual (ADD_NORM and NORMED_ADD_NORM)."""
-    N, K = w.shape
+def gemv(x: torch.Tensor, w: torch.Tensor, config: tuple[int, int, int] = CONFIG) -> torch.Tensor:
+    """x [1, K] (contiguous), w [N, K] (rows contiguous) -> x @ w.T [1, N] in x's dtype."""
+    return _launch(x, w, config, PLAIN, w.shape[0])[0]
+
+
+def gemv_swiglu(x: torch.Tensor, w: torch.Tensor, config: tuple[int, int, int] = CONFIG) -> torch.Tensor:
+    """x [1, K], w the fused [gate; up] weight [2I, K] -> silu(x @ gate.T) * (x @ up.T) [1, I]."""
+    return _launch(x, w, config, SWIGLU, w.shape[0] // 2)[0]
+
+
+def gemv_add_norm(x: torch.Tensor, w: torch.Tensor, residual: torch.Tensor, weight_a: torch.Tensor | None,
+                  weight_out: torch.Tensor, eps: float,
+                  config: tuple[int, int, int] = CONFIG) -> tuple[torch.Tensor, torch.Tensor]:
+    """a = x @ w.T, then residual' = residual + (rms_norm(a, weight_a) if weight_a is given else a)
+    -> (residual', rms_norm(residual', weight_out)), each [1, N]; one launch."""
+    N = w.shape[0]
+    _, ro, h = _launch(x, w, config, ADD_NORM, N, residual.contiguous(), weight_a, weight_out, eps)
+    return ro, h
+
+
+def _launch(x, w, config, epilogue, N, residual=None, weight_a=None, weight_out=None, eps=0.0):
+    K = w.shape[1]
     bn, bk, warps = config
     y = torch.empty(1, N, dtype=x.dtype, device=x.device)
-    pdl.launch(_gemv_kernel, (triton.cdiv(N, bn),), x, w, y, N, K, w.stride(0), x if a is None else a,
-               x if weight_a is None else weight_a, x if weight_out is None else weight_out,
-               y if residual_out is None else residual_out, eps, BLOCK_N=bn, BLOCK_K=bk, PROLOGUE=prologue,
-               ROW=triton.next_power_of_2(K) if prologue >= NORM else 1, num_warps=warps, like=x)
-    return y
-
-
-def linear_one_row(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    """x [1, K] @ w.T by the Triton GEMV at CONFIG."""
-    return gemv(x.contiguous(), w, CONFIG)
-
-
-def fused_one_row(x: torch.Tensor, w: torch.Tensor, prologue: int, a: torch.Tensor | None = None,
-                  weight_a: torch.Tensor | None = None, weight_out: torch.Tensor | None = None, eps: float = 0.0,
-                  residual_out: torch.Tensor | None = None) -> torch.Tensor:
-    """gemv with a prologue at CONFIG (arguments as gemv's); callers use it where `fused`."""
-    return gemv(x, w, CONFIG, prologue, a, weight_a, weight_out, eps, residual_out)
+    ro, h = (torch.empty_like(y), torch.empty_like(y)) if epilogue == ADD_NORM else (y, y)
+    pdl.launch(_gemv_kernel, (triton.cdiv(N, bn),), x.contiguous(), w, y, N, K, w.stride(0),
+               y if residual is None else residual, y if weight_a is None else weight_a,
+               y if weight_out is None else weight_out, ro, h, _counter(x.device), eps, BLOCK_N=bn, BLOCK_K=bk,
+               EPILOGUE=epilogue, NORM_A=weight_a is not None,
+               ROW=triton.next_power_of_2(N) if epilogue == ADD_NORM else 1, num_warps=warps, like=x)
+    return y, ro, h
 
 
 def choices() -> dict:

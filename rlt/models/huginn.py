@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from rlt.config import ModelConfig
 from rlt.kernels.random import truncated_normal
 from rlt.models.base import Attention, Rotary
-from rlt.models.layers import linear, norm_linear, rms_norm, rope_inv_freq, swiglu_linear
+from rlt.models.layers import linear, gated_mlp, rms_norm, rope_inv_freq
 
 _BLOCK_TENSORS = ("norm_1.weight", "norm_2.weight", "norm_3.weight", "norm_4.weight", "attn.Wqkv.weight",
                   "attn.qk_bias", "attn.proj.weight", "mlp.fc.weight", "mlp.proj.weight")
@@ -62,13 +62,12 @@ class HuginnModel:
     def _block(self, B, x, positions, attend):
         fc, eps = self.fc, self.fc.rms_norm_eps
         T, nh, hd = x.shape[0], fc.num_attention_heads, fc.head_dim
-        q, k, v = norm_linear(x, None, None, B["n1"], eps, B["qkv"])[1].view(T, 3, nh, hd).unbind(1)
+        q, k, v = linear(rms_norm(x, B["n1"], eps), B["qkv"]).view(T, 3, nh, hd).unbind(1)
         if B["q_bias"] is not None:
             q, k = q + B["q_bias"], k + B["k_bias"]
         x = rms_norm(x + linear(attend(q, k, v, Rotary(positions, self.inv_freq, True)).flatten(1), B["proj"]),
                      B["n2"], eps)
-        return rms_norm(x + swiglu_linear(norm_linear(x, None, None, B["n3"], eps, B["fc"])[1], B["mlp_proj"]), B["n4"],
-                        eps)
+        return rms_norm(x + gated_mlp(rms_norm(x, B["n3"], eps), B["fc"], B["mlp_proj"]), B["n4"], eps)
 
     def embed(self, ids, positions, attn: Attention):
         x = F.embedding(ids, self.wte) * self.fc.embed_scale

@@ -29,32 +29,37 @@ def linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> t
         y = bi_linear(x, w)
         return y if b is None else y + b
     if b is None and _one_row_gemv(x, w):  # decode at one row: a GEMV
-        from rlt.kernels.gemv import linear_one_row
+        from rlt.kernels.gemv import gemv
 
-        return linear_one_row(x, w)
+        return gemv(x, w)
     return F.linear(x, w, b)
 
 
-def norm_linear(x: torch.Tensor, a: torch.Tensor | None, weight_a: torch.Tensor | None, weight_out: torch.Tensor,
-                eps: float, w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The residual add, the next norm and the projection after it: x_new = x + (rms_norm(a,
-    weight_a) if weight_a is given else a), or x itself when a is None; returns (x_new,
-    rms_norm(x_new, weight_out) @ w.T). With RLT_FUSED_GEMV=1 a one-row CUDA pass does it in one
-    launch (the GEMV makes its input row); otherwise add_norm (or rms_norm), then linear."""
+def _fused_gemv(x: torch.Tensor, w: torch.Tensor) -> bool:
     from rlt.kernels import gemv
 
-    if gemv.fused and _one_row_gemv(x, w):
-        x = x.contiguous()
-        if a is None:
-            return x, gemv.fused_one_row(x, w, gemv.NORM, weight_out=weight_out, eps=eps)
-        x_new = torch.empty_like(x)
-        y = gemv.fused_one_row(x, w, gemv.ADD_NORM if weight_a is None else gemv.NORMED_ADD_NORM, a.contiguous(),
-                               weight_a, weight_out, eps, x_new)
-        return x_new, y
-    if a is None:
-        return x, linear(rms_norm(x, weight_out, eps), w)
-    x, h = add_norm(x, a, weight_a, weight_out, eps)
-    return x, linear(h, w)
+    return gemv.fused and _one_row_gemv(x, w)
+
+
+def linear_swiglu(x: torch.Tensor, gate_up_w: torch.Tensor) -> torch.Tensor:
+    """swiglu(x @ gate_up_w.T) with the fused [gate; up] weight; with RLT_FUSED_GEMV=1 one launch for a
+    one-row CUDA pass."""
+    if _fused_gemv(x, gate_up_w):
+        from rlt.kernels.gemv import gemv_swiglu
+
+        return gemv_swiglu(x, gate_up_w)
+    return swiglu(linear(x, gate_up_w))
+
+
+def linear_add_norm(x: torch.Tensor, w: torch.Tensor, residual: torch.Tensor, weight_a: torch.Tensor | None,
+                    weight_out: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """A projection, then the residual add and the next norm: add_norm(residual, x @ w.T, weight_a,
+    weight_out, eps); with RLT_FUSED_GEMV=1 one launch for a one-row CUDA pass."""
+    if _fused_gemv(x, w):
+        from rlt.kernels.gemv import gemv_add_norm
+
+        return gemv_add_norm(x, w, residual, weight_a, weight_out, eps)
+    return add_norm(residual, linear(x, w), weight_a, weight_out, eps)
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -128,16 +133,6 @@ def swiglu(gate_up: torch.Tensor) -> torch.Tensor:
     return F.silu(gate) * up
 
 
-def swiglu_linear(gate_up: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    """swiglu(gate_up) @ w.T (the MLP's down projection); one launch for a one-row CUDA pass with
-    RLT_FUSED_GEMV=1."""
-    from rlt.kernels import gemv
-
-    if gemv.fused and _one_row_gemv(gate_up, w):
-        return gemv.fused_one_row(gate_up.contiguous(), w, gemv.SWIGLU)
-    return linear(swiglu(gate_up), w)
-
-
 def split_qkv(qkv, num_heads, num_kv_heads, head_dim):
     """The fused [q; k; v] projection's output -> q [T, H, D], k/v [T, Hkv, D] (views, head-major)."""
     q, k, v = qkv.split([num_heads * head_dim, num_kv_heads * head_dim, num_kv_heads * head_dim], dim=-1)
@@ -145,11 +140,17 @@ def split_qkv(qkv, num_heads, num_kv_heads, head_dim):
     return q.view(T, num_heads, head_dim), k.view(T, num_kv_heads, head_dim), v.view(T, num_kv_heads, head_dim)
 
 
-def llama_attention(qkv, L: dict, fc, positions, inv_freq, attn, layer: int) -> torch.Tensor:
-    """Ouro / Nanbeige self-attention of one core layer from its fused q/k/v projection: paged
-    attention at this layer with rotate-half RoPE, then the output projection."""
-    q, k, v = split_qkv(qkv, fc.num_attention_heads, fc.num_key_value_heads, fc.head_dim)
-    return linear(attn.core(layer, q, k, v, Rotary(positions, inv_freq, False)).flatten(1), L["o"])
+def llama_attention(h, L: dict, fc, positions, inv_freq, attn, layer: int) -> torch.Tensor:
+    """Ouro / Nanbeige self-attention of one core layer on normed input h, up to the output
+    projection (the caller applies L["o"]): fused q/k/v projection, then paged attention at this
+    layer with rotate-half RoPE -> [T, H * D]."""
+    q, k, v = split_qkv(linear(h, L["qkv"]), fc.num_attention_heads, fc.num_key_value_heads, fc.head_dim)
+    return attn.core(layer, q, k, v, Rotary(positions, inv_freq, False)).flatten(1)
+
+
+def gated_mlp(x, gate_up_w, down_w):
+    """SwiGLU with a fused [gate; up] weight: down(silu(gate(x)) * up(x))."""
+    return linear(linear_swiglu(x, gate_up_w), down_w)
 
 
 def fused_llama_layer(w: dict, prefix: str, norms: dict[str, str]) -> dict:

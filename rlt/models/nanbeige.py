@@ -6,8 +6,8 @@ import torch
 
 from rlt.config import ModelConfig
 from rlt.models.base import Attention
-from rlt.models.layers import (EmbeddingInput, add_norm, fused_llama_layer, linear, llama_attention, norm_linear,
-                               rms_norm, rope_inv_freq, swiglu_linear)
+from rlt.models.layers import (EmbeddingInput, fused_llama_layer, linear, linear_add_norm, linear_swiglu,
+                               llama_attention, rms_norm, rope_inv_freq)
 
 
 def expected_tensors(mc: ModelConfig) -> dict[str, tuple[int, ...]]:
@@ -39,17 +39,17 @@ class NanbeigeModel(EmbeddingInput):
 
     def loop(self, x, inject, positions, attn: Attention):
         fc, eps, layers = self.fc, self.fc.rms_norm_eps, self.layers
-        x, qkv = norm_linear(x, None, None, layers[0]["n1"], eps, layers[0]["qkv"])
+        h = rms_norm(x, layers[0]["n1"], eps)
         for i, L in enumerate(layers):
-            a = llama_attention(qkv, L, fc, positions, self.inv_freq, attn, i)
-            x, gate_up = norm_linear(x, a, None, L["n2"], eps, L["gate_up"])
-            m = swiglu_linear(gate_up, L["down"])
-            if i + 1 < len(layers):  # the residual add, the next layer's input norm and q/k/v projection
-                x, qkv = norm_linear(x, m, None, layers[i + 1]["n1"], eps, layers[i + 1]["qkv"])
+            x, h = linear_add_norm(llama_attention(h, L, fc, positions, self.inv_freq, attn, i), L["o"], x, None,
+                                   L["n2"], eps)
+            g = linear_swiglu(h, L["gate_up"])
+            if i + 1 < len(layers):  # the residual add, then the next layer's input norm
+                x, h = linear_add_norm(g, L["down"], x, None, layers[i + 1]["n1"], eps)
             elif not fc.skip_loop_final_norm:
-                _, x = add_norm(x, m, None, self.norm_w, eps)
+                _, x = linear_add_norm(g, L["down"], x, None, self.norm_w, eps)
             else:
-                x = x + m
+                x = x + linear(g, L["down"])
         return x, None
 
     def head(self, x, positions, attn: Attention, select=None):

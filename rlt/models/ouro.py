@@ -8,8 +8,8 @@ import torch
 
 from rlt.config import ModelConfig
 from rlt.models.base import Attention
-from rlt.models.layers import (EmbeddingInput, add_norm, fused_llama_layer, linear, llama_attention, norm_linear,
-                               rope_inv_freq, swiglu_linear)
+from rlt.models.layers import (EmbeddingInput, fused_llama_layer, linear, linear_add_norm, linear_swiglu,
+                               llama_attention, rms_norm, rope_inv_freq)
 
 _LAYER_TENSORS = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
                   "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj", "input_layernorm",
@@ -48,15 +48,14 @@ class OuroModel(EmbeddingInput):
 
     def loop(self, x, inject, positions, attn: Attention):
         fc, eps, layers = self.fc, self.fc.rms_norm_eps, self.layers
-        x, qkv = norm_linear(x, None, None, layers[0]["n_in"], eps, layers[0]["qkv"])
+        h = rms_norm(x, layers[0]["n_in"], eps)
         for i, L in enumerate(layers):
-            a = llama_attention(qkv, L, fc, positions, self.inv_freq, attn, i)
-            x, gate_up = norm_linear(x, a, L["n_in2"], L["n_post"], eps, L["gate_up"])
-            m = swiglu_linear(gate_up, L["down"])
-            if i + 1 < len(layers):  # the residual add, the next layer's input norm and q/k/v projection
-                x, qkv = norm_linear(x, m, L["n_post2"], layers[i + 1]["n_in"], eps, layers[i + 1]["qkv"])
-            else:  # the residual add, then model.norm
-                x, h = add_norm(x, m, L["n_post2"], self.norm_w, eps)
+            a = llama_attention(h, L, fc, positions, self.inv_freq, attn, i)
+            x, h = linear_add_norm(a, L["o"], x, L["n_in2"], L["n_post"], eps)
+            g = linear_swiglu(h, L["gate_up"])
+            # the residual add, then the next layer's input norm (after the last layer: model.norm)
+            x, h = linear_add_norm(g, L["down"], x, L["n_post2"],
+                                   layers[i + 1]["n_in"] if i + 1 < len(layers) else self.norm_w, eps)
         gate = linear(h.float(), self.gate_w, self.gate_b).squeeze(-1)  # fp32 gate math
         return h, gate
 
