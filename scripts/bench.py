@@ -155,6 +155,7 @@ def main():
     serve.add_argument("--sweep-duration", type=float, help="seconds of arrivals per sweep rate (default --duration)")
     serve.add_argument("--max-local-prefill-length", type=int, help="PD: conditional disaggregation (README)")
     serve.add_argument("--max-prefill-queue-size", type=int, help="PD: conditional disaggregation (README)")
+    serve.add_argument("--prefill-worker-chunk", type=int, help="PD: prompt rows per chunk on prefill workers (README)")
     args = ap.parse_args()
     if args.mode == "serve":
         import bench_serving

@@ -116,7 +116,7 @@ async def warm_up(engine, prompt_lens, output_len):
 async def serve(args):
     opts = dict(kv_memory_bytes=int(args.kv_gib * 2**30), prefill_chunk=args.prefill_chunk,
                 max_num_seqs=args.max_num_seqs, startup_timeout=900.0, heartbeat_timeout=120.0)
-    for name in ("max_local_prefill_length", "max_prefill_queue_size"):
+    for name in ("max_local_prefill_length", "max_prefill_queue_size", "prefill_worker_chunk"):
         if getattr(args, name) is not None:
             opts[name] = getattr(args, name)
     async with rlt.Engine.launch(args.model, topology=args.topology, device=args.device, dtype=args.dtype,
@@ -142,7 +142,7 @@ def main(args):
             "topology": args.topology, "device": args.device, "prompt_lens": args.prompt_lens,
             "output_len": args.output_len, "duration_s": args.duration, "command": " ".join(sys.argv),
             "max_local_prefill_length": args.max_local_prefill_length,
-            "max_prefill_queue_size": args.max_prefill_queue_size,
+            "max_prefill_queue_size": args.max_prefill_queue_size, "prefill_worker_chunk": args.prefill_worker_chunk,
             "local_prefills": local_prefills}  # PD requests the decode worker prefilled itself (warm-up included)
     print(json.dumps(meta))
     cols = ["rate", "completed", "output_throughput_tok_s", "request_throughput_req_s", "mean_ttft_ms",

@@ -292,7 +292,9 @@ async def test_launch_rejects_bad_options_before_spawning(checkpoints):
                         (dict(topology="1p1d", max_local_prefill_length=-1),
                          "max_local_prefill_length must be an integer >= 0, got -1"),
                         (dict(max_prefill_queue_size=2), "max_prefill_queue_size applies to prefill/decode "
-                                                        "topologies .XpYd., not 'single'")]:
+                                                        "topologies .XpYd., not 'single'"),
+                        (dict(topology="1p1d", prefill_worker_chunk=0),
+                         "prefill_worker_chunk must be an integer >= 1, got 0")]:
         with pytest.raises(ValueError, match=msg):
             rlt.Engine.launch(checkpoints["ouro"], **kwargs)
     with pytest.raises(rlt.ConfigError, match="'total_ut_steps'"):

@@ -75,10 +75,12 @@ async def test_pd_equals_single(checkpoints, family, layout):
 
 @pytest.mark.parametrize("opts,local", [(dict(max_local_prefill_length=12), 2),  # the 11- and 12-token prompts
                                         (dict(max_prefill_queue_size=1), 3),  # all but the first: P holds it
-                                        (dict(max_prefill_queue_size=0), 4)])
+                                        (dict(max_prefill_queue_size=0), 4),
+                                        (dict(prefill_worker_chunk=64), 0)])  # whole prompts per chunk on P
 async def test_conditional_disaggregation_equals_single(checkpoints, opts, local):
-    """Prompts the decode worker prefills itself (short, or while the prefill worker has a queue)
-    give the same tokens, depths and logprobs as single, and every block and credit comes back."""
+    """Prompts the decode worker prefills itself (short, or while the prefill worker has a queue),
+    or the prefill worker takes whole (prefill_worker_chunk), give the same tokens, depths and
+    logprobs as single, and every block and credit comes back."""
     reqs = requests("ouro")
     single = await run_all(checkpoints["ouro"], "single", "last_exited", "ouro", reqs)
     stats = {}

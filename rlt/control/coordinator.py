@@ -38,7 +38,11 @@ COORDINATOR_OPTIONS = {"startup_timeout": 300.0, "heartbeat_interval": 0.5, "hea
                        # XpYd, conditional disaggregation: the decode worker prefills a prompt itself
                        # (no KV handoff) when it is at most this long, or when the prefill worker
                        # already holds this many requests (None: never)
-                       "max_local_prefill_length": 0, "max_prefill_queue_size": None}
+                       "max_local_prefill_length": 0, "max_prefill_queue_size": None,
+                       # XpYd: prefill workers take prompts in chunks of this many rows, in passes of
+                       # max(this, max_num_batched_tokens if given) rows: no decode shares their
+                       # passes, so only memory bounds a chunk (None: prefill_chunk, as every worker)
+                       "prefill_worker_chunk": None}
 
 
 def parse_topology(topology: str) -> list[tuple[str, int]]:
@@ -120,12 +124,12 @@ class Engine:
         for name in ("batch_invariant", "steady_decode"):
             if name in options and not isinstance(options[name], bool):
                 raise ValueError(f"{name} must be True or False, got {options[name]!r}")
-        for name in ("max_local_prefill_length", "max_prefill_queue_size"):
+        for name, low in (("max_local_prefill_length", 0), ("max_prefill_queue_size", 0), ("prefill_worker_chunk", 1)):
             v = options.get(name)
             if v is None:
                 continue
-            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
-                raise ValueError(f"{name} must be an integer >= 0, got {v!r}")
+            if isinstance(v, bool) or not isinstance(v, int) or v < low:
+                raise ValueError(f"{name} must be an integer >= {low}, got {v!r}")
             if parse_topology(topology)[0][0] != "prefill":
                 raise ValueError(f"{name} applies to prefill/decode topologies (XpYd), not {topology!r}")
         if model is None:
@@ -137,6 +141,13 @@ class Engine:
         opts = {k: options.get(k, v) for k, v in COORDINATOR_OPTIONS.items()}
         return _Launch(cls(mc, topology=topology, device=device, dtype=dtype, engine_options=engine_options,
                            options=opts))
+
+    def _engine_options_for(self, role: str) -> dict:
+        chunk = self._opt["prefill_worker_chunk"]
+        if role != "prefill" or chunk is None:
+            return self._engine_options
+        rows = max(chunk, self._engine_options.get("max_num_batched_tokens", chunk))
+        return {**self._engine_options, "prefill_chunk": chunk, "max_num_batched_tokens": rows}
 
     def _device_for(self, slot: int) -> str:
         """One device per worker on GPU (cuda:0, cuda:1, ... in slot order); all on CPU otherwise."""
@@ -273,7 +284,7 @@ class Engine:
         elif isinstance(msg, fw.Hello):
             await self._send(w, tw.Handshake(
                 model_path=self.model_config.path, config=self.model_config.raw, dtype=self.dtype,
-                device=w.device, role=w.role, engine=self._engine_options,
+                device=w.device, role=w.role, engine=self._engine_options_for(w.role),
                 heartbeat_interval=self._opt["heartbeat_interval"], transfer_timeout=self._opt["transfer_timeout"]))
         elif isinstance(msg, fw.Ready):
             w.ready, w.stats = msg, fw.Stats(0, 0, msg.kv_blocks_total)
