@@ -15,21 +15,11 @@ from rlt.kernels import pdl
 
 
 @triton.jit
-def rstd(x, N, eps):
-    """1 / rms of a float32 row (masked elements 0)."""
-    return tl.rsqrt(tl.sum(x * x, axis=0) / N + eps)
-
-
-@triton.jit
-def scale(x, r, w, OUT_DTYPE: tl.constexpr):
-    """weight * (x * r) rounded as the reference: x float32, r its row's rstd, w the weight elements."""
-    return (w.to(tl.float32) * (x * r).to(OUT_DTYPE).to(tl.float32)).to(OUT_DTYPE)
-
-
-@triton.jit
 def _norm_row(x, w_ptr, offs, mask, N, eps, OUT_DTYPE: tl.constexpr):
     """x: float32 row -> weight * (x / rms(x)) rounded as the reference."""
-    return scale(x, rstd(x, N, eps), tl.load(w_ptr + offs, mask=mask, other=0.0), OUT_DTYPE)
+    y = (x * tl.rsqrt(tl.sum(x * x, axis=0) / N + eps)).to(OUT_DTYPE)
+    w = tl.load(w_ptr + offs, mask=mask, other=0.0)
+    return (w.to(tl.float32) * y.to(tl.float32)).to(OUT_DTYPE)
 
 
 @triton.jit
