@@ -20,7 +20,7 @@ import triton
 import triton.language as tl
 
 from rlt.kernels import pdl
-from rlt.kernels.norm import _norm_row
+from rlt.kernels.norm import norm_row
 
 # (rows of w per program, K per load, warps): few wide loads per program keep many bytes in flight.
 # CONFIGS is the set the kernel is tested and tuned over (scripts/tune_decode.py). The engine uses
@@ -91,10 +91,10 @@ def _gemv_kernel(x_ptr, w_ptr, y_ptr, N, K, stride_wn, r_ptr, wa_ptr, wo_ptr, ro
             r_ok = offs_r < N
             a = tl.load(y_ptr + offs_r, mask=r_ok, other=0.0)
             if NORM_A:
-                a = _norm_row(a.to(tl.float32), wa_ptr, offs_r, r_ok, N, eps, dt)
+                a = norm_row(a.to(tl.float32), wa_ptr, offs_r, r_ok, N, eps, dt)
             r = (tl.load(r_ptr + offs_r, mask=r_ok, other=0.0).to(tl.float32) + a.to(tl.float32)).to(dt)
             tl.store(ro_ptr + offs_r, r, mask=r_ok)
-            tl.store(h_ptr + offs_r, _norm_row(r.to(tl.float32), wo_ptr, offs_r, r_ok, N, eps, dt), mask=r_ok)
+            tl.store(h_ptr + offs_r, norm_row(r.to(tl.float32), wo_ptr, offs_r, r_ok, N, eps, dt), mask=r_ok)
             tl.atomic_xchg(count_ptr, 0)
 
 

@@ -15,7 +15,7 @@ from rlt.kernels import pdl
 
 
 @triton.jit
-def _norm_row(x, w_ptr, offs, mask, N, eps, OUT_DTYPE: tl.constexpr):
+def norm_row(x, w_ptr, offs, mask, N, eps, OUT_DTYPE: tl.constexpr):
     """x: float32 row -> weight * (x / rms(x)) rounded as the reference."""
     y = (x * tl.rsqrt(tl.sum(x * x, axis=0) / N + eps)).to(OUT_DTYPE)
     w = tl.load(w_ptr + offs, mask=mask, other=0.0)
@@ -29,7 +29,7 @@ def _rms_norm_kernel(x_ptr, w_ptr, y_ptr, stride_x, stride_y, N, eps, BLOCK: tl.
     offs = tl.arange(0, BLOCK)
     mask = offs < N
     x = tl.load(x_ptr + row * stride_x + offs, mask=mask, other=0.0).to(tl.float32)
-    tl.store(y_ptr + row * stride_y + offs, _norm_row(x, w_ptr, offs, mask, N, eps, y_ptr.dtype.element_ty),
+    tl.store(y_ptr + row * stride_y + offs, norm_row(x, w_ptr, offs, mask, N, eps, y_ptr.dtype.element_ty),
              mask=mask)
 
 
@@ -43,11 +43,11 @@ def _add_rms_norm_kernel(x_ptr, a_ptr, wa_ptr, wo_ptr, xo_ptr, h_ptr, stride_x, 
     dt = xo_ptr.dtype.element_ty
     a = tl.load(a_ptr + row * stride_a + offs, mask=mask, other=0.0)
     if NORM_A:
-        a = _norm_row(a.to(tl.float32), wa_ptr, offs, mask, N, eps, dt)
+        a = norm_row(a.to(tl.float32), wa_ptr, offs, mask, N, eps, dt)
     x = tl.load(x_ptr + row * stride_x + offs, mask=mask, other=0.0)
     x = (x.to(tl.float32) + a.to(tl.float32)).to(dt)
     tl.store(xo_ptr + row * stride_xo + offs, x, mask=mask)
-    tl.store(h_ptr + row * stride_h + offs, _norm_row(x.to(tl.float32), wo_ptr, offs, mask, N, eps, dt), mask=mask)
+    tl.store(h_ptr + row * stride_h + offs, norm_row(x.to(tl.float32), wo_ptr, offs, mask, N, eps, dt), mask=mask)
 
 
 def _rows(x: torch.Tensor) -> torch.Tensor:
