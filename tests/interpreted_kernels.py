@@ -25,7 +25,8 @@ interpreter._patch_lang_tensor = _patch_index
 
 def check_decode_attention() -> bool:
     from rlt.kernels.decode_attention import _counters, decode_attention
-    from rlt.kernels.paged_attention import paged_attention
+    from rlt.kernels.paged_attention import paged_attention, write_kv
+    from rlt.models import layers
 
     ok = True
     for H, Hkv, D in ((2, 2, 16), (4, 2, 16), (3, 1, 8)):  # MHA (vector path), GQA (dot path, padded group)
@@ -34,6 +35,23 @@ def check_decode_attention() -> bool:
         for splits in (1, 4):
             err = (decode_attention(cache, 0, q, tab, pos, meta.block_size, splits) - ref).abs().max().item()
             print(f"decode_attention H={H} Hkv={Hkv} D={D} splits={splits}: max error {err:.2e}")
+            ok &= err <= 1e-5
+    # RoPE and the new K/V store in the same launch: q and k before RoPE, garbage in the new slots
+    for H, Hkv, D, pairs in ((2, 2, 16, False), (4, 2, 32, True), (3, 1, 40, False)):
+        cache, meta, tab, q, pos = decode_case(H, Hkv, D, torch.float32, "cpu", layers=2)
+        g = torch.Generator().manual_seed(D)
+        k, v = torch.randn(len(pos), Hkv, D, generator=g), torch.randn(len(pos), Hkv, D, generator=g)
+        inv = layers.rope_inv_freq(D, 1e4)
+        f = layers.rope_pairs if pairs else layers.rope_neox
+        ref_cache = cache.clone()
+        write_kv(ref_cache, 1, meta, f(k, pos, inv), v)
+        ref = paged_attention(ref_cache, 1, meta, f(q, pos, inv), None, None)
+        for splits in (1, 4):
+            got_cache = cache.clone()
+            got = decode_attention(got_cache, 1, q, tab, pos, meta.block_size, splits,
+                                   rope=(k, v, inv, pairs, meta.slot_mapping))
+            err = max((got - ref).abs().max().item(), (got_cache - ref_cache).abs().max().item())
+            print(f"decode_attention with RoPE H={H} Hkv={Hkv} D={D} pairs={pairs} splits={splits}: max error {err:.2e}")
             ok &= err <= 1e-5
     left = int(_counters(torch.device("cpu")).abs().sum())
     print(f"split arrival counters left nonzero: {left}")

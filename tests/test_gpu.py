@@ -288,6 +288,30 @@ def test_gemv_epilogues_match_separate_launches(monkeypatch):
     assert gv._counter(torch.device("cuda", torch.cuda.current_device())).item() == 0
 
 
+@pytest.mark.parametrize("pairs", [False, True])
+@pytest.mark.parametrize("H,Hkv,D", [(16, 16, 128), (48, 8, 128), (55, 55, 96)])
+def test_decode_attention_with_rope_matches_separate_launches(H, Hkv, D, pairs):
+    """RoPE and the new K/V store inside the decode attention's launch (q, k before RoPE; garbage in
+    the new slots) against rope_write_kv then the decode kernel, bf16, planned and forced splits:
+    the same cache, the output within bf16 tolerance."""
+    from rlt.kernels import decode_attention as da
+    from rlt.kernels.rope import rope_write_kv
+    from rlt.models import layers
+
+    cache, meta, tab, _, pos = decode_case(H, Hkv, D, torch.bfloat16, "cuda")
+    g = torch.Generator(device="cuda").manual_seed(1)
+    inv = layers.rope_inv_freq(D, 1e4).cuda()
+    for splits in (None, 1, 8):
+        qkv = torch.randn(len(pos), (H + 2 * Hkv) * D, device="cuda", generator=g).bfloat16()
+        q, k, v = layers.split_qkv(qkv, H, Hkv, D)  # strided views, as the models pass them
+        ref_cache, got_cache = cache.clone(), cache.clone()
+        rq, _ = rope_write_kv(q.clone(), k.clone(), v, pos, inv, pairs, ref_cache, 1, meta.slot_mapping, 16)
+        ref = da.decode_attention(ref_cache, 1, rq, tab, pos, 16, splits).float()
+        got = da.decode_attention(got_cache, 1, q, tab, pos, 16, splits, rope=(k, v, inv, pairs, meta.slot_mapping))
+        assert torch.equal(got_cache, ref_cache), splits
+        assert (got.float() - ref).abs().max() <= 2e-2 * max(1.0, ref.abs().max().item()), splits
+
+
 def test_decode_attention_right_after_the_kv_store():
     """With PDL the decode kernel reads its first key tile before waiting for the RoPE + K/V store
     launched just before it: the newest key, which that launch writes, must still be the new one.
@@ -429,22 +453,29 @@ def test_cuda_decode_equals_cpu_in_float32(checkpoints, family):
 
 
 @pytest.mark.parametrize("fused", [False, True])
-@pytest.mark.parametrize("family", ["ouro", "nanbeige"])
+@pytest.mark.parametrize("family", ["ouro", "nanbeige", "huginn"])
 def test_one_row_decode_equals_cpu_in_float32(checkpoints, family, fused, monkeypatch):
-    """One request alone decodes through the one-row GEMVs (with RLT_FUSED_GEMV=1 their SwiGLU and
-    add + RMSNorm epilogues): in float32 the CPU reference's tokens and exit depths."""
+    """One request alone decodes through the one-row GEMVs — with fused on, their SwiGLU and add +
+    RMSNorm epilogues (RLT_FUSED_GEMV=1) and RoPE + K/V store inside the decode attention
+    (RLT_FUSED_ROPE=1) — in float32 to the CPU reference's tokens and exit depths."""
+    from rlt.kernels import decode_attention as da
     from rlt.kernels import gemv as gv
 
     monkeypatch.setattr(gv, "fused", fused)
-    mc = ModelConfig.from_pretrained(checkpoints[family])
+    monkeypatch.setattr(da, "fused_rope", fused)
+    mc = ModelConfig.from_pretrained(checkpoints[family], hf_overrides={"mean_recurrence": 6} if family == "huginn"
+                                     else None)
     sp = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True, exit_threshold=0.5 if family == "ouro" else None)
 
-    def run(device):
+    def run(device, prompts):
         out, _ = decode_all(mc, load_model(mc, torch.float32, device), EngineConfig(num_blocks=256, prefill_chunk=16),
-                            [[7 + j % 300 for j in range(21)]], sp, torch.float32, device)
-        return [o[:2] for o in out["0"]]
+                            prompts, sp, torch.float32, device)
+        return {rid: [o[:2] for o in outs] for rid, outs in out.items()}
 
-    assert run("cuda") == run("cpu")
+    alone = [[7 + j % 300 for j in range(21)]]
+    batch = [[5 + (i * 11 + j) % 400 for j in range(n)] for i, n in enumerate((12, 33, 7))]  # RoPE fused at 3 rows
+    assert run("cuda", alone) == run("cpu", alone)
+    assert run("cuda", batch) == run("cpu", batch)
 
 
 @pytest.mark.parametrize("family", ["ouro", "nanbeige"])

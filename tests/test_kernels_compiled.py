@@ -2,8 +2,9 @@
 launch (rlt/kernels/pdl.py) each one waits for the previous kernel before touching memory another
 kernel writes: griddepcontrol.wait precedes every global store and atomic in the PTX, and every
 load except the GEMV's first weight tile (weights are never written during a pass) and the decode
-attention's position, block table and first key tile (written before the previous kernel; the
-newest key, which it writes, is read again after the wait)."""
+attention's position, block table, first key tile and rotary frequencies (written before the
+previous kernel; the newest key, which it writes — or, with RoPE in the launch, the projection
+before it — is read after the wait)."""
 
 import re
 
@@ -20,6 +21,15 @@ def kernels():
     gemv_args = dict(x_ptr=p16, w_ptr=p16, y_ptr=p16, N=i, K=i, stride_wn=i, r_ptr=p16, wa_ptr=p16, wo_ptr=p16,
                      ro_ptr=p16, h_ptr=p16, count_ptr="*i32", eps=f)
 
+    def decode_case(rope):
+        args = dict(q_ptr=p16, o_ptr=p16, part_ptr=p32, ml_ptr=p32, count_ptr="*i32", cache_ptr=p16, table_ptr=p64,
+                    pos_ptr=p64, layer=i, scale=f, stride_qt=i, stride_qh=i, stride_ot=i, stride_oh=i, stride_cb=i,
+                    stride_cl=i, stride_ckv=i, stride_co=i, stride_ch=i, stride_ts=i, kn_ptr=p16, vn_ptr=p16,
+                    inv_ptr=p32, slot_ptr=p64, stride_kt=i, stride_kh=i, stride_vt=i, stride_vh=i)
+        return decode_attention._decode_kernel, args, dict(
+            H=16, GROUP=1, G_PAD=16, BLOCK_SIZE=16, HEAD_DIM=128, D_PAD=128, BLOCK_N=32, SPLITS=8, ROPE=rope,
+            PAIRS=False, HALF_PAD=64, IEEE=False)
+
     def gemv_case(epilogue, row=1):
         return gemv._gemv_kernel, gemv_args, dict(BLOCK_N=2, BLOCK_K=1024, EPILOGUE=epilogue, NORM_A=True, ROW=row)
 
@@ -27,12 +37,8 @@ def kernels():
         "gemv": gemv_case(gemv.PLAIN),
         "gemv_swiglu": gemv_case(gemv.SWIGLU),
         "gemv_add_norm": gemv_case(gemv.ADD_NORM, 2048),
-        "decode": (decode_attention._decode_kernel,
-                   dict(q_ptr=p16, o_ptr=p16, part_ptr=p32, ml_ptr=p32, count_ptr="*i32", cache_ptr=p16, table_ptr=p64, pos_ptr=p64,
-                        layer=i, scale=f, stride_qt=i, stride_qh=i, stride_cb=i, stride_cl=i, stride_ckv=i,
-                        stride_co=i, stride_ch=i, stride_ts=i),
-                   dict(H=16, GROUP=1, G_PAD=16, BLOCK_SIZE=16, HEAD_DIM=128, D_PAD=128, BLOCK_N=32, SPLITS=8,
-                        IEEE=False)),
+        "decode": decode_case(False),
+        "decode_rope": decode_case(True),
         "add_rms_norm": (norm._add_rms_norm_kernel,
                          dict(x_ptr=p16, a_ptr=p16, wa_ptr=p16, wo_ptr=p16, xo_ptr=p16, h_ptr=p16, stride_x=i,
                               stride_a=i, stride_xo=i, stride_h=i, N=i, eps=f), dict(NORM_A=False, BLOCK=2048)),
@@ -48,8 +54,8 @@ def kernels():
     }
 
 
-@pytest.mark.parametrize("name", ["gemv", "gemv_swiglu", "gemv_add_norm", "decode", "add_rms_norm", "rms_norm",
-                                  "rope", "silu_mul"])
+@pytest.mark.parametrize("name", ["gemv", "gemv_swiglu", "gemv_add_norm", "decode", "decode_rope", "add_rms_norm",
+                                  "rms_norm", "rope", "silu_mul"])
 def test_pdl_kernel_waits_before_touching_memory(name):
     fn, sig, consts = kernels()[name]
     ptx = {}
@@ -62,7 +68,7 @@ def test_pdl_kernel_waits_before_touching_memory(name):
     # only the GEMV (its first weight tile) and the decode attention (its first key tile) read
     # before the wait; nothing is written before it
     before = re.findall(r"\b(ld|st|atom|red)\.global", body[:wait])
-    early_reads = name.startswith("gemv") or name == "decode"
+    early_reads = name.startswith(("gemv", "decode"))
     assert before == (["ld"] * len(before) if early_reads else []), before
     if early_reads:
         assert before and re.search(r"\bld\.global", body[wait:])  # the activations / q come after
@@ -70,7 +76,7 @@ def test_pdl_kernel_waits_before_touching_memory(name):
     assert "griddepcontrol" not in ptx[False]
 
 
-@pytest.mark.parametrize("name", ["decode", "gemv_add_norm"])
+@pytest.mark.parametrize("name", ["decode", "decode_rope", "gemv_add_norm"])
 def test_last_arrival_finishes_after_an_acquire_release_handshake(name):
     """The split decode kernel's last slice merges, and the ADD_NORM GEMV's last program finishes the
     row: a CTA barrier, then one gpu-scope acq_rel atomic on the arrival counter, before reading

@@ -20,7 +20,8 @@ import torch
 from rlt.config import ModelConfig
 from rlt.control.validation import ResolvedParams
 from rlt.kernels import mode
-from rlt.kernels.paged_attention import PagedMetadata, kernel_fields, paged_attention, plan_kernel, write_kv
+from rlt.kernels.paged_attention import (PagedMetadata, decode_only, kernel_fields, paged_attention, plan_kernel,
+                                         write_kv)
 from rlt.kernels.sampler import SamplingTensors, sample, top_logprobs
 from rlt.models.base import Rotary
 from rlt.models.layers import EmbeddingInput, rope
@@ -98,7 +99,13 @@ class _Attention:
 
     def _attend(self, meta: PagedMetadata, layer, q, k, v, rotary: Rotary):
         if meta.kernel is not None:  # CUDA kernels: RoPE and the K/V store in one launch
+            from rlt.kernels import decode_attention as da
             from rlt.kernels.rope import rope_write_kv
+
+            if da.fused_rope and decode_only(meta):  # ...or in the decode attention's launch itself
+                return da.decode_attention(self.cache, layer, q, meta.block_table, meta.kernel["seg_q0"],
+                                           meta.block_size, rope=(k, v, rotary.inv_freq, rotary.pairs,
+                                                                  meta.slot_mapping))
 
             rope_write_kv(q, k, v, *rotary, self.cache, layer, meta.slot_mapping, meta.block_size)
         else:
