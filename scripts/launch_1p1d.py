@@ -1,14 +1,16 @@
 """Start 1 prefill + 1 decode worker and stream generations, with per-request TTFT and TPOT.
 
     python scripts/launch_1p1d.py [--model DIR] [--max-tokens 32] "prompt one" "prompt two"
-    echo "a prompt per line" | python scripts/launch_1p1d.py
+    echo "a prompt per line" | python scripts/launch_1p1d.py --option prefill_worker_chunk=4096
 
 Workers go on cuda:0 and cuda:1 when two GPUs are visible, on the CPU otherwise. Without --model
-the embedded default (a tiny Ouro made on first use) is served.
+the embedded default (a tiny Ouro made on first use) is served. --option NAME=VALUE (repeatable)
+passes any rlt.Engine.launch option (README "Python API"); VALUE is read as JSON, else as a string.
 """
 
 import argparse
 import asyncio
+import json
 import os
 import sys
 import time
@@ -16,6 +18,16 @@ import time
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 import rlt  # noqa: E402
+
+
+def option(text: str) -> tuple[str, object]:
+    name, sep, value = text.partition("=")
+    if not sep or not name:
+        raise argparse.ArgumentTypeError(f"expected NAME=VALUE, got {text!r}")
+    try:
+        return name, json.loads(value)
+    except json.JSONDecodeError:
+        return name, value
 
 
 def pick_device() -> str:
@@ -36,15 +48,21 @@ async def main() -> int:
     ap.add_argument("--exit-threshold", type=float)
     ap.add_argument("--device", default=None, help="cpu or cuda (default: cuda with 2+ GPUs, else cpu)")
     ap.add_argument("--dtype")
-    ap.add_argument("--hf-overrides", type=__import__("json").loads)
+    ap.add_argument("--hf-overrides", type=json.loads)
+    ap.add_argument("--option", action="append", default=[], type=option, metavar="NAME=VALUE",
+                    help="an rlt.Engine.launch option, e.g. prefill_worker_chunk=4096 (repeatable)")
     args = ap.parse_args()
     prompts = args.prompts or [line.rstrip("\n") for line in sys.stdin if line.strip()]
     if not prompts:
         ap.error("give prompts as arguments or on stdin")
     device = args.device or pick_device()
     t0 = time.perf_counter()
-    async with rlt.Engine.launch(args.model, topology="1p1d", device=device, dtype=args.dtype,
-                                 hf_overrides=args.hf_overrides) as engine:
+    try:
+        launch = rlt.Engine.launch(args.model, topology="1p1d", device=device, dtype=args.dtype,
+                                   hf_overrides=args.hf_overrides, **dict(args.option))
+    except ValueError as err:  # a bad option: nothing was started
+        ap.error(str(err))
+    async with launch as engine:
         roles = ", ".join(f"{w['role']} pid {w['pid']}" for w in engine.stats()["workers"])
         print(f"ready in {time.perf_counter() - t0:.1f} s on {device}: {roles}", file=sys.stderr)
         sp = rlt.SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature,

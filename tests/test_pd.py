@@ -293,14 +293,17 @@ def test_launch_1p1d_script(checkpoints):
 
     script = os.path.join(os.path.dirname(__file__), "..", "scripts", "launch_1p1d.py")
     r = subprocess.run([sys.executable, script, "--model", checkpoints["ouro"], "--max-tokens", "5",
-                        "--exit-threshold", "0.5"], input="The river runs\nOnce upon a time\n",
-                       capture_output=True, text=True, timeout=300)
+                        "--exit-threshold", "0.5", "--option", "prefill_worker_chunk=64"],
+                       input="The river runs\nOnce upon a time\n", capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
     assert "prefill pid" in r.stderr and "decode pid" in r.stderr and "on cpu" in r.stderr
     stats = re.findall(r"\[req-(\d)\] 5 tokens \(length\), exit depths \[4, .*\], TTFT ([\d.]+) ms, TPOT ([\d.]+) ms",
                        r.stdout)
     assert sorted(s[0] for s in stats) == ["0", "1"]
     assert all(float(ttft) > 0 and float(tpot) > 0 for _, ttft, tpot in stats)
+    bad = subprocess.run([sys.executable, script, "--model", checkpoints["ouro"], "--option", "prefill_worker_chunk=0",
+                          "hi"], capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "prefill_worker_chunk must be an integer >= 1, got 0" in bad.stderr
 
 
 async def test_transfer_past_its_deadline_fails_only_that_request(checkpoints, monkeypatch):
