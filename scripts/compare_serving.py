@@ -8,7 +8,10 @@ Prints a row per rate and exits non-zero unless every checked rate passes.
 """
 
 import json
+import os
 import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 LIMITS = {"throughput": 0.97, "ttft": 1.2, "tpot": 0.5}
 
@@ -31,12 +34,37 @@ def compare(pd_rows: list[dict], rep_rows: list[dict]) -> list[dict]:
     return out
 
 
+def ttft_by_prompt_len(pd_rows: list[dict], rep_rows: list[dict]) -> dict:
+    """{rate: {prompt length: (p95 TTFT 1p1d, p95 TTFT 2x)}} from the per-request records (JSON
+    written since 508324b)."""
+    from bench_serving import _pct
+
+    def p95s(row):
+        lens = {}
+        for n, ttft, _ in row.get("requests", []):
+            lens.setdefault(n, []).append(ttft)
+        return {n: round(_pct(v, 95), 1) for n, v in sorted(lens.items())}
+
+    rep = {r["rate"]: p95s(r) for r in rep_rows}
+    out = {}
+    for p in pd_rows:
+        a, b = p95s(p), rep.get(p["rate"], {})
+        if a and b:
+            out[p["rate"]] = {n: (a[n], b.get(n)) for n in a}
+    return out
+
+
 def main(argv: list[str]) -> int:
     pd, rep = (json.load(open(a))["rows"] for a in argv[:2])
     rows = compare(pd, rep)
     print(f"{'rate':>6} {'tput 1p1d/2x':>13} {'p95 TTFT ratio':>15} {'p95 TPOT ratio':>15}  P4")
     for r in rows:
         print(f"{r['rate']:>6} {r['throughput']:>13} {r['ttft']:>15} {r['tpot']:>15}  {'ok' if r['ok'] else 'MISSED'}")
+    by_len = ttft_by_prompt_len(pd, rep)
+    if by_len:
+        print("p95 TTFT ms by prompt length (1p1d / 2x):")
+        for rate, lens in by_len.items():
+            print(f"{rate:>6} " + "  ".join(f"{n} tokens: {a} / {b}" for n, (a, b) in lens.items()))
     passed = bool(rows) and all(r["ok"] for r in rows)
     print("P4", "met" if passed else "not met", f"(limits: throughput >= {LIMITS['throughput']}, "
           f"p95 TTFT <= {LIMITS['ttft']}x, p95 TPOT <= {LIMITS['tpot']}x)")
