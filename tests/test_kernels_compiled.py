@@ -87,3 +87,15 @@ def test_last_arrival_finishes_after_an_acquire_release_handshake(name):
                          target=GPUTarget("cuda", 90, 32)).asm["ptx"]
     atom = ptx.index("atom.global.gpu.acq_rel.add")
     assert "bar.sync" in ptx[:atom]
+
+
+@pytest.mark.parametrize("value,msg", [("2,1024", "three positive integers"), ("3,1024,4", "powers of two"),
+                                       ("2,1024,x", "three positive integers")])
+def test_bad_gemv_config_names_the_variable(value, msg):
+    import os
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, "-c", "import rlt.kernels.gemv"], capture_output=True, text=True,
+                       env={**os.environ, "RLT_GEMV_CONFIG": value}, timeout=120)
+    assert r.returncode != 0 and "RLT_GEMV_CONFIG" in r.stderr and msg in r.stderr

@@ -29,9 +29,24 @@ from rlt.kernels.norm import norm_row
 # tok/s picked against 206.5 at CONFIG; docs/benchmarks.md). With K <= BLOCK_K a program reads
 # all its weights before the PDL wait (the x 2048 configs at K = 2048): measure in the engine.
 CONFIGS = ((2, 1024, 4), (4, 1024, 4), (4, 2048, 8), (2, 2048, 4), (8, 512, 4), (8, 1024, 8), (16, 256, 4))
-# RLT_GEMV_CONFIG=4,2048,8 runs another (A/B measurements)
-CONFIG = tuple(map(int, os.environ["RLT_GEMV_CONFIG"].split(","))) if os.environ.get("RLT_GEMV_CONFIG") else CONFIGS[0]
 fused = os.environ.get("RLT_FUSED_GEMV", "0") == "1"
+
+
+def _config_from_env() -> tuple[int, int, int]:
+    """RLT_GEMV_CONFIG=4,2048,8 runs another config (A/B measurements); CONFIGS[0] otherwise."""
+    text = os.environ.get("RLT_GEMV_CONFIG")
+    if not text:
+        return CONFIGS[0]
+    parts = text.split(",")
+    if len(parts) != 3 or not all(p.strip().isdigit() and int(p) > 0 for p in parts):
+        raise ValueError(f"RLT_GEMV_CONFIG must be three positive integers 'rows,k,warps', got {text!r}")
+    rows, k, warps = map(int, parts)
+    if rows & (rows - 1) or k & (k - 1) or warps & (warps - 1):
+        raise ValueError(f"RLT_GEMV_CONFIG: rows, k and warps must be powers of two, got {text!r}")
+    return rows, k, warps
+
+
+CONFIG = _config_from_env()
 
 PLAIN, SWIGLU, ADD_NORM = range(3)  # epilogues
 _SWIGLU, _ADD_NORM = tl.constexpr(SWIGLU), tl.constexpr(ADD_NORM)  # the same, for kernels
