@@ -4,9 +4,9 @@
 # decode steps and, with SERVE_TOPOS (e.g. "2x 1p1d", on nvidia-h200-x2), the serving benchmark of
 # issue #6's P4. Logs and JSON go to $OUT. Everything at once runs past one device call (10 min):
 # split it, e.g. PROFILE=0 first, then SKIP_TESTS=1 BENCH=0 NB=0 for the profiles.
-# Switches: SKIP_TESTS PYTEST_K TEST_TIMEOUT TEST_PDL (GPU tests with RLT_PDL, default 1) TEST_GPU (run
-# them on that GPU beside the benchmarks, which take GPU 0); OURO NB BENCH CONC THR KV_GIB CONC4K
-# PREFILL_LENS BENCH_TIMEOUT AB (conc 1 again per ';'-separated env setting); PROFILE PROFILE_CONC PROFILE_THR
+# Switches: SKIP_TESTS PYTEST_K TEST_TIMEOUT TEST_PDL (GPU tests with RLT_PDL, default 1); OURO NB
+# BENCH CONC THR KV_GIB CONC4K PREFILL_LENS BENCH_TIMEOUT AB (conc 1 again per ';'-separated env
+# setting); PROFILE PROFILE_CONC PROFILE_THR
 # PROFILE_STEADY (0 regular, 1 auto, 2 forced) PROFILE_PDL ("0 1" compares; default 1); SERVE_TOPOS RATES
 # SWEEP DURATION SWEEP_DURATION SERVE_TIMEOUT SERVE_ARGS (e.g. "--max-local-prefill-length 256").
 # RLT_PDL set outside applies to the benchmarks.
@@ -16,21 +16,12 @@ OUT=${OUT:-/tmp/rlt-out}; mkdir -p "$OUT"
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 RLT_CACHE_DIR=/tmp/rltcache
 step() { echo "=== $1 ($(date +%T))"; }
-gpu_tests() {
+if [ "${SKIP_TESTS:-0}" != 1 ]; then
+  # Alone on the machine: run beside a benchmark (on another GPU) they slowed it (session 4).
+  step "pytest -m gpu"
   # the GPU tests run the kernels with programmatic dependent launch, the default (TEST_PDL=0: without)
   RLT_PDL=${TEST_PDL:-1} timeout ${TEST_TIMEOUT:-360} python3 -m pytest -m gpu -q -x -p no:cacheprovider tests/test_gpu.py ${PYTEST_K:+-k "$PYTEST_K"} \
-    > "$OUT/pytest_gpu.log" 2>&1
-}
-if [ "${SKIP_TESTS:-0}" != 1 ]; then
-  if [ -n "${TEST_GPU:-}" ]; then  # on a machine of several GPUs: the tests on GPU $TEST_GPU, beside the benchmarks
-    step "pytest -m gpu on GPU $TEST_GPU, in the background"
-    CUDA_VISIBLE_DEVICES=$TEST_GPU OMP_NUM_THREADS=8 gpu_tests &  # few CPU threads: the benchmark host loop keeps its own
-    tests_pid=$!
-    export CUDA_VISIBLE_DEVICES=0
-  else
-    step "pytest -m gpu"
-    gpu_tests; tail -15 "$OUT/pytest_gpu.log"
-  fi
+    2>&1 | tee "$OUT/pytest_gpu.log" | tail -15
 fi
 step "checkpoints (random bf16 weights at the official shapes, drawn on cuda)"
 [ "${OURO:-1}" = 1 ] && python3 -m rlt make-checkpoint --family ouro --preset full --out /tmp/ouro-full --device cuda >/dev/null &
@@ -75,12 +66,6 @@ if [ "${PROFILE:-1}" = 1 ] && [ "${OURO:-1}" = 1 ]; then
       done
     done
   done
-fi
-if [ -n "${tests_pid:-}" ]; then
-  step "waiting for the GPU tests"
-  while kill -0 $tests_pid 2>/dev/null; do sleep 2; done
-  tail -15 "$OUT/pytest_gpu.log"
-  unset CUDA_VISIBLE_DEVICES  # the serving topologies take every GPU
 fi
 for topo in ${SERVE_TOPOS:-}; do
   # P4: prompts alternating 128 and 4096 tokens, 64 output tokens, greedy, EOS ignored, Poisson
