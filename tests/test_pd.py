@@ -86,6 +86,10 @@ async def test_conditional_disaggregation_equals_single(checkpoints, opts, local
     stats = {}
     got = await run_all(checkpoints["ouro"], "1p1d", "last_exited", "ouro", reqs, stats, **opts)
     assert stats["local_prefills"] == local
+    if "prefill_worker_chunk" in opts:  # each prompt in one chunk on P, not ceil(len / 5)
+        assert stats["kv_chunks"] == len(reqs)
+    elif "max_local_prefill_length" in opts:  # the 17- and 23-token prompts, in chunks of 5
+        assert stats["kv_chunks"] == 4 + 5
     for (t1, d1, lp1, f1), (t2, d2, lp2, f2) in zip(single, got):
         assert (t1, d1, f1) == (t2, d2, f2)
         assert (lp1 is None) == (lp2 is None)

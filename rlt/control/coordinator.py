@@ -100,6 +100,7 @@ class Engine:
         self._fingerprint: str | None = None
         self._dead_reason: str | None = None
         self._local_prefills = 0  # PD requests the decode worker prefilled itself
+        self._kv_chunks = 0  # PD KV writes handed off (one per prompt chunk on a prefill worker)
 
     # ---- launch / shutdown ------------------------------------------------------------------------
     @classmethod
@@ -359,6 +360,8 @@ class Engine:
         if r is None or r.prefill is None or r.prefill.worker is not p:
             return
         r.prefill.release()
+        if chunks is not None:
+            self._kv_chunks += chunks
         if chunks is not None and not r.retired:
             r.phase = Phase.DECODING
             self._post(r.decode.worker, tw.Activate(gen=gen, prompt=r.prompt, params=r.params, priority=r.priority,
@@ -556,4 +559,4 @@ class Engine:
                             "kv_blocks_free": s.kv_blocks_free, "running": s.running, "waiting": s.waiting,
                             "credit_blocks": w.credits.blocks, "credit_slots": w.credits.slots})
         return {"live_requests": len(self._live), "pending_cleanup": len(self._gens) - len(self._live),
-                "local_prefills": self._local_prefills, "workers": workers}
+                "local_prefills": self._local_prefills, "kv_chunks": self._kv_chunks, "workers": workers}
