@@ -89,13 +89,15 @@ async def one_rate(engine, rate, duration, prompt_lens, output_len, seed):
 
 
 def saturated(row: dict) -> bool:
-    """Past capacity: completions fall more than 10 % behind the arrivals. Compared with the arrivals'
-    own rate, not the nominal one: a 60 s Poisson draw at 0.5/s may hold 23 arrivals, not 30 (an
-    engine that keeps up finishes its last request about one E2EL after the last arrival; one that
-    cannot falls further behind with every request)."""
-    if row.get("completed", 0) < 2 or row["arrival_rate_req_s"] is None:
+    """Past capacity: the run took over 10 % longer than an engine keeping up with these arrivals
+    would — their own span (a 60 s Poisson draw at 0.5/s may hold 23 arrivals, not 30) plus one
+    median E2EL for the last request. One that cannot keep up falls further behind with every
+    request."""
+    if row.get("completed", 0) < 2 or not row.get("arrival_rate_req_s"):
         return True
-    return row["request_throughput_req_s"] < 0.9 * row["arrival_rate_req_s"]
+    span = (row["completed"] - 1) / row["arrival_rate_req_s"]
+    took = row["completed"] / row["request_throughput_req_s"]
+    return took > (span + row.get("median_e2el_ms", 0.0) / 1e3) / 0.9
 
 
 async def warm_up(engine, prompt_lens, output_len):

@@ -60,7 +60,7 @@ async def main() -> int:
     try:
         launch = rlt.Engine.launch(args.model, topology="1p1d", device=device, dtype=args.dtype,
                                    hf_overrides=args.hf_overrides, **dict(args.option))
-    except ValueError as err:  # a bad option: nothing was started
+    except (ValueError, TypeError) as err:  # a bad option (or one given twice): nothing was started
         ap.error(str(err))
     async with launch as engine:
         roles = ", ".join(f"{w['role']} pid {w['pid']}" for w in engine.stats()["workers"])

@@ -369,13 +369,14 @@ def test_p4_verdict_and_capacity():
     import compare_serving
 
     def row(rate, tput, ttft, tpot, req_s, arrivals_s=None):
-        r = {"rate": rate, "completed": 10, "output_throughput_tok_s": tput, "p95_ttft_ms": ttft,
-             "p95_tpot_ms": tpot, "request_throughput_req_s": req_s, "arrival_rate_req_s": arrivals_s or rate}
+        r = {"rate": rate, "completed": 100, "output_throughput_tok_s": tput, "p95_ttft_ms": ttft,
+             "p95_tpot_ms": tpot, "request_throughput_req_s": req_s, "arrival_rate_req_s": arrivals_s or rate,
+             "median_e2el_ms": 400.0}
         r["saturated"] = bench_serving.saturated(r)
         return r
 
     reps = [row(0.5, 100, 200, 20, 0.49), row(1, 200, 220, 22, 0.97), row(2, 260, 900, 40, 1.3)]
-    assert [r["saturated"] for r in reps] == [False, False, True]  # 1.3 < 0.9 * 2
+    assert [r["saturated"] for r in reps] == [False, False, True]  # 100 / 1.3 s > (99 / 2 + 0.4) / 0.9
     # saturation is judged against the draw's own arrival rate: 23 arrivals in 60 s at a nominal 0.5/s
     assert not row(0.5, 100, 200, 20, 0.417, 0.43)["saturated"]
     assert row(0.5, 100, 200, 20, 0.30, 0.43)["saturated"]

@@ -28,6 +28,7 @@ from rlt.control.worker_proc import WorkerProc
 from rlt.errors import EngineDeadError, RequestError
 from rlt.outputs import RequestOutput
 from rlt.sampling_params import SamplingParams
+from rlt.workers.engine_config import EngineConfig
 
 log = logging.getLogger("rlt")
 
@@ -40,8 +41,8 @@ COORDINATOR_OPTIONS = {"startup_timeout": 300.0, "heartbeat_interval": 0.5, "hea
                        # already holds this many requests (None: never)
                        "max_local_prefill_length": 0, "max_prefill_queue_size": None,
                        # XpYd: prefill workers take prompts in chunks of this many rows, in passes of
-                       # max(this, max_num_batched_tokens if given) rows: no decode shares their
-                       # passes, so only memory bounds a chunk (None: prefill_chunk, as every worker)
+                       # at least as many: no decode shares their passes, so only memory bounds a
+                       # chunk (None: prefill_chunk, as every worker)
                        "prefill_worker_chunk": None}
 
 
@@ -119,8 +120,10 @@ class Engine:
         if options.get("kv_layout", "last_exited") not in ("last_exited", "shared"):
             raise ValueError(f"kv_layout {options['kv_layout']!r} is not supported (last_exited, shared)")
         for name in ("block_size", "num_blocks", "max_num_seqs", "prefill_chunk", "max_num_batched_tokens"):
-            v = options.get(name)
-            if v is not None and (not isinstance(v, int) or v < 1):
+            if name not in options or (name == "num_blocks" and options[name] is None):  # None: from kv_memory_bytes
+                continue
+            v = options[name]
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise ValueError(f"{name} must be an integer >= 1, got {v!r}")
         for name in ("batch_invariant", "steady_decode"):
             if name in options and not isinstance(options[name], bool):
@@ -147,7 +150,7 @@ class Engine:
         chunk = self._opt["prefill_worker_chunk"]
         if role != "prefill" or chunk is None:
             return self._engine_options
-        rows = max(chunk, self._engine_options.get("max_num_batched_tokens", chunk))
+        rows = max(chunk, self._engine_options.get("max_num_batched_tokens", EngineConfig.max_num_batched_tokens))
         return {**self._engine_options, "prefill_chunk": chunk, "max_num_batched_tokens": rows}
 
     def _device_for(self, slot: int) -> str:

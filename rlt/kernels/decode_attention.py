@@ -166,10 +166,10 @@ def _decode_kernel(q_ptr, o_ptr, part_ptr, ml_ptr, count_ptr, cache_ptr, table_p
             s_new = tl.sum(qa.to(tl.float32) * ka_new.to(tl.float32)[None, :]
                            + qb.to(tl.float32) * kb_new.to(tl.float32)[None, :], axis=1) * scale
             m_new = tl.maximum(m_i, s_new)
-            p = tl.exp(s_new - m_new).to(dt).to(tl.float32)  # rounded as the tiles' p
+            p = tl.exp(s_new - m_new)
             alpha = tl.exp(m_i - m_new)
-            l_i = l_i * alpha + p
-            acc = acc * alpha[:, None] + p[:, None] * v_new.to(tl.float32)[None, :]
+            l_i = l_i * alpha + p  # as softmax_update: the sum unrounded, the product with v rounded
+            acc = acc * alpha[:, None] + p.to(dt).to(tl.float32)[:, None] * v_new.to(tl.float32)[None, :]
             m_i = m_new
             slot = tl.load(slot_ptr + row)
             dst = cache_ptr + (slot // BLOCK_SIZE) * stride_cb + layer * stride_cl + (slot % BLOCK_SIZE) * stride_co \
@@ -227,6 +227,8 @@ def decode_attention(cache: torch.Tensor, layer: int, q: torch.Tensor, block_tab
     R, H, D = q.shape
     Hkv = cache.shape[4]
     group = H // Hkv
+    assert q.stride(-1) == 1 and (rope is None or rope[0].stride(-1) == rope[1].stride(-1) == 1), \
+        "q, k and v need a contiguous last dimension"
     if splits is None:
         splits = plan_splits(R, Hkv, q.device)
     if block_n is None:
