@@ -294,7 +294,8 @@ async def test_launch_rejects_bad_options_before_spawning(checkpoints):
                         (dict(max_prefill_queue_size=2), "max_prefill_queue_size applies to prefill/decode "
                                                         "topologies .XpYd., not 'single'"),
                         (dict(topology="1p1d", prefill_worker_chunk=0),
-                         "prefill_worker_chunk must be an integer >= 1, got 0")]:
+                         "prefill_worker_chunk must be an integer >= 1, got 0"),
+                        (dict(max_num_batched_tokens=None), "max_num_batched_tokens must be an integer >= 1, got None")]:
         with pytest.raises(ValueError, match=msg):
             rlt.Engine.launch(checkpoints["ouro"], **kwargs)
     with pytest.raises(rlt.ConfigError, match="'total_ut_steps'"):
