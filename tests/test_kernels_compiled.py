@@ -20,13 +20,13 @@ def kernels():
     gemv_args = dict(x_ptr=p16, w_ptr=p16, y_ptr=p16, N=i, K=i, stride_wn=i, r_ptr=p16, wa_ptr=p16, wo_ptr=p16,
                      ro_ptr=p16, h_ptr=p16, count_ptr="*i32", eps=f)
 
-    def decode_case(rope):
+    def decode_case(rope, splits=8):
         args = dict(q_ptr=p16, o_ptr=p16, part_ptr=p32, ml_ptr=p32, count_ptr="*i32", cache_ptr=p16, table_ptr=p64,
                     pos_ptr=p64, layer=i, scale=f, stride_qt=i, stride_qh=i, stride_ot=i, stride_oh=i, stride_cb=i,
                     stride_cl=i, stride_ckv=i, stride_co=i, stride_ch=i, stride_ts=i, kn_ptr=p16, vn_ptr=p16,
                     inv_ptr=p32, slot_ptr=p64, stride_kt=i, stride_kh=i, stride_vt=i, stride_vh=i)
         return decode_attention._decode_kernel, args, dict(
-            H=16, GROUP=1, G_PAD=16, BLOCK_SIZE=16, HEAD_DIM=128, D_PAD=128, BLOCK_N=32, SPLITS=8, ROPE=rope,
+            H=16, GROUP=1, G_PAD=16, BLOCK_SIZE=16, HEAD_DIM=128, D_PAD=128, BLOCK_N=32, SPLITS=splits, ROPE=rope,
             PAIRS=False, HALF_PAD=64, IEEE=False)
 
     def gemv_case(epilogue, row=1):
@@ -38,6 +38,7 @@ def kernels():
         "gemv_add_norm": gemv_case(gemv.ADD_NORM, 2048),
         "decode": decode_case(False),
         "decode_rope": decode_case(True),
+        "decode_rope_unsplit": decode_case(True, splits=1),
         "add_rms_norm": (norm._add_rms_norm_kernel,
                          dict(x_ptr=p16, a_ptr=p16, wa_ptr=p16, wo_ptr=p16, xo_ptr=p16, h_ptr=p16, stride_x=i,
                               stride_a=i, stride_xo=i, stride_h=i, N=i, eps=f), dict(NORM_A=False, BLOCK=2048)),
@@ -56,7 +57,8 @@ def kernels():
 # What a kernel may read before its PDL wait: memory no kernel of the pass writes while it runs.
 EARLY_READS = {"gemv": {"w_ptr"}, "gemv_swiglu": {"w_ptr"}, "gemv_add_norm": {"w_ptr"},
                "decode": {"pos_ptr", "table_ptr", "cache_ptr"},
-               "decode_rope": {"pos_ptr", "table_ptr", "cache_ptr", "inv_ptr"}}
+               "decode_rope": {"pos_ptr", "table_ptr", "cache_ptr", "inv_ptr"},
+               "decode_rope_unsplit": {"pos_ptr", "inv_ptr"}}  # unsplit passes read the cache after the wait
 
 
 def early_global_reads(ptx: str, sig: dict[str, str]) -> set[str]:
@@ -90,8 +92,8 @@ def early_global_reads(ptx: str, sig: dict[str, str]) -> set[str]:
     return used
 
 
-@pytest.mark.parametrize("name", ["gemv", "gemv_swiglu", "gemv_add_norm", "decode", "decode_rope", "add_rms_norm",
-                                  "rms_norm", "rope", "silu_mul"])
+@pytest.mark.parametrize("name", ["gemv", "gemv_swiglu", "gemv_add_norm", "decode", "decode_rope",
+                                  "decode_rope_unsplit", "add_rms_norm", "rms_norm", "rope", "silu_mul"])
 def test_pdl_kernel_waits_before_touching_memory(name):
     fn, sig, consts = kernels()[name]
     ptx = {}
