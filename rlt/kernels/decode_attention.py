@@ -109,8 +109,9 @@ def _decode_kernel(q_ptr, o_ptr, part_ptr, ml_ptr, count_ptr, cache_ptr, table_p
     if SPLITS > 1:
         # A split pass is short (a tile or two per program): its first key tile is read before
         # waiting on the previous kernel (PDL), all but the newest key, which that kernel (RoPE + K/V
-        # store) writes; every other key of the plane, the position and the block table were
-        # written before it. (Unsplit passes keep a plain loop, which Triton pipelines.)
+        # store) writes — or, with ROPE, this one; every other key of the plane, the position and
+        # the block table were written before it. (Unsplit passes keep a plain loop, which Triton
+        # pipelines.)
         pos = lo + tl.arange(0, BLOCK_N)
         pre_ok = pos < tl.minimum(hi, kv_len - 1)
         if ROPE:
