@@ -137,6 +137,20 @@ def test_default_model_is_made_on_first_use(tmp_path):
     assert human.returncode == 0 and "exit depths" in human.stdout
 
 
+@pytest.mark.parametrize("family", ["ouro", "nanbeige", "huginn"])
+def test_cpu_generation_needs_no_triton(checkpoints, family, tmp_path):
+    """The README's first command installs no triton (a test extra): the CPU path never imports it."""
+    (tmp_path / "triton").mkdir()
+    (tmp_path / "triton" / "__init__.py").write_text("raise ImportError('triton is not installed')\n")
+    path = os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])
+    args = ["--model", checkpoints[family], "--prompt-token-ids", "5,6,7,8", "--max-tokens", 4, "--ignore-eos", "--json"]
+    if family == "huginn":
+        args += ["--hf-overrides", '{"mean_recurrence": 4}']
+    r = rlt("generate", *args, env={"PYTHONPATH": path})
+    assert r.returncode == 0, r.stderr
+    assert len(json.loads(r.stdout)["token_ids"]) == 4
+
+
 def test_make_checkpoint_cli(tmp_path):
     r = rlt("make-checkpoint", "--family", "huginn", "--out", tmp_path / "h", "--seed", 3, "--shards", 2)
     assert r.returncode == 0, r.stderr

@@ -36,9 +36,11 @@ def linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> t
 
 
 def _fused_gemv(x: torch.Tensor, w: torch.Tensor) -> bool:
+    if not _one_row_gemv(x, w):  # first: CPU-only installs have no triton to import
+        return False
     from rlt.kernels import gemv
 
-    return gemv.fused and _one_row_gemv(x, w)
+    return gemv.fused
 
 
 def linear_swiglu(x: torch.Tensor, gate_up_w: torch.Tensor) -> torch.Tensor:
