@@ -27,7 +27,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 import rlt  # noqa: E402
 
 
-def _pct(values, q):
+def percentile(values, q):
     s = sorted(values)
     return s[min(len(s) - 1, max(0, int(round(q / 100 * (len(s) - 1)))))]
 
@@ -37,7 +37,7 @@ def summarize(name, values_s):
     if not ms:
         return {f"mean_{name}_ms": None}
     return {f"mean_{name}_ms": round(statistics.fmean(ms), 2), f"median_{name}_ms": round(statistics.median(ms), 2),
-            f"p95_{name}_ms": round(_pct(ms, 95), 2), f"p99_{name}_ms": round(_pct(ms, 99), 2)}
+            f"p95_{name}_ms": round(percentile(ms, 95), 2), f"p99_{name}_ms": round(percentile(ms, 99), 2)}
 
 
 async def one_rate(engine, rate, duration, prompt_lens, output_len, seed):

@@ -37,13 +37,13 @@ def compare(pd_rows: list[dict], rep_rows: list[dict]) -> list[dict]:
 def ttft_by_prompt_len(pd_rows: list[dict], rep_rows: list[dict]) -> dict:
     """{rate: {prompt length: (p95 TTFT 1p1d, p95 TTFT 2x)}} from the per-request records (JSON
     written since 508324b)."""
-    from bench_serving import _pct
+    from bench_serving import percentile
 
     def p95s(row):
         lens = {}
         for n, ttft, _ in row.get("requests", []):
             lens.setdefault(n, []).append(ttft)
-        return {n: round(_pct(v, 95), 1) for n, v in sorted(lens.items())}
+        return {n: round(percentile(v, 95), 1) for n, v in sorted(lens.items())}
 
     rep = {r["rate"]: p95s(r) for r in rep_rows}
     out = {}

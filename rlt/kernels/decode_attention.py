@@ -20,6 +20,7 @@ import triton.language as tl
 
 from rlt.kernels import pdl
 from rlt.kernels.paged_attention_triton import kv_tile, softmax_step, softmax_update
+from rlt.kernels.rope import rotate
 
 # RLT_FUSED_ROPE=1: decode-only passes rotate q and k and store the new K/V in this kernel's launch
 # instead of rlt/kernels/rope.rope_write_kv's (one launch fewer per layer); off until measured.
@@ -130,7 +131,7 @@ def _decode_kernel(q_ptr, o_ptr, part_ptr, ml_ptr, count_ptr, cache_ptr, table_p
         q_mask = g_ok[:, None] & j_ok[None, :]
         qa = tl.load(q_rows + ia[None, :], mask=q_mask, other=0.0).to(tl.float32)
         qb = tl.load(q_rows + ib[None, :], mask=q_mask, other=0.0).to(tl.float32)
-        qa, qb = (qa * cos[None, :] - qb * sin[None, :]).to(dt), (qb * cos[None, :] + qa * sin[None, :]).to(dt)
+        qa, qb = rotate(qa, qb, cos[None, :], sin[None, :], dt)
     else:
         q = tl.load(q_rows + offs_d[None, :], mask=g_ok[:, None] & d_ok[None, :], other=0.0)
     m_i = tl.full((G_PAD,), float("-inf"), tl.float32)
@@ -162,7 +163,7 @@ def _decode_kernel(q_ptr, o_ptr, part_ptr, ml_ptr, count_ptr, cache_ptr, table_p
             kn_row = kn_ptr + row * stride_kt + kv_head * stride_kh
             ka_new = tl.load(kn_row + ia, mask=j_ok, other=0.0).to(tl.float32)
             kb_new = tl.load(kn_row + ib, mask=j_ok, other=0.0).to(tl.float32)
-            ka_new, kb_new = (ka_new * cos - kb_new * sin).to(dt), (kb_new * cos + ka_new * sin).to(dt)
+            ka_new, kb_new = rotate(ka_new, kb_new, cos, sin, dt)
             v_new = tl.load(vn_ptr + row * stride_vt + kv_head * stride_vh + offs_d, mask=d_ok, other=0.0)
             s_new = tl.sum(qa.to(tl.float32) * ka_new.to(tl.float32)[None, :]
                            + qb.to(tl.float32) * kb_new.to(tl.float32)[None, :], axis=1) * scale
