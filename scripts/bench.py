@@ -110,13 +110,13 @@ def prefill_ms(mc, model, dtype, device, n, reps=3):
 
 
 def kernel_choices(device: str) -> dict | None:
-    """On CUDA: the one-row GEMV's config and epilogues (RLT_GEMV_CONFIG, RLT_FUSED_GEMV), RoPE in
-    the decode attention (RLT_FUSED_ROPE) and programmatic dependent launch (RLT_PDL)."""
+    """On CUDA: the one-row GEMV's config and epilogues (RLT_GEMV_CONFIG, RLT_FUSED_GEMV, RLT_GEMV_ROPE)
+    and programmatic dependent launch (RLT_PDL)."""
     if not device.startswith("cuda"):
         return None
-    from rlt.kernels import decode_attention, gemv, pdl
+    from rlt.kernels import gemv, pdl
 
-    return {"gemv": gemv.choices(), "fused_rope": decode_attention.fused_rope, "pdl": pdl.enabled}
+    return {"gemv": gemv.choices(), "pdl": pdl.enabled}
 
 
 def main():

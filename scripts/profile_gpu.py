@@ -99,8 +99,7 @@ def main():
     print(f"concurrency {args.concurrency}, threshold {args.threshold}: {res['tok_per_s']} tok/s, "
           f"{res['clean_ms_per_step']} ms per loop step ({res['wall_ms_per_step']} under the profiler), "
           f"GPU busy {res['gpu_busy_ms_per_step']} ms ({res['kernels_per_step']} kernels), "
-          f"idle {res['gpu_idle_fraction'] * 100:.1f} %; PDL {'on' if res['pdl'] else 'off'}; GEMV {res['gemv']}; "
-          f"RoPE in attention {res['fused_rope']}")
+          f"idle {res['gpu_idle_fraction'] * 100:.1f} %; PDL {'on' if res['pdl'] else 'off'}; GEMV {res['gemv']}")
     for r in res["top"]:
         print(f"  {r['us_per_step']:>9} us  x{r['per_step']:>6}  {r['kernel']}")
 

@@ -25,8 +25,7 @@ interpreter._patch_lang_tensor = _patch_index
 
 def check_decode_attention() -> bool:
     from rlt.kernels.decode_attention import _counters, decode_attention
-    from rlt.kernels.paged_attention import paged_attention, write_kv
-    from rlt.models import layers
+    from rlt.kernels.paged_attention import paged_attention
 
     ok = True
     for H, Hkv, D in ((2, 2, 16), (4, 2, 16), (3, 1, 8)):  # MHA (vector path), GQA (dot path, padded group)
@@ -35,23 +34,6 @@ def check_decode_attention() -> bool:
         for splits in (1, 4):
             err = (decode_attention(cache, 0, q, tab, pos, meta.block_size, splits) - ref).abs().max().item()
             print(f"decode_attention H={H} Hkv={Hkv} D={D} splits={splits}: max error {err:.2e}")
-            ok &= err <= 1e-5
-    # RoPE and the new K/V store in the same launch: q and k before RoPE, garbage in the new slots
-    for H, Hkv, D, pairs in ((2, 2, 16, False), (4, 2, 32, True), (3, 1, 40, False)):
-        cache, meta, tab, q, pos = decode_case(H, Hkv, D, torch.float32, "cpu", layers=2)
-        g = torch.Generator().manual_seed(D)
-        k, v = torch.randn(len(pos), Hkv, D, generator=g), torch.randn(len(pos), Hkv, D, generator=g)
-        inv = layers.rope_inv_freq(D, 1e4)
-        f = layers.rope_pairs if pairs else layers.rope_neox
-        ref_cache = cache.clone()
-        write_kv(ref_cache, 1, meta, f(k, pos, inv), v)
-        ref = paged_attention(ref_cache, 1, meta, f(q, pos, inv), None, None)
-        for splits in (1, 4):
-            got_cache = cache.clone()
-            got = decode_attention(got_cache, 1, q, tab, pos, meta.block_size, splits,
-                                   rope=(k, v, inv, pairs, meta.slot_mapping))
-            err = max((got - ref).abs().max().item(), (got_cache - ref_cache).abs().max().item())
-            print(f"decode_attention with RoPE H={H} Hkv={Hkv} D={D} pairs={pairs} splits={splits}: max error {err:.2e}")
             ok &= err <= 1e-5
     left = int(_counters(torch.device("cpu")).abs().sum())
     print(f"split arrival counters left nonzero: {left}")
@@ -127,6 +109,32 @@ def check_gemv_epilogues() -> bool:
     return ok and left == 0
 
 
+def check_gemv_rope_kv() -> bool:
+    """The [q; k; v] GEMV finishing with RoPE and the K/V store against the plain GEMV then
+    rope_write_kv: MHA and GQA, rotate-half and adjacent pairs, every config."""
+    from rlt.kernels import gemv as gv
+    from rlt.kernels.rope import rope_write_kv
+    from rlt.models import layers
+
+    g = torch.Generator().manual_seed(2)
+    ok = True
+    for cfg in gv.CONFIGS:
+        err = 0.0
+        for H, Hkv, D, pairs in ((2, 2, 16, False), (4, 2, 8, True), (3, 1, 40, False)):
+            K, bs, pos, slot = 300, 4, torch.tensor([37]), torch.tensor([13])
+            x, w = torch.randn(1, K, generator=g), torch.randn((H + 2 * Hkv) * D, K, generator=g)
+            inv = layers.rope_inv_freq(D, 1e4)
+            cache = torch.randn(5, 2, 2, bs, Hkv, D, generator=g)
+            ref_cache = cache.clone()
+            q, k, v = layers.split_qkv(x @ w.T, H, Hkv, D)
+            ref_q, _ = rope_write_kv(q, k, v, pos, inv, pairs, ref_cache, 1, slot, bs)
+            got_q = gv.gemv_rope_kv(x, w, (H, Hkv, D), pos, inv, pairs, cache, 1, slot, bs, cfg)
+            err = max(err, (got_q - ref_q).abs().max().item(), (cache - ref_cache).abs().max().item())
+        print(f"gemv_rope_kv {cfg}: max error {err:.2e}")
+        ok &= err <= 1e-4
+    return ok
+
+
 def check_rope_write_kv() -> bool:
     from rlt.kernels.paged_attention import PagedMetadata, write_kv
     from rlt.kernels.rope import rope_write_kv
@@ -155,4 +163,6 @@ def check_rope_write_kv() -> bool:
 
 
 if __name__ == "__main__":
-    sys.exit(0 if check_decode_attention() & check_paged_attention() & check_gemv() & check_gemv_epilogues() & check_rope_write_kv() else 1)
+    checks = (check_decode_attention, check_paged_attention, check_gemv, check_gemv_epilogues, check_gemv_rope_kv,
+              check_rope_write_kv)
+    sys.exit(0 if all([check() for check in checks]) else 1)

@@ -2,8 +2,8 @@
 launch (rlt/kernels/pdl.py) each one waits for the previous kernel before touching memory another
 kernel writes: griddepcontrol.wait precedes every global store and atomic in the PTX, and every
 load but those whose addresses derive only from the arguments in EARLY_READS — the GEMV's weights
-(never written during a pass), the decode attention's positions, block table, KV cache (its first
-key tile, without the newest key, which the previous kernel writes) and rotary frequencies."""
+(never written during a pass), the decode attention's positions, block table and KV cache (its
+first key tile, without the newest key, which the previous kernel writes)."""
 
 import re
 
@@ -20,14 +20,12 @@ def kernels():
     gemv_args = dict(x_ptr=p16, w_ptr=p16, y_ptr=p16, N=i, K=i, stride_wn=i, r_ptr=p16, wa_ptr=p16, wo_ptr=p16,
                      ro_ptr=p16, h_ptr=p16, count_ptr="*i32", eps=f)
 
-    def decode_case(rope, splits=8):
+    def decode_case(splits):
         args = dict(q_ptr=p16, o_ptr=p16, part_ptr=p32, ml_ptr=p32, count_ptr="*i32", cache_ptr=p16, table_ptr=p64,
                     pos_ptr=p64, layer=i, scale=f, stride_qt=i, stride_qh=i, stride_ot=i, stride_oh=i, stride_cb=i,
-                    stride_cl=i, stride_ckv=i, stride_co=i, stride_ch=i, stride_ts=i, kn_ptr=p16, vn_ptr=p16,
-                    inv_ptr=p32, slot_ptr=p64, stride_kt=i, stride_kh=i, stride_vt=i, stride_vh=i)
+                    stride_cl=i, stride_ckv=i, stride_co=i, stride_ch=i, stride_ts=i)
         return decode_attention._decode_kernel, args, dict(
-            H=16, GROUP=1, G_PAD=16, BLOCK_SIZE=16, HEAD_DIM=128, D_PAD=128, BLOCK_N=32, SPLITS=splits, ROPE=rope,
-            PAIRS=False, HALF_PAD=64, IEEE=False)
+            H=16, GROUP=1, G_PAD=16, BLOCK_SIZE=16, HEAD_DIM=128, D_PAD=128, BLOCK_N=32, SPLITS=splits, IEEE=False)
 
     def gemv_case(epilogue, row=1):
         return gemv._gemv_kernel, gemv_args, dict(BLOCK_N=2, BLOCK_K=1024, EPILOGUE=epilogue, NORM_A=True, ROW=row)
@@ -36,9 +34,12 @@ def kernels():
         "gemv": gemv_case(gemv.PLAIN),
         "gemv_swiglu": gemv_case(gemv.SWIGLU),
         "gemv_add_norm": gemv_case(gemv.ADD_NORM, 2048),
-        "decode": decode_case(False),
-        "decode_rope": decode_case(True),
-        "decode_rope_unsplit": decode_case(True, splits=1),
+        "gemv_rope": (gemv._gemv_rope_kernel,
+                      dict(x_ptr=p16, w_ptr=p16, q_ptr=p16, K=i, stride_wn=i, pos_ptr=p64, inv_ptr=p32, cache_ptr=p16,
+                           slot_ptr=p64, layer=i, stride_cb=i, stride_cl=i, stride_ckv=i, stride_co=i, stride_ch=i),
+                      dict(H=16, HKV=16, HEAD_DIM=128, PAIRS=False, BLOCK_SIZE=16, BLOCK_P=1, BLOCK_K=1024)),
+        "decode": decode_case(8),
+        "decode_unsplit": decode_case(1),
         "add_rms_norm": (norm._add_rms_norm_kernel,
                          dict(x_ptr=p16, a_ptr=p16, wa_ptr=p16, wo_ptr=p16, xo_ptr=p16, h_ptr=p16, stride_x=i,
                               stride_a=i, stride_xo=i, stride_h=i, N=i, eps=f), dict(NORM_A=False, BLOCK=2048)),
@@ -55,10 +56,9 @@ def kernels():
 
 
 # What a kernel may read before its PDL wait: memory no kernel of the pass writes while it runs.
-EARLY_READS = {"gemv": {"w_ptr"}, "gemv_swiglu": {"w_ptr"}, "gemv_add_norm": {"w_ptr"},
+EARLY_READS = {"gemv": {"w_ptr"}, "gemv_swiglu": {"w_ptr"}, "gemv_add_norm": {"w_ptr"}, "gemv_rope": {"w_ptr"},
                "decode": {"pos_ptr", "table_ptr", "cache_ptr"},
-               "decode_rope": {"pos_ptr", "table_ptr", "cache_ptr", "inv_ptr"},
-               "decode_rope_unsplit": {"pos_ptr", "inv_ptr"}}  # unsplit passes read the cache after the wait
+               "decode_unsplit": {"pos_ptr"}}  # unsplit passes read the cache after the wait
 
 
 def early_global_reads(ptx: str, sig: dict[str, str]) -> set[str]:
@@ -92,8 +92,8 @@ def early_global_reads(ptx: str, sig: dict[str, str]) -> set[str]:
     return used
 
 
-@pytest.mark.parametrize("name", ["gemv", "gemv_swiglu", "gemv_add_norm", "decode", "decode_rope",
-                                  "decode_rope_unsplit", "add_rms_norm", "rms_norm", "rope", "silu_mul"])
+@pytest.mark.parametrize("name", ["gemv", "gemv_swiglu", "gemv_add_norm", "gemv_rope", "decode", "decode_unsplit",
+                                  "add_rms_norm", "rms_norm", "rope", "silu_mul"])
 def test_pdl_kernel_waits_before_touching_memory(name):
     fn, sig, consts = kernels()[name]
     ptx = {}
@@ -113,7 +113,7 @@ def test_pdl_kernel_waits_before_touching_memory(name):
     assert "griddepcontrol" not in ptx[False]
 
 
-@pytest.mark.parametrize("name", ["decode", "decode_rope", "gemv_add_norm"])
+@pytest.mark.parametrize("name", ["decode", "gemv_add_norm"])
 def test_last_arrival_finishes_after_an_acquire_release_handshake(name):
     """The split decode kernel's last slice merges, and the ADD_NORM GEMV's last program finishes the
     row: a CTA barrier, then one gpu-scope acq_rel atomic on the arrival counter, before reading

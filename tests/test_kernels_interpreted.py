@@ -7,9 +7,8 @@ import sys
 
 
 def test_kernels_match_references_interpreted():
-    """Decode attention (MHA and GQA groups, split and whole, with RoPE and the K/V store in the same
-    launch or not), the general paged kernel, every GEMV
-    config plain and with its epilogues, RoPE with the KV store."""
+    """Decode attention (MHA and GQA groups, split and whole), the general paged kernel, every GEMV
+    config plain, with its epilogues and with RoPE + the K/V store, RoPE with the KV store."""
     here = os.path.dirname(__file__)
     path = os.pathsep.join([here, os.environ.get("PYTHONPATH", "")])
     env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": path}
@@ -18,4 +17,4 @@ def test_kernels_match_references_interpreted():
     assert r.returncode == 0, r.stdout + r.stderr
     from rlt.kernels.gemv import CONFIGS
 
-    assert r.stdout.count("max error") == 6 + 6 + 1 + len(CONFIGS) * 2 + 2, r.stdout
+    assert r.stdout.count("max error") == 6 + 1 + len(CONFIGS) * 3 + 2, r.stdout

@@ -5,26 +5,21 @@ block is read once per row, not once per query head: the group's heads are the r
 tensor-core tile (padded to 16; MHA uses one of them; a vector product on CUDA cores measured
 slower on an H200). Small passes split the keys (flash-decoding) into slices that fill the GPU; the
 last slice of a (row, KV head) to finish merges all of them (a counter per (row, KV head), reset by
-that slice), so no second launch is needed. It can also take q and the new k / v before RoPE, rotate
-them, store the new K/V and use the newest key from registers (RLT_FUSED_ROPE=1). Tested against
+that slice), so no second launch is needed. (RoPE and the new K/V store inside this launch measured
+1.6 % slower at concurrency 1 than a launch of their own, 7fe33a4; docs/benchmarks.md.) Tested against
 rlt/kernels/paged_attention.py's reference (the general Triton kernel keeps prompt chunks and
 batch-invariant mode).
 """
 
 import functools
-import os
 
 import torch
 import triton
 import triton.language as tl
 
 from rlt.kernels import pdl
-from rlt.kernels.paged_attention_triton import kv_tile, softmax_step, softmax_update
-from rlt.kernels.rope import rotate
+from rlt.kernels.paged_attention_triton import kv_tile, softmax_step
 
-# RLT_FUSED_ROPE=1: decode-only passes rotate q and k and store the new K/V in this kernel's launch
-# instead of rlt/kernels/rope.rope_write_kv's (one launch fewer per layer); off until measured.
-fused_rope = os.environ.get("RLT_FUSED_ROPE", "0") == "1"
 BLOCK_N = 64  # key tile of unsplit passes (measured at conc 128)
 SPLIT_BLOCK_N = 32  # split passes: tune_decode.py on an H200, 32-key tiles x 32 slices beat 64 x 16 at 1K
 MAX_SPLITS = 32
@@ -50,40 +45,11 @@ def plan_splits(rows: int, kv_heads: int, device: torch.device) -> int:
 
 
 @triton.jit
-def _rotary_keys(base, tab, pos, key_ok, ia, ib, j_ok, offs_d, d_ok, stride_cb, stride_co, stride_ckv,
-                 BLOCK_SIZE: tl.constexpr):
-    """kv_tile with K as its two RoPE halves: (K[:, ia], K[:, ib], V) (masked keys read as 0)."""
-    block = tl.load(tab + pos // BLOCK_SIZE, mask=key_ok, other=0)
-    off = (block.to(tl.int64) * stride_cb + (pos % BLOCK_SIZE) * stride_co)[:, None]
-    k_mask = key_ok[:, None] & j_ok[None, :]
-    ka = tl.load(base + off + ia[None, :], mask=k_mask, other=0.0)
-    kb = tl.load(base + off + ib[None, :], mask=k_mask, other=0.0)
-    v = tl.load(base + stride_ckv + off + offs_d[None, :], mask=key_ok[:, None] & d_ok[None, :], other=0.0)
-    return ka, kb, v
-
-
-@triton.jit
-def _rotary_step(qa, qb, ka, kb, v, allowed, m_i, l_i, acc, scale, IEEE: tl.constexpr):
-    """softmax_step with q and K split into their RoPE halves: q k^T = qa ka^T + qb kb^T."""
-    if IEEE:
-        s = tl.dot(qa, tl.trans(ka), input_precision="ieee") + tl.dot(qb, tl.trans(kb), input_precision="ieee")
-    else:
-        s = tl.dot(qa, tl.trans(ka)).to(tl.float32) + tl.dot(qb, tl.trans(kb)).to(tl.float32)
-    return softmax_update(s * scale, v, allowed, m_i, l_i, acc, IEEE)
-
-
-@triton.jit
 def _decode_kernel(q_ptr, o_ptr, part_ptr, ml_ptr, count_ptr, cache_ptr, table_ptr, pos_ptr, layer, scale,
                    stride_qt, stride_qh, stride_ot, stride_oh, stride_cb, stride_cl, stride_ckv, stride_co, stride_ch,
-                   stride_ts,
-                   kn_ptr, vn_ptr, inv_ptr, slot_ptr, stride_kt, stride_kh, stride_vt, stride_vh,
-                   H: tl.constexpr, GROUP: tl.constexpr, G_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr,
+                   stride_ts, H: tl.constexpr, GROUP: tl.constexpr, G_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr,
                    HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_N: tl.constexpr, SPLITS: tl.constexpr,
-                   ROPE: tl.constexpr, PAIRS: tl.constexpr, HALF_PAD: tl.constexpr, IEEE: tl.constexpr,
-                   PDL: tl.constexpr):
-    """ROPE: q and the row's new k / v (kn, vn) come as the projection made them; this kernel
-    rotates q and k, stores the new k / v in the cache (the program whose slice holds the newest
-    position) and takes the newest key from registers, not from the cache."""
+                   IEEE: tl.constexpr, PDL: tl.constexpr):
     row = tl.program_id(0)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
@@ -93,92 +59,38 @@ def _decode_kernel(q_ptr, o_ptr, part_ptr, ml_ptr, count_ptr, cache_ptr, table_p
     chunk = tl.cdiv(tl.cdiv(kv_len, BLOCK_N), SPLITS) * BLOCK_N
     lo = split * chunk
     hi = tl.minimum(lo + chunk, kv_len)
-    cache_hi = hi
-    if ROPE:  # the cache holds keys 0..position-1; the newest comes from registers
-        cache_hi = tl.minimum(hi, kv_len - 1)
     base = cache_ptr + layer * stride_cl + kv_head * stride_ch
     tab = table_ptr + row * stride_ts
-    if ROPE:
-        j = tl.arange(0, HALF_PAD)
-        j_ok = j < HEAD_DIM // 2
-        if PAIRS:  # (x[2j], x[2j+1])
-            ia, ib = 2 * j, 2 * j + 1
-        else:  # (x[j], x[j + D/2])
-            ia, ib = j, j + HEAD_DIM // 2
-        angle = (kv_len - 1).to(tl.float32) * tl.load(inv_ptr + j, mask=j_ok, other=0.0)
-        cos, sin = tl.cos(angle), tl.sin(angle)
     if SPLITS > 1:
         # A split pass is short (a tile or two per program): its first key tile is read before
-        # waiting on the previous kernel (PDL), all but the newest key, which that kernel (RoPE + K/V
-        # store) writes — or, with ROPE, this one; every other key of the plane, the position and
-        # the block table were written before it. (Unsplit passes keep a plain loop, which Triton
-        # pipelines.)
+        # waiting on the previous kernel (PDL), all but the newest key, which that kernel (the K/V
+        # store) writes; every other key of the plane, the position and the block table were
+        # written before it. (Unsplit passes keep a plain loop, which Triton pipelines.)
         pos = lo + tl.arange(0, BLOCK_N)
-        pre_ok = pos < tl.minimum(hi, kv_len - 1)
-        if ROPE:
-            ka, kb, v = _rotary_keys(base, tab, pos, pre_ok, ia, ib, j_ok, offs_d, d_ok, stride_cb, stride_co,
-                                     stride_ckv, BLOCK_SIZE)
-        else:
-            k, v = kv_tile(base, tab, pos, pre_ok, offs_d, d_ok, stride_cb, stride_co, stride_ckv, BLOCK_SIZE)
+        k, v = kv_tile(base, tab, pos, pos < tl.minimum(hi, kv_len - 1), offs_d, d_ok, stride_cb, stride_co,
+                       stride_ckv, BLOCK_SIZE)
     pdl.begin(PDL)
     head0 = kv_head * GROUP
     offs_g = tl.arange(0, G_PAD)
     g_ok = offs_g < GROUP
     heads = head0 + offs_g
-    q_rows = q_ptr + row * stride_qt + heads[:, None] * stride_qh
-    if ROPE:
-        dt = cache_ptr.dtype.element_ty
-        q_mask = g_ok[:, None] & j_ok[None, :]
-        qa = tl.load(q_rows + ia[None, :], mask=q_mask, other=0.0).to(tl.float32)
-        qb = tl.load(q_rows + ib[None, :], mask=q_mask, other=0.0).to(tl.float32)
-        qa, qb = rotate(qa, qb, cos[None, :], sin[None, :], dt)
-    else:
-        q = tl.load(q_rows + offs_d[None, :], mask=g_ok[:, None] & d_ok[None, :], other=0.0)
+    q = tl.load(q_ptr + row * stride_qt + heads[:, None] * stride_qh + offs_d[None, :],
+                mask=g_ok[:, None] & d_ok[None, :], other=0.0)
     m_i = tl.full((G_PAD,), float("-inf"), tl.float32)
     l_i = tl.zeros((G_PAD,), tl.float32)
     acc = tl.zeros((G_PAD, D_PAD), tl.float32)
     start = lo
     if SPLITS > 1:
-        if lo < cache_hi:
-            if ROPE:
-                m_i, l_i, acc = _rotary_step(qa, qb, ka, kb, v, (pos < cache_hi)[None, :], m_i, l_i, acc, scale, IEEE)
-            else:
-                if lo + BLOCK_N >= kv_len:  # the first tile holds the newest key: read it now
-                    k, v = kv_tile(base, tab, pos, pos < hi, offs_d, d_ok, stride_cb, stride_co, stride_ckv,
-                                   BLOCK_SIZE)
-                m_i, l_i, acc = softmax_step(q, k, v, (pos < hi)[None, :], m_i, l_i, acc, scale, IEEE)
+        if lo < hi:
+            if lo + BLOCK_N >= kv_len:  # the first tile holds the newest key: read it now
+                k, v = kv_tile(base, tab, pos, pos < hi, offs_d, d_ok, stride_cb, stride_co, stride_ckv, BLOCK_SIZE)
+            m_i, l_i, acc = softmax_step(q, k, v, (pos < hi)[None, :], m_i, l_i, acc, scale, IEEE)
         start = lo + BLOCK_N
-    for n0 in range(start, cache_hi, BLOCK_N):
+    for n0 in range(start, hi, BLOCK_N):
         pos = n0 + tl.arange(0, BLOCK_N)
-        key_ok = pos < cache_hi
-        if ROPE:
-            ka, kb, v = _rotary_keys(base, tab, pos, key_ok, ia, ib, j_ok, offs_d, d_ok, stride_cb, stride_co,
-                                     stride_ckv, BLOCK_SIZE)
-            m_i, l_i, acc = _rotary_step(qa, qb, ka, kb, v, key_ok[None, :], m_i, l_i, acc, scale, IEEE)
-        else:
-            k, v = kv_tile(base, tab, pos, key_ok, offs_d, d_ok, stride_cb, stride_co, stride_ckv, BLOCK_SIZE)
-            m_i, l_i, acc = softmax_step(q, k, v, key_ok[None, :], m_i, l_i, acc, scale, IEEE)
-    if ROPE:
-        if lo < hi and hi == kv_len:  # this slice holds the newest position: its key from registers
-            kn_row = kn_ptr + row * stride_kt + kv_head * stride_kh
-            ka_new = tl.load(kn_row + ia, mask=j_ok, other=0.0).to(tl.float32)
-            kb_new = tl.load(kn_row + ib, mask=j_ok, other=0.0).to(tl.float32)
-            ka_new, kb_new = rotate(ka_new, kb_new, cos, sin, dt)
-            v_new = tl.load(vn_ptr + row * stride_vt + kv_head * stride_vh + offs_d, mask=d_ok, other=0.0)
-            s_new = tl.sum(qa.to(tl.float32) * ka_new.to(tl.float32)[None, :]
-                           + qb.to(tl.float32) * kb_new.to(tl.float32)[None, :], axis=1) * scale
-            m_new = tl.maximum(m_i, s_new)
-            p = tl.exp(s_new - m_new)
-            alpha = tl.exp(m_i - m_new)
-            l_i = l_i * alpha + p  # as softmax_update: the sum unrounded, the product with v rounded
-            acc = acc * alpha[:, None] + p.to(dt).to(tl.float32)[:, None] * v_new.to(tl.float32)[None, :]
-            m_i = m_new
-            slot = tl.load(slot_ptr + row)
-            dst = cache_ptr + (slot // BLOCK_SIZE) * stride_cb + layer * stride_cl + (slot % BLOCK_SIZE) * stride_co \
-                + kv_head * stride_ch
-            tl.store(dst + ia, ka_new, mask=j_ok)
-            tl.store(dst + ib, kb_new, mask=j_ok)
-            tl.store(dst + stride_ckv + offs_d, v_new, mask=d_ok)
+        key_ok = pos < hi
+        k, v = kv_tile(base, tab, pos, key_ok, offs_d, d_ok, stride_cb, stride_co, stride_ckv, BLOCK_SIZE)
+        m_i, l_i, acc = softmax_step(q, k, v, key_ok[None, :], m_i, l_i, acc, scale, IEEE)
     if SPLITS == 1:
         out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
         tl.store(o_ptr + row * stride_ot + heads[:, None] * stride_oh + offs_d[None, :],
@@ -218,19 +130,15 @@ def _merge(o_ptr, part_ptr, ml_ptr, row, head, stride_ot, stride_oh, H: tl.const
 
 def decode_attention(cache: torch.Tensor, layer: int, q: torch.Tensor, block_table: torch.Tensor,
                      positions: torch.Tensor, block_size: int, splits: int | None = None, block_n: int | None = None,
-                     num_warps: int = 4, rope: tuple | None = None) -> torch.Tensor:
-    """q [R, H, D] (last dim contiguous): one query row per segment at positions [R], row r's keys in
-    block_table[r]; cache [blocks, layers, 2, block_size, Hkv, D] -> [R, H, D].
-    Without rope the rows' K/V are already in the cache and q rotated. rope = (k, v, inv_freq, pairs,
-    slots): q and k [R, Hkv, D] are before RoPE; the kernel rotates them, stores the rotated k and v
-    at slots [R] and attends (rlt/kernels/rope.rope_write_kv then this, in one launch).
-    splits: key slices per (row, KV head); None: plan_splits. block_n (None: by splits) and num_warps
-    are for tuning."""
+                     num_warps: int = 4) -> torch.Tensor:
+    """q [R, H, D] (last dim contiguous, rotated): one query row per segment at positions [R], row r's
+    keys (its own K/V already stored) in block_table[r]; cache [blocks, layers, 2, block_size, Hkv, D]
+    -> [R, H, D]. splits: key slices per (row, KV head); None: plan_splits. block_n (None: by
+    splits) and num_warps are for tuning."""
     R, H, D = q.shape
     Hkv = cache.shape[4]
     group = H // Hkv
-    assert q.stride(-1) == 1 and (rope is None or rope[0].stride(-1) == rope[1].stride(-1) == 1), \
-        "q, k and v need a contiguous last dimension"
+    assert q.stride(-1) == 1, "q needs a contiguous last dimension"
     if splits is None:
         splits = plan_splits(R, Hkv, q.device)
     if block_n is None:
@@ -242,12 +150,9 @@ def decode_attention(cache: torch.Tensor, layer: int, q: torch.Tensor, block_tab
     part = torch.empty(n_part, d_pad, dtype=torch.float32, device=q.device)
     ml = torch.empty(2 * n_part, dtype=torch.float32, device=q.device)
     assert splits == 1 or R * Hkv <= _COUNTERS, "more split (row, KV head) pairs than counters"
-    k, v, inv_freq, pairs, slots = rope if rope is not None else (q, q, positions, False, positions)
     pdl.launch(_decode_kernel, (R, Hkv, splits), q, out, part, ml, _counters(q.device), cache, block_table, positions,
                layer, D ** -0.5, q.stride(0), q.stride(1), out.stride(0), out.stride(1), cache.stride(0),
                cache.stride(1), cache.stride(2), cache.stride(3), cache.stride(4), block_table.stride(0),
-               k, v, inv_freq, slots, k.stride(0), k.stride(1), v.stride(0), v.stride(1), H=H, GROUP=group,
-               G_PAD=g_pad, BLOCK_SIZE=block_size, HEAD_DIM=D, D_PAD=d_pad, BLOCK_N=block_n, SPLITS=splits,
-               ROPE=rope is not None, PAIRS=pairs, HALF_PAD=max(16, triton.next_power_of_2(D // 2)),
-               IEEE=q.dtype == torch.float32, num_warps=num_warps, like=q)
+               H=H, GROUP=group, G_PAD=g_pad, BLOCK_SIZE=block_size, HEAD_DIM=D, D_PAD=d_pad, BLOCK_N=block_n,
+               SPLITS=splits, IEEE=q.dtype == torch.float32, num_warps=num_warps, like=q)
     return out
