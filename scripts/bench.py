@@ -110,7 +110,7 @@ def prefill_ms(mc, model, dtype, device, n, reps=3):
 
 
 def kernel_choices(device: str) -> dict | None:
-    """On CUDA: the one-row GEMV's config and epilogues (RLT_GEMV_CONFIG, RLT_FUSED_GEMV, RLT_GEMV_ROPE)
+    """On CUDA: the one-row GEMV's config and epilogues (RLT_GEMV_CONFIG, RLT_FUSED_GEMV)
     and programmatic dependent launch (RLT_PDL)."""
     if not device.startswith("cuda"):
         return None

@@ -32,7 +32,7 @@ if [ "${OURO:-1}" = 1 ] && [ "${BENCH:-1}" = 1 ]; then
   timeout ${BENCH_TIMEOUT:-240} python3 scripts/bench.py --model /tmp/ouro-full --device cuda --concurrency ${CONC:-1,16,64,128} \
     --threshold ${THR:-1.0,0.5} --prompt-len 1024 --max-tokens 64 --kv-gib ${KV_GIB:-120} --floors --json-out "$OUT/bench_ouro.json" \
     2>&1 | tee "$OUT/bench_ouro.log" | tail -12
-  # A/B at conc 1: AB="RLT_FUSED_GEMV=0;RLT_GEMV_ROPE=1;RLT_GEMV_CONFIG=4,1024,4" runs the decode once per
+  # A/B at conc 1: AB="RLT_FUSED_GEMV=0;RLT_GEMV_CONFIG=4,1024,4" runs the decode once per
   # ';'-separated setting
   n=0; IFS=';' read -ra settings <<< "${AB:-}"
   for setting in "${settings[@]}"; do

@@ -4,11 +4,10 @@ import torch
 
 from rlt.config import ModelConfig
 from rlt.kernels.attention import causal_attention
-from rlt.models.base import Attention
 from rlt.models.layers import rope
 
 
-class DenseKV(Attention):
+class DenseKV:
     """Per-request KV: core layers one plane per depth, boundary layers once. Implements Attention."""
 
     def __init__(self, mc: ModelConfig):

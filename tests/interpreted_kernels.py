@@ -109,32 +109,6 @@ def check_gemv_epilogues() -> bool:
     return ok and left == 0
 
 
-def check_gemv_rope_kv() -> bool:
-    """The [q; k; v] GEMV finishing with RoPE and the K/V store against the plain GEMV then
-    rope_write_kv: MHA and GQA, rotate-half and adjacent pairs, every config."""
-    from rlt.kernels import gemv as gv
-    from rlt.kernels.rope import rope_write_kv
-    from rlt.models import layers
-
-    g = torch.Generator().manual_seed(2)
-    ok = True
-    for cfg in gv.CONFIGS:
-        err = 0.0
-        for H, Hkv, D, pairs in ((2, 2, 16, False), (4, 2, 8, True), (3, 1, 40, False)):
-            K, bs, pos, slot = 300, 4, torch.tensor([37]), torch.tensor([13])
-            x, w = torch.randn(1, K, generator=g), torch.randn((H + 2 * Hkv) * D, K, generator=g)
-            inv = layers.rope_inv_freq(D, 1e4)
-            cache = torch.randn(5, 2, 2, bs, Hkv, D, generator=g)
-            ref_cache = cache.clone()
-            q, k, v = layers.split_qkv(x @ w.T, H, Hkv, D)
-            ref_q, _ = rope_write_kv(q, k, v, pos, inv, pairs, ref_cache, 1, slot, bs)
-            got_q = gv.gemv_rope_kv(x, w, (H, Hkv, D), pos, inv, pairs, cache, 1, slot, bs, cfg)
-            err = max(err, (got_q - ref_q).abs().max().item(), (cache - ref_cache).abs().max().item())
-        print(f"gemv_rope_kv {cfg}: max error {err:.2e}")
-        ok &= err <= 1e-4
-    return ok
-
-
 def check_rope_write_kv() -> bool:
     from rlt.kernels.paged_attention import PagedMetadata, write_kv
     from rlt.kernels.rope import rope_write_kv
@@ -163,6 +137,5 @@ def check_rope_write_kv() -> bool:
 
 
 if __name__ == "__main__":
-    checks = (check_decode_attention, check_paged_attention, check_gemv, check_gemv_epilogues, check_gemv_rope_kv,
-              check_rope_write_kv)
+    checks = (check_decode_attention, check_paged_attention, check_gemv, check_gemv_epilogues, check_rope_write_kv)
     sys.exit(0 if all([check() for check in checks]) else 1)

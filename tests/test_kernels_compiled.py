@@ -34,10 +34,6 @@ def kernels():
         "gemv": gemv_case(gemv.PLAIN),
         "gemv_swiglu": gemv_case(gemv.SWIGLU),
         "gemv_add_norm": gemv_case(gemv.ADD_NORM, 2048),
-        "gemv_rope": (gemv._gemv_rope_kernel,
-                      dict(x_ptr=p16, w_ptr=p16, q_ptr=p16, K=i, stride_wn=i, pos_ptr=p64, inv_ptr=p32, cache_ptr=p16,
-                           slot_ptr=p64, layer=i, stride_cb=i, stride_cl=i, stride_ckv=i, stride_co=i, stride_ch=i),
-                      dict(H=16, HKV=16, HEAD_DIM=128, PAIRS=False, BLOCK_SIZE=16, BLOCK_P=1, BLOCK_K=1024)),
         "decode": decode_case(8),
         "decode_unsplit": decode_case(1),
         "add_rms_norm": (norm._add_rms_norm_kernel,
@@ -56,7 +52,7 @@ def kernels():
 
 
 # What a kernel may read before its PDL wait: memory no kernel of the pass writes while it runs.
-EARLY_READS = {"gemv": {"w_ptr"}, "gemv_swiglu": {"w_ptr"}, "gemv_add_norm": {"w_ptr"}, "gemv_rope": {"w_ptr"},
+EARLY_READS = {"gemv": {"w_ptr"}, "gemv_swiglu": {"w_ptr"}, "gemv_add_norm": {"w_ptr"},
                "decode": {"pos_ptr", "table_ptr", "cache_ptr"},
                "decode_unsplit": {"pos_ptr"}}  # unsplit passes read the cache after the wait
 
@@ -92,7 +88,7 @@ def early_global_reads(ptx: str, sig: dict[str, str]) -> set[str]:
     return used
 
 
-@pytest.mark.parametrize("name", ["gemv", "gemv_swiglu", "gemv_add_norm", "gemv_rope", "decode", "decode_unsplit",
+@pytest.mark.parametrize("name", ["gemv", "gemv_swiglu", "gemv_add_norm", "decode", "decode_unsplit",
                                   "add_rms_norm", "rms_norm", "rope", "silu_mul"])
 def test_pdl_kernel_waits_before_touching_memory(name):
     fn, sig, consts = kernels()[name]

@@ -9,9 +9,9 @@ program computing the same rows of the gate and the up projection ([gate; up] we
 residual add and RMSNorm after a projection, done by the last program to finish (an arrival
 counter, as the split decode attention merges its slices). On by default (Ouro-1.4B at concurrency
 1, H200, 7fe33a4: 211.1 tok/s against 207.4 without, two runs each); RLT_FUSED_GEMV=0 turns it off.
-(An earlier variant made the GEMV compute its *input* row instead — every program re-reading and
-re-reducing the whole row — and ran 11 % slower.) The [q; k; v] projection can finish with RoPE and
-the K/V store (RLT_GEMV_ROPE=1, off until measured): each program takes the two rows of RoPE pairs.
+Measured slower and removed: the GEMV computing its *input* row instead (every program re-reading
+and re-reducing the whole row: -11 %), and the [q; k; v] GEMV finishing with RoPE and the K/V store
+(each program taking a RoPE pair of rows: 206.7 tok/s against 211.3, 916f31d).
 """
 
 import functools
@@ -23,7 +23,6 @@ import triton.language as tl
 
 from rlt.kernels import pdl
 from rlt.kernels.norm import norm_row
-from rlt.kernels.rope import rotate
 
 # (rows of w per program, K per load, warps): few wide loads per program keep many bytes in flight.
 # CONFIGS is the set the kernel is tested and tuned over (scripts/tune_decode.py). The engine uses
@@ -34,11 +33,10 @@ from rlt.kernels.rope import rotate
 # 2x2048/4w 197.2, against 206.9) and are gone from the set.
 CONFIGS = ((2, 1024, 4), (4, 1024, 4), (8, 512, 4), (8, 1024, 8), (16, 256, 4))
 fused = os.environ.get("RLT_FUSED_GEMV", "1") != "0"
-fused_rope = os.environ.get("RLT_GEMV_ROPE", "0") == "1"
 
 
 def _config_from_env() -> tuple[int, int, int]:
-    """RLT_GEMV_CONFIG=4,2048,8 runs another config (A/B measurements); CONFIGS[0] otherwise."""
+    """RLT_GEMV_CONFIG=4,1024,4 runs another config (A/B measurements); CONFIGS[0] otherwise."""
     text = os.environ.get("RLT_GEMV_CONFIG")
     if not text:
         return CONFIGS[0]
@@ -65,35 +63,6 @@ def _counter(device: torch.device) -> torch.Tensor:
 
 
 @triton.jit
-def _dot_rows(x_ptr, rows, rows2, n_ok, K, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, TWO: tl.constexpr,
-              PDL: tl.constexpr):
-    """(w[rows] @ x, w[rows2] @ x) in float32 for rows / rows2 [BLOCK_N, 1], pointers to weight rows
-    (rows2 read only when TWO). The first weight tile is read before waiting on the previous kernel
-    (with PDL its reads overlap that kernel's tail): weights are never written during a pass. x
-    only after the wait."""
-    offs_k = tl.arange(0, BLOCK_K)
-    mask = n_ok[:, None] & (offs_k < K)[None, :]
-    w = tl.load(rows + offs_k[None, :], mask=mask, other=0.0)
-    if TWO:
-        w2 = tl.load(rows2 + offs_k[None, :], mask=mask, other=0.0)
-    pdl.begin(PDL)
-    acc = tl.zeros((BLOCK_N, BLOCK_K), tl.float32)
-    acc2 = tl.zeros((BLOCK_N, BLOCK_K), tl.float32)
-    for k0 in range(0, K, BLOCK_K):
-        kk = k0 + offs_k
-        mask = n_ok[:, None] & (kk < K)[None, :]
-        if k0 > 0:
-            w = tl.load(rows + kk[None, :], mask=mask, other=0.0)
-            if TWO:
-                w2 = tl.load(rows2 + kk[None, :], mask=mask, other=0.0)
-        x = tl.load(x_ptr + kk, mask=kk < K, other=0.0).to(tl.float32)
-        acc += w.to(tl.float32) * x[None, :]
-        if TWO:
-            acc2 += w2.to(tl.float32) * x[None, :]
-    return tl.sum(acc, axis=1), tl.sum(acc2, axis=1)
-
-
-@triton.jit
 def _gemv_kernel(x_ptr, w_ptr, y_ptr, N, K, stride_wn, r_ptr, wa_ptr, wo_ptr, ro_ptr, h_ptr, count_ptr, eps,
                  BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EPILOGUE: tl.constexpr, NORM_A: tl.constexpr,
                  ROW: tl.constexpr, PDL: tl.constexpr):
@@ -103,12 +72,33 @@ def _gemv_kernel(x_ptr, w_ptr, y_ptr, N, K, stride_wn, r_ptr, wa_ptr, wo_ptr, ro
     offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = offs_n < N
     rows = w_ptr + offs_n[:, None].to(tl.int64) * stride_wn
-    y, y_up = _dot_rows(x_ptr, rows, rows + N * stride_wn, n_ok, K, BLOCK_N, BLOCK_K, EPILOGUE == _SWIGLU, PDL)
+    rows_up = rows + N * stride_wn
+    offs_k = tl.arange(0, BLOCK_K)
     dt = y_ptr.dtype.element_ty
-    y = y.to(dt)
+    # The first weight tile is read before waiting on the previous kernel (with PDL its reads overlap
+    # that kernel's tail): weights are never written during a pass. x only after the wait.
+    mask = n_ok[:, None] & (offs_k < K)[None, :]
+    w = tl.load(rows + offs_k[None, :], mask=mask, other=0.0)
+    if EPILOGUE == _SWIGLU:
+        w_up = tl.load(rows_up + offs_k[None, :], mask=mask, other=0.0)
+    pdl.begin(PDL)
+    acc = tl.zeros((BLOCK_N, BLOCK_K), tl.float32)
+    acc_up = tl.zeros((BLOCK_N, BLOCK_K), tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        kk = k0 + offs_k
+        mask = n_ok[:, None] & (kk < K)[None, :]
+        if k0 > 0:
+            w = tl.load(rows + kk[None, :], mask=mask, other=0.0)
+            if EPILOGUE == _SWIGLU:
+                w_up = tl.load(rows_up + kk[None, :], mask=mask, other=0.0)
+        x = tl.load(x_ptr + kk, mask=kk < K, other=0.0).to(tl.float32)
+        acc += w.to(tl.float32) * x[None, :]
+        if EPILOGUE == _SWIGLU:
+            acc_up += w_up.to(tl.float32) * x[None, :]
+    y = tl.sum(acc, axis=1).to(dt)
     if EPILOGUE == _SWIGLU:
         g = y.to(tl.float32)
-        y = ((g * tl.sigmoid(g)).to(dt).to(tl.float32) * y_up.to(dt).to(tl.float32)).to(dt)
+        y = ((g * tl.sigmoid(g)).to(dt).to(tl.float32) * tl.sum(acc_up, axis=1).to(dt).to(tl.float32)).to(dt)
     tl.store(y_ptr + offs_n, y, mask=n_ok)
     if EPILOGUE == _ADD_NORM:
         # Every thread's stores before the release; the last arrival acquires them all (as in
@@ -124,44 +114,6 @@ def _gemv_kernel(x_ptr, w_ptr, y_ptr, N, K, stride_wn, r_ptr, wa_ptr, wo_ptr, ro
             tl.store(ro_ptr + offs_r, r, mask=r_ok)
             tl.store(h_ptr + offs_r, norm_row(r.to(tl.float32), wo_ptr, offs_r, r_ok, N, eps, dt), mask=r_ok)
             tl.atomic_xchg(count_ptr, 0)
-
-
-@triton.jit
-def _gemv_rope_kernel(x_ptr, w_ptr, q_ptr, K, stride_wn, pos_ptr, inv_ptr, cache_ptr, slot_ptr, layer, stride_cb,
-                      stride_cl, stride_ckv, stride_co, stride_ch, H: tl.constexpr, HKV: tl.constexpr,
-                      HEAD_DIM: tl.constexpr, PAIRS: tl.constexpr, BLOCK_SIZE: tl.constexpr, BLOCK_P: tl.constexpr,
-                      BLOCK_K: tl.constexpr, PDL: tl.constexpr):
-    """The [q; k; v] projection of one row, then RoPE on q and k: each program takes BLOCK_P RoPE
-    pairs of weight rows (dims j and j + D/2, or 2j and 2j + 1 with PAIRS), stores q, and the
-    rotated k and the v in the row's cache slot — as the plain GEMV then rope_write_kv round."""
-    HALF: tl.constexpr = HEAD_DIM // 2
-    i = tl.program_id(0) * BLOCK_P + tl.arange(0, BLOCK_P)  # pair index over the q, k and v heads
-    i_ok = i < (H + 2 * HKV) * HALF
-    head = i // HALF
-    j = i % HALF
-    if PAIRS:
-        ia, ib = 2 * j, 2 * j + 1
-    else:
-        ia, ib = j, j + HALF
-    row_a = head * HEAD_DIM + ia
-    row_b = head * HEAD_DIM + ib
-    ya, yb = _dot_rows(x_ptr, w_ptr + row_a[:, None].to(tl.int64) * stride_wn,
-                       w_ptr + row_b[:, None].to(tl.int64) * stride_wn, i_ok, K, BLOCK_P, BLOCK_K, True, PDL)
-    dt = q_ptr.dtype.element_ty
-    ya, yb = ya.to(dt), yb.to(dt)  # the projection's output as a plain GEMV stores it
-    angle = tl.load(pos_ptr).to(tl.float32) * tl.load(inv_ptr + j, mask=i_ok, other=0.0)
-    ra, rb = rotate(ya.to(tl.float32), yb.to(tl.float32), tl.cos(angle), tl.sin(angle), dt)
-    q_ok = i_ok & (head < H)
-    tl.store(q_ptr + row_a, ra, mask=q_ok)
-    tl.store(q_ptr + row_b, rb, mask=q_ok)
-    is_v = head >= H + HKV
-    which = is_v.to(tl.int32)  # 0: K, 1: V
-    slot = tl.load(slot_ptr)
-    dst = (cache_ptr + (slot // BLOCK_SIZE) * stride_cb + layer * stride_cl + which * stride_ckv
-           + (slot % BLOCK_SIZE) * stride_co + (head - H - which * HKV) * stride_ch)
-    kv_ok = i_ok & (head >= H)
-    tl.store(dst + ia, tl.where(is_v, ya, ra), mask=kv_ok)
-    tl.store(dst + ib, tl.where(is_v, yb, rb), mask=kv_ok)
 
 
 def gemv(x: torch.Tensor, w: torch.Tensor, config: tuple[int, int, int] = CONFIG) -> torch.Tensor:
@@ -197,25 +149,6 @@ def _launch(x, w, config, epilogue, N, residual=None, weight_a=None, weight_out=
     return y, ro, h
 
 
-def gemv_rope_kv(x: torch.Tensor, w: torch.Tensor, heads: tuple[int, int, int], positions: torch.Tensor,
-                 inv_freq: torch.Tensor, pairs: bool, cache: torch.Tensor, layer: int, slots: torch.Tensor,
-                 block_size: int, config: tuple[int, int, int] = CONFIG) -> torch.Tensor:
-    """x [1, K], w the fused [q; k; v] weight [(H + 2 Hkv) D, K] with heads = (H, Hkv, D): q = x @ wq.T
-    with RoPE at positions [1] -> [1, H, D]; the rotated k and the v stored at slots [1] of cache
-    [blocks, layers, 2, block_size, Hkv, D] at this layer (rlt/kernels/rope.rope_write_kv after a
-    plain GEMV, in one launch)."""
-    H, Hkv, D = heads
-    bn, bk, warps = config
-    pairs_per_program = max(1, bn // 2)  # the config's rows per program, as RoPE pairs
-    q = torch.empty(1, H, D, dtype=x.dtype, device=x.device)
-    cs = cache.stride()
-    pdl.launch(_gemv_rope_kernel, (triton.cdiv((H + 2 * Hkv) * (D // 2), pairs_per_program),), x.contiguous(), w, q,
-               w.shape[1], w.stride(0), positions, inv_freq, cache, slots, layer, cs[0], cs[1], cs[2], cs[3], cs[4],
-               H=H, HKV=Hkv, HEAD_DIM=D, PAIRS=pairs, BLOCK_SIZE=block_size, BLOCK_P=pairs_per_program,
-               BLOCK_K=bk, num_warps=warps, like=x)
-    return q
-
-
 def choices() -> dict:
     """The GEMV setup (for benchmark logs)."""
-    return {"config": "%dx%d/%dw" % CONFIG, "fused": fused, "rope": fused_rope}
+    return {"config": "%dx%d/%dw" % CONFIG, "fused": fused}

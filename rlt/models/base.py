@@ -33,15 +33,6 @@ class Attention(Protocol):
         before RoPE: applies it to q and k (in place where it can: on CUDA in the same launch that
         stores k/v), stores k/v for these rows, returns [T, H, D]."""
 
-    def core_qkv(self, layer: int, h: torch.Tensor, w_qkv: torch.Tensor, heads: tuple[int, int, int],
-                 rotary: Rotary) -> torch.Tensor:
-        """core() of the fused [q; k; v] projection of h [T, hidden] (w_qkv [(H + 2 Hkv) D, hidden],
-        heads = (H, Hkv, D)). An implementation may fuse the projection with RoPE and the K/V store
-        (the engine's one-row decode passes on CUDA); this default projects, then calls core()."""
-        from rlt.models.layers import linear, split_qkv  # (layers imports this module)
-
-        return self.core(layer, *split_qkv(linear(h, w_qkv), *heads), rotary)
-
     def boundary(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                  rotary: Rotary) -> torch.Tensor:
         """Same for a boundary layer (stored once per position, not per depth)."""

@@ -35,19 +35,17 @@ def linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> t
     return F.linear(x, w, b)
 
 
-def fused_gemv(x: torch.Tensor, w: torch.Tensor, rope: bool = False) -> bool:
-    """A one-row CUDA pass whose GEMV takes the step after it as an epilogue (RLT_FUSED_GEMV; with
-    rope, the RoPE + K/V store after the [q; k; v] projection: RLT_GEMV_ROPE)."""
+def _fused_gemv(x: torch.Tensor, w: torch.Tensor) -> bool:
     if not _one_row_gemv(x, w):  # first: CPU-only installs have no triton to import
         return False
     from rlt.kernels import gemv
 
-    return gemv.fused and (gemv.fused_rope or not rope)
+    return gemv.fused
 
 
 def linear_swiglu(x: torch.Tensor, gate_up_w: torch.Tensor) -> torch.Tensor:
     """swiglu(x @ gate_up_w.T) with the fused [gate; up] weight; one launch for a one-row CUDA pass."""
-    if fused_gemv(x, gate_up_w):
+    if _fused_gemv(x, gate_up_w):
         from rlt.kernels.gemv import gemv_swiglu
 
         return gemv_swiglu(x, gate_up_w)
@@ -58,7 +56,7 @@ def linear_add_norm(x: torch.Tensor, w: torch.Tensor, residual: torch.Tensor, we
                     weight_out: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
     """A projection, then the residual add and the next norm: add_norm(residual, x @ w.T, weight_a,
     weight_out, eps); one launch for a one-row CUDA pass."""
-    if fused_gemv(x, w):
+    if _fused_gemv(x, w):
         from rlt.kernels.gemv import gemv_add_norm
 
         return gemv_add_norm(x, w, residual, weight_a, weight_out, eps)
@@ -147,8 +145,8 @@ def llama_attention(h, L: dict, fc, positions, inv_freq, attn, layer: int) -> to
     """Ouro / Nanbeige self-attention of one core layer on normed input h, up to the output
     projection (the caller applies L["o"]): fused q/k/v projection, then paged attention at this
     layer with rotate-half RoPE -> [T, H * D]."""
-    heads = (fc.num_attention_heads, fc.num_key_value_heads, fc.head_dim)
-    return attn.core_qkv(layer, h, L["qkv"], heads, Rotary(positions, inv_freq, False)).flatten(1)
+    q, k, v = split_qkv(linear(h, L["qkv"]), fc.num_attention_heads, fc.num_key_value_heads, fc.head_dim)
+    return attn.core(layer, q, k, v, Rotary(positions, inv_freq, False)).flatten(1)
 
 
 def gated_mlp(x, gate_up_w, down_w):

@@ -20,11 +20,10 @@ import torch
 from rlt.config import ModelConfig
 from rlt.control.validation import ResolvedParams
 from rlt.kernels import mode
-from rlt.kernels.paged_attention import (PagedMetadata, decode_only, kernel_fields, paged_attention, plan_kernel,
-                                         write_kv)
+from rlt.kernels.paged_attention import PagedMetadata, kernel_fields, paged_attention, plan_kernel, write_kv
 from rlt.kernels.sampler import SamplingTensors, sample, top_logprobs
-from rlt.models.base import Attention, Rotary
-from rlt.models.layers import EmbeddingInput, fused_gemv, rope
+from rlt.models.base import Rotary
+from rlt.models.layers import EmbeddingInput, rope
 from rlt.workers.exit_policy import exits_early, should_exit, update_survival
 from rlt.workers.kv_pool import BlockTables, KVPool
 from rlt.workers.step_buffers import DeviceReadback, StepBuffers
@@ -85,7 +84,7 @@ class StepResult:
     sampled: PendingTokens | None = None
 
 
-class _Attention(Attention):
+class _Attention:
     """The models' Attention interface over the paged pool, for one pass."""
 
     def __init__(self, cache, core: PagedMetadata | None, boundary: PagedMetadata | None):
@@ -93,15 +92,6 @@ class _Attention(Attention):
 
     def core(self, layer, q, k, v, rotary: Rotary):
         return self._attend(self.core_meta, layer, q, k, v, rotary)
-
-    def core_qkv(self, layer, h, w_qkv, heads, rotary: Rotary):
-        meta = self.core_meta
-        if meta.kernel is not None and fused_gemv(h, w_qkv, rope=True) and decode_only(meta):
-            from rlt.kernels.gemv import gemv_rope_kv
-
-            q = gemv_rope_kv(h, w_qkv, heads, *rotary, self.cache, layer, meta.slot_mapping, meta.block_size)
-            return paged_attention(self.cache, layer, meta, q, None, None)
-        return super().core_qkv(layer, h, w_qkv, heads, rotary)
 
     def boundary(self, layer, q, k, v, rotary: Rotary):
         return self._attend(self.boundary_meta, layer, q, k, v, rotary)
