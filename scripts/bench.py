@@ -149,8 +149,8 @@ def main():
     serve.add_argument("--prefill-chunk", type=int, default=512)
     serve.add_argument("--max-num-seqs", type=int, default=256)
     serve.add_argument("--seed", type=int, default=0)
-    serve.add_argument("--sweep", type=int, default=0,
-                       help="after the listed rates, double the last one up to N times until past capacity")
+    serve.add_argument("--sweep-rates", default="",
+                       help="e.g. 2,4,6,8: after --rates, these in order until one is past capacity")
     serve.add_argument("--sweep-duration", type=float, help="seconds of arrivals per sweep rate (default --duration)")
     serve.add_argument("--max-local-prefill-length", type=int, help="PD: conditional disaggregation (README)")
     serve.add_argument("--max-prefill-queue-size", type=int, help="PD: conditional disaggregation (README)")

@@ -7,10 +7,11 @@ Requests arrive as a Poisson process at each rate for --duration seconds, prompt
 --prompt-lens (random token ids), greedy, EOS ignored, exactly --output-len tokens each. Reported
 per rate, as a table and JSON: TTFT, TPOT, ITL and E2EL in ms (mean, median, p95, p99), output
 tokens/s and requests/s (completed requests over the time from the first arrival to the last
-completion), and whether the rate is past capacity (completions more than 10 % behind the
-arrivals); the JSON also keeps each request's prompt length, TTFT and TPOT.
-`--sweep N` then keeps doubling the last rate, at most N times, until that happens (each for
-`--sweep-duration` seconds, default `--duration`).
+completion), and whether the rate is past capacity (`saturated`); the JSON also keeps each
+request's prompt length, TTFT and TPOT. `--sweep-rates 2,4,6,...` then runs those rates in order
+(each for `--sweep-duration` seconds, default `--duration`) and stops after the first one past
+capacity: the configuration's capacity lies between it and the rate before. Runs of two
+configurations over the same rates compare rate by rate.
 scripts/compare_serving.py checks issue #6's P4 on two such JSON files.
 """
 
@@ -89,15 +90,21 @@ async def one_rate(engine, rate, duration, prompt_lens, output_len, seed):
 
 
 def saturated(row: dict) -> bool:
-    """Past capacity: the run took over 10 % longer than an engine keeping up with these arrivals
-    would — their own span (a 60 s Poisson draw at 0.5/s may hold 23 arrivals, not 30) plus one
-    median E2EL for the last request. One that cannot keep up falls further behind with every
-    request."""
+    """Past capacity: the engine fell behind its arrivals. Either the run took over 10 % longer than
+    an engine keeping up with them would — their own span (a 60 s Poisson draw at 0.5/s may hold 23
+    arrivals, not 30) plus one median E2EL for the last request — or a queue grew during the run:
+    the last quarter of the arrivals waited for their first token over twice as long as the first
+    quarter and over 250 ms longer (an engine behind from the start also has a long median E2EL,
+    which the first test forgives)."""
     if row.get("completed", 0) < 2 or not row.get("arrival_rate_req_s"):
         return True
     span = (row["completed"] - 1) / row["arrival_rate_req_s"]
     took = row["completed"] / row["request_throughput_req_s"]
-    return took > (span + row.get("median_e2el_ms", 0.0) / 1e3) / 0.9
+    ttfts = [ttft for _, ttft, _ in row.get("requests", [])]  # in arrival order
+    quarter = len(ttfts) // 4
+    early = statistics.median(ttfts[:quarter]) if quarter else 0.0
+    late = statistics.median(ttfts[-quarter:]) if quarter else 0.0
+    return took > (span + row.get("median_e2el_ms", 0.0) / 1e3) / 0.9 or (late > 2 * early and late - early > 250)
 
 
 async def warm_up(engine, prompt_lens, output_len, burst=16):
@@ -127,16 +134,19 @@ async def serve(args):
                                  **opts) as engine:
         lens = list(map(int, args.prompt_lens.split(",")))
         await warm_up(engine, lens, args.output_len)
-        rates = list(map(float, args.rates.split(",")))
-        rows, doublings, listed = [], args.sweep, len(rates)
-        while rates:
-            duration = args.duration if len(rows) < listed else (args.sweep_duration or args.duration)
-            rows.append(await one_rate(engine, rates.pop(0), duration, lens, args.output_len, args.seed))
+        rows = []
+
+        async def run(rate, duration):
+            rows.append(await one_rate(engine, rate, duration, lens, args.output_len, args.seed))
             rows[-1]["arrivals_s"] = duration
             rows[-1]["saturated"] = saturated(rows[-1])
-            if not rates and doublings and not rows[-1]["saturated"]:
-                rates.append(rows[-1]["rate"] * 2)  # double until the configuration falls behind
-                doublings -= 1
+
+        for rate in args.rates.split(","):
+            await run(float(rate), args.duration)
+        for rate in filter(None, args.sweep_rates.split(",")):
+            await run(float(rate), args.sweep_duration or args.duration)
+            if rows[-1]["saturated"]:
+                break  # this configuration's capacity lies below this rate
         return rows, engine.stats()["local_prefills"]
 
 

@@ -8,7 +8,7 @@
 # BENCH CONC THR KV_GIB CONC4K PREFILL_LENS BENCH_TIMEOUT AB (conc 1 again per ';'-separated env
 # setting); PROFILE PROFILE_CONC PROFILE_THR
 # PROFILE_STEADY (0 regular, 1 auto, 2 forced) PROFILE_PDL ("0 1" compares; default 1); SERVE_TOPOS RATES
-# SWEEP DURATION SWEEP_DURATION SERVE_TIMEOUT SERVE_ARGS (e.g. "--max-local-prefill-length 256").
+# SWEEP_RATES DURATION SWEEP_DURATION SERVE_TIMEOUT SERVE_ARGS (e.g. "--max-local-prefill-length 256").
 # RLT_PDL set outside applies to the benchmarks.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -72,7 +72,7 @@ for topo in ${SERVE_TOPOS:-}; do
   # arrivals; 1P1D against two single-GPU replicas with the same per-worker KV pool.
   step "serving $topo, Nanbeige4.2-3B shapes, rates ${RATES:-0.25,0.5,1} x ${DURATION:-60} s"
   timeout ${SERVE_TIMEOUT:-400} python3 scripts/bench.py --mode serve --model /tmp/nb-full --device cuda --topology $topo \
-    --rates ${RATES:-0.25,0.5,1} --sweep ${SWEEP:-0} --duration ${DURATION:-60} --sweep-duration ${SWEEP_DURATION:-${DURATION:-60}} \
+    --rates ${RATES:-0.25,0.5,1} --sweep-rates "${SWEEP_RATES:-}" --duration ${DURATION:-60} --sweep-duration ${SWEEP_DURATION:-${DURATION:-60}} \
     --prompt-lens 128,4096 --output-len 64 \
     --kv-gib 40 ${SERVE_ARGS:-} --json-out "$OUT/serve_$topo.json" 2>&1 | grep -v "NIXL INFO" | tee "$OUT/serve_$topo.log" | tail -10
 done

@@ -381,6 +381,14 @@ def test_p4_verdict_and_capacity():
     # saturation is judged against the draw's own arrival rate: 23 arrivals in 60 s at a nominal 0.5/s
     assert not row(0.5, 100, 200, 20, 0.417, 0.43)["saturated"]
     assert row(0.5, 100, 200, 20, 0.30, 0.43)["saturated"]
+    # a queue that grew, though the run's length passes: the last quarter's TTFT 2x and 250 ms over the first's
+    def with_ttfts(first, last):
+        return row(1, 200, 220, 22, 0.97) | {"requests": [[128, first, 5.0]] * 25 + [[128, 100.0, 5.0]] * 50
+                                             + [[128, last, 5.0]] * 25}
+
+    assert bench_serving.saturated(with_ttfts(200.0, 1000.0))
+    assert not bench_serving.saturated(with_ttfts(200.0, 399.0))  # under twice
+    assert not bench_serving.saturated(with_ttfts(20.0, 260.0))  # under 250 ms more
     pd = [row(0.5, 98, 230, 9, 0.49), row(1, 190, 230, 10, 0.95), row(2, 100, 9000, 5, 0.5)]
     got = compare_serving.compare(pd, reps)
     assert [r["rate"] for r in got] == [0.5, 1]  # rate 2 is past the replicas' capacity
@@ -390,3 +398,6 @@ def test_p4_verdict_and_capacity():
     assert all(r["ok"] for r in compare_serving.compare(pd, reps))
     pd[0]["p95_tpot_ms"] = 11  # 11 / 20 > 0.5
     assert not compare_serving.compare(pd, reps)[0]["ok"]
+    # 1P1D's sweep stopped before a rate the replicas sustained: that rate fails
+    got = compare_serving.compare(pd[:1], reps)
+    assert [(r["rate"], r["ok"]) for r in got] == [(0.5, False), (1, False)] and got[1]["throughput"] is None
