@@ -137,8 +137,10 @@ async def serve(args):
         rows = []
 
         async def run(rate, duration):
+            before = engine.stats()["local_prefills"]
             rows.append(await one_rate(engine, rate, duration, lens, args.output_len, args.seed))
             rows[-1]["arrivals_s"] = duration
+            rows[-1]["local_prefills"] = engine.stats()["local_prefills"] - before  # PD: prefilled by a decode worker
             rows[-1]["saturated"] = saturated(rows[-1])
 
         for rate in args.rates.split(","):
