@@ -124,7 +124,13 @@ async def warm_up(engine, prompt_lens, output_len, burst=16):
     await asyncio.gather(*(one(prompt_lens[i % len(prompt_lens)]) for i in range(burst)))
 
 
-async def serve(args):
+COLUMNS = ["rate", "completed", "output_throughput_tok_s", "request_throughput_req_s", "mean_ttft_ms", "p95_ttft_ms",
+           "mean_tpot_ms", "p95_tpot_ms", "p99_itl_ms", "mean_e2el_ms", "local_prefills", "saturated"]
+
+
+async def serve(args, meta: dict) -> list[dict]:
+    """Every rate's row, each printed and (with --json-out) written as soon as it is measured, so a
+    run stopped by a time limit keeps the rates it finished."""
     opts = dict(kv_memory_bytes=int(args.kv_gib * 2**30), prefill_chunk=args.prefill_chunk,
                 max_num_seqs=args.max_num_seqs, startup_timeout=900.0, heartbeat_timeout=120.0)
     for name in ("max_local_prefill_length", "max_prefill_queue_size", "prefill_worker_chunk"):
@@ -135,13 +141,20 @@ async def serve(args):
         lens = list(map(int, args.prompt_lens.split(",")))
         await warm_up(engine, lens, args.output_len)
         rows = []
+        print(json.dumps(meta))
+        print(" ".join(f"{c:>14}" for c in COLUMNS), flush=True)
 
         async def run(rate, duration):
             before = engine.stats()["local_prefills"]
-            rows.append(await one_rate(engine, rate, duration, lens, args.output_len, args.seed))
-            rows[-1]["arrivals_s"] = duration
-            rows[-1]["local_prefills"] = engine.stats()["local_prefills"] - before  # PD: prefilled by a decode worker
-            rows[-1]["saturated"] = saturated(rows[-1])
+            row = await one_rate(engine, rate, duration, lens, args.output_len, args.seed)
+            row["arrivals_s"] = duration
+            row["local_prefills"] = engine.stats()["local_prefills"] - before  # PD: prefilled by a decode worker
+            row["saturated"] = saturated(row)
+            rows.append(row)
+            print(" ".join(f"{str(row.get(c)):>14}" for c in COLUMNS), flush=True)
+            if args.json_out:
+                with open(args.json_out, "w") as f:
+                    json.dump({"meta": meta, "rows": rows}, f, indent=2)
 
         for rate in args.rates.split(","):
             await run(float(rate), args.duration)
@@ -149,24 +162,13 @@ async def serve(args):
             await run(float(rate), args.sweep_duration or args.duration)
             if rows[-1]["saturated"]:
                 break  # this configuration's capacity lies below this rate
-        return rows, engine.stats()["local_prefills"]
+        return rows
 
 
 def main(args):
-    rows, local_prefills = asyncio.run(serve(args))
     meta = {"date": time.strftime("%Y-%m-%d"), "commit": os.environ.get("RLT_COMMIT", ""), "model": args.model,
             "topology": args.topology, "device": args.device, "prompt_lens": args.prompt_lens,
             "output_len": args.output_len, "duration_s": args.duration, "command": " ".join(sys.argv),
             "max_local_prefill_length": args.max_local_prefill_length,
-            "max_prefill_queue_size": args.max_prefill_queue_size, "prefill_worker_chunk": args.prefill_worker_chunk,
-            "local_prefills": local_prefills}  # PD requests the decode worker prefilled itself (warm-up included)
-    print(json.dumps(meta))
-    cols = ["rate", "completed", "output_throughput_tok_s", "request_throughput_req_s", "mean_ttft_ms",
-            "p95_ttft_ms", "mean_tpot_ms", "p95_tpot_ms", "p99_itl_ms", "mean_e2el_ms", "saturated"]
-    print(" ".join(f"{c:>14}" for c in cols))
-    for r in rows:
-        print(" ".join(f"{str(r.get(c)):>14}" for c in cols))
-    if args.json_out:
-        with open(args.json_out, "w") as f:
-            json.dump({"meta": meta, "rows": rows}, f, indent=2)
-    return rows
+            "max_prefill_queue_size": args.max_prefill_queue_size, "prefill_worker_chunk": args.prefill_worker_chunk}
+    return asyncio.run(serve(args, meta))
