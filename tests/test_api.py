@@ -343,14 +343,15 @@ async def test_serving_benchmark_metrics(checkpoints):
 
     async with rlt.Engine.launch(checkpoints["nanbeige"], **FAST) as engine:
         await bench_serving.warm_up(engine, [8, 40], 6)
-        row = await bench_serving.one_rate(engine, rate=20.0, duration=1.0, prompt_lens=[8, 40], output_len=6,
+        # a rate a 2-core machine keeps up with (at 20/s its TTFT grew by 250 ms within the second)
+        row = await bench_serving.one_rate(engine, rate=8.0, duration=2.0, prompt_lens=[8, 40], output_len=6,
                                            seed=3)
     import random as _random
 
     rng, t, n = _random.Random(3), 0.0, 0
     while True:  # the same Poisson draw: every arrival completed
-        t += rng.expovariate(20.0)
-        if t > 1.0:
+        t += rng.expovariate(8.0)
+        if t > 2.0:
             break
         n += 1
     assert row["completed"] == n > 5

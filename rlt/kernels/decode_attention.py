@@ -12,6 +12,7 @@ batch-invariant mode).
 """
 
 import functools
+import os
 
 import torch
 import triton
@@ -22,7 +23,17 @@ from rlt.kernels.paged_attention_triton import kv_tile, softmax_step
 
 BLOCK_N = 64  # key tile of unsplit passes (measured at conc 128)
 SPLIT_BLOCK_N = 32  # split passes: tune_decode.py on an H200, 32-key tiles x 32 slices beat 64 x 16 at 1K
-MAX_SPLITS = 32
+
+
+def _max_splits_from_env() -> int:
+    """RLT_DECODE_MAX_SPLITS=N caps the key slices at N instead of 32 (engine A/B measurements)."""
+    text = os.environ.get("RLT_DECODE_MAX_SPLITS", "32")
+    if not text.isdigit() or not 1 <= int(text) <= 256 or int(text) & (int(text) - 1):
+        raise ValueError(f"RLT_DECODE_MAX_SPLITS must be a power of two from 1 to 256, got {text!r}")
+    return int(text)
+
+
+MAX_SPLITS = _max_splits_from_env()
 _COUNTERS = 4096  # (row, KV head) pairs of a split pass: splits only happen below one per SM
 
 
