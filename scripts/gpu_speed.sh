@@ -61,7 +61,7 @@ if [ "${PROFILE:-1}" = 1 ] && [ "${OURO:-1}" = 1 ]; then
         for pdl in ${PROFILE_PDL:-1}; do
           RLT_PDL=$pdl timeout 150 python3 scripts/profile_gpu.py --model /tmp/ouro-full --concurrency $c --threshold $thr \
             --kv-gib ${KV_GIB:-120} --steady-decode $steady --json-out "$OUT/profile_c${c}_t${thr}_s${steady}_p$pdl.json" \
-            2>&1 | tee "$OUT/profile_c${c}_t${thr}_s${steady}_p$pdl.log" | tail -18
+            2>&1 | tee "$OUT/profile_c${c}_t${thr}_s${steady}_p$pdl.log" | tail -34
         done
       done
     done

@@ -5,13 +5,17 @@
 Every request decodes at once (none finishes during the measurement). After warm-up, a timed
 window of loop steps gives tokens/s at exactly this concurrency; a second window under
 torch.profiler gives GPU busy time per step (the union of kernel intervals), the idle fraction and
-the kernels taking the most GPU time.
+the kernels taking the most GPU time. Kernels overlap under programmatic dependent launch (each
+starts before the previous one ends), so their durations overstate their cost; the busy time is
+also split among them — each gets the part of its interval no kernel started before it covers —
+per (kernel, grid, previous kernel), which tells the projections of a layer apart.
 """
 
 import argparse
 import json
 import os
 import sys
+import tempfile
 import time
 
 import torch
@@ -28,12 +32,30 @@ from rlt.workers.engine import EngineConfig, LoopEngine  # noqa: E402
 
 
 def busy_us(intervals: list[tuple[float, float]]) -> float:
-    total, end = 0.0, float("-inf")
-    for a, b in sorted(intervals):
-        if b > end:
-            total += b - max(a, end)
-            end = b
-    return total
+    return sum(attribute_busy([("", a, b) for a, b in intervals]).values())
+
+
+def attribute_busy(kernels: list[tuple[str, float, float]]) -> dict[str, float]:
+    """(label, start, end) intervals -> {label: busy time it adds}: in start order, each kernel
+    gets the part of its interval past the latest end of the kernels before it (their union is
+    the busy time; idle gaps go to no one)."""
+    out, end = {}, float("-inf")
+    for label, a, b in sorted(kernels, key=lambda k: k[1]):
+        out[label] = out.get(label, 0.0) + max(0.0, b - max(a, end))
+        end = max(end, b)
+    return out
+
+
+def labelled_kernels(trace: dict) -> list[tuple[str, float, float]]:
+    """A chrome trace's GPU kernels as (name [grid] after previous, start, end) in µs."""
+    ks = sorted((e for e in trace["traceEvents"] if e.get("cat") == "kernel"), key=lambda e: e["ts"])
+    out, prev = [], "-"
+    for e in ks:
+        name = e["name"].split("(")[0][:40]
+        grid = "x".join(map(str, e.get("args", {}).get("grid", [])))
+        out.append((f"{name} [{grid}] after {prev}", e["ts"], e["ts"] + e["dur"]))
+        prev = name
+    return out
 
 
 def main():
@@ -81,6 +103,9 @@ def main():
             eng.step()
         torch.cuda.synchronize()
         wall = time.perf_counter() - t0
+    with tempfile.NamedTemporaryFile(suffix=".json") as f:
+        prof.export_chrome_trace(f.name)
+        critical = attribute_busy(labelled_kernels(json.load(open(f.name))))
     kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
     busy = busy_us([(e.time_range.start, e.time_range.end) for e in kernels])
     per = {}
@@ -94,7 +119,9 @@ def main():
            "wall_ms_per_step": round(wall / args.steps * 1e3, 3), "gpu_busy_ms_per_step": round(busy / args.steps / 1e3, 3),
            "gpu_idle_fraction": round(1 - busy / (wall * 1e6), 3), "kernels_per_step": round(len(kernels) / args.steps, 1),
            "top": [{"kernel": k[:90], "per_step": round(n / args.steps, 1), "us_per_step": round(t / args.steps, 1)}
-                   for k, (n, t) in top]}
+                   for k, (n, t) in top],
+           "busy_by_kernel": [{"kernel": k, "us_per_step": round(t / args.steps, 1)}
+                              for k, t in sorted(critical.items(), key=lambda kv: -kv[1])[:15]]}
     res |= kernel_choices("cuda")  # the one-row GEMV setup; PDL on or off
     print(f"concurrency {args.concurrency}, threshold {args.threshold}: {res['tok_per_s']} tok/s, "
           f"{res['clean_ms_per_step']} ms per loop step ({res['wall_ms_per_step']} under the profiler), "
@@ -102,6 +129,9 @@ def main():
           f"idle {res['gpu_idle_fraction'] * 100:.1f} %; PDL {'on' if res['pdl'] else 'off'}; GEMV {res['gemv']}")
     for r in res["top"]:
         print(f"  {r['us_per_step']:>9} us  x{r['per_step']:>6}  {r['kernel']}")
+    print("busy time each kernel adds beyond those started before it, per step:")
+    for r in res["busy_by_kernel"]:
+        print(f"  {r['us_per_step']:>9} us  {r['kernel']}")
 
     if args.json_out:
         with open(args.json_out, "w") as f:

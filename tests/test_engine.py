@@ -301,3 +301,32 @@ def test_decode_roofline_arithmetic(checkpoints):
     got = floors.decode_roofline(model, mc, concurrency=3, context=100, copy_gbps=1.0)
     assert got["bytes_per_step"] == mc.depth * (weights + 3 * kv_row_loop) + head
     assert got["ms_per_step"] == round(got["bytes_per_step"] / 1e6, 3)
+
+
+def test_profile_splits_busy_time_among_overlapping_kernels():
+    """profile_gpu.py: kernels overlapping under PDL each get only the busy time past the kernels
+    started before them (idle gaps go to no one), labelled by name, grid and previous kernel."""
+    import os
+    import sys
+
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "scripts"))
+    import profile_gpu
+
+    def k(name, ts, dur, grid):
+        return {"cat": "kernel", "name": name, "ts": ts, "dur": dur, "args": {"grid": grid}}
+
+    trace = {"traceEvents": [
+        k("_gemv_kernel", 0.0, 10.0, [1024, 1, 1]),
+        {"cat": "cuda_runtime", "name": "cudaLaunchKernel", "ts": 1.0, "dur": 2.0},  # not a kernel
+        k("_rope_kernel", 8.0, 4.0, [1, 48, 1]),  # starts under the GEMV: adds 2
+        k("_decode_kernel", 9.0, 2.0, [1, 16, 32]),  # inside both: adds nothing
+        k("_gemv_kernel", 20.0, 5.0, [1024, 1, 1]),  # after an 8 µs idle gap: adds its 5
+    ]}
+    kernels = profile_gpu.labelled_kernels(trace)
+    assert [label for label, _, _ in kernels] == [
+        "_gemv_kernel [1024x1x1] after -", "_rope_kernel [1x48x1] after _gemv_kernel",
+        "_decode_kernel [1x16x32] after _rope_kernel", "_gemv_kernel [1024x1x1] after _decode_kernel"]
+    assert profile_gpu.attribute_busy(kernels) == {
+        "_gemv_kernel [1024x1x1] after -": 10.0, "_rope_kernel [1x48x1] after _gemv_kernel": 2.0,
+        "_decode_kernel [1x16x32] after _rope_kernel": 0.0, "_gemv_kernel [1024x1x1] after _decode_kernel": 5.0}
+    assert profile_gpu.busy_us([(a, b) for _, a, b in kernels]) == 17.0
