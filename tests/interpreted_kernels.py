@@ -72,13 +72,13 @@ def check_gemv() -> bool:
     from rlt.kernels.gemv import CONFIGS, gemv
 
     g = torch.Generator().manual_seed(0)
-    x, w = torch.randn(1, 300, generator=g), torch.randn(37, 300, generator=g)  # ragged N and K
-    ref = x @ w.T
+    cases = [(torch.randn(1, k, generator=g), torch.randn(37, k, generator=g)) for k in (300, 2100)]  # ragged N, K
     ok = True
     for cfg in CONFIGS:
-        err = (gemv(x, w, cfg) - ref).abs().max().item()
-        print(f"gemv {cfg}: max error {err:.2e}")
-        ok &= err <= 1e-4
+        err = max((gemv(x, w, cfg, prefetch) - x @ w.T).abs().max().item() / (x @ w.T).abs().max().item()
+                  for x, w in cases for prefetch in (False, True))
+        print(f"gemv {cfg}, tiles loaded one ahead or not: max error {err:.2e} (relative)")
+        ok &= err <= 1e-5
     return ok
 
 
@@ -98,10 +98,13 @@ def check_gemv_epilogues() -> bool:
 
     ok = True
     for cfg in gv.CONFIGS:
-        err = rel(gv.gemv_swiglu(x, gate_up, cfg), layers.swiglu(x @ gate_up.T))
-        for weight_a in (None, wa):
-            refs = layers.add_norm(r, x @ w.T, weight_a, wo, eps)
-            err = max(err, *(rel(a, b) for a, b in zip(gv.gemv_add_norm(x, w, r, weight_a, wo, eps, cfg), refs)))
+        err = 0.0
+        for prefetch in (False, True):
+            err = max(err, rel(gv.gemv_swiglu(x, gate_up, cfg, prefetch), layers.swiglu(x @ gate_up.T)))
+            for weight_a in (None, wa):
+                refs = layers.add_norm(r, x @ w.T, weight_a, wo, eps)
+                got = gv.gemv_add_norm(x, w, r, weight_a, wo, eps, cfg, prefetch)
+                err = max(err, *(rel(a, b) for a, b in zip(got, refs)))
         print(f"gemv epilogues {cfg}: max error {err:.2e} (relative)")
         ok &= err <= 1e-5
     left = int(gv._counter(torch.device("cpu")).item())

@@ -33,6 +33,7 @@ from rlt.kernels.norm import norm_row
 # 2x2048/4w 197.2, against 206.9) and are gone from the set.
 CONFIGS = ((2, 1024, 4), (4, 1024, 4), (8, 512, 4), (8, 1024, 8), (16, 256, 4))
 fused = os.environ.get("RLT_FUSED_GEMV", "1") != "0"
+PREFETCH = os.environ.get("RLT_GEMV_PREFETCH", "0") == "1"  # off until measured in the engine
 
 
 def _config_from_env() -> tuple[int, int, int]:
@@ -65,10 +66,11 @@ def _counter(device: torch.device) -> torch.Tensor:
 @triton.jit
 def _gemv_kernel(x_ptr, w_ptr, y_ptr, N, K, stride_wn, r_ptr, wa_ptr, wo_ptr, ro_ptr, h_ptr, count_ptr, eps,
                  BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EPILOGUE: tl.constexpr, NORM_A: tl.constexpr,
-                 ROW: tl.constexpr, PDL: tl.constexpr):
+                 ROW: tl.constexpr, PREFETCH: tl.constexpr, PDL: tl.constexpr):
     """y = x @ w.T. SWIGLU: w is [gate; up] (2N rows), y = silu(x @ gate.T) * (x @ up.T), rounded as
     the separate launches round. ADD_NORM: then the last program to finish stores r' = r + (rms_norm(y,
-    wa) if NORM_A else y) to ro and rms_norm(r', wo) to h."""
+    wa) if NORM_A else y) to ro and rms_norm(r', wo) to h. PREFETCH: each step of the K loop loads
+    the next weight tile before using the current one (two tiles in flight per program)."""
     offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = offs_n < N
     rows = w_ptr + offs_n[:, None].to(tl.int64) * stride_wn
@@ -86,8 +88,13 @@ def _gemv_kernel(x_ptr, w_ptr, y_ptr, N, K, stride_wn, r_ptr, wa_ptr, wo_ptr, ro
     acc_up = tl.zeros((BLOCK_N, BLOCK_K), tl.float32)
     for k0 in range(0, K, BLOCK_K):
         kk = k0 + offs_k
-        mask = n_ok[:, None] & (kk < K)[None, :]
-        if k0 > 0:
+        if PREFETCH:  # the next tile (masked off past K: no traffic)
+            mask = n_ok[:, None] & (kk + BLOCK_K < K)[None, :]
+            w_next = tl.load(rows + BLOCK_K + kk[None, :], mask=mask, other=0.0)
+            if EPILOGUE == _SWIGLU:
+                w_up_next = tl.load(rows_up + BLOCK_K + kk[None, :], mask=mask, other=0.0)
+        elif k0 > 0:
+            mask = n_ok[:, None] & (kk < K)[None, :]
             w = tl.load(rows + kk[None, :], mask=mask, other=0.0)
             if EPILOGUE == _SWIGLU:
                 w_up = tl.load(rows_up + kk[None, :], mask=mask, other=0.0)
@@ -95,6 +102,10 @@ def _gemv_kernel(x_ptr, w_ptr, y_ptr, N, K, stride_wn, r_ptr, wa_ptr, wo_ptr, ro
         acc += w.to(tl.float32) * x[None, :]
         if EPILOGUE == _SWIGLU:
             acc_up += w_up.to(tl.float32) * x[None, :]
+        if PREFETCH:
+            w = w_next
+            if EPILOGUE == _SWIGLU:
+                w_up = w_up_next
     y = tl.sum(acc, axis=1).to(dt)
     if EPILOGUE == _SWIGLU:
         g = y.to(tl.float32)
@@ -116,27 +127,30 @@ def _gemv_kernel(x_ptr, w_ptr, y_ptr, N, K, stride_wn, r_ptr, wa_ptr, wo_ptr, ro
             tl.atomic_xchg(count_ptr, 0)
 
 
-def gemv(x: torch.Tensor, w: torch.Tensor, config: tuple[int, int, int] = CONFIG) -> torch.Tensor:
-    """x [1, K] (contiguous), w [N, K] (rows contiguous) -> x @ w.T [1, N] in x's dtype."""
-    return _launch(x, w, config, PLAIN, w.shape[0])[0]
+def gemv(x: torch.Tensor, w: torch.Tensor, config: tuple[int, int, int] = CONFIG,
+         prefetch: bool | None = None) -> torch.Tensor:
+    """x [1, K] (contiguous), w [N, K] (rows contiguous) -> x @ w.T [1, N] in x's dtype. prefetch:
+    None takes RLT_GEMV_PREFETCH."""
+    return _launch(x, w, config, PLAIN, w.shape[0], prefetch=prefetch)[0]
 
 
-def gemv_swiglu(x: torch.Tensor, w: torch.Tensor, config: tuple[int, int, int] = CONFIG) -> torch.Tensor:
+def gemv_swiglu(x: torch.Tensor, w: torch.Tensor, config: tuple[int, int, int] = CONFIG,
+                prefetch: bool | None = None) -> torch.Tensor:
     """x [1, K], w the fused [gate; up] weight [2I, K] -> silu(x @ gate.T) * (x @ up.T) [1, I]."""
-    return _launch(x, w, config, SWIGLU, w.shape[0] // 2)[0]
+    return _launch(x, w, config, SWIGLU, w.shape[0] // 2, prefetch=prefetch)[0]
 
 
 def gemv_add_norm(x: torch.Tensor, w: torch.Tensor, residual: torch.Tensor, weight_a: torch.Tensor | None,
-                  weight_out: torch.Tensor, eps: float,
-                  config: tuple[int, int, int] = CONFIG) -> tuple[torch.Tensor, torch.Tensor]:
+                  weight_out: torch.Tensor, eps: float, config: tuple[int, int, int] = CONFIG,
+                  prefetch: bool | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """a = x @ w.T, then residual' = residual + (rms_norm(a, weight_a) if weight_a is given else a)
     -> (residual', rms_norm(residual', weight_out)), each [1, N]; one launch."""
     N = w.shape[0]
-    _, ro, h = _launch(x, w, config, ADD_NORM, N, residual.contiguous(), weight_a, weight_out, eps)
+    _, ro, h = _launch(x, w, config, ADD_NORM, N, residual.contiguous(), weight_a, weight_out, eps, prefetch)
     return ro, h
 
 
-def _launch(x, w, config, epilogue, N, residual=None, weight_a=None, weight_out=None, eps=0.0):
+def _launch(x, w, config, epilogue, N, residual=None, weight_a=None, weight_out=None, eps=0.0, prefetch=None):
     K = w.shape[1]
     bn, bk, warps = config
     y = torch.empty(1, N, dtype=x.dtype, device=x.device)
@@ -144,11 +158,11 @@ def _launch(x, w, config, epilogue, N, residual=None, weight_a=None, weight_out=
     pdl.launch(_gemv_kernel, (triton.cdiv(N, bn),), x.contiguous(), w, y, N, K, w.stride(0),
                y if residual is None else residual, y if weight_a is None else weight_a,
                y if weight_out is None else weight_out, ro, h, _counter(x.device), eps, BLOCK_N=bn, BLOCK_K=bk,
-               EPILOGUE=epilogue, NORM_A=weight_a is not None,
+               EPILOGUE=epilogue, NORM_A=weight_a is not None, PREFETCH=PREFETCH if prefetch is None else prefetch,
                ROW=triton.next_power_of_2(N) if epilogue == ADD_NORM else 1, num_warps=warps, like=x)
     return y, ro, h
 
 
 def choices() -> dict:
     """The GEMV setup (for benchmark logs)."""
-    return {"config": "%dx%d/%dw" % CONFIG, "fused": fused}
+    return {"config": "%dx%d/%dw" % CONFIG, "fused": fused, "prefetch": PREFETCH}
