@@ -110,8 +110,9 @@ def prefill_ms(mc, model, dtype, device, n, reps=3):
 
 
 def kernel_choices(device: str) -> dict | None:
-    """On CUDA: the one-row GEMV's config and epilogues (RLT_GEMV_CONFIG, RLT_FUSED_GEMV), the decode
-    attention's key-slice cap (RLT_DECODE_MAX_SPLITS) and programmatic dependent launch (RLT_PDL)."""
+    """On CUDA: the one-row GEMV's config, epilogues and prefetch (RLT_GEMV_CONFIG, RLT_FUSED_GEMV,
+    RLT_GEMV_PREFETCH), the decode attention's key-slice cap (RLT_DECODE_MAX_SPLITS) and
+    programmatic dependent launch (RLT_PDL)."""
     if not device.startswith("cuda"):
         return None
     from rlt.kernels import decode_attention, gemv, pdl

@@ -93,18 +93,26 @@ def saturated(row: dict) -> bool:
     """Past capacity: the engine fell behind its arrivals. Either the run took over 10 % longer than
     an engine keeping up with them would — their own span (a 60 s Poisson draw at 0.5/s may hold 23
     arrivals, not 30) plus one median E2EL for the last request — or a queue grew during the run:
-    the last quarter of the arrivals waited for their first token over twice as long as the first
-    quarter and over 250 ms longer (an engine behind from the start also has a long median E2EL,
-    which the first test forgives)."""
+    for some prompt length, the last quarter of its arrivals waited for their first token over twice
+    as long as the first quarter, and over 250 ms longer (an engine behind from the start also has
+    a long median E2EL, which the first test forgives). Per length, since a long prompt's first
+    token takes longer anyway and the quarters need not hold the same mix."""
     if row.get("completed", 0) < 2 or not row.get("arrival_rate_req_s"):
         return True
     span = (row["completed"] - 1) / row["arrival_rate_req_s"]
     took = row["completed"] / row["request_throughput_req_s"]
-    ttfts = [ttft for _, ttft, _ in row.get("requests", [])]  # in arrival order
-    quarter = len(ttfts) // 4
-    early = statistics.median(ttfts[:quarter]) if quarter else 0.0
-    late = statistics.median(ttfts[-quarter:]) if quarter else 0.0
-    return took > (span + row.get("median_e2el_ms", 0.0) / 1e3) / 0.9 or (late > 2 * early and late - early > 250)
+    if took > (span + row.get("median_e2el_ms", 0.0) / 1e3) / 0.9:
+        return True
+    by_len = {}
+    for n, ttft, _ in row.get("requests", []):  # in arrival order
+        by_len.setdefault(n, []).append(ttft)
+    for ttfts in by_len.values():
+        q = len(ttfts) // 4
+        if q:
+            early, late = statistics.median(ttfts[:q]), statistics.median(ttfts[-q:])
+            if late > 2 * early and late - early > 250:
+                return True
+    return False
 
 
 async def warm_up(engine, prompt_lens, output_len, burst=16):
@@ -152,16 +160,18 @@ async def serve(args, meta: dict) -> list[dict]:
             row["saturated"] = saturated(row)
             rows.append(row)
             print(" ".join(f"{str(row.get(c)):>14}" for c in COLUMNS), flush=True)
-            if args.json_out:
-                with open(args.json_out, "w") as f:
+            if args.json_out:  # replaced whole: a run killed mid-write keeps the previous file
+                with open(args.json_out + ".tmp", "w") as f:
                     json.dump({"meta": meta, "rows": rows}, f, indent=2)
+                os.replace(args.json_out + ".tmp", args.json_out)
 
         for rate in args.rates.split(","):
             await run(float(rate), args.duration)
         for rate in filter(None, args.sweep_rates.split(",")):
-            await run(float(rate), args.sweep_duration or args.duration)
             if rows[-1]["saturated"]:
-                break  # this configuration's capacity lies below this rate
+                break  # this configuration's capacity lies below the last rate
+            if float(rate) > rows[-1]["rate"]:
+                await run(float(rate), args.sweep_duration or args.duration)
         return rows
 
 

@@ -4,8 +4,9 @@
 
 For every rate the replicas ran up to their capacity (their highest rate not past capacity): 1P1D
 output throughput >= 97 % of the replicas', p95 TTFT <= 1.2x theirs, p95 TPOT <= 0.5x theirs. A
-rate 1P1D has no row for (its sweep stopped below it, past its own capacity) fails. Prints a row
-per rate and exits non-zero unless every checked rate passes.
+rate without a 1P1D row with completions (its sweep stopped below it, past its own capacity, or
+the run was cut short) fails. Prints a row per rate and exits non-zero unless every checked rate
+passes.
 """
 
 import json
@@ -25,7 +26,7 @@ def compare(pd_rows: list[dict], rep_rows: list[dict]) -> list[dict]:
         if capacity is None or r["rate"] > capacity:
             continue
         p = pd.get(r["rate"])
-        if p is None:
+        if p is None or not p.get("completed"):
             out.append({"rate": r["rate"], "throughput": None, "ttft": None, "tpot": None, "ok": False})
             continue
         row = {"rate": r["rate"],
@@ -64,7 +65,7 @@ def main(argv: list[str]) -> int:
     print(f"{'rate':>6} {'tput 1p1d/2x':>13} {'p95 TTFT ratio':>15} {'p95 TPOT ratio':>15}  P4")
     for r in rows:
         if r["throughput"] is None:
-            print(f"{r['rate']:>6} {'no 1p1d run at this rate (past its capacity)':>45}  MISSED")
+            print(f"{r['rate']:>6} {'no 1p1d row at this rate':>45}  MISSED")
             continue
         print(f"{r['rate']:>6} {r['throughput']:>13} {r['ttft']:>15} {r['tpot']:>15}  {'ok' if r['ok'] else 'MISSED'}")
     by_len = ttft_by_prompt_len(pd, rep)

@@ -74,7 +74,7 @@ for topo in ${SERVE_TOPOS:-}; do
   timeout ${SERVE_TIMEOUT:-400} python3 scripts/bench.py --mode serve --model /tmp/nb-full --device cuda --topology $topo \
     --rates ${RATES:-0.25,0.5,1} --sweep-rates "${SWEEP_RATES:-}" --duration ${DURATION:-60} --sweep-duration ${SWEEP_DURATION:-${DURATION:-60}} \
     --prompt-lens 128,4096 --output-len 64 \
-    --kv-gib 40 ${SERVE_ARGS:-} --json-out "$OUT/serve_$topo.json" 2>&1 | grep -v "NIXL INFO" | tee "$OUT/serve_$topo.log" | tail -10
+    --kv-gib 40 ${SERVE_ARGS:-} --json-out "$OUT/serve_$topo.json" 2>&1 | grep -v "NIXL INFO" | tee "$OUT/serve_$topo.log" | tail -16
 done
 # P4's verdict when both topologies ran here (else: compare_serving.py on the two JSON files)
 [ -f "$OUT/serve_1p1d.json" ] && [ -f "$OUT/serve_2x.json" ] && python3 scripts/compare_serving.py "$OUT/serve_1p1d.json" "$OUT/serve_2x.json"

@@ -14,6 +14,7 @@ per (kernel, grid, previous kernel), which tells the projections of a layer apar
 import argparse
 import json
 import os
+import re
 import sys
 import tempfile
 import time
@@ -46,12 +47,19 @@ def attribute_busy(kernels: list[tuple[str, float, float]]) -> dict[str, float]:
     return out
 
 
+def short_name(kernel: str) -> str:
+    """A kernel's name without return type, template arguments and parameters:
+    'void at::native::(anonymous namespace)::foo<float>(...)' -> 'at::native::anon::foo'."""
+    name = re.sub(r"^(void |std::enable_if<.*?>::type )", "", kernel).replace("(anonymous namespace)", "anon")
+    return re.split(r"[<(]", name, maxsplit=1)[0].strip()[:80]
+
+
 def labelled_kernels(trace: dict) -> list[tuple[str, float, float]]:
     """A chrome trace's GPU kernels as (name [grid] after previous, start, end) in µs."""
     ks = sorted((e for e in trace["traceEvents"] if e.get("cat") == "kernel"), key=lambda e: e["ts"])
     out, prev = [], "-"
     for e in ks:
-        name = e["name"].split("(")[0][:40]
+        name = short_name(e["name"])
         grid = "x".join(map(str, e.get("args", {}).get("grid", [])))
         out.append((f"{name} [{grid}] after {prev}", e["ts"], e["ts"] + e["dur"]))
         prev = name
@@ -105,7 +113,8 @@ def main():
         wall = time.perf_counter() - t0
     with tempfile.NamedTemporaryFile(suffix=".json") as f:
         prof.export_chrome_trace(f.name)
-        critical = attribute_busy(labelled_kernels(json.load(open(f.name))))
+        with open(f.name) as trace:
+            critical = attribute_busy(labelled_kernels(json.load(trace)))
     kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
     busy = busy_us([(e.time_range.start, e.time_range.end) for e in kernels])
     per = {}

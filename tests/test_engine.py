@@ -330,3 +330,7 @@ def test_profile_splits_busy_time_among_overlapping_kernels():
         "_gemv_kernel [1024x1x1] after -": 10.0, "_rope_kernel [1x48x1] after _gemv_kernel": 2.0,
         "_decode_kernel [1x16x32] after _rope_kernel": 0.0, "_gemv_kernel [1024x1x1] after _decode_kernel": 5.0}
     assert profile_gpu.busy_us([(a, b) for _, a, b in kernels]) == 17.0
+    assert profile_gpu.short_name("void at::native::(anonymous namespace)::indexSelect<c10::BFloat16, long>(int)") \
+        == "at::native::anon::indexSelect"
+    assert profile_gpu.short_name("std::enable_if<!(false), void>::type internal::gemvx::kernel<int>(int)") \
+        == "internal::gemvx::kernel"

@@ -278,7 +278,7 @@ def test_gemv_epilogues_match_separate_launches(monkeypatch):
 
             for cfg in gv.CONFIGS:
                 for pf in (False, True):
-                    assert close(gv.gemv_swiglu(x, gate_up, cfg, pf), silu_mul(gv.gemv(x, gate_up, cfg))), (N, K, cfg)
+                    assert close(gv.gemv_swiglu(x, gate_up, cfg, pf), silu_mul(gv.gemv(x, gate_up, cfg))), (N, K, cfg, pf)
                     for weight_a in (None, wa):
                         refs = add_rms_norm(r, gv.gemv(x, w, cfg), weight_a, wo, eps)
                         got = gv.gemv_add_norm(x, w, r, weight_a, wo, eps, cfg, pf)

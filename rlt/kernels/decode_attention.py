@@ -27,7 +27,7 @@ SPLIT_BLOCK_N = 32  # split passes: tune_decode.py on an H200, 32-key tiles x 32
 
 def _max_splits_from_env() -> int:
     """RLT_DECODE_MAX_SPLITS=N caps the key slices at N instead of 32 (engine A/B measurements)."""
-    text = os.environ.get("RLT_DECODE_MAX_SPLITS", "32")
+    text = os.environ.get("RLT_DECODE_MAX_SPLITS", "32").strip()
     if not text.isdigit() or not 1 <= int(text) <= 256 or int(text) & (int(text) - 1):
         raise ValueError(f"RLT_DECODE_MAX_SPLITS must be a power of two from 1 to 256, got {text!r}")
     return int(text)
