@@ -111,13 +111,13 @@ def prefill_ms(mc, model, dtype, device, n, reps=3):
 
 def kernel_choices(device: str) -> dict | None:
     """On CUDA: the one-row GEMV's config, epilogues and prefetch (RLT_GEMV_CONFIG, RLT_FUSED_GEMV,
-    RLT_GEMV_PREFETCH), the decode attention's key-slice cap (RLT_DECODE_MAX_SPLITS) and
+    RLT_GEMV_PREFETCH), the decode attention's forced key slices (RLT_DECODE_SPLITS) and
     programmatic dependent launch (RLT_PDL)."""
     if not device.startswith("cuda"):
         return None
     from rlt.kernels import decode_attention, gemv, pdl
 
-    return {"gemv": gemv.choices(), "decode_max_splits": decode_attention.MAX_SPLITS, "pdl": pdl.enabled}
+    return {"gemv": gemv.choices(), "decode_splits": decode_attention.FORCED_SPLITS, "pdl": pdl.enabled}
 
 
 def main():

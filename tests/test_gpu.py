@@ -212,8 +212,9 @@ def test_triton_paged_attention_matches_reference(dtype, tol, H, Hkv, D):
 @pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-4), (torch.bfloat16, 2e-2)])
 @pytest.mark.parametrize("H,Hkv,D", [(16, 16, 128), (48, 8, 128), (4, 2, 16), (55, 55, 96)])
 def test_decode_attention_matches_reference(dtype, tol, H, Hkv, D):
-    """The decode kernel (GQA group per program; 1, 2, 8, MAX_SPLITS key slices merged by the last
-    slice, and the planned count) against the torch reference, and a decode-only pass through
+    """The decode kernel (GQA group per program; 1, 2, 8, 32, 64, 128 key slices merged by the last
+    slice — most of them empty for the shorter rows — and the planned count) against the torch
+    reference, and a decode-only pass through
     paged_attention takes it."""
     from rlt.kernels import decode_attention as da
     from rlt.kernels.paged_attention import PagedMetadata, kernel_fields, paged_attention
@@ -224,7 +225,7 @@ def test_decode_attention_matches_reference(dtype, tol, H, Hkv, D):
     for layer in range(cache.shape[1]):
         ref = paged_attention(cache, layer, meta, q, None, None).float()
         bound = tol * max(1.0, ref.abs().max().item())
-        for splits in (1, 2, 8, da.MAX_SPLITS, None):
+        for splits in (1, 2, 8, 32, 64, 128, None):
             got = da.decode_attention(cache, layer, q, tab, pos, meta.block_size, splits).float()
             assert (got - ref).abs().max() <= bound, splits
         assert torch.equal(paged_attention(cache, layer, kernel_meta, q, None, None),

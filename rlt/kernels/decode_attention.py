@@ -25,15 +25,22 @@ BLOCK_N = 64  # key tile of unsplit passes (measured at conc 128)
 SPLIT_BLOCK_N = 32  # split passes: tune_decode.py on an H200, 32-key tiles x 32 slices beat 64 x 16 at 1K
 
 
-def _max_splits_from_env() -> int:
-    """RLT_DECODE_MAX_SPLITS=N caps the key slices at N instead of 32 (engine A/B measurements)."""
-    text = os.environ.get("RLT_DECODE_MAX_SPLITS", "32").strip()
+MAX_SPLITS = 32
+
+
+def _splits_from_env() -> int | None:
+    """RLT_DECODE_SPLITS=N: every split pass takes N key slices instead of plan_splits' choice
+    (engine A/B measurements: at 1K context the default 32 slices of 1025+ keys give 17 working
+    slices of two 32-key tiles each; 64 would give 33 of one tile, all read before the PDL wait)."""
+    text = os.environ.get("RLT_DECODE_SPLITS", "").strip()
+    if not text:
+        return None
     if not text.isdigit() or not 1 <= int(text) <= 256 or int(text) & (int(text) - 1):
-        raise ValueError(f"RLT_DECODE_MAX_SPLITS must be a power of two from 1 to 256, got {text!r}")
+        raise ValueError(f"RLT_DECODE_SPLITS must be a power of two from 1 to 256, got {text!r}")
     return int(text)
 
 
-MAX_SPLITS = _max_splits_from_env()
+FORCED_SPLITS = _splits_from_env()
 _COUNTERS = 4096  # (row, KV head) pairs of a split pass: splits only happen below one per SM
 
 
@@ -50,9 +57,11 @@ def num_sms(device: torch.device) -> int:
 
 def plan_splits(rows: int, kv_heads: int, device: torch.device) -> int:
     """Key slices per (row, KV head): a power of two giving two to four programs per SM when the
-    pass has fewer (row, KV head) programs than SMs; 1 otherwise."""
+    pass has fewer (row, KV head) programs than SMs (or RLT_DECODE_SPLITS); 1 otherwise."""
     programs, sms = rows * kv_heads, num_sms(device)
-    return 1 if programs >= sms else min(MAX_SPLITS, 1 << (2 * sms // programs).bit_length())
+    if programs >= sms:
+        return 1
+    return FORCED_SPLITS or min(MAX_SPLITS, 1 << (2 * sms // programs).bit_length())
 
 
 @triton.jit
