@@ -145,7 +145,21 @@ def test_bad_decode_splits_names_the_variable(value):
 
     r = subprocess.run([sys.executable, "-c", "import rlt.kernels.decode_attention"], capture_output=True, text=True,
                        env={**os.environ, "RLT_DECODE_SPLITS": value}, timeout=120)
-    assert r.returncode != 0 and "RLT_DECODE_SPLITS must be a power of two from 1 to 256" in r.stderr
-    ok = subprocess.run([sys.executable, "-c", "import rlt.kernels.decode_attention as d; print(d.FORCED_SPLITS)"],
-                        capture_output=True, text=True, env={**os.environ, "RLT_DECODE_SPLITS": "64"}, timeout=120)
-    assert ok.stdout.strip() == "64"
+    assert r.returncode != 0 and "RLT_DECODE_SPLITS must be 'tiles' or a power of two from 1 to 256" in r.stderr
+    for good in ("64", "tiles"):
+        ok = subprocess.run([sys.executable, "-c", "import rlt.kernels.decode_attention as d; print(d.FORCED_SPLITS)"],
+                            capture_output=True, text=True, env={**os.environ, "RLT_DECODE_SPLITS": good}, timeout=120)
+        assert ok.stdout.strip() == good
+
+
+def test_split_plan(monkeypatch):
+    """Key slices of decode attention: the programs-per-SM rule, a forced count, or one 32-key tile
+    per slice by the block table's keys (RLT_DECODE_SPLITS); never split with a program per SM."""
+    from rlt.kernels import decode_attention as da
+
+    monkeypatch.setattr(da, "num_sms", lambda device: 132)
+    assert [da.plan_splits(rows, 16, None, 1088) for rows in (1, 4, 9)] == [32, 8, 1]  # Ouro, 16 KV heads
+    monkeypatch.setattr(da, "FORCED_SPLITS", 64)
+    assert [da.plan_splits(rows, 16, None, 1088) for rows in (1, 9)] == [64, 1]
+    monkeypatch.setattr(da, "FORCED_SPLITS", "tiles")
+    assert [da.plan_splits(1, 16, None, keys) for keys in (16, 1088, 1280, 4096, 65536)] == [1, 64, 64, 128, 256]
