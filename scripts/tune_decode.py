@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from triton.testing import do_bench
 
 from rlt.kernels.decode_attention import decode_attention, plan_splits
-from rlt.kernels.gemv import gemv
+from rlt.kernels.gemv import GemvConfig, gemv
 
 
 def bench(fn) -> float:
@@ -54,7 +54,7 @@ def main():
         for cfg in itertools.product((1, 2, 4, 8), (256, 512, 1024, 2048), (1, 2, 4, 8)):
             if cfg[0] * cfg[1] // (32 * cfg[2]) < 4:  # under 4 elements per thread
                 continue
-            res.append((bench(lambda: gemv(x, w, cfg)), cfg))
+            res.append((bench(lambda: gemv(x, w, GemvConfig(*cfg))), cfg))
         res.sort(key=lambda r: r[0])
         print(f"gemv {shape} ({N * K * 2 / 1e6:.1f} MB): fastest (us, config):",
               [(round(t, 1), c) for t, c in res[:5]], "cublas:", [round(t, 1) for t, c in res if c == "cublas"],

@@ -69,15 +69,15 @@ def check_paged_attention() -> bool:
 
 
 def check_gemv() -> bool:
-    from rlt.kernels.gemv import CONFIGS, gemv
+    from rlt.kernels.gemv import CONFIGS, gemv, variants
 
     g = torch.Generator().manual_seed(0)
     cases = [(torch.randn(1, k, generator=g), torch.randn(37, k, generator=g)) for k in (300, 2100)]  # ragged N, K
     ok = True
     for cfg in CONFIGS:
-        err = max((gemv(x, w, cfg, prefetch) - x @ w.T).abs().max().item() / (x @ w.T).abs().max().item()
-                  for x, w in cases for prefetch in (False, True))
-        print(f"gemv {cfg}, tiles loaded one ahead or not: max error {err:.2e} (relative)")
+        err = max((gemv(x, w, v) - x @ w.T).abs().max().item() / (x @ w.T).abs().max().item()
+                  for x, w in cases for v in variants(cfg))
+        print(f"gemv {cfg}, every loop variant: max error {err:.2e} (relative)")
         ok &= err <= 1e-5
     return ok
 
@@ -99,11 +99,11 @@ def check_gemv_epilogues() -> bool:
     ok = True
     for cfg in gv.CONFIGS:
         err = 0.0
-        for prefetch in (False, True):
-            err = max(err, rel(gv.gemv_swiglu(x, gate_up, cfg, prefetch), layers.swiglu(x @ gate_up.T)))
+        for v in gv.variants(cfg):
+            err = max(err, rel(gv.gemv_swiglu(x, gate_up, v), layers.swiglu(x @ gate_up.T)))
             for weight_a in (None, wa):
                 refs = layers.add_norm(r, x @ w.T, weight_a, wo, eps)
-                got = gv.gemv_add_norm(x, w, r, weight_a, wo, eps, cfg, prefetch)
+                got = gv.gemv_add_norm(x, w, r, weight_a, wo, eps, v)
                 err = max(err, *(rel(a, b) for a, b in zip(got, refs)))
         print(f"gemv epilogues {cfg}: max error {err:.2e} (relative)")
         ok &= err <= 1e-5

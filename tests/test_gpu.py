@@ -234,9 +234,8 @@ def test_decode_attention_matches_reference(dtype, tol, H, Hkv, D):
 
 
 def test_gemv_matches_torch():
-    """Every GEMV config, its weight tiles loaded one ahead or not, and the engine's one-row path
-    against F.linear, at decode shapes (Ouro's q/k/v, output, gate/up, down projections) and a
-    ragged one."""
+    """Every GEMV config in each loop variant, and the engine's one-row path, against F.linear, at
+    decode shapes (Ouro's q/k/v, output, gate/up, down projections) and a ragged one."""
     import torch.nn.functional as F
 
     from rlt.kernels import gemv as gv
@@ -250,8 +249,8 @@ def test_gemv_matches_torch():
             ref = F.linear(x.float(), w.float())
             bound = tol * ref.abs().max().item()
             for cfg in gv.CONFIGS:
-                for prefetch in (False, True):
-                    assert (gv.gemv(x, w, cfg, prefetch).float() - ref).abs().max() <= bound, (N, K, cfg, prefetch)
+                for v in gv.variants(cfg):
+                    assert (gv.gemv(x, w, v).float() - ref).abs().max() <= bound, (N, K, str(v))
             assert torch.equal(layers.linear(x, w), gv.gemv(x, w, gv.CONFIG))  # the engine's one-row path
 
 
@@ -278,12 +277,12 @@ def test_gemv_epilogues_match_separate_launches(monkeypatch):
                 return (got.float() - ref.float()).abs().max() <= tol * max(1.0, ref.float().abs().max().item())
 
             for cfg in gv.CONFIGS:
-                for pf in (False, True):
-                    assert close(gv.gemv_swiglu(x, gate_up, cfg, pf), silu_mul(gv.gemv(x, gate_up, cfg))), (N, K, cfg, pf)
+                for v in gv.variants(cfg):
+                    assert close(gv.gemv_swiglu(x, gate_up, v), silu_mul(gv.gemv(x, gate_up, v))), (N, K, str(v))
                     for weight_a in (None, wa):
-                        refs = add_rms_norm(r, gv.gemv(x, w, cfg), weight_a, wo, eps)
-                        got = gv.gemv_add_norm(x, w, r, weight_a, wo, eps, cfg, pf)
-                        assert close(got[0], refs[0]) and close(got[1], refs[1]), (N, K, cfg, pf, weight_a is None)
+                        refs = add_rms_norm(r, gv.gemv(x, w, v), weight_a, wo, eps)
+                        got = gv.gemv_add_norm(x, w, r, weight_a, wo, eps, v)
+                        assert close(got[0], refs[0]) and close(got[1], refs[1]), (N, K, str(v), weight_a is None)
             calls = {}
             for on in (False, True):
                 monkeypatch.setattr(gv, "fused", on)

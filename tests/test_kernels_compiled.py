@@ -27,15 +27,15 @@ def kernels():
         return decode_attention._decode_kernel, args, dict(
             H=16, GROUP=1, G_PAD=16, BLOCK_SIZE=16, HEAD_DIM=128, D_PAD=128, BLOCK_N=32, SPLITS=splits, IEEE=False)
 
-    def gemv_case(epilogue, row=1, prefetch=False):
+    def gemv_case(epilogue, row=1, prefetch=False, row_acc=False):
         return gemv._gemv_kernel, gemv_args, dict(BLOCK_N=2, BLOCK_K=1024, EPILOGUE=epilogue, NORM_A=True, ROW=row,
-                                                  PREFETCH=prefetch)
+                                                  PREFETCH=prefetch, ROW_ACC=row_acc)
 
     return {
         "gemv": gemv_case(gemv.PLAIN),
         "gemv_swiglu": gemv_case(gemv.SWIGLU),
         "gemv_add_norm": gemv_case(gemv.ADD_NORM, 2048),
-        "gemv_swiglu_prefetch": gemv_case(gemv.SWIGLU, prefetch=True),
+        "gemv_swiglu_variants": gemv_case(gemv.SWIGLU, prefetch=True, row_acc=True),
         "decode": decode_case(8),
         "decode_unsplit": decode_case(1),
         "add_rms_norm": (norm._add_rms_norm_kernel,
@@ -55,7 +55,7 @@ def kernels():
 
 # What a kernel may read before its PDL wait: memory no kernel of the pass writes while it runs.
 EARLY_READS = {"gemv": {"w_ptr"}, "gemv_swiglu": {"w_ptr"}, "gemv_add_norm": {"w_ptr"},
-               "gemv_swiglu_prefetch": {"w_ptr"},
+               "gemv_swiglu_variants": {"w_ptr"},
                "decode": {"pos_ptr", "table_ptr", "cache_ptr"},
                "decode_unsplit": {"pos_ptr"}}  # unsplit passes read the cache after the wait
 
@@ -91,7 +91,7 @@ def early_global_reads(ptx: str, sig: dict[str, str]) -> set[str]:
     return used
 
 
-@pytest.mark.parametrize("name", ["gemv", "gemv_swiglu", "gemv_add_norm", "gemv_swiglu_prefetch", "decode",
+@pytest.mark.parametrize("name", ["gemv", "gemv_swiglu", "gemv_add_norm", "gemv_swiglu_variants", "decode",
                                   "decode_unsplit", "add_rms_norm", "rms_norm", "rope", "silu_mul"])
 def test_pdl_kernel_waits_before_touching_memory(name):
     fn, sig, consts = kernels()[name]

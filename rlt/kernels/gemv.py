@@ -16,6 +16,7 @@ and re-reducing the whole row: -11 %), and the [q; k; v] GEMV finishing with RoP
 
 import functools
 import os
+from dataclasses import dataclass, replace
 
 import torch
 import triton
@@ -24,30 +25,58 @@ import triton.language as tl
 from rlt.kernels import pdl
 from rlt.kernels.norm import norm_row
 
-# (rows of w per program, K per load, warps): few wide loads per program keep many bytes in flight.
-# CONFIGS is the set the kernel is tested and tuned over (scripts/tune_decode.py). The engine uses
-# CONFIG for every shape: picking per shape by isolated timings (L2 flushed, interleaved rounds)
-# gave unstable picks, some on cuBLAS, and a slower engine (Ouro-1.4B, conc 1, H200, b0fe606: 181.5
-# tok/s picked against 206.5 at CONFIG; docs/benchmarks.md). Configs reading a program's whole
-# K = 2048 slice before the PDL wait ran slower in the engine (7fe33a4: 4x2048/8w 185.1 tok/s,
-# 2x2048/4w 197.2, against 206.9) and are gone from the set.
-CONFIGS = ((2, 1024, 4), (4, 1024, 4), (8, 512, 4), (8, 1024, 8), (16, 256, 4))
+@dataclass(frozen=True)
+class GemvConfig:
+    """Rows of w per program, K per load, warps; and two loop variants, off until measured in the
+    engine: prefetch (load the next weight tile before using the current one: two tiles in flight
+    per program) and row_acc (sum each tile's products into one float32 per row at once instead of
+    keeping a [rows, k] float32 accumulator: fewer registers per program, so more programs and
+    weight bytes in flight per SM, at a cross-thread sum per tile)."""
+
+    rows: int
+    k: int
+    warps: int
+    prefetch: bool = False
+    row_acc: bool = False
+
+    def __str__(self) -> str:
+        return f"{self.rows}x{self.k}/{self.warps}w" + "+prefetch" * self.prefetch + "+row_acc" * self.row_acc
+
+
+# Few wide loads per program keep many bytes in flight. CONFIGS is the set the kernel is tested
+# and tuned over (scripts/tune_decode.py). The engine uses CONFIG for every shape: picking per shape
+# by isolated timings (L2 flushed, interleaved rounds) gave unstable picks, some on cuBLAS, and a
+# slower engine (Ouro-1.4B, conc 1, H200, b0fe606: 181.5 tok/s picked against 206.5 at CONFIG;
+# docs/benchmarks.md). Configs reading a program's whole K = 2048 slice before the PDL wait ran
+# slower in the engine (7fe33a4: 4x2048/8w 185.1 tok/s, 2x2048/4w 197.2, against 206.9);
+# scripts/gemv_occupancy.py shows why for 2x2048/4w — 96 registers, five programs per SM, so the
+# 1024 programs of a 2048-row projection take 1.55 waves — and that with row_acc it needs 64 and
+# fits one wave with twice the bytes in flight: it stays in the set for that A/B.
+CONFIGS = tuple(GemvConfig(*c) for c in ((2, 1024, 4), (4, 1024, 4), (2, 2048, 4), (8, 512, 4), (8, 1024, 8),
+                                         (16, 256, 4)))
 fused = os.environ.get("RLT_FUSED_GEMV", "1") != "0"
-PREFETCH = os.environ.get("RLT_GEMV_PREFETCH", "0") == "1"  # off until measured in the engine
 
 
-def _config_from_env() -> tuple[int, int, int]:
-    """RLT_GEMV_CONFIG=4,1024,4 runs another config (A/B measurements); CONFIGS[0] otherwise."""
+def variants(config: GemvConfig) -> list[GemvConfig]:
+    """The config with each combination of its loop variants (for tests)."""
+    return [replace(config, prefetch=p, row_acc=r) for p in (False, True) for r in (False, True)]
+
+
+def _config_from_env() -> GemvConfig:
+    """RLT_GEMV_CONFIG=4,1024,4 runs another config, RLT_GEMV_PREFETCH=1 / RLT_GEMV_ROW_ACC=1 a loop
+    variant (A/B measurements); CONFIGS[0] otherwise."""
+    flags = dict(prefetch=os.environ.get("RLT_GEMV_PREFETCH", "0") == "1",
+                 row_acc=os.environ.get("RLT_GEMV_ROW_ACC", "0") == "1")
     text = os.environ.get("RLT_GEMV_CONFIG")
     if not text:
-        return CONFIGS[0]
+        return replace(CONFIGS[0], **flags)
     parts = text.split(",")
     if len(parts) != 3 or not all(p.strip().isdigit() and int(p) > 0 for p in parts):
         raise ValueError(f"RLT_GEMV_CONFIG must be three positive integers 'rows,k,warps', got {text!r}")
     rows, k, warps = map(int, parts)
     if rows & (rows - 1) or k & (k - 1) or warps & (warps - 1):
         raise ValueError(f"RLT_GEMV_CONFIG: rows, k and warps must be powers of two, got {text!r}")
-    return rows, k, warps
+    return GemvConfig(rows, k, warps, **flags)
 
 
 CONFIG = _config_from_env()
@@ -66,11 +95,11 @@ def _counter(device: torch.device) -> torch.Tensor:
 @triton.jit
 def _gemv_kernel(x_ptr, w_ptr, y_ptr, N, K, stride_wn, r_ptr, wa_ptr, wo_ptr, ro_ptr, h_ptr, count_ptr, eps,
                  BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EPILOGUE: tl.constexpr, NORM_A: tl.constexpr,
-                 ROW: tl.constexpr, PREFETCH: tl.constexpr, PDL: tl.constexpr):
+                 ROW: tl.constexpr, PREFETCH: tl.constexpr, ROW_ACC: tl.constexpr, PDL: tl.constexpr):
     """y = x @ w.T. SWIGLU: w is [gate; up] (2N rows), y = silu(x @ gate.T) * (x @ up.T), rounded as
     the separate launches round. ADD_NORM: then the last program to finish stores r' = r + (rms_norm(y,
-    wa) if NORM_A else y) to ro and rms_norm(r', wo) to h. PREFETCH: each step of the K loop loads
-    the next weight tile before using the current one (two tiles in flight per program)."""
+    wa) if NORM_A else y) to ro and rms_norm(r', wo) to h. PREFETCH and ROW_ACC: GemvConfig's loop
+    variants."""
     offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = offs_n < N
     rows = w_ptr + offs_n[:, None].to(tl.int64) * stride_wn
@@ -84,8 +113,12 @@ def _gemv_kernel(x_ptr, w_ptr, y_ptr, N, K, stride_wn, r_ptr, wa_ptr, wo_ptr, ro
     if EPILOGUE == _SWIGLU:
         w_up = tl.load(rows_up + offs_k[None, :], mask=mask, other=0.0)
     pdl.begin(PDL)
-    acc = tl.zeros((BLOCK_N, BLOCK_K), tl.float32)
-    acc_up = tl.zeros((BLOCK_N, BLOCK_K), tl.float32)
+    if ROW_ACC:
+        acc = tl.zeros((BLOCK_N,), tl.float32)
+        acc_up = tl.zeros((BLOCK_N,), tl.float32)
+    else:
+        acc = tl.zeros((BLOCK_N, BLOCK_K), tl.float32)
+        acc_up = tl.zeros((BLOCK_N, BLOCK_K), tl.float32)
     for k0 in range(0, K, BLOCK_K):
         kk = k0 + offs_k
         if PREFETCH:  # the next tile (masked off past K: no traffic)
@@ -99,17 +132,25 @@ def _gemv_kernel(x_ptr, w_ptr, y_ptr, N, K, stride_wn, r_ptr, wa_ptr, wo_ptr, ro
             if EPILOGUE == _SWIGLU:
                 w_up = tl.load(rows_up + kk[None, :], mask=mask, other=0.0)
         x = tl.load(x_ptr + kk, mask=kk < K, other=0.0).to(tl.float32)
-        acc += w.to(tl.float32) * x[None, :]
-        if EPILOGUE == _SWIGLU:
-            acc_up += w_up.to(tl.float32) * x[None, :]
+        if ROW_ACC:
+            acc += tl.sum(w.to(tl.float32) * x[None, :], axis=1)
+            if EPILOGUE == _SWIGLU:
+                acc_up += tl.sum(w_up.to(tl.float32) * x[None, :], axis=1)
+        else:
+            acc += w.to(tl.float32) * x[None, :]
+            if EPILOGUE == _SWIGLU:
+                acc_up += w_up.to(tl.float32) * x[None, :]
         if PREFETCH:
             w = w_next
             if EPILOGUE == _SWIGLU:
                 w_up = w_up_next
-    y = tl.sum(acc, axis=1).to(dt)
+    if not ROW_ACC:
+        acc = tl.sum(acc, axis=1)
+        acc_up = tl.sum(acc_up, axis=1)
+    y = acc.to(dt)
     if EPILOGUE == _SWIGLU:
         g = y.to(tl.float32)
-        y = ((g * tl.sigmoid(g)).to(dt).to(tl.float32) * tl.sum(acc_up, axis=1).to(dt).to(tl.float32)).to(dt)
+        y = ((g * tl.sigmoid(g)).to(dt).to(tl.float32) * acc_up.to(dt).to(tl.float32)).to(dt)
     tl.store(y_ptr + offs_n, y, mask=n_ok)
     if EPILOGUE == _ADD_NORM:
         # Every thread's stores before the release; the last arrival acquires them all (as in
@@ -127,42 +168,39 @@ def _gemv_kernel(x_ptr, w_ptr, y_ptr, N, K, stride_wn, r_ptr, wa_ptr, wo_ptr, ro
             tl.atomic_xchg(count_ptr, 0)
 
 
-def gemv(x: torch.Tensor, w: torch.Tensor, config: tuple[int, int, int] = CONFIG,
-         prefetch: bool | None = None) -> torch.Tensor:
-    """x [1, K] (contiguous), w [N, K] (rows contiguous) -> x @ w.T [1, N] in x's dtype. prefetch:
-    None takes RLT_GEMV_PREFETCH."""
-    return _launch(x, w, config, PLAIN, w.shape[0], prefetch=prefetch)[0]
+def gemv(x: torch.Tensor, w: torch.Tensor, config: GemvConfig = CONFIG) -> torch.Tensor:
+    """x [1, K] (contiguous), w [N, K] (rows contiguous) -> x @ w.T [1, N] in x's dtype."""
+    return _launch(x, w, config, PLAIN, w.shape[0])[0]
 
 
-def gemv_swiglu(x: torch.Tensor, w: torch.Tensor, config: tuple[int, int, int] = CONFIG,
-                prefetch: bool | None = None) -> torch.Tensor:
+def gemv_swiglu(x: torch.Tensor, w: torch.Tensor, config: GemvConfig = CONFIG) -> torch.Tensor:
     """x [1, K], w the fused [gate; up] weight [2I, K] -> silu(x @ gate.T) * (x @ up.T) [1, I]."""
-    return _launch(x, w, config, SWIGLU, w.shape[0] // 2, prefetch=prefetch)[0]
+    return _launch(x, w, config, SWIGLU, w.shape[0] // 2)[0]
 
 
 def gemv_add_norm(x: torch.Tensor, w: torch.Tensor, residual: torch.Tensor, weight_a: torch.Tensor | None,
-                  weight_out: torch.Tensor, eps: float, config: tuple[int, int, int] = CONFIG,
-                  prefetch: bool | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                  weight_out: torch.Tensor, eps: float,
+                  config: GemvConfig = CONFIG) -> tuple[torch.Tensor, torch.Tensor]:
     """a = x @ w.T, then residual' = residual + (rms_norm(a, weight_a) if weight_a is given else a)
     -> (residual', rms_norm(residual', weight_out)), each [1, N]; one launch."""
     N = w.shape[0]
-    _, ro, h = _launch(x, w, config, ADD_NORM, N, residual.contiguous(), weight_a, weight_out, eps, prefetch)
+    _, ro, h = _launch(x, w, config, ADD_NORM, N, residual.contiguous(), weight_a, weight_out, eps)
     return ro, h
 
 
-def _launch(x, w, config, epilogue, N, residual=None, weight_a=None, weight_out=None, eps=0.0, prefetch=None):
+def _launch(x, w, config: GemvConfig, epilogue, N, residual=None, weight_a=None, weight_out=None, eps=0.0):
     K = w.shape[1]
-    bn, bk, warps = config
     y = torch.empty(1, N, dtype=x.dtype, device=x.device)
     ro, h = (torch.empty_like(y), torch.empty_like(y)) if epilogue == ADD_NORM else (y, y)
-    pdl.launch(_gemv_kernel, (triton.cdiv(N, bn),), x.contiguous(), w, y, N, K, w.stride(0),
+    pdl.launch(_gemv_kernel, (triton.cdiv(N, config.rows),), x.contiguous(), w, y, N, K, w.stride(0),
                y if residual is None else residual, y if weight_a is None else weight_a,
-               y if weight_out is None else weight_out, ro, h, _counter(x.device), eps, BLOCK_N=bn, BLOCK_K=bk,
-               EPILOGUE=epilogue, NORM_A=weight_a is not None, PREFETCH=PREFETCH if prefetch is None else prefetch,
-               ROW=triton.next_power_of_2(N) if epilogue == ADD_NORM else 1, num_warps=warps, like=x)
+               y if weight_out is None else weight_out, ro, h, _counter(x.device), eps, BLOCK_N=config.rows,
+               BLOCK_K=config.k, EPILOGUE=epilogue, NORM_A=weight_a is not None, PREFETCH=config.prefetch,
+               ROW_ACC=config.row_acc, ROW=triton.next_power_of_2(N) if epilogue == ADD_NORM else 1,
+               num_warps=config.warps, like=x)
     return y, ro, h
 
 
 def choices() -> dict:
     """The GEMV setup (for benchmark logs)."""
-    return {"config": "%dx%d/%dw" % CONFIG, "fused": fused, "prefetch": PREFETCH}
+    return {"config": str(CONFIG), "fused": fused}
