@@ -163,3 +163,19 @@ def test_split_plan(monkeypatch):
     assert [da.plan_splits(rows, 16, None, 1088) for rows in (1, 9)] == [64, 1]
     monkeypatch.setattr(da, "FORCED_SPLITS", "tiles")
     assert [da.plan_splits(1, 16, None, keys) for keys in (16, 1088, 1280, 4096, 65536)] == [1, 64, 64, 128, 256]
+
+
+def test_gemv_occupancy_arithmetic():
+    """scripts/gemv_occupancy.py: ptxas's register count for a GEMV variant (sm_90a), and programs
+    per SM from registers (256-register allocation per warp), warps and the 32-program cap."""
+    import os
+    import sys
+
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "scripts"))
+    import gemv_occupancy as occ
+    from rlt.kernels import gemv
+
+    assert [occ.resident(r, w) for r, w in ((56, 4), (64, 4), (80, 4), (34, 4), (96, 4), (16, 1))] == [9, 8, 6, 12, 5, 32]
+    regs = occ.registers(gemv.GemvConfig(2, 1024, 4), gemv.PLAIN, 1)
+    leaner = occ.registers(gemv.GemvConfig(2, 1024, 4, row_acc=True), gemv.PLAIN, 1)
+    assert 0 < leaner < regs <= 255  # the per-row sums need fewer registers than a tile accumulator
