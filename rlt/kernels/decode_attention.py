@@ -5,10 +5,11 @@ block is read once per row, not once per query head: the group's heads are the r
 tensor-core tile (padded to 16; MHA uses one of them; a vector product on CUDA cores measured
 slower on an H200). Small passes split the keys (flash-decoding) into slices that fill the GPU; the
 last slice of a (row, KV head) to finish merges all of them (a counter per (row, KV head), reset by
-that slice), so no second launch is needed. (RoPE and the new K/V store inside this launch measured
-1.6 % slower at concurrency 1 than a launch of their own, 7fe33a4; docs/benchmarks.md.) Tested against
-rlt/kernels/paged_attention.py's reference (the general Triton kernel keeps prompt chunks and
-batch-invariant mode).
+that slice), so no second launch is needed; slices past a row's keys exit at once, before the PDL
+wait, and the merge counts only the working ones. (RoPE and the new K/V store inside this launch
+measured 1.6 % slower at concurrency 1 than a launch of their own, 7fe33a4; docs/benchmarks.md.)
+Tested against rlt/kernels/paged_attention.py's reference (the general Triton kernel keeps prompt
+chunks and batch-invariant mode).
 """
 
 import functools
@@ -82,6 +83,8 @@ def _decode_kernel(q_ptr, o_ptr, part_ptr, ml_ptr, count_ptr, cache_ptr, table_p
     kv_len = tl.load(pos_ptr + row) + 1  # keys 0..position (the row's own K/V is written)
     chunk = tl.cdiv(tl.cdiv(kv_len, BLOCK_N), SPLITS) * BLOCK_N
     lo = split * chunk
+    if lo >= kv_len:  # a slice past the row's keys (slices are whole tiles; shorter rows leave more):
+        return  # no work, nothing to merge — the merge counts the working slices only
     hi = tl.minimum(lo + chunk, kv_len)
     base = cache_ptr + layer * stride_cl + kv_head * stride_ch
     tab = table_ptr + row * stride_ts
@@ -105,10 +108,9 @@ def _decode_kernel(q_ptr, o_ptr, part_ptr, ml_ptr, count_ptr, cache_ptr, table_p
     acc = tl.zeros((G_PAD, D_PAD), tl.float32)
     start = lo
     if SPLITS > 1:
-        if lo < hi:
-            if lo + BLOCK_N >= kv_len:  # the first tile holds the newest key: read it now
-                k, v = kv_tile(base, tab, pos, pos < hi, offs_d, d_ok, stride_cb, stride_co, stride_ckv, BLOCK_SIZE)
-            m_i, l_i, acc = softmax_step(q, k, v, (pos < hi)[None, :], m_i, l_i, acc, scale, IEEE)
+        if lo + BLOCK_N >= kv_len:  # the first tile holds the newest key: read it now
+            k, v = kv_tile(base, tab, pos, pos < hi, offs_d, d_ok, stride_cb, stride_co, stride_ckv, BLOCK_SIZE)
+        m_i, l_i, acc = softmax_step(q, k, v, (pos < hi)[None, :], m_i, l_i, acc, scale, IEEE)
         start = lo + BLOCK_N
     for n0 in range(start, hi, BLOCK_N):
         pos = n0 + tl.arange(0, BLOCK_N)
@@ -128,22 +130,26 @@ def _decode_kernel(q_ptr, o_ptr, part_ptr, ml_ptr, count_ptr, cache_ptr, table_p
         # (the split-K "serial reduction" handshake: barrier, one gpu-scope acq_rel atomic, barrier).
         tl.debug_barrier()
         counter = count_ptr + row * tl.num_programs(1) + kv_head
-        if tl.atomic_add(counter, 1, sem="acq_rel") == SPLITS - 1:
+        working = tl.cdiv(kv_len, chunk)  # slices holding keys: the first ones
+        if tl.atomic_add(counter, 1, sem="acq_rel") == working - 1:
             for g in tl.static_range(GROUP):
-                _merge(o_ptr, part_ptr, ml_ptr, row, head0 + g, stride_ot, stride_oh, H, HEAD_DIM, D_PAD, SPLITS)
+                _merge(o_ptr, part_ptr, ml_ptr, row, head0 + g, working, stride_ot, stride_oh, H, HEAD_DIM, D_PAD,
+                       SPLITS)
             tl.atomic_xchg(counter, 0)
 
 
 @triton.jit
-def _merge(o_ptr, part_ptr, ml_ptr, row, head, stride_ot, stride_oh, H: tl.constexpr, HEAD_DIM: tl.constexpr,
-           D_PAD: tl.constexpr, SPLITS: tl.constexpr):
-    """out = sum_s acc_s e^(m_s - M) / sum_s l_s e^(m_s - M) over one (row, head)'s slices (an empty
-    slice has m = -inf, l = 0, acc = 0)."""
-    slots = (row * H + head) * SPLITS + tl.arange(0, SPLITS)
-    m = tl.load(ml_ptr + slots * 2)
-    l = tl.load(ml_ptr + slots * 2 + 1)
+def _merge(o_ptr, part_ptr, ml_ptr, row, head, working, stride_ot, stride_oh, H: tl.constexpr,
+           HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, SPLITS: tl.constexpr):
+    """out = sum_s acc_s e^(m_s - M) / sum_s l_s e^(m_s - M) over one (row, head)'s first `working`
+    slices (the others held no keys and stored nothing)."""
+    s = tl.arange(0, SPLITS)
+    ok = s < working
+    slots = (row * H + head) * SPLITS + s
+    m = tl.load(ml_ptr + slots * 2, mask=ok, other=float("-inf"))
+    l = tl.load(ml_ptr + slots * 2 + 1, mask=ok, other=0.0)
     offs_d = tl.arange(0, D_PAD)
-    acc = tl.load(part_ptr + slots[:, None] * D_PAD + offs_d[None, :])
+    acc = tl.load(part_ptr + slots[:, None] * D_PAD + offs_d[None, :], mask=ok[:, None], other=0.0)
     m_max = tl.max(m, axis=0)
     w = tl.exp(m - tl.where(m_max == float("-inf"), 0.0, m_max))
     l_tot = tl.sum(w * l, axis=0)
