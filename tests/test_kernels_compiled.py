@@ -137,19 +137,34 @@ def test_bad_gemv_config_names_the_variable(value, msg):
     assert r.returncode != 0 and "RLT_GEMV_CONFIG" in r.stderr and msg in r.stderr
 
 
-@pytest.mark.parametrize("value", ["0", "48", "x", "512"])
-def test_bad_decode_splits_names_the_variable(value):
+@pytest.mark.parametrize("name,value,msg", [
+    ("RLT_DECODE_SPLITS", "0", "RLT_DECODE_SPLITS must be 'tiles' or a power of two from 1 to 256"),
+    ("RLT_DECODE_SPLITS", "48", "RLT_DECODE_SPLITS must be 'tiles' or a power of two from 1 to 256"),
+    ("RLT_DECODE_SPLITS", "x", "RLT_DECODE_SPLITS must be 'tiles' or a power of two from 1 to 256"),
+    ("RLT_DECODE_SPLITS", "512", "RLT_DECODE_SPLITS must be 'tiles' or a power of two from 1 to 256"),
+    ("RLT_DECODE_MAXNREG", "16", "RLT_DECODE_MAXNREG must be an integer from 32 to 255"),
+    ("RLT_DECODE_MAXNREG", "300", "RLT_DECODE_MAXNREG must be an integer from 32 to 255")])
+def test_bad_decode_option_names_the_variable(name, value, msg):
     import os
     import subprocess
     import sys
 
     r = subprocess.run([sys.executable, "-c", "import rlt.kernels.decode_attention"], capture_output=True, text=True,
-                       env={**os.environ, "RLT_DECODE_SPLITS": value}, timeout=120)
-    assert r.returncode != 0 and "RLT_DECODE_SPLITS must be 'tiles' or a power of two from 1 to 256" in r.stderr
-    for good in ("64", "tiles"):
-        ok = subprocess.run([sys.executable, "-c", "import rlt.kernels.decode_attention as d; print(d.FORCED_SPLITS)"],
-                            capture_output=True, text=True, env={**os.environ, "RLT_DECODE_SPLITS": good}, timeout=120)
-        assert ok.stdout.strip() == good
+                       env={**os.environ, name: value}, timeout=120)
+    assert r.returncode != 0 and msg in r.stderr
+
+
+def test_decode_options_from_the_environment():
+    import os
+    import subprocess
+    import sys
+
+    code = "import rlt.kernels.decode_attention as d; print(d.FORCED_SPLITS, d.LAUNCH_OPTIONS)"
+    for env, out in (({"RLT_DECODE_SPLITS": "64"}, "64 {}"), ({"RLT_DECODE_SPLITS": "tiles"}, "tiles {}"),
+                     ({"RLT_DECODE_MAXNREG": "168"}, "None {'maxnreg': 168}")):
+        r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                           env={**os.environ, "RLT_DECODE_SPLITS": "", "RLT_DECODE_MAXNREG": "", **env}, timeout=120)
+        assert r.stdout.strip() == out, r.stderr
 
 
 def test_split_plan(monkeypatch):
