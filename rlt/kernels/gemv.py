@@ -25,6 +25,7 @@ import triton.language as tl
 from rlt.kernels import pdl
 from rlt.kernels.norm import norm_row
 
+
 @dataclass(frozen=True)
 class GemvConfig:
     """Rows of w per program, K per load, warps; and two loop variants, off until measured in the
