@@ -111,14 +111,13 @@ def prefill_ms(mc, model, dtype, device, n, reps=3):
 
 def kernel_choices(device: str) -> dict | None:
     """On CUDA: the one-row GEMV's config, epilogues and prefetch (RLT_GEMV_CONFIG, RLT_FUSED_GEMV,
-    RLT_GEMV_PREFETCH, RLT_GEMV_ROW_ACC), the decode attention's forced key slices and register cap
-    (RLT_DECODE_SPLITS, RLT_DECODE_MAXNREG) and programmatic dependent launch (RLT_PDL)."""
+    RLT_GEMV_PREFETCH, RLT_GEMV_ROW_ACC), the decode attention's forced key slices (RLT_DECODE_SPLITS)
+    and programmatic dependent launch (RLT_PDL)."""
     if not device.startswith("cuda"):
         return None
     from rlt.kernels import decode_attention, gemv, pdl
 
-    return {"gemv": gemv.choices(), "decode_splits": decode_attention.FORCED_SPLITS,
-            "decode_launch": decode_attention.LAUNCH_OPTIONS, "pdl": pdl.enabled}
+    return {"gemv": gemv.choices(), "decode_splits": decode_attention.FORCED_SPLITS, "pdl": pdl.enabled}
 
 
 def main():

@@ -32,7 +32,12 @@ SIGNATURE = dict(x_ptr="*bf16", w_ptr="*bf16", y_ptr="*bf16", N="i32", K="i32", 
 def registers(config: gemv.GemvConfig, epilogue: int, row: int) -> int:
     consts = dict(BLOCK_N=config.rows, BLOCK_K=config.k, EPILOGUE=epilogue, NORM_A=True, ROW=row,
                   PREFETCH=config.prefetch, ROW_ACC=config.row_acc, PDL=True)
-    src = ASTSource(fn=gemv._gemv_kernel, signature={**SIGNATURE, **{k: "constexpr" for k in consts}}, constexprs=consts)
+    # As the JIT specializes a launch: 16-byte aligned pointers, sizes and strides that are multiples
+    # of 16 (Ouro's are) — what lets loads vectorize, and so what the register count depends on.
+    aligned = {(i,): [["tt.divisibility", 16]] for i, (name, kind) in enumerate(SIGNATURE.items())
+               if kind.startswith("*") or name in ("N", "K", "stride_wn")}
+    src = ASTSource(fn=gemv._gemv_kernel, signature={**SIGNATURE, **{k: "constexpr" for k in consts}},
+                    constexprs=consts, attrs=aligned)
     ptx = triton.compile(src, target=GPUTarget("cuda", 90, 32),
                          options={"launch_pdl": True, "num_warps": config.warps}).asm["ptx"]
     ptxas = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")

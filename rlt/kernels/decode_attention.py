@@ -45,18 +45,6 @@ def _splits_from_env() -> int | str | None:
 FORCED_SPLITS = _splits_from_env()
 
 
-def _maxnreg_from_env() -> dict:
-    """RLT_DECODE_MAXNREG=N caps the kernel's registers (engine A/B measurements: ptxas gives it 255
-    at sm_90a, two programs per SM; 168 fits three with ~90 bytes of spills, 128 four)."""
-    text = os.environ.get("RLT_DECODE_MAXNREG", "").strip()
-    if not text:
-        return {}
-    if not text.isdigit() or not 32 <= int(text) <= 255:
-        raise ValueError(f"RLT_DECODE_MAXNREG must be an integer from 32 to 255, got {text!r}")
-    return {"maxnreg": int(text)}
-
-
-LAUNCH_OPTIONS = _maxnreg_from_env()
 _COUNTERS = 4096  # (row, KV head) pairs of a split pass: splits only happen below one per SM
 
 
@@ -198,5 +186,5 @@ def decode_attention(cache: torch.Tensor, layer: int, q: torch.Tensor, block_tab
                layer, D ** -0.5, q.stride(0), q.stride(1), out.stride(0), out.stride(1), cache.stride(0),
                cache.stride(1), cache.stride(2), cache.stride(3), cache.stride(4), block_table.stride(0),
                H=H, GROUP=group, G_PAD=g_pad, BLOCK_SIZE=block_size, HEAD_DIM=D, D_PAD=d_pad, BLOCK_N=block_n,
-               SPLITS=splits, IEEE=q.dtype == torch.float32, num_warps=num_warps, like=q, **LAUNCH_OPTIONS)
+               SPLITS=splits, IEEE=q.dtype == torch.float32, num_warps=num_warps, like=q)
     return out

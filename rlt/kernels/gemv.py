@@ -50,9 +50,9 @@ class GemvConfig:
 # slower engine (Ouro-1.4B, conc 1, H200, b0fe606: 181.5 tok/s picked against 206.5 at CONFIG;
 # docs/benchmarks.md). Configs reading a program's whole K = 2048 slice before the PDL wait ran
 # slower in the engine (7fe33a4: 4x2048/8w 185.1 tok/s, 2x2048/4w 197.2, against 206.9);
-# scripts/gemv_occupancy.py shows why for 2x2048/4w — 96 registers, five programs per SM, so the
-# 1024 programs of a 2048-row projection take 1.55 waves — and that with row_acc it needs 64 and
-# fits one wave with twice the bytes in flight: it stays in the set for that A/B.
+# scripts/gemv_occupancy.py: 2x2048/4w takes 70 registers, seven programs per SM, so the 1024
+# programs of a 2048-row projection spill into a second wave (1.11); with row_acc it takes 56 and
+# fits one wave with twice the default's bytes in flight: it stays in the set for that A/B.
 CONFIGS = tuple(GemvConfig(*c) for c in ((2, 1024, 4), (4, 1024, 4), (2, 2048, 4), (8, 512, 4), (8, 1024, 8),
                                          (16, 256, 4)))
 fused = os.environ.get("RLT_FUSED_GEMV", "1") != "0"
