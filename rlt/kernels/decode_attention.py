@@ -24,8 +24,6 @@ from rlt.kernels.paged_attention_triton import kv_tile, softmax_step
 
 BLOCK_N = 64  # key tile of unsplit passes (measured at conc 128)
 SPLIT_BLOCK_N = 32  # split passes: tune_decode.py on an H200, 32-key tiles x 32 slices beat 64 x 16 at 1K
-
-
 MAX_SPLITS = 32
 
 
@@ -43,8 +41,6 @@ def _splits_from_env() -> int | str | None:
 
 
 FORCED_SPLITS = _splits_from_env()
-
-
 _COUNTERS = 4096  # (row, KV head) pairs of a split pass: splits only happen below one per SM
 
 

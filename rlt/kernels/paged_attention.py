@@ -71,25 +71,18 @@ def write_kv(cache: torch.Tensor, layer: int, meta: PagedMetadata, k: torch.Tens
     cache[block, layer, 1, offset] = v
 
 
-def decode_only(meta: PagedMetadata) -> bool:
-    """A pass of one row per segment (decode tokens) that the decode kernel takes: batch-invariant
-    mode keeps every pass on the general kernel, so a decode row's result is the same whatever else
-    its pass carries."""
-    from rlt.kernels import mode
-
-    return meta.kernel is not None and meta.row_starts[-1] == len(meta.row_starts) - 1 and not mode.batch_invariant
-
-
 def paged_attention(cache: torch.Tensor, layer: int, meta: PagedMetadata, q: torch.Tensor, k: torch.Tensor,
                     v: torch.Tensor) -> torch.Tensor:
     """q [T, H, D], k/v [T, Hkv, D] of the same rows (already written to the cache) -> [T, H, D].
     With kernel metadata (CUDA) the Triton kernel runs every segment in one launch (dense segments
     of the plan run as causal SDPA on k/v directly); otherwise this loop is the reference."""
     if meta.kernel is not None:
-        from rlt.kernels import paged_attention_triton as pat
+        from rlt.kernels import mode, paged_attention_triton as pat
 
-        # Decode-only passes take the decode kernel: a GQA group per program, keys split to fill the GPU.
-        if decode_only(meta):
+        # Decode-only passes (one row per segment) take the decode kernel: a GQA group per program,
+        # keys split to fill the GPU. Batch-invariant mode keeps every pass on the general kernel,
+        # so a decode row's result is the same whatever else its pass carries.
+        if meta.row_starts[-1] == len(meta.row_starts) - 1 and not mode.batch_invariant:
             from rlt.kernels.decode_attention import decode_attention
 
             return decode_attention(cache, layer, q, meta.block_table, meta.kernel["seg_q0"], meta.block_size)

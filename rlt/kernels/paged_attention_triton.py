@@ -36,12 +36,6 @@ def softmax_step(q, k, v, allowed, m_i, l_i, acc, scale, IEEE: tl.constexpr):
         s = tl.dot(q, tl.trans(k), input_precision="ieee") * scale
     else:
         s = tl.dot(q, tl.trans(k)).to(tl.float32) * scale
-    return softmax_update(s, v, allowed, m_i, l_i, acc, IEEE)
-
-
-@triton.jit
-def softmax_update(s, v, allowed, m_i, l_i, acc, IEEE: tl.constexpr):
-    """The online softmax over one key tile's scaled scores s [M, N] (float32)."""
     s = tl.where(allowed, s, float("-inf"))
     m_new = tl.maximum(m_i, tl.max(s, axis=1))
     m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)

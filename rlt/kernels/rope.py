@@ -12,12 +12,6 @@ from rlt.kernels import pdl
 
 
 @triton.jit
-def rotate(a, b, cos, sin, OUT_DTYPE: tl.constexpr):
-    """One RoPE rotation of the float32 pairs (a, b) by angles with these cos / sin, rounded."""
-    return (a * cos - b * sin).to(OUT_DTYPE), (b * cos + a * sin).to(OUT_DTYPE)
-
-
-@triton.jit
 def _rope_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, inv_ptr, cache_ptr, slot_ptr, layer, stride_qt, stride_qh, stride_kt,
                  stride_kh, stride_vt, stride_vh, stride_cb, stride_cl, stride_ckv, stride_co, stride_ch,
                  HQ: tl.constexpr, HKV: tl.constexpr, HALF: tl.constexpr, HALF_PAD: tl.constexpr,
@@ -42,7 +36,7 @@ def _rope_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, inv_ptr, cache_ptr, slot_ptr, lay
             base = k_ptr + t * stride_kt + (h - HQ) * stride_kh
         a = tl.load(base + ia, mask=ok, other=0.0).to(tl.float32)
         b = tl.load(base + ib, mask=ok, other=0.0).to(tl.float32)
-        ra, rb = rotate(a, b, c, s, q_ptr.dtype.element_ty)
+        ra, rb = (a * c - b * s).to(q_ptr.dtype.element_ty), (b * c + a * s).to(q_ptr.dtype.element_ty)
         tl.store(base + ia, ra, mask=ok)
         tl.store(base + ib, rb, mask=ok)
     else:  # a v head (only launched with WRITE_KV)
