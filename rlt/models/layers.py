@@ -53,14 +53,17 @@ def linear_swiglu(x: torch.Tensor, gate_up_w: torch.Tensor) -> torch.Tensor:
 
 
 def linear_add_norm(x: torch.Tensor, w: torch.Tensor, residual: torch.Tensor, weight_a: torch.Tensor | None,
-                    weight_out: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+                    weight_out: torch.Tensor, eps: float,
+                    exit_gate: tuple[torch.Tensor, torch.Tensor] | None = None) -> tuple[torch.Tensor, ...]:
     """A projection, then the residual add and the next norm: add_norm(residual, x @ w.T, weight_a,
-    weight_out, eps); one launch for a one-row CUDA pass."""
+    weight_out, eps) -> (residual', h); one launch for a one-row CUDA pass. exit_gate (float32 weight
+    [1, N], bias [1]; Ouro's last layer): also the gate's logits h.float() @ weight.T + bias [T]."""
     if _fused_gemv(x, w):
         from rlt.kernels.gemv import gemv_add_norm
 
-        return gemv_add_norm(x, w, residual, weight_a, weight_out, eps)
-    return add_norm(residual, linear(x, w), weight_a, weight_out, eps)
+        return gemv_add_norm(x, w, residual, weight_a, weight_out, eps, exit_gate=exit_gate)
+    out = add_norm(residual, linear(x, w), weight_a, weight_out, eps)
+    return out if exit_gate is None else (*out, linear(out[1].float(), *exit_gate).squeeze(-1))
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

@@ -47,17 +47,22 @@ class OuroModel(EmbeddingInput):
         self.inv_freq = rope_inv_freq(fc.head_dim, fc.rope_theta).to(self.embed_w.device)
 
     def loop(self, x, inject, positions, attn: Attention):
-        fc, eps, layers = self.fc, self.fc.rms_norm_eps, self.layers
-        h = rms_norm(x, layers[0]["n_in"], eps)
-        for i, L in enumerate(layers):
-            a = llama_attention(h, L, fc, positions, self.inv_freq, attn, i)
-            x, h = linear_add_norm(a, L["o"], x, L["n_in2"], L["n_post"], eps)
-            g = linear_swiglu(h, L["gate_up"])
-            # the residual add, then the next layer's input norm (after the last layer: model.norm)
-            x, h = linear_add_norm(g, L["down"], x, L["n_post2"],
-                                   layers[i + 1]["n_in"] if i + 1 < len(layers) else self.norm_w, eps)
-        gate = linear(h.float(), self.gate_w, self.gate_b).squeeze(-1)  # fp32 gate math
+        layers = self.layers
+        h = rms_norm(x, layers[0]["n_in"], self.fc.rms_norm_eps)
+        for i, L in enumerate(layers[:-1]):
+            x, h = self._layer(x, h, i, L, positions, attn, layers[i + 1]["n_in"])
+        # the last layer ends with model.norm and the exit gate on its output (fp32 gate math)
+        _, h, gate = self._layer(x, h, len(layers) - 1, layers[-1], positions, attn, self.norm_w,
+                                 (self.gate_w, self.gate_b))
         return h, gate
+
+    def _layer(self, x, h, i, L, positions, attn: Attention, next_norm, exit_gate=None):
+        """One decoder layer on (residual x, normed h); ends with the residual add and next_norm."""
+        fc, eps = self.fc, self.fc.rms_norm_eps
+        a = llama_attention(h, L, fc, positions, self.inv_freq, attn, i)
+        x, h = linear_add_norm(a, L["o"], x, L["n_in2"], L["n_post"], eps)
+        g = linear_swiglu(h, L["gate_up"])
+        return linear_add_norm(g, L["down"], x, L["n_post2"], next_norm, eps, exit_gate)
 
     def head(self, x, positions, attn: Attention, select=None):
         x = x if select is None else x[select]
