@@ -26,14 +26,13 @@ from rlt.kernels import gemv  # noqa: E402
 
 SMS, REGS_PER_SM, WARPS_PER_SM, CTAS_PER_SM = 132, 65536, 64, 32  # H100 / H200 SXM
 SIGNATURE = dict(x_ptr="*bf16", w_ptr="*bf16", y_ptr="*bf16", N="i32", K="i32", stride_wn="i32", r_ptr="*bf16",
-                 wa_ptr="*bf16", wo_ptr="*bf16", ro_ptr="*bf16", h_ptr="*bf16", count_ptr="*i32", part_ptr="*fp32",
-                 gw_ptr="*fp32", gb_ptr="*fp32", gate_ptr="*fp32", eps="fp32")
+                 wa_ptr="*bf16", wo_ptr="*bf16", ro_ptr="*bf16", h_ptr="*bf16", count_ptr="*i32", gw_ptr="*fp32",
+                 gb_ptr="*fp32", gate_ptr="*fp32", eps="fp32")
 
 
 def registers(config: gemv.GemvConfig, epilogue: int, row: int) -> int:
-    split = config.split_k if epilogue == gemv.ADD_NORM else 1
     consts = dict(BLOCK_N=config.rows, BLOCK_K=config.k, EPILOGUE=epilogue, NORM_A=True, GATE=False, ROW=row,
-                  PREFETCH=config.prefetch, ROW_ACC=config.row_acc, SPLIT_K=split, PDL=True)
+                  PREFETCH=config.prefetch, ROW_ACC=config.row_acc, PDL=True)
     # As the JIT specializes a launch: 16-byte aligned pointers, sizes and strides that are multiples
     # of 16 (Ouro's are) — what lets loads vectorize, and so what the register count depends on.
     aligned = {(i,): [["tt.divisibility", 16]] for i, (name, kind) in enumerate(SIGNATURE.items())

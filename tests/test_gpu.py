@@ -3,7 +3,6 @@ float32 on the CPU, the counter-based RNG and sampler bit for bit across devices
 two GPUs against single."""
 
 import asyncio
-from dataclasses import replace
 
 import pytest
 import torch
@@ -257,7 +256,7 @@ def test_gemv_matches_torch():
 
 def test_gemv_epilogues_match_separate_launches(monkeypatch):
     """The GEMV finishing what follows it — SwiGLU of the [gate; up] projection; the residual add +
-    RMSNorm (the added row normed or not) by the last program, with K split and Ouro's exit gate —
+    RMSNorm (the added row normed or not) by the last program, and Ouro's exit gate after it —
     against the plain GEMV then the separate kernels, at Ouro's and Nanbeige's decode shapes, every
     config; the models' calls with RLT_FUSED_GEMV on and off; the arrival counter back at zero."""
     from rlt.kernels import gemv as gv
@@ -284,21 +283,21 @@ def test_gemv_epilogues_match_separate_launches(monkeypatch):
                         refs = add_rms_norm(r, gv.gemv(x, w, v), weight_a, wo, eps)
                         got = gv.gemv_add_norm(x, w, r, weight_a, wo, eps, v)
                         assert close(got[0], refs[0]) and close(got[1], refs[1]), (N, K, str(v), weight_a is None)
-            # K split among 2 and 4 programs per row tile (at K = 2048 two of four hold no tile), with
-            # Ouro's exit gate on the normed output
+            # with Ouro's exit gate on the normed output
             gate_w, gate_b = torch.randn(1, N, device="cuda", generator=g), torch.randn(1, device="cuda", generator=g)
             refs = add_rms_norm(r, gv.gemv(x, w), wa, wo, eps)
             refs = (*refs, refs[1].float() @ gate_w.T + gate_b)
-            for split in (2, 4):
-                got = gv.gemv_add_norm(x, w, r, wa, wo, eps, replace(gv.CONFIG, split_k=split), (gate_w, gate_b))
-                assert got[2].dtype == torch.float32 and got[2].shape == (1,)
-                assert all(close(a, b.reshape(a.shape)) for a, b in zip(got, refs)), (N, K, split)
+            got = gv.gemv_add_norm(x, w, r, wa, wo, eps, exit_gate=(gate_w, gate_b))
+            assert got[2].dtype == torch.float32 and got[2].shape == (1,)
+            assert all(close(a, b.reshape(a.shape)) for a, b in zip(got, refs)), (N, K)
             calls = {}
-            for on in (False, True):
+            for on, gate_on in ((False, False), (True, False), (True, True)):
                 monkeypatch.setattr(gv, "fused", on)
-                calls[on] = (layers.linear_swiglu(x, gate_up),
-                             *layers.linear_add_norm(x, w, r, wa, wo, eps, (gate_w, gate_b)))
-            assert all(close(a, b) for a, b in zip(calls[True], calls[False]))
+                monkeypatch.setattr(gv, "fused_gate", gate_on)
+                calls[on, gate_on] = (layers.linear_swiglu(x, gate_up),
+                                      *layers.linear_add_norm(x, w, r, wa, wo, eps, (gate_w, gate_b)))
+            assert all(close(a, b) for a, b in zip(calls[True, True], calls[False, False]))
+            assert all(close(a, b) for a, b in zip(calls[True, False], calls[False, False]))
     assert gv._counter(torch.device("cuda", torch.cuda.current_device())).item() == 0
 
 

@@ -18,8 +18,7 @@ def kernels():
 
     i, f, p16, p32, p64 = "i32", "fp32", "*bf16", "*fp32", "*i64"
     gemv_args = dict(x_ptr=p16, w_ptr=p16, y_ptr=p16, N=i, K=i, stride_wn=i, r_ptr=p16, wa_ptr=p16, wo_ptr=p16,
-                     ro_ptr=p16, h_ptr=p16, count_ptr="*i32", part_ptr=p32, gw_ptr=p32, gb_ptr=p32, gate_ptr=p32,
-                     eps=f)
+                     ro_ptr=p16, h_ptr=p16, count_ptr="*i32", gw_ptr=p32, gb_ptr=p32, gate_ptr=p32, eps=f)
 
     def decode_case(splits):
         args = dict(q_ptr=p16, o_ptr=p16, part_ptr=p32, ml_ptr=p32, count_ptr="*i32", cache_ptr=p16, table_ptr=p64,
@@ -28,16 +27,15 @@ def kernels():
         return decode_attention._decode_kernel, args, dict(
             H=16, GROUP=1, G_PAD=16, BLOCK_SIZE=16, HEAD_DIM=128, D_PAD=128, BLOCK_N=32, SPLITS=splits, IEEE=False)
 
-    def gemv_case(epilogue, row=1, prefetch=False, row_acc=False, split_k=1):
+    def gemv_case(epilogue, row=1, prefetch=False, row_acc=False):
         return gemv._gemv_kernel, gemv_args, dict(BLOCK_N=2, BLOCK_K=1024, EPILOGUE=epilogue, NORM_A=True,
                                                   GATE=epilogue == gemv.ADD_NORM, ROW=row, PREFETCH=prefetch,
-                                                  ROW_ACC=row_acc, SPLIT_K=split_k)
+                                                  ROW_ACC=row_acc)
 
     return {
         "gemv": gemv_case(gemv.PLAIN),
         "gemv_swiglu": gemv_case(gemv.SWIGLU),
         "gemv_add_norm": gemv_case(gemv.ADD_NORM, 2048),
-        "gemv_add_norm_split": gemv_case(gemv.ADD_NORM, 2048, split_k=2),
         "gemv_swiglu_variants": gemv_case(gemv.SWIGLU, prefetch=True, row_acc=True),
         "decode": decode_case(8),
         "decode_unsplit": decode_case(1),
@@ -58,7 +56,7 @@ def kernels():
 
 # What a kernel may read before its PDL wait: memory no kernel of the pass writes while it runs.
 EARLY_READS = {"gemv": {"w_ptr"}, "gemv_swiglu": {"w_ptr"}, "gemv_add_norm": {"w_ptr"},
-               "gemv_add_norm_split": {"w_ptr"}, "gemv_swiglu_variants": {"w_ptr"},
+               "gemv_swiglu_variants": {"w_ptr"},
                "decode": {"pos_ptr", "table_ptr", "cache_ptr"},
                "decode_unsplit": {"pos_ptr"}}  # unsplit passes read the cache after the wait
 
@@ -94,8 +92,8 @@ def early_global_reads(ptx: str, sig: dict[str, str]) -> set[str]:
     return used
 
 
-@pytest.mark.parametrize("name", ["gemv", "gemv_swiglu", "gemv_add_norm", "gemv_add_norm_split",
-                                  "gemv_swiglu_variants", "decode", "decode_unsplit", "add_rms_norm", "rms_norm", "rope", "silu_mul"])
+@pytest.mark.parametrize("name", ["gemv", "gemv_swiglu", "gemv_add_norm", "gemv_swiglu_variants", "decode",
+                                  "decode_unsplit", "add_rms_norm", "rms_norm", "rope", "silu_mul"])
 def test_pdl_kernel_waits_before_touching_memory(name):
     fn, sig, consts = kernels()[name]
     ptx = {}
@@ -115,7 +113,7 @@ def test_pdl_kernel_waits_before_touching_memory(name):
     assert "griddepcontrol" not in ptx[False]
 
 
-@pytest.mark.parametrize("name", ["decode", "gemv_add_norm", "gemv_add_norm_split"])
+@pytest.mark.parametrize("name", ["decode", "gemv_add_norm"])
 def test_last_arrival_finishes_after_an_acquire_release_handshake(name):
     """The split decode kernel's last slice merges, and the ADD_NORM GEMV's last program finishes the
     row: a CTA barrier, then one gpu-scope acq_rel atomic on the arrival counter, before reading
@@ -144,16 +142,13 @@ def test_bad_gemv_config_names_the_variable(value, msg):
     ("RLT_DECODE_SPLITS", "0", "RLT_DECODE_SPLITS must be 'tiles' or a power of two from 1 to 256"),
     ("RLT_DECODE_SPLITS", "48", "RLT_DECODE_SPLITS must be 'tiles' or a power of two from 1 to 256"),
     ("RLT_DECODE_SPLITS", "x", "RLT_DECODE_SPLITS must be 'tiles' or a power of two from 1 to 256"),
-    ("RLT_DECODE_SPLITS", "512", "RLT_DECODE_SPLITS must be 'tiles' or a power of two from 1 to 256"),
-    ("RLT_DECODE_BLOCK_N", "48", "RLT_DECODE_BLOCK_N must be 16, 32, 64 or 128, got '48'"),
-    ("RLT_GEMV_SPLIT_K", "3", "RLT_GEMV_SPLIT_K must be 1, 2, 4 or 8, got '3'")])
+    ("RLT_DECODE_SPLITS", "512", "RLT_DECODE_SPLITS must be 'tiles' or a power of two from 1 to 256")])
 def test_bad_decode_option_names_the_variable(name, value, msg):
     import os
     import subprocess
     import sys
 
-    module = "rlt.kernels.gemv" if name.startswith("RLT_GEMV") else "rlt.kernels.decode_attention"
-    r = subprocess.run([sys.executable, "-c", f"import {module}"], capture_output=True, text=True,
+    r = subprocess.run([sys.executable, "-c", "import rlt.kernels.decode_attention"], capture_output=True, text=True,
                        env={**os.environ, name: value}, timeout=120)
     assert r.returncode != 0 and msg in r.stderr
 
@@ -163,11 +158,9 @@ def test_decode_options_from_the_environment():
     import subprocess
     import sys
 
-    code = ("import rlt.kernels.decode_attention as d, rlt.kernels.gemv as g; "
-            "print(d.FORCED_SPLITS, d.SPLIT_BLOCK_N, g.CONFIG)")
-    for env, out in (({"RLT_DECODE_SPLITS": "64"}, "64 32 2x1024/4w"), ({"RLT_DECODE_SPLITS": "tiles"}, "tiles 32 2x1024/4w"),
-                     ({"RLT_DECODE_SPLITS": "", "RLT_DECODE_BLOCK_N": "64"}, "None 64 2x1024/4w"),
-                     ({"RLT_GEMV_SPLIT_K": "2"}, "None 32 2x1024/4w+split2")):
+    code = "import rlt.kernels.decode_attention as d; print(d.FORCED_SPLITS)"
+    for env, out in (({"RLT_DECODE_SPLITS": "64"}, "64"), ({"RLT_DECODE_SPLITS": "tiles"}, "tiles"),
+                     ({"RLT_DECODE_SPLITS": ""}, "None")):
         r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env={**os.environ, **env},
                            timeout=120)
         assert r.stdout.strip() == out, r.stderr

@@ -23,20 +23,8 @@ from rlt.kernels import pdl
 from rlt.kernels.paged_attention_triton import kv_tile, softmax_step
 
 BLOCK_N = 64  # key tile of unsplit passes (measured at conc 128)
+SPLIT_BLOCK_N = 32  # split passes: tune_decode.py on an H200, 32-key tiles x 32 slices beat 64 x 16 at 1K
 MAX_SPLITS = 32
-
-
-def _split_block_n_from_env() -> int:
-    """Key tile of split passes: tune_decode.py on an H200 (isolated timings), 32-key tiles x 32
-    slices beat 64 x 16 at 1K; RLT_DECODE_BLOCK_N=64 for an engine A/B (at 1K context every working
-    slice is then one tile, read before the PDL wait)."""
-    text = os.environ.get("RLT_DECODE_BLOCK_N", "32").strip()
-    if text not in ("16", "32", "64", "128"):
-        raise ValueError(f"RLT_DECODE_BLOCK_N must be 16, 32, 64 or 128, got {text!r}")
-    return int(text)
-
-
-SPLIT_BLOCK_N = _split_block_n_from_env()
 
 
 def _splits_from_env() -> int | str | None:

@@ -32,22 +32,16 @@ class GemvConfig:
     engine: prefetch (load the next weight tile before using the current one: two tiles in flight
     per program) and row_acc (sum each tile's products into one float32 per row at once instead of
     keeping a [rows, k] float32 accumulator: fewer registers per program, so more programs and
-    weight bytes in flight per SM, at a cross-thread sum per tile). split_k: an add + RMSNorm GEMV
-    (a 2048-row projection: 1024 programs, eight per SM, ~32 KB of weights in flight per SM) runs
-    split_k programs per row tile, each over a K slice storing float32 partial sums, which the last
-    program adds before the norm: more programs and bytes in flight, and the output projection's
-    whole K = 2048 read before the PDL wait at split_k 2."""
+    weight bytes in flight per SM, at a cross-thread sum per tile)."""
 
     rows: int
     k: int
     warps: int
     prefetch: bool = False
     row_acc: bool = False
-    split_k: int = 1  # add + RMSNorm GEMVs only: K slices per row tile, summed by the last program
 
     def __str__(self) -> str:
-        return (f"{self.rows}x{self.k}/{self.warps}w" + "+prefetch" * self.prefetch + "+row_acc" * self.row_acc
-                + f"+split{self.split_k}" * (self.split_k > 1))
+        return f"{self.rows}x{self.k}/{self.warps}w" + "+prefetch" * self.prefetch + "+row_acc" * self.row_acc
 
 
 # Few wide loads per program keep many bytes in flight. CONFIGS is the set the kernel is tested
@@ -62,6 +56,9 @@ class GemvConfig:
 CONFIGS = tuple(GemvConfig(*c) for c in ((2, 1024, 4), (4, 1024, 4), (2, 2048, 4), (8, 512, 4), (8, 1024, 8),
                                          (16, 256, 4)))
 fused = os.environ.get("RLT_FUSED_GEMV", "1") != "0"
+# Ouro's exit gate in the last layer's down projection epilogue (one-row passes, with fused on);
+# RLT_FUSED_GATE=0: its own launches, for A/B measurements
+fused_gate = os.environ.get("RLT_FUSED_GATE", "1") != "0"
 
 
 def variants(config: GemvConfig) -> list[GemvConfig]:
@@ -71,12 +68,9 @@ def variants(config: GemvConfig) -> list[GemvConfig]:
 
 def _config_from_env() -> GemvConfig:
     """RLT_GEMV_CONFIG=4,1024,4 runs another config, RLT_GEMV_PREFETCH=1 / RLT_GEMV_ROW_ACC=1 a loop
-    variant, RLT_GEMV_SPLIT_K=2 split add + RMSNorm GEMVs (A/B measurements); CONFIGS[0] otherwise."""
-    split = os.environ.get("RLT_GEMV_SPLIT_K", "1")
-    if split not in ("1", "2", "4", "8"):
-        raise ValueError(f"RLT_GEMV_SPLIT_K must be 1, 2, 4 or 8, got {split!r}")
+    variant (A/B measurements); CONFIGS[0] otherwise."""
     flags = dict(prefetch=os.environ.get("RLT_GEMV_PREFETCH", "0") == "1",
-                 row_acc=os.environ.get("RLT_GEMV_ROW_ACC", "0") == "1", split_k=int(split))
+                 row_acc=os.environ.get("RLT_GEMV_ROW_ACC", "0") == "1")
     text = os.environ.get("RLT_GEMV_CONFIG")
     if not text:
         return replace(CONFIGS[0], **flags)
@@ -103,30 +97,23 @@ def _counter(device: torch.device) -> torch.Tensor:
 
 
 @triton.jit
-def _gemv_kernel(x_ptr, w_ptr, y_ptr, N, K, stride_wn, r_ptr, wa_ptr, wo_ptr, ro_ptr, h_ptr, count_ptr, part_ptr,
-                 gw_ptr, gb_ptr, gate_ptr, eps, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EPILOGUE: tl.constexpr,
+def _gemv_kernel(x_ptr, w_ptr, y_ptr, N, K, stride_wn, r_ptr, wa_ptr, wo_ptr, ro_ptr, h_ptr, count_ptr, gw_ptr,
+                 gb_ptr, gate_ptr, eps, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EPILOGUE: tl.constexpr,
                  NORM_A: tl.constexpr, GATE: tl.constexpr, ROW: tl.constexpr, PREFETCH: tl.constexpr,
-                 ROW_ACC: tl.constexpr, SPLIT_K: tl.constexpr, PDL: tl.constexpr):
+                 ROW_ACC: tl.constexpr, PDL: tl.constexpr):
     """y = x @ w.T. SWIGLU: w is [gate; up] (2N rows), y = silu(x @ gate.T) * (x @ up.T), rounded as
     the separate launches round. ADD_NORM: then the last program to finish stores r' = r + (rms_norm(y,
-    wa) if NORM_A else y) to ro and h = rms_norm(r', wo) to h, and with GATE the exit gate h @ gw.T +
-    gb in float32 to gate. PREFETCH, ROW_ACC and SPLIT_K (ADD_NORM only: program_id(1) takes a
-    K slice; float32 partial sums in part, y not stored): GemvConfig's variants."""
+    wa) if NORM_A else y) to ro and h = rms_norm(r', wo) to h, and with GATE the exit gate's logit
+    h @ gw.T + gb (float32) to gate. PREFETCH and ROW_ACC: GemvConfig's loop variants."""
     offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = offs_n < N
     rows = w_ptr + offs_n[:, None].to(tl.int64) * stride_wn
     rows_up = rows + N * stride_wn
-    k_per = tl.cdiv(tl.cdiv(K, BLOCK_K), SPLIT_K) * BLOCK_K  # whole tiles per K slice
-    k_lo = tl.program_id(1) * k_per
-    if SPLIT_K > 1:
-        if k_lo >= K:  # a slice past K (few tiles, many slices): the last program counts working ones
-            return
-    k_hi = tl.minimum(k_lo + k_per, K)
-    offs_k = k_lo + tl.arange(0, BLOCK_K)
+    offs_k = tl.arange(0, BLOCK_K)
     dt = y_ptr.dtype.element_ty
     # The first weight tile is read before waiting on the previous kernel (with PDL its reads overlap
     # that kernel's tail): weights are never written during a pass. x only after the wait.
-    mask = n_ok[:, None] & (offs_k < k_hi)[None, :]
+    mask = n_ok[:, None] & (offs_k < K)[None, :]
     w = tl.load(rows + offs_k[None, :], mask=mask, other=0.0)
     if EPILOGUE == _SWIGLU:
         w_up = tl.load(rows_up + offs_k[None, :], mask=mask, other=0.0)
@@ -137,19 +124,19 @@ def _gemv_kernel(x_ptr, w_ptr, y_ptr, N, K, stride_wn, r_ptr, wa_ptr, wo_ptr, ro
     else:
         acc = tl.zeros((BLOCK_N, BLOCK_K), tl.float32)
         acc_up = tl.zeros((BLOCK_N, BLOCK_K), tl.float32)
-    for k0 in range(k_lo, k_hi, BLOCK_K):
-        kk = k0 + tl.arange(0, BLOCK_K)
-        if PREFETCH:  # the next tile (masked off past the slice: no traffic)
-            mask = n_ok[:, None] & (kk + BLOCK_K < k_hi)[None, :]
+    for k0 in range(0, K, BLOCK_K):
+        kk = k0 + offs_k
+        if PREFETCH:  # the next tile (masked off past K: no traffic)
+            mask = n_ok[:, None] & (kk + BLOCK_K < K)[None, :]
             w_next = tl.load(rows + BLOCK_K + kk[None, :], mask=mask, other=0.0)
             if EPILOGUE == _SWIGLU:
                 w_up_next = tl.load(rows_up + BLOCK_K + kk[None, :], mask=mask, other=0.0)
-        elif k0 > k_lo:
-            mask = n_ok[:, None] & (kk < k_hi)[None, :]
+        elif k0 > 0:
+            mask = n_ok[:, None] & (kk < K)[None, :]
             w = tl.load(rows + kk[None, :], mask=mask, other=0.0)
             if EPILOGUE == _SWIGLU:
                 w_up = tl.load(rows_up + kk[None, :], mask=mask, other=0.0)
-        x = tl.load(x_ptr + kk, mask=kk < k_hi, other=0.0).to(tl.float32)
+        x = tl.load(x_ptr + kk, mask=kk < K, other=0.0).to(tl.float32)
         if ROW_ACC:
             acc += tl.sum(w.to(tl.float32) * x[None, :], axis=1)
             if EPILOGUE == _SWIGLU:
@@ -165,29 +152,19 @@ def _gemv_kernel(x_ptr, w_ptr, y_ptr, N, K, stride_wn, r_ptr, wa_ptr, wo_ptr, ro
     if not ROW_ACC:
         acc = tl.sum(acc, axis=1)
         acc_up = tl.sum(acc_up, axis=1)
-    if SPLIT_K > 1:
-        tl.store(part_ptr + tl.program_id(1) * N + offs_n, acc, mask=n_ok)
-    else:
-        y = acc.to(dt)
-        if EPILOGUE == _SWIGLU:
-            g = y.to(tl.float32)
-            y = ((g * tl.sigmoid(g)).to(dt).to(tl.float32) * acc_up.to(dt).to(tl.float32)).to(dt)
-        tl.store(y_ptr + offs_n, y, mask=n_ok)
+    y = acc.to(dt)
+    if EPILOGUE == _SWIGLU:
+        g = y.to(tl.float32)
+        y = ((g * tl.sigmoid(g)).to(dt).to(tl.float32) * acc_up.to(dt).to(tl.float32)).to(dt)
+    tl.store(y_ptr + offs_n, y, mask=n_ok)
     if EPILOGUE == _ADD_NORM:
         # Every thread's stores before the release; the last arrival acquires them all (as in
         # rlt/kernels/decode_attention.py), then finishes the row as rlt/kernels/norm.py's kernel.
         tl.debug_barrier()
-        working = tl.cdiv(K, k_per)  # K slices holding tiles: the first ones
-        if tl.atomic_add(count_ptr, 1, sem="acq_rel") == tl.num_programs(0) * working - 1:
+        if tl.atomic_add(count_ptr, 1, sem="acq_rel") == tl.num_programs(0) - 1:
             offs_r = tl.arange(0, ROW)
             r_ok = offs_r < N
-            if SPLIT_K > 1:
-                total = tl.zeros((ROW,), tl.float32)
-                for s in range(0, working):
-                    total += tl.load(part_ptr + s * N + offs_r, mask=r_ok, other=0.0)
-                a = total.to(dt)  # rounded as the unsplit product
-            else:
-                a = tl.load(y_ptr + offs_r, mask=r_ok, other=0.0)
+            a = tl.load(y_ptr + offs_r, mask=r_ok, other=0.0)
             if NORM_A:
                 a = norm_row(a.to(tl.float32), wa_ptr, offs_r, r_ok, N, eps, dt)
             r = (tl.load(r_ptr + offs_r, mask=r_ok, other=0.0).to(tl.float32) + a.to(tl.float32)).to(dt)
@@ -224,21 +201,19 @@ def gemv_add_norm(x: torch.Tensor, w: torch.Tensor, residual: torch.Tensor, weig
 def _launch(x, w, config: GemvConfig, epilogue, N, residual=None, weight_a=None, weight_out=None, eps=0.0,
             exit_gate=None):
     K = w.shape[1]
-    split = config.split_k if epilogue == ADD_NORM else 1  # the other epilogues need whole rows
     y = torch.empty(1, N, dtype=x.dtype, device=x.device)
     ro, h = (torch.empty_like(y), torch.empty_like(y)) if epilogue == ADD_NORM else (y, y)
-    part = torch.empty(split, N, dtype=torch.float32, device=x.device) if split > 1 else y
     gate = torch.empty(1, dtype=torch.float32, device=x.device) if exit_gate is not None else y
     gw, gb = (exit_gate[0].reshape(-1), exit_gate[1].reshape(-1)) if exit_gate is not None else (y, y)
-    pdl.launch(_gemv_kernel, (triton.cdiv(N, config.rows), split), x.contiguous(), w, y, N, K, w.stride(0),
+    pdl.launch(_gemv_kernel, (triton.cdiv(N, config.rows),), x.contiguous(), w, y, N, K, w.stride(0),
                y if residual is None else residual, y if weight_a is None else weight_a,
-               y if weight_out is None else weight_out, ro, h, _counter(x.device), part, gw, gb, gate, eps,
+               y if weight_out is None else weight_out, ro, h, _counter(x.device), gw, gb, gate, eps,
                BLOCK_N=config.rows, BLOCK_K=config.k, EPILOGUE=epilogue, NORM_A=weight_a is not None,
-               GATE=exit_gate is not None, PREFETCH=config.prefetch, ROW_ACC=config.row_acc, SPLIT_K=split,
+               GATE=exit_gate is not None, PREFETCH=config.prefetch, ROW_ACC=config.row_acc,
                ROW=triton.next_power_of_2(N) if epilogue == ADD_NORM else 1, num_warps=config.warps, like=x)
     return y, ro, h, gate
 
 
 def choices() -> dict:
     """The GEMV setup (for benchmark logs)."""
-    return {"config": str(CONFIG), "fused": fused}
+    return {"config": str(CONFIG), "fused": fused, "fused_gate": fused_gate}

@@ -59,9 +59,12 @@ def linear_add_norm(x: torch.Tensor, w: torch.Tensor, residual: torch.Tensor, we
     weight_out, eps) -> (residual', h); one launch for a one-row CUDA pass. exit_gate (float32 weight
     [1, N], bias [1]; Ouro's last layer): also the gate's logits h.float() @ weight.T + bias [T]."""
     if _fused_gemv(x, w):
-        from rlt.kernels.gemv import gemv_add_norm
+        from rlt.kernels import gemv
 
-        return gemv_add_norm(x, w, residual, weight_a, weight_out, eps, exit_gate=exit_gate)
+        if exit_gate is None or gemv.fused_gate:
+            return gemv.gemv_add_norm(x, w, residual, weight_a, weight_out, eps, exit_gate=exit_gate)
+        out = gemv.gemv_add_norm(x, w, residual, weight_a, weight_out, eps)
+        return (*out, linear(out[1].float(), *exit_gate).squeeze(-1))
     out = add_norm(residual, linear(x, w), weight_a, weight_out, eps)
     return out if exit_gate is None else (*out, linear(out[1].float(), *exit_gate).squeeze(-1))
 
