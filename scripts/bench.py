@@ -110,8 +110,8 @@ def prefill_ms(mc, model, dtype, device, n, reps=3):
 
 
 def kernel_choices(device: str) -> dict | None:
-    """On CUDA: the one-row GEMV's config, epilogues and prefetch (RLT_GEMV_CONFIG, RLT_FUSED_GEMV,
-    RLT_GEMV_PREFETCH, RLT_GEMV_ROW_ACC), the decode attention's forced key slices (RLT_DECODE_SPLITS)
+    """On CUDA: the one-row GEMV's config and epilogues (RLT_GEMV_CONFIG, RLT_FUSED_GEMV,
+    RLT_FUSED_GATE), the decode attention's forced key slices (RLT_DECODE_SPLITS)
     and programmatic dependent launch (RLT_PDL)."""
     if not device.startswith("cuda"):
         return None

@@ -1,11 +1,11 @@
 """Registers, resident programs per SM and weight bytes in flight per SM of each one-row GEMV
-variant on an H100/H200 (sm_90a), from ptxas on the CPU: which configs can keep enough loads in
+config on an H100/H200 (sm_90a), from ptxas on the CPU: which configs can keep enough loads in
 flight to stream weights at full bandwidth, before spending GPU time on them.
 
     python scripts/gemv_occupancy.py [--configs 2,1024,4 2,2048,4] [--shapes 6144x2048 2048x2048 ...]
 
-Bytes in flight per SM is an upper bound: every resident program with its weight tiles loading
-(two with prefetch); a grid smaller than one wave leaves SMs with fewer programs. Needs only triton
+Bytes in flight per SM is an upper bound: every resident program with its weight tile loading;
+a grid smaller than one wave leaves SMs with fewer programs. Needs only triton
 (its bundled ptxas).
 """
 
@@ -32,7 +32,7 @@ SIGNATURE = dict(x_ptr="*bf16", w_ptr="*bf16", y_ptr="*bf16", N="i32", K="i32", 
 
 def registers(config: gemv.GemvConfig, epilogue: int, row: int) -> int:
     consts = dict(BLOCK_N=config.rows, BLOCK_K=config.k, EPILOGUE=epilogue, NORM_A=True, GATE=False, ROW=row,
-                  PREFETCH=config.prefetch, ROW_ACC=config.row_acc, PDL=True)
+                  PDL=True)
     # As the JIT specializes a launch: 16-byte aligned pointers, sizes and strides that are multiples
     # of 16 (Ouro's are) — what lets loads vectorize, and so what the register count depends on.
     aligned = {(i,): [["tt.divisibility", 16]] for i, (name, kind) in enumerate(SIGNATURE.items())
@@ -64,21 +64,20 @@ def main():
     args = ap.parse_args()
     configs = ([gemv.GemvConfig(*map(int, c.split(","))) for c in args.configs] if args.configs else gemv.CONFIGS)
     epilogues = {"plain": gemv.PLAIN, "swiglu": gemv.SWIGLU, "add_norm": gemv.ADD_NORM}
-    for base in configs:
-        for config in gemv.variants(base):
-            cells = []
-            for spec in args.shapes:
-                shape, name = spec.split(":")
-                N, K = map(int, shape.split("x"))
-                rows = N // 2 if name == "swiglu" else N
-                regs = registers(config, epilogues[name], triton.next_power_of_2(rows) if name == "add_norm" else 1)
-                per_sm = resident(regs, config.warps)
-                programs = triton.cdiv(rows, config.rows)
-                active = min(per_sm, programs / SMS)  # programs per SM while the first wave runs
-                tile = config.rows * config.k * 2 * (2 if name == "swiglu" else 1) * (2 if config.prefetch else 1)
-                cells.append(f"{shape} {name}: {regs} regs, {per_sm}/SM, {programs / (per_sm * SMS):.2f} waves, "
-                             f"{active * tile / 1024:.0f} KB")
-            print(f"{str(config):<28}" + " | ".join(cells))
+    for config in configs:
+        cells = []
+        for spec in args.shapes:
+            shape, name = spec.split(":")
+            N, K = map(int, shape.split("x"))
+            rows = N // 2 if name == "swiglu" else N
+            regs = registers(config, epilogues[name], triton.next_power_of_2(rows) if name == "add_norm" else 1)
+            per_sm = resident(regs, config.warps)
+            programs = triton.cdiv(rows, config.rows)
+            active = min(per_sm, programs / SMS)  # programs per SM while the first wave runs
+            tile = config.rows * config.k * 2 * (2 if name == "swiglu" else 1)
+            cells.append(f"{shape} {name}: {regs} regs, {per_sm}/SM, {programs / (per_sm * SMS):.2f} waves, "
+                         f"{active * tile / 1024:.0f} KB")
+        print(f"{str(config):<14}" + " | ".join(cells))
 
 
 if __name__ == "__main__":

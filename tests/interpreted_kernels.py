@@ -69,15 +69,15 @@ def check_paged_attention() -> bool:
 
 
 def check_gemv() -> bool:
-    from rlt.kernels.gemv import CONFIGS, gemv, variants
+    from rlt.kernels.gemv import CONFIGS, gemv
 
     g = torch.Generator().manual_seed(0)
     cases = [(torch.randn(1, k, generator=g), torch.randn(37, k, generator=g)) for k in (300, 2100)]  # ragged N, K
     ok = True
     for cfg in CONFIGS:
-        err = max((gemv(x, w, v) - x @ w.T).abs().max().item() / (x @ w.T).abs().max().item()
-                  for x, w in cases for v in variants(cfg))
-        print(f"gemv {cfg}, every loop variant: max error {err:.2e} (relative)")
+        err = max((gemv(x, w, cfg) - x @ w.T).abs().max().item() / (x @ w.T).abs().max().item()
+                  for x, w in cases)
+        print(f"gemv {cfg}: max error {err:.2e} (relative)")
         ok &= err <= 1e-5
     return ok
 
@@ -99,13 +99,11 @@ def check_gemv_epilogues() -> bool:
     gate_w, gate_b = torch.randn(1, N, generator=g), torch.randn(1, generator=g)
     ok = True
     for cfg in gv.CONFIGS:
-        err = 0.0
-        for v in gv.variants(cfg):
-            err = max(err, rel(gv.gemv_swiglu(x, gate_up, v), layers.swiglu(x @ gate_up.T)))
-            for weight_a in (None, wa):
-                refs = layers.add_norm(r, x @ w.T, weight_a, wo, eps)
-                got = gv.gemv_add_norm(x, w, r, weight_a, wo, eps, v)
-                err = max(err, *(rel(a, b) for a, b in zip(got, refs)))
+        err = rel(gv.gemv_swiglu(x, gate_up, cfg), layers.swiglu(x @ gate_up.T))
+        for weight_a in (None, wa):
+            refs = layers.add_norm(r, x @ w.T, weight_a, wo, eps)
+            got = gv.gemv_add_norm(x, w, r, weight_a, wo, eps, cfg)
+            err = max(err, *(rel(a, b) for a, b in zip(got, refs)))
         print(f"gemv epilogues {cfg}: max error {err:.2e} (relative)")
         ok &= err <= 1e-5
     # with Ouro's exit gate on the normed output

@@ -27,16 +27,14 @@ def kernels():
         return decode_attention._decode_kernel, args, dict(
             H=16, GROUP=1, G_PAD=16, BLOCK_SIZE=16, HEAD_DIM=128, D_PAD=128, BLOCK_N=32, SPLITS=splits, IEEE=False)
 
-    def gemv_case(epilogue, row=1, prefetch=False, row_acc=False):
+    def gemv_case(epilogue, row=1):
         return gemv._gemv_kernel, gemv_args, dict(BLOCK_N=2, BLOCK_K=1024, EPILOGUE=epilogue, NORM_A=True,
-                                                  GATE=epilogue == gemv.ADD_NORM, ROW=row, PREFETCH=prefetch,
-                                                  ROW_ACC=row_acc)
+                                                  GATE=epilogue == gemv.ADD_NORM, ROW=row)
 
     return {
         "gemv": gemv_case(gemv.PLAIN),
         "gemv_swiglu": gemv_case(gemv.SWIGLU),
         "gemv_add_norm": gemv_case(gemv.ADD_NORM, 2048),
-        "gemv_swiglu_variants": gemv_case(gemv.SWIGLU, prefetch=True, row_acc=True),
         "decode": decode_case(8),
         "decode_unsplit": decode_case(1),
         "add_rms_norm": (norm._add_rms_norm_kernel,
@@ -56,7 +54,6 @@ def kernels():
 
 # What a kernel may read before its PDL wait: memory no kernel of the pass writes while it runs.
 EARLY_READS = {"gemv": {"w_ptr"}, "gemv_swiglu": {"w_ptr"}, "gemv_add_norm": {"w_ptr"},
-               "gemv_swiglu_variants": {"w_ptr"},
                "decode": {"pos_ptr", "table_ptr", "cache_ptr"},
                "decode_unsplit": {"pos_ptr"}}  # unsplit passes read the cache after the wait
 
@@ -92,7 +89,7 @@ def early_global_reads(ptx: str, sig: dict[str, str]) -> set[str]:
     return used
 
 
-@pytest.mark.parametrize("name", ["gemv", "gemv_swiglu", "gemv_add_norm", "gemv_swiglu_variants", "decode",
+@pytest.mark.parametrize("name", ["gemv", "gemv_swiglu", "gemv_add_norm", "decode",
                                   "decode_unsplit", "add_rms_norm", "rms_norm", "rope", "silu_mul"])
 def test_pdl_kernel_waits_before_touching_memory(name):
     fn, sig, consts = kernels()[name]
@@ -190,6 +187,6 @@ def test_gemv_occupancy_arithmetic():
     from rlt.kernels import gemv
 
     assert [occ.resident(r, w) for r, w in ((56, 4), (64, 4), (80, 4), (34, 4), (96, 4), (16, 1))] == [9, 8, 6, 12, 5, 32]
-    regs = occ.registers(gemv.GemvConfig(2, 2048, 4), gemv.PLAIN, 1)
-    leaner = occ.registers(gemv.GemvConfig(2, 2048, 4, row_acc=True), gemv.PLAIN, 1)
-    assert 0 < leaner < regs <= 255  # the per-row sums need fewer registers than a tile accumulator
+    wide = occ.registers(gemv.GemvConfig(2, 2048, 4), gemv.PLAIN, 1)
+    narrow = occ.registers(gemv.GemvConfig(2, 1024, 4), gemv.PLAIN, 1)
+    assert 0 < narrow < wide <= 255  # a tile twice as wide holds more weights and sums in registers

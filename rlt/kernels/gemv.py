@@ -16,7 +16,7 @@ and re-reducing the whole row: -11 %), and the [q; k; v] GEMV finishing with RoP
 
 import functools
 import os
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import torch
 import triton
@@ -28,20 +28,14 @@ from rlt.kernels.norm import norm_row
 
 @dataclass(frozen=True)
 class GemvConfig:
-    """Rows of w per program, K per load, warps; and two loop variants, off until measured in the
-    engine: prefetch (load the next weight tile before using the current one: two tiles in flight
-    per program) and row_acc (sum each tile's products into one float32 per row at once instead of
-    keeping a [rows, k] float32 accumulator: fewer registers per program, so more programs and
-    weight bytes in flight per SM, at a cross-thread sum per tile)."""
+    """Rows of w per program, K per load, warps."""
 
     rows: int
     k: int
     warps: int
-    prefetch: bool = False
-    row_acc: bool = False
 
     def __str__(self) -> str:
-        return f"{self.rows}x{self.k}/{self.warps}w" + "+prefetch" * self.prefetch + "+row_acc" * self.row_acc
+        return f"{self.rows}x{self.k}/{self.warps}w"
 
 
 # Few wide loads per program keep many bytes in flight. CONFIGS is the set the kernel is tested
@@ -51,8 +45,10 @@ class GemvConfig:
 # docs/benchmarks.md). Configs reading a program's whole K = 2048 slice before the PDL wait ran
 # slower in the engine (7fe33a4: 4x2048/8w 185.1 tok/s, 2x2048/4w 197.2, against 206.9);
 # scripts/gemv_occupancy.py: 2x2048/4w takes 70 registers, seven programs per SM, so the 1024
-# programs of a 2048-row projection spill into a second wave (1.11); with row_acc it takes 56 and
-# fits one wave with twice the default's bytes in flight: it stays in the set for that A/B.
+# programs of a 2048-row projection spill into a second wave (1.11). Measured no faster and removed
+# (docs/benchmarks.md, session 6): loading the next weight tile one step ahead (214.0 against 214.5
+# tok/s, three runs each), per-row float32 sums instead of a tile accumulator (2x2048/4w: 205.9),
+# and K split among programs of the add + RMSNorm GEMVs, the last one summing (197.1 at two).
 CONFIGS = tuple(GemvConfig(*c) for c in ((2, 1024, 4), (4, 1024, 4), (2, 2048, 4), (8, 512, 4), (8, 1024, 8),
                                          (16, 256, 4)))
 fused = os.environ.get("RLT_FUSED_GEMV", "1") != "0"
@@ -61,26 +57,18 @@ fused = os.environ.get("RLT_FUSED_GEMV", "1") != "0"
 fused_gate = os.environ.get("RLT_FUSED_GATE", "1") != "0"
 
 
-def variants(config: GemvConfig) -> list[GemvConfig]:
-    """The config with each combination of its loop variants (for tests)."""
-    return [replace(config, prefetch=p, row_acc=r) for p in (False, True) for r in (False, True)]
-
-
 def _config_from_env() -> GemvConfig:
-    """RLT_GEMV_CONFIG=4,1024,4 runs another config, RLT_GEMV_PREFETCH=1 / RLT_GEMV_ROW_ACC=1 a loop
-    variant (A/B measurements); CONFIGS[0] otherwise."""
-    flags = dict(prefetch=os.environ.get("RLT_GEMV_PREFETCH", "0") == "1",
-                 row_acc=os.environ.get("RLT_GEMV_ROW_ACC", "0") == "1")
+    """RLT_GEMV_CONFIG=4,1024,4 runs another config (A/B measurements); CONFIGS[0] otherwise."""
     text = os.environ.get("RLT_GEMV_CONFIG")
     if not text:
-        return replace(CONFIGS[0], **flags)
+        return CONFIGS[0]
     parts = text.split(",")
     if len(parts) != 3 or not all(p.strip().isdigit() and int(p) > 0 for p in parts):
         raise ValueError(f"RLT_GEMV_CONFIG must be three positive integers 'rows,k,warps', got {text!r}")
     rows, k, warps = map(int, parts)
     if rows & (rows - 1) or k & (k - 1) or warps & (warps - 1):
         raise ValueError(f"RLT_GEMV_CONFIG: rows, k and warps must be powers of two, got {text!r}")
-    return GemvConfig(rows, k, warps, **flags)
+    return GemvConfig(rows, k, warps)
 
 
 CONFIG = _config_from_env()
@@ -99,12 +87,11 @@ def _counter(device: torch.device) -> torch.Tensor:
 @triton.jit
 def _gemv_kernel(x_ptr, w_ptr, y_ptr, N, K, stride_wn, r_ptr, wa_ptr, wo_ptr, ro_ptr, h_ptr, count_ptr, gw_ptr,
                  gb_ptr, gate_ptr, eps, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EPILOGUE: tl.constexpr,
-                 NORM_A: tl.constexpr, GATE: tl.constexpr, ROW: tl.constexpr, PREFETCH: tl.constexpr,
-                 ROW_ACC: tl.constexpr, PDL: tl.constexpr):
+                 NORM_A: tl.constexpr, GATE: tl.constexpr, ROW: tl.constexpr, PDL: tl.constexpr):
     """y = x @ w.T. SWIGLU: w is [gate; up] (2N rows), y = silu(x @ gate.T) * (x @ up.T), rounded as
     the separate launches round. ADD_NORM: then the last program to finish stores r' = r + (rms_norm(y,
     wa) if NORM_A else y) to ro and h = rms_norm(r', wo) to h, and with GATE the exit gate's logit
-    h @ gw.T + gb (float32) to gate. PREFETCH and ROW_ACC: GemvConfig's loop variants."""
+    h @ gw.T + gb (float32) to gate."""
     offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = offs_n < N
     rows = w_ptr + offs_n[:, None].to(tl.int64) * stride_wn
@@ -118,40 +105,21 @@ def _gemv_kernel(x_ptr, w_ptr, y_ptr, N, K, stride_wn, r_ptr, wa_ptr, wo_ptr, ro
     if EPILOGUE == _SWIGLU:
         w_up = tl.load(rows_up + offs_k[None, :], mask=mask, other=0.0)
     pdl.begin(PDL)
-    if ROW_ACC:
-        acc = tl.zeros((BLOCK_N,), tl.float32)
-        acc_up = tl.zeros((BLOCK_N,), tl.float32)
-    else:
-        acc = tl.zeros((BLOCK_N, BLOCK_K), tl.float32)
-        acc_up = tl.zeros((BLOCK_N, BLOCK_K), tl.float32)
+    acc = tl.zeros((BLOCK_N, BLOCK_K), tl.float32)
+    acc_up = tl.zeros((BLOCK_N, BLOCK_K), tl.float32)
     for k0 in range(0, K, BLOCK_K):
         kk = k0 + offs_k
-        if PREFETCH:  # the next tile (masked off past K: no traffic)
-            mask = n_ok[:, None] & (kk + BLOCK_K < K)[None, :]
-            w_next = tl.load(rows + BLOCK_K + kk[None, :], mask=mask, other=0.0)
-            if EPILOGUE == _SWIGLU:
-                w_up_next = tl.load(rows_up + BLOCK_K + kk[None, :], mask=mask, other=0.0)
-        elif k0 > 0:
+        if k0 > 0:
             mask = n_ok[:, None] & (kk < K)[None, :]
             w = tl.load(rows + kk[None, :], mask=mask, other=0.0)
             if EPILOGUE == _SWIGLU:
                 w_up = tl.load(rows_up + kk[None, :], mask=mask, other=0.0)
         x = tl.load(x_ptr + kk, mask=kk < K, other=0.0).to(tl.float32)
-        if ROW_ACC:
-            acc += tl.sum(w.to(tl.float32) * x[None, :], axis=1)
-            if EPILOGUE == _SWIGLU:
-                acc_up += tl.sum(w_up.to(tl.float32) * x[None, :], axis=1)
-        else:
-            acc += w.to(tl.float32) * x[None, :]
-            if EPILOGUE == _SWIGLU:
-                acc_up += w_up.to(tl.float32) * x[None, :]
-        if PREFETCH:
-            w = w_next
-            if EPILOGUE == _SWIGLU:
-                w_up = w_up_next
-    if not ROW_ACC:
-        acc = tl.sum(acc, axis=1)
-        acc_up = tl.sum(acc_up, axis=1)
+        acc += w.to(tl.float32) * x[None, :]
+        if EPILOGUE == _SWIGLU:
+            acc_up += w_up.to(tl.float32) * x[None, :]
+    acc = tl.sum(acc, axis=1)
+    acc_up = tl.sum(acc_up, axis=1)
     y = acc.to(dt)
     if EPILOGUE == _SWIGLU:
         g = y.to(tl.float32)
@@ -209,8 +177,7 @@ def _launch(x, w, config: GemvConfig, epilogue, N, residual=None, weight_a=None,
                y if residual is None else residual, y if weight_a is None else weight_a,
                y if weight_out is None else weight_out, ro, h, _counter(x.device), gw, gb, gate, eps,
                BLOCK_N=config.rows, BLOCK_K=config.k, EPILOGUE=epilogue, NORM_A=weight_a is not None,
-               GATE=exit_gate is not None, PREFETCH=config.prefetch, ROW_ACC=config.row_acc,
-               ROW=triton.next_power_of_2(N) if epilogue == ADD_NORM else 1, num_warps=config.warps, like=x)
+               GATE=exit_gate is not None, ROW=triton.next_power_of_2(N) if epilogue == ADD_NORM else 1, num_warps=config.warps, like=x)
     return y, ro, h, gate
 
 
