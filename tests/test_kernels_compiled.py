@@ -136,10 +136,10 @@ def test_bad_gemv_config_names_the_variable(value, msg):
 
 
 @pytest.mark.parametrize("name,value,msg", [
-    ("RLT_DECODE_SPLITS", "0", "RLT_DECODE_SPLITS must be 'tiles' or a power of two from 1 to 256"),
-    ("RLT_DECODE_SPLITS", "48", "RLT_DECODE_SPLITS must be 'tiles' or a power of two from 1 to 256"),
-    ("RLT_DECODE_SPLITS", "x", "RLT_DECODE_SPLITS must be 'tiles' or a power of two from 1 to 256"),
-    ("RLT_DECODE_SPLITS", "512", "RLT_DECODE_SPLITS must be 'tiles' or a power of two from 1 to 256")])
+    ("RLT_DECODE_SPLITS", "0", "RLT_DECODE_SPLITS must be a power of two from 1 to 256, got '0'"),
+    ("RLT_DECODE_SPLITS", "48", "RLT_DECODE_SPLITS must be a power of two from 1 to 256, got '48'"),
+    ("RLT_DECODE_SPLITS", "tiles", "RLT_DECODE_SPLITS must be a power of two from 1 to 256, got 'tiles'"),
+    ("RLT_DECODE_SPLITS", "512", "RLT_DECODE_SPLITS must be a power of two from 1 to 256, got '512'")])
 def test_bad_decode_option_names_the_variable(name, value, msg):
     import os
     import subprocess
@@ -156,24 +156,21 @@ def test_decode_options_from_the_environment():
     import sys
 
     code = "import rlt.kernels.decode_attention as d; print(d.FORCED_SPLITS)"
-    for env, out in (({"RLT_DECODE_SPLITS": "64"}, "64"), ({"RLT_DECODE_SPLITS": "tiles"}, "tiles"),
-                     ({"RLT_DECODE_SPLITS": ""}, "None")):
+    for env, out in (({"RLT_DECODE_SPLITS": "64"}, "64"), ({"RLT_DECODE_SPLITS": ""}, "None")):
         r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env={**os.environ, **env},
                            timeout=120)
         assert r.stdout.strip() == out, r.stderr
 
 
 def test_split_plan(monkeypatch):
-    """Key slices of decode attention: the programs-per-SM rule, a forced count, or one 32-key tile
-    per slice by the block table's keys (RLT_DECODE_SPLITS); never split with a program per SM."""
+    """Key slices of decode attention: the programs-per-SM rule or a forced count
+    (RLT_DECODE_SPLITS); never split with a program per SM."""
     from rlt.kernels import decode_attention as da
 
     monkeypatch.setattr(da, "num_sms", lambda device: 132)
-    assert [da.plan_splits(rows, 16, None, 1088) for rows in (1, 4, 9)] == [32, 8, 1]  # Ouro, 16 KV heads
+    assert [da.plan_splits(rows, 16, None) for rows in (1, 4, 9)] == [32, 8, 1]  # Ouro, 16 KV heads
     monkeypatch.setattr(da, "FORCED_SPLITS", 64)
-    assert [da.plan_splits(rows, 16, None, 1088) for rows in (1, 9)] == [64, 1]
-    monkeypatch.setattr(da, "FORCED_SPLITS", "tiles")
-    assert [da.plan_splits(1, 16, None, keys) for keys in (16, 1088, 1280, 4096, 65536)] == [1, 64, 64, 128, 256]
+    assert [da.plan_splits(rows, 16, None) for rows in (1, 9)] == [64, 1]
 
 
 def test_gemv_occupancy_arithmetic():

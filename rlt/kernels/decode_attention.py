@@ -27,16 +27,15 @@ SPLIT_BLOCK_N = 32  # split passes: tune_decode.py on an H200, 32-key tiles x 32
 MAX_SPLITS = 32
 
 
-def _splits_from_env() -> int | str | None:
-    """RLT_DECODE_SPLITS=N: every split pass takes N key slices instead of plan_splits' choice;
-    RLT_DECODE_SPLITS=tiles: one key tile per slice, by the block table's width (up to 256 slices).
-    For engine A/B measurements: at 1K context the default 32 slices of 1025+ keys give 17 working
-    slices of two 32-key tiles each; one tile per slice reads every tile before the PDL wait."""
+def _splits_from_env() -> int | None:
+    """RLT_DECODE_SPLITS=N: every split pass takes N key slices instead of plan_splits' choice (engine
+    A/B measurements). At 1K context the default 32 beat 8, 16, 64 and one 32-key tile per slice
+    (Ouro-1.4B, conc 1, H200; docs/benchmarks.md, session 6), and 64-key tiles lost too."""
     text = os.environ.get("RLT_DECODE_SPLITS", "").strip()
-    if not text or text == "tiles":
-        return text or None
+    if not text:
+        return None
     if not text.isdigit() or not 1 <= int(text) <= 256 or int(text) & (int(text) - 1):
-        raise ValueError(f"RLT_DECODE_SPLITS must be 'tiles' or a power of two from 1 to 256, got {text!r}")
+        raise ValueError(f"RLT_DECODE_SPLITS must be a power of two from 1 to 256, got {text!r}")
     return int(text)
 
 
@@ -55,15 +54,12 @@ def num_sms(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
-def plan_splits(rows: int, kv_heads: int, device: torch.device, max_keys: int = 0) -> int:
+def plan_splits(rows: int, kv_heads: int, device: torch.device) -> int:
     """Key slices per (row, KV head) when the pass has fewer (row, KV head) programs than SMs (1
-    otherwise): a power of two giving two to four programs per SM, or RLT_DECODE_SPLITS (with
-    'tiles', one SPLIT_BLOCK_N-key tile per slice for max_keys keys)."""
+    otherwise): a power of two giving two to four programs per SM, or RLT_DECODE_SPLITS."""
     programs, sms = rows * kv_heads, num_sms(device)
     if programs >= sms:
         return 1
-    if FORCED_SPLITS == "tiles":
-        return min(256, triton.next_power_of_2(triton.cdiv(max(max_keys, 1), SPLIT_BLOCK_N)))
     return FORCED_SPLITS or min(MAX_SPLITS, 1 << (2 * sms // programs).bit_length())
 
 
@@ -168,7 +164,7 @@ def decode_attention(cache: torch.Tensor, layer: int, q: torch.Tensor, block_tab
     group = H // Hkv
     assert q.stride(-1) == 1, "q needs a contiguous last dimension"
     if splits is None:
-        splits = plan_splits(R, Hkv, q.device, block_table.shape[1] * block_size)
+        splits = plan_splits(R, Hkv, q.device)
     if block_n is None:
         block_n = BLOCK_N if splits == 1 else SPLIT_BLOCK_N
     out = torch.empty(R, H, D, dtype=q.dtype, device=q.device)
