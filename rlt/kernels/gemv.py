@@ -7,8 +7,10 @@ projection split-K at a fraction of the bandwidth), so one-row products on CUDA 
 The GEMV can also finish what follows it instead of a separate launch (an epilogue): SwiGLU, each
 program computing the same rows of the gate and the up projection ([gate; up] weight); or the
 residual add and RMSNorm after a projection, done by the last program to finish (an arrival
-counter, as the split decode attention merges its slices). On by default (Ouro-1.4B at concurrency
-1, H200, 7fe33a4: 211.1 tok/s against 207.4 without, two runs each); RLT_FUSED_GEMV=0 turns it off.
+counter, as the split decode attention merges its slices), which in Ouro's last layer also takes
+the exit gate's dot product (ec021b2: 214.5 tok/s against 210.9 in launches of its own). On by
+default (Ouro-1.4B at concurrency 1, H200, 7fe33a4: 211.1 tok/s against 207.4 without, two runs
+each); RLT_FUSED_GEMV=0 turns it off.
 Measured slower and removed: the GEMV computing its *input* row instead (every program re-reading
 and re-reducing the whole row: -11 %), and the [q; k; v] GEMV finishing with RoPE and the K/V store
 (each program taking a RoPE pair of rows: 206.7 tok/s against 211.3, 916f31d).
@@ -177,7 +179,8 @@ def _launch(x, w, config: GemvConfig, epilogue, N, residual=None, weight_a=None,
                y if residual is None else residual, y if weight_a is None else weight_a,
                y if weight_out is None else weight_out, ro, h, _counter(x.device), gw, gb, gate, eps,
                BLOCK_N=config.rows, BLOCK_K=config.k, EPILOGUE=epilogue, NORM_A=weight_a is not None,
-               GATE=exit_gate is not None, ROW=triton.next_power_of_2(N) if epilogue == ADD_NORM else 1, num_warps=config.warps, like=x)
+               GATE=exit_gate is not None, ROW=triton.next_power_of_2(N) if epilogue == ADD_NORM else 1,
+               num_warps=config.warps, like=x)
     return y, ro, h, gate
 
 

@@ -64,8 +64,8 @@ def linear_add_norm(x: torch.Tensor, w: torch.Tensor, residual: torch.Tensor, we
         if exit_gate is None or gemv.fused_gate:
             return gemv.gemv_add_norm(x, w, residual, weight_a, weight_out, eps, exit_gate=exit_gate)
         out = gemv.gemv_add_norm(x, w, residual, weight_a, weight_out, eps)
-        return (*out, linear(out[1].float(), *exit_gate).squeeze(-1))
-    out = add_norm(residual, linear(x, w), weight_a, weight_out, eps)
+    else:
+        out = add_norm(residual, linear(x, w), weight_a, weight_out, eps)
     return out if exit_gate is None else (*out, linear(out[1].float(), *exit_gate).squeeze(-1))
 
 
