@@ -463,13 +463,44 @@ def test_one_row_decode_equals_cpu_in_float32(checkpoints, family, fused, monkey
     assert run("cuda", batch) == run("cpu", batch)
 
 
+@pytest.mark.parametrize("family,threshold", [("ouro", 0.5), ("ouro", None), ("nanbeige", None)])
+def test_steady_pass_graph_one_row_equals_regular(checkpoints, family, threshold, monkeypatch):
+    """One request alone — the one-row GEMVs with their epilogues and the exit gate, split decode
+    attention, PDL — with each steady pass one CUDA graph (RLT_STEADY_GRAPH; at fixed depth one
+    graph without the head, one with it): the regular path's tokens and exit depths."""
+    from rlt.workers import steady as steady_mod
+
+    monkeypatch.setattr(steady_mod, "GRAPHED", True)
+    mc = ModelConfig.from_pretrained(checkpoints[family])
+    model = load_model(mc, torch.bfloat16, "cuda")
+    sp = SamplingParams(max_tokens=16, temperature=0, ignore_eos=True, exit_threshold=threshold)
+
+    def run(steady):
+        cfg = EngineConfig(num_blocks=512, prefill_chunk=8, cuda_graph_max_batch=256, steady_decode=steady,
+                           steady_fixed_depth=True)
+        out, eng = decode_all(mc, model, cfg, PROMPTS[3:4], sp)
+        return [o[:2] for o in out["0"]], eng.steady_steps
+
+    (regular, _), (steady, steps) = run(False), run(True)
+    assert steps > 10 and len(regular) == 16
+    assert steady == regular
+
+
 @pytest.mark.parametrize("family", ["ouro", "nanbeige"])
-@pytest.mark.parametrize("graphs", [0, 256])
-def test_steady_decode_equals_regular_on_cuda(checkpoints, family, graphs):
-    """Steady decode on the GPU (device-side lanes, with and without CUDA graphs) against the regular
-    path, with batch-invariant kernels: the same tokens and depths, logprobs to float32 rounding
-    (log_softmax runs over every lane there)."""
+@pytest.mark.parametrize("graphs,pass_graphs", [(0, False), (256, False), (256, True)])
+def test_steady_decode_equals_regular_on_cuda(checkpoints, family, graphs, pass_graphs, monkeypatch):
+    """Steady decode on the GPU (device-side lanes, with and without CUDA graphs of the core, and
+    with each whole pass one graph: RLT_STEADY_GRAPH) against the regular path, with batch-invariant
+    kernels: the same tokens and depths, logprobs to float32 rounding (log_softmax runs over every
+    lane there)."""
     from rlt.models.layers import set_batch_invariant
+    from rlt.workers import steady as steady_mod
+
+    monkeypatch.setattr(steady_mod, "GRAPHED", pass_graphs)
+    replays = []
+    replay = steady_mod.SteadyDecode._replay
+    monkeypatch.setattr(steady_mod.SteadyDecode, "_replay", lambda self, may_exit: replays.append(may_exit) or
+                        replay(self, may_exit))
 
     mc = ModelConfig.from_pretrained(checkpoints[family])
     model = load_model(mc, torch.bfloat16, "cuda")
@@ -486,6 +517,7 @@ def test_steady_decode_equals_regular_on_cuda(checkpoints, family, graphs):
     try:
         (regular, _), (steady, steps) = run(False), run(True)
         assert steps > 10
+        assert (len(replays) == steps) == pass_graphs and (not replays) != pass_graphs
         for rid, outs in regular.items():
             assert [o[:2] for o in steady[rid]] == [o[:2] for o in outs]
             for (_, _, a), (_, _, b) in zip(steady[rid], outs):
