@@ -1,9 +1,10 @@
 """The decode-pass kernels compile for Hopper (sm_90) on the CPU, and with programmatic dependent
 launch (rlt/kernels/pdl.py) each one waits for the previous kernel before touching memory another
 kernel writes: griddepcontrol.wait precedes every global store and atomic in the PTX, and every
-load but those whose addresses derive only from the arguments in EARLY_READS — the GEMV's weights
-(never written during a pass), the decode attention's positions, block table and KV cache (its
-first key tile, without the newest key, which the previous kernel writes)."""
+load but those whose addresses derive only from the arguments in EARLY_READS — weights (never
+written during a pass), positions, K/V slots and block tables (written before a pass's first kernel
+starts), the decode attention's first key tile (without the newest key, which the previous kernel
+writes)."""
 
 import re
 
@@ -55,7 +56,8 @@ def kernels():
 # What a kernel may read before its PDL wait: memory no kernel of the pass writes while it runs.
 EARLY_READS = {"gemv": {"w_ptr"}, "gemv_swiglu": {"w_ptr"}, "gemv_add_norm": {"w_ptr"},
                "decode": {"pos_ptr", "table_ptr", "cache_ptr"},
-               "decode_unsplit": {"pos_ptr"}}  # unsplit passes read the cache after the wait
+               "decode_unsplit": {"pos_ptr"},  # unsplit passes read the cache after the wait
+               "rope": {"pos_ptr", "inv_ptr", "slot_ptr"}, "rms_norm": {"w_ptr"}, "add_rms_norm": {"wo_ptr"}}
 
 
 def early_global_reads(ptx: str, sig: dict[str, str]) -> set[str]:
@@ -121,6 +123,21 @@ def test_last_arrival_finishes_after_an_acquire_release_handshake(name):
                          target=GPUTarget("cuda", 90, 32)).asm["ptx"]
     atom = ptx.index("atom.global.gpu.acq_rel.add")
     assert "bar.sync" in ptx[:atom]
+
+
+def test_add_norm_tail_reads_in_one_round_trip():
+    """The ADD_NORM GEMV's last program issues every load of its tail (the product row, the residual,
+    both norm weights, the exit gate's weight and bias) before its first reduction: a load placed
+    after a reduction's barrier waits for it, one more dependent round trip each (it had four)."""
+    fn, sig, consts = kernels()["gemv_add_norm"]
+    c = {**consts, "PDL": False}
+    ptx = triton.compile(ASTSource(fn=fn, signature={**sig, **{k: "constexpr" for k in c}}, constexprs=c),
+                         target=GPUTarget("cuda", 90, 32)).asm["ptx"]
+    tail = ptx[ptx.index("atom.global.gpu.acq_rel.add") + 1:]
+    tail = tail[:tail.index("atom.global")]  # up to the counter's reset
+    reduction = tail.index("shfl.sync")
+    assert len(re.findall(r"\bld\.global", tail[:reduction])) >= 6
+    assert not re.search(r"\bld\.global", tail[reduction:])
 
 
 @pytest.mark.parametrize("value,msg", [("2,1024", "three positive integers"), ("3,1024,4", "powers of two"),

@@ -134,16 +134,24 @@ def _gemv_kernel(x_ptr, w_ptr, y_ptr, N, K, stride_wn, r_ptr, wa_ptr, wo_ptr, ro
         if tl.atomic_add(count_ptr, 1, sem="acq_rel") == tl.num_programs(0) - 1:
             offs_r = tl.arange(0, ROW)
             r_ok = offs_r < N
+            # Every load of the tail at once: one round trip, not one per step (a load after a
+            # reduction's barriers waits for it).
             a = tl.load(y_ptr + offs_r, mask=r_ok, other=0.0)
+            res = tl.load(r_ptr + offs_r, mask=r_ok, other=0.0)
+            w_out = tl.load(wo_ptr + offs_r, mask=r_ok, other=0.0)
             if NORM_A:
-                a = norm_row(a.to(tl.float32), wa_ptr, offs_r, r_ok, N, eps, dt)
-            r = (tl.load(r_ptr + offs_r, mask=r_ok, other=0.0).to(tl.float32) + a.to(tl.float32)).to(dt)
-            tl.store(ro_ptr + offs_r, r, mask=r_ok)
-            h = norm_row(r.to(tl.float32), wo_ptr, offs_r, r_ok, N, eps, dt)
-            tl.store(h_ptr + offs_r, h, mask=r_ok)
+                w_a = tl.load(wa_ptr + offs_r, mask=r_ok, other=0.0)
             if GATE:
                 gw = tl.load(gw_ptr + offs_r, mask=r_ok, other=0.0)
-                tl.store(gate_ptr, tl.sum(h.to(tl.float32) * gw, axis=0) + tl.load(gb_ptr))
+                gb = tl.load(gb_ptr)
+            if NORM_A:
+                a = norm_row(a.to(tl.float32), w_a, N, eps, dt)
+            r = (res.to(tl.float32) + a.to(tl.float32)).to(dt)
+            tl.store(ro_ptr + offs_r, r, mask=r_ok)
+            h = norm_row(r.to(tl.float32), w_out, N, eps, dt)
+            tl.store(h_ptr + offs_r, h, mask=r_ok)
+            if GATE:
+                tl.store(gate_ptr, tl.sum(h.to(tl.float32) * gw, axis=0) + gb)
             tl.atomic_xchg(count_ptr, 0)
 
 

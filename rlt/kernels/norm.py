@@ -15,39 +15,43 @@ from rlt.kernels import pdl
 
 
 @triton.jit
-def norm_row(x, w_ptr, offs, mask, N, eps, OUT_DTYPE: tl.constexpr):
-    """x: float32 row -> weight * (x / rms(x)) rounded as the reference."""
+def norm_row(x, w, N, eps, OUT_DTYPE: tl.constexpr):
+    """x: float32 row, w: the weight row, loaded -> weight * (x / rms(x)) rounded as the reference.
+    (Callers load w with the row, or before the PDL wait: a load after the reduction's barriers would
+    be one more dependent round trip.)"""
     y = (x * tl.rsqrt(tl.sum(x * x, axis=0) / N + eps)).to(OUT_DTYPE)
-    w = tl.load(w_ptr + offs, mask=mask, other=0.0)
     return (w.to(tl.float32) * y.to(tl.float32)).to(OUT_DTYPE)
 
 
 @triton.jit
 def _rms_norm_kernel(x_ptr, w_ptr, y_ptr, stride_x, stride_y, N, eps, BLOCK: tl.constexpr, PDL: tl.constexpr):
-    pdl.begin(PDL)
     row = tl.program_id(0)
     offs = tl.arange(0, BLOCK)
     mask = offs < N
+    w = tl.load(w_ptr + offs, mask=mask, other=0.0)  # weights: never written in a pass, so before the wait
+    pdl.begin(PDL)
     x = tl.load(x_ptr + row * stride_x + offs, mask=mask, other=0.0).to(tl.float32)
-    tl.store(y_ptr + row * stride_y + offs, norm_row(x, w_ptr, offs, mask, N, eps, y_ptr.dtype.element_ty),
-             mask=mask)
+    tl.store(y_ptr + row * stride_y + offs, norm_row(x, w, N, eps, y_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit
 def _add_rms_norm_kernel(x_ptr, a_ptr, wa_ptr, wo_ptr, xo_ptr, h_ptr, stride_x, stride_a, stride_xo, stride_h, N,
                          eps, NORM_A: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):
-    pdl.begin(PDL)
     row = tl.program_id(0)
     offs = tl.arange(0, BLOCK)
     mask = offs < N
     dt = xo_ptr.dtype.element_ty
-    a = tl.load(a_ptr + row * stride_a + offs, mask=mask, other=0.0)
+    wo = tl.load(wo_ptr + offs, mask=mask, other=0.0)  # weights before the wait (never written in a pass)
     if NORM_A:
-        a = norm_row(a.to(tl.float32), wa_ptr, offs, mask, N, eps, dt)
+        wa = tl.load(wa_ptr + offs, mask=mask, other=0.0)
+    pdl.begin(PDL)
+    a = tl.load(a_ptr + row * stride_a + offs, mask=mask, other=0.0)
     x = tl.load(x_ptr + row * stride_x + offs, mask=mask, other=0.0)
+    if NORM_A:
+        a = norm_row(a.to(tl.float32), wa, N, eps, dt)
     x = (x.to(tl.float32) + a.to(tl.float32)).to(dt)
     tl.store(xo_ptr + row * stride_xo + offs, x, mask=mask)
-    tl.store(h_ptr + row * stride_h + offs, norm_row(x.to(tl.float32), wo_ptr, offs, mask, N, eps, dt), mask=mask)
+    tl.store(h_ptr + row * stride_h + offs, norm_row(x.to(tl.float32), wo, N, eps, dt), mask=mask)
 
 
 def _rows(x: torch.Tensor) -> torch.Tensor:

@@ -18,7 +18,6 @@ def _rope_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, inv_ptr, cache_ptr, slot_ptr, lay
                  PAIRS: tl.constexpr, WRITE_KV: tl.constexpr, BLOCK_SIZE: tl.constexpr, PDL: tl.constexpr):
     """Program (t, h): h < HQ rotates q head h; then the k heads (rotated, and stored with WRITE_KV);
     then, with WRITE_KV, the v heads (stored as they are)."""
-    pdl.begin(PDL)
     t = tl.program_id(0)
     h = tl.program_id(1)
     j = tl.arange(0, HALF_PAD)
@@ -27,9 +26,14 @@ def _rope_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, inv_ptr, cache_ptr, slot_ptr, lay
         ia, ib = 2 * j, 2 * j + 1
     else:  # (x[j], x[j + D/2])
         ia, ib = j, j + HALF
+    # Before the PDL wait: the angles (positions and the K/V slots are written before a pass's first
+    # kernel starts, inv_freq never), so after it only q/k/v are read.
+    angle = tl.load(pos_ptr + t).to(tl.float32) * tl.load(inv_ptr + j, mask=ok, other=0.0)
+    c, s = tl.cos(angle), tl.sin(angle)
+    if WRITE_KV:
+        slot = tl.load(slot_ptr + t)
+    pdl.begin(PDL)
     if h < HQ + HKV:
-        angle = tl.load(pos_ptr + t).to(tl.float32) * tl.load(inv_ptr + j, mask=ok, other=0.0)
-        c, s = tl.cos(angle), tl.sin(angle)
         if h < HQ:
             base = q_ptr + t * stride_qt + h * stride_qh
         else:
@@ -47,7 +51,6 @@ def _rope_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, inv_ptr, cache_ptr, slot_ptr, lay
         if h >= HQ:
             kv_head = (h - HQ) % HKV
             which = (h - HQ) // HKV  # 0: K, 1: V
-            slot = tl.load(slot_ptr + t)
             dst = (cache_ptr + (slot // BLOCK_SIZE) * stride_cb + layer * stride_cl + which * stride_ckv
                    + (slot % BLOCK_SIZE) * stride_co + kv_head * stride_ch)
             tl.store(dst + ia, ra, mask=ok)
