@@ -4,7 +4,8 @@ flight to stream weights at full bandwidth, before spending GPU time on them.
 
     python scripts/gemv_occupancy.py [--configs 2,1024,4 2,2048,4] [--shapes 6144x2048 2048x2048 ...]
 
-Bytes in flight per SM is an upper bound: every resident program with its weight tile loading;
+Bytes in flight per SM is an upper bound: every resident program with its weight tile loading (with
+a pipelined K loop, stages - 1 tiles);
 a grid smaller than one wave leaves SMs with fewer programs. Needs only triton
 (its bundled ptxas).
 """
@@ -24,40 +25,43 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 from rlt.kernels import gemv  # noqa: E402
 
-SMS, REGS_PER_SM, WARPS_PER_SM, CTAS_PER_SM = 132, 65536, 64, 32  # H100 / H200 SXM
+SMS, REGS_PER_SM, WARPS_PER_SM, CTAS_PER_SM, SMEM_PER_SM = 132, 65536, 64, 32, 233472  # H100 / H200 SXM
 SIGNATURE = dict(x_ptr="*bf16", w_ptr="*bf16", y_ptr="*bf16", N="i32", K="i32", stride_wn="i32", r_ptr="*bf16",
                  wa_ptr="*bf16", wo_ptr="*bf16", ro_ptr="*bf16", h_ptr="*bf16", count_ptr="*i32", gw_ptr="*fp32",
                  gb_ptr="*fp32", gate_ptr="*fp32", eps="fp32")
 
 
-def registers(config: gemv.GemvConfig, epilogue: int, row: int) -> int:
+def registers(config: gemv.GemvConfig, epilogue: int, row: int) -> tuple[int, int]:
+    """(registers per thread from ptxas, shared memory bytes per program)."""
     consts = dict(BLOCK_N=config.rows, BLOCK_K=config.k, EPILOGUE=epilogue, NORM_A=True, GATE=False, ROW=row,
-                  PDL=True)
+                  STAGES=config.stages, EARLY_TAIL=config.early_tail, PDL=True)
     # As the JIT specializes a launch: 16-byte aligned pointers, sizes and strides that are multiples
     # of 16 (Ouro's are) — what lets loads vectorize, and so what the register count depends on.
     aligned = {(i,): [["tt.divisibility", 16]] for i, (name, kind) in enumerate(SIGNATURE.items())
                if kind.startswith("*") or name in ("N", "K", "stride_wn")}
     src = ASTSource(fn=gemv._gemv_kernel, signature={**SIGNATURE, **{k: "constexpr" for k in consts}},
                     constexprs=consts, attrs=aligned)
-    ptx = triton.compile(src, target=GPUTarget("cuda", 90, 32),
-                         options={"launch_pdl": True, "num_warps": config.warps}).asm["ptx"]
+    kernel = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"launch_pdl": True,
+                                                                             "num_warps": config.warps})
+    ptx = kernel.asm["ptx"]
     ptxas = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
     with tempfile.NamedTemporaryFile("w", suffix=".ptx") as f:
         f.write(ptx)
         f.flush()
         out = subprocess.run([ptxas, "-v", "--gpu-name", "sm_90a", f.name, "-o", os.devnull], capture_output=True,
                              text=True).stderr
-    return int(re.search(r"Used (\d+) registers", out)[1])
+    return int(re.search(r"Used (\d+) registers", out)[1]), kernel.metadata.shared
 
 
-def resident(regs: int, warps: int) -> int:
+def resident(regs: int, warps: int, smem: int = 0) -> int:
     per_warp = -(-regs * 32 // 256) * 256  # allocated per warp in units of 256 registers
-    return min(REGS_PER_SM // (per_warp * warps), WARPS_PER_SM // warps, CTAS_PER_SM)
+    by_smem = SMEM_PER_SM // (smem + 1024) if smem else CTAS_PER_SM  # (1 KB reserved per program)
+    return min(REGS_PER_SM // (per_warp * warps), WARPS_PER_SM // warps, CTAS_PER_SM, by_smem)
 
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--configs", nargs="*", help="rows,k,warps (default: gemv.CONFIGS)")
+    ap.add_argument("--configs", nargs="*", help="rows,k,warps[,stages] (default: gemv.CONFIGS)")
     # Ouro-1.4B's one-row GEMMs: [q; k; v] (plain), o (add + norm), [gate; up] (SwiGLU), down (add + norm)
     ap.add_argument("--shapes", nargs="*", default=["6144x2048:plain", "2048x2048:add_norm", "11264x2048:swiglu",
                                                     "2048x5632:add_norm"])
@@ -70,14 +74,15 @@ def main():
             shape, name = spec.split(":")
             N, K = map(int, shape.split("x"))
             rows = N // 2 if name == "swiglu" else N
-            regs = registers(config, epilogues[name], triton.next_power_of_2(rows) if name == "add_norm" else 1)
-            per_sm = resident(regs, config.warps)
+            regs, smem = registers(config, epilogues[name], triton.next_power_of_2(rows) if name == "add_norm" else 1)
+            per_sm = resident(regs, config.warps, smem)
             programs = triton.cdiv(rows, config.rows)
             active = min(per_sm, programs / SMS)  # programs per SM while the first wave runs
-            tile = config.rows * config.k * 2 * (2 if name == "swiglu" else 1)
-            cells.append(f"{shape} {name}: {regs} regs, {per_sm}/SM, {programs / (per_sm * SMS):.2f} waves, "
-                         f"{active * tile / 1024:.0f} KB")
-        print(f"{str(config):<14}" + " | ".join(cells))
+            # weight tiles in flight per program: one, or the pipeline's stages - 1 ahead
+            tile = config.rows * config.k * 2 * (2 if name == "swiglu" else 1) * max(1, config.stages - 1)
+            cells.append(f"{shape} {name}: {regs} regs, {smem // 1024} KB smem, {per_sm}/SM, "
+                         f"{programs / (per_sm * SMS):.2f} waves, {active * tile / 1024:.0f} KB")
+        print(f"{str(config):<22}" + " | ".join(cells))
 
 
 if __name__ == "__main__":

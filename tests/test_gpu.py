@@ -3,6 +3,7 @@ float32 on the CPU, the counter-based RNG and sampler bit for bit across devices
 two GPUs against single."""
 
 import asyncio
+from dataclasses import replace
 
 import pytest
 import torch
@@ -233,8 +234,15 @@ def test_decode_attention_matches_reference(dtype, tol, H, Hkv, D):
     assert da._counters(q.device).abs().sum().item() == 0  # every merging slice reset its counter
 
 
+def gemv_variants():
+    """The engine config's loop and tail variants (GemvConfig), tested beside CONFIGS."""
+    from rlt.kernels import gemv as gv
+
+    return (replace(gv.CONFIG, stages=3), replace(gv.CONFIG, stages=2), replace(gv.CONFIG, early_tail=True))
+
+
 def test_gemv_matches_torch():
-    """Every GEMV config, and the engine's one-row path, against F.linear, at
+    """Every GEMV config and variant, and the engine's one-row path, against F.linear, at
     decode shapes (Ouro's q/k/v, output, gate/up, down projections) and a ragged one."""
     import torch.nn.functional as F
 
@@ -248,7 +256,7 @@ def test_gemv_matches_torch():
             w = (torch.randn(N, K, device="cuda", generator=g) / K ** 0.5).to(dtype)
             ref = F.linear(x.float(), w.float())
             bound = tol * ref.abs().max().item()
-            for cfg in gv.CONFIGS:
+            for cfg in gv.CONFIGS + gemv_variants():
                 assert (gv.gemv(x, w, cfg).float() - ref).abs().max() <= bound, (N, K, str(cfg))
             assert torch.equal(layers.linear(x, w), gv.gemv(x, w, gv.CONFIG))  # the engine's one-row path
 
@@ -275,7 +283,7 @@ def test_gemv_epilogues_match_separate_launches(monkeypatch):
             def close(got, ref):
                 return (got.float() - ref.float()).abs().max() <= tol * max(1.0, ref.float().abs().max().item())
 
-            for cfg in gv.CONFIGS:
+            for cfg in gv.CONFIGS + gemv_variants():
                 assert close(gv.gemv_swiglu(x, gate_up, cfg), silu_mul(gv.gemv(x, gate_up, cfg))), (N, K, str(cfg))
                 for weight_a in (None, wa):
                     refs = add_rms_norm(r, gv.gemv(x, w, cfg), weight_a, wo, eps)
@@ -285,9 +293,10 @@ def test_gemv_epilogues_match_separate_launches(monkeypatch):
             gate_w, gate_b = torch.randn(1, N, device="cuda", generator=g), torch.randn(1, device="cuda", generator=g)
             refs = add_rms_norm(r, gv.gemv(x, w), wa, wo, eps)
             refs = (*refs, refs[1].float() @ gate_w.T + gate_b)
-            got = gv.gemv_add_norm(x, w, r, wa, wo, eps, exit_gate=(gate_w, gate_b))
-            assert got[2].dtype == torch.float32 and got[2].shape == (1,)
-            assert all(close(a, b.reshape(a.shape)) for a, b in zip(got, refs)), (N, K)
+            for cfg in (gv.CONFIG, *gemv_variants()):
+                got = gv.gemv_add_norm(x, w, r, wa, wo, eps, cfg, exit_gate=(gate_w, gate_b))
+                assert got[2].dtype == torch.float32 and got[2].shape == (1,)
+                assert all(close(a, b.reshape(a.shape)) for a, b in zip(got, refs)), (N, K, str(cfg))
             calls = {}
             for on, gate_on in ((False, False), (True, False), (True, True)):
                 monkeypatch.setattr(gv, "fused", on)
