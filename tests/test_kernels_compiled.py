@@ -135,8 +135,11 @@ def test_pipelined_gemv_streams_weights_through_shared_memory():
     def ptx(name):
         fn, sig, consts = kernels()[name]
         c = {**consts, "PDL": True}
-        return triton.compile(ASTSource(fn=fn, signature={**sig, **{k: "constexpr" for k in c}}, constexprs=c),
-                              target=GPUTarget("cuda", 90, 32), options={"launch_pdl": True}).asm["ptx"]
+        # specialized as the JIT specializes Ouro's launches: aligned pointers, sizes and strides
+        aligned = {(i,): [["tt.divisibility", 16]] for i, (arg, kind) in enumerate(sig.items())
+                   if kind.startswith("*") or arg in ("N", "K", "stride_wn")}
+        src = ASTSource(fn=fn, signature={**sig, **{k: "constexpr" for k in c}}, constexprs=c, attrs=aligned)
+        return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"launch_pdl": True}).asm["ptx"]
 
     staged, plain = ptx("gemv_swiglu_pipelined"), ptx("gemv_swiglu")
     wait = staged.index("griddepcontrol.wait")
