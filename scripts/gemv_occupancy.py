@@ -5,9 +5,8 @@ flight to stream weights at full bandwidth, before spending GPU time on them.
     python scripts/gemv_occupancy.py [--configs 2,1024,4 2,2048,4] [--shapes 6144x2048 2048x2048 ...]
 
 Bytes in flight per SM is an upper bound: every resident program with its weight tile loading (with
-a pipelined K loop, stages - 1 tiles);
-a grid smaller than one wave leaves SMs with fewer programs. Needs only triton
-(its bundled ptxas).
+a pipelined K loop, stages - 1 tiles); a grid smaller than one wave leaves SMs with fewer programs.
+Needs only triton (its bundled ptxas).
 """
 
 import argparse
@@ -31,16 +30,20 @@ SIGNATURE = dict(x_ptr="*bf16", w_ptr="*bf16", y_ptr="*bf16", N="i32", K="i32", 
                  gb_ptr="*fp32", gate_ptr="*fp32", eps="fp32")
 
 
+def jit_attrs(signature: dict[str, str]) -> dict:
+    """Compile attributes as the JIT specializes a launch: 16-byte aligned pointers, sizes and strides
+    that are multiples of 16 (Ouro's are) — what lets loads vectorize (and cp.async pipeline), and
+    so what register counts depend on."""
+    return {(i,): [["tt.divisibility", 16]] for i, (name, kind) in enumerate(signature.items())
+            if kind.startswith("*") or name in ("N", "K") or name.startswith("stride")}
+
+
 def registers(config: gemv.GemvConfig, epilogue: int, row: int) -> tuple[int, int]:
     """(registers per thread from ptxas, shared memory bytes per program)."""
     consts = dict(BLOCK_N=config.rows, BLOCK_K=config.k, EPILOGUE=epilogue, NORM_A=True, GATE=False, ROW=row,
                   STAGES=config.stages, EARLY_TAIL=config.early_tail, PDL=True)
-    # As the JIT specializes a launch: 16-byte aligned pointers, sizes and strides that are multiples
-    # of 16 (Ouro's are) — what lets loads vectorize, and so what the register count depends on.
-    aligned = {(i,): [["tt.divisibility", 16]] for i, (name, kind) in enumerate(SIGNATURE.items())
-               if kind.startswith("*") or name in ("N", "K", "stride_wn")}
     src = ASTSource(fn=gemv._gemv_kernel, signature={**SIGNATURE, **{k: "constexpr" for k in consts}},
-                    constexprs=consts, attrs=aligned)
+                    constexprs=consts, attrs=jit_attrs(SIGNATURE))
     kernel = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"launch_pdl": True,
                                                                              "num_warps": config.warps})
     ptx = kernel.asm["ptx"]
@@ -61,7 +64,7 @@ def resident(regs: int, warps: int, smem: int = 0) -> int:
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--configs", nargs="*", help="rows,k,warps[,stages] (default: gemv.CONFIGS)")
+    ap.add_argument("--configs", nargs="*", help="rows,k,warps[,stages[,early_tail]] (default: gemv.CONFIGS)")
     # Ouro-1.4B's one-row GEMMs: [q; k; v] (plain), o (add + norm), [gate; up] (SwiGLU), down (add + norm)
     ap.add_argument("--shapes", nargs="*", default=["6144x2048:plain", "2048x2048:add_norm", "11264x2048:swiglu",
                                                     "2048x5632:add_norm"])

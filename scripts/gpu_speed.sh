@@ -37,8 +37,7 @@ if [ "${OURO:-1}" = 1 ] && [ "${BENCH:-1}" = 1 ]; then
   n=0; IFS=';' read -ra settings <<< "${AB:-}"
   for setting in "${settings[@]}"; do
     n=$((n + 1)); step "offline decode at conc 1 with $setting"
-    vars=${setting%% -- *}; extra=""; [[ "$setting" == *" -- "* ]] && extra=${setting#* -- }
-    [[ "$setting" == "-- "* ]] && { vars=""; extra=${setting#-- }; }
+    vars=${setting%%-- *}; extra=""; [[ "$setting" == *"-- "* ]] && extra=${setting#*-- }
     env $vars timeout ${BENCH_TIMEOUT:-240} python3 scripts/bench.py --model /tmp/ouro-full --device cuda --concurrency 1 \
       --threshold 1.0 --prompt-len 1024 --max-tokens 64 --kv-gib ${KV_GIB:-120} --json-out "$OUT/bench_ouro_ab$n.json" \
       $extra 2>&1 | tail -1

@@ -6,20 +6,24 @@ written during a pass), positions, K/V slots and block tables (written before a 
 starts), the decode attention's first key tile (without the newest key, which the previous kernel
 writes)."""
 
+import os
 import re
+import sys
 
 import pytest
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "scripts"))
+import gemv_occupancy as occ  # noqa: E402
+
 
 def kernels():
     from rlt.kernels import activation, decode_attention, gemv, norm, rope
 
     i, f, p16, p32, p64 = "i32", "fp32", "*bf16", "*fp32", "*i64"
-    gemv_args = dict(x_ptr=p16, w_ptr=p16, y_ptr=p16, N=i, K=i, stride_wn=i, r_ptr=p16, wa_ptr=p16, wo_ptr=p16,
-                     ro_ptr=p16, h_ptr=p16, count_ptr="*i32", gw_ptr=p32, gb_ptr=p32, gate_ptr=p32, eps=f)
+    gemv_args = occ.SIGNATURE
 
     def decode_case(splits):
         args = dict(q_ptr=p16, o_ptr=p16, part_ptr=p32, ml_ptr=p32, count_ptr="*i32", cache_ptr=p16, table_ptr=p64,
@@ -95,15 +99,21 @@ def early_global_reads(ptx: str, sig: dict[str, str]) -> set[str]:
     return used
 
 
+def ptx_of(name: str, pdl: bool, as_jit: bool = False) -> str:
+    """kernels()[name] compiled for sm_90 (as_jit: with the alignment the JIT specializes Ouro's
+    launches with, gemv_occupancy.jit_attrs)."""
+    fn, sig, consts = kernels()[name]
+    c = {**consts, "PDL": pdl}
+    src = ASTSource(fn=fn, signature={**sig, **{k: "constexpr" for k in c}}, constexprs=c,
+                    attrs=occ.jit_attrs(sig) if as_jit else None)
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"launch_pdl": pdl}).asm["ptx"]
+
+
 @pytest.mark.parametrize("name", ["gemv", "gemv_swiglu", "gemv_add_norm", "gemv_swiglu_pipelined", "decode",
                                   "decode_unsplit", "add_rms_norm", "rms_norm", "rope", "silu_mul"])
 def test_pdl_kernel_waits_before_touching_memory(name):
-    fn, sig, consts = kernels()[name]
-    ptx = {}
-    for pdl in (True, False):
-        c = {**consts, "PDL": pdl}
-        src = ASTSource(fn=fn, signature={**sig, **{k: "constexpr" for k in c}}, constexprs=c)
-        ptx[pdl] = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"launch_pdl": pdl}).asm["ptx"]
+    sig = kernels()[name][1]
+    ptx = {pdl: ptx_of(name, pdl) for pdl in (True, False)}
     body = ptx[True]
     wait = body.index("griddepcontrol.wait")
     assert not re.findall(r"\b(st|atom|red)\.global", body[:wait])  # nothing written before the wait
@@ -121,10 +131,7 @@ def test_last_arrival_finishes_after_an_acquire_release_handshake(name):
     """The split decode kernel's last slice merges, and the ADD_NORM GEMV's last program finishes the
     row: a CTA barrier, then one gpu-scope acq_rel atomic on the arrival counter, before reading
     what the other programs stored."""
-    fn, sig, consts = kernels()[name]
-    c = {**consts, "PDL": False}
-    ptx = triton.compile(ASTSource(fn=fn, signature={**sig, **{k: "constexpr" for k in c}}, constexprs=c),
-                         target=GPUTarget("cuda", 90, 32)).asm["ptx"]
+    ptx = ptx_of(name, False)
     atom = ptx.index("atom.global.gpu.acq_rel.add")
     assert "bar.sync" in ptx[:atom]
 
@@ -132,16 +139,7 @@ def test_last_arrival_finishes_after_an_acquire_release_handshake(name):
 def test_pipelined_gemv_streams_weights_through_shared_memory():
     """GemvConfig.stages: the K loop's weight tiles go through cp.async into shared memory, issued at
     the PDL wait (the first tile still read before it); without stages, plain loads in the loop."""
-    def ptx(name):
-        fn, sig, consts = kernels()[name]
-        c = {**consts, "PDL": True}
-        # specialized as the JIT specializes Ouro's launches: aligned pointers, sizes and strides
-        aligned = {(i,): [["tt.divisibility", 16]] for i, (arg, kind) in enumerate(sig.items())
-                   if kind.startswith("*") or arg in ("N", "K", "stride_wn")}
-        src = ASTSource(fn=fn, signature={**sig, **{k: "constexpr" for k in c}}, constexprs=c, attrs=aligned)
-        return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"launch_pdl": True}).asm["ptx"]
-
-    staged, plain = ptx("gemv_swiglu_pipelined"), ptx("gemv_swiglu")
+    staged, plain = (ptx_of(name, True, as_jit=True) for name in ("gemv_swiglu_pipelined", "gemv_swiglu"))
     wait = staged.index("griddepcontrol.wait")
     assert "cp.async.commit_group" in staged[wait:] and "cp.async" not in staged[:wait]
     assert "cp.async" not in plain
@@ -152,10 +150,7 @@ def test_add_norm_tail_reads_in_one_round_trip():
     row, the residual, both norm weights, the exit gate's weight and bias) before its first
     reduction: a load placed after a reduction's barrier waits for it, one more dependent round trip
     each (without: four)."""
-    fn, sig, consts = kernels()["gemv_add_norm_early_tail"]
-    c = {**consts, "PDL": False}
-    ptx = triton.compile(ASTSource(fn=fn, signature={**sig, **{k: "constexpr" for k in c}}, constexprs=c),
-                         target=GPUTarget("cuda", 90, 32)).asm["ptx"]
+    ptx = ptx_of("gemv_add_norm_early_tail", False)
     tail = ptx[ptx.index("atom.global.gpu.acq_rel.add") + 1:]
     tail = tail[:tail.index("atom.global")]  # up to the counter's reset
     reduction = tail.index("shfl.sync")
@@ -166,9 +161,7 @@ def test_add_norm_tail_reads_in_one_round_trip():
 @pytest.mark.parametrize("value,msg", [("2,1024", "three positive integers"), ("3,1024,4", "powers of two"),
                                        ("2,1024,x", "three positive integers")])
 def test_bad_gemv_config_names_the_variable(value, msg):
-    import os
     import subprocess
-    import sys
 
     r = subprocess.run([sys.executable, "-c", "import rlt.kernels.gemv"], capture_output=True, text=True,
                        env={**os.environ, "RLT_GEMV_CONFIG": value}, timeout=120)
@@ -182,9 +175,7 @@ def test_bad_gemv_config_names_the_variable(value, msg):
     ("RLT_DECODE_SPLITS", "512", "RLT_DECODE_SPLITS must be a power of two from 1 to 256, got '512'"),
     ("RLT_GEMV_STAGES", "5", "RLT_GEMV_STAGES must be 0 (off), 2, 3 or 4, got '5'")])
 def test_bad_kernel_option_names_the_variable(name, value, msg):
-    import os
     import subprocess
-    import sys
 
     module = "rlt.kernels.gemv" if name.startswith("RLT_GEMV") else "rlt.kernels.decode_attention"
     r = subprocess.run([sys.executable, "-c", f"import {module}"], capture_output=True, text=True,
@@ -192,10 +183,8 @@ def test_bad_kernel_option_names_the_variable(name, value, msg):
     assert r.returncode != 0 and msg in r.stderr
 
 
-def test_decode_options_from_the_environment():
-    import os
+def test_kernel_options_from_the_environment():
     import subprocess
-    import sys
 
     code = "import rlt.kernels.decode_attention as d, rlt.kernels.gemv as g; print(d.FORCED_SPLITS, g.CONFIG)"
     for env, out in (({"RLT_DECODE_SPLITS": "64"}, "64 2x1024/4w"), ({"RLT_DECODE_SPLITS": ""}, "None 2x1024/4w"),
@@ -219,11 +208,6 @@ def test_split_plan(monkeypatch):
 def test_gemv_occupancy_arithmetic():
     """scripts/gemv_occupancy.py: ptxas's register count for a GEMV variant (sm_90a), and programs
     per SM from registers (256-register allocation per warp), warps and the 32-program cap."""
-    import os
-    import sys
-
-    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "scripts"))
-    import gemv_occupancy as occ
     from rlt.kernels import gemv
 
     assert [occ.resident(r, w) for r, w in ((56, 4), (64, 4), (80, 4), (34, 4), (96, 4), (16, 1))] == [9, 8, 6, 12, 5, 32]

@@ -86,7 +86,8 @@ class SteadyDecode:
         self.x, self.inject = torch.cat(x), torch.cat(inject)
         # RLT_STEADY_GRAPH=1: each pass one CUDA graph (_replay), where core graphs are on and fit
         self.graphed = GRAPHED and runner.graphs is not None and runner.graphs.fits(self.lanes)
-        self._graphs: dict[bool, object] = {}
+        self._graphs: dict[bool, tuple] = {}  # pass kind (may exit) -> (CUDA graph, its outputs)
+        self._seen: set[bool] = set()  # kinds run eagerly once (their kernels compiled)
 
     @torch.inference_mode()
     def deactivate(self, lane: int) -> None:
@@ -116,17 +117,16 @@ class SteadyDecode:
         """The pass as one CUDA graph per kind (with or without the head): the first pass of a kind
         runs eagerly (Triton compiles its kernels), the second captures it; every one after is a
         single replay with no host work, every lane's state updated in place on the device."""
-        g = self._graphs.get(may_exit)
-        if g is None:
-            self._graphs[may_exit] = "seen"
+        if may_exit not in self._seen:
+            self._seen.add(may_exit)
             return self._pass(may_exit, None)
-        if g == "seen":
+        if may_exit not in self._graphs:
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=self.runner.graphs.mempool):
-                out = self._pass(may_exit, None)
-            g = self._graphs[may_exit] = (graph, out)
-        g[0].replay()
-        return g[1]
+                self._graphs[may_exit] = (graph, self._pass(may_exit, None))
+        graph, out = self._graphs[may_exit]
+        graph.replay()
+        return out
 
     def _pass(self, may_exit: bool, graphs):
         """One pass over every lane; state in place (so a CUDA graph of it replays). graphs: the
