@@ -110,17 +110,14 @@ def prefill_ms(mc, model, dtype, device, n, reps=3):
 
 
 def kernel_choices(device: str) -> dict | None:
-    """On CUDA: the one-row GEMV's config, variants and epilogues (RLT_GEMV_CONFIG, RLT_GEMV_STAGES,
-    RLT_GEMV_EARLY_TAIL, RLT_FUSED_GEMV, RLT_FUSED_GATE), the decode attention's forced key slices
-    (RLT_DECODE_SPLITS), programmatic dependent launch (RLT_PDL) and steady decode passes as whole
-    CUDA graphs (RLT_STEADY_GRAPH)."""
+    """On CUDA: the one-row GEMV's config and epilogues (RLT_GEMV_CONFIG, RLT_FUSED_GEMV,
+    RLT_FUSED_GATE), the decode attention's forced key slices (RLT_DECODE_SPLITS) and programmatic
+    dependent launch (RLT_PDL)."""
     if not device.startswith("cuda"):
         return None
     from rlt.kernels import decode_attention, gemv, pdl
-    from rlt.workers import steady
 
-    return {"gemv": gemv.choices(), "decode_splits": decode_attention.FORCED_SPLITS, "pdl": pdl.enabled,
-            "steady_graph": steady.GRAPHED}
+    return {"gemv": gemv.choices(), "decode_splits": decode_attention.FORCED_SPLITS, "pdl": pdl.enabled}
 
 
 def main():

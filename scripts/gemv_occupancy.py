@@ -4,8 +4,8 @@ flight to stream weights at full bandwidth, before spending GPU time on them.
 
     python scripts/gemv_occupancy.py [--configs 2,1024,4 2,2048,4] [--shapes 6144x2048 2048x2048 ...]
 
-Bytes in flight per SM is an upper bound: every resident program with its weight tile loading (with
-a pipelined K loop, stages - 1 tiles); a grid smaller than one wave leaves SMs with fewer programs.
+Bytes in flight per SM is an upper bound: every resident program with its weight tile loading;
+a grid smaller than one wave leaves SMs with fewer programs.
 Needs only triton (its bundled ptxas).
 """
 
@@ -40,8 +40,7 @@ def jit_attrs(signature: dict[str, str]) -> dict:
 
 def registers(config: gemv.GemvConfig, epilogue: int, row: int) -> tuple[int, int]:
     """(registers per thread from ptxas, shared memory bytes per program)."""
-    consts = dict(BLOCK_N=config.rows, BLOCK_K=config.k, EPILOGUE=epilogue, NORM_A=True, GATE=False, ROW=row,
-                  STAGES=config.stages, EARLY_TAIL=config.early_tail, PDL=True)
+    consts = dict(BLOCK_N=config.rows, BLOCK_K=config.k, EPILOGUE=epilogue, NORM_A=True, GATE=False, ROW=row, PDL=True)
     src = ASTSource(fn=gemv._gemv_kernel, signature={**SIGNATURE, **{k: "constexpr" for k in consts}},
                     constexprs=consts, attrs=jit_attrs(SIGNATURE))
     kernel = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"launch_pdl": True,
@@ -64,7 +63,7 @@ def resident(regs: int, warps: int, smem: int = 0) -> int:
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--configs", nargs="*", help="rows,k,warps[,stages[,early_tail]] (default: gemv.CONFIGS)")
+    ap.add_argument("--configs", nargs="*", help="rows,k,warps (default: gemv.CONFIGS)")
     # Ouro-1.4B's one-row GEMMs: [q; k; v] (plain), o (add + norm), [gate; up] (SwiGLU), down (add + norm)
     ap.add_argument("--shapes", nargs="*", default=["6144x2048:plain", "2048x2048:add_norm", "11264x2048:swiglu",
                                                     "2048x5632:add_norm"])
@@ -81,8 +80,7 @@ def main():
             per_sm = resident(regs, config.warps, smem)
             programs = triton.cdiv(rows, config.rows)
             active = min(per_sm, programs / SMS)  # programs per SM while the first wave runs
-            # weight tiles in flight per program: one, or the pipeline's stages - 1 ahead
-            tile = config.rows * config.k * 2 * (2 if name == "swiglu" else 1) * max(1, config.stages - 1)
+            tile = config.rows * config.k * 2 * (2 if name == "swiglu" else 1)  # one weight tile per program
             cells.append(f"{shape} {name}: {regs} regs, {smem // 1024} KB smem, {per_sm}/SM, "
                          f"{programs / (per_sm * SMS):.2f} waves, {active * tile / 1024:.0f} KB")
         print(f"{str(config):<22}" + " | ".join(cells))

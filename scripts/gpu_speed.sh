@@ -33,7 +33,7 @@ if [ "${OURO:-1}" = 1 ] && [ "${BENCH:-1}" = 1 ]; then
     --threshold ${THR:-1.0,0.5} --prompt-len 1024 --max-tokens 64 --kv-gib ${KV_GIB:-120} --floors --json-out "$OUT/bench_ouro.json" \
     2>&1 | tee "$OUT/bench_ouro.log" | tail -12
   # A/B at conc 1: AB="RLT_FUSED_GEMV=0;RLT_GEMV_CONFIG=4,1024,4" runs the decode once per
-  # ';'-separated setting; bench.py arguments after ' -- ' (e.g. "RLT_STEADY_GRAPH=1 -- --steady-decode 2")
+  # ';'-separated setting; bench.py arguments after ' -- ' (e.g. "RLT_DECODE_SPLITS=16 -- --steady-decode 2")
   n=0; IFS=';' read -ra settings <<< "${AB:-}"
   for setting in "${settings[@]}"; do
     n=$((n + 1)); step "offline decode at conc 1 with $setting"

@@ -32,17 +32,14 @@ def kernels():
         return decode_attention._decode_kernel, args, dict(
             H=16, GROUP=1, G_PAD=16, BLOCK_SIZE=16, HEAD_DIM=128, D_PAD=128, BLOCK_N=32, SPLITS=splits, IEEE=False)
 
-    def gemv_case(epilogue, row=1, stages=0, early_tail=False):
+    def gemv_case(epilogue, row=1):
         return gemv._gemv_kernel, gemv_args, dict(BLOCK_N=2, BLOCK_K=1024, EPILOGUE=epilogue, NORM_A=True,
-                                                  GATE=epilogue == gemv.ADD_NORM, ROW=row, STAGES=stages,
-                                                  EARLY_TAIL=early_tail)
+                                                  GATE=epilogue == gemv.ADD_NORM, ROW=row)
 
     return {
         "gemv": gemv_case(gemv.PLAIN),
         "gemv_swiglu": gemv_case(gemv.SWIGLU),
         "gemv_add_norm": gemv_case(gemv.ADD_NORM, 2048),
-        "gemv_add_norm_early_tail": gemv_case(gemv.ADD_NORM, 2048, early_tail=True),
-        "gemv_swiglu_pipelined": gemv_case(gemv.SWIGLU, stages=3),
         "decode": decode_case(8),
         "decode_unsplit": decode_case(1),
         "add_rms_norm": (norm._add_rms_norm_kernel,
@@ -62,7 +59,6 @@ def kernels():
 
 # What a kernel may read before its PDL wait: memory no kernel of the pass writes while it runs.
 EARLY_READS = {"gemv": {"w_ptr"}, "gemv_swiglu": {"w_ptr"}, "gemv_add_norm": {"w_ptr"},
-               "gemv_swiglu_pipelined": {"w_ptr"},
                "decode": {"pos_ptr", "table_ptr", "cache_ptr"},
                "decode_unsplit": {"pos_ptr"},  # unsplit passes read the cache after the wait
                "rope": {"pos_ptr", "inv_ptr", "slot_ptr"}, "rms_norm": {"w_ptr"}, "add_rms_norm": {"wo_ptr"}}
@@ -99,17 +95,15 @@ def early_global_reads(ptx: str, sig: dict[str, str]) -> set[str]:
     return used
 
 
-def ptx_of(name: str, pdl: bool, as_jit: bool = False) -> str:
-    """kernels()[name] compiled for sm_90 (as_jit: with the alignment the JIT specializes Ouro's
-    launches with, gemv_occupancy.jit_attrs)."""
+def ptx_of(name: str, pdl: bool) -> str:
+    """kernels()[name] compiled for sm_90."""
     fn, sig, consts = kernels()[name]
     c = {**consts, "PDL": pdl}
-    src = ASTSource(fn=fn, signature={**sig, **{k: "constexpr" for k in c}}, constexprs=c,
-                    attrs=occ.jit_attrs(sig) if as_jit else None)
+    src = ASTSource(fn=fn, signature={**sig, **{k: "constexpr" for k in c}}, constexprs=c)
     return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"launch_pdl": pdl}).asm["ptx"]
 
 
-@pytest.mark.parametrize("name", ["gemv", "gemv_swiglu", "gemv_add_norm", "gemv_swiglu_pipelined", "decode",
+@pytest.mark.parametrize("name", ["gemv", "gemv_swiglu", "gemv_add_norm", "decode",
                                   "decode_unsplit", "add_rms_norm", "rms_norm", "rope", "silu_mul"])
 def test_pdl_kernel_waits_before_touching_memory(name):
     sig = kernels()[name][1]
@@ -136,21 +130,11 @@ def test_last_arrival_finishes_after_an_acquire_release_handshake(name):
     assert "bar.sync" in ptx[:atom]
 
 
-def test_pipelined_gemv_streams_weights_through_shared_memory():
-    """GemvConfig.stages: the K loop's weight tiles go through cp.async into shared memory, issued at
-    the PDL wait (the first tile still read before it); without stages, plain loads in the loop."""
-    staged, plain = (ptx_of(name, True, as_jit=True) for name in ("gemv_swiglu_pipelined", "gemv_swiglu"))
-    wait = staged.index("griddepcontrol.wait")
-    assert "cp.async.commit_group" in staged[wait:] and "cp.async" not in staged[:wait]
-    assert "cp.async" not in plain
-
-
 def test_add_norm_tail_reads_in_one_round_trip():
-    """With early_tail the ADD_NORM GEMV's last program issues every load of its tail (the product
-    row, the residual, both norm weights, the exit gate's weight and bias) before its first
-    reduction: a load placed after a reduction's barrier waits for it, one more dependent round trip
-    each (without: four)."""
-    ptx = ptx_of("gemv_add_norm_early_tail", False)
+    """The ADD_NORM GEMV's last program issues every load of its tail (the product row, the residual,
+    both norm weights, the exit gate's weight and bias) before its first reduction: a load placed
+    after a reduction's barrier waits for it, one more dependent round trip each (it had four)."""
+    ptx = ptx_of("gemv_add_norm", False)
     tail = ptx[ptx.index("atom.global.gpu.acq_rel.add") + 1:]
     tail = tail[:tail.index("atom.global")]  # up to the counter's reset
     reduction = tail.index("shfl.sync")
@@ -172,13 +156,11 @@ def test_bad_gemv_config_names_the_variable(value, msg):
     ("RLT_DECODE_SPLITS", "0", "RLT_DECODE_SPLITS must be a power of two from 1 to 256, got '0'"),
     ("RLT_DECODE_SPLITS", "48", "RLT_DECODE_SPLITS must be a power of two from 1 to 256, got '48'"),
     ("RLT_DECODE_SPLITS", "tiles", "RLT_DECODE_SPLITS must be a power of two from 1 to 256, got 'tiles'"),
-    ("RLT_DECODE_SPLITS", "512", "RLT_DECODE_SPLITS must be a power of two from 1 to 256, got '512'"),
-    ("RLT_GEMV_STAGES", "5", "RLT_GEMV_STAGES must be 0 (off), 2, 3 or 4, got '5'")])
+    ("RLT_DECODE_SPLITS", "512", "RLT_DECODE_SPLITS must be a power of two from 1 to 256, got '512'")])
 def test_bad_kernel_option_names_the_variable(name, value, msg):
     import subprocess
 
-    module = "rlt.kernels.gemv" if name.startswith("RLT_GEMV") else "rlt.kernels.decode_attention"
-    r = subprocess.run([sys.executable, "-c", f"import {module}"], capture_output=True, text=True,
+    r = subprocess.run([sys.executable, "-c", "import rlt.kernels.decode_attention"], capture_output=True, text=True,
                        env={**os.environ, name: value}, timeout=120)
     assert r.returncode != 0 and msg in r.stderr
 
@@ -188,7 +170,7 @@ def test_kernel_options_from_the_environment():
 
     code = "import rlt.kernels.decode_attention as d, rlt.kernels.gemv as g; print(d.FORCED_SPLITS, g.CONFIG)"
     for env, out in (({"RLT_DECODE_SPLITS": "64"}, "64 2x1024/4w"), ({"RLT_DECODE_SPLITS": ""}, "None 2x1024/4w"),
-                     ({"RLT_GEMV_STAGES": "3", "RLT_GEMV_EARLY_TAIL": "1"}, "None 2x1024/4w+3stages+early_tail")):
+                     ({"RLT_GEMV_CONFIG": "4,1024,4"}, "None 4x1024/4w")):
         r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env={**os.environ, **env},
                            timeout=120)
         assert r.stdout.strip() == out, r.stderr
@@ -211,8 +193,6 @@ def test_gemv_occupancy_arithmetic():
     from rlt.kernels import gemv
 
     assert [occ.resident(r, w) for r, w in ((56, 4), (64, 4), (80, 4), (34, 4), (96, 4), (16, 1))] == [9, 8, 6, 12, 5, 32]
-    (wide, _), (narrow, smem) = (occ.registers(gemv.GemvConfig(2, k, 4), gemv.PLAIN, 1) for k in (2048, 1024))
+    (wide, _), (narrow, _) = (occ.registers(gemv.GemvConfig(2, k, 4), gemv.PLAIN, 1) for k in (2048, 1024))
     assert 0 < narrow < wide <= 255  # a tile twice as wide holds more weights and sums in registers
-    _, staged = occ.registers(gemv.GemvConfig(2, 1024, 4, stages=3), gemv.PLAIN, 1)
-    assert staged >= 2 * 2 * 1024 * 2 > smem  # the pipeline's weight tiles (two ahead) in shared memory
     assert occ.resident(40, 4, 100 * 1024) == 2 and occ.resident(40, 4, 0) == 12

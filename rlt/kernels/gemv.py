@@ -18,34 +18,26 @@ and re-reducing the whole row: -11 %), and the [q; k; v] GEMV finishing with RoP
 
 import functools
 import os
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import torch
 import triton
 import triton.language as tl
 
 from rlt.kernels import pdl
-from rlt.kernels.norm import norm_row, normalized, weighted
+from rlt.kernels.norm import norm_row
 
 
 @dataclass(frozen=True)
 class GemvConfig:
-    """Rows of w per program, K per load, warps. Two variants, off until measured in the engine:
-    stages > 0, the K loop software-pipelined by Triton (the weight tiles after the first go through
-    shared memory, stages - 1 of them ahead, the first ones issued at the PDL wait); early_tail, the
-    add + RMSNorm tail issuing all its loads at once (one round trip instead of four: the product
-    row, then a norm weight and the residual, then the other weight, then the exit gate's — each
-    after a reduction's barrier) at 56 registers per thread instead of 40 (9 programs per SM, not 12)."""
+    """Rows of w per program, K per load, warps."""
 
     rows: int
     k: int
     warps: int
-    stages: int = 0
-    early_tail: bool = False
 
     def __str__(self) -> str:
-        return (f"{self.rows}x{self.k}/{self.warps}w" + f"+{self.stages}stages" * (self.stages > 0)
-                + "+early_tail" * self.early_tail)
+        return f"{self.rows}x{self.k}/{self.warps}w"
 
 
 # Few wide loads per program keep many bytes in flight. CONFIGS is the set the kernel is tested
@@ -59,6 +51,8 @@ class GemvConfig:
 # (docs/benchmarks.md, session 6): loading the next weight tile one step ahead (214.0 against 214.5
 # tok/s, three runs each), per-row float32 sums instead of a tile accumulator (2x2048/4w: 205.9),
 # and K split among programs of the add + RMSNorm GEMVs, the last one summing (197.1 at two).
+# Session 7 (09d2efc): the K loop software-pipelined through shared memory (cp.async, 2 or 3 stages)
+# gained 0.3-1 % alone and lost 1 % beside the add + RMSNorm tail's loads at once — removed.
 CONFIGS = tuple(GemvConfig(*c) for c in ((2, 1024, 4), (4, 1024, 4), (2, 2048, 4), (8, 512, 4), (8, 1024, 8),
                                          (16, 256, 4)))
 fused = os.environ.get("RLT_FUSED_GEMV", "1") != "0"
@@ -68,22 +62,17 @@ fused_gate = os.environ.get("RLT_FUSED_GATE", "1") != "0"
 
 
 def _config_from_env() -> GemvConfig:
-    """RLT_GEMV_CONFIG=4,1024,4 runs another config, RLT_GEMV_STAGES=3 the pipelined K loop,
-    RLT_GEMV_EARLY_TAIL=1 the tail's loads at once (A/B measurements); CONFIGS[0] otherwise."""
-    stages = os.environ.get("RLT_GEMV_STAGES", "0")
-    if stages not in ("0", "2", "3", "4"):
-        raise ValueError(f"RLT_GEMV_STAGES must be 0 (off), 2, 3 or 4, got {stages!r}")
-    variant = dict(stages=int(stages), early_tail=os.environ.get("RLT_GEMV_EARLY_TAIL", "0") == "1")
+    """RLT_GEMV_CONFIG=4,1024,4 runs another config (A/B measurements); CONFIGS[0] otherwise."""
     text = os.environ.get("RLT_GEMV_CONFIG")
     if not text:
-        return replace(CONFIGS[0], **variant)
+        return CONFIGS[0]
     parts = text.split(",")
     if len(parts) != 3 or not all(p.strip().isdigit() and int(p) > 0 for p in parts):
         raise ValueError(f"RLT_GEMV_CONFIG must be three positive integers 'rows,k,warps', got {text!r}")
     rows, k, warps = map(int, parts)
     if rows & (rows - 1) or k & (k - 1) or warps & (warps - 1):
         raise ValueError(f"RLT_GEMV_CONFIG: rows, k and warps must be powers of two, got {text!r}")
-    return GemvConfig(rows, k, warps, **variant)
+    return GemvConfig(rows, k, warps)
 
 
 CONFIG = _config_from_env()
@@ -102,12 +91,11 @@ def _counter(device: torch.device) -> torch.Tensor:
 @triton.jit
 def _gemv_kernel(x_ptr, w_ptr, y_ptr, N, K, stride_wn, r_ptr, wa_ptr, wo_ptr, ro_ptr, h_ptr, count_ptr, gw_ptr,
                  gb_ptr, gate_ptr, eps, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EPILOGUE: tl.constexpr,
-                 NORM_A: tl.constexpr, GATE: tl.constexpr, ROW: tl.constexpr, STAGES: tl.constexpr,
-                 EARLY_TAIL: tl.constexpr, PDL: tl.constexpr):
+                 NORM_A: tl.constexpr, GATE: tl.constexpr, ROW: tl.constexpr, PDL: tl.constexpr):
     """y = x @ w.T. SWIGLU: w is [gate; up] (2N rows), y = silu(x @ gate.T) * (x @ up.T), rounded as
     the separate launches round. ADD_NORM: then the last program to finish stores r' = r + (rms_norm(y,
     wa) if NORM_A else y) to ro and h = rms_norm(r', wo) to h, and with GATE the exit gate's logit
-    h @ gw.T + gb (float32) to gate. STAGES, EARLY_TAIL: GemvConfig's variants."""
+    h @ gw.T + gb (float32) to gate."""
     offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = offs_n < N
     rows = w_ptr + offs_n[:, None].to(tl.int64) * stride_wn
@@ -123,32 +111,17 @@ def _gemv_kernel(x_ptr, w_ptr, y_ptr, N, K, stride_wn, r_ptr, wa_ptr, wo_ptr, ro
     pdl.begin(PDL)
     acc = tl.zeros((BLOCK_N, BLOCK_K), tl.float32)
     acc_up = tl.zeros((BLOCK_N, BLOCK_K), tl.float32)
-    if STAGES == 0:
-        for k0 in range(0, K, BLOCK_K):
-            kk = k0 + offs_k
-            if k0 > 0:
-                mask = n_ok[:, None] & (kk < K)[None, :]
-                w = tl.load(rows + kk[None, :], mask=mask, other=0.0)
-                if EPILOGUE == _SWIGLU:
-                    w_up = tl.load(rows_up + kk[None, :], mask=mask, other=0.0)
-            x = tl.load(x_ptr + kk, mask=kk < K, other=0.0).to(tl.float32)
-            acc += w.to(tl.float32) * x[None, :]
-            if EPILOGUE == _SWIGLU:
-                acc_up += w_up.to(tl.float32) * x[None, :]
-    else:
-        # The first tile (in registers since the wait) last: the pipeline's first loads go out at
-        # the wait, not after that tile's x arrives. (A conditional load cannot be pipelined.)
-        x0 = tl.load(x_ptr + offs_k, mask=offs_k < K, other=0.0).to(tl.float32)
-        for k0 in tl.range(BLOCK_K, K, BLOCK_K, num_stages=STAGES):
-            kk = k0 + offs_k
+    for k0 in range(0, K, BLOCK_K):
+        kk = k0 + offs_k
+        if k0 > 0:
             mask = n_ok[:, None] & (kk < K)[None, :]
-            x = tl.load(x_ptr + kk, mask=kk < K, other=0.0).to(tl.float32)
-            acc += tl.load(rows + kk[None, :], mask=mask, other=0.0).to(tl.float32) * x[None, :]
+            w = tl.load(rows + kk[None, :], mask=mask, other=0.0)
             if EPILOGUE == _SWIGLU:
-                acc_up += tl.load(rows_up + kk[None, :], mask=mask, other=0.0).to(tl.float32) * x[None, :]
-        acc += w.to(tl.float32) * x0[None, :]
+                w_up = tl.load(rows_up + kk[None, :], mask=mask, other=0.0)
+        x = tl.load(x_ptr + kk, mask=kk < K, other=0.0).to(tl.float32)
+        acc += w.to(tl.float32) * x[None, :]
         if EPILOGUE == _SWIGLU:
-            acc_up += w_up.to(tl.float32) * x0[None, :]
+            acc_up += w_up.to(tl.float32) * x[None, :]
     acc = tl.sum(acc, axis=1)
     acc_up = tl.sum(acc_up, axis=1)
     y = acc.to(dt)
@@ -161,33 +134,24 @@ def _gemv_kernel(x_ptr, w_ptr, y_ptr, N, K, stride_wn, r_ptr, wa_ptr, wo_ptr, ro
         # rlt/kernels/decode_attention.py), then finishes the row as rlt/kernels/norm.py's kernel.
         tl.debug_barrier()
         if tl.atomic_add(count_ptr, 1, sem="acq_rel") == tl.num_programs(0) - 1:
+            # Every load of the tail at once, one L2 round trip: a load placed after a reduction
+            # waits for its barriers (four dependent rounds: 215.3 tok/s against 224.0, 09d2efc).
             offs_r = tl.arange(0, ROW)
             r_ok = offs_r < N
             a = tl.load(y_ptr + offs_r, mask=r_ok, other=0.0)
-            if EARLY_TAIL:  # every load now (a load after a reduction's barriers waits for it)
-                res = tl.load(r_ptr + offs_r, mask=r_ok, other=0.0)
-                w_out = tl.load(wo_ptr + offs_r, mask=r_ok, other=0.0)
-                if NORM_A:
-                    w_a = tl.load(wa_ptr + offs_r, mask=r_ok, other=0.0)
-                if GATE:
-                    gw, gb = tl.load(gw_ptr + offs_r, mask=r_ok, other=0.0), tl.load(gb_ptr)
-                if NORM_A:
-                    a = norm_row(a.to(tl.float32), w_a, N, eps, dt)
-                r = (res.to(tl.float32) + a.to(tl.float32)).to(dt)
-                tl.store(ro_ptr + offs_r, r, mask=r_ok)
-                h = norm_row(r.to(tl.float32), w_out, N, eps, dt)
-            else:  # each load where it is used (fewer registers held)
-                if NORM_A:
-                    a = normalized(a.to(tl.float32), N, eps, dt)
-                    a = weighted(a, tl.load(wa_ptr + offs_r, mask=r_ok, other=0.0), dt)
-                r = (tl.load(r_ptr + offs_r, mask=r_ok, other=0.0).to(tl.float32) + a.to(tl.float32)).to(dt)
-                tl.store(ro_ptr + offs_r, r, mask=r_ok)
-                h = normalized(r.to(tl.float32), N, eps, dt)
-                h = weighted(h, tl.load(wo_ptr + offs_r, mask=r_ok, other=0.0), dt)
+            res = tl.load(r_ptr + offs_r, mask=r_ok, other=0.0)
+            w_out = tl.load(wo_ptr + offs_r, mask=r_ok, other=0.0)
+            if NORM_A:
+                w_a = tl.load(wa_ptr + offs_r, mask=r_ok, other=0.0)
+            if GATE:
+                gw, gb = tl.load(gw_ptr + offs_r, mask=r_ok, other=0.0), tl.load(gb_ptr)
+            if NORM_A:
+                a = norm_row(a.to(tl.float32), w_a, N, eps, dt)
+            r = (res.to(tl.float32) + a.to(tl.float32)).to(dt)
+            tl.store(ro_ptr + offs_r, r, mask=r_ok)
+            h = norm_row(r.to(tl.float32), w_out, N, eps, dt)
             tl.store(h_ptr + offs_r, h, mask=r_ok)
             if GATE:
-                if not EARLY_TAIL:
-                    gw, gb = tl.load(gw_ptr + offs_r, mask=r_ok, other=0.0), tl.load(gb_ptr)
                 tl.store(gate_ptr, tl.sum(h.to(tl.float32) * gw, axis=0) + gb)
             tl.atomic_xchg(count_ptr, 0)
 
@@ -225,7 +189,7 @@ def _launch(x, w, config: GemvConfig, epilogue, N, residual=None, weight_a=None,
                y if weight_out is None else weight_out, ro, h, _counter(x.device), gw, gb, gate, eps,
                BLOCK_N=config.rows, BLOCK_K=config.k, EPILOGUE=epilogue, NORM_A=weight_a is not None,
                GATE=exit_gate is not None, ROW=triton.next_power_of_2(N) if epilogue == ADD_NORM else 1,
-               STAGES=config.stages, EARLY_TAIL=config.early_tail, num_warps=config.warps, like=x)
+               num_warps=config.warps, like=x)
     return y, ro, h, gate
 
 

@@ -15,22 +15,12 @@ from rlt.kernels import pdl
 
 
 @triton.jit
-def normalized(x, N, eps, OUT_DTYPE: tl.constexpr):
-    """x: float32 row -> x / rms(x), rounded as the reference."""
-    return (x * tl.rsqrt(tl.sum(x * x, axis=0) / N + eps)).to(OUT_DTYPE)
-
-
-@triton.jit
-def weighted(y, w, OUT_DTYPE: tl.constexpr):
-    return (w.to(tl.float32) * y.to(tl.float32)).to(OUT_DTYPE)
-
-
-@triton.jit
 def norm_row(x, w, N, eps, OUT_DTYPE: tl.constexpr):
     """x: float32 row, w: the weight row, loaded -> weight * (x / rms(x)) rounded as the reference.
-    (The kernels here load w before the PDL wait: a load placed after the reduction's barriers is
-    one more dependent round trip.)"""
-    return weighted(normalized(x, N, eps, OUT_DTYPE), w, OUT_DTYPE)
+    (Callers load w with the row, or before the PDL wait: a load placed after the reduction's
+    barriers is one more dependent round trip.)"""
+    y = (x * tl.rsqrt(tl.sum(x * x, axis=0) / N + eps)).to(OUT_DTYPE)
+    return (w.to(tl.float32) * y.to(tl.float32)).to(OUT_DTYPE)
 
 
 @triton.jit

@@ -14,8 +14,6 @@ whose embedding is the loop input (Ouro, Nanbeige) run here; Huginn's prelude/co
 regular path.
 """
 
-import os
-
 import numpy as np
 import torch
 
@@ -24,11 +22,6 @@ from rlt.kernels.sampler import SamplingTensors, sample, top_logprobs
 from rlt.workers.exit_policy import exits_early, should_exit, update_survival
 from rlt.workers.cuda_graphs import table_width
 from rlt.workers.step_buffers import DeviceReadback
-
-
-# A pass as one CUDA graph, not the core graph between torch launches of the lane bookkeeping, head
-# and sampling: off until measured on a GPU (RLT_STEADY_GRAPH=1 turns it on).
-GRAPHED = os.environ.get("RLT_STEADY_GRAPH", "0") == "1"
 
 
 class SteadyDecode:
@@ -84,10 +77,6 @@ class SteadyDecode:
             for k, i in enumerate(new):
                 x[i] = inject[i] = emb[k:k + 1]
         self.x, self.inject = torch.cat(x), torch.cat(inject)
-        # RLT_STEADY_GRAPH=1: each pass one CUDA graph (_replay), where core graphs are on and fit
-        self.graphed = GRAPHED and runner.graphs is not None and runner.graphs.fits(self.lanes)
-        self._graphs: dict[bool, tuple] = {}  # pass kind (may exit) -> (CUDA graph, its outputs)
-        self._seen: set[bool] = set()  # kinds run eagerly once (their kernels compiled)
 
     @torch.inference_mode()
     def deactivate(self, lane: int) -> None:
@@ -106,31 +95,6 @@ class SteadyDecode:
     def step(self) -> DeviceReadback | None:
         """Launch one pass over every lane -> its (exited, tokens, exit depths[, top values, top ids])
         on their way to the host; None when no lane could exit in it (nothing to read)."""
-        may_exit = self._may_exit()
-        if self.graphed:
-            out = self._replay(may_exit)
-        else:
-            out = self._pass(may_exit, self.runner.graphs)
-        return None if out is None else DeviceReadback(out)
-
-    def _replay(self, may_exit: bool):
-        """The pass as one CUDA graph per kind (with or without the head): the first pass of a kind
-        runs eagerly (Triton compiles its kernels), the second captures it; every one after is a
-        single replay with no host work, every lane's state updated in place on the device."""
-        if may_exit not in self._seen:
-            self._seen.add(may_exit)
-            return self._pass(may_exit, None)
-        if may_exit not in self._graphs:
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=self.runner.graphs.mempool):
-                self._graphs[may_exit] = (graph, self._pass(may_exit, None))
-        graph, out = self._graphs[may_exit]
-        graph.replay()
-        return out
-
-    def _pass(self, may_exit: bool, graphs):
-        """One pass over every lane; state in place (so a CUDA graph of it replays). graphs: the
-        runner's core graphs, or None to run the core's kernels here."""
         pool, bs, D = self.pool, self.pool.block_size, self.depth_max
         plane = self.depth if pool.layout == "last_exited" else torch.zeros_like(self.depth)
         table = self.tables[self.lane_ids, plane]  # [L, W]: each lane's plane for this loop
@@ -139,11 +103,10 @@ class SteadyDecode:
         slot = table.gather(1, block_of).squeeze(1) * bs + self.pos % bs
         slot = torch.where(self.active, slot, self.scratch_slot)
         table = torch.where(self.active.unsqueeze(1), table, pool.scratch_block)
-        x, gate = self._core(slot, table, graphs)
+        x, gate = self._core(slot, table)
         depth = self.depth + 1
-        if not may_exit:
-            self.x.copy_(x)
-            self.depth.copy_(torch.where(self.active, depth, 0))
+        if not self._may_exit():
+            self.x, self.depth = x, torch.where(self.active, depth, 0)
             return None
         surv = update_survival(self.surv, gate)
         done = should_exit(depth, surv, self.min_loops, self.max_loops, self.threshold) & self.active
@@ -158,19 +121,18 @@ class SteadyDecode:
                 c[dst // bs, :, :, dst % bs] = c[slot // bs, :, :, slot % bs]
         emb = self.model.embed(tokens, None, None)
         nxt = done.unsqueeze(1)
-        self.x.copy_(torch.where(nxt, emb, x))
-        self.inject.copy_(torch.where(nxt, emb, self.inject))
-        self.active &= ~(done & (self.out_idx + 1 >= self.max_tokens))  # length: the lane ends
-        self.depth.copy_(torch.where(done | ~self.active, 0, depth))  # (an ended lane idles at depth 0)
-        self.pos += done
-        self.surv.copy_(torch.where(done, 1.0, surv))
-        self.out_idx += done  # the sampling parameters hold this tensor
-        return (done, tokens, depth) + tuple(top)
+        self.x, self.inject = torch.where(nxt, emb, x), torch.where(nxt, emb, self.inject)
+        self.active = self.active & ~(done & (self.out_idx + 1 >= self.max_tokens))  # length: the lane ends
+        self.depth = torch.where(done | ~self.active, 0, depth)  # (an ended lane idles at depth 0)
+        self.pos = self.pos + done
+        self.surv = torch.where(done, 1.0, surv)
+        self.out_idx += done  # in place: the sampling parameters hold this tensor
+        return DeviceReadback((done, tokens, depth) + tuple(top))
 
-    def _core(self, slot: torch.Tensor, table: torch.Tensor, graphs):
+    def _core(self, slot: torch.Tensor, table: torch.Tensor):
         r = self.runner
-        if graphs is not None and graphs.fits(self.lanes):
-            return graphs.run_device(self.x, self.inject, self.pos, slot, table)
+        if r.graphs is not None and r.graphs.fits(self.lanes):
+            return r.graphs.run_device(self.x, self.inject, self.pos, slot, table)
         kernel = None
         if r.use_kernels:  # one row per segment; positions stay on the device
             ar = torch.arange(self.lanes, device=self.x.device)
