@@ -25,12 +25,13 @@ def kernels():
     i, f, p16, p32, p64 = "i32", "fp32", "*bf16", "*fp32", "*i64"
     gemv_args = occ.SIGNATURE
 
-    def decode_case(splits):
+    def decode_case(splits, prefetch=1):
         args = dict(q_ptr=p16, o_ptr=p16, part_ptr=p32, ml_ptr=p32, count_ptr="*i32", cache_ptr=p16, table_ptr=p64,
                     pos_ptr=p64, layer=i, scale=f, stride_qt=i, stride_qh=i, stride_ot=i, stride_oh=i, stride_cb=i,
                     stride_cl=i, stride_ckv=i, stride_co=i, stride_ch=i, stride_ts=i)
         return decode_attention._decode_kernel, args, dict(
-            H=16, GROUP=1, G_PAD=16, BLOCK_SIZE=16, HEAD_DIM=128, D_PAD=128, BLOCK_N=32, SPLITS=splits, IEEE=False)
+            H=16, GROUP=1, G_PAD=16, BLOCK_SIZE=16, HEAD_DIM=128, D_PAD=128, BLOCK_N=32, SPLITS=splits, PREFETCH=prefetch,
+            IEEE=False)
 
     def gemv_case(epilogue, row=1):
         return gemv._gemv_kernel, gemv_args, dict(BLOCK_N=2, BLOCK_K=1024, EPILOGUE=epilogue, NORM_A=True,
@@ -42,6 +43,7 @@ def kernels():
         "gemv_add_norm": gemv_case(gemv.ADD_NORM, 2048),
         "decode": decode_case(8),
         "decode_unsplit": decode_case(1),
+        "decode_prefetch2": decode_case(8, prefetch=2),
         "add_rms_norm": (norm._add_rms_norm_kernel,
                          dict(x_ptr=p16, a_ptr=p16, wa_ptr=p16, wo_ptr=p16, xo_ptr=p16, h_ptr=p16, stride_x=i,
                               stride_a=i, stride_xo=i, stride_h=i, N=i, eps=f), dict(NORM_A=False, BLOCK=2048)),
@@ -51,7 +53,8 @@ def kernels():
                                          slot_ptr=p64, layer=i, stride_qt=i, stride_qh=i, stride_kt=i, stride_kh=i,
                                          stride_vt=i, stride_vh=i, stride_cb=i, stride_cl=i, stride_ckv=i,
                                          stride_co=i, stride_ch=i),
-                 dict(HQ=16, HKV=16, HALF=64, HALF_PAD=64, PAIRS=False, WRITE_KV=True, BLOCK_SIZE=16)),
+                 dict(HQ=16, HKV=16, HALF=64, HALF_PAD=64, PAIRS=False, WRITE_KV=True, BLOCK_SIZE=16,
+                      RELEASE_FIRST=False)),
         "silu_mul": (activation._silu_mul_kernel, dict(gu_ptr=p16, out_ptr=p16, stride_gu=i, stride_out=i, N=i),
                      dict(BLOCK=1024)),
     }
@@ -61,6 +64,7 @@ def kernels():
 EARLY_READS = {"gemv": {"w_ptr"}, "gemv_swiglu": {"w_ptr"}, "gemv_add_norm": {"w_ptr"},
                "decode": {"pos_ptr", "table_ptr", "cache_ptr"},
                "decode_unsplit": {"pos_ptr"},  # unsplit passes read the cache after the wait
+               "decode_prefetch2": {"pos_ptr", "table_ptr", "cache_ptr"},
                "rope": {"pos_ptr", "inv_ptr", "slot_ptr"}, "rms_norm": {"w_ptr"}, "add_rms_norm": {"wo_ptr"}}
 
 
@@ -104,7 +108,8 @@ def ptx_of(name: str, pdl: bool) -> str:
 
 
 @pytest.mark.parametrize("name", ["gemv", "gemv_swiglu", "gemv_add_norm", "decode",
-                                  "decode_unsplit", "add_rms_norm", "rms_norm", "rope", "silu_mul"])
+                                  "decode_unsplit", "decode_prefetch2", "add_rms_norm", "rms_norm", "rope",
+                                  "silu_mul"])
 def test_pdl_kernel_waits_before_touching_memory(name):
     sig = kernels()[name][1]
     ptx = {pdl: ptx_of(name, pdl) for pdl in (True, False)}
@@ -118,6 +123,19 @@ def test_pdl_kernel_waits_before_touching_memory(name):
     assert re.search(r"\bld\.global", body[wait:])
     assert "griddepcontrol.launch_dependents" in body
     assert "griddepcontrol" not in ptx[False]
+
+
+def test_rope_release_first_releases_before_its_wait():
+    """RoPE with RELEASE_FIRST (RLT_ROPE_RELEASE_FIRST=1) lets the attention launch before its own
+    wait, and still reads only its angles and slots before it; by default it waits first."""
+    fn, sig, consts = kernels()["rope"]
+    for first in (False, True):
+        c = {**consts, "RELEASE_FIRST": first, "PDL": True}
+        ptx = triton.compile(ASTSource(fn=fn, signature={**sig, **{k: "constexpr" for k in c}}, constexprs=c),
+                             target=GPUTarget("cuda", 90, 32), options={"launch_pdl": True}).asm["ptx"]
+        release, wait = ptx.index("griddepcontrol.launch_dependents"), ptx.index("griddepcontrol.wait")
+        assert (release < wait) == first
+        assert early_global_reads(ptx, sig) == EARLY_READS["rope"]
 
 
 @pytest.mark.parametrize("name", ["decode", "gemv_add_norm"])

@@ -33,8 +33,15 @@ def launch(kernel, grid, *args, like: torch.Tensor, **kwargs) -> None:
 
 
 @triton.jit
-def begin(PDL: tl.constexpr):
-    """First statement of a PDL kernel: wait for the previous kernel, then release the next."""
+def begin(PDL: tl.constexpr, RELEASE_FIRST: tl.constexpr = False):
+    """First statement of a PDL kernel: wait for the previous kernel, then release the next.
+    RELEASE_FIRST: release the next one before waiting, so it is scheduled (and issues its own
+    early reads) while the kernel before this one still runs. Safe where the next kernel reads
+    nothing before its wait that this one or the one before it writes: its wait still waits for
+    this kernel's completion, which comes after this kernel's own wait."""
     if PDL:
+        if RELEASE_FIRST:
+            gdc_launch_dependents()
         gdc_wait()
-        gdc_launch_dependents()
+        if not RELEASE_FIRST:
+            gdc_launch_dependents()
