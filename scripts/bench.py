@@ -112,12 +112,13 @@ def prefill_ms(mc, model, dtype, device, n, reps=3):
 def kernel_choices(device: str) -> dict | None:
     """On CUDA: the one-row GEMV's config and epilogues (RLT_GEMV_CONFIG, RLT_FUSED_GEMV,
     RLT_FUSED_GATE), the decode attention's forced key slices (RLT_DECODE_SPLITS) and programmatic
-    dependent launch (RLT_PDL)."""
+    dependent launch (RLT_PDL, RLT_PDL_RELEASE_FIRST)."""
     if not device.startswith("cuda"):
         return None
     from rlt.kernels import decode_attention, gemv, pdl
 
-    return {"gemv": gemv.choices(), "decode_splits": decode_attention.FORCED_SPLITS, "pdl": pdl.enabled}
+    return {"gemv": gemv.choices(), "decode_splits": decode_attention.FORCED_SPLITS, "pdl": pdl.enabled,
+            "pdl_release_all": pdl.release_all}
 
 
 def main():

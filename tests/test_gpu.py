@@ -228,9 +228,6 @@ def test_decode_attention_matches_reference(dtype, tol, H, Hkv, D):
         for splits in (1, 2, 8, 32, 64, 128, None):
             got = da.decode_attention(cache, layer, q, tab, pos, meta.block_size, splits).float()
             assert (got - ref).abs().max() <= bound, splits
-        for splits, block_n in ((2, 16), (8, 32), (4, 64)):  # two key tiles read before the PDL wait
-            got = da.decode_attention(cache, layer, q, tab, pos, meta.block_size, splits, block_n, prefetch=2).float()
-            assert (got - ref).abs().max() <= bound, (splits, block_n)
         assert torch.equal(paged_attention(cache, layer, kernel_meta, q, None, None),
                            da.decode_attention(cache, layer, q, tab, pos, meta.block_size))
     assert da._counters(q.device).abs().sum().item() == 0  # every merging slice reset its counter
@@ -466,28 +463,24 @@ def test_one_row_decode_equals_cpu_in_float32(checkpoints, family, fused, monkey
     assert run("cuda", batch) == run("cpu", batch)
 
 
-@pytest.mark.parametrize("release_first,prefetch", [(True, 1), (False, 2), (True, 2)])
-def test_decode_overlap_variants_equal_default(checkpoints, release_first, prefetch, monkeypatch):
-    """RoPE releasing the attention before its wait (RLT_ROPE_RELEASE_FIRST) and two key tiles read
-    before the attention's wait (RLT_DECODE_PREFETCH=2): Ouro alone under CUDA graphs and PDL, the
-    default path's tokens and exit depths."""
-    from rlt.kernels import decode_attention as da
-    from rlt.kernels import rope
+def test_release_first_everywhere_equals_default(checkpoints, monkeypatch):
+    """Every kernel releasing the next before its own wait (RLT_PDL_RELEASE_FIRST=1; RoPE always
+    does): Ouro alone under CUDA graphs, slices of two key tiles, the default path's tokens and exit
+    depths."""
+    from rlt.kernels import pdl
 
     mc = ModelConfig.from_pretrained(checkpoints["ouro"])
     model = load_model(mc, torch.bfloat16, "cuda")
     sp = SamplingParams(max_tokens=24, temperature=0, ignore_eos=True, exit_threshold=0.5)
 
     def run():
-        cfg = EngineConfig(num_blocks=512, prefill_chunk=64, cuda_graph_max_batch=256)
-        # 1050 + 24 keys: 33-34 tiles of 32 in 32 slices, so slices of two tiles, the newest key in
-        # the first or the second
+        cfg = EngineConfig(num_blocks=512, prefill_chunk=256, cuda_graph_max_batch=256)
+        # 1050 + 24 keys: 33-34 tiles of 32 in 32 slices, so slices of two tiles
         out, _ = decode_all(mc, model, cfg, [[3 + (j * 7) % 500 for j in range(1050)]], sp)
         return [o[:2] for o in out["0"]]
 
     default = run()
-    monkeypatch.setattr(rope, "release_first", release_first)
-    monkeypatch.setattr(da, "PREFETCH_TILES", prefetch)
+    monkeypatch.setattr(pdl, "release_all", True)
     assert len(default) == 24 and run() == default
 
 

@@ -25,13 +25,12 @@ def kernels():
     i, f, p16, p32, p64 = "i32", "fp32", "*bf16", "*fp32", "*i64"
     gemv_args = occ.SIGNATURE
 
-    def decode_case(splits, prefetch=1):
+    def decode_case(splits):
         args = dict(q_ptr=p16, o_ptr=p16, part_ptr=p32, ml_ptr=p32, count_ptr="*i32", cache_ptr=p16, table_ptr=p64,
                     pos_ptr=p64, layer=i, scale=f, stride_qt=i, stride_qh=i, stride_ot=i, stride_oh=i, stride_cb=i,
                     stride_cl=i, stride_ckv=i, stride_co=i, stride_ch=i, stride_ts=i)
         return decode_attention._decode_kernel, args, dict(
-            H=16, GROUP=1, G_PAD=16, BLOCK_SIZE=16, HEAD_DIM=128, D_PAD=128, BLOCK_N=32, SPLITS=splits, PREFETCH=prefetch,
-            IEEE=False)
+            H=16, GROUP=1, G_PAD=16, BLOCK_SIZE=16, HEAD_DIM=128, D_PAD=128, BLOCK_N=32, SPLITS=splits, IEEE=False)
 
     def gemv_case(epilogue, row=1):
         return gemv._gemv_kernel, gemv_args, dict(BLOCK_N=2, BLOCK_K=1024, EPILOGUE=epilogue, NORM_A=True,
@@ -43,7 +42,6 @@ def kernels():
         "gemv_add_norm": gemv_case(gemv.ADD_NORM, 2048),
         "decode": decode_case(8),
         "decode_unsplit": decode_case(1),
-        "decode_prefetch2": decode_case(8, prefetch=2),
         "add_rms_norm": (norm._add_rms_norm_kernel,
                          dict(x_ptr=p16, a_ptr=p16, wa_ptr=p16, wo_ptr=p16, xo_ptr=p16, h_ptr=p16, stride_x=i,
                               stride_a=i, stride_xo=i, stride_h=i, N=i, eps=f), dict(NORM_A=False, BLOCK=2048)),
@@ -53,8 +51,7 @@ def kernels():
                                          slot_ptr=p64, layer=i, stride_qt=i, stride_qh=i, stride_kt=i, stride_kh=i,
                                          stride_vt=i, stride_vh=i, stride_cb=i, stride_cl=i, stride_ckv=i,
                                          stride_co=i, stride_ch=i),
-                 dict(HQ=16, HKV=16, HALF=64, HALF_PAD=64, PAIRS=False, WRITE_KV=True, BLOCK_SIZE=16,
-                      RELEASE_FIRST=False)),
+                 dict(HQ=16, HKV=16, HALF=64, HALF_PAD=64, PAIRS=False, WRITE_KV=True, BLOCK_SIZE=16)),
         "silu_mul": (activation._silu_mul_kernel, dict(gu_ptr=p16, out_ptr=p16, stride_gu=i, stride_out=i, N=i),
                      dict(BLOCK=1024)),
     }
@@ -64,7 +61,6 @@ def kernels():
 EARLY_READS = {"gemv": {"w_ptr"}, "gemv_swiglu": {"w_ptr"}, "gemv_add_norm": {"w_ptr"},
                "decode": {"pos_ptr", "table_ptr", "cache_ptr"},
                "decode_unsplit": {"pos_ptr"},  # unsplit passes read the cache after the wait
-               "decode_prefetch2": {"pos_ptr", "table_ptr", "cache_ptr"},
                "rope": {"pos_ptr", "inv_ptr", "slot_ptr"}, "rms_norm": {"w_ptr"}, "add_rms_norm": {"wo_ptr"}}
 
 
@@ -99,17 +95,16 @@ def early_global_reads(ptx: str, sig: dict[str, str]) -> set[str]:
     return used
 
 
-def ptx_of(name: str, pdl: bool) -> str:
-    """kernels()[name] compiled for sm_90."""
+def ptx_of(name: str, pdl: int) -> str:
+    """kernels()[name] compiled for sm_90 with its PDL constexpr (0 off, 1 on, pdl.RELEASE_FIRST)."""
     fn, sig, consts = kernels()[name]
     c = {**consts, "PDL": pdl}
     src = ASTSource(fn=fn, signature={**sig, **{k: "constexpr" for k in c}}, constexprs=c)
-    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"launch_pdl": pdl}).asm["ptx"]
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"launch_pdl": bool(pdl)}).asm["ptx"]
 
 
 @pytest.mark.parametrize("name", ["gemv", "gemv_swiglu", "gemv_add_norm", "decode",
-                                  "decode_unsplit", "decode_prefetch2", "add_rms_norm", "rms_norm", "rope",
-                                  "silu_mul"])
+                                  "decode_unsplit", "add_rms_norm", "rms_norm", "rope", "silu_mul"])
 def test_pdl_kernel_waits_before_touching_memory(name):
     sig = kernels()[name][1]
     ptx = {pdl: ptx_of(name, pdl) for pdl in (True, False)}
@@ -125,17 +120,17 @@ def test_pdl_kernel_waits_before_touching_memory(name):
     assert "griddepcontrol" not in ptx[False]
 
 
-def test_rope_release_first_releases_before_its_wait():
-    """RoPE with RELEASE_FIRST (RLT_ROPE_RELEASE_FIRST=1) lets the attention launch before its own
-    wait, and still reads only its angles and slots before it; by default it waits first."""
-    fn, sig, consts = kernels()["rope"]
-    for first in (False, True):
-        c = {**consts, "RELEASE_FIRST": first, "PDL": True}
-        ptx = triton.compile(ASTSource(fn=fn, signature={**sig, **{k: "constexpr" for k in c}}, constexprs=c),
-                             target=GPUTarget("cuda", 90, 32), options={"launch_pdl": True}).asm["ptx"]
-        release, wait = ptx.index("griddepcontrol.launch_dependents"), ptx.index("griddepcontrol.wait")
-        assert (release < wait) == first
-        assert early_global_reads(ptx, sig) == EARLY_READS["rope"]
+def test_release_first_releases_before_the_wait():
+    """PDL == RELEASE_FIRST (RoPE's launches; every kernel's with RLT_PDL_RELEASE_FIRST=1): the next
+    kernel is released before this one's wait, and the early reads stay what they were."""
+    from rlt.kernels import pdl
+
+    for name in ("rope", "gemv_add_norm", "decode"):
+        for mode in (1, pdl.RELEASE_FIRST):
+            ptx = ptx_of(name, mode)
+            release, wait = ptx.index("griddepcontrol.launch_dependents"), ptx.index("griddepcontrol.wait")
+            assert (release < wait) == (mode == pdl.RELEASE_FIRST), (name, mode)
+            assert early_global_reads(ptx, kernels()[name][1]) == EARLY_READS[name], (name, mode)
 
 
 @pytest.mark.parametrize("name", ["decode", "gemv_add_norm"])

@@ -7,7 +7,8 @@ slower on an H200). Small passes split the keys (flash-decoding) into slices tha
 last slice of a (row, KV head) to finish merges all of them (a counter per (row, KV head), reset by
 that slice), so no second launch is needed; slices past a row's keys exit at once, before the PDL
 wait, and the merge counts only the working ones. (RoPE and the new K/V store inside this launch
-measured 1.6 % slower at concurrency 1 than a launch of their own, 7fe33a4; docs/benchmarks.md.)
+measured 1.6 % slower at concurrency 1 than a launch of their own, 7fe33a4; reading a slice's
+second key tile before the PDL wait too, 13 % slower: 168 registers with spills, 554c5d3.)
 Tested against rlt/kernels/paged_attention.py's reference (the general Triton kernel keeps prompt
 chunks and batch-invariant mode).
 """
@@ -40,9 +41,6 @@ def _splits_from_env() -> int | None:
 
 
 FORCED_SPLITS = _splits_from_env()
-# RLT_DECODE_PREFETCH=2: split passes read a slice's first two key tiles before the PDL wait, not one
-# (a 1K context takes two 32-key tiles per slice; ptxas: 168 registers with spills). A/B until measured.
-PREFETCH_TILES = 2 if os.environ.get("RLT_DECODE_PREFETCH", "1") == "2" else 1
 _COUNTERS = 4096  # (row, KV head) pairs of a split pass: splits only happen below one per SM
 
 
@@ -71,7 +69,7 @@ def _decode_kernel(q_ptr, o_ptr, part_ptr, ml_ptr, count_ptr, cache_ptr, table_p
                    stride_qt, stride_qh, stride_ot, stride_oh, stride_cb, stride_cl, stride_ckv, stride_co, stride_ch,
                    stride_ts, H: tl.constexpr, GROUP: tl.constexpr, G_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr,
                    HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_N: tl.constexpr, SPLITS: tl.constexpr,
-                   PREFETCH: tl.constexpr, IEEE: tl.constexpr, PDL: tl.constexpr):
+                   IEEE: tl.constexpr, PDL: tl.constexpr):
     row = tl.program_id(0)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
@@ -93,10 +91,6 @@ def _decode_kernel(q_ptr, o_ptr, part_ptr, ml_ptr, count_ptr, cache_ptr, table_p
         pos = lo + tl.arange(0, BLOCK_N)
         k, v = kv_tile(base, tab, pos, pos < tl.minimum(hi, kv_len - 1), offs_d, d_ok, stride_cb, stride_co,
                        stride_ckv, BLOCK_SIZE)
-        if PREFETCH == 2:  # the second tile too (empty where the slice has one)
-            pos2 = pos + BLOCK_N
-            k2, v2 = kv_tile(base, tab, pos2, pos2 < tl.minimum(hi, kv_len - 1), offs_d, d_ok, stride_cb, stride_co,
-                             stride_ckv, BLOCK_SIZE)
     pdl.begin(PDL)
     head0 = kv_head * GROUP
     offs_g = tl.arange(0, G_PAD)
@@ -113,13 +107,6 @@ def _decode_kernel(q_ptr, o_ptr, part_ptr, ml_ptr, count_ptr, cache_ptr, table_p
             k, v = kv_tile(base, tab, pos, pos < hi, offs_d, d_ok, stride_cb, stride_co, stride_ckv, BLOCK_SIZE)
         m_i, l_i, acc = softmax_step(q, k, v, (pos < hi)[None, :], m_i, l_i, acc, scale, IEEE)
         start = lo + BLOCK_N
-        if PREFETCH == 2:
-            if lo + 2 * BLOCK_N >= kv_len and lo + BLOCK_N < kv_len:  # the newest key is in the second tile
-                k2, v2 = kv_tile(base, tab, pos2, pos2 < hi, offs_d, d_ok, stride_cb, stride_co, stride_ckv,
-                                 BLOCK_SIZE)
-            # (an empty tile leaves m_i, l_i and acc as they are: the slice's first tile holds keys)
-            m_i, l_i, acc = softmax_step(q, k2, v2, (pos2 < hi)[None, :], m_i, l_i, acc, scale, IEEE)
-            start = lo + 2 * BLOCK_N
     for n0 in range(start, hi, BLOCK_N):
         pos = n0 + tl.arange(0, BLOCK_N)
         key_ok = pos < hi
@@ -168,12 +155,11 @@ def _merge(o_ptr, part_ptr, ml_ptr, row, head, working, stride_ot, stride_oh, H:
 
 def decode_attention(cache: torch.Tensor, layer: int, q: torch.Tensor, block_table: torch.Tensor,
                      positions: torch.Tensor, block_size: int, splits: int | None = None, block_n: int | None = None,
-                     num_warps: int = 4, prefetch: int | None = None) -> torch.Tensor:
+                     num_warps: int = 4) -> torch.Tensor:
     """q [R, H, D] (last dim contiguous, rotated): one query row per segment at positions [R], row r's
     keys (its own K/V already stored) in block_table[r]; cache [blocks, layers, 2, block_size, Hkv, D]
     -> [R, H, D]. splits: key slices per (row, KV head); None: plan_splits. block_n (None: by
-    splits), num_warps and prefetch (key tiles read before the PDL wait in split passes; None:
-    PREFETCH_TILES) are for tuning."""
+    splits) and num_warps are for tuning."""
     R, H, D = q.shape
     Hkv = cache.shape[4]
     group = H // Hkv
@@ -193,6 +179,5 @@ def decode_attention(cache: torch.Tensor, layer: int, q: torch.Tensor, block_tab
                layer, D ** -0.5, q.stride(0), q.stride(1), out.stride(0), out.stride(1), cache.stride(0),
                cache.stride(1), cache.stride(2), cache.stride(3), cache.stride(4), block_table.stride(0),
                H=H, GROUP=group, G_PAD=g_pad, BLOCK_SIZE=block_size, HEAD_DIM=D, D_PAD=d_pad, BLOCK_N=block_n,
-               SPLITS=splits, PREFETCH=prefetch or PREFETCH_TILES, IEEE=q.dtype == torch.float32, num_warps=num_warps,
-               like=q)
+               SPLITS=splits, IEEE=q.dtype == torch.float32, num_warps=num_warps, like=q)
     return out

@@ -6,7 +6,9 @@ another kernel writes, then lets its own successor launch. Only launch latency, 
 reads of constant data (the GEMV's first weight tile) overlap, so results are unchanged; a one-row
 decode pass is ~300 short launches: with PDL, Ouro-1.4B decodes 12 % faster at concurrency 1 on
 an H200 (docs/benchmarks.md). On by default on Hopper and later; RLT_PDL=0 turns it off (A/B
-measurements); never on the CPU or under Triton's interpreter.
+measurements); never on the CPU or under Triton's interpreter. A kernel may also release its
+successor before its own wait (RoPE does: the decode attention's early reads then overlap the
+projection before RoPE).
 """
 
 import functools
@@ -18,6 +20,8 @@ import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 enabled = os.environ.get("RLT_PDL", "1") != "0"
+release_all = os.environ.get("RLT_PDL_RELEASE_FIRST", "0") == "1"
+RELEASE_FIRST = 2  # the PDL constexpr's value for a kernel releasing the next one before its wait
 
 
 @functools.cache
@@ -25,23 +29,25 @@ def _supported(index: int) -> bool:
     return torch.cuda.get_device_capability(index)[0] >= 9
 
 
-def launch(kernel, grid, *args, like: torch.Tensor, **kwargs) -> None:
-    """kernel[grid](*args, **kwargs) with its PDL constexpr set, and launched with PDL when it is on
-    for like's device."""
+def launch(kernel, grid, *args, like: torch.Tensor, release_first: bool = False, **kwargs) -> None:
+    """kernel[grid](*args, **kwargs) with its PDL constexpr set (0 off, 1 on, RELEASE_FIRST), and
+    launched with PDL when it is on for like's device. release_first: the kernel releases the next
+    one before its own wait (RLT_PDL_RELEASE_FIRST=1: every kernel does, for A/B measurements)."""
     on = enabled and like.is_cuda and _supported(like.device.index)
-    kernel[grid](*args, PDL=on, **kwargs, **({"launch_pdl": True} if on else {}))
+    mode = (RELEASE_FIRST if release_first or release_all else 1) if on else 0
+    kernel[grid](*args, PDL=mode, **kwargs, **({"launch_pdl": True} if on else {}))
 
 
 @triton.jit
-def begin(PDL: tl.constexpr, RELEASE_FIRST: tl.constexpr = False):
-    """First statement of a PDL kernel: wait for the previous kernel, then release the next.
-    RELEASE_FIRST: release the next one before waiting, so it is scheduled (and issues its own
-    early reads) while the kernel before this one still runs. Safe where the next kernel reads
-    nothing before its wait that this one or the one before it writes: its wait still waits for
-    this kernel's completion, which comes after this kernel's own wait."""
-    if PDL:
-        if RELEASE_FIRST:
-            gdc_launch_dependents()
+def begin(PDL: tl.constexpr):
+    """First statement of a PDL kernel: wait for the previous kernel, then release the next — or,
+    with PDL == RELEASE_FIRST, release it first, so it is scheduled and issues its early reads
+    while the kernel before this one still runs. Safe because no kernel reads anything before its
+    wait that a kernel of the pass writes: its wait still waits for this kernel's completion, which
+    comes after this kernel's own wait."""
+    if PDL == 2:
+        gdc_launch_dependents()
         gdc_wait()
-        if not RELEASE_FIRST:
-            gdc_launch_dependents()
+    elif PDL:
+        gdc_wait()
+        gdc_launch_dependents()
