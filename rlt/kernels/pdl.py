@@ -20,7 +20,9 @@ import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 enabled = os.environ.get("RLT_PDL", "1") != "0"
-release_all = os.environ.get("RLT_PDL_RELEASE_FIRST", "0") == "1"
+# RLT_PDL_RELEASE_FIRST=1: every kernel releases the next before its wait; 0: none does (A/B)
+_release_env = os.environ.get("RLT_PDL_RELEASE_FIRST", "")
+release_all, release_none = _release_env == "1", _release_env == "0"
 RELEASE_FIRST = 2  # the PDL constexpr's value for a kernel releasing the next one before its wait
 
 
@@ -32,9 +34,9 @@ def _supported(index: int) -> bool:
 def launch(kernel, grid, *args, like: torch.Tensor, release_first: bool = False, **kwargs) -> None:
     """kernel[grid](*args, **kwargs) with its PDL constexpr set (0 off, 1 on, RELEASE_FIRST), and
     launched with PDL when it is on for like's device. release_first: the kernel releases the next
-    one before its own wait (RLT_PDL_RELEASE_FIRST=1: every kernel does, for A/B measurements)."""
+    one before its own wait (RLT_PDL_RELEASE_FIRST=1: every kernel does, 0: none; A/B measurements)."""
     on = enabled and like.is_cuda and _supported(like.device.index)
-    mode = (RELEASE_FIRST if release_first or release_all else 1) if on else 0
+    mode = (RELEASE_FIRST if (release_first and not release_none) or release_all else 1) if on else 0
     kernel[grid](*args, PDL=mode, **kwargs, **({"launch_pdl": True} if on else {}))
 
 
