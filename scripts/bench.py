@@ -118,7 +118,7 @@ def kernel_choices(device: str) -> dict | None:
     from rlt.kernels import decode_attention, gemv, pdl
 
     return {"gemv": gemv.choices(), "decode_splits": decode_attention.FORCED_SPLITS, "pdl": pdl.enabled,
-            "pdl_release_all": pdl.release_all}
+            "pdl_release_first": pdl.release_first}
 
 
 def main():

@@ -463,25 +463,25 @@ def test_one_row_decode_equals_cpu_in_float32(checkpoints, family, fused, monkey
     assert run("cuda", batch) == run("cpu", batch)
 
 
-def test_release_first_everywhere_equals_default(checkpoints, monkeypatch):
-    """Every kernel releasing the next before its own wait (RLT_PDL_RELEASE_FIRST=1; RoPE always
-    does): Ouro alone under CUDA graphs, slices of two key tiles, the default path's tokens and exit
-    depths."""
+def test_release_first_equals_wait_first(checkpoints, monkeypatch):
+    """Kernels releasing the next before their own wait (the default) and after it
+    (RLT_PDL_RELEASE_FIRST=0): Ouro alone under CUDA graphs, slices of two key tiles, the same tokens
+    and exit depths."""
     from rlt.kernels import pdl
 
     mc = ModelConfig.from_pretrained(checkpoints["ouro"])
     model = load_model(mc, torch.bfloat16, "cuda")
     sp = SamplingParams(max_tokens=24, temperature=0, ignore_eos=True, exit_threshold=0.5)
 
-    def run():
+    def run(release_first):
+        monkeypatch.setattr(pdl, "release_first", release_first)
         cfg = EngineConfig(num_blocks=512, prefill_chunk=256, cuda_graph_max_batch=256)
         # 1050 + 24 keys: 33-34 tiles of 32 in 32 slices, so slices of two tiles
         out, _ = decode_all(mc, model, cfg, [[3 + (j * 7) % 500 for j in range(1050)]], sp)
         return [o[:2] for o in out["0"]]
 
-    default = run()
-    monkeypatch.setattr(pdl, "release_all", True)
-    assert len(default) == 24 and run() == default
+    first = run(True)
+    assert len(first) == 24 and run(False) == first
 
 
 @pytest.mark.parametrize("family,threshold", [("ouro", 0.5), ("ouro", None), ("nanbeige", None)])

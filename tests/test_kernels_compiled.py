@@ -121,8 +121,8 @@ def test_pdl_kernel_waits_before_touching_memory(name):
 
 
 def test_release_first_releases_before_the_wait():
-    """PDL == RELEASE_FIRST (RoPE's launches; every kernel's with RLT_PDL_RELEASE_FIRST=1): the next
-    kernel is released before this one's wait, and the early reads stay what they were."""
+    """PDL == RELEASE_FIRST (the default; RLT_PDL_RELEASE_FIRST=0: 1): the next kernel is released
+    before this one's wait, and the early reads stay what they were."""
     from rlt.kernels import pdl
 
     for name in ("rope", "gemv_add_norm", "decode"):

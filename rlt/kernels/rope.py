@@ -67,14 +67,10 @@ def _launch(q, k, v, positions, inv_freq, pairs, cache, layer, slots, block_size
     c = cache if write else q  # (unused without WRITE_KV)
     v = v if write else k
     cs = cache.stride() if write else (0,) * 6
-    # RoPE releases the kernel after it (the attention) before its own wait: the attention's early
-    # K/V reads then overlap the [q; k; v] projection's tail (Ouro-1.4B at conc 1, H200, 554c5d3:
-    # 227.8 / 228.2 tok/s against 224.5 / 223.6).
     pdl.launch(_rope_kernel, (T, H + (2 if write else 1) * Hkv), q, k, v, positions, inv_freq, c,
                slots if write else positions, layer, q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0),
                v.stride(1), cs[0], cs[1], cs[2], cs[3], cs[4], HQ=H, HKV=Hkv, HALF=half,
-               HALF_PAD=triton.next_power_of_2(half), PAIRS=pairs, WRITE_KV=write, BLOCK_SIZE=block_size, like=q,
-               release_first=True)
+               HALF_PAD=triton.next_power_of_2(half), PAIRS=pairs, WRITE_KV=write, BLOCK_SIZE=block_size, like=q)
 
 
 def rope_(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor,
