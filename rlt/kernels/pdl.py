@@ -30,6 +30,7 @@ from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 enabled = os.environ.get("RLT_PDL", "1") != "0"
 release_first = os.environ.get("RLT_PDL_RELEASE_FIRST", "1") != "0"
 RELEASE_FIRST = 2  # the PDL constexpr's value for a kernel releasing the next one before its wait
+_RELEASE_FIRST = tl.constexpr(RELEASE_FIRST)  # the same, for kernels
 
 
 @functools.cache
@@ -47,12 +48,9 @@ def launch(kernel, grid, *args, like: torch.Tensor, **kwargs) -> None:
 
 @triton.jit
 def begin(PDL: tl.constexpr):
-    """First statement of a PDL kernel: wait for the previous kernel, then release the next — or,
-    with PDL == RELEASE_FIRST, release it first, so it is scheduled and issues its early reads
-    while the kernel before this one still runs. Safe because no kernel reads anything before its
-    wait that a kernel of the pass writes: its wait still waits for this kernel's completion, which
-    comes after this kernel's own wait."""
-    if PDL == 2:
+    """First statement of a PDL kernel: wait for the previous kernel, then release the next — with
+    PDL == RELEASE_FIRST (the default), release it first (see the module docstring)."""
+    if PDL == _RELEASE_FIRST:
         gdc_launch_dependents()
         gdc_wait()
     elif PDL:
