@@ -38,9 +38,11 @@ def jit_attrs(signature: dict[str, str]) -> dict:
             if kind.startswith("*") or name in ("N", "K") or name.startswith("stride")}
 
 
-def registers(config: gemv.GemvConfig, epilogue: int, row: int) -> tuple[int, int]:
-    """(registers per thread from ptxas, shared memory bytes per program)."""
-    consts = dict(BLOCK_N=config.rows, BLOCK_K=config.k, EPILOGUE=epilogue, NORM_A=True, GATE=False, ROW=row, PDL=True)
+def registers(config: gemv.GemvConfig, epilogue: int, row: int, k_tiles: int = 0) -> tuple[int, int]:
+    """(registers per thread from ptxas, shared memory bytes per program); k_tiles > 0: the K loop
+    unrolled over that many tiles (gemv.unroll)."""
+    consts = dict(BLOCK_N=config.rows, BLOCK_K=config.k, EPILOGUE=epilogue, NORM_A=True, GATE=False, ROW=row,
+                  K_TILES=k_tiles, PDL=True)
     src = ASTSource(fn=gemv._gemv_kernel, signature={**SIGNATURE, **{k: "constexpr" for k in consts}},
                     constexprs=consts, attrs=jit_attrs(SIGNATURE))
     kernel = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"launch_pdl": True,
@@ -76,7 +78,10 @@ def main():
             shape, name = spec.split(":")
             N, K = map(int, shape.split("x"))
             rows = N // 2 if name == "swiglu" else N
-            regs, smem = registers(config, epilogues[name], triton.next_power_of_2(rows) if name == "add_norm" else 1)
+            k_tiles = triton.cdiv(K, config.k)
+            k_tiles = k_tiles if epilogues[name] in gemv.unroll and k_tiles <= gemv.MAX_UNROLLED_TILES else 0
+            regs, smem = registers(config, epilogues[name], triton.next_power_of_2(rows) if name == "add_norm" else 1,
+                                   k_tiles)
             per_sm = resident(regs, config.warps, smem)
             programs = triton.cdiv(rows, config.rows)
             active = min(per_sm, programs / SMS)  # programs per SM while the first wave runs

@@ -68,17 +68,21 @@ def check_paged_attention() -> bool:
     return err <= 1e-5
 
 
+UNROLLS = (frozenset(), frozenset(range(3)))  # gemv.unroll: no epilogue unrolls its K loop, or every one
+
+
 def check_gemv() -> bool:
-    from rlt.kernels.gemv import CONFIGS, gemv
+    from rlt.kernels import gemv as gv
 
     g = torch.Generator().manual_seed(0)
     cases = [(torch.randn(1, k, generator=g), torch.randn(37, k, generator=g)) for k in (300, 2100)]  # ragged N, K
     ok = True
-    for cfg in CONFIGS:
-        err = max((gemv(x, w, cfg) - x @ w.T).abs().max().item() / (x @ w.T).abs().max().item()
-                  for x, w in cases)
-        print(f"gemv {cfg}: max error {err:.2e} (relative)")
-        ok &= err <= 1e-5
+    for gv.unroll in UNROLLS:  # (K = 300 or 2100 in 1 to 9 tiles: unrolled up to two)
+        for cfg in gv.CONFIGS:
+            err = max((gv.gemv(x, w, cfg) - x @ w.T).abs().max().item() / (x @ w.T).abs().max().item()
+                      for x, w in cases)
+            print(f"gemv {cfg} unroll={sorted(gv.unroll)}: max error {err:.2e} (relative)")
+            ok &= err <= 1e-5
     return ok
 
 
@@ -98,21 +102,22 @@ def check_gemv_epilogues() -> bool:
 
     gate_w, gate_b = torch.randn(1, N, generator=g), torch.randn(1, generator=g)
     ok = True
-    for cfg in gv.CONFIGS:
-        err = rel(gv.gemv_swiglu(x, gate_up, cfg), layers.swiglu(x @ gate_up.T))
-        for weight_a in (None, wa):
-            refs = layers.add_norm(r, x @ w.T, weight_a, wo, eps)
-            got = gv.gemv_add_norm(x, w, r, weight_a, wo, eps, cfg)
-            err = max(err, *(rel(a, b) for a, b in zip(got, refs)))
-        print(f"gemv epilogues {cfg}: max error {err:.2e} (relative)")
+    for gv.unroll in UNROLLS:
+        for cfg in gv.CONFIGS:
+            err = rel(gv.gemv_swiglu(x, gate_up, cfg), layers.swiglu(x @ gate_up.T))
+            for weight_a in (None, wa):
+                refs = layers.add_norm(r, x @ w.T, weight_a, wo, eps)
+                got = gv.gemv_add_norm(x, w, r, weight_a, wo, eps, cfg)
+                err = max(err, *(rel(a, b) for a, b in zip(got, refs)))
+            print(f"gemv epilogues {cfg} unroll={sorted(gv.unroll)}: max error {err:.2e} (relative)")
+            ok &= err <= 1e-5
+        # with Ouro's exit gate on the normed output
+        refs = layers.add_norm(r, x @ w.T, wa, wo, eps)
+        refs = (*refs, refs[1] @ gate_w.T + gate_b)
+        got = gv.gemv_add_norm(x, w, r, wa, wo, eps, gv.CONFIG, exit_gate=(gate_w, gate_b))
+        err = max(rel(a, b.reshape(a.shape)) for a, b in zip(got, refs))
+        print(f"gemv add + norm + exit gate unroll={sorted(gv.unroll)}: max error {err:.2e} (relative)")
         ok &= err <= 1e-5
-    # with Ouro's exit gate on the normed output
-    refs = layers.add_norm(r, x @ w.T, wa, wo, eps)
-    refs = (*refs, refs[1] @ gate_w.T + gate_b)
-    got = gv.gemv_add_norm(x, w, r, wa, wo, eps, gv.CONFIG, exit_gate=(gate_w, gate_b))
-    err = max(rel(a, b.reshape(a.shape)) for a, b in zip(got, refs))
-    print(f"gemv add + norm + exit gate: max error {err:.2e} (relative)")
-    ok &= err <= 1e-5
     left = int(gv._counter(torch.device("cpu")).item())
     print(f"gemv arrival counter left nonzero: {left}")
     return ok and left == 0

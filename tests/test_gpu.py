@@ -3,6 +3,7 @@ float32 on the CPU, the counter-based RNG and sampler bit for bit across devices
 two GPUs against single."""
 
 import asyncio
+import itertools
 
 import pytest
 import torch
@@ -233,13 +234,19 @@ def test_decode_attention_matches_reference(dtype, tol, H, Hkv, D):
     assert da._counters(q.device).abs().sum().item() == 0  # every merging slice reset its counter
 
 
-def test_gemv_matches_torch():
-    """Every GEMV config, and the engine's one-row path, against F.linear, at
-    decode shapes (Ouro's q/k/v, output, gate/up, down projections) and a ragged one."""
+UNROLLS = (frozenset(), frozenset(range(3)))  # gemv.unroll: no epilogue unrolls its K loop, or every one
+
+
+def test_gemv_matches_torch(monkeypatch):
+    """Every GEMV config, looped and (up to two K tiles) unrolled, and the engine's one-row path,
+    against F.linear, at decode shapes (Ouro's q/k/v, output, gate/up, down projections) and a
+    ragged one."""
     import torch.nn.functional as F
 
     from rlt.kernels import gemv as gv
     from rlt.models import layers
+
+    monkeypatch.setattr(gv, "unroll", gv.unroll)  # restored after the loops below set it
 
     g = torch.Generator(device="cuda").manual_seed(0)
     for dtype, tol in ((torch.float32, 1e-4), (torch.bfloat16, 2e-2)):
@@ -249,7 +256,8 @@ def test_gemv_matches_torch():
             ref = F.linear(x.float(), w.float())
             bound = tol * ref.abs().max().item()
             for cfg in gv.CONFIGS:
-                assert (gv.gemv(x, w, cfg).float() - ref).abs().max() <= bound, (N, K, str(cfg))
+                for gv.unroll in UNROLLS:
+                    assert (gv.gemv(x, w, cfg).float() - ref).abs().max() <= bound, (N, K, str(cfg), gv.unroll)
             assert torch.equal(layers.linear(x, w), gv.gemv(x, w, gv.CONFIG))  # the engine's one-row path
 
 
@@ -263,6 +271,8 @@ def test_gemv_epilogues_match_separate_launches(monkeypatch):
     from rlt.kernels.norm import add_rms_norm
     from rlt.models import layers
 
+    monkeypatch.setattr(gv, "unroll", gv.unroll)  # restored after the loops below set it
+
     g = torch.Generator(device="cuda").manual_seed(0)
     eps = 1e-6
     for dtype, tol in ((torch.float32, 1e-4), (torch.bfloat16, 2e-2)):
@@ -275,7 +285,7 @@ def test_gemv_epilogues_match_separate_launches(monkeypatch):
             def close(got, ref):
                 return (got.float() - ref.float()).abs().max() <= tol * max(1.0, ref.float().abs().max().item())
 
-            for cfg in gv.CONFIGS:
+            for cfg, gv.unroll in itertools.product(gv.CONFIGS, UNROLLS):
                 assert close(gv.gemv_swiglu(x, gate_up, cfg), silu_mul(gv.gemv(x, gate_up, cfg))), (N, K, str(cfg))
                 for weight_a in (None, wa):
                     refs = add_rms_norm(r, gv.gemv(x, w, cfg), weight_a, wo, eps)
@@ -463,25 +473,30 @@ def test_one_row_decode_equals_cpu_in_float32(checkpoints, family, fused, monkey
     assert run("cuda", batch) == run("cpu", batch)
 
 
-def test_release_first_equals_wait_first(checkpoints, monkeypatch):
-    """Kernels releasing the next before their own wait (the default) and after it
-    (RLT_PDL_RELEASE_FIRST=0): Ouro alone under CUDA graphs, slices of two key tiles, the same tokens
-    and exit depths."""
-    from rlt.kernels import pdl
+@pytest.mark.parametrize("variant", ["wait_first", "gemv_unroll"])
+def test_decode_variants_equal_default(checkpoints, variant, monkeypatch):
+    """A/B variants of the one-row decode against the default: kernels waiting before they release
+    the next (RLT_PDL_RELEASE_FIRST=0; the default releases first) and GEMVs of two K tiles unrolled
+    (RLT_GEMV_UNROLL=1). Ouro alone under CUDA graphs, slices of two key tiles: the same tokens and
+    exit depths."""
+    from rlt.kernels import gemv, pdl
 
     mc = ModelConfig.from_pretrained(checkpoints["ouro"])
     model = load_model(mc, torch.bfloat16, "cuda")
     sp = SamplingParams(max_tokens=24, temperature=0, ignore_eos=True, exit_threshold=0.5)
 
-    def run(release_first):
-        monkeypatch.setattr(pdl, "release_first", release_first)
+    def run():
         cfg = EngineConfig(num_blocks=512, prefill_chunk=256, cuda_graph_max_batch=256)
         # 1050 + 24 keys: 33-34 tiles of 32 in 32 slices, so slices of two tiles
         out, _ = decode_all(mc, model, cfg, [[3 + (j * 7) % 500 for j in range(1050)]], sp)
         return [o[:2] for o in out["0"]]
 
-    first = run(True)
-    assert len(first) == 24 and run(False) == first
+    default = run()
+    if variant == "wait_first":
+        monkeypatch.setattr(pdl, "release_first", False)
+    else:
+        monkeypatch.setattr(gemv, "unroll", frozenset((gemv.PLAIN, gemv.SWIGLU, gemv.ADD_NORM)))
+    assert len(default) == 24 and run() == default
 
 
 @pytest.mark.parametrize("family,threshold", [("ouro", 0.5), ("ouro", None), ("nanbeige", None)])

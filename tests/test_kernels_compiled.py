@@ -34,7 +34,7 @@ def kernels():
 
     def gemv_case(epilogue, row=1):
         return gemv._gemv_kernel, gemv_args, dict(BLOCK_N=2, BLOCK_K=1024, EPILOGUE=epilogue, NORM_A=True,
-                                                  GATE=epilogue == gemv.ADD_NORM, ROW=row)
+                                                  GATE=epilogue == gemv.ADD_NORM, ROW=row, K_TILES=0)
 
     return {
         "gemv": gemv_case(gemv.PLAIN),
@@ -133,6 +133,38 @@ def test_release_first_releases_before_the_wait():
             assert early_global_reads(ptx, kernels()[name][1]) == EARLY_READS[name], (name, mode)
 
 
+def sass_ops(name: str, **consts) -> list[str]:
+    """The opcodes of kernels()[name] (constants overridden) as ptxas compiles it for sm_90a, with
+    the JIT's alignment, through the nvdisasm bundled with Triton."""
+    import subprocess
+    import tempfile
+
+    fn, sig, base = kernels()[name]
+    c = {**base, **consts, "PDL": 1}
+    src = ASTSource(fn=fn, signature={**sig, **{k: "constexpr" for k in c}}, constexprs=c, attrs=occ.jit_attrs(sig))
+    cubin = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"launch_pdl": True}).asm["cubin"]
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "nvdisasm")
+        text = subprocess.run([tool, "-c", f.name], capture_output=True, text=True, check=True).stdout
+    return re.findall(r"^\s*/\*[0-9a-f]+\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)", text, re.M)
+
+
+def test_unrolled_gemv_loads_both_tiles_in_one_round():
+    """K_TILES (RLT_GEMV_UNROLL): after the PDL wait (ACQBULK) the o projection's GEMV (K = 2048, two
+    1024-wide tiles) issues the second weight tile and both x tiles before any multiply-add; the
+    runtime loop multiplies the first tile (waiting for its x) before it loads the second."""
+    def after_wait(ops):
+        ops = ops[ops.index("ACQBULK") + 1:]
+        return ops[:ops.index("FFMA")]
+
+    unrolled = after_wait(sass_ops("gemv_add_norm", K_TILES=2))
+    looped = after_wait(sass_ops("gemv_add_norm"))
+    assert unrolled.count("LDG") == 4  # second tile: two 16-byte loads per thread; x: one per tile
+    assert looped.count("LDG") < 4
+
+
 @pytest.mark.parametrize("name", ["decode", "gemv_add_norm"])
 def test_last_arrival_finishes_after_an_acquire_release_handshake(name):
     """The split decode kernel's last slice merges, and the ADD_NORM GEMV's last program finishes the
@@ -163,6 +195,14 @@ def test_bad_gemv_config_names_the_variable(value, msg):
     r = subprocess.run([sys.executable, "-c", "import rlt.kernels.gemv"], capture_output=True, text=True,
                        env={**os.environ, "RLT_GEMV_CONFIG": value}, timeout=120)
     assert r.returncode != 0 and "RLT_GEMV_CONFIG" in r.stderr and msg in r.stderr
+
+
+def test_bad_gemv_unroll_names_the_variable():
+    import subprocess
+
+    r = subprocess.run([sys.executable, "-c", "import rlt.kernels.gemv"], capture_output=True, text=True,
+                       env={**os.environ, "RLT_GEMV_UNROLL": "2"}, timeout=120)
+    assert r.returncode != 0 and "RLT_GEMV_UNROLL must be 0, 1 or add_norm, got '2'" in r.stderr
 
 
 @pytest.mark.parametrize("name,value,msg", [

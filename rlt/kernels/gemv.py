@@ -59,6 +59,20 @@ fused = os.environ.get("RLT_FUSED_GEMV", "1") != "0"
 # Ouro's exit gate in the last layer's down projection epilogue (one-row passes, with fused on);
 # RLT_FUSED_GATE=0: its own launches, for A/B measurements
 fused_gate = os.environ.get("RLT_FUSED_GATE", "1") != "0"
+MAX_UNROLLED_TILES = 2
+
+
+def _unroll_from_env() -> frozenset:
+    """RLT_GEMV_UNROLL=1: products of at most two K tiles (K = 2048: [q; k; v], o, [gate; up]) unroll
+    their K loop, so the second tile's weights and both x tiles load in one round trip after the PDL
+    wait, not two (the loop's SASS waits for the first x before it loads the second tile); =add_norm:
+    only the add + RMSNorm ones (o). The down projection (six tiles) keeps the loop: unrolled it
+    takes 80 registers, two waves. A/B until measured; returns the epilogues that unroll."""
+    text = os.environ.get("RLT_GEMV_UNROLL", "0")
+    choices = {"0": frozenset(), "1": frozenset((PLAIN, SWIGLU, ADD_NORM)), "add_norm": frozenset((ADD_NORM,))}
+    if text not in choices:
+        raise ValueError(f"RLT_GEMV_UNROLL must be 0, 1 or add_norm, got {text!r}")
+    return choices[text]
 
 
 def _config_from_env() -> GemvConfig:
@@ -79,6 +93,7 @@ CONFIG = _config_from_env()
 
 PLAIN, SWIGLU, ADD_NORM = range(3)  # epilogues
 _SWIGLU, _ADD_NORM = tl.constexpr(SWIGLU), tl.constexpr(ADD_NORM)  # the same, for kernels
+unroll = _unroll_from_env()
 
 
 @functools.cache
@@ -91,11 +106,12 @@ def _counter(device: torch.device) -> torch.Tensor:
 @triton.jit
 def _gemv_kernel(x_ptr, w_ptr, y_ptr, N, K, stride_wn, r_ptr, wa_ptr, wo_ptr, ro_ptr, h_ptr, count_ptr, gw_ptr,
                  gb_ptr, gate_ptr, eps, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EPILOGUE: tl.constexpr,
-                 NORM_A: tl.constexpr, GATE: tl.constexpr, ROW: tl.constexpr, PDL: tl.constexpr):
+                 NORM_A: tl.constexpr, GATE: tl.constexpr, ROW: tl.constexpr, K_TILES: tl.constexpr,
+                 PDL: tl.constexpr):
     """y = x @ w.T. SWIGLU: w is [gate; up] (2N rows), y = silu(x @ gate.T) * (x @ up.T), rounded as
     the separate launches round. ADD_NORM: then the last program to finish stores r' = r + (rms_norm(y,
     wa) if NORM_A else y) to ro and h = rms_norm(r', wo) to h, and with GATE the exit gate's logit
-    h @ gw.T + gb (float32) to gate."""
+    h @ gw.T + gb (float32) to gate. K_TILES > 0: K's tiles, the loop unrolled; 0: a runtime loop."""
     offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = offs_n < N
     rows = w_ptr + offs_n[:, None].to(tl.int64) * stride_wn
@@ -111,17 +127,30 @@ def _gemv_kernel(x_ptr, w_ptr, y_ptr, N, K, stride_wn, r_ptr, wa_ptr, wo_ptr, ro
     pdl.begin(PDL)
     acc = tl.zeros((BLOCK_N, BLOCK_K), tl.float32)
     acc_up = tl.zeros((BLOCK_N, BLOCK_K), tl.float32)
-    for k0 in range(0, K, BLOCK_K):
-        kk = k0 + offs_k
-        if k0 > 0:
-            mask = n_ok[:, None] & (kk < K)[None, :]
-            w = tl.load(rows + kk[None, :], mask=mask, other=0.0)
+    if K_TILES > 0:  # the same steps unrolled (k0 a constant: its tile's loads need nothing before them)
+        for t in tl.static_range(K_TILES):
+            kk = t * BLOCK_K + offs_k
+            if t > 0:
+                mask = n_ok[:, None] & (kk < K)[None, :]
+                w = tl.load(rows + kk[None, :], mask=mask, other=0.0)
+                if EPILOGUE == _SWIGLU:
+                    w_up = tl.load(rows_up + kk[None, :], mask=mask, other=0.0)
+            x = tl.load(x_ptr + kk, mask=kk < K, other=0.0).to(tl.float32)
+            acc += w.to(tl.float32) * x[None, :]
             if EPILOGUE == _SWIGLU:
-                w_up = tl.load(rows_up + kk[None, :], mask=mask, other=0.0)
-        x = tl.load(x_ptr + kk, mask=kk < K, other=0.0).to(tl.float32)
-        acc += w.to(tl.float32) * x[None, :]
-        if EPILOGUE == _SWIGLU:
-            acc_up += w_up.to(tl.float32) * x[None, :]
+                acc_up += w_up.to(tl.float32) * x[None, :]
+    else:
+        for k0 in range(0, K, BLOCK_K):
+            kk = k0 + offs_k
+            if k0 > 0:
+                mask = n_ok[:, None] & (kk < K)[None, :]
+                w = tl.load(rows + kk[None, :], mask=mask, other=0.0)
+                if EPILOGUE == _SWIGLU:
+                    w_up = tl.load(rows_up + kk[None, :], mask=mask, other=0.0)
+            x = tl.load(x_ptr + kk, mask=kk < K, other=0.0).to(tl.float32)
+            acc += w.to(tl.float32) * x[None, :]
+            if EPILOGUE == _SWIGLU:
+                acc_up += w_up.to(tl.float32) * x[None, :]
     acc = tl.sum(acc, axis=1)
     acc_up = tl.sum(acc_up, axis=1)
     y = acc.to(dt)
@@ -180,6 +209,7 @@ def gemv_add_norm(x: torch.Tensor, w: torch.Tensor, residual: torch.Tensor, weig
 def _launch(x, w, config: GemvConfig, epilogue, N, residual=None, weight_a=None, weight_out=None, eps=0.0,
             exit_gate=None):
     K = w.shape[1]
+    k_tiles = triton.cdiv(K, config.k)
     y = torch.empty(1, N, dtype=x.dtype, device=x.device)
     ro, h = (torch.empty_like(y), torch.empty_like(y)) if epilogue == ADD_NORM else (y, y)
     gate = torch.empty(1, dtype=torch.float32, device=x.device) if exit_gate is not None else y
@@ -189,10 +219,10 @@ def _launch(x, w, config: GemvConfig, epilogue, N, residual=None, weight_a=None,
                y if weight_out is None else weight_out, ro, h, _counter(x.device), gw, gb, gate, eps,
                BLOCK_N=config.rows, BLOCK_K=config.k, EPILOGUE=epilogue, NORM_A=weight_a is not None,
                GATE=exit_gate is not None, ROW=triton.next_power_of_2(N) if epilogue == ADD_NORM else 1,
-               num_warps=config.warps, like=x)
+               K_TILES=k_tiles if epilogue in unroll and k_tiles <= MAX_UNROLLED_TILES else 0, num_warps=config.warps, like=x)
     return y, ro, h, gate
 
 
 def choices() -> dict:
     """The GEMV setup (for benchmark logs)."""
-    return {"config": str(CONFIG), "fused": fused, "fused_gate": fused_gate}
+    return {"config": str(CONFIG), "fused": fused, "fused_gate": fused_gate, "unroll": sorted(unroll)}
