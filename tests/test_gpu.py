@@ -473,12 +473,13 @@ def test_one_row_decode_equals_cpu_in_float32(checkpoints, family, fused, monkey
     assert run("cuda", batch) == run("cpu", batch)
 
 
-@pytest.mark.parametrize("variant", ["wait_first", "gemv_unroll"])
+@pytest.mark.parametrize("variant", ["wait_first", "gemv_loop", "gemv_unroll_all"])
 def test_decode_variants_equal_default(checkpoints, variant, monkeypatch):
     """A/B variants of the one-row decode against the default: kernels waiting before they release
-    the next (RLT_PDL_RELEASE_FIRST=0; the default releases first) and GEMVs of two K tiles unrolled
-    (RLT_GEMV_UNROLL=1). Ouro alone under CUDA graphs, slices of two key tiles: the same tokens and
-    exit depths."""
+    the next (RLT_PDL_RELEASE_FIRST=0; the default releases first), no GEMV unrolling its K loop
+    (RLT_GEMV_UNROLL=0; the default unrolls the add + RMSNorm ones) and every one of two K tiles
+    unrolled (=1). Ouro alone under CUDA graphs, slices of two key tiles: the same tokens and exit
+    depths."""
     from rlt.kernels import gemv, pdl
 
     mc = ModelConfig.from_pretrained(checkpoints["ouro"])
@@ -495,7 +496,7 @@ def test_decode_variants_equal_default(checkpoints, variant, monkeypatch):
     if variant == "wait_first":
         monkeypatch.setattr(pdl, "release_first", False)
     else:
-        monkeypatch.setattr(gemv, "unroll", frozenset((gemv.PLAIN, gemv.SWIGLU, gemv.ADD_NORM)))
+        monkeypatch.setattr(gemv, "unroll", frozenset() if variant == "gemv_loop" else frozenset(range(3)))
     assert len(default) == 24 and run() == default
 
 

@@ -152,7 +152,7 @@ def sass_ops(name: str, **consts) -> list[str]:
 
 
 def test_unrolled_gemv_loads_both_tiles_in_one_round():
-    """K_TILES (RLT_GEMV_UNROLL): after the PDL wait (ACQBULK) the o projection's GEMV (K = 2048, two
+    """K_TILES (gemv.unroll): after the PDL wait (ACQBULK) the o projection's GEMV (K = 2048, two
     1024-wide tiles) issues the second weight tile and both x tiles before any multiply-add; the
     runtime loop multiplies the first tile (waiting for its x) before it loads the second."""
     def after_wait(ops):
@@ -221,9 +221,11 @@ def test_bad_kernel_option_names_the_variable(name, value, msg):
 def test_kernel_options_from_the_environment():
     import subprocess
 
-    code = "import rlt.kernels.decode_attention as d, rlt.kernels.gemv as g; print(d.FORCED_SPLITS, g.CONFIG)"
-    for env, out in (({"RLT_DECODE_SPLITS": "64"}, "64 2x1024/4w"), ({"RLT_DECODE_SPLITS": ""}, "None 2x1024/4w"),
-                     ({"RLT_GEMV_CONFIG": "4,1024,4"}, "None 4x1024/4w")):
+    code = ("import rlt.kernels.decode_attention as d, rlt.kernels.gemv as g; "
+            "print(d.FORCED_SPLITS, g.CONFIG, sorted(g.unroll))")
+    for env, out in (({"RLT_DECODE_SPLITS": "64"}, "64 2x1024/4w [2]"), ({"RLT_DECODE_SPLITS": ""}, "None 2x1024/4w [2]"),
+                     ({"RLT_GEMV_CONFIG": "4,1024,4", "RLT_GEMV_UNROLL": "0"}, "None 4x1024/4w []"),
+                     ({"RLT_GEMV_UNROLL": "1"}, "None 2x1024/4w [0, 1, 2]")):
         r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env={**os.environ, **env},
                            timeout=120)
         assert r.stdout.strip() == out, r.stderr
