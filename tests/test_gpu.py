@@ -229,6 +229,9 @@ def test_decode_attention_matches_reference(dtype, tol, H, Hkv, D):
         for splits in (1, 2, 8, 32, 64, 128, None):
             got = da.decode_attention(cache, layer, q, tab, pos, meta.block_size, splits).float()
             assert (got - ref).abs().max() <= bound, splits
+        for splits in (32, 64):  # capped at 96 registers (RLT_DECODE_MAXNREG), spilling
+            got = da.decode_attention(cache, layer, q, tab, pos, meta.block_size, splits, maxnreg=96).float()
+            assert (got - ref).abs().max() <= bound, (splits, "maxnreg")
         assert torch.equal(paged_attention(cache, layer, kernel_meta, q, None, None),
                            da.decode_attention(cache, layer, q, tab, pos, meta.block_size))
     assert da._counters(q.device).abs().sum().item() == 0  # every merging slice reset its counter

@@ -209,7 +209,9 @@ def test_bad_gemv_unroll_names_the_variable():
     ("RLT_DECODE_SPLITS", "0", "RLT_DECODE_SPLITS must be a power of two from 1 to 256, got '0'"),
     ("RLT_DECODE_SPLITS", "48", "RLT_DECODE_SPLITS must be a power of two from 1 to 256, got '48'"),
     ("RLT_DECODE_SPLITS", "tiles", "RLT_DECODE_SPLITS must be a power of two from 1 to 256, got 'tiles'"),
-    ("RLT_DECODE_SPLITS", "512", "RLT_DECODE_SPLITS must be a power of two from 1 to 256, got '512'")])
+    ("RLT_DECODE_SPLITS", "512", "RLT_DECODE_SPLITS must be a power of two from 1 to 256, got '512'"),
+    ("RLT_DECODE_MAXNREG", "16", "RLT_DECODE_MAXNREG must be an integer from 32 to 255, got '16'"),
+    ("RLT_DECODE_MAXNREG", "x", "RLT_DECODE_MAXNREG must be an integer from 32 to 255, got 'x'")])
 def test_bad_kernel_option_names_the_variable(name, value, msg):
     import subprocess
 
@@ -222,10 +224,11 @@ def test_kernel_options_from_the_environment():
     import subprocess
 
     code = ("import rlt.kernels.decode_attention as d, rlt.kernels.gemv as g; "
-            "print(d.FORCED_SPLITS, g.CONFIG, sorted(g.unroll))")
-    for env, out in (({"RLT_DECODE_SPLITS": "64"}, "64 2x1024/4w [2]"), ({"RLT_DECODE_SPLITS": ""}, "None 2x1024/4w [2]"),
-                     ({"RLT_GEMV_CONFIG": "4,1024,4", "RLT_GEMV_UNROLL": "0"}, "None 4x1024/4w []"),
-                     ({"RLT_GEMV_UNROLL": "1"}, "None 2x1024/4w [0, 1, 2]")):
+            "print(d.FORCED_SPLITS, d.MAXNREG, g.CONFIG, sorted(g.unroll))")
+    for env, out in (({"RLT_DECODE_SPLITS": "64", "RLT_DECODE_MAXNREG": "96"}, "64 96 2x1024/4w [2]"),
+                     ({"RLT_DECODE_SPLITS": ""}, "None None 2x1024/4w [2]"),
+                     ({"RLT_GEMV_CONFIG": "4,1024,4", "RLT_GEMV_UNROLL": "0"}, "None None 4x1024/4w []"),
+                     ({"RLT_GEMV_UNROLL": "1"}, "None None 2x1024/4w [0, 1, 2]")):
         r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env={**os.environ, **env},
                            timeout=120)
         assert r.stdout.strip() == out, r.stderr
@@ -240,6 +243,30 @@ def test_split_plan(monkeypatch):
     assert [da.plan_splits(rows, 16, None) for rows in (1, 4, 9)] == [32, 8, 1]  # Ouro, 16 KV heads
     monkeypatch.setattr(da, "FORCED_SPLITS", 64)
     assert [da.plan_splits(rows, 16, None) for rows in (1, 9)] == [64, 1]
+
+
+def test_decode_register_cap_reaches_ptxas():
+    """maxnreg (RLT_DECODE_MAXNREG) as the launch passes it: the split decode kernel of 32-key tiles
+    in 64 slices takes 104 registers uncapped (four programs per SM, Ouro's 544 working programs at
+    1K context in two waves) and at most 96 capped (five per SM, one wave)."""
+    import subprocess
+    import tempfile
+
+    fn, sig, consts = kernels()["decode"]
+    c = {**consts, "SPLITS": 64, "PDL": 1}
+    used = []
+    for cap in ({}, {"maxnreg": 96}):
+        src = ASTSource(fn=fn, signature={**sig, **{k: "constexpr" for k in c}}, constexprs=c,
+                        attrs=occ.jit_attrs(sig))
+        cubin = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"launch_pdl": True, **cap}).asm["cubin"]
+        with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+            f.write(cubin)
+            f.flush()
+            tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+            text = subprocess.run([tool, "-res-usage", f.name], capture_output=True, text=True, check=True).stdout
+        used.append(int(re.search(r"REG:(\d+)", text)[1]))
+    assert used[0] > 96 >= used[1], used
+    assert occ.resident(used[0], 4) == 4 and occ.resident(used[1], 4) == 5
 
 
 def test_gemv_occupancy_arithmetic():

@@ -41,6 +41,22 @@ def _splits_from_env() -> int | None:
 
 
 FORCED_SPLITS = _splits_from_env()
+
+
+def _maxnreg_from_env() -> int | None:
+    """RLT_DECODE_MAXNREG=N caps split passes at N registers per thread (ptxas spills the rest; A/B
+    until measured). Why: at 1K context a slice of one 32-key tile (RLT_DECODE_SPLITS=64) makes 544
+    working programs for Ouro at conc 1, one wave only at five per SM, i.e. <= 96 registers
+    (ptxas: 104 uncapped; 96 with 28 bytes spilled)."""
+    text = os.environ.get("RLT_DECODE_MAXNREG", "").strip()
+    if not text:
+        return None
+    if not text.isdigit() or not 32 <= int(text) <= 255:
+        raise ValueError(f"RLT_DECODE_MAXNREG must be an integer from 32 to 255, got {text!r}")
+    return int(text)
+
+
+MAXNREG = _maxnreg_from_env()
 _COUNTERS = 4096  # (row, KV head) pairs of a split pass: splits only happen below one per SM
 
 
@@ -155,11 +171,11 @@ def _merge(o_ptr, part_ptr, ml_ptr, row, head, working, stride_ot, stride_oh, H:
 
 def decode_attention(cache: torch.Tensor, layer: int, q: torch.Tensor, block_table: torch.Tensor,
                      positions: torch.Tensor, block_size: int, splits: int | None = None, block_n: int | None = None,
-                     num_warps: int = 4) -> torch.Tensor:
+                     num_warps: int = 4, maxnreg: int | None = None) -> torch.Tensor:
     """q [R, H, D] (last dim contiguous, rotated): one query row per segment at positions [R], row r's
     keys (its own K/V already stored) in block_table[r]; cache [blocks, layers, 2, block_size, Hkv, D]
     -> [R, H, D]. splits: key slices per (row, KV head); None: plan_splits. block_n (None: by
-    splits) and num_warps are for tuning."""
+    splits), num_warps and maxnreg (split passes; None: MAXNREG) are for tuning."""
     R, H, D = q.shape
     Hkv = cache.shape[4]
     group = H // Hkv
@@ -179,5 +195,11 @@ def decode_attention(cache: torch.Tensor, layer: int, q: torch.Tensor, block_tab
                layer, D ** -0.5, q.stride(0), q.stride(1), out.stride(0), out.stride(1), cache.stride(0),
                cache.stride(1), cache.stride(2), cache.stride(3), cache.stride(4), block_table.stride(0),
                H=H, GROUP=group, G_PAD=g_pad, BLOCK_SIZE=block_size, HEAD_DIM=D, D_PAD=d_pad, BLOCK_N=block_n,
-               SPLITS=splits, IEEE=q.dtype == torch.float32, num_warps=num_warps, like=q)
+               SPLITS=splits, IEEE=q.dtype == torch.float32, num_warps=num_warps, like=q,
+               **_register_cap(maxnreg or MAXNREG, splits, q))
     return out
+
+
+def _register_cap(maxnreg: int | None, splits: int, q: torch.Tensor) -> dict:
+    """The maxnreg launch option for a split pass on CUDA (the interpreter takes no such option)."""
+    return {"maxnreg": maxnreg} if maxnreg and splits > 1 and q.is_cuda else {}
