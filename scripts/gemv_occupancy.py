@@ -40,7 +40,7 @@ def jit_attrs(signature: dict[str, str]) -> dict:
 
 def registers(config: gemv.GemvConfig, epilogue: int, row: int, k_tiles: int = 0) -> tuple[int, int]:
     """(registers per thread from ptxas, shared memory bytes per program); k_tiles > 0: the K loop
-    unrolled over that many tiles (gemv.unroll)."""
+    unrolled over that many tiles (gemv.unrolled_tiles)."""
     consts = dict(BLOCK_N=config.rows, BLOCK_K=config.k, EPILOGUE=epilogue, NORM_A=True, GATE=False, ROW=row,
                   K_TILES=k_tiles, PDL=True)
     src = ASTSource(fn=gemv._gemv_kernel, signature={**SIGNATURE, **{k: "constexpr" for k in consts}},
@@ -78,10 +78,8 @@ def main():
             shape, name = spec.split(":")
             N, K = map(int, shape.split("x"))
             rows = N // 2 if name == "swiglu" else N
-            k_tiles = triton.cdiv(K, config.k)
-            k_tiles = k_tiles if epilogues[name] in gemv.unroll and k_tiles <= gemv.MAX_UNROLLED_TILES else 0
             regs, smem = registers(config, epilogues[name], triton.next_power_of_2(rows) if name == "add_norm" else 1,
-                                   k_tiles)
+                                   gemv.unrolled_tiles(K, config, epilogues[name]))
             per_sm = resident(regs, config.warps, smem)
             programs = triton.cdiv(rows, config.rows)
             active = min(per_sm, programs / SMS)  # programs per SM while the first wave runs

@@ -59,22 +59,6 @@ fused = os.environ.get("RLT_FUSED_GEMV", "1") != "0"
 # Ouro's exit gate in the last layer's down projection epilogue (one-row passes, with fused on);
 # RLT_FUSED_GATE=0: its own launches, for A/B measurements
 fused_gate = os.environ.get("RLT_FUSED_GATE", "1") != "0"
-MAX_UNROLLED_TILES = 2
-
-
-def _unroll_from_env() -> frozenset:
-    """The epilogues whose products of at most two K tiles unroll their K loop: the second tile's
-    weights and both x tiles then load in one round trip after the PDL wait, not two (the loop's
-    SASS multiplies the first tile, waiting for its x, before it loads the second). By default the
-    add + RMSNorm ones (Ouro's o projection, K = 2048): 231.7 / 231.2 tok/s against 229.4 / 229.5
-    looped (def582d); RLT_GEMV_UNROLL=1 unrolls [q; k; v] and [gate; up] too (229.6 / 230.0: the
-    SwiGLU's SASS interleaves its loads with the multiply-adds), =0 none. The down projection (six
-    tiles) keeps the loop: unrolled it takes 80 registers, two waves."""
-    text = os.environ.get("RLT_GEMV_UNROLL", "add_norm")
-    choices = {"0": frozenset(), "1": frozenset((PLAIN, SWIGLU, ADD_NORM)), "add_norm": frozenset((ADD_NORM,))}
-    if text not in choices:
-        raise ValueError(f"RLT_GEMV_UNROLL must be 0, 1 or add_norm, got {text!r}")
-    return choices[text]
 
 
 def _config_from_env() -> GemvConfig:
@@ -95,7 +79,32 @@ CONFIG = _config_from_env()
 
 PLAIN, SWIGLU, ADD_NORM = range(3)  # epilogues
 _SWIGLU, _ADD_NORM = tl.constexpr(SWIGLU), tl.constexpr(ADD_NORM)  # the same, for kernels
+
+MAX_UNROLLED_TILES = 2
+
+
+def _unroll_from_env() -> frozenset:
+    """The epilogues whose products of at most two K tiles unroll their K loop: the second tile's
+    weights and both x tiles then load in one round trip after the PDL wait, not two (the loop's
+    SASS multiplies the first tile, waiting for its x, before it loads the second). By default the
+    add + RMSNorm ones (Ouro's o projection, K = 2048): 231.7 / 231.2 tok/s against 229.4 / 229.5
+    looped (def582d); RLT_GEMV_UNROLL=1 unrolls [q; k; v] and [gate; up] too (229.6 / 230.0: the
+    SwiGLU's SASS interleaves its loads with the multiply-adds), =0 none. The down projection (six
+    tiles) keeps the loop: unrolled it takes 80 registers, two waves."""
+    text = os.environ.get("RLT_GEMV_UNROLL", "add_norm")
+    choices = {"0": frozenset(), "1": frozenset((PLAIN, SWIGLU, ADD_NORM)), "add_norm": frozenset((ADD_NORM,))}
+    if text not in choices:
+        raise ValueError(f"RLT_GEMV_UNROLL must be 0, 1 or add_norm, got {text!r}")
+    return choices[text]
+
+
 unroll = _unroll_from_env()
+
+
+def unrolled_tiles(K: int, config: GemvConfig, epilogue: int) -> int:
+    """The kernel's K_TILES: K's tiles where this epilogue unrolls them (at most two), else 0."""
+    tiles = triton.cdiv(K, config.k)
+    return tiles if epilogue in unroll and tiles <= MAX_UNROLLED_TILES else 0
 
 
 @functools.cache
@@ -211,7 +220,6 @@ def gemv_add_norm(x: torch.Tensor, w: torch.Tensor, residual: torch.Tensor, weig
 def _launch(x, w, config: GemvConfig, epilogue, N, residual=None, weight_a=None, weight_out=None, eps=0.0,
             exit_gate=None):
     K = w.shape[1]
-    k_tiles = triton.cdiv(K, config.k)
     y = torch.empty(1, N, dtype=x.dtype, device=x.device)
     ro, h = (torch.empty_like(y), torch.empty_like(y)) if epilogue == ADD_NORM else (y, y)
     gate = torch.empty(1, dtype=torch.float32, device=x.device) if exit_gate is not None else y
@@ -221,7 +229,7 @@ def _launch(x, w, config: GemvConfig, epilogue, N, residual=None, weight_a=None,
                y if weight_out is None else weight_out, ro, h, _counter(x.device), gw, gb, gate, eps,
                BLOCK_N=config.rows, BLOCK_K=config.k, EPILOGUE=epilogue, NORM_A=weight_a is not None,
                GATE=exit_gate is not None, ROW=triton.next_power_of_2(N) if epilogue == ADD_NORM else 1,
-               K_TILES=k_tiles if epilogue in unroll and k_tiles <= MAX_UNROLLED_TILES else 0, num_warps=config.warps, like=x)
+               K_TILES=unrolled_tiles(K, config, epilogue), num_warps=config.warps, like=x)
     return y, ro, h, gate
 
 
