@@ -133,35 +133,20 @@ def _gemv_kernel(x_ptr, w_ptr, y_ptr, N, K, stride_wn, r_ptr, wa_ptr, wo_ptr, ro
     # that kernel's tail): weights are never written during a pass. x only after the wait.
     mask = n_ok[:, None] & (offs_k < K)[None, :]
     w = tl.load(rows + offs_k[None, :], mask=mask, other=0.0)
+    w_up = 0.0  # (the [gate; up] up rows' tile; a placeholder otherwise)
     if EPILOGUE == _SWIGLU:
         w_up = tl.load(rows_up + offs_k[None, :], mask=mask, other=0.0)
     pdl.begin(PDL)
     acc = tl.zeros((BLOCK_N, BLOCK_K), tl.float32)
     acc_up = tl.zeros((BLOCK_N, BLOCK_K), tl.float32)
-    if K_TILES > 0:  # the same steps unrolled (k0 a constant: its tile's loads need nothing before them)
+    if K_TILES > 0:  # unrolled: a constant k0's loads need nothing before them
         for t in tl.static_range(K_TILES):
-            kk = t * BLOCK_K + offs_k
-            if t > 0:
-                mask = n_ok[:, None] & (kk < K)[None, :]
-                w = tl.load(rows + kk[None, :], mask=mask, other=0.0)
-                if EPILOGUE == _SWIGLU:
-                    w_up = tl.load(rows_up + kk[None, :], mask=mask, other=0.0)
-            x = tl.load(x_ptr + kk, mask=kk < K, other=0.0).to(tl.float32)
-            acc += w.to(tl.float32) * x[None, :]
-            if EPILOGUE == _SWIGLU:
-                acc_up += w_up.to(tl.float32) * x[None, :]
+            w, w_up, acc, acc_up = _k_tile(x_ptr, rows, rows_up, w, w_up, acc, acc_up, t * BLOCK_K + offs_k, n_ok, K,
+                                           t > 0, EPILOGUE)
     else:
         for k0 in range(0, K, BLOCK_K):
-            kk = k0 + offs_k
-            if k0 > 0:
-                mask = n_ok[:, None] & (kk < K)[None, :]
-                w = tl.load(rows + kk[None, :], mask=mask, other=0.0)
-                if EPILOGUE == _SWIGLU:
-                    w_up = tl.load(rows_up + kk[None, :], mask=mask, other=0.0)
-            x = tl.load(x_ptr + kk, mask=kk < K, other=0.0).to(tl.float32)
-            acc += w.to(tl.float32) * x[None, :]
-            if EPILOGUE == _SWIGLU:
-                acc_up += w_up.to(tl.float32) * x[None, :]
+            w, w_up, acc, acc_up = _k_tile(x_ptr, rows, rows_up, w, w_up, acc, acc_up, k0 + offs_k, n_ok, K, k0 > 0,
+                                           EPILOGUE)
     acc = tl.sum(acc, axis=1)
     acc_up = tl.sum(acc_up, axis=1)
     y = acc.to(dt)
@@ -194,6 +179,22 @@ def _gemv_kernel(x_ptr, w_ptr, y_ptr, N, K, stride_wn, r_ptr, wa_ptr, wo_ptr, ro
             if GATE:
                 tl.store(gate_ptr, tl.sum(h.to(tl.float32) * gw, axis=0) + gb)
             tl.atomic_xchg(count_ptr, 0)
+
+
+@triton.jit
+def _k_tile(x_ptr, rows, rows_up, w, w_up, acc, acc_up, kk, n_ok, K, LOAD_W, EPILOGUE: tl.constexpr):
+    """One K tile (columns kk) of the product into the tile accumulators; LOAD_W: read its weights
+    (the first tile's, w / w_up, were read before the PDL wait) -> (w, w_up, acc, acc_up)."""
+    if LOAD_W:
+        mask = n_ok[:, None] & (kk < K)[None, :]
+        w = tl.load(rows + kk[None, :], mask=mask, other=0.0)
+        if EPILOGUE == _SWIGLU:
+            w_up = tl.load(rows_up + kk[None, :], mask=mask, other=0.0)
+    x = tl.load(x_ptr + kk, mask=kk < K, other=0.0).to(tl.float32)
+    acc += w.to(tl.float32) * x[None, :]
+    if EPILOGUE == _SWIGLU:
+        acc_up += w_up.to(tl.float32) * x[None, :]
+    return w, w_up, acc, acc_up
 
 
 def gemv(x: torch.Tensor, w: torch.Tensor, config: GemvConfig = CONFIG) -> torch.Tensor:
