@@ -1,7 +1,7 @@
 """rlt: a serving engine for recurrent-depth (looped) language models."""
 
 from rlt.config import KVGeometry, ModelConfig
-from rlt.control.coordinator import Engine
+from rlt.control.frontend import Engine
 from rlt.errors import CheckpointError, ConfigError, EngineDeadError, RequestError
 from rlt.outputs import RequestOutput
 from rlt.sampling_params import SamplingParams

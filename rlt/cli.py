@@ -4,6 +4,7 @@ import argparse
 import json
 import sys
 
+from rlt.config import EngineConfig, LaunchConfig, option_fields
 from rlt.errors import CheckpointError, ConfigError, EngineDeadError, RequestError
 
 
@@ -40,16 +41,33 @@ def _add_generate(sub):
     g.add_argument("--logprobs", type=int)
     g.add_argument("--ignore-eos", action="store_true")
     g.add_argument("--stop-token-ids", type=_token_ids, default=[])
-    g.add_argument("--dtype", choices=["float32", "bfloat16", "float16"])
-    g.add_argument("--device", default="cpu", help="cpu or cuda[:N]")
     g.add_argument("--hf-overrides", type=json.loads, help="JSON object replacing config.json fields")
-    g.add_argument("--topology", default="single", help="single, 1p1d, or XpYd such as 2p2d")
     g.add_argument("--json", action="store_true", help="one JSON object per prompt, one per line")
-    g.add_argument("--kv-layout", choices=["last_exited", "shared"], help="default last_exited")
-    g.add_argument("--block-size", type=int, help="positions per KV block (default 16)")
-    g.add_argument("--num-blocks", type=int, help="KV blocks in the pool (default: sized from 1 GiB)")
-    g.add_argument("--max-num-seqs", type=int, help="default 64")
-    g.add_argument("--prefill-chunk", type=int, help="default 256")
+    add_option_flags(g)
+
+
+def add_option_flags(parser: argparse.ArgumentParser) -> None:
+    """One flag per EngineConfig / LaunchConfig field, its type, choices, help and default taken
+    from the field (unset flags are not passed: Engine.launch applies the defaults)."""
+    for title, cls in (("engine options", EngineConfig), ("launch options", LaunchConfig)):
+        group = parser.add_argument_group(title)
+        for name, kind, default, doc in option_fields(cls):
+            if name == "faults":  # testing only
+                continue
+            flag = "--" + name.replace("_", "-")
+            text = doc if default is None or "default" in doc else f"{doc} (default: {default})"
+            if kind is bool:
+                group.add_argument(flag, action=argparse.BooleanOptionalAction, default=None, help=text)
+            elif isinstance(kind, tuple):
+                group.add_argument(flag, choices=kind, default=None, help=text)
+            else:
+                group.add_argument(flag, type=kind, default=None, help=text)
+
+
+def option_values(args: argparse.Namespace) -> dict:
+    """The EngineConfig / LaunchConfig options given on the command line."""
+    names = [n for cls in (EngineConfig, LaunchConfig) for n, *_ in option_fields(cls) if n != "faults"]
+    return {n: getattr(args, n) for n in names if getattr(args, n, None) is not None}
 
 
 def _add_make_checkpoint(sub):
@@ -67,7 +85,7 @@ def _add_make_checkpoint(sub):
 def generate(args) -> int:
     import asyncio
 
-    from rlt.control.coordinator import Engine
+    from rlt.control.frontend import Engine
     from rlt.sampling_params import SamplingParams
 
     if not args.prompts:
@@ -76,18 +94,15 @@ def generate(args) -> int:
                         top_p=args.top_p, seed=args.seed, min_loops=args.min_loops, max_loops=args.max_loops,
                         exit_threshold=args.exit_threshold, stop_token_ids=args.stop_token_ids,
                         ignore_eos=args.ignore_eos, logprobs=args.logprobs)
-    options = {k: getattr(args, k) for k in ("kv_layout", "block_size", "num_blocks", "max_num_seqs",
-                                             "prefill_chunk") if getattr(args, k) is not None}
     try:
-        launch = Engine.launch(args.model, topology=args.topology, device=args.device, dtype=args.dtype,
-                               hf_overrides=args.hf_overrides, **options)
+        launch = Engine.launch(args.model, hf_overrides=args.hf_overrides, **option_values(args))
     except ValueError as e:
         if isinstance(e, (RequestError, ConfigError, CheckpointError)):
             raise
         raise RequestError(str(e)) from e
     engine = launch.engine
     # Every prompt is validated before any process is spawned.
-    requests = [(str(i), engine._tokenize(p)) for i, p in enumerate(args.prompts)]
+    requests = [(str(i), engine.tokenize(p)) for i, p in enumerate(args.prompts)]
     from rlt.control.validation import resolve_params
 
     for _, ids in requests:

@@ -1,14 +1,21 @@
-"""ModelConfig: the one description of the model, built once by the entry point.
+"""The configuration: ModelConfig (what the checkpoint is), EngineConfig (how a worker runs it) and
+LaunchConfig (how the coordinator runs the workers).
 
-It holds the family's own config object and the family-neutral facts that the coordinator
-(validation, credits) and the workers (KV pool, runner) need. Workers receive it; they never
-re-read config.json.
+ModelConfig is built once by the entry point from config.json: the family's own config object and
+the family-neutral facts the coordinator (validation, credits) and the workers (KV pool, runner)
+need. Workers receive it; they never re-read config.json.
 """
 
 import json
+import math
 import os
+import re
+import types
+import typing
 from dataclasses import dataclass
-from typing import Any
+from typing import Annotated, Any, Literal
+
+import msgspec
 
 from rlt.errors import ConfigError
 from rlt.models.configs import FAMILY_CONFIGS, HuginnConfig, NanbeigeConfig, OuroConfig
@@ -130,3 +137,196 @@ class ModelConfig:
         else:
             core, boundary = fc.num_hidden_layers, 0
         return KVGeometry(core, boundary, fc.num_key_value_heads, fc.head_dim)
+
+
+# ---- engine and launch options ----------------------------------------------------------------
+# Each option is a typed field with its default and help in one place: Engine.launch(**options)
+# validates against these fields, the handshake carries the Structs, and the CLI builds its flags
+# from them. Meta(ge=...) / Literal / `| None` are what validate() checks.
+PositiveInt = Annotated[int, msgspec.Meta(ge=1)]
+Count = Annotated[int, msgspec.Meta(ge=0)]
+Seconds = Annotated[float, msgspec.Meta(gt=0)]
+
+
+def _doc(text: str) -> msgspec.Meta:
+    return msgspec.Meta(description=text)
+
+
+class EngineConfig(msgspec.Struct, kw_only=True, frozen=True):
+    """What every worker's engine runs with (the scheduler, KV pool and kernels)."""
+
+    kv_layout: Annotated[Literal["last_exited", "shared"], _doc(
+        "last_exited: one KV plane per loop depth (exact); shared: one plane overwritten by every loop")] = \
+        "last_exited"
+    block_size: Annotated[PositiveInt, _doc("token positions per KV block")] = 16
+    num_blocks: Annotated[PositiveInt | None, _doc("KV blocks per worker (default: sized from kv_memory_bytes)")] = \
+        None
+    kv_memory_bytes: Annotated[PositiveInt, _doc("bytes of KV pool per worker when num_blocks is not given")] = 1 << 30
+    max_num_seqs: Annotated[PositiveInt, _doc("requests running at once per worker")] = 64
+    prefill_chunk: Annotated[PositiveInt, _doc("prompt rows per request per pass")] = 256
+    max_num_batched_tokens: Annotated[PositiveInt, _doc("rows per core pass")] = 2048
+    kernels: Annotated[Literal["triton", "reference"], _doc(
+        "CUDA: the Triton kernels and CUDA graphs, or the plain torch reference (the CPU always runs the "
+        "reference)")] = "triton"
+    batch_invariant: Annotated[bool, _doc(
+        "CUDA: kernels whose per-row result does not depend on the batch (PD equal to single, bit for bit)")] = \
+        False
+    cuda_graph_max_batch: Annotated[Count, _doc(
+        "CUDA: decode-only passes of up to this many rows replay CUDA graphs (0: off)")] = 256
+    steady_decode: Annotated[Literal["adaptive", "always", "never"], _doc(
+        "decode-only stretches as device-side lanes: adaptive = while some request can exit early (the regular "
+        "path is faster at fixed depth), always, or never")] = "adaptive"
+
+    def __post_init__(self) -> None:
+        validate(self)
+
+
+class Faults(msgspec.Struct, kw_only=True, frozen=True):
+    """Testing only (Engine.launch(faults=...)): faults the workers inject, keyed by a prompt's first
+    token id or a worker role; rlt/workers/faults.py applies them, nothing else reads them."""
+
+    stall_first_token: int | None = None  # the main loop hangs on such a request; the heartbeat goes on
+    fail_transfer_first_token: int | None = None  # prefill: such a prompt's KV write fails
+    lose_notif_first_token: int | None = None  # prefill: its KV lands, its notifications are lost
+    fingerprint_role: str | None = None  # workers of this role report a different fingerprint
+
+
+class LaunchConfig(msgspec.Struct, kw_only=True, frozen=True):
+    """How the coordinator runs the workers: topology, devices, supervision, PD routing."""
+
+    topology: Annotated[str, _doc("single, Nx (N unified replicas, e.g. 2x) or XpYd (e.g. 1p1d)")] = "single"
+    device: Annotated[str, _doc("cpu, cuda or cuda:N (topologies of several workers take cuda:0, cuda:1, ...)")] = \
+        "cpu"
+    dtype: Annotated[Literal["float32", "bfloat16", "float16"] | None, _doc(
+        "weights and KV (default: float32 on CPU, the checkpoint's half type on GPU)")] = None
+    startup_timeout: Annotated[Seconds, _doc("seconds a worker may take to load and warm up")] = 300.0
+    heartbeat_interval: Annotated[Seconds, _doc("seconds between worker heartbeats")] = 0.5
+    heartbeat_timeout: Annotated[Seconds, _doc(
+        "seconds of silence, or of a stuck main loop with work, before a worker is killed and restarted")] = 10.0
+    restart: Annotated[bool, _doc("restart a worker that died")] = True
+    transfer_timeout: Annotated[Seconds, _doc("PD: seconds a KV transfer may take before its request fails")] = 30.0
+    max_local_prefill_length: Annotated[Count, _doc(
+        "PD: prompts up to this many tokens are prefilled by the decode worker itself (0: off)")] = 0
+    max_prefill_queue_size: Annotated[Count | None, _doc(
+        "PD: while a prefill worker holds this many requests, new ones are prefilled by the decode worker")] = None
+    prefill_worker_chunk: Annotated[PositiveInt | None, _doc(
+        "PD: prefill workers take prompts in chunks of this many rows (default: prefill_chunk)")] = None
+    faults: Annotated[Faults | None, _doc("testing only: faults the workers inject")] = None
+
+    def __post_init__(self) -> None:
+        validate(self)
+        parse_topology(self.topology)
+        if not (self.device in ("cpu", "cuda") or re.fullmatch(r"cuda:\d+", self.device)):
+            raise ValueError(f"device {self.device!r} is not supported (cpu, cuda, cuda:N)")
+        if not self.disaggregated:
+            defaults = {f.name: f.default for f in msgspec.structs.fields(self)}
+            for name in ("max_local_prefill_length", "max_prefill_queue_size", "prefill_worker_chunk"):
+                if getattr(self, name) != defaults[name]:
+                    raise ValueError(f"{name} applies to prefill/decode topologies (XpYd), not {self.topology!r}")
+
+    @property
+    def disaggregated(self) -> bool:
+        return parse_topology(self.topology)[0][0] == "prefill"
+
+    def engine_for(self, role: str, engine: EngineConfig) -> EngineConfig:
+        """A prefill worker takes prompts in prefill_worker_chunk rows, in passes at least as large:
+        no decode shares its passes."""
+        chunk = self.prefill_worker_chunk
+        if role != "prefill" or chunk is None:
+            return engine
+        return msgspec.structs.replace(engine, prefill_chunk=chunk,
+                                       max_num_batched_tokens=max(chunk, engine.max_num_batched_tokens))
+
+
+def parse_topology(topology: str) -> list[tuple[str, int]]:
+    """The worker slots: 'single' -> one unified worker; 'Nx' -> N unified replicas (requests go
+    to the least loaded); 'XpYd' -> X prefill and Y decode workers."""
+    if isinstance(topology, str):
+        if topology == "single":
+            return [("unified", 0)]
+        if m := re.fullmatch(r"([1-9]\d*)x", topology):
+            return [("unified", i) for i in range(int(m.group(1)))]
+        if m := re.fullmatch(r"([1-9]\d*)p([1-9]\d*)d", topology):
+            return [("prefill", i) for i in range(int(m.group(1)))] + \
+                [("decode", i) for i in range(int(m.group(2)))]
+    raise ValueError(f"topology {topology!r} is not supported (single, Nx replicas such as 2x, or XpYd "
+                     "such as 1p1d)")
+
+
+def split_options(options: dict) -> tuple[EngineConfig, LaunchConfig]:
+    """Engine.launch(**options): each option goes to the Struct that has a field of its name."""
+    engine_fields, launch_fields = field_names(EngineConfig), field_names(LaunchConfig)
+    for name in options:
+        if name not in engine_fields and name not in launch_fields:
+            raise ValueError(f"unknown option {name!r} (known: {', '.join(engine_fields + launch_fields)})")
+    return (EngineConfig(**{k: v for k, v in options.items() if k in engine_fields}),
+            LaunchConfig(**{k: v for k, v in options.items() if k in launch_fields}))
+
+
+def field_names(cls) -> tuple[str, ...]:
+    return tuple(f.name for f in msgspec.structs.fields(cls))
+
+
+def option_fields(cls) -> list[tuple[str, object, object, str]]:
+    """(name, base type, default, help) of each option, for the CLI. The base type is a Literal's
+    choices as a tuple, or int / float / bool / str."""
+    out = []
+    for f in msgspec.structs.fields(cls):
+        spec = _spec(f.type)
+        out.append((f.name, spec.choices or spec.kind, f.default, spec.doc))
+    return out
+
+
+class _Spec(msgspec.Struct):
+    kind: type | None = None  # int, float, bool, str, or a Struct class
+    choices: tuple = ()
+    optional: bool = False
+    ge: float | None = None
+    gt: float | None = None
+    doc: str = ""
+
+
+def _spec(annotation) -> _Spec:
+    s = _Spec()
+    stack = [annotation]
+    while stack:
+        a = stack.pop()
+        origin = typing.get_origin(a)
+        if origin is Annotated:
+            base, *metas = typing.get_args(a)
+            for m in metas:
+                s.ge = m.ge if m.ge is not None else s.ge
+                s.gt = m.gt if m.gt is not None else s.gt
+                s.doc = m.description or s.doc
+            stack.append(base)
+        elif origin in (typing.Union, types.UnionType):
+            stack.extend(typing.get_args(a))
+        elif origin is Literal:
+            s.choices = typing.get_args(a)
+        elif a is type(None):
+            s.optional = True
+        else:
+            s.kind = a
+    return s
+
+
+def validate(obj: msgspec.Struct) -> None:
+    """Check every field against its annotation; the error names the field, the limit and the value."""
+    for f in msgspec.structs.fields(obj):
+        v, s = getattr(obj, f.name), _spec(f.type)
+        if v is None and s.optional:
+            continue
+        if s.choices:
+            if v not in s.choices or isinstance(v, bool):
+                raise ValueError(f"{f.name} {v!r} is not supported ({', '.join(map(str, s.choices))})")
+        elif s.kind is bool:
+            if not isinstance(v, bool):
+                raise ValueError(f"{f.name} must be True or False, got {v!r}")
+        elif s.kind in (int, float):
+            ok = isinstance(v, int) if s.kind is int else isinstance(v, (int, float)) and math.isfinite(v)
+            what = "an integer" if s.kind is int else "a number"
+            bound = f" >= {s.ge}" if s.ge is not None else f" > {s.gt}" if s.gt is not None else ""
+            if not ok or isinstance(v, bool) or (s.ge is not None and v < s.ge) or (s.gt is not None and v <= s.gt):
+                raise ValueError(f"{f.name} must be {what}{bound}, got {v!r}")
+        elif isinstance(s.kind, type) and not isinstance(v, s.kind):
+            raise ValueError(f"{f.name} must be {s.kind.__name__}, got {v!r}")

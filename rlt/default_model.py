@@ -4,13 +4,9 @@ import os
 import shutil
 import tempfile
 
+from rlt.envs import cache_dir
+
 DEFAULT_NAME = "ouro-tiny-v1"
-
-
-def cache_dir() -> str:
-    base = os.environ.get("RLT_CACHE_DIR") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "rlt")
-    return base
 
 
 def default_model_path() -> str:

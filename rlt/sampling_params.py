@@ -1,4 +1,5 @@
-"""SamplingParams: what a request asks for. Defaults follow vLLM (temperature 1.0, max_tokens 16)."""
+"""SamplingParams: what a request asks for (defaults follow vLLM: temperature 1.0, max_tokens 16), and
+ResolvedParams: the same with every default filled in, as the coordinator validated it."""
 
 import msgspec
 
@@ -15,3 +16,20 @@ class SamplingParams(msgspec.Struct, kw_only=True, omit_defaults=True):
     stop_token_ids: list[int] = []
     ignore_eos: bool = False
     logprobs: int | None = None  # top-K logprobs per output position
+
+
+class ResolvedParams(msgspec.Struct, frozen=True, kw_only=True):
+    """SamplingParams with every default filled in; what a worker runs (and what travels to it)."""
+
+    max_tokens: int
+    temperature: float
+    top_k: int  # 0 = off
+    top_p: float
+    sampling_seed: int  # a random one when the request gave none
+    state_seed: int  # Huginn's initial latent: the request's seed, else 0 (deterministic by default)
+    min_loops: int
+    max_loops: int
+    exit_threshold: float  # >= 1.0 means fixed depth (max_loops); gate-less families never exit early
+    stop_token_ids: tuple[int, ...]
+    ignore_eos: bool
+    logprobs: int  # 0 = none

@@ -6,14 +6,16 @@ For every rate the replicas ran up to their capacity (their highest rate not pas
 output throughput >= 97 % of the replicas', p95 TTFT <= 1.2x theirs, p95 TPOT <= 0.5x theirs. A
 rate without a 1P1D row with completions (its sweep stopped below it, past its own capacity, or
 the run was cut short) fails. Prints a row per rate and exits non-zero unless every checked rate
-passes.
+passes. (Which rates were past capacity is the benchmark's `saturated`, rlt/bench/serving.py.)
 """
 
 import json
 import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+from rlt.bench.serving import percentile  # noqa: E402
 
 LIMITS = {"throughput": 0.97, "ttft": 1.2, "tpot": 0.5}
 
@@ -42,7 +44,6 @@ def compare(pd_rows: list[dict], rep_rows: list[dict]) -> list[dict]:
 def ttft_by_prompt_len(pd_rows: list[dict], rep_rows: list[dict]) -> dict:
     """{rate: {prompt length: (p95 TTFT 1p1d, p95 TTFT 2x)}} from the per-request records (JSON
     written since 508324b)."""
-    from bench_serving import percentile
 
     def p95s(row):
         lens = {}

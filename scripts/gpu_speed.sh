@@ -5,10 +5,11 @@
 # issue #6's P4. Logs and JSON go to $OUT. Everything at once runs past one device call (10 min):
 # split it, e.g. PROFILE=0 first, then SKIP_TESTS=1 BENCH=0 NB=0 for the profiles.
 # Switches: SKIP_TESTS PYTEST_K TEST_TIMEOUT TEST_PDL (GPU tests with RLT_PDL, default 1); OURO NB
-# BENCH CONC THR KV_GIB CONC4K PREFILL_LENS BENCH_TIMEOUT AB (conc 1 again per ';'-separated env
-# setting); PROFILE PROFILE_CONC PROFILE_THR
-# PROFILE_STEADY (0 regular, 1 auto, 2 forced) PROFILE_PDL ("0 1" compares; default 1); SERVE_TOPOS RATES
-# SWEEP_RATES DURATION SWEEP_DURATION SERVE_TIMEOUT SERVE_ARGS (e.g. "--max-local-prefill-length 256").
+# BENCH CONC THR KV_GIB CONC4K PREFILL_LENS BENCH_TIMEOUT BENCH_ARGS (more bench.py arguments, e.g.
+# "--kernels reference"); PROFILE PROFILE_CONC PROFILE_THR PROFILE_STEADY (adaptive, always, never;
+# several compare; default adaptive) PROFILE_PDL ("0 1" compares; default 1); SERVE_TOPOS RATES
+# SWEEP_RATES DURATION SWEEP_DURATION SERVE_TIMEOUT SERVE_ARGS (e.g. "--max-local-prefill-length 256");
+# COMMIT (recorded in the JSON; default: git rev-parse --short HEAD, where the tree has its .git).
 # RLT_PDL set outside applies to the benchmarks.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -16,6 +17,7 @@ OUT=${OUT:-/tmp/rlt-out}; mkdir -p "$OUT"
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 RLT_CACHE_DIR=/tmp/rltcache
 step() { echo "=== $1 ($(date +%T))"; }
+COMMIT_ARG=${COMMIT:+--commit=$COMMIT}
 if [ "${SKIP_TESTS:-0}" != 1 ]; then
   # Alone on the machine: run beside a benchmark (on another GPU) they slowed it (session 4).
   step "pytest -m gpu"
@@ -31,34 +33,25 @@ if [ "${OURO:-1}" = 1 ] && [ "${BENCH:-1}" = 1 ]; then
   step "offline decode, Ouro-1.4B shapes, 1K context, with ceilings"
   timeout ${BENCH_TIMEOUT:-240} python3 scripts/bench.py --model /tmp/ouro-full --device cuda --concurrency ${CONC:-1,16,64,128} \
     --threshold ${THR:-1.0,0.5} --prompt-len 1024 --max-tokens 64 --kv-gib ${KV_GIB:-120} --floors --json-out "$OUT/bench_ouro.json" \
+    $COMMIT_ARG ${BENCH_ARGS:-} \
     2>&1 | tee "$OUT/bench_ouro.log" | tail -12
-  # A/B at conc 1: AB="RLT_FUSED_GEMV=0;RLT_GEMV_CONFIG=4,1024,4" runs the decode once per
-  # ';'-separated setting; bench.py arguments after ' -- ' (e.g. "RLT_DECODE_SPLITS=16 -- --steady-decode 2")
-  n=0; IFS=';' read -ra settings <<< "${AB:-}"
-  for setting in "${settings[@]}"; do
-    n=$((n + 1)); step "offline decode at conc 1 with $setting"
-    vars=${setting%%-- *}; extra=""; [[ "$setting" == *"-- "* ]] && extra=${setting#*-- }
-    env $vars timeout ${BENCH_TIMEOUT:-240} python3 scripts/bench.py --model /tmp/ouro-full --device cuda --concurrency 1 \
-      --threshold 1.0 --prompt-len 1024 --max-tokens 64 --kv-gib ${KV_GIB:-120} --json-out "$OUT/bench_ouro_ab$n.json" \
-      $extra 2>&1 | tail -1
-  done
   if [ -n "${CONC4K-1,16,32}" ]; then
     step "offline decode, Ouro-1.4B shapes, 4K context"
     timeout ${BENCH_TIMEOUT:-240} python3 scripts/bench.py --model /tmp/ouro-full --device cuda --concurrency ${CONC4K-1,16,32} \
       --threshold ${THR:-1.0,0.5} --prompt-len 4096 --max-tokens 64 --kv-gib ${KV_GIB:-120} --floors \
-      --json-out "$OUT/bench_ouro_4k.json" 2>&1 | tee "$OUT/bench_ouro_4k.log" | tail -8
+      --json-out "$OUT/bench_ouro_4k.json" $COMMIT_ARG ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench_ouro_4k.log" | tail -8
   fi
 fi
 if [ "${NB:-1}" = 1 ] && [ -n "${PREFILL_LENS-1024,4096}" ]; then  # PREFILL_LENS="": checkpoint only (serving)
   step "prefill, Nanbeige4.2-3B shapes, with the dense floor"
   timeout 150 python3 scripts/bench.py --model /tmp/nb-full --device cuda --concurrency "" --prefill-lens ${PREFILL_LENS-1024,4096} \
-    --floors --json-out "$OUT/bench_nb_prefill.json" 2>&1 | tee "$OUT/bench_nb_prefill.log" | tail -4
+    --floors --json-out "$OUT/bench_nb_prefill.json" $COMMIT_ARG ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench_nb_prefill.log" | tail -4
 fi
 if [ "${PROFILE:-1}" = 1 ] && [ "${OURO:-1}" = 1 ]; then
   for c in ${PROFILE_CONC:-1 128}; do
     for thr in ${PROFILE_THR:-1.0 0.5}; do
-      step "GPU profile of decode steps, concurrency $c, threshold $thr (steady decode ${PROFILE_STEADY:-1}, PDL ${PROFILE_PDL:-1})"
-      for steady in ${PROFILE_STEADY:-1}; do
+      step "GPU profile of decode steps, concurrency $c, threshold $thr (steady decode ${PROFILE_STEADY:-adaptive}, PDL ${PROFILE_PDL:-1})"
+      for steady in ${PROFILE_STEADY:-adaptive}; do
         for pdl in ${PROFILE_PDL:-1}; do
           RLT_PDL=$pdl timeout 150 python3 scripts/profile_gpu.py --model /tmp/ouro-full --concurrency $c --threshold $thr \
             --kv-gib ${KV_GIB:-120} --steady-decode $steady --json-out "$OUT/profile_c${c}_t${thr}_s${steady}_p$pdl.json" \
@@ -75,7 +68,7 @@ for topo in ${SERVE_TOPOS:-}; do
   timeout ${SERVE_TIMEOUT:-400} python3 scripts/bench.py --mode serve --model /tmp/nb-full --device cuda --topology $topo \
     --rates ${RATES:-0.25,0.5,1} --sweep-rates "${SWEEP_RATES:-}" --duration ${DURATION:-60} --sweep-duration ${SWEEP_DURATION:-${DURATION:-60}} \
     --prompt-lens 128,4096 --output-len 64 \
-    --kv-gib 40 ${SERVE_ARGS:-} --json-out "$OUT/serve_$topo.json" 2>&1 | grep -v "NIXL INFO" | tee "$OUT/serve_$topo.log" | tail -16
+    --kv-gib 40 $COMMIT_ARG ${SERVE_ARGS:-} --json-out "$OUT/serve_$topo.json" 2>&1 | grep -v "NIXL INFO" | tee "$OUT/serve_$topo.log" | tail -16
 done
 # P4's verdict when both topologies ran here (else: compare_serving.py on the two JSON files)
 [ -f "$OUT/serve_1p1d.json" ] && [ -f "$OUT/serve_2x.json" ] && python3 scripts/compare_serving.py "$OUT/serve_1p1d.json" "$OUT/serve_2x.json"

@@ -1,8 +1,9 @@
 """Times decode-pass kernels at decode shapes with the L2 flushed before every call (as in a real
 pass, where weights and KV come from HBM): the decode attention kernel over key-tile sizes, warps
-and key splits, and the one-row GEMM over Triton configs against cuBLAS. Prints the fastest first.
+and key splits, and the one-row GEMM over Triton configs (gemv.CONFIGS, or --configs) against
+cuBLAS. Prints the fastest first, and the engine's defaults.
 
-  python scripts/tune_decode.py [--heads 16 --kv-heads 16 --ctx 1088,4128 --rows 1,4]
+  python scripts/tune_decode.py [--heads 16 --kv-heads 16 --ctx 1088,4128 --rows 1,4] [--configs 2,1024,4 ...]
 """
 
 import argparse
@@ -12,8 +13,8 @@ import torch
 import torch.nn.functional as F
 from triton.testing import do_bench
 
-from rlt.kernels.decode_attention import decode_attention, plan_splits
-from rlt.kernels.gemv import GemvConfig, gemv
+from rlt.kernels import decode_attention as da
+from rlt.kernels.gemv import CONFIG, CONFIGS, GemvConfig, gemv
 
 
 def bench(fn) -> float:
@@ -27,7 +28,9 @@ def main():
     ap.add_argument("--ctx", default="1088,4128")
     ap.add_argument("--rows", default="1,4")
     ap.add_argument("--shapes", default="6144x2048,2048x2048,11264x2048,2048x5632,49152x2048")
+    ap.add_argument("--configs", nargs="*", help="GEMV configs rows,k,warps (default: gemv.CONFIGS)")
     args = ap.parse_args()
+    configs = [GemvConfig(*map(int, c.split(","))) for c in args.configs] if args.configs else list(CONFIGS)
     dev, bs, D = "cuda", 16, 128
     for R, ctx in itertools.product(map(int, args.rows.split(",")), map(int, args.ctx.split(","))):
         nb = R * (-(-ctx // bs)) + 1
@@ -37,27 +40,25 @@ def main():
         q = torch.randn(R, args.heads, D, device=dev, dtype=torch.bfloat16)
         res = []
         for bn, warps, splits in itertools.product((32, 64, 128), (2, 4, 8), (1, 4, 8, 16, 32, 64)):
-            t = bench(lambda: decode_attention(cache, 0, q, tab, pos, bs, splits, bn, warps))
+            t = bench(lambda: da.decode_attention(cache, 0, q, tab, pos, bs, splits, bn, warps))
             res.append((t, bn, warps, splits))
         res.sort()
         kv_mb = R * ctx * args.kv_heads * D * 2 * 2 / 1e6
-        print(f"decode attention rows {R} ctx {ctx} ({kv_mb:.1f} MB of KV), planned splits "
-              f"{plan_splits(R, args.kv_heads, q.device)}: fastest (us, block_n, warps, splits):",
-              [(round(t, 1), bn, w, s) for t, bn, w, s in res[:6]],
-              "default:", [round(t, 1) for t, bn, w, s in res if bn == 64 and w == 4 and
-                           s == plan_splits(R, args.kv_heads, q.device)])
+        planned = da.plan_splits(R, args.kv_heads, q.device)
+        print(f"decode attention rows {R} ctx {ctx} ({kv_mb:.1f} MB of KV), planned splits {planned}: "
+              "fastest (us, block_n, warps, splits):", [(round(t, 1), bn, w, s) for t, bn, w, s in res[:6]],
+              "default:", round(bench(lambda: da.decode_attention(cache, 0, q, tab, pos, bs)), 1))
     for shape in args.shapes.split(","):
         N, K = map(int, shape.split("x"))
         w = torch.randn(N, K, device=dev, dtype=torch.bfloat16)
         x = torch.randn(1, K, device=dev, dtype=torch.bfloat16)
         res = [(bench(lambda: F.linear(x, w)), "cublas")]
-        for cfg in itertools.product((1, 2, 4, 8), (256, 512, 1024, 2048), (1, 2, 4, 8)):
-            if cfg[0] * cfg[1] // (32 * cfg[2]) < 4:  # under 4 elements per thread
-                continue
-            res.append((bench(lambda: gemv(x, w, GemvConfig(*cfg))), cfg))
+        for cfg in configs:
+            res.append((bench(lambda: gemv(x, w, cfg)), str(cfg)))
         res.sort(key=lambda r: r[0])
         print(f"gemv {shape} ({N * K * 2 / 1e6:.1f} MB): fastest (us, config):",
               [(round(t, 1), c) for t, c in res[:5]], "cublas:", [round(t, 1) for t, c in res if c == "cublas"],
+              f"CONFIG {CONFIG}:", [round(t, 1) for t, c in res if c == str(CONFIG)],
               f"-> {N * K * 2 / res[0][0] / 1e3:.0f} GB/s")
 
 

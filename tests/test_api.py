@@ -13,10 +13,10 @@ import torch
 
 import rlt
 from rlt import EngineDeadError, RequestError, SamplingParams
-from rlt.config import ModelConfig
+from rlt.config import EngineConfig, Faults, ModelConfig
 from rlt.control.validation import resolve_params
 from rlt.models.loader import load_model
-from rlt.workers.engine import EngineConfig, LoopEngine
+from rlt.workers.engine import LoopEngine
 
 FAST = dict(heartbeat_interval=0.2, heartbeat_timeout=3.0, startup_timeout=60.0)
 
@@ -288,7 +288,7 @@ async def test_launch_rejects_bad_options_before_spawning(checkpoints):
     for kwargs, msg in [(dict(topology="1p0d"), "topology .1p0d."), (dict(topology="pd"), "topology .pd."), (dict(dtype="int8"), "dtype 'int8'"),
                         (dict(device="tpu"), "device 'tpu'"), (dict(bogus=1), "unknown option 'bogus'"),
                         (dict(block_size=0), "block_size must be"), (dict(kv_layout="x"), "kv_layout 'x'"),
-                        (dict(steady_decode="yes"), "steady_decode must be True or False, got 'yes'"),
+                        (dict(steady_decode=True), "steady_decode True is not supported .adaptive, always, never."),
                         (dict(topology="1p1d", max_local_prefill_length=-1),
                          "max_local_prefill_length must be an integer >= 0, got -1"),
                         (dict(max_prefill_queue_size=2), "max_prefill_queue_size applies to prefill/decode "
@@ -303,10 +303,22 @@ async def test_launch_rejects_bad_options_before_spawning(checkpoints):
     assert set(children()) == before
 
 
-async def test_stuck_main_loop_is_detected(checkpoints, monkeypatch):
+def test_pd_without_nixl_names_the_extra(checkpoints, monkeypatch):
+    """A single-engine install has no NIXL: asking for a PD topology says which extra to install
+    (find_spec faked to report NIXL missing); single needs no NIXL."""
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "nixl" else real(name, *a))
+    with pytest.raises(ValueError, match=r"topology '1p1d' moves KV between workers over NIXL, which is not "
+                                         r"installed: pip install 'rlt\[pd\]'"):
+        rlt.Engine.launch(checkpoints["ouro"], topology="1p1d")
+    rlt.Engine.launch(checkpoints["ouro"])  # (not awaited: nothing is spawned)
+
+
+async def test_stuck_main_loop_is_detected(checkpoints):
     """A worker whose heartbeat thread still beats but whose main loop hangs with work is killed."""
-    monkeypatch.setenv("RLT_FAULT_STALL_FIRST_TOKEN", "77")
-    async with rlt.Engine.launch(checkpoints["ouro"], **FAST) as engine:
+    async with rlt.Engine.launch(checkpoints["ouro"], faults=Faults(stall_first_token=77), **FAST) as engine:
         pid = engine.stats()["workers"][0]["pid"]
         t0 = time.monotonic()
         with pytest.raises(EngineDeadError, match="main loop stuck"):
@@ -323,7 +335,7 @@ async def test_replicas_topology_spreads_requests_and_matches_single(checkpoints
     async with rlt.Engine.launch(checkpoints["ouro"], topology="2x", **FAST) as engine:
         assert [w["role"] for w in engine.stats()["workers"]] == ["unified", "unified"]
         streams = [engine.generate(p, sp, rid) for rid, (p, sp) in reqs.items()]
-        used = {engine._live[rid].decode.worker.pid for rid in reqs}
+        used = {engine._lifecycle.live[rid].decode.worker.pid for rid in reqs}
         finals = []
         for s in streams:
             async for out in s:
@@ -336,18 +348,14 @@ async def test_replicas_topology_spreads_requests_and_matches_single(checkpoints
 
 
 async def test_serving_benchmark_metrics(checkpoints):
-    import sys as _sys
-
-    _sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "scripts"))
-    import bench_serving
+    """The serving benchmark's measurement: every arrival of the Poisson draw completes, vLLM's
+    metrics agree with each other and with the per-request records."""
+    from rlt.bench.serving import one_rate, warm_up
 
     async with rlt.Engine.launch(checkpoints["nanbeige"], **FAST) as engine:
-        await bench_serving.warm_up(engine, [8, 40], 6)
-        row = await bench_serving.one_rate(engine, rate=8.0, duration=2.0, prompt_lens=[8, 40], output_len=6,
-                                           seed=3)
-    import random as _random
-
-    rng, t, n = _random.Random(3), 0.0, 0
+        await warm_up(engine, [8, 40], 6)
+        row = await one_rate(engine, rate=8.0, duration=2.0, prompt_lens=[8, 40], output_len=6, seed=3)
+    rng, t, n = random.Random(3), 0.0, 0
     while True:  # the same Poisson draw: every arrival completed
         t += rng.expovariate(8.0)
         if t > 2.0:
@@ -360,52 +368,27 @@ async def test_serving_benchmark_metrics(checkpoints):
     assert n < 50 and max(r[1] for r in row["requests"]) == pytest.approx(row["p99_ttft_ms"], abs=0.02)
 
 
-def test_p4_verdict_and_capacity():
-    """compare_serving checks P4 only up to the replicas' capacity, rate by rate, against each limit."""
-    import sys as _sys
+def test_saturation_heuristic():
+    """The serving sweep stops after the first rate past capacity: the run took over 10 % longer
+    than the draw's own arrival span plus one median E2EL, or some prompt length's TTFT queue grew."""
+    from rlt.bench.serving import saturated
 
-    _sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "scripts"))
-    import bench_serving
-    import compare_serving
+    def row(req_s, arrivals_s, requests=()):
+        return {"completed": 100, "request_throughput_req_s": req_s, "arrival_rate_req_s": arrivals_s,
+                "median_e2el_ms": 400.0, "requests": list(requests)}
 
-    def row(rate, tput, ttft, tpot, req_s, arrivals_s=None):
-        r = {"rate": rate, "completed": 100, "output_throughput_tok_s": tput, "p95_ttft_ms": ttft,
-             "p95_tpot_ms": tpot, "request_throughput_req_s": req_s, "arrival_rate_req_s": arrivals_s or rate,
-             "median_e2el_ms": 400.0}
-        r["saturated"] = bench_serving.saturated(r)
-        return r
+    assert not saturated(row(0.97, 1))  # keeps up
+    assert saturated(row(1.3, 2))  # 100 / 1.3 s > (99 / 2 + 0.4) / 0.9
+    assert not saturated(row(0.417, 0.43)) and saturated(row(0.30, 0.43))  # against the draw's own rate
+    assert saturated({"completed": 1})  # too few completions to tell
 
-    reps = [row(0.5, 100, 200, 20, 0.49), row(1, 200, 220, 22, 0.97), row(2, 260, 900, 40, 1.3)]
-    assert [r["saturated"] for r in reps] == [False, False, True]  # 100 / 1.3 s > (99 / 2 + 0.4) / 0.9
-    # saturation is judged against the draw's own arrival rate: 23 arrivals in 60 s at a nominal 0.5/s
-    assert not row(0.5, 100, 200, 20, 0.417, 0.43)["saturated"]
-    assert row(0.5, 100, 200, 20, 0.30, 0.43)["saturated"]
-    # a queue that grew, though the run's length passes: the last quarter's TTFT 2x and 250 ms over the first's
-    def with_ttfts(first, last):
-        return row(1, 200, 220, 22, 0.97) | {"requests": [[128, first, 5.0]] * 25 + [[128, 100.0, 5.0]] * 50
-                                             + [[128, last, 5.0]] * 25}
+    def queue(first, last):
+        return row(0.97, 1, [[128, first, 5.0]] * 25 + [[128, 100.0, 5.0]] * 50 + [[128, last, 5.0]] * 25)
 
-    assert bench_serving.saturated(with_ttfts(200.0, 1000.0))
-    assert not bench_serving.saturated(with_ttfts(200.0, 399.0))  # under twice
-    assert not bench_serving.saturated(with_ttfts(20.0, 260.0))  # under 250 ms more
-    # alternating prompt lengths with steady TTFTs are no queue, whatever mix the quarters hold
-    for n in (12, 13, 14, 22, 38, 40):
-        steady = row(1, 200, 220, 22, 0.97) | {"requests": [[(128, 4096)[i % 2], (50.0, 310.0)[i % 2], 5.0]
-                                                            for i in range(n)]}
-        assert not bench_serving.saturated(steady), n
+    assert saturated(queue(200.0, 1000.0))
+    assert not saturated(queue(200.0, 399.0))  # under twice
+    assert not saturated(queue(20.0, 260.0))  # under 250 ms more
+    # per prompt length: alternating lengths with steady TTFTs are no queue, the long prompts' growing one is
+    assert not saturated(row(0.97, 1, [[(128, 4096)[i % 2], (50.0, 310.0)[i % 2], 5.0] for i in range(13)]))
     grew = [[(128, 4096)[i % 2], (50.0, 310.0)[i % 2] + (400.0 if i >= 30 and i % 2 else 0.0), 5.0] for i in range(40)]
-    assert bench_serving.saturated(row(1, 200, 220, 22, 0.97) | {"requests": grew})  # the long prompts' queue
-    pd = [row(0.5, 98, 230, 9, 0.49), row(1, 190, 230, 10, 0.95), row(2, 100, 9000, 5, 0.5)]
-    got = compare_serving.compare(pd, reps)
-    assert [r["rate"] for r in got] == [0.5, 1]  # rate 2 is past the replicas' capacity
-    assert [r["ok"] for r in got] == [True, False]  # 190/200 = 0.95 < 0.97
-    assert got[0] == {"rate": 0.5, "throughput": 0.98, "ttft": 1.15, "tpot": 0.45, "ok": True}
-    pd[1]["output_throughput_tok_s"] = 196
-    assert all(r["ok"] for r in compare_serving.compare(pd, reps))
-    pd[0]["p95_tpot_ms"] = 11  # 11 / 20 > 0.5
-    assert not compare_serving.compare(pd, reps)[0]["ok"]
-    # 1P1D's sweep stopped before a rate the replicas sustained: that rate fails
-    got = compare_serving.compare(pd[:1], reps)
-    assert [(r["rate"], r["ok"]) for r in got] == [(0.5, False), (1, False)] and got[1]["throughput"] is None
-    got = compare_serving.compare([pd[0], {"rate": 1, "completed": 0}], reps)  # a rate with nothing completed
-    assert [(r["rate"], r["ok"]) for r in got] == [(0.5, False), (1, False)] and got[1]["throughput"] is None
+    assert saturated(row(0.97, 1, grew))

@@ -10,7 +10,8 @@ from rlt.control.validation import resolve_params
 from rlt.kernels.random import truncated_normal
 from rlt.models.loader import load_model
 from rlt.sampling_params import SamplingParams
-from rlt.workers.engine import EngineConfig, LoopEngine
+from rlt.config import EngineConfig
+from rlt.workers.engine import LoopEngine
 
 HUGINN = {"mean_recurrence": 6}  # like-init state, a few steps: keeps CPU tests fast
 PROMPTS = [[5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17], [3, 4], [100, 200, 300, 400, 500, 6, 7]]
@@ -247,14 +248,14 @@ def test_steady_decode_equals_the_regular_path(checkpoints, family, layout, fixe
     mc, new_engine = make(checkpoints[family], family, layout)
     params = [msgspec.structs.replace(p, exit_threshold=None, min_loops=None) if fixed else p
               for p in mixed_params(family)]
-    toks = [o[0] for o in run(new_engine(steady_decode=False), mc, {"s": (PROMPTS[1], params[0])})["s"]]
+    toks = [o[0] for o in run(new_engine(steady_decode="never"), mc, {"s": (PROMPTS[1], params[0])})["s"]]
     stop = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True, stop_token_ids=[toks[4]], logprobs=1,
                           exit_threshold=0.5 if family == "ouro" else None)
     requests = {str(i): (PROMPTS[i % 3], params[i % 3]) for i in range(5)} | {"s": (PROMPTS[1], stop)}
     arrivals = {"0": 0, "1": 0, "s": 0, "2": 9, "3": 30, "4": 31}
     runs = {}
     for steady in (False, True):
-        engine = new_engine(steady_decode=steady, steady_fixed_depth=fixed)
+        engine = new_engine(steady_decode=("always" if fixed else "adaptive") if steady else "never")
         blocks = engine.num_free_blocks
         runs[steady] = run(engine, mc, requests, arrivals, abort_at=("1", 12))
         assert engine.num_free_blocks == blocks and not engine.has_work()
@@ -271,24 +272,21 @@ def test_steady_decode_equals_the_regular_path(checkpoints, family, layout, fixe
 
 def test_steady_decode_runs_only_when_a_request_can_exit_early(checkpoints):
     """By default steady decode serves stretches where some running request has adaptive exit; at
-    fixed depth everywhere the regular path runs (measured faster there), unless steady_fixed_depth."""
+    fixed depth everywhere the regular path runs (faster there), unless steady_decode="always"."""
     mc, new_engine = make(checkpoints["ouro"], "ouro")
     fixed = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)
     adaptive = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True, exit_threshold=0.5)
     for cfg, params, runs_steady in ((dict(), (fixed, fixed), False), (dict(), (fixed, adaptive), True),
-                                     (dict(steady_fixed_depth=True), (fixed, fixed), True)):
+                                     (dict(steady_decode="always"), (fixed, fixed), True)):
         engine = new_engine(**cfg)
         run(engine, mc, {str(i): (PROMPTS[i], p) for i, p in enumerate(params)})
         assert (engine.steady_steps > 0) == runs_steady, (cfg, params)
 
 
 def test_decode_roofline_arithmetic(checkpoints):
-    """bench.py's decode roofline: core weights once per loop, every row's KV at every loop, the head."""
-    import os
-    import sys
-
-    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "scripts"))
-    import floors
+    """The offline benchmark's decode roofline: core weights once per loop, every row's KV at every
+    loop, the head."""
+    from rlt.bench import floors
 
     mc = ModelConfig.from_pretrained(checkpoints["ouro"])
     model = load_model(mc, torch.float32)
@@ -304,13 +302,9 @@ def test_decode_roofline_arithmetic(checkpoints):
 
 
 def test_profile_splits_busy_time_among_overlapping_kernels():
-    """profile_gpu.py: kernels overlapping under PDL each get only the busy time past the kernels
+    """The GPU profile: kernels overlapping under PDL each get only the busy time past the kernels
     started before them (idle gaps go to no one), labelled by name, grid and previous kernel."""
-    import os
-    import sys
-
-    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "scripts"))
-    import profile_gpu
+    from rlt.bench import profile
 
     def k(name, ts, dur, grid):
         return {"cat": "kernel", "name": name, "ts": ts, "dur": dur, "args": {"grid": grid}}
@@ -322,15 +316,15 @@ def test_profile_splits_busy_time_among_overlapping_kernels():
         k("_decode_kernel", 9.0, 2.0, [1, 16, 32]),  # inside both: adds nothing
         k("_gemv_kernel", 20.0, 5.0, [1024, 1, 1]),  # after an 8 µs idle gap: adds its 5
     ]}
-    kernels = profile_gpu.labelled_kernels(trace)
+    kernels = profile.labelled_kernels(trace)
     assert [label for label, _, _ in kernels] == [
         "_gemv_kernel [1024x1x1] after -", "_rope_kernel [1x48x1] after _gemv_kernel",
         "_decode_kernel [1x16x32] after _rope_kernel", "_gemv_kernel [1024x1x1] after _decode_kernel"]
-    assert profile_gpu.attribute_busy(kernels) == {
+    assert profile.attribute_busy(kernels) == {
         "_gemv_kernel [1024x1x1] after -": 10.0, "_rope_kernel [1x48x1] after _gemv_kernel": 2.0,
         "_decode_kernel [1x16x32] after _rope_kernel": 0.0, "_gemv_kernel [1024x1x1] after _decode_kernel": 5.0}
-    assert profile_gpu.busy_us([(a, b) for _, a, b in kernels]) == 17.0
-    assert profile_gpu.short_name("void at::native::(anonymous namespace)::indexSelect<c10::BFloat16, long>(int)") \
+    assert profile.busy_us([(a, b) for _, a, b in kernels]) == 17.0
+    assert profile.short_name("void at::native::(anonymous namespace)::indexSelect<c10::BFloat16, long>(int)") \
         == "at::native::anon::indexSelect"
-    assert profile_gpu.short_name("std::enable_if<!(false), void>::type internal::gemvx::kernel<int>(int)") \
+    assert profile.short_name("std::enable_if<!(false), void>::type internal::gemvx::kernel<int>(int)") \
         == "internal::gemvx::kernel"

@@ -9,7 +9,8 @@ from rlt.control.validation import resolve_params
 from rlt.kernels.random import truncated_normal
 from rlt.models.loader import load_model
 from rlt.sampling_params import SamplingParams
-from rlt.workers.engine import EngineConfig, LoopEngine
+from rlt.config import EngineConfig
+from rlt.workers.engine import LoopEngine
 
 from dense_kv import DenseKV
 

@@ -9,6 +9,7 @@ import pytest
 
 import rlt
 from rlt import EngineDeadError, SamplingParams
+from rlt.config import Faults
 from rlt.control.lifecycle import Phase
 
 from test_api import all_blocks_free as _all_free
@@ -103,7 +104,7 @@ def launch_pd(checkpoints, topology="1p1d", **kw):
 
 
 def workers(engine, role):
-    return [w for w in engine._workers if w is not None and w.role == role]
+    return [w for w in engine._supervisor.workers if w is not None and w.role == role]
 
 
 async def wait_for(cond, timeout=10.0):
@@ -146,14 +147,14 @@ async def test_cancel_while_reserved(checkpoints):
     async with launch_pd(checkpoints) as engine:
         p = workers(engine, "prefill")[0]
         gate = asyncio.Event()
-        real_send = engine._send
+        real_send = engine._supervisor._send
 
         async def gated_send(w, msg):  # hold every message to the prefill worker, in order
             if w is p:
                 await gate.wait()
             return await real_send(w, msg)
 
-        engine._send = gated_send
+        engine._supervisor._send = gated_send
         stream = engine.generate(list(range(3, 30)), SamplingParams(max_tokens=20), request_id="r")
         await wait_for(lambda: engine.request_phase("r") == Phase.RESERVED)
         assert await engine.abort("r")  # Cancel queues behind Prefill: P prefills nothing for long
@@ -176,15 +177,15 @@ async def test_cancel_while_prefilling(checkpoints):
 async def test_cancel_while_transferring(checkpoints):
     async with launch_pd(checkpoints) as engine:
         held = []
-        real = engine._on_prefill_released
+        real = engine._lifecycle.on_prefill_released
 
-        def hold_transfer_done(gen, p, chunks):
+        def hold_transfer_done(p, gen, chunks):
             if chunks is not None:
-                held.append((gen, p, chunks))  # the decode worker is not activated yet
+                held.append((p, gen, chunks))  # the decode worker is not activated yet
             else:
-                real(gen, p, chunks)
+                real(p, gen, chunks)
 
-        engine._on_prefill_released = hold_transfer_done
+        engine._lifecycle.on_prefill_released = hold_transfer_done
         stream = engine.generate(list(range(3, 30)), SamplingParams(max_tokens=20), request_id="t")
         first = await stream.__anext__()
         assert len(first.token_ids) == 1 and first.exit_depths == [4]  # streamed by the prefill worker
@@ -192,7 +193,7 @@ async def test_cancel_while_transferring(checkpoints):
         assert engine.request_phase("t") == Phase.TRANSFERRING
         assert await engine.abort("t")
         assert (await stream.__anext__()).finish_reason == "abort"
-        engine._on_prefill_released = real
+        engine._lifecycle.on_prefill_released = real
         for args in held:
             real(*args)  # late: a retired generation, ignored
         await freed_then_reusable(engine, "t")
@@ -211,9 +212,8 @@ async def test_cancel_while_decoding(checkpoints):
         await freed_then_reusable(engine, "d")
 
 
-async def test_injected_transfer_fault_fails_only_that_request(checkpoints, monkeypatch):
-    monkeypatch.setenv("RLT_FAULT_TRANSFER_FIRST_TOKEN", "99")
-    async with launch_pd(checkpoints) as engine:
+async def test_injected_transfer_fault_fails_only_that_request(checkpoints):
+    async with launch_pd(checkpoints, faults=Faults(fail_transfer_first_token=99)) as engine:
         async def final(prompt, rid):
             async for out in engine.generate(prompt, SamplingParams(max_tokens=12, temperature=0,
                                                                     ignore_eos=True), request_id=rid):
@@ -248,7 +248,7 @@ async def test_killed_worker_fails_only_its_requests(checkpoints, victim):
             await wait_for(lambda: engine.request_phase("pre") == Phase.PREFILLING)
             target = workers(engine, "prefill")[0]
         else:
-            target = engine._gens[engine._live["dec0"].gen].decode.worker
+            target = engine._lifecycle.live["dec0"].decode.worker
         os.kill(target.pid, signal.SIGKILL)
         await asyncio.wait_for(asyncio.gather(*tasks), 60)
         if victim == "prefill":
@@ -257,17 +257,17 @@ async def test_killed_worker_fails_only_its_requests(checkpoints, victim):
         else:
             assert isinstance(results["dec0"], EngineDeadError) and "decode worker" in str(results["dec0"])
             assert results["dec1"].finish_reason == "length"  # on the other decode worker
-        await wait_for(lambda: all(w is not None and w.ready for w in engine._workers), 60)
+        await wait_for(lambda: all(w is not None and w.ready for w in engine._supervisor.workers), 60)
         await expect_reuse_ok(engine, "dec0")
         await all_free(engine)
 
 
-async def test_fingerprint_mismatch_stops_launch(checkpoints, monkeypatch):
-    monkeypatch.setenv("RLT_FAULT_FINGERPRINT_ROLE", "decode")
+async def test_fingerprint_mismatch_stops_launch(checkpoints):
+    faults = Faults(fingerprint_role="decode")
     with pytest.raises(RuntimeError, match=r"decode worker 0 \(fingerprint \w+\) differs from prefill worker 0"):
-        await launch_pd(checkpoints)
+        await launch_pd(checkpoints, faults=faults)
     with pytest.raises(RuntimeError, match=r"^decode worker 0 \(fingerprint \w+\) differs from prefill worker 0"):
-        await launch_pd(checkpoints, topology="2p1d")  # the odd one out is named
+        await launch_pd(checkpoints, topology="2p1d", faults=faults)  # the odd one out is named
 
 
 def test_cli_topology_1p1d_equals_single(checkpoints):
@@ -310,11 +310,10 @@ def test_launch_1p1d_script(checkpoints):
     assert bad.returncode == 2 and "prefill_worker_chunk must be an integer >= 1, got 0" in bad.stderr
 
 
-async def test_transfer_past_its_deadline_fails_only_that_request(checkpoints, monkeypatch):
+async def test_transfer_past_its_deadline_fails_only_that_request(checkpoints):
     """The writes land but their notifications are lost: the decode worker's deadline fails the
     request with an error, frees its blocks, and the engine keeps serving."""
-    monkeypatch.setenv("RLT_FAULT_LOSE_NOTIF_FIRST_TOKEN", "98")
-    async with launch_pd(checkpoints, transfer_timeout=1.0) as engine:
+    async with launch_pd(checkpoints, transfer_timeout=1.0, faults=Faults(lose_notif_first_token=98)) as engine:
         async def final(prompt, rid):
             async for out in engine.generate(prompt, SamplingParams(max_tokens=8, temperature=0,
                                                                     ignore_eos=True), request_id=rid):

@@ -1,12 +1,10 @@
 """Per-request output collector: one slot + an event (never an unbounded queue).
 
-The worker's tokens are merged into the request's cumulative RequestOutput as they arrive; a slow
-consumer just sees a bigger step next time. An exception (engine death) replaces whatever is
-pending.
+The worker's tokens are merged into the request's cumulative lists as they arrive; a slow consumer
+just sees a bigger step next time. An exception (engine death) replaces whatever is pending.
 """
 
 import asyncio
-import copy
 
 from rlt.outputs import RequestOutput
 
@@ -37,8 +35,14 @@ class Collector:
         self._event.set()
 
     async def get(self) -> RequestOutput:
+        """The next state: the last one is the collector's own, earlier ones are snapshots (shallow
+        copies: the consumer may keep them while the lists grow)."""
         await self._event.wait()
         self._event.clear()
         if self._error is not None:
             raise self._error
-        return copy.deepcopy(self.out) if not self.out.finished else self.out
+        o = self.out
+        if o.finished:
+            return o
+        return RequestOutput(o.request_id, o.prompt_token_ids, list(o.token_ids), list(o.exit_depths), o.text,
+                             logprobs=None if o.logprobs is None else list(o.logprobs))

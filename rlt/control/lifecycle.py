@@ -1,4 +1,4 @@
-"""A request's lifecycle: the one place its states are named.
+"""A request's lifecycle: the one place its states are named and every phase change is made.
 
 single:  WAITING -> DECODING (the unified worker prefills and decodes) -> finished
 PD:      WAITING (decode worker reserving blocks) -> RESERVED (blocks granted, Prefill sent) ->
@@ -11,11 +11,19 @@ PD, prefilled locally (conditional disaggregation: a short prompt, or a busy pre
 A request leaves the user's view (its id reusable) at once on finish, abort or failure; its
 resources are released in writer-before-reader order: a decode worker's reserved blocks are freed
 only after the prefill worker confirmed that no write into them is in flight (TransferDone,
-Drained, or its death).
+Drained, or its death). Credits (blocks and slots assigned to a worker) return exactly once.
 """
 
 import enum
-from dataclasses import dataclass, field
+import itertools
+from dataclasses import dataclass
+from typing import Callable
+
+from rlt import protocol as pr
+from rlt.control.collector import Collector
+from rlt.control.worker_proc import WorkerProc
+from rlt.errors import EngineDeadError
+from rlt.sampling_params import ResolvedParams
 
 
 class Phase(enum.Enum):
@@ -27,26 +35,10 @@ class Phase(enum.Enum):
 
 
 @dataclass
-class Credits:
-    """What the coordinator has assigned to a worker and not yet seen released."""
-
-    blocks: int = 0
-    slots: int = 0
-
-    def take(self, blocks: int) -> None:
-        self.blocks += blocks
-        self.slots += 1
-
-    def give(self, blocks: int) -> None:
-        self.blocks -= blocks
-        self.slots -= 1
-
-
-@dataclass
 class Holding:
     """Credits one request holds on one worker; released exactly once."""
 
-    worker: object
+    worker: WorkerProc
     blocks: int
     released: bool = False
 
@@ -60,13 +52,176 @@ class Holding:
 class Request:
     request_id: str
     gen: int
-    collector: object
+    collector: Collector
     prompt: list[int]
-    params: object
+    params: ResolvedParams
     priority: int
+    decode: Holding  # the unified or decode worker
+    prefill: Holding | None = None  # PD, prefilled on a prefill worker
     phase: Phase = Phase.WAITING
     retired: bool = False  # gone from the user's view; resources may still be returning
     first_token: int | None = None
-    decode: Holding | None = None  # the unified or decode worker
-    prefill: Holding | None = None
-    timings: dict = field(default_factory=dict)
+
+    @property
+    def writer_done(self) -> bool:
+        """No prefill worker can still write into the decode worker's blocks."""
+        return self.prefill is None or self.prefill.released
+
+
+class Lifecycle:
+    """Every live request, by user id and by generation, and the transitions between phases.
+    `post(worker, msg)` queues a message for a worker (in order, without waiting)."""
+
+    def __init__(self, post: Callable[[WorkerProc, object], None]):
+        self.post = post
+        self.live: dict[str, Request] = {}  # user-visible requests, by request id
+        self.gens: dict[int, Request] = {}  # every request still holding resources, by generation
+        self._gen_ids = itertools.count(1)
+        self.local_prefills = 0  # PD requests the decode worker prefilled itself
+        self.kv_chunks = 0  # PD KV writes handed off (one per prompt chunk on a prefill worker)
+
+    # ---- admission ----------------------------------------------------------------------------------
+    def admit(self, request_id: str, prompt: list[int], params: ResolvedParams, priority: int, collector: Collector,
+              decode: WorkerProc, decode_blocks: int, prefill: WorkerProc | None, prefill_blocks: int) -> Request:
+        """Take the credits and tell the workers: Add (single, or prefilled locally) or Reserve (PD)."""
+        gen = next(self._gen_ids)
+        r = Request(request_id, gen, collector, prompt, params, priority, decode=Holding(decode, decode_blocks))
+        decode.credits.take(decode_blocks)
+        self.live[request_id] = r
+        self.gens[gen] = r
+        if prefill is None:
+            r.phase = Phase.DECODING
+            self.post(decode, pr.Add(gen=gen, prompt=prompt, params=params, priority=priority))
+        else:
+            r.prefill = Holding(prefill, prefill_blocks)
+            prefill.credits.take(prefill_blocks)
+            self.post(decode, pr.Reserve(gen, len(prompt) + params.max_tokens))
+        return r
+
+    def prefilled_locally(self) -> None:
+        self.local_prefills += 1
+
+    # ---- leaving ------------------------------------------------------------------------------------
+    def _retire(self, r: Request) -> None:
+        """Gone from the user's view: the id may be reused at once; late outputs are dropped."""
+        r.retired = True
+        if self.live.get(r.request_id) is r:
+            del self.live[r.request_id]
+
+    def _forget(self, r: Request) -> None:
+        self._retire(r)
+        self.gens.pop(r.gen, None)
+
+    def _release_decode(self, r: Request) -> None:
+        """Free the decode (or unified) worker's side: only once no write into it can land."""
+        if not r.decode.released:
+            r.decode.release()
+            self.post(r.decode.worker, pr.Abort([r.gen]))
+        if r.writer_done:
+            self._forget(r)
+
+    def _stop_writer(self, r: Request) -> None:
+        """The decode side is gone: the prefill worker drains (Drained finishes the cleanup)."""
+        if r.writer_done:
+            self._forget(r)
+        else:
+            self.post(r.prefill.worker, pr.Cancel(r.gen))
+
+    def cancel(self, r: Request) -> None:
+        """User abort / cancellation, at whatever phase the request is in."""
+        self._retire(r)
+        r.collector.finish("abort")
+        if r.writer_done:  # single, or PD after the handoff
+            self._release_decode(r)
+        elif r.phase == Phase.WAITING:  # P not told yet: D drops a queued or granted reservation
+            r.prefill.release()
+            self._release_decode(r)
+        else:  # P may be writing into D's blocks: P drains first, D is freed on Drained/TransferDone
+            self.post(r.prefill.worker, pr.Cancel(r.gen))
+
+    # ---- worker events ------------------------------------------------------------------------------
+    def on_started(self, gens: list[int]) -> None:
+        for gen in gens:
+            r = self.gens.get(gen)
+            if r is not None and r.phase == Phase.RESERVED:
+                r.phase = Phase.PREFILLING
+
+    def on_token(self, w: WorkerProc, t: pr.Token) -> None:
+        r = self.gens.get(t.gen)
+        if r is None or r.retired:
+            return  # a retired generation: drop
+        if r.prefill is not None and w is r.prefill.worker:  # the first token, from the prefill worker
+            r.first_token = t.token
+            r.phase = Phase.TRANSFERRING
+        r.collector.push(t.token, t.depth, t.logprobs, t.finish)
+        if t.finish is not None:
+            self._retire(r)
+            if w is r.decode.worker:  # the decode side finished and freed its blocks itself
+                r.decode.release()
+                if r.writer_done:
+                    self._forget(r)
+            # finished on the prefill worker's first token: the decode side is freed after TransferDone
+
+    def on_reserved(self, d: WorkerProc, msg: pr.Reserved) -> None:
+        r = self.gens.get(msg.gen)
+        if r is None or r.retired or r.decode.worker is not d:
+            self.post(d, pr.Abort([msg.gen]))  # aborted while reserving: no writer was ever told
+            if r is not None and r.decode.worker is d:
+                r.decode.release()
+                self._forget(r)
+            return
+        r.phase = Phase.RESERVED
+        self.post(r.prefill.worker, pr.Prefill(gen=r.gen, prompt=r.prompt, params=r.params, priority=r.priority,
+                                               dst_agent=d.ready.transport.agent_name, dst_tables=msg.tables))
+
+    def on_prefill_released(self, p: WorkerProc, gen: int, chunks: int | None) -> None:
+        """TransferDone (`chunks` written, P's blocks free) or Drained (cancelled, nothing in flight)."""
+        r = self.gens.get(gen)
+        if r is None or r.prefill is None or r.prefill.worker is not p:
+            return
+        r.prefill.release()
+        if chunks is not None:
+            self.kv_chunks += chunks
+        if chunks is not None and not r.retired:
+            r.phase = Phase.DECODING
+            self.post(r.decode.worker, pr.Activate(gen=gen, prompt=r.prompt, params=r.params, priority=r.priority,
+                                                   first_token=r.first_token, chunks=chunks))
+        else:
+            self._release_decode(r)
+
+    def on_failed(self, w: WorkerProc, msg: pr.Failed) -> None:
+        r = self.gens.get(msg.gen)
+        if r is None:
+            return
+        if not r.retired:
+            r.collector.finish("error", msg.error)
+            self._retire(r)
+        if r.prefill is not None and w is r.prefill.worker:  # P drained and freed before reporting
+            r.prefill.release()
+            self._release_decode(r)
+        elif w is r.decode.worker:  # D freed its side before reporting
+            r.decode.release()
+            self._stop_writer(r)
+
+    def on_worker_dead(self, w: WorkerProc, err: EngineDeadError) -> None:
+        """Fail the requests the dead worker held; free what the others hold for them."""
+        for r in list(self.gens.values()):
+            on_p = r.prefill is not None and r.prefill.worker is w and not r.prefill.released
+            on_d = r.decode.worker is w and not r.decode.released
+            if not (on_p or on_d):
+                continue
+            if not r.retired:
+                r.collector.fail(err)
+                self._retire(r)
+            if on_p:  # a dead writer writes nothing more: the decode side can be freed
+                r.prefill.release()
+                self._release_decode(r)
+            if on_d:
+                r.decode.release()
+                self._stop_writer(r)
+
+    def fail_all(self, err: EngineDeadError) -> None:
+        for r in list(self.live.values()):
+            r.collector.fail(err)
+        self.live.clear()
+        self.gens.clear()

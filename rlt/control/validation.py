@@ -3,28 +3,9 @@
 import math
 import secrets
 
-import msgspec
-
 from rlt.config import ModelConfig
 from rlt.errors import RequestError
-from rlt.sampling_params import SamplingParams
-
-
-class ResolvedParams(msgspec.Struct, frozen=True, kw_only=True):
-    """SamplingParams with every default filled in; what a worker runs (and what travels to it)."""
-
-    max_tokens: int
-    temperature: float
-    top_k: int  # 0 = off
-    top_p: float
-    sampling_seed: int  # a random one when the request gave none
-    state_seed: int  # Huginn's initial latent: the request's seed, else 0 (deterministic by default)
-    min_loops: int
-    max_loops: int
-    exit_threshold: float  # >= 1.0 means fixed depth (max_loops); gate-less families never exit early
-    stop_token_ids: tuple[int, ...]
-    ignore_eos: bool
-    logprobs: int  # 0 = none
+from rlt.sampling_params import ResolvedParams, SamplingParams
 
 
 def _int(name, v, lo=None, hi=None, lo_text=None, hi_text=None):

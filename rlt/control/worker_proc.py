@@ -5,38 +5,52 @@ import os
 import signal
 import sys
 import time
+from dataclasses import dataclass
 
-from rlt.control import from_worker as fw
-from rlt.control.lifecycle import Credits
+from rlt import protocol as pr
 from rlt.errors import EngineDeadError
 
 
+@dataclass
+class Credits:
+    """What the coordinator has assigned to a worker and not yet seen released."""
+
+    blocks: int = 0
+    slots: int = 0
+
+    def take(self, blocks: int) -> None:
+        self.blocks += blocks
+        self.slots += 1
+
+    def give(self, blocks: int) -> None:
+        self.blocks -= blocks
+        self.slots -= 1
+
+
 class WorkerProc:
-    def __init__(self, index: int, role: str, incarnation: int, addr: str, log_dir: str):
-        self.index, self.role, self.incarnation = index, role, incarnation
+    def __init__(self, slot: int, index: int, role: str, device: str, incarnation: int, addr: str, log_dir: str):
+        self.slot, self.index, self.role, self.device, self.incarnation = slot, index, role, device, incarnation
         self.identity = f"{role}{index}.{incarnation}"
         self.addr = addr
         self.log_path = os.path.join(log_dir, f"{self.identity}.log")
         self.proc: asyncio.subprocess.Process | None = None
         self.pid: int | None = None
-        self.ready: fw.Ready | None = None
-        self.stats = fw.Stats(0, 0, 0)
+        self.ready: pr.Ready | None = None
+        self.stats = pr.Stats(0, 0, 0)
         self.last_seen = time.monotonic()
         self.fatal: str | None = None  # the worker's own error text, if it sent one
         self.progress, self.progress_at, self.busy = -1, time.monotonic(), False
         self.credits = Credits()
         self.outbox: asyncio.Queue = asyncio.Queue()
         self.sender: asyncio.Task | None = None
-        self.slot, self.device = 0, "cpu"
         self.ready_future = asyncio.get_running_loop().create_future()
 
     async def spawn(self, handshake_timeout: float) -> None:
         self._log = open(self.log_path, "wb")
         self.proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "rlt.workers.worker_main", "--addr", self.addr, "--identity", self.identity,
-            "--handshake-timeout", str(handshake_timeout),
-            stdin=asyncio.subprocess.DEVNULL, stdout=self._log, stderr=self._log,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+            sys.executable, "-u", "-m", "rlt.workers.worker_main", "--addr", self.addr, "--identity",
+            self.identity, "--handshake-timeout", str(handshake_timeout),
+            stdin=asyncio.subprocess.DEVNULL, stdout=self._log, stderr=self._log)
         self.pid = self.proc.pid
 
     def error_text(self) -> str:
@@ -56,7 +70,7 @@ class WorkerProc:
     def dead_error(self, why: str) -> EngineDeadError:
         return EngineDeadError(f"{self.role} worker {self.index} (pid {self.pid}) {why}: {self.error_text()}")
 
-    async def wait_ready(self, timeout: float) -> fw.Ready:
+    async def wait_ready(self, timeout: float) -> pr.Ready:
         """HELLO and READY within the deadline, watching the process: a crash during start-up
         surfaces with the worker's own error."""
         exited = asyncio.ensure_future(self.proc.wait())

@@ -2,19 +2,16 @@
 
 One program per (row, KV head, key slice) serves every query head of its GQA group, so each K/V
 block is read once per row, not once per query head: the group's heads are the rows of a
-tensor-core tile (padded to 16; MHA uses one of them; a vector product on CUDA cores measured
-slower on an H200). Small passes split the keys (flash-decoding) into slices that fill the GPU; the
-last slice of a (row, KV head) to finish merges all of them (a counter per (row, KV head), reset by
-that slice), so no second launch is needed; slices past a row's keys exit at once, before the PDL
-wait, and the merge counts only the working ones. (RoPE and the new K/V store inside this launch
-measured 1.6 % slower at concurrency 1 than a launch of their own, 7fe33a4; reading a slice's
-second key tile before the PDL wait too, 13 % slower: 168 registers with spills, 554c5d3.)
-Tested against rlt/kernels/paged_attention.py's reference (the general Triton kernel keeps prompt
-chunks and batch-invariant mode).
+tensor-core tile (padded to 16; MHA uses one of them). Small passes split the keys
+(flash-decoding) into slices that fill the GPU; the last slice of a (row, KV head) to finish
+merges all of them (a counter per (row, KV head), reset by that slice), so no second launch is
+needed; slices past a row's keys exit at once, before the PDL wait, and the merge counts only the
+working ones. RoPE and the new K/V store run in the launch before (rlt/kernels/rope.py); fused
+here they made the pass slower. Tested against rlt/kernels/paged_attention.py's
+reference (the general Triton kernel keeps prompt chunks and batch-invariant mode).
 """
 
 import functools
-import os
 
 import torch
 import triton
@@ -23,40 +20,9 @@ import triton.language as tl
 from rlt.kernels import pdl
 from rlt.kernels.paged_attention_triton import kv_tile, softmax_step
 
-BLOCK_N = 64  # key tile of unsplit passes (measured at conc 128)
-SPLIT_BLOCK_N = 32  # split passes: tune_decode.py on an H200, 32-key tiles x 32 slices beat 64 x 16 at 1K
+BLOCK_N = 64  # key tile of unsplit passes
+SPLIT_BLOCK_N = 32  # key tile of split passes: short slices (scripts/tune_decode.py picks it)
 MAX_SPLITS = 32
-
-
-def _splits_from_env() -> int | None:
-    """RLT_DECODE_SPLITS=N: every split pass takes N key slices instead of plan_splits' choice (engine
-    A/B measurements). At 1K context the default 32 beat 8, 16, 64 and one 32-key tile per slice
-    (Ouro-1.4B, conc 1, H200; docs/benchmarks.md, session 6), and 64-key tiles lost too."""
-    text = os.environ.get("RLT_DECODE_SPLITS", "").strip()
-    if not text:
-        return None
-    if not text.isdigit() or not 1 <= int(text) <= 256 or int(text) & (int(text) - 1):
-        raise ValueError(f"RLT_DECODE_SPLITS must be a power of two from 1 to 256, got {text!r}")
-    return int(text)
-
-
-FORCED_SPLITS = _splits_from_env()
-
-
-def _maxnreg_from_env() -> int | None:
-    """RLT_DECODE_MAXNREG=N caps split passes at N registers per thread (ptxas spills the rest; A/B
-    until measured). Why: at 1K context a slice of one 32-key tile (RLT_DECODE_SPLITS=64) makes 544
-    working programs for Ouro at conc 1, one wave only at five per SM, i.e. <= 96 registers
-    (ptxas: 104 uncapped; 96 with 28 bytes spilled)."""
-    text = os.environ.get("RLT_DECODE_MAXNREG", "").strip()
-    if not text:
-        return None
-    if not text.isdigit() or not 32 <= int(text) <= 255:
-        raise ValueError(f"RLT_DECODE_MAXNREG must be an integer from 32 to 255, got {text!r}")
-    return int(text)
-
-
-MAXNREG = _maxnreg_from_env()
 _COUNTERS = 4096  # (row, KV head) pairs of a split pass: splits only happen below one per SM
 
 
@@ -73,11 +39,11 @@ def num_sms(device: torch.device) -> int:
 
 def plan_splits(rows: int, kv_heads: int, device: torch.device) -> int:
     """Key slices per (row, KV head) when the pass has fewer (row, KV head) programs than SMs (1
-    otherwise): a power of two giving two to four programs per SM, or RLT_DECODE_SPLITS."""
+    otherwise): a power of two giving two to four programs per SM, at most MAX_SPLITS."""
     programs, sms = rows * kv_heads, num_sms(device)
     if programs >= sms:
         return 1
-    return FORCED_SPLITS or min(MAX_SPLITS, 1 << (2 * sms // programs).bit_length())
+    return min(MAX_SPLITS, 1 << (2 * sms // programs).bit_length())
 
 
 @triton.jit
@@ -175,7 +141,7 @@ def decode_attention(cache: torch.Tensor, layer: int, q: torch.Tensor, block_tab
     """q [R, H, D] (last dim contiguous, rotated): one query row per segment at positions [R], row r's
     keys (its own K/V already stored) in block_table[r]; cache [blocks, layers, 2, block_size, Hkv, D]
     -> [R, H, D]. splits: key slices per (row, KV head); None: plan_splits. block_n (None: by
-    splits), num_warps and maxnreg (split passes; None: MAXNREG) are for tuning."""
+    splits), num_warps and maxnreg (a register cap for split passes; None: none) are for tuning."""
     R, H, D = q.shape
     Hkv = cache.shape[4]
     group = H // Hkv
@@ -196,7 +162,7 @@ def decode_attention(cache: torch.Tensor, layer: int, q: torch.Tensor, block_tab
                cache.stride(1), cache.stride(2), cache.stride(3), cache.stride(4), block_table.stride(0),
                H=H, GROUP=group, G_PAD=g_pad, BLOCK_SIZE=block_size, HEAD_DIM=D, D_PAD=d_pad, BLOCK_N=block_n,
                SPLITS=splits, IEEE=q.dtype == torch.float32, num_warps=num_warps, like=q,
-               **_register_cap(maxnreg or MAXNREG, splits, q))
+               **_register_cap(maxnreg, splits, q))
     return out
 
 

@@ -1,23 +1,17 @@
 """One-row GEMM (GEMV) in Triton, for decode passes of one row: y = x @ w.T with x [1, K].
 
 Such a pass reads every weight once and does little else, so its speed is these products' share
-of HBM bandwidth. cuBLAS does not serve every shape well at M = 1 (it ran Ouro's 2048 x 2048
-projection split-K at a fraction of the bandwidth), so one-row products on CUDA all come here.
+of HBM bandwidth. cuBLAS does not serve every shape well at M = 1 (some it runs split-K at a
+fraction of the bandwidth), so one-row products on CUDA all come here.
 
-The GEMV can also finish what follows it instead of a separate launch (an epilogue): SwiGLU, each
+The GEMV also finishes what follows it instead of a separate launch (an epilogue): SwiGLU, each
 program computing the same rows of the gate and the up projection ([gate; up] weight); or the
 residual add and RMSNorm after a projection, done by the last program to finish (an arrival
 counter, as the split decode attention merges its slices), which in Ouro's last layer also takes
-the exit gate's dot product (ec021b2: 214.5 tok/s against 210.9 in launches of its own). On by
-default (Ouro-1.4B at concurrency 1, H200, 7fe33a4: 211.1 tok/s against 207.4 without, two runs
-each); RLT_FUSED_GEMV=0 turns it off.
-Measured slower and removed: the GEMV computing its *input* row instead (every program re-reading
-and re-reducing the whole row: -11 %), and the [q; k; v] GEMV finishing with RoPE and the K/V store
-(each program taking a RoPE pair of rows: 206.7 tok/s against 211.3, 916f31d).
+the exit gate's dot product. Each saves a launch; a one-row decode pass is hundreds of short ones.
 """
 
 import functools
-import os
 from dataclasses import dataclass
 
 import torch
@@ -40,42 +34,14 @@ class GemvConfig:
         return f"{self.rows}x{self.k}/{self.warps}w"
 
 
-# Few wide loads per program keep many bytes in flight. CONFIGS is the set the kernel is tested
-# and tuned over (scripts/tune_decode.py). The engine uses CONFIG for every shape: picking per shape
-# by isolated timings (L2 flushed, interleaved rounds) gave unstable picks, some on cuBLAS, and a
-# slower engine (Ouro-1.4B, conc 1, H200, b0fe606: 181.5 tok/s picked against 206.5 at CONFIG;
-# docs/benchmarks.md). Configs reading a program's whole K = 2048 slice before the PDL wait ran
-# slower in the engine (7fe33a4: 4x2048/8w 185.1 tok/s, 2x2048/4w 197.2, against 206.9);
-# scripts/gemv_occupancy.py: 2x2048/4w takes 70 registers, seven programs per SM, so the 1024
-# programs of a 2048-row projection spill into a second wave (1.11). Measured no faster and removed
-# (docs/benchmarks.md, session 6): loading the next weight tile one step ahead (214.0 against 214.5
-# tok/s, three runs each), per-row float32 sums instead of a tile accumulator (2x2048/4w: 205.9),
-# and K split among programs of the add + RMSNorm GEMVs, the last one summing (197.1 at two).
-# Session 7 (09d2efc): the K loop software-pipelined through shared memory (cp.async, 2 or 3 stages)
-# gained 0.3-1 % alone and lost 1 % beside the add + RMSNorm tail's loads at once — removed.
+# Few wide loads per program keep many bytes in flight. One config serves every shape: picking per
+# shape by isolated timings gave unstable picks and a slower engine. A program reads only its first
+# 1024-wide K tile before the PDL wait: wider tiles take more registers, fewer programs per SM, and
+# a 2048-row projection no longer fits in one wave (scripts/gemv_occupancy.py).
+CONFIG = GemvConfig(2, 1024, 4)
+# The configs the kernel is tested over and scripts/tune_decode.py times (passed explicitly).
 CONFIGS = tuple(GemvConfig(*c) for c in ((2, 1024, 4), (4, 1024, 4), (2, 2048, 4), (8, 512, 4), (8, 1024, 8),
                                          (16, 256, 4)))
-fused = os.environ.get("RLT_FUSED_GEMV", "1") != "0"
-# Ouro's exit gate in the last layer's down projection epilogue (one-row passes, with fused on);
-# RLT_FUSED_GATE=0: its own launches, for A/B measurements
-fused_gate = os.environ.get("RLT_FUSED_GATE", "1") != "0"
-
-
-def _config_from_env() -> GemvConfig:
-    """RLT_GEMV_CONFIG=4,1024,4 runs another config (A/B measurements); CONFIGS[0] otherwise."""
-    text = os.environ.get("RLT_GEMV_CONFIG")
-    if not text:
-        return CONFIGS[0]
-    parts = text.split(",")
-    if len(parts) != 3 or not all(p.strip().isdigit() and int(p) > 0 for p in parts):
-        raise ValueError(f"RLT_GEMV_CONFIG must be three positive integers 'rows,k,warps', got {text!r}")
-    rows, k, warps = map(int, parts)
-    if rows & (rows - 1) or k & (k - 1) or warps & (warps - 1):
-        raise ValueError(f"RLT_GEMV_CONFIG: rows, k and warps must be powers of two, got {text!r}")
-    return GemvConfig(rows, k, warps)
-
-
-CONFIG = _config_from_env()
 
 PLAIN, SWIGLU, ADD_NORM = range(3)  # epilogues
 _SWIGLU, _ADD_NORM = tl.constexpr(SWIGLU), tl.constexpr(ADD_NORM)  # the same, for kernels
@@ -83,28 +49,15 @@ _SWIGLU, _ADD_NORM = tl.constexpr(SWIGLU), tl.constexpr(ADD_NORM)  # the same, f
 MAX_UNROLLED_TILES = 2
 
 
-def _unroll_from_env() -> frozenset:
-    """The epilogues whose products of at most two K tiles unroll their K loop: the second tile's
-    weights and both x tiles then load in one round trip after the PDL wait, not two (the loop's
-    SASS multiplies the first tile, waiting for its x, before it loads the second). By default the
-    add + RMSNorm ones (Ouro's o projection, K = 2048): 231.7 / 231.2 tok/s against 229.4 / 229.5
-    looped (def582d); RLT_GEMV_UNROLL=1 unrolls [q; k; v] and [gate; up] too (229.6 / 230.0: the
-    SwiGLU's SASS interleaves its loads with the multiply-adds), =0 none. The down projection (six
-    tiles) keeps the loop: unrolled it takes 80 registers, two waves."""
-    text = os.environ.get("RLT_GEMV_UNROLL", "add_norm")
-    choices = {"0": frozenset(), "1": frozenset((PLAIN, SWIGLU, ADD_NORM)), "add_norm": frozenset((ADD_NORM,))}
-    if text not in choices:
-        raise ValueError(f"RLT_GEMV_UNROLL must be 0, 1 or add_norm, got {text!r}")
-    return choices[text]
-
-
-unroll = _unroll_from_env()
-
-
 def unrolled_tiles(K: int, config: GemvConfig, epilogue: int) -> int:
-    """The kernel's K_TILES: K's tiles where this epilogue unrolls them (at most two), else 0."""
+    """The kernel's K_TILES: K's tile count for an ADD_NORM product of at most two tiles (its K loop
+    unrolled), else 0 (a runtime loop). Unrolled, the second tile's weights and both x tiles load in
+    one round trip after the PDL wait; the loop multiplies the first tile, waiting for its x, before
+    it loads the second. Only ADD_NORM gains: the SwiGLU's code interleaves its loads with the
+    multiply-adds anyway, and longer products (the down projection) would take more registers than
+    one wave of programs allows."""
     tiles = triton.cdiv(K, config.k)
-    return tiles if epilogue in unroll and tiles <= MAX_UNROLLED_TILES else 0
+    return tiles if epilogue == ADD_NORM and tiles <= MAX_UNROLLED_TILES else 0
 
 
 @functools.cache
@@ -159,8 +112,8 @@ def _gemv_kernel(x_ptr, w_ptr, y_ptr, N, K, stride_wn, r_ptr, wa_ptr, wo_ptr, ro
         # rlt/kernels/decode_attention.py), then finishes the row as rlt/kernels/norm.py's kernel.
         tl.debug_barrier()
         if tl.atomic_add(count_ptr, 1, sem="acq_rel") == tl.num_programs(0) - 1:
-            # Every load of the tail at once, one L2 round trip: a load placed after a reduction
-            # waits for its barriers (four dependent rounds: 215.3 tok/s against 224.0, 09d2efc).
+            # Every load of the tail at once: one L2 round trip instead of four (a load placed after
+            # a reduction waits for its barriers).
             offs_r = tl.arange(0, ROW)
             r_ok = offs_r < N
             a = tl.load(y_ptr + offs_r, mask=r_ok, other=0.0)
@@ -232,8 +185,3 @@ def _launch(x, w, config: GemvConfig, epilogue, N, residual=None, weight_a=None,
                GATE=exit_gate is not None, ROW=triton.next_power_of_2(N) if epilogue == ADD_NORM else 1,
                K_TILES=unrolled_tiles(K, config, epilogue), num_warps=config.warps, like=x)
     return y, ro, h, gate
-
-
-def choices() -> dict:
-    """The GEMV setup (for benchmark logs)."""
-    return {"config": str(CONFIG), "fused": fused, "fused_gate": fused_gate, "unroll": sorted(unroll)}

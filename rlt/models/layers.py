@@ -1,4 +1,5 @@
-"""Building blocks shared by the three families (plain torch; kernels in rlt/kernels replace them on GPU)."""
+"""Building blocks shared by the three families: the torch reference, and the Triton kernels of
+rlt/kernels where this worker runs them (rlt.kernels.mode)."""
 
 import torch
 import torch.nn.functional as F
@@ -7,23 +8,13 @@ from rlt.kernels import mode
 from rlt.models.base import Rotary
 
 
-def set_batch_invariant(on: bool) -> None:
-    """Set once per worker process (EngineConfig.batch_invariant): on CUDA, GEMMs go through the
-    batch-invariant Triton kernel and attention never splits keys, so a row's result never depends
-    on its batch."""
-    mode.batch_invariant = on
-
-
-def _invariant(x: torch.Tensor) -> bool:
-    return mode.batch_invariant and x.is_cuda
-
-
 def _one_row_gemv(x: torch.Tensor, w: torch.Tensor) -> bool:
-    return x.is_cuda and x.shape[0] == 1 and x.dtype == w.dtype and not mode.batch_invariant
+    """A one-row product on the Triton path takes the GEMV (batch-invariant mode keeps its GEMM)."""
+    return mode.use_triton(x) and x.shape[0] == 1 and x.dtype == w.dtype and not mode.batch_invariant
 
 
 def linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
-    if _invariant(x):
+    if mode.batch_invariant and mode.use_triton(x):
         from rlt.kernels.batch_invariant import linear as bi_linear
 
         y = bi_linear(x, w)
@@ -35,17 +26,9 @@ def linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> t
     return F.linear(x, w, b)
 
 
-def _fused_gemv(x: torch.Tensor, w: torch.Tensor) -> bool:
-    if not _one_row_gemv(x, w):  # first: CPU-only installs have no triton to import
-        return False
-    from rlt.kernels import gemv
-
-    return gemv.fused
-
-
 def linear_swiglu(x: torch.Tensor, gate_up_w: torch.Tensor) -> torch.Tensor:
-    """swiglu(x @ gate_up_w.T) with the fused [gate; up] weight; one launch for a one-row CUDA pass."""
-    if _fused_gemv(x, gate_up_w):
+    """swiglu(x @ gate_up_w.T) with the fused [gate; up] weight; one launch for a one-row pass."""
+    if _one_row_gemv(x, gate_up_w):
         from rlt.kernels.gemv import gemv_swiglu
 
         return gemv_swiglu(x, gate_up_w)
@@ -56,23 +39,20 @@ def linear_add_norm(x: torch.Tensor, w: torch.Tensor, residual: torch.Tensor, we
                     weight_out: torch.Tensor, eps: float,
                     exit_gate: tuple[torch.Tensor, torch.Tensor] | None = None) -> tuple[torch.Tensor, ...]:
     """A projection, then the residual add and the next norm: add_norm(residual, x @ w.T, weight_a,
-    weight_out, eps) -> (residual', h); one launch for a one-row CUDA pass. exit_gate (float32 weight
+    weight_out, eps) -> (residual', h); one launch for a one-row pass. exit_gate (float32 weight
     [1, N], bias [1]; Ouro's last layer): also the gate's logits h.float() @ weight.T + bias [T]."""
-    if _fused_gemv(x, w):
-        from rlt.kernels import gemv
+    if _one_row_gemv(x, w):
+        from rlt.kernels.gemv import gemv_add_norm
 
-        if exit_gate is None or gemv.fused_gate:
-            return gemv.gemv_add_norm(x, w, residual, weight_a, weight_out, eps, exit_gate=exit_gate)
-        out = gemv.gemv_add_norm(x, w, residual, weight_a, weight_out, eps)
-    else:
-        out = add_norm(residual, linear(x, w), weight_a, weight_out, eps)
+        return gemv_add_norm(x, w, residual, weight_a, weight_out, eps, exit_gate=exit_gate)
+    out = add_norm(residual, linear(x, w), weight_a, weight_out, eps)
     return out if exit_gate is None else (*out, linear(out[1].float(), *exit_gate).squeeze(-1))
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """Llama RMSNorm: normalise in float32, cast back, then scale (no +1 offset). On CUDA one Triton
-    launch (also batch-invariant) instead of ~7 torch kernels."""
-    if x.is_cuda:
+    """Llama RMSNorm: normalise in float32, cast back, then scale (no +1 offset). Triton: one launch
+    (also batch-invariant) instead of ~7 torch kernels."""
+    if mode.use_triton(x):
         from rlt.kernels.norm import rms_norm as kernel_rms_norm
 
         return kernel_rms_norm(x, weight, eps)
@@ -84,8 +64,8 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 def add_norm(x: torch.Tensor, a: torch.Tensor, weight_a: torch.Tensor | None, weight_out: torch.Tensor,
              eps: float) -> tuple[torch.Tensor, torch.Tensor]:
     """Residual add, then the next norm: x_new = x + (rms_norm(a, weight_a) if weight_a is given
-    else a); returns (x_new, rms_norm(x_new, weight_out)). On CUDA one launch instead of three."""
-    if x.is_cuda:
+    else a); returns (x_new, rms_norm(x_new, weight_out)). Triton: one launch instead of three."""
+    if mode.use_triton(x):
         from rlt.kernels.norm import add_rms_norm
 
         return add_rms_norm(x, a, weight_a, weight_out, eps)
@@ -99,9 +79,9 @@ def rope_inv_freq(head_dim: int, theta: float) -> torch.Tensor:
 
 def rope(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor,
          pairs: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """RoPE on q [T, H, D] and k [T, Hkv, D]: adjacent pairs (Huginn) or rotate-half. On CUDA in
+    """RoPE on q [T, H, D] and k [T, Hkv, D]: adjacent pairs (Huginn) or rotate-half. Triton: in
     place, one launch for both."""
-    if q.is_cuda:
+    if mode.use_triton(q):
         from rlt.kernels.rope import rope_
 
         return rope_(q, k, positions, inv_freq, pairs)
@@ -131,8 +111,8 @@ def rope_pairs(x: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor)
 
 
 def swiglu(gate_up: torch.Tensor) -> torch.Tensor:
-    """silu(gate) * up from the fused [gate; up] projection output; on CUDA one launch."""
-    if gate_up.is_cuda:
+    """silu(gate) * up from the fused [gate; up] projection output; Triton: one launch."""
+    if mode.use_triton(gate_up):
         from rlt.kernels.activation import silu_mul
 
         return silu_mul(gate_up)

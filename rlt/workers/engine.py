@@ -14,10 +14,10 @@ from dataclasses import dataclass, field
 
 import torch
 
-from rlt.config import ModelConfig
-from rlt.control.validation import ResolvedParams
+from rlt.config import EngineConfig, ModelConfig
 from rlt.errors import RequestError
-from rlt.workers.engine_config import EngineConfig  # noqa: F401 (re-exported: the engine's options)
+from rlt.kernels import mode
+from rlt.sampling_params import ResolvedParams
 from rlt.workers.exit_policy import exits_early
 from rlt.workers.kv_pool import BlockTables, KVPool
 from rlt.workers.runner import Group, Runner, top_dict
@@ -26,7 +26,7 @@ from rlt.workers.steady import SteadyDecode
 
 @dataclass
 class StepOutput:
-    request_id: str
+    request_id: int
     token_id: int
     exit_depth: int
     logprobs: dict[int, float] | None
@@ -35,7 +35,7 @@ class StepOutput:
 
 @dataclass
 class _Seq:
-    request_id: str
+    request_id: int
     prompt: list[int]
     params: ResolvedParams
     order: tuple
@@ -59,27 +59,22 @@ class _Seq:
 class LoopEngine:
     def __init__(self, mc: ModelConfig, model, cfg: EngineConfig, dtype: torch.dtype, device: str = "cpu"):
         self.mc, self.cfg = mc, cfg
-        if cfg.block_size < 1 or cfg.max_num_seqs < 1 or cfg.prefill_chunk < 1:
-            raise ValueError("block_size, max_num_seqs and prefill_chunk must be >= 1")
+        mode.configure(device, cfg.kernels, cfg.batch_invariant)  # this worker's kernel set
         num_blocks = cfg.num_blocks
         if num_blocks is None:
             per_block = mc.kv.block_bytes(cfg.block_size, torch.finfo(dtype).bits // 8)
             num_blocks = max(1, min(65536, cfg.kv_memory_bytes // per_block))
         self.pool = KVPool(mc, cfg.kv_layout, cfg.block_size, num_blocks, dtype, device)
-        if cfg.batch_invariant:
-            from rlt.models.layers import set_batch_invariant
-
-            set_batch_invariant(True)
         self.runner = Runner(mc, model, self.pool, device, cfg.cuda_graph_max_batch)
         self.waiting: list[_Seq] = []
         self.running: list[_Seq] = []
         self._arrival = itertools.count()
-        self._live: dict[str, _Seq] = {}
+        self._live: dict[int, _Seq] = {}
         # Disaggregation: a prefill worker keeps a finished prompt's blocks until their transfer is
         # done (held); a decode worker reserves blocks for a prompt being prefilled elsewhere.
-        self.held: dict[str, BlockTables] = {}
-        self.reserved: dict[str, BlockTables] = {}
-        self.chunk_events: list[tuple[str, int, int]] = []  # (request, start, end) prompt positions final
+        self.held: dict[int, BlockTables] = {}
+        self.reserved: dict[int, BlockTables] = {}
+        self.chunk_events: list[tuple[int, int, int]] = []  # (request, start, end) prompt positions final
         self._in_flight_freed = False  # freed blocks (abort, stop) may still be written by queued kernels
         self._pending: list = []  # callables: read back a launched step's tokens -> outputs
         self._steady: SteadyDecode | None = None
@@ -87,11 +82,11 @@ class LoopEngine:
         self.steady_steps = 0  # passes run in steady decode (observability, tests)
 
     # ---- requests ---------------------------------------------------------------------------
-    def _check_live(self, request_id: str) -> None:
+    def _check_live(self, request_id: int) -> None:
         if request_id in self._live or request_id in self.held or request_id in self.reserved:
             raise RequestError(f"request id {request_id!r} is already live")
 
-    def _check_fits(self, request_id: str, positions: int, prompt_len: int, max_tokens: int) -> None:
+    def _check_fits(self, request_id: int, positions: int, prompt_len: int, max_tokens: int) -> None:
         need = self.pool.blocks_needed(positions)
         if need > self.pool.num_blocks:
             raise RequestError(
@@ -99,7 +94,7 @@ class LoopEngine:
                 f"needs {need} KV blocks ({self.pool.num_core_planes + int(self.pool.has_boundary)} planes of "
                 f"{self.pool.block_size} positions), the pool has {self.pool.num_blocks}")
 
-    def add_request(self, request_id: str, prompt: list[int], params: ResolvedParams, priority: int = 0,
+    def add_request(self, request_id: int, prompt: list[int], params: ResolvedParams, priority: int = 0,
                     prefill_only: bool = False) -> None:
         self._check_live(request_id)
         s = _Seq(request_id, list(prompt), params, (priority, next(self._arrival)), prefill_only=prefill_only)
@@ -108,7 +103,7 @@ class LoopEngine:
         self.waiting.append(s)
         self.waiting.sort(key=lambda q: q.order)
 
-    def reserve(self, request_id: str, positions: int) -> BlockTables | None:
+    def reserve(self, request_id: int, positions: int) -> BlockTables | None:
         """Decode side: blocks for a prompt prefilled elsewhere (None: not enough free blocks now)."""
         self._check_live(request_id)
         self._check_fits(request_id, positions, positions, 0)
@@ -120,7 +115,7 @@ class LoopEngine:
         self.reserved[request_id] = self.pool.allocate(positions)
         return self.reserved[request_id]
 
-    def activate(self, request_id: str, prompt: list[int], params: ResolvedParams, first_token: int,
+    def activate(self, request_id: int, prompt: list[int], params: ResolvedParams, first_token: int,
                  priority: int = 0) -> None:
         """Decode side: the prompt's KV is in the reserved blocks; continue from its first token."""
         s = _Seq(request_id, list(prompt), params, (priority, next(self._arrival)),
@@ -129,16 +124,16 @@ class LoopEngine:
         self.waiting.append(s)
         self.waiting.sort(key=lambda q: q.order)
 
-    def tables_of(self, request_id: str) -> BlockTables | None:
+    def tables_of(self, request_id: int) -> BlockTables | None:
         s = self._live.get(request_id)
         return s.tables if s is not None else self.held.get(request_id)
 
-    def release_held(self, request_id: str) -> None:
+    def release_held(self, request_id: int) -> None:
         tables = self.held.pop(request_id, None)
         if tables is not None:
             self.pool.free(tables)
 
-    def abort(self, request_id: str) -> bool:
+    def abort(self, request_id: int) -> bool:
         """Idempotent: False if the id is not live. Every block returns at once (the pool is only
         written inside step(); a caller that lets other processes write into it - a decode worker's
         reservation - must know those writes are over)."""
@@ -265,11 +260,11 @@ class LoopEngine:
         return s.tables is not None or self.pool.blocks_needed(s.positions) <= self.pool.num_free
 
     def _steady_possible(self) -> bool:
-        return (self.cfg.steady_decode and self.runner.supports_steady and bool(self.running)
+        return (self.cfg.steady_decode != "never" and self.runner.supports_steady and bool(self.running)
                 and not self._admissible()
                 and all(s.group is not None and s.group.decoding and s.group.n == 1 and not s.prefill_only
                         for s in self.running)
-                and (self.cfg.steady_fixed_depth
+                and (self.cfg.steady_decode == "always"
                      or any(exits_early(s.group.params) for s in self.running)))
 
     def _steady_must_end(self) -> bool:

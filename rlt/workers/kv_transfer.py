@@ -7,19 +7,12 @@ prompt moves in a few large transfers (one block of one plane is contiguous acro
 Transfers are posted and polled from the worker's own loop: NIXL never runs on an asyncio loop.
 """
 
-import os
 import time
 
 import numpy as np
 import torch
 
-from rlt.control.from_worker import PeerInfo
-
-# Fault injection for tests only: a prefill worker fails the transfer of any prompt whose first
-# token id equals FAULT_ENV, and loses the notifications of one whose first token is FAULT_NOTIF_ENV
-# (the data lands, the decode worker never hears of it: its deadline must fire).
-FAULT_ENV = "RLT_FAULT_TRANSFER_FIRST_TOKEN"
-FAULT_NOTIF_ENV = "RLT_FAULT_LOSE_NOTIF_FIRST_TOKEN"
+from rlt.protocol import PeerInfo
 
 
 class TransferError(RuntimeError):
@@ -51,8 +44,6 @@ class KVTransport:
         self.dev_id = (cache.device.index or 0) if cache.is_cuda else 0
         self.block_bytes = cache[0].numel() * cache.element_size()
         self.peers: dict[str, PeerInfo] = {}
-        self.fault_token = int(os.environ.get(FAULT_ENV) or -1)
-        self.lose_notif_token = int(os.environ.get(FAULT_NOTIF_ENV) or -1)
 
     def info(self) -> PeerInfo:
         return PeerInfo(agent_name=self.name, metadata=self.agent.get_agent_metadata(), base=self.cache.data_ptr(),
@@ -69,13 +60,8 @@ class KVTransport:
         self.agent.add_remote_agent(peer.metadata)
         self.peers[peer.agent_name] = peer
 
-    def write(self, peer_name: str, src_blocks: list[int], dst_blocks: list[int], notif: bytes,
-              first_token: int | None = None):
+    def write(self, peer_name: str, src_blocks: list[int], dst_blocks: list[int], notif: bytes):
         """Post a WRITE of src_blocks (here) into dst_blocks (peer); returns the handle."""
-        if first_token is not None and first_token == self.fault_token:
-            raise TransferError(f"injected transfer fault (prompt starts with token {first_token})")
-        if first_token is not None and first_token == self.lose_notif_token:
-            notif = b"0:0"  # generation 0 is never issued: the decode worker drops it
         peer = self.peers.get(peer_name)
         if peer is None:
             raise TransferError(f"unknown peer {peer_name!r}")

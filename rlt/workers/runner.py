@@ -11,19 +11,18 @@ whose new decode rows read those tokens on the device, before it reads them.
 """
 
 import itertools
-import os
 from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 
 from rlt.config import ModelConfig
-from rlt.control.validation import ResolvedParams
 from rlt.kernels import mode
 from rlt.kernels.paged_attention import PagedMetadata, kernel_fields, paged_attention, plan_kernel, write_kv
 from rlt.kernels.sampler import SamplingTensors, sample, top_logprobs
 from rlt.models.base import Rotary
 from rlt.models.layers import EmbeddingInput, rope
+from rlt.sampling_params import ResolvedParams
 from rlt.workers.exit_policy import exits_early, should_exit, update_survival
 from rlt.workers.kv_pool import BlockTables, KVPool
 from rlt.workers.step_buffers import DeviceReadback, StepBuffers
@@ -141,8 +140,7 @@ class Runner:
         self.mc, self.model, self.pool, self.device = mc, model, pool, device
         self.buffers = StepBuffers(device)
         self.one = torch.ones(1, device=device)  # survival before the first loop (read-only)
-        # CUDA runs the Triton attention; RLT_TORCH_ATTENTION=1 keeps the reference (for comparisons).
-        self.use_kernels = torch.device(device).type == "cuda" and os.environ.get("RLT_TORCH_ATTENTION") != "1"
+        self.use_kernels = mode.triton  # the Triton attention and CUDA graphs (else the torch reference)
         # Steady decode (rlt/workers/steady.py) needs the loop input to be the token embedding.
         self.supports_steady = not pool.has_boundary and isinstance(model, EmbeddingInput)
         self.graphs = None

@@ -2,17 +2,12 @@
 the role-specific work of disaggregation (a prefill worker posts KV writes and reports them done,
 a decode worker reserves blocks, counts chunk notifications and activates)."""
 
-import os
 import time
 from dataclasses import dataclass, field
 
-from rlt.control import from_worker as fw
-from rlt.control import to_worker as tw
+from rlt import protocol as pr
+from rlt.errors import RequestError
 from rlt.workers.kv_transfer import TransferError, wait_done
-
-# Fault injection for tests only: a worker whose request's prompt starts with this token id hangs
-# its main loop (a stuck kernel) while its heartbeat thread keeps beating.
-FAULT_STALL_ENV = "RLT_FAULT_STALL_FIRST_TOKEN"
 
 
 class LoopState:
@@ -28,7 +23,6 @@ class _Outgoing:
 
     dst_agent: str
     dst_tables: list[list[int]]
-    first_token_id: int
     seq: int = 0
     pending: list = field(default_factory=list)  # (handle, posted_at)
     prompt_done: bool = False
@@ -41,7 +35,7 @@ class _Incoming:
     """Decode worker: a reservation waiting for its chunks and the coordinator's Activate."""
 
     seqs: set = field(default_factory=set)
-    activate: tw.Activate | None = None
+    activate: pr.Activate | None = None
     deadline: float = 0.0
 
 
@@ -51,16 +45,16 @@ class Worker:
         self.transfer_timeout = transfer_timeout
         self.outgoing: dict[int, _Outgoing] = {}
         self.incoming: dict[int, _Incoming] = {}
-        self.pending_reserves: list[tw.Reserve] = []
+        self.pending_reserves: list[pr.Reserve] = []
         self.started: list[int] = []
         self.changed = False
 
     def send(self, msg) -> None:
-        self.sock.send(fw.encoder.encode(msg))
+        self.sock.send(pr.encoder.encode(msg))
 
-    def stats(self) -> fw.Stats:
+    def stats(self) -> pr.Stats:
         e = self.engine
-        return fw.Stats(len(e.running) + len(e.held) + len(e.reserved) + len(self.pending_reserves),
+        return pr.Stats(len(e.running) + len(e.held) + len(e.reserved) + len(self.pending_reserves),
                         len(e.waiting), e.num_free_blocks)
 
     def busy(self) -> bool:
@@ -68,68 +62,60 @@ class Worker:
 
     # ---- control messages ---------------------------------------------------------------------
     def handle(self, msg) -> bool:
-        from rlt.errors import RequestError
-
         self.changed = True
         e = self.engine
-        if isinstance(msg, (tw.Add, tw.Prefill)) and str(msg.prompt[0]) == os.environ.get(FAULT_STALL_ENV):
-            LoopState.busy = True
-            while True:  # the heartbeat thread keeps beating; only the main loop is stuck
-                time.sleep(1)
-        if isinstance(msg, tw.Add):
+        if isinstance(msg, pr.Add):
             try:
-                e.add_request(str(msg.gen), msg.prompt, msg.params, msg.priority)
+                e.add_request(msg.gen, msg.prompt, msg.params, msg.priority)
             except RequestError as err:
-                self.send(fw.Failed(msg.gen, str(err)))
-        elif isinstance(msg, tw.Abort):
+                self.send(pr.Failed(msg.gen, str(err)))
+        elif isinstance(msg, pr.Abort):
             for gen in msg.gens:
                 self.incoming.pop(gen, None)
                 self.pending_reserves = [r for r in self.pending_reserves if r.gen != gen]
-                e.abort(str(gen))
-        elif isinstance(msg, tw.Connect):
+                e.abort(gen)
+        elif isinstance(msg, pr.Connect):
             for peer in msg.peers:
                 self.transport.add_peer(peer)
-        elif isinstance(msg, tw.Reserve):
+        elif isinstance(msg, pr.Reserve):
             self.pending_reserves.append(msg)
             self._try_reserve()
-        elif isinstance(msg, tw.Prefill):
+        elif isinstance(msg, pr.Prefill):
             try:
-                e.add_request(str(msg.gen), msg.prompt, msg.params, msg.priority, prefill_only=True)
-                self.outgoing[msg.gen] = _Outgoing(msg.dst_agent, msg.dst_tables, msg.prompt[0])
+                e.add_request(msg.gen, msg.prompt, msg.params, msg.priority, prefill_only=True)
+                self.outgoing[msg.gen] = _Outgoing(msg.dst_agent, msg.dst_tables)
                 self.started.append(msg.gen)
             except RequestError as err:
-                self.send(fw.Failed(msg.gen, str(err)))
-        elif isinstance(msg, tw.Cancel):
+                self.send(pr.Failed(msg.gen, str(err)))
+        elif isinstance(msg, pr.Cancel):
             self._drain(msg.gen)
-            e.abort(str(msg.gen))
-            self.send(fw.Drained(msg.gen))
-        elif isinstance(msg, tw.Activate):
+            e.abort(msg.gen)
+            self.send(pr.Drained(msg.gen))
+        elif isinstance(msg, pr.Activate):
             inc = self.incoming.get(msg.gen)
             if inc is not None:  # else: aborted meanwhile
                 inc.activate, inc.deadline = msg, time.monotonic() + self.transfer_timeout
                 self._try_activate(msg.gen)
-        elif isinstance(msg, tw.Shutdown):
+        elif isinstance(msg, pr.Shutdown):
             return False
         return True
 
     # ---- decode side ----------------------------------------------------------------------------
     def _try_reserve(self) -> None:
-        from rlt.errors import RequestError
-
         while self.pending_reserves:
             r = self.pending_reserves[0]
             try:
-                tables = self.engine.reserve(str(r.gen), r.positions)
+                tables = self.engine.reserve(r.gen, r.positions)
             except RequestError as err:
                 self.pending_reserves.pop(0)
-                self.send(fw.Failed(r.gen, str(err)))
+                self.send(pr.Failed(r.gen, str(err)))
                 continue
             if tables is None:
                 return  # FCFS: wait for blocks
             self.pending_reserves.pop(0)
             self.incoming[r.gen] = _Incoming()
             planes = tables.core + ([tables.boundary] if tables.boundary is not None else [])
-            self.send(fw.Reserved(r.gen, planes))
+            self.send(pr.Reserved(r.gen, planes))
             self.changed = True
 
     def _try_activate(self, gen: int) -> None:
@@ -137,7 +123,7 @@ class Worker:
         a = inc.activate
         if a is not None and inc.seqs >= set(range(a.chunks)):
             del self.incoming[gen]
-            self.engine.activate(str(gen), a.prompt, a.params, a.first_token, a.priority)
+            self.engine.activate(gen, a.prompt, a.params, a.first_token, a.priority)
 
     def _decode_progress(self) -> None:
         for gen, seq in self.transport.notifications():
@@ -150,9 +136,9 @@ class Worker:
             if inc.activate is not None and now > inc.deadline:
                 # The prefill worker reported every write done, so none can still land: free.
                 del self.incoming[gen]
-                self.engine.abort(str(gen))
+                self.engine.abort(gen)
                 self.changed = True
-                self.send(fw.Failed(gen, f"KV transfer incomplete: {len(inc.seqs)} of {inc.activate.chunks} "
+                self.send(pr.Failed(gen, f"KV transfer incomplete: {len(inc.seqs)} of {inc.activate.chunks} "
                                          f"chunks arrived within {self.transfer_timeout} s"))
         if self.pending_reserves:
             self._try_reserve()
@@ -169,20 +155,19 @@ class Worker:
             except TransferError:
                 pass
             self.transport.release(h)
-        self.engine.release_held(str(gen))
+        self.engine.release_held(gen)
 
     def _fail(self, gen: int, error: str) -> None:
         self._drain(gen)
-        self.engine.abort(str(gen))
-        self.send(fw.Failed(gen, error))
+        self.engine.abort(gen)
+        self.send(pr.Failed(gen, error))
         self.changed = True
 
     def _post_chunks(self, events) -> None:
         bs = self.engine.pool.block_size
-        for rid, start, end in events:
-            gen = int(rid)
+        for gen, start, end in events:
             o = self.outgoing.get(gen)
-            tables = self.engine.tables_of(rid)
+            tables = self.engine.tables_of(gen)
             if o is None or tables is None:
                 continue
             planes = tables.core + ([tables.boundary] if tables.boundary is not None else [])
@@ -190,7 +175,7 @@ class Worker:
             src = [b for t in planes for b in t[b0:b1]]
             dst = [b for t in o.dst_tables for b in t[b0:b1]]
             try:
-                h = self.transport.write(o.dst_agent, src, dst, f"{gen}:{o.seq}".encode(), o.first_token_id)
+                h = self.transport.write(o.dst_agent, src, dst, f"{gen}:{o.seq}".encode())
             except TransferError as err:
                 self._fail(gen, str(err))
                 continue
@@ -216,8 +201,8 @@ class Worker:
                 continue
             if o.prompt_done and not o.pending:
                 del self.outgoing[gen]
-                self.engine.release_held(str(gen))
-                self.send(fw.TransferDone(gen, o.seq, o.bytes, time.monotonic() - o.started))
+                self.engine.release_held(gen)
+                self.send(pr.TransferDone(gen, o.seq, o.bytes, time.monotonic() - o.started))
                 self.changed = True
 
     # ---- the loop -------------------------------------------------------------------------------
@@ -229,19 +214,18 @@ class Worker:
             timeout = 0 if self.engine.has_work() else (1 if LoopState.busy else 50)
             while self.sock.poll(timeout):
                 timeout = 0
-                if not self.handle(tw.decoder.decode(self.sock.recv())):
+                if not self.handle(pr.to_worker.decode(self.sock.recv())):
                     return
             tokens = []
             if self.engine.has_work():
                 outs = self.engine.step()
-                tokens = [fw.Token(int(o.request_id), o.token_id, o.exit_depth, o.logprobs, o.finish_reason)
-                          for o in outs]
+                tokens = [pr.Token(o.request_id, o.token_id, o.exit_depth, o.logprobs, o.finish_reason) for o in outs]
                 if self.role == "prefill":
                     for o in outs:
-                        if int(o.request_id) in self.outgoing:
-                            self.outgoing[int(o.request_id)].prompt_done = True
+                        if o.request_id in self.outgoing:
+                            self.outgoing[o.request_id].prompt_done = True
             if tokens or self.changed:  # the first token streams before its KV moves
-                self.send(fw.Outputs(tokens, self.stats(), self.started))
+                self.send(pr.Outputs(tokens, self.stats(), self.started))
                 self.started = []
             self.changed = False
             if self.role == "prefill":
@@ -251,4 +235,4 @@ class Worker:
             elif self.role == "decode":
                 self._decode_progress()
             if self.changed:
-                self.send(fw.Outputs([], self.stats()))
+                self.send(pr.Outputs([], self.stats()))

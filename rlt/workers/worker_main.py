@@ -17,9 +17,7 @@ import traceback
 
 import zmq
 
-from rlt.control import from_worker as fw
-from rlt.control import to_worker as tw
-from rlt.workers.kv_transfer import KVTransport
+from rlt import protocol as pr
 from rlt.workers.worker import LoopState, Worker
 
 
@@ -38,21 +36,15 @@ def _heartbeat(ctx, addr: str, identity: bytes, interval: float, parent: int, st
     while not stop.wait(interval):
         if os.getppid() != parent:
             os._exit(1)
-        sock.send(fw.encoder.encode(fw.Heartbeat(os.getpid(), LoopState.progress, LoopState.busy)))
+        sock.send(pr.encoder.encode(pr.Heartbeat(os.getpid(), LoopState.progress, LoopState.busy)))
     sock.close()
 
 
-# Fault injection for tests only: workers of this role salt their fingerprint (a "differing" worker).
-FAULT_FINGERPRINT_ENV = "RLT_FAULT_FINGERPRINT_ROLE"
-
-
-def fingerprint(mc, weights: dict, dtype: str, engine_cfg, role: str) -> str:
+def fingerprint(mc, weights: dict, dtype: str, engine_cfg) -> str:
     """Hash of config + weights + dtype + KV layout: identical workers hash identically."""
     import torch
 
     h = hashlib.sha256(json.dumps(mc.raw, sort_keys=True).encode())
-    if os.environ.get(FAULT_FINGERPRINT_ENV) == role:
-        h.update(b"injected fault")
     h.update(f"{dtype}|{engine_cfg.kv_layout}|{engine_cfg.block_size}".encode())
     for name in sorted(weights):
         t = weights[name].double()
@@ -62,23 +54,22 @@ def fingerprint(mc, weights: dict, dtype: str, engine_cfg, role: str) -> str:
     return h.hexdigest()[:16]
 
 
-def build(h: tw.Handshake):
+def build(h: pr.Handshake):
     import torch
 
     from rlt.config import ModelConfig
     from rlt.models.loader import load_weights, resolve_dtype
     from rlt.models.registry import FAMILIES
-    from rlt.workers.engine import EngineConfig, LoopEngine
+    from rlt.workers.engine import LoopEngine
 
     mc = ModelConfig.from_dict(h.config, h.model_path)
     if h.device.startswith("cuda"):
         torch.cuda.set_device(h.device)  # NIXL/UCX register VRAM in the current device's context
-    dtype = resolve_dtype(h.dtype, h.device, mc)
-    cfg = EngineConfig(**h.engine)
+    dtype = resolve_dtype(h.launch.dtype, h.device, mc)
     weights = load_weights(mc, dtype, h.device)
-    fp = fingerprint(mc, weights, str(dtype), cfg, h.role)
+    fp = fingerprint(mc, weights, str(dtype), h.engine)
     model = FAMILIES[mc.model_type].model_cls(mc, weights)
-    return LoopEngine(mc, model, cfg, dtype, h.device), fp
+    return LoopEngine(mc, model, h.engine, dtype, h.device), fp
 
 
 def main(argv=None) -> int:
@@ -96,22 +87,31 @@ def main(argv=None) -> int:
     sock.connect(args.addr)
     stop = threading.Event()
     try:
-        sock.send(fw.encoder.encode(fw.Hello(os.getpid())))
+        sock.send(pr.encoder.encode(pr.Hello(os.getpid())))
         if not sock.poll(int(args.handshake_timeout * 1000)):
             raise TimeoutError(f"no handshake from the coordinator within {args.handshake_timeout} s")
-        h = tw.decoder.decode(sock.recv())
-        if not isinstance(h, tw.Handshake):
+        h = pr.to_worker.decode(sock.recv())
+        if not isinstance(h, pr.Handshake):
             raise RuntimeError(f"expected a handshake, got {type(h).__name__}")
         threading.Thread(target=_heartbeat, daemon=True,
-                         args=(ctx, args.addr, args.identity.encode() + b"/hb", h.heartbeat_interval, parent,
+                         args=(ctx, args.addr, args.identity.encode() + b"/hb", h.launch.heartbeat_interval, parent,
                                stop)).start()
         engine, fp = build(h)
         p = engine.pool
-        transport = KVTransport(args.identity, p.cache) if h.role in ("prefill", "decode") else None
-        sock.send(fw.encoder.encode(fw.Ready(kv_blocks_total=p.num_blocks, block_size=p.block_size,
+        transport = None
+        if h.role in ("prefill", "decode"):
+            from rlt.workers.kv_transfer import KVTransport
+
+            transport = KVTransport(args.identity, p.cache)
+        worker = Worker(sock, engine, h.role, transport, h.launch.transfer_timeout)
+        if h.launch.faults is not None:  # tests only: the one place faults are read
+            from rlt.workers.faults import inject
+
+            worker, fp = inject(h.launch.faults, worker, fp)
+        sock.send(pr.encoder.encode(pr.Ready(kv_blocks_total=p.num_blocks, block_size=p.block_size,
                                              kv_planes=p.num_core_planes + int(p.has_boundary), fingerprint=fp,
                                              transport=transport.info() if transport else None)))
-        Worker(sock, engine, h.role, transport, h.transfer_timeout).run()
+        worker.run()
         if transport is not None:
             transport.close()
         return 0
@@ -119,7 +119,7 @@ def main(argv=None) -> int:
         text = "".join(traceback.format_exception_only(type(e), e)).strip()
         sys.stderr.write(traceback.format_exc())
         try:
-            sock.send(fw.encoder.encode(fw.Fatal(text)))
+            sock.send(pr.encoder.encode(pr.Fatal(text)))
         except zmq.ZMQError:
             pass
         return 1

@@ -1,4 +1,4 @@
-"""In-run ceilings and floors for bench.py (issue #6, deliverable 3c), measured on the device in use.
+"""In-run ceilings and floors of the offline benchmark (issue #6, deliverable 3c), measured on the device in use.
 
 * ceilings: bf16 GEMM TFLOP/s (8192^3 torch.matmul) and copy bandwidth (a 2 GiB device copy,
   bytes read + written per second);

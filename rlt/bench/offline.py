@@ -1,0 +1,147 @@
+"""The offline benchmark: one in-process LoopEngine, every request submitted at once (random
+prompts, greedy, EOS ignored); decode throughput and mean exit depth, prefill latency, and both
+against their floors (rlt/bench/floors.py).
+"""
+
+import os
+import platform
+import time
+
+import torch
+
+from rlt import envs
+from rlt.bench import floors
+from rlt.config import EngineConfig, ModelConfig
+from rlt.control.validation import resolve_params
+from rlt.models.loader import load_model, resolve_dtype
+from rlt.sampling_params import SamplingParams
+from rlt.workers.engine import LoopEngine
+
+
+def load(path: str, device: str, dtype: str | None = None):
+    """(ModelConfig, torch dtype, model) of a checkpoint directory."""
+    mc = ModelConfig.from_pretrained(path)
+    dt = resolve_dtype(dtype, device, mc)
+    return mc, dt, load_model(mc, dt, device)
+
+
+def engine_config(max_conc: int, prompt_len: int, kv_gib: float, **options) -> EngineConfig:
+    """A pool of kv_gib GiB, room for max_conc sequences and one prompt of each in one chunk;
+    options: any other EngineConfig field (kv_layout, cuda_graph_max_batch, steady_decode, kernels)."""
+    return EngineConfig(**{"max_num_seqs": max(max_conc, 1),
+                           "max_num_batched_tokens": max(2048, min(prompt_len * max_conc, 16384)),
+                           "prefill_chunk": prompt_len, "kv_memory_bytes": int(kv_gib * 2**30)} | options)
+
+
+class PoolTooSmall(ValueError):
+    """The KV pool cannot hold every sequence of a row at once."""
+
+
+def check_pool(pool, concurrency: int, positions: int) -> None:
+    """The pool must hold every sequence at once, or the run measures a lower concurrency."""
+    need = concurrency * pool.blocks_needed(positions)
+    if need > pool.num_blocks:
+        raise PoolTooSmall(f"the KV pool holds {pool.num_blocks} blocks; concurrency {concurrency} x "
+                           f"{positions} positions needs {need}")
+
+
+def submit(engine, mc, concurrency: int, prompt_len: int, sp: SamplingParams, low: int = 0, seed: int = 0) -> None:
+    """`concurrency` requests '0', '1', ... of random token ids in [low, vocab)."""
+    g = torch.Generator().manual_seed(seed)
+    for i in range(concurrency):
+        prompt = torch.randint(low, mc.vocab_size, (prompt_len,), generator=g).tolist()
+        engine.add_request(str(i), prompt, resolve_params(mc, prompt_len, sp))
+
+
+def decode_run(engine, mc, concurrency: int, threshold: float, prompt_len: int, max_tokens: int) -> dict:
+    """One row: `concurrency` requests at once, each `max_tokens` tokens at this exit threshold."""
+    submit(engine, mc, concurrency, prompt_len,
+           SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True, exit_threshold=threshold))
+    t0 = time.perf_counter()
+    seen, tokens, depths, decode_t0, full_t1, full_depths = set(), 0, [], None, None, []
+    while engine.has_work():
+        outs = engine.step()
+        for o in outs:
+            tokens += 1
+            if o.request_id in seen:
+                depths.append(o.exit_depth)  # decode tokens (the first one comes from the prompt)
+            seen.add(o.request_id)
+        if decode_t0 is None and len(seen) == concurrency:
+            decode_t0, decode_tokens0, depths0 = time.perf_counter(), tokens, len(depths)
+        if full_t1 is None and decode_t0 is not None and any(o.finish_reason for o in outs):
+            full_t1, full_tokens = time.perf_counter(), tokens  # concurrency drops from here on
+            full_depths = depths[depths0:]
+    # (no per-step synchronize: the engine lets the host run ahead of the GPU between read-backs;
+    # outputs only exist once their tokens were read back, so these clocks are honest)
+    t1 = time.perf_counter()
+    decode_tokens = tokens - decode_tokens0
+
+    def rate(n, dt):
+        return round(n / dt, 2) if n and dt > 0 else None
+
+    return {"concurrency": concurrency, "threshold": threshold, "output_tokens": tokens,
+            "total_s": round(t1 - t0, 3), "tok_per_s": round(tokens / (t1 - t0), 2),
+            "decode_tok_per_s": rate(decode_tokens, t1 - decode_t0),
+            # decode while every request is still running: the rate at exactly `concurrency`
+            "full_conc_tok_per_s": rate(full_tokens - decode_tokens0, full_t1 - decode_t0) if full_t1 else None,
+            "mean_decode_depth": round(sum(depths) / len(depths), 2) if depths else None,
+            # the tokens of that window: with exits, shallow requests make more of them, so the
+            # depth-ratio ideal for the window's rate is 4 / this, not 4 / the run's mean
+            "full_conc_mean_depth": round(sum(full_depths) / len(full_depths), 2) if full_depths else None}
+
+
+def decode_rows(engine, mc, concurrencies: list[int], thresholds: list[float], prompt_len: int,
+                max_tokens: int) -> list[dict]:
+    """A row per (concurrency, threshold), after a warm-up of every row on the same engine
+    (Triton compilation, CUDA-graph capture per batch size and block-table width and allocator
+    growth stay out of the timed runs). The pool must hold the largest concurrency at once."""
+    for c in concurrencies:  # before any work: every row must run at its full concurrency
+        check_pool(engine.pool, c, prompt_len + max_tokens)
+    for c in concurrencies:
+        for t in thresholds:
+            decode_run(engine, mc, c, t, prompt_len, 8)
+    return [decode_run(engine, mc, c, t, prompt_len, max_tokens) for c in concurrencies for t in thresholds]
+
+
+def prefill_ms(mc, model, dtype, device: str, n: int, reps: int = 3, **options) -> float:
+    """Median time from submission to the first token of one n-token prompt in one chunk
+    (options: other EngineConfig fields, e.g. kernels)."""
+    cfg = EngineConfig(**{"max_num_seqs": 1, "max_num_batched_tokens": n, "prefill_chunk": n,
+                          "num_blocks": -(-n // 16) * mc.depth + 64} | options)
+    engine = LoopEngine(mc, model, cfg, dtype, device)
+    sp = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True)
+    prompt = torch.randint(0, mc.vocab_size, (n,), generator=torch.Generator().manual_seed(n)).tolist()
+    times = []
+    for i in range(reps + 1):  # the first is warm-up (compilation)
+        engine.add_request(str(i), prompt, resolve_params(mc, n, sp))
+        t0 = time.perf_counter()
+        while not engine.step():
+            pass
+        if device.startswith("cuda"):
+            torch.cuda.synchronize()
+        times.append((time.perf_counter() - t0) * 1e3)
+    return sorted(times[1:])[reps // 2]
+
+
+def against_floors(rows: list[dict], prefill: list[dict], model, mc, device: str, context: int) -> dict:
+    """CUDA: measure the ceilings, then add to each decode row its HBM roofline at its concurrency
+    and `context` tokens (and the fraction of it reached at full concurrency) and to each prefill
+    row ({"prompt_len", "ms"}) its dense floor. Returns the ceilings."""
+    torch.cuda.empty_cache()
+    ceil = floors.ceilings(device)
+    for r in rows:
+        roof = floors.decode_roofline(model, mc, r["concurrency"], context, ceil["copy_gbps"])
+        r["roofline_tok_per_s"] = roof["tok_per_s"]
+        if r["full_conc_tok_per_s"]:
+            r["of_roofline"] = round(r["full_conc_tok_per_s"] / roof["tok_per_s"], 3)
+    for p in prefill:
+        p["floor_ms"] = round(floors.prefill_floor_ms(model, mc, p["prompt_len"]), 2)
+        p["x_floor"] = round(p["ms"] / p["floor_ms"], 3)
+    return ceil
+
+
+def environment(device: str) -> dict:
+    """Where a benchmark ran: machine, CPUs, torch, GPU, programmatic dependent launch (CUDA)."""
+    return {"machine": platform.processor() or platform.machine(), "cpus": os.cpu_count(), "torch": torch.__version__,
+            "gpu": torch.cuda.get_device_name(device) if device.startswith("cuda") else None,
+            "pdl": envs.pdl_enabled() if device.startswith("cuda") else None}

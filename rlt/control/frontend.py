@@ -1,0 +1,159 @@
+"""rlt.Engine: the coordinator's front end, running in the caller's event loop.
+
+It owns the ModelConfig, validates every request before any worker sees it, routes it
+(rlt/control/router.py), hands it to the Lifecycle (every phase change) and streams its outputs
+from a per-request collector, detokenized incrementally. Worker processes, transport and liveness
+are the Supervisor's. It never blocks the event loop and imports no torch.
+"""
+
+import importlib.util
+import uuid
+
+from rlt.config import EngineConfig, LaunchConfig, ModelConfig, split_options
+from rlt.control import router
+from rlt.control.collector import Collector
+from rlt.control.lifecycle import Phase, Request
+from rlt.control.supervisor import Supervisor
+from rlt.control.validation import resolve_params, validate_prompt
+from rlt.control.worker_proc import WorkerProc
+from rlt.detokenizer import IncrementalDetokenizer
+from rlt.errors import EngineDeadError, RequestError
+from rlt.outputs import RequestOutput
+from rlt.sampling_params import SamplingParams
+
+
+class _Launch:
+    """`async with Engine.launch(...) as engine` or `engine = await Engine.launch(...)`."""
+
+    def __init__(self, engine: "Engine"):
+        self.engine = engine
+
+    def __await__(self):
+        return self._start().__await__()
+
+    async def _start(self) -> "Engine":
+        await self.engine._supervisor.start()
+        return self.engine
+
+    async def __aenter__(self) -> "Engine":
+        return await self._start()
+
+    async def __aexit__(self, *exc) -> None:
+        await self.engine.shutdown()
+
+
+class Engine:
+    def __init__(self, mc: ModelConfig, engine: EngineConfig, launch: LaunchConfig):
+        from rlt.models.tokenizer import load_tokenizer
+
+        self.model_config, self.engine_config, self.launch_config = mc, engine, launch
+        self.tokenizer = load_tokenizer(mc.path)
+        self._supervisor = Supervisor(mc, engine, launch)
+        self._lifecycle = self._supervisor.lifecycle
+
+    @classmethod
+    def launch(cls, model: str | None = None, *, hf_overrides: dict | None = None, **options) -> _Launch:
+        """Build the ModelConfig and check every option (rlt.config.EngineConfig and LaunchConfig
+        fields) before any process is spawned; await the result, or use it with `async with`."""
+        engine, launch = split_options(options)
+        if launch.disaggregated and importlib.util.find_spec("nixl") is None:
+            raise ValueError(f"topology {launch.topology!r} moves KV between workers over NIXL, which is not "
+                             "installed: pip install 'rlt[pd]'")
+        if model is None:
+            from rlt.default_model import default_model_path
+
+            model = default_model_path()
+        mc = ModelConfig.from_pretrained(model, hf_overrides=hf_overrides)
+        return _Launch(cls(mc, engine, launch))
+
+    async def shutdown(self) -> None:
+        """Stop every worker, fail what is still live. Idempotent."""
+        await self._supervisor.shutdown()
+        self._lifecycle.fail_all(EngineDeadError("the engine was shut down"))
+
+    # ---- requests ---------------------------------------------------------------------------------
+    def tokenize(self, prompt: str | list[int]) -> list[int]:
+        """A prompt's token ids, checked against the vocabulary (RequestError)."""
+        if isinstance(prompt, str):
+            if self.tokenizer is None:
+                raise RequestError(f"{self.model_config.path} has no tokenizer.json: give token ids, not text")
+            prompt = self.tokenizer(prompt).input_ids
+        return validate_prompt(self.model_config, prompt)
+
+    def generate(self, prompt: str | list[int], params: SamplingParams | None = None,
+                 request_id: str | None = None, priority: int = 0):
+        """Async iterator of cumulative RequestOutputs; the last has finished=True. The request is
+        validated (RequestError) and submitted at the call; cancelling the consuming task or closing
+        the iterator aborts it."""
+        return self._stream(self._admit(prompt, params if params is not None else SamplingParams(),
+                                        request_id, priority))
+
+    def _pick(self, role: str) -> WorkerProc:
+        if self._supervisor.closing:
+            raise EngineDeadError("the engine was shut down")
+        w = router.least_loaded(self._supervisor.ready(role))
+        if w is None:
+            raise EngineDeadError(self._supervisor.dead_reason or f"no {role} worker is ready")
+        return w
+
+    def _admit(self, prompt, params: SamplingParams, request_id, priority) -> Request:
+        ids = self.tokenize(prompt)
+        p = resolve_params(self.model_config, len(ids), params)
+        if request_id is None:
+            request_id = uuid.uuid4().hex
+        elif not isinstance(request_id, str) or not request_id:
+            raise RequestError(f"request_id must be a non-empty string, got {request_id!r}")
+        if request_id in self._lifecycle.live:
+            raise RequestError(f"request_id {request_id!r} is already live")
+        pd = self.launch_config.disaggregated
+        d = self._pick("decode" if pd else "unified")
+        prefill = self._pick("prefill") if pd else None
+        if prefill is not None and router.prefill_locally(self.launch_config, len(ids), prefill):
+            prefill = None
+            self._lifecycle.prefilled_locally()
+        need = router.blocks_for(d.ready, len(ids) + p.max_tokens)
+        if need > d.ready.kv_blocks_total:
+            raise RequestError(f"prompt {len(ids)} + max_tokens {p.max_tokens} needs {need} KV blocks, "
+                               f"the worker has {d.ready.kv_blocks_total}: it can never fit")
+        out = RequestOutput(request_id, ids, logprobs=[] if p.logprobs else None)
+        return self._lifecycle.admit(request_id, ids, p, priority, Collector(out), d, need, prefill,
+                                     router.blocks_for(prefill.ready, len(ids)) if prefill else 0)
+
+    async def _stream(self, r: Request):
+        detok = IncrementalDetokenizer(self.tokenizer) if self.tokenizer is not None else None
+        try:
+            while True:
+                out = await r.collector.get()
+                if detok is not None:  # the output ids decoded on their own, O(new tokens)
+                    out.text = detok.update(out.token_ids, final=out.finished)
+                yield out
+                if out.finished:
+                    return
+        finally:
+            if not r.retired:  # cancelled or closed mid-stream
+                self._lifecycle.cancel(r)
+
+    async def abort(self, request_id: str) -> bool:
+        """End the request's stream with finish_reason 'abort'. Idempotent: False if not live."""
+        r = self._lifecycle.live.get(request_id)
+        if r is None:
+            return False
+        self._lifecycle.cancel(r)
+        return True
+
+    def request_phase(self, request_id: str) -> Phase | None:
+        r = self._lifecycle.live.get(request_id)
+        return r.phase if r is not None else None
+
+    def stats(self) -> dict:
+        workers = []
+        for w in self._supervisor.workers:
+            if w is None:
+                continue
+            rd, s = w.ready, w.stats
+            workers.append({"role": w.role, "pid": w.pid, "kv_blocks_total": rd.kv_blocks_total if rd else 0,
+                            "kv_blocks_free": s.kv_blocks_free, "running": s.running, "waiting": s.waiting,
+                            "credit_blocks": w.credits.blocks, "credit_slots": w.credits.slots})
+        lc = self._lifecycle
+        return {"live_requests": len(lc.live), "pending_cleanup": len(lc.gens) - len(lc.live),
+                "local_prefills": lc.local_prefills, "kv_chunks": lc.kv_chunks, "workers": workers}

@@ -1,0 +1,226 @@
+"""The worker processes: spawn and handshake, the ZeroMQ transport to them, liveness (exit, heartbeat,
+a main loop stuck with work) and restart. Request events go to the Lifecycle.
+
+One ROUTER socket (ROUTER_MANDATORY: an unroutable send raises, never drops silently) talks to a
+DEALER per worker over ipc://. Messages to one worker go through its outbox, so they keep their
+order (Reserve before Abort, Prefill before Cancel) without the caller waiting.
+"""
+
+import asyncio
+import itertools
+import logging
+import shutil
+import tempfile
+import time
+
+import zmq
+import zmq.asyncio
+
+from rlt import protocol as pr
+from rlt.config import EngineConfig, LaunchConfig, ModelConfig, parse_topology
+from rlt.control.lifecycle import Lifecycle
+from rlt.control.worker_proc import WorkerProc
+
+log = logging.getLogger("rlt")
+
+
+class Supervisor:
+    def __init__(self, mc: ModelConfig, engine: EngineConfig, launch: LaunchConfig):
+        self.mc, self.engine, self.launch = mc, engine, launch
+        self.slots = parse_topology(launch.topology)
+        self.workers: list[WorkerProc | None] = [None] * len(self.slots)
+        self.lifecycle = Lifecycle(self.post)
+        self.closing = False
+        self.dead_reason: str | None = None  # why no worker of some role is ready, while restarting
+        self._by_identity: dict[str, WorkerProc] = {}
+        self._incarnations = itertools.count()
+        self._tasks: set[asyncio.Task] = set()
+        self._fingerprint: str | None = None
+
+    def ready(self, role: str) -> list[WorkerProc]:
+        return [w for w in self.workers if w is not None and w.role == role and w.ready is not None]
+
+    def _device_for(self, slot: int) -> str:
+        """One device per worker on GPU (cuda:0, cuda:1, ... in slot order); all on CPU otherwise."""
+        device = self.launch.device
+        if device == "cpu" or (len(self.slots) == 1 and device != "cuda"):
+            return device
+        return f"cuda:{slot}"
+
+    # ---- start / stop -----------------------------------------------------------------------------
+    async def start(self) -> None:
+        self._dir = tempfile.mkdtemp(prefix="rlt-")
+        self._ctx = zmq.asyncio.Context()
+        self._sock = self._ctx.socket(zmq.ROUTER)
+        self._sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
+        self._sock.setsockopt(zmq.LINGER, 0)
+        self._addr = f"ipc://{self._dir}/control"
+        self._sock.bind(self._addr)
+        self._spawn(self._recv_loop())
+        self._spawn(self._heartbeat_watch())
+        try:
+            await asyncio.gather(*(self._start_worker(i) for i in range(len(self.slots))))
+            self._check_fingerprints()
+            await self._introduce_peers(None)
+        except BaseException:
+            await self.shutdown()
+            raise
+
+    async def _start_worker(self, slot: int) -> WorkerProc:
+        role, index = self.slots[slot]
+        w = WorkerProc(slot, index, role, self._device_for(slot), next(self._incarnations), self._addr, self._dir)
+        self._by_identity[w.identity] = w
+        self.workers[slot] = w
+        await w.spawn(handshake_timeout=self.launch.startup_timeout)
+        ready = await w.wait_ready(self.launch.startup_timeout)
+        if self._fingerprint is not None and ready.fingerprint != self._fingerprint:  # a restart
+            w.kill()
+            raise RuntimeError(f"restarted {role} worker {index} has fingerprint {ready.fingerprint}, the others "
+                               f"{self._fingerprint}: config, weights, dtype or KV layout differ")
+        w.last_seen = time.monotonic()
+        self._spawn(self._watch_exit(w))
+        w.sender = self._spawn(self._sender(w))
+        return w
+
+    def _check_fingerprints(self) -> None:
+        """Every worker must hash config + weights + dtype + KV layout identically; name who differs
+        from the most common fingerprint (ties: the first worker's)."""
+        fps = [w.ready.fingerprint for w in self.workers]
+        ref = max(fps, key=lambda f: (fps.count(f), -fps.index(f)))
+        odd = [w for w in self.workers if w.ready.fingerprint != ref]
+        if odd:
+            first = next(w for w in self.workers if w.ready.fingerprint == ref)
+            names = ", ".join(f"{w.role} worker {w.index} (fingerprint {w.ready.fingerprint})" for w in odd)
+            raise RuntimeError(f"{names} differs from {first.role} worker {first.index} (fingerprint {ref}): "
+                               "config, weights, dtype or KV layout differ")
+        self._fingerprint = ref
+
+    async def _introduce_peers(self, new: WorkerProc | None) -> None:
+        """Prefill workers learn the decode workers' agents (all of them, or the one restarted)."""
+        decodes = self.ready("decode")
+        for w in self.ready("prefill"):
+            peers = decodes if new is None or new is w else [new] if new.role == "decode" else []
+            if peers:
+                await self._send(w, pr.Connect([d.ready.transport for d in peers]))
+
+    async def shutdown(self) -> None:
+        """Stop every worker, close the socket. Idempotent."""
+        if self.closing:
+            return
+        self.closing = True
+        for w in self.workers:
+            if w is not None and w.proc is not None and w.proc.returncode is None:
+                while not w.outbox.empty():  # what is queued (aborts) goes first
+                    await self._send(w, w.outbox.get_nowait())
+                await self._send(w, pr.Shutdown())
+        await asyncio.gather(*(w.stop() for w in self.workers if w is not None))
+        for t in list(self._tasks):
+            t.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._sock.close(0)
+        self._ctx.term()
+        shutil.rmtree(self._dir, ignore_errors=True)
+
+    def _spawn(self, coro) -> asyncio.Task:
+        t = asyncio.ensure_future(coro)
+        self._tasks.add(t)
+        t.add_done_callback(self._tasks.discard)
+        return t
+
+    # ---- transport --------------------------------------------------------------------------------
+    async def _send(self, w: WorkerProc, msg) -> bool:
+        try:
+            await self._sock.send_multipart([w.identity.encode(), pr.encoder.encode(msg)])
+            return True
+        except zmq.ZMQError:  # unroutable: the worker is gone; its death handler reports it
+            return False
+
+    def post(self, w: WorkerProc, msg) -> None:
+        """Queue a message for a live worker without waiting."""
+        if w.proc is not None and w.proc.returncode is None:
+            w.outbox.put_nowait(msg)
+
+    async def _sender(self, w: WorkerProc) -> None:
+        while True:
+            await self._send(w, await w.outbox.get())
+
+    async def _recv_loop(self) -> None:
+        while True:
+            identity, payload = await self._sock.recv_multipart()
+            w = self._by_identity.get(identity.decode().split("/")[0])
+            if w is None:
+                continue  # an earlier incarnation: drop
+            w.last_seen = time.monotonic()
+            try:
+                await self._dispatch(w, pr.from_worker.decode(payload))
+            except Exception as e:  # noqa: BLE001 - one bad message must not stop the receiver
+                log.exception("dropped a message from %s: %s", w.identity, e)
+
+    async def _dispatch(self, w: WorkerProc, msg) -> None:
+        lc = self.lifecycle
+        if isinstance(msg, pr.Outputs):
+            w.stats = msg.stats
+            lc.on_started(msg.started)
+            for t in msg.tokens:
+                lc.on_token(w, t)
+        elif isinstance(msg, pr.Reserved):
+            lc.on_reserved(w, msg)
+        elif isinstance(msg, pr.TransferDone):
+            lc.on_prefill_released(w, msg.gen, chunks=msg.chunks)
+        elif isinstance(msg, pr.Drained):
+            lc.on_prefill_released(w, msg.gen, chunks=None)
+        elif isinstance(msg, pr.Failed):
+            lc.on_failed(w, msg)
+        elif isinstance(msg, pr.Heartbeat):
+            if msg.progress != w.progress or not msg.busy:
+                w.progress, w.progress_at = msg.progress, time.monotonic()
+            w.busy = msg.busy
+        elif isinstance(msg, pr.Hello):
+            await self._send(w, pr.Handshake(model_path=self.mc.path, config=self.mc.raw, device=w.device,
+                                             role=w.role, engine=self.launch.engine_for(w.role, self.engine),
+                                             launch=self.launch))
+        elif isinstance(msg, pr.Ready):
+            w.ready, w.stats = msg, pr.Stats(0, 0, msg.kv_blocks_total)
+            if not w.ready_future.done():
+                w.ready_future.set_result(msg)
+        elif isinstance(msg, pr.Fatal):
+            w.fatal = msg.error
+
+    # ---- liveness ---------------------------------------------------------------------------------
+    async def _watch_exit(self, w: WorkerProc) -> None:
+        rc = await w.proc.wait()
+        if not self.closing and self.workers[w.slot] is w:
+            await asyncio.sleep(0.05)  # a Fatal message racing the exit carries the real cause
+            await self._worker_dead(w, f"died (exit code {rc})")
+
+    async def _heartbeat_watch(self) -> None:
+        limit = self.launch.heartbeat_timeout
+        while True:
+            await asyncio.sleep(self.launch.heartbeat_interval)
+            now = time.monotonic()
+            for w in self.workers:
+                if w is None or w.ready is None or self.closing or w.proc.returncode is not None:
+                    continue
+                if now - w.last_seen > limit:
+                    w.fatal = w.fatal or f"no heartbeat for {now - w.last_seen:.1f} s (deadline {limit} s)"
+                    w.kill()  # a hung process is killed so it cannot come back half-alive
+                elif w.busy and now - w.progress_at > limit:
+                    w.fatal = w.fatal or f"main loop stuck for {now - w.progress_at:.1f} s with work (deadline {limit} s)"
+                    w.kill()
+
+    async def _worker_dead(self, w: WorkerProc, why: str) -> None:
+        err = w.dead_error(why)
+        self.dead_reason = str(err)
+        self.workers[w.slot] = None
+        self._by_identity.pop(w.identity, None)
+        self.lifecycle.on_worker_dead(w, err)
+        if w.sender is not None:
+            w.sender.cancel()
+        await w.stop(0)
+        if self.launch.restart and not self.closing:
+            try:
+                new = await self._start_worker(w.slot)
+                await self._introduce_peers(new)
+                self.dead_reason = None
+            except Exception as e:  # noqa: BLE001
+                self.dead_reason = f"{err}; restart failed: {e}"

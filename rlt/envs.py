@@ -1,0 +1,22 @@
+"""Every environment variable rlt reads, in one place (nothing else in rlt/ reads os.environ).
+
+Variables are read when asked for, not at import, so a test or launcher may set them first.
+"""
+
+import os
+
+ENVIRONMENT = {
+    "RLT_CACHE_DIR": "where the embedded default checkpoint is made (default $XDG_CACHE_HOME/rlt, "
+    "else ~/.cache/rlt)",
+    "RLT_PDL": "0 turns programmatic dependent launch off for the decode kernels (an escape hatch: "
+    "on by default on Hopper and later)",
+}
+
+
+def cache_dir() -> str:
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache")
+    return os.environ.get("RLT_CACHE_DIR") or os.path.join(base, "rlt")
+
+
+def pdl_enabled() -> bool:
+    return os.environ.get("RLT_PDL", "1") != "0"

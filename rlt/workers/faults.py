@@ -1,0 +1,52 @@
+"""Fault injection for tests (LaunchConfig.faults): wrappers around a worker and its KV transport,
+installed by worker_main only when faults are asked for, so no product path checks for them."""
+
+import hashlib
+import time
+
+from rlt import protocol as pr
+from rlt.config import Faults
+from rlt.workers.kv_transfer import TransferError
+from rlt.workers.worker import LoopState, Worker
+
+
+class _FaultyTransport:
+    """The worker's KVTransport, failing or losing the notifications of chosen prompts' writes."""
+
+    def __init__(self, transport, faults: Faults, first_tokens: dict[int, int]):
+        self._transport, self._faults, self._first_tokens = transport, faults, first_tokens
+
+    def __getattr__(self, name):
+        return getattr(self._transport, name)
+
+    def write(self, peer_name: str, src_blocks: list[int], dst_blocks: list[int], notif: bytes):
+        first = self._first_tokens.get(int(notif.partition(b":")[0]))
+        if first is not None and first == self._faults.fail_transfer_first_token:
+            raise TransferError(f"injected transfer fault (prompt starts with token {first})")
+        if first is not None and first == self._faults.lose_notif_first_token:
+            notif = b"0:0"  # generation 0 is never issued: the decode worker drops it
+        return self._transport.write(peer_name, src_blocks, dst_blocks, notif)
+
+
+class _FaultyWorker(Worker):
+    def __init__(self, worker: Worker, faults: Faults):
+        self.__dict__.update(worker.__dict__)
+        self._faults, self._first_tokens = faults, {}
+        if self.transport is not None:
+            self.transport = _FaultyTransport(self.transport, faults, self._first_tokens)
+
+    def handle(self, msg) -> bool:
+        if isinstance(msg, (pr.Add, pr.Prefill)):
+            if msg.prompt[0] == self._faults.stall_first_token:
+                LoopState.busy = True
+                while True:  # a stuck kernel: the heartbeat thread keeps beating, the main loop does not
+                    time.sleep(1)
+            self._first_tokens[msg.gen] = msg.prompt[0]
+        return super().handle(msg)
+
+
+def inject(faults: Faults, worker: Worker, fingerprint: str) -> tuple[Worker, str]:
+    """The worker (wrapped) and its fingerprint (salted for workers of faults.fingerprint_role)."""
+    if faults.fingerprint_role == worker.role:
+        fingerprint = hashlib.sha256(f"{fingerprint} injected fault".encode()).hexdigest()[:16]
+    return _FaultyWorker(worker, faults), fingerprint
