@@ -6,5 +6,14 @@ from rlt.errors import CheckpointError, ConfigError, EngineDeadError, RequestErr
 from rlt.outputs import RequestOutput
 from rlt.sampling_params import SamplingParams
 
-__all__ = ["Engine", "ModelConfig", "KVGeometry", "SamplingParams", "RequestOutput", "RequestError", "ConfigError",
-           "CheckpointError", "EngineDeadError"]
+__all__ = [
+    "Engine",
+    "ModelConfig",
+    "KVGeometry",
+    "SamplingParams",
+    "RequestOutput",
+    "RequestError",
+    "ConfigError",
+    "CheckpointError",
+    "EngineDeadError",
+]

@@ -12,7 +12,7 @@ def _token_ids(text: str) -> list[int]:
     try:
         return [int(x) for x in text.split(",") if x.strip() != ""]
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated token ids, got {text!r}")
+        raise argparse.ArgumentTypeError(f"expected comma-separated token ids, got {text!r}") from None
 
 
 class _PromptAction(argparse.Action):
@@ -28,8 +28,13 @@ def _add_generate(sub):
     g = sub.add_parser("generate", help="generate continuations of prompts")
     g.add_argument("--model", help="checkpoint directory (default: the embedded tiny Ouro)")
     g.add_argument("--prompt", action=_PromptAction, dest="prompts", type=str, help="a text prompt (repeatable)")
-    g.add_argument("--prompt-token-ids", action=_PromptAction, dest="prompts", type=_token_ids,
-                   help="a prompt as comma-separated token ids (repeatable)")
+    g.add_argument(
+        "--prompt-token-ids",
+        action=_PromptAction,
+        dest="prompts",
+        type=_token_ids,
+        help="a prompt as comma-separated token ids (repeatable)",
+    )
     g.add_argument("--max-tokens", type=int, default=16)
     g.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (the default here)")
     g.add_argument("--top-k", type=int, default=-1)
@@ -71,13 +76,18 @@ def option_values(args: argparse.Namespace) -> dict:
 
 
 def _add_make_checkpoint(sub):
+    from rlt.models.family import BY_NAME
+
     m = sub.add_parser("make-checkpoint", help="write a random-weight checkpoint in an official schema")
-    m.add_argument("--family", required=True, choices=["ouro", "nanbeige", "huginn"])
+    m.add_argument("--family", required=True, choices=list(BY_NAME))
     m.add_argument("--out", required=True)
-    m.add_argument("--preset", default="tiny", choices=["tiny", "full"])
+    m.add_argument(
+        "--preset", default="tiny", choices=["tiny", "full"], help="tiny: a few MB for tests; full: the official shapes"
+    )
     m.add_argument("--seed", type=int, default=0)
-    m.add_argument("--dtype", choices=["float32", "bfloat16", "float16"],
-                   help="default: float32 for tiny, bfloat16 for full")
+    m.add_argument(
+        "--dtype", choices=["float32", "bfloat16", "float16"], help="default: float32 for tiny, bfloat16 for full"
+    )
     m.add_argument("--shards", type=int, help="number of safetensors shards (default: ~4 GB each)")
     m.add_argument("--device", default="cpu", help="where to draw the random weights (cuda: fast for full)")
 
@@ -90,10 +100,19 @@ def generate(args) -> int:
 
     if not args.prompts:
         raise RequestError("give at least one --prompt or --prompt-token-ids")
-    sp = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_k=args.top_k,
-                        top_p=args.top_p, seed=args.seed, min_loops=args.min_loops, max_loops=args.max_loops,
-                        exit_threshold=args.exit_threshold, stop_token_ids=args.stop_token_ids,
-                        ignore_eos=args.ignore_eos, logprobs=args.logprobs)
+    sp = SamplingParams(
+        max_tokens=args.max_tokens,
+        temperature=args.temperature,
+        top_k=args.top_k,
+        top_p=args.top_p,
+        seed=args.seed,
+        min_loops=args.min_loops,
+        max_loops=args.max_loops,
+        exit_threshold=args.exit_threshold,
+        stop_token_ids=args.stop_token_ids,
+        ignore_eos=args.ignore_eos,
+        logprobs=args.logprobs,
+    )
     try:
         launch = Engine.launch(args.model, hf_overrides=args.hf_overrides, **option_values(args))
     except ValueError as e:
@@ -110,6 +129,7 @@ def generate(args) -> int:
 
     async def run():
         async with launch:
+
             async def one(rid, ids):
                 final = None
                 async for out in engine.generate(ids, sp, request_id=rid):
@@ -128,18 +148,29 @@ def generate(args) -> int:
         if args.json:
             print(json.dumps(out.to_json()), flush=True)
         else:
-            prompt_text = engine.tokenizer.decode(out.prompt_token_ids) if engine.tokenizer else \
-                str(out.prompt_token_ids)
-            print(f"[{out.request_id}] {prompt_text!r} -> {out.text!r}  ({out.finish_reason}; "
-                  f"{len(out.token_ids)} tokens, exit depths {out.exit_depths})", flush=True)
+            prompt_text = (
+                engine.tokenizer.decode(out.prompt_token_ids) if engine.tokenizer else str(out.prompt_token_ids)
+            )
+            print(
+                f"[{out.request_id}] {prompt_text!r} -> {out.text!r}  ({out.finish_reason}; "
+                f"{len(out.token_ids)} tokens, exit depths {out.exit_depths})",
+                flush=True,
+            )
     return 0
 
 
 def make_checkpoint_cmd(args) -> int:
     from rlt.models.checkpoint import make_checkpoint
 
-    path = make_checkpoint(args.family, args.out, preset=args.preset, seed=args.seed, dtype=args.dtype,
-                           num_shards=args.shards, device=args.device)
+    path = make_checkpoint(
+        args.family,
+        args.out,
+        preset=args.preset,
+        seed=args.seed,
+        dtype=args.dtype,
+        num_shards=args.shards,
+        device=args.device,
+    )
     print(path)
     return 0
 

@@ -18,9 +18,8 @@ from typing import Annotated, Any, Literal
 import msgspec
 
 from rlt.errors import ConfigError
-from rlt.models.configs import FAMILY_CONFIGS, HuginnConfig, NanbeigeConfig, OuroConfig
-
-FAMILY_NAMES = {"ouro": "ouro", "nanbeige": "nanbeige", "huginn_raven": "huginn"}
+from rlt.models.configs import FamilyConfig
+from rlt.models.family import FAMILIES
 
 
 @dataclass(frozen=True)
@@ -46,8 +45,8 @@ class KVGeometry:
 @dataclass(frozen=True)
 class ModelConfig:
     path: str
-    model_type: str  # config.json's model_type: "ouro" | "nanbeige" | "huginn_raven"
-    family_config: OuroConfig | NanbeigeConfig | HuginnConfig
+    model_type: str  # config.json's model_type: a key of rlt.models.family.FAMILIES
+    family_config: FamilyConfig  # config.json parsed by the family's own config class (its config_cls)
     raw: dict[str, Any]  # config.json after hf_overrides (what a worker rebuilds this from)
     torch_dtype: str  # the checkpoint's declared dtype
 
@@ -76,18 +75,24 @@ class ModelConfig:
     @classmethod
     def from_dict(cls, raw: dict, path: str = "") -> "ModelConfig":
         model_type = raw.get("model_type")
-        if model_type not in FAMILY_CONFIGS:
+        if model_type not in FAMILIES:
             raise ConfigError(
                 f"config.json field 'model_type': {model_type!r} is not supported "
-                f"(supported: {', '.join(map(repr, FAMILY_CONFIGS))})")
-        fc = FAMILY_CONFIGS[model_type].from_dict(raw)
-        return cls(path=path, model_type=model_type, family_config=fc, raw=raw,
-                   torch_dtype=str(raw.get("torch_dtype") or raw.get("dtype") or "float32"))
+                f"(supported: {', '.join(map(repr, FAMILIES))})"
+            )
+        fc = FAMILIES[model_type].config_cls.from_dict(raw)
+        return cls(
+            path=path,
+            model_type=model_type,
+            family_config=fc,
+            raw=raw,
+            torch_dtype=str(raw.get("torch_dtype") or raw.get("dtype") or "float32"),
+        )
 
     # ---- family-neutral facts -------------------------------------------------------------
     @property
     def family(self) -> str:
-        return FAMILY_NAMES[self.model_type]
+        return FAMILIES[self.model_type].name
 
     @property
     def vocab_size(self) -> int:
@@ -101,21 +106,15 @@ class ModelConfig:
     @property
     def depth(self) -> int:
         """Loop depth a prompt runs at (and the most a decode token may run)."""
-        fc = self.family_config
-        if isinstance(fc, OuroConfig):
-            return fc.total_ut_steps
-        if isinstance(fc, NanbeigeConfig):
-            return fc.num_loops
-        return fc.mean_recurrence
+        return self.family_config.depth
 
     @property
     def has_exit_gate(self) -> bool:
-        return isinstance(self.family_config, OuroConfig)
+        return self.family_config.has_exit_gate
 
     @property
     def default_exit_threshold(self) -> float:
-        fc = self.family_config
-        return fc.early_exit_threshold if isinstance(fc, OuroConfig) else 1.0
+        return self.family_config.default_exit_threshold
 
     @property
     def max_positions(self) -> int:
@@ -132,10 +131,7 @@ class ModelConfig:
     @property
     def kv(self) -> KVGeometry:
         fc = self.family_config
-        if isinstance(fc, HuginnConfig):
-            core, boundary = fc.n_layers_in_recurrent_block, fc.n_layers_in_prelude + fc.n_layers_in_coda
-        else:
-            core, boundary = fc.num_hidden_layers, 0
+        core, boundary = fc.kv_layers
         return KVGeometry(core, boundary, fc.num_key_value_heads, fc.head_dim)
 
 
@@ -155,27 +151,35 @@ def _doc(text: str) -> msgspec.Meta:
 class EngineConfig(msgspec.Struct, kw_only=True, frozen=True):
     """What every worker's engine runs with (the scheduler, KV pool and kernels)."""
 
-    kv_layout: Annotated[Literal["last_exited", "shared"], _doc(
-        "last_exited: one KV plane per loop depth (exact); shared: one plane overwritten by every loop")] = \
-        "last_exited"
+    kv_layout: Annotated[
+        Literal["last_exited", "shared"],
+        _doc("last_exited: one KV plane per loop depth (exact); shared: one plane overwritten by every loop"),
+    ] = "last_exited"
     block_size: Annotated[PositiveInt, _doc("token positions per KV block")] = 16
-    num_blocks: Annotated[PositiveInt | None, _doc("KV blocks per worker (default: sized from kv_memory_bytes)")] = \
-        None
+    num_blocks: Annotated[PositiveInt | None, _doc("KV blocks per worker (default: sized from kv_memory_bytes)")] = None
     kv_memory_bytes: Annotated[PositiveInt, _doc("bytes of KV pool per worker when num_blocks is not given")] = 1 << 30
     max_num_seqs: Annotated[PositiveInt, _doc("requests running at once per worker")] = 64
     prefill_chunk: Annotated[PositiveInt, _doc("prompt rows per request per pass")] = 256
     max_num_batched_tokens: Annotated[PositiveInt, _doc("rows per core pass")] = 2048
-    kernels: Annotated[Literal["triton", "reference"], _doc(
-        "CUDA: the Triton kernels and CUDA graphs, or the plain torch reference (the CPU always runs the "
-        "reference)")] = "triton"
-    batch_invariant: Annotated[bool, _doc(
-        "CUDA: kernels whose per-row result does not depend on the batch (PD equal to single, bit for bit)")] = \
-        False
-    cuda_graph_max_batch: Annotated[Count, _doc(
-        "CUDA: decode-only passes of up to this many rows replay CUDA graphs (0: off)")] = 256
-    steady_decode: Annotated[Literal["adaptive", "always", "never"], _doc(
-        "decode-only stretches as device-side lanes: adaptive = while some request can exit early (the regular "
-        "path is faster at fixed depth), always, or never")] = "adaptive"
+    kernels: Annotated[
+        Literal["triton", "reference"],
+        _doc(
+            "CUDA: the Triton kernels and CUDA graphs, or the plain torch reference (the CPU always runs the reference)"
+        ),
+    ] = "triton"
+    batch_invariant: Annotated[
+        bool, _doc("CUDA: kernels whose per-row result does not depend on the batch (PD equal to single, bit for bit)")
+    ] = False
+    cuda_graph_max_batch: Annotated[
+        Count, _doc("CUDA: decode-only passes of up to this many rows replay CUDA graphs (0: off)")
+    ] = 256
+    steady_decode: Annotated[
+        Literal["adaptive", "always", "never"],
+        _doc(
+            "decode-only stretches as device-side lanes: adaptive = while some request can exit early (the regular "
+            "path is faster at fixed depth), always, or never"
+        ),
+    ] = "adaptive"
 
     def __post_init__(self) -> None:
         validate(self)
@@ -195,22 +199,29 @@ class LaunchConfig(msgspec.Struct, kw_only=True, frozen=True):
     """How the coordinator runs the workers: topology, devices, supervision, PD routing."""
 
     topology: Annotated[str, _doc("single, Nx (N unified replicas, e.g. 2x) or XpYd (e.g. 1p1d)")] = "single"
-    device: Annotated[str, _doc("cpu, cuda or cuda:N (topologies of several workers take cuda:0, cuda:1, ...)")] = \
-        "cpu"
-    dtype: Annotated[Literal["float32", "bfloat16", "float16"] | None, _doc(
-        "weights and KV (default: float32 on CPU, the checkpoint's half type on GPU)")] = None
+    device: Annotated[str, _doc("cpu, cuda or cuda:N (topologies of several workers take cuda:0, cuda:1, ...)")] = "cpu"
+    dtype: Annotated[
+        Literal["float32", "bfloat16", "float16"] | None,
+        _doc("weights and KV (default: float32 on CPU, the checkpoint's half type on GPU)"),
+    ] = None
     startup_timeout: Annotated[Seconds, _doc("seconds a worker may take to load and warm up")] = 300.0
     heartbeat_interval: Annotated[Seconds, _doc("seconds between worker heartbeats")] = 0.5
-    heartbeat_timeout: Annotated[Seconds, _doc(
-        "seconds of silence, or of a stuck main loop with work, before a worker is killed and restarted")] = 10.0
+    heartbeat_timeout: Annotated[
+        Seconds, _doc("seconds of silence, or of a stuck main loop with work, before a worker is killed and restarted")
+    ] = 10.0
     restart: Annotated[bool, _doc("restart a worker that died")] = True
     transfer_timeout: Annotated[Seconds, _doc("PD: seconds a KV transfer may take before its request fails")] = 30.0
-    max_local_prefill_length: Annotated[Count, _doc(
-        "PD: prompts up to this many tokens are prefilled by the decode worker itself (0: off)")] = 0
-    max_prefill_queue_size: Annotated[Count | None, _doc(
-        "PD: while a prefill worker holds this many requests, new ones are prefilled by the decode worker")] = None
-    prefill_worker_chunk: Annotated[PositiveInt | None, _doc(
-        "PD: prefill workers take prompts in chunks of this many rows (default: prefill_chunk)")] = None
+    max_local_prefill_length: Annotated[
+        Count, _doc("PD: prompts up to this many tokens are prefilled by the decode worker itself (0: off)")
+    ] = 0
+    max_prefill_queue_size: Annotated[
+        Count | None,
+        _doc("PD: while a prefill worker holds this many requests, new ones are prefilled by the decode worker"),
+    ] = None
+    prefill_worker_chunk: Annotated[
+        PositiveInt | None,
+        _doc("PD: prefill workers take prompts in chunks of this many rows (default: prefill_chunk)"),
+    ] = None
     faults: Annotated[Faults | None, _doc("testing only: faults the workers inject")] = None
 
     def __post_init__(self) -> None:
@@ -234,8 +245,9 @@ class LaunchConfig(msgspec.Struct, kw_only=True, frozen=True):
         chunk = self.prefill_worker_chunk
         if role != "prefill" or chunk is None:
             return engine
-        return msgspec.structs.replace(engine, prefill_chunk=chunk,
-                                       max_num_batched_tokens=max(chunk, engine.max_num_batched_tokens))
+        return msgspec.structs.replace(
+            engine, prefill_chunk=chunk, max_num_batched_tokens=max(chunk, engine.max_num_batched_tokens)
+        )
 
 
 def parse_topology(topology: str) -> list[tuple[str, int]]:
@@ -247,10 +259,8 @@ def parse_topology(topology: str) -> list[tuple[str, int]]:
         if m := re.fullmatch(r"([1-9]\d*)x", topology):
             return [("unified", i) for i in range(int(m.group(1)))]
         if m := re.fullmatch(r"([1-9]\d*)p([1-9]\d*)d", topology):
-            return [("prefill", i) for i in range(int(m.group(1)))] + \
-                [("decode", i) for i in range(int(m.group(2)))]
-    raise ValueError(f"topology {topology!r} is not supported (single, Nx replicas such as 2x, or XpYd "
-                     "such as 1p1d)")
+            return [("prefill", i) for i in range(int(m.group(1)))] + [("decode", i) for i in range(int(m.group(2)))]
+    raise ValueError(f"topology {topology!r} is not supported (single, Nx replicas such as 2x, or XpYd such as 1p1d)")
 
 
 def split_options(options: dict) -> tuple[EngineConfig, LaunchConfig]:
@@ -259,8 +269,10 @@ def split_options(options: dict) -> tuple[EngineConfig, LaunchConfig]:
     for name in options:
         if name not in engine_fields and name not in launch_fields:
             raise ValueError(f"unknown option {name!r} (known: {', '.join(engine_fields + launch_fields)})")
-    return (EngineConfig(**{k: v for k, v in options.items() if k in engine_fields}),
-            LaunchConfig(**{k: v for k, v in options.items() if k in launch_fields}))
+    return (
+        EngineConfig(**{k: v for k, v in options.items() if k in engine_fields}),
+        LaunchConfig(**{k: v for k, v in options.items() if k in launch_fields}),
+    )
 
 
 def field_names(cls) -> tuple[str, ...]:

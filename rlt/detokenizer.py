@@ -1,17 +1,17 @@
 """Incremental detokenization: a request's growing output ids -> its text, in O(tokens).
 
-``text`` is, after every push, exactly what the stream used to compute by re-decoding the whole
-output each time: ``tokenizer.decode(output_ids, skip_special_tokens=True)`` (the output ids
-alone; the prompt never changes how they decode). That includes a pending multi-byte character:
-while the ids so far end inside a UTF-8 sequence, ``text`` ends with one U+FFFD, which a later id
-may turn into the character (or leave as U+FFFD). Only that last character can change; everything
+``text`` is, after every push, exactly the full decode of the output so far:
+``tokenizer.decode(output_ids, skip_special_tokens=True)`` (the output ids alone; the prompt
+never changes how they decode). That includes a pending multi-byte character: while the ids so
+far end inside a UTF-8 sequence, ``text`` ends with one U+FFFD, which a later id may turn into
+the character (or leave as U+FFFD). Only that last character can change; everything
 before it is final, and ``push`` returns what became final (for a caller that streams deltas).
 
 Why not ``tokenizers.decoders.DecodeStream``: it withholds the pending character (so its text is
 not the full decode of the prefix), and every step re-decodes all ids since its last emitted
 chunk, which is quadratic on a run of skipped special tokens (EOS with ignore_eos) or of bytes
-that never make a character (a random-weight model repeating a lone byte token): 8K such ids take
-it 2-13 s on this project's CPU, against milliseconds here.
+that never make a character (a random-weight model repeating a lone byte token); here each push
+costs O(pushed ids) whatever came before.
 
 Algorithm (the window/offset one vLLM uses, made exact for byte-level decoders): keep a window of
 the last few ids, decode it, skip the characters already accounted for, and put the rest after
@@ -59,11 +59,17 @@ class IncrementalDetokenizer:
         self._skip_special = skip_special_tokens
         backend = getattr(tokenizer, "backend_tokenizer", None)
         # exact: a ByteLevel decoder, with no clean-up added on top by transformers
-        self.exact = (backend is not None and isinstance(backend.decoder, decoders.ByteLevel)
-                      and not getattr(tokenizer, "clean_up_tokenization_spaces", False))
+        self.exact = (
+            backend is not None
+            and isinstance(backend.decoder, decoders.ByteLevel)
+            and not getattr(tokenizer, "clean_up_tokenization_spaces", False)
+        )
         self._backend = backend
-        self._drop = ({i for i, t in backend.get_added_tokens_decoder().items() if t.special}
-                      if self.exact and skip_special_tokens else set())
+        self._drop = (
+            {i for i, t in backend.get_added_tokens_decoder().items() if t.special}
+            if self.exact and skip_special_tokens
+            else set()
+        )
         self._all: list[int] | None = None if self.exact else []  # for the final full decode
         self._window: list[int] = []  # the last ids (dropped ones excluded)
         self._skip = 0  # leading characters of decode(window) already in the final text
@@ -90,7 +96,7 @@ class IncrementalDetokenizer:
     def update(self, token_ids: list[int], final: bool = False) -> str:
         """Push what is new in the cumulative list ``token_ids`` (e.g. a RequestOutput's; its
         first ``num_tokens`` ids were pushed before); return ``text``."""
-        self.push(token_ids[self.num_tokens:], final)
+        self.push(token_ids[self.num_tokens :], final)
         return self.text
 
     def push(self, token_ids: list[int], final: bool = False) -> str:
@@ -111,14 +117,14 @@ class IncrementalDetokenizer:
             win.extend(new)
             w = self._decode(win)
             if not w.endswith("\ufffd"):  # complete: all of it is final
-                delta, self._tail, keep = w[self._skip:], "", 0 if self.exact else CONTEXT
+                delta, self._tail, keep = w[self._skip :], "", 0 if self.exact else CONTEXT
             elif self.exact:  # all but the last character is final
-                delta, self._tail, self._skip = w[self._skip:-1], "\ufffd", len(w) - 1
+                delta, self._tail, self._skip = w[self._skip : -1], "\ufffd", len(w) - 1
                 keep = CONTEXT if len(win) > 2 * CONTEXT else None
             elif len(win) <= MAX_OPEN:  # hold the window's text open (vLLM)
-                self._tail, keep = w[self._skip:], None
+                self._tail, keep = w[self._skip :], None
             else:  # best effort: no longer wait for it to complete
-                delta, self._tail, keep = w[self._skip:], "", CONTEXT
+                delta, self._tail, keep = w[self._skip :], "", CONTEXT
             if keep == 0:
                 self._window, self._skip = [], 0
             elif keep is not None:  # the window's last ids decode the open tail as all ids do
@@ -126,7 +132,7 @@ class IncrementalDetokenizer:
                 self._skip = max(0, len(self._decode(self._window)) - len(self._tail))
         if final and not self.exact:  # the exact text; the delta assumes it extends what was final
             full = self._tokenizer.decode(self._all, skip_special_tokens=self._skip_special)
-            delta = full[self._final_len:]
+            delta = full[self._final_len :]
             self._final, self._final_len, self._tail, self._text = [full], len(full), "", full
             return delta
         if final:

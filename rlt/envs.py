@@ -6,8 +6,7 @@ Variables are read when asked for, not at import, so a test or launcher may set 
 import os
 
 ENVIRONMENT = {
-    "RLT_CACHE_DIR": "where the embedded default checkpoint is made (default $XDG_CACHE_HOME/rlt, "
-    "else ~/.cache/rlt)",
+    "RLT_CACHE_DIR": "where the embedded default checkpoint is made (default $XDG_CACHE_HOME/rlt, else ~/.cache/rlt)",
     "RLT_PDL": "0 turns programmatic dependent launch off for the decode kernels (an escape hatch: "
     "on by default on Hopper and later)",
 }

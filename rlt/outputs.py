@@ -16,9 +16,14 @@ class RequestOutput:
     error: str | None = None
 
     def to_json(self) -> dict:
-        d = {"request_id": self.request_id, "prompt_token_ids": self.prompt_token_ids,
-             "token_ids": self.token_ids, "exit_depths": self.exit_depths,
-             "finish_reason": self.finish_reason, "text": self.text}
+        d = {
+            "request_id": self.request_id,
+            "prompt_token_ids": self.prompt_token_ids,
+            "token_ids": self.token_ids,
+            "exit_depths": self.exit_depths,
+            "finish_reason": self.finish_reason,
+            "text": self.text,
+        }
         if self.logprobs is not None:
             d["logprobs"] = [{str(t): lp for t, lp in pos.items()} for pos in self.logprobs]
         if self.error is not None:

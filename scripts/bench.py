@@ -28,14 +28,19 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 sys.path.insert(0, os.path.dirname(__file__))
 
 import bench_serving  # noqa: E402
+
 from rlt.bench import offline  # noqa: E402
 from rlt.models.checkpoint import make_checkpoint  # noqa: E402
 from rlt.workers.engine import LoopEngine  # noqa: E402
 
 
 def git_commit() -> str:
-    return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                          cwd=os.path.dirname(os.path.abspath(__file__))).stdout.strip()
+    return subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"],
+        capture_output=True,
+        text=True,
+        cwd=os.path.dirname(os.path.abspath(__file__)),
+    ).stdout.strip()
 
 
 def main():
@@ -52,11 +57,19 @@ def main():
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--dtype")
     ap.add_argument("--kv-gib", type=float, default=1.0, help="KV pool size")
-    ap.add_argument("--kernels", choices=("triton", "reference"), default="triton",
-                    help="CUDA: the Triton kernels and CUDA graphs, or the plain torch reference")
+    ap.add_argument(
+        "--kernels",
+        choices=("triton", "reference"),
+        default="triton",
+        help="CUDA: the Triton kernels and CUDA graphs, or the plain torch reference",
+    )
     ap.add_argument("--cuda-graph-max-batch", type=int, default=256, help="0: eager decode")
-    ap.add_argument("--steady-decode", choices=("adaptive", "always", "never"), default="adaptive",
-                    help="device-side decode lanes: where a request can exit early (the default), always, never")
+    ap.add_argument(
+        "--steady-decode",
+        choices=("adaptive", "always", "never"),
+        default="adaptive",
+        help="device-side decode lanes: where a request can exit early (the default), always, never",
+    )
     ap.add_argument("--prefill-lens", default="", help="e.g. 512,1024,4096: prefill latency by prompt length")
     ap.add_argument("--floors", action="store_true", help="CUDA: measure ceilings and floors in the same run")
     ap.add_argument("--commit", default=None, help="recorded in the JSON (default: git rev-parse --short HEAD)")
@@ -77,16 +90,22 @@ def main():
     mc, dtype, model = offline.load(path, args.device, args.dtype)
     concs = list(map(int, filter(None, args.concurrency.split(","))))
     thresholds = list(map(float, args.threshold.split(",")))
-    cfg = offline.engine_config(max(concs, default=1), args.prompt_len, args.kv_gib, kv_layout=args.kv_layout,
-                                cuda_graph_max_batch=args.cuda_graph_max_batch, steady_decode=args.steady_decode,
-                                kernels=args.kernels)
+    cfg = offline.engine_config(
+        max(concs, default=1),
+        args.prompt_len,
+        args.kv_gib,
+        kv_layout=args.kv_layout,
+        cuda_graph_max_batch=args.cuda_graph_max_batch,
+        steady_decode=args.steady_decode,
+        kernels=args.kernels,
+    )
     rows = []
     if concs:
         engine = LoopEngine(mc, model, cfg, dtype, args.device)
         try:
             rows = offline.decode_rows(engine, mc, concs, thresholds, args.prompt_len, args.max_tokens)
         except offline.PoolTooSmall as e:
-            raise SystemExit(f"{e}: raise --kv-gib (or lower --concurrency)")
+            raise SystemExit(f"{e}: raise --kv-gib (or lower --concurrency)") from None
         del engine
     prefill = []
     for n in map(int, filter(None, args.prefill_lens.split(","))):
@@ -94,24 +113,40 @@ def main():
         prefill.append({"prompt_len": n, "ms": round(ms, 2)})
     ceilings = None
     if args.floors and args.device.startswith("cuda"):
-        ceilings = offline.against_floors(rows, prefill, model, mc, args.device,
-                                          context=args.prompt_len + args.max_tokens // 2)
-    meta = {"date": time.strftime("%Y-%m-%d"), "commit": args.commit, **offline.environment(args.device),
-            "model": args.model or f"{args.family}-{args.preset}", "family": mc.family,
-            "dtype": str(dtype).replace("torch.", ""), "device": args.device, "prompt_len": args.prompt_len,
-            "max_tokens": args.max_tokens, "command": " ".join(sys.argv),
-            "engine": msgspec.to_builtins(cfg), "ceilings": ceilings}
+        ceilings = offline.against_floors(
+            rows, prefill, model, mc, args.device, context=args.prompt_len + args.max_tokens // 2
+        )
+    meta = {
+        "date": time.strftime("%Y-%m-%d"),
+        "commit": args.commit,
+        **offline.environment(args.device),
+        "model": args.model or f"{args.family}-{args.preset}",
+        "family": mc.family,
+        "dtype": str(dtype).replace("torch.", ""),
+        "device": args.device,
+        "prompt_len": args.prompt_len,
+        "max_tokens": args.max_tokens,
+        "command": " ".join(sys.argv),
+        "engine": msgspec.to_builtins(cfg),
+        "ceilings": ceilings,
+    }
     print(json.dumps(meta))
-    print(f"{'conc':>5} {'thr':>5} {'tok/s':>9} {'decode tok/s':>13} {'at full conc':>13} {'its depth':>10} "
-          f"{'mean depth':>11} {'total s':>8} {'roofline':>9} {'of roof':>8}")
+    print(
+        f"{'conc':>5} {'thr':>5} {'tok/s':>9} {'decode tok/s':>13} {'at full conc':>13} {'its depth':>10} "
+        f"{'mean depth':>11} {'total s':>8} {'roofline':>9} {'of roof':>8}"
+    )
     for r in rows:
-        print(f"{r['concurrency']:>5} {r['threshold']:>5} {r['tok_per_s']:>9} {str(r['decode_tok_per_s']):>13} "
-              f"{str(r['full_conc_tok_per_s']):>13} {str(r['full_conc_mean_depth']):>10} "
-              f"{str(r['mean_decode_depth']):>11} {r['total_s']:>8} "
-              f"{str(r.get('roofline_tok_per_s', '')):>9} {str(r.get('of_roofline', '')):>8}")
+        print(
+            f"{r['concurrency']:>5} {r['threshold']:>5} {r['tok_per_s']:>9} {str(r['decode_tok_per_s']):>13} "
+            f"{str(r['full_conc_tok_per_s']):>13} {str(r['full_conc_mean_depth']):>10} "
+            f"{str(r['mean_decode_depth']):>11} {r['total_s']:>8} "
+            f"{str(r.get('roofline_tok_per_s', '')):>9} {str(r.get('of_roofline', '')):>8}"
+        )
     for p in prefill:
-        print(f"prefill {p['prompt_len']:>6} tokens: {p['ms']:>9} ms" +
-              (f"   dense floor {p['floor_ms']} ms   x{p['x_floor']}" if "floor_ms" in p else ""))
+        print(
+            f"prefill {p['prompt_len']:>6} tokens: {p['ms']:>9} ms"
+            + (f"   dense floor {p['floor_ms']} ms   x{p['x_floor']}" if "floor_ms" in p else "")
+        )
     if args.json_out:
         with open(args.json_out, "w") as f:
             json.dump({"meta": meta, "rows": rows, "prefill": prefill}, f, indent=2)

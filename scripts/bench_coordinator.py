@@ -33,10 +33,21 @@ def main():
     import uvloop
 
     e_ttft, e_tps = uvloop.run(through_engine(path, args.requests, args.max_tokens, args.ttft_runs))
-    commit = args.commit or subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                                           text=True).stdout.strip()
-    print(json.dumps({"date": time.strftime("%Y-%m-%d"), "commit": commit, "cpus": os.cpu_count(),
-                      "model": path, "command": " ".join(sys.argv)}))
+    commit = (
+        args.commit
+        or subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    )
+    print(
+        json.dumps(
+            {
+                "date": time.strftime("%Y-%m-%d"),
+                "commit": commit,
+                "cpus": os.cpu_count(),
+                "model": path,
+                "command": " ".join(sys.argv),
+            }
+        )
+    )
     print(f"{'':>22} {'TTFT ms':>9} {'tok/s':>9}")
     print(f"{'direct (in-process)':>22} {d_ttft * 1e3:>9.2f} {d_tps:>9.1f}")
     print(f"{'rlt.Engine':>22} {e_ttft * 1e3:>9.2f} {e_tps:>9.1f}")

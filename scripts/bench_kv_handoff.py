@@ -30,12 +30,19 @@ def main():
     args = ap.parse_args()
     h = Handoff(**{f.name: getattr(args, f.name) for f in dataclasses.fields(Handoff)})
     results = measure(h)
-    meta = {"date": time.strftime("%Y-%m-%d"), "src": h.src, "dst": h.dst, "tokens": h.tokens,
-            "command": " ".join(sys.argv)}
+    meta = {
+        "date": time.strftime("%Y-%m-%d"),
+        "src": h.src,
+        "dst": h.dst,
+        "tokens": h.tokens,
+        "command": " ".join(sys.argv),
+    }
     print(json.dumps(meta))
     for r in results:
-        print(f"{r['layout']:>12}: {r['blocks']} blocks, {r['bytes'] / 2**20:.0f} MiB, "
-              f"{r['median_ms']} ms, {r['GB_per_s']} GB/s")
+        print(
+            f"{r['layout']:>12}: {r['blocks']} blocks, {r['bytes'] / 2**20:.0f} MiB, "
+            f"{r['median_ms']} ms, {r['GB_per_s']} GB/s"
+        )
     if args.json_out:
         with open(args.json_out, "w") as f:
             json.dump({"meta": meta, "results": results}, f, indent=2)

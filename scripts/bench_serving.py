@@ -26,8 +26,20 @@ import rlt  # noqa: E402
 from rlt import envs  # noqa: E402
 from rlt.bench.serving import sweep, warm_up  # noqa: E402
 
-COLUMNS = ["rate", "completed", "output_throughput_tok_s", "request_throughput_req_s", "mean_ttft_ms", "p95_ttft_ms",
-           "mean_tpot_ms", "p95_tpot_ms", "p99_itl_ms", "mean_e2el_ms", "local_prefills", "saturated"]
+COLUMNS = [
+    "rate",
+    "completed",
+    "output_throughput_tok_s",
+    "request_throughput_req_s",
+    "mean_ttft_ms",
+    "p95_ttft_ms",
+    "mean_tpot_ms",
+    "p95_tpot_ms",
+    "p99_itl_ms",
+    "mean_e2el_ms",
+    "local_prefills",
+    "saturated",
+]
 PD_OPTIONS = ("max_local_prefill_length", "max_prefill_queue_size", "prefill_worker_chunk")
 
 
@@ -42,8 +54,9 @@ def add_arguments(group) -> None:
     group.add_argument("--prefill-chunk", type=int, default=512)
     group.add_argument("--max-num-seqs", type=int, default=256)
     group.add_argument("--seed", type=int, default=0)
-    group.add_argument("--sweep-rates", default="",
-                       help="e.g. 2,4,6,8: after --rates, these in order until one is past capacity")
+    group.add_argument(
+        "--sweep-rates", default="", help="e.g. 2,4,6,8: after --rates, these in order until one is past capacity"
+    )
     group.add_argument("--sweep-duration", type=float, help="seconds of arrivals per sweep rate (default --duration)")
     group.add_argument("--max-local-prefill-length", type=int, help="PD: conditional disaggregation (README)")
     group.add_argument("--max-prefill-queue-size", type=int, help="PD: conditional disaggregation (README)")
@@ -57,8 +70,9 @@ def floats(csv: str) -> list[float]:
 async def serve(args, meta: dict, options: dict) -> list[dict]:
     """Every rate's row, each printed and (with --json-out) written as soon as it is measured, so a
     run stopped by a time limit keeps the rates it finished."""
-    async with rlt.Engine.launch(args.model, topology=args.topology, device=args.device, dtype=args.dtype,
-                                 **options) as engine:
+    async with rlt.Engine.launch(
+        args.model, topology=args.topology, device=args.device, dtype=args.dtype, **options
+    ) as engine:
         lens = list(map(int, args.prompt_lens.split(",")))
         await warm_up(engine, lens, args.output_len)
         print(json.dumps(meta))
@@ -71,18 +85,42 @@ async def serve(args, meta: dict, options: dict) -> list[dict]:
                     json.dump({"meta": meta, "rows": rows}, f, indent=2)
                 os.replace(args.json_out + ".tmp", args.json_out)
 
-        return await sweep(engine, lens, args.output_len, floats(args.rates), args.duration,
-                           floats(args.sweep_rates), args.sweep_duration, args.seed, on_row=report)
+        return await sweep(
+            engine,
+            lens,
+            args.output_len,
+            floats(args.rates),
+            args.duration,
+            floats(args.sweep_rates),
+            args.sweep_duration,
+            args.seed,
+            on_row=report,
+        )
 
 
 def main(args):
-    options = dict(kv_memory_bytes=int(args.kv_gib * 2**30), prefill_chunk=args.prefill_chunk,
-                   max_num_seqs=args.max_num_seqs, kernels=args.kernels, startup_timeout=900.0, heartbeat_timeout=120.0)
+    options = dict(
+        kv_memory_bytes=int(args.kv_gib * 2**30),
+        prefill_chunk=args.prefill_chunk,
+        max_num_seqs=args.max_num_seqs,
+        kernels=args.kernels,
+        startup_timeout=900.0,
+        heartbeat_timeout=120.0,
+    )
     for name in PD_OPTIONS:
         if getattr(args, name) is not None:
             options[name] = getattr(args, name)
-    meta = {"date": time.strftime("%Y-%m-%d"), "commit": args.commit, "model": args.model,
-            "topology": args.topology, "device": args.device, "prompt_lens": args.prompt_lens,
-            "output_len": args.output_len, "duration_s": args.duration, "command": " ".join(sys.argv),
-            "pdl": envs.pdl_enabled() if args.device.startswith("cuda") else None, "options": options}
+    meta = {
+        "date": time.strftime("%Y-%m-%d"),
+        "commit": args.commit,
+        "model": args.model,
+        "topology": args.topology,
+        "device": args.device,
+        "prompt_lens": args.prompt_lens,
+        "output_len": args.output_len,
+        "duration_s": args.duration,
+        "command": " ".join(sys.argv),
+        "pdl": envs.pdl_enabled() if args.device.startswith("cuda") else None,
+        "options": options,
+    }
     return asyncio.run(serve(args, meta, options))

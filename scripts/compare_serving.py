@@ -31,12 +31,17 @@ def compare(pd_rows: list[dict], rep_rows: list[dict]) -> list[dict]:
         if p is None or not p.get("completed"):
             out.append({"rate": r["rate"], "throughput": None, "ttft": None, "tpot": None, "ok": False})
             continue
-        row = {"rate": r["rate"],
-               "throughput": round(p["output_throughput_tok_s"] / r["output_throughput_tok_s"], 3),
-               "ttft": round(p["p95_ttft_ms"] / r["p95_ttft_ms"], 3),
-               "tpot": round(p["p95_tpot_ms"] / r["p95_tpot_ms"], 3)}
-        row["ok"] = (row["throughput"] >= LIMITS["throughput"] and row["ttft"] <= LIMITS["ttft"]
-                     and row["tpot"] <= LIMITS["tpot"])
+        row = {
+            "rate": r["rate"],
+            "throughput": round(p["output_throughput_tok_s"] / r["output_throughput_tok_s"], 3),
+            "ttft": round(p["p95_ttft_ms"] / r["p95_ttft_ms"], 3),
+            "tpot": round(p["p95_tpot_ms"] / r["p95_tpot_ms"], 3),
+        }
+        row["ok"] = (
+            row["throughput"] >= LIMITS["throughput"]
+            and row["ttft"] <= LIMITS["ttft"]
+            and row["tpot"] <= LIMITS["tpot"]
+        )
         out.append(row)
     return out
 
@@ -75,8 +80,11 @@ def main(argv: list[str]) -> int:
         for rate, lens in by_len.items():
             print(f"{rate:>6} " + "  ".join(f"{n} tokens: {a} / {b}" for n, (a, b) in lens.items()))
     passed = bool(rows) and all(r["ok"] for r in rows)
-    print("P4", "met" if passed else "not met", f"(limits: throughput >= {LIMITS['throughput']}, "
-          f"p95 TTFT <= {LIMITS['ttft']}x, p95 TPOT <= {LIMITS['tpot']}x)")
+    print(
+        "P4",
+        "met" if passed else "not met",
+        f"(limits: throughput >= {LIMITS['throughput']}, p95 TTFT <= {LIMITS['ttft']}x, p95 TPOT <= {LIMITS['tpot']}x)",
+    )
     return 0 if passed else 1
 
 

@@ -18,7 +18,7 @@ run() {  # tree label round
   local tree=$1 label=$2 n=$3
   echo "=== $label decode, round $n ($(date +%T))"
   (cd "$tree" && PYTHONPATH=/tmp/site:$tree timeout ${BENCH_TIMEOUT:-200} python3 scripts/bench.py --model /tmp/ouro-full \
-    --device cuda --concurrency 1,128 --threshold 1.0 --prompt-len 1024 --max-tokens 64 --kv-gib 60 \
+    --device cuda --concurrency 1,128 --threshold 1.0 --prompt-len 1024 --max-tokens 64 --kv-gib 120 \
     --json-out "$OUT/decode_${label}_$n.json" 2>&1 | tail -3)
   echo "=== $label prefill, round $n ($(date +%T))"
   (cd "$tree" && PYTHONPATH=/tmp/site:$tree timeout 120 python3 scripts/bench.py --model /tmp/nb-full --device cuda \

@@ -25,10 +25,13 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--configs", nargs="*", help="rows,k,warps (default: gemv.CONFIGS)")
     # Ouro-1.4B's one-row GEMMs: [q; k; v] (plain), o (add + norm), [gate; up] (SwiGLU), down (add + norm)
-    ap.add_argument("--shapes", nargs="*", default=["6144x2048:plain", "2048x2048:add_norm", "11264x2048:swiglu",
-                                                    "2048x5632:add_norm"])
+    ap.add_argument(
+        "--shapes",
+        nargs="*",
+        default=["6144x2048:plain", "2048x2048:add_norm", "11264x2048:swiglu", "2048x5632:add_norm"],
+    )
     args = ap.parse_args()
-    configs = ([gemv.GemvConfig(*map(int, c.split(","))) for c in args.configs] if args.configs else gemv.CONFIGS)
+    configs = [gemv.GemvConfig(*map(int, c.split(","))) for c in args.configs] if args.configs else gemv.CONFIGS
     epilogues = {"plain": gemv.PLAIN, "swiglu": gemv.SWIGLU, "add_norm": gemv.ADD_NORM}
     for config in configs:
         cells = []
@@ -36,15 +39,20 @@ def main():
             shape, name = spec.split(":")
             N, K = map(int, shape.split("x"))
             rows = N // 2 if name == "swiglu" else N
-            regs, smem = gemv_registers(config, epilogues[name],
-                                        triton.next_power_of_2(rows) if name == "add_norm" else 1,
-                                        gemv.unrolled_tiles(K, config, epilogues[name]))
+            regs, smem = gemv_registers(
+                config,
+                epilogues[name],
+                triton.next_power_of_2(rows) if name == "add_norm" else 1,
+                gemv.unrolled_tiles(K, config, epilogues[name]),
+            )
             per_sm = resident(regs, config.warps, smem)
             programs = triton.cdiv(rows, config.rows)
             active = min(per_sm, programs / SMS)  # programs per SM while the first wave runs
             tile = config.rows * config.k * 2 * (2 if name == "swiglu" else 1)  # one weight tile per program
-            cells.append(f"{shape} {name}: {regs} regs, {smem // 1024} KB smem, {per_sm}/SM, "
-                         f"{programs / (per_sm * SMS):.2f} waves, {active * tile / 1024:.0f} KB")
+            cells.append(
+                f"{shape} {name}: {regs} regs, {smem // 1024} KB smem, {per_sm}/SM, "
+                f"{programs / (per_sm * SMS):.2f} waves, {active * tile / 1024:.0f} KB"
+            )
         print(f"{str(config):<22}" + " | ".join(cells))
 
 

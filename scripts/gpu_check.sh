@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # On the GPU machine (device tool): install carried wheels, run the GPU tests, measure the KV
 # handoff and check 1p1d against single for Nanbeige4.2-3B shapes. Logs and JSON go to $OUT.
-# Speed (issue #6: offline bench, profiles, serving) is scripts/gpu_speed.sh.
+# Speed (offline bench, profiles, serving) is scripts/gpu_speed.sh.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/rlt-out}; mkdir -p "$OUT"

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# Issue #6 on one H200 (device tool): install carried wheels, run the GPU tests, then the offline
+# On one H200 (device tool): install carried wheels, run the GPU tests, then the offline
 # benchmark with in-run ceilings (Ouro-1.4B decode, Nanbeige4.2-3B prefill), a GPU profile of
-# decode steps and, with SERVE_TOPOS (e.g. "2x 1p1d", on nvidia-h200-x2), the serving benchmark of
-# issue #6's P4. Logs and JSON go to $OUT. Everything at once runs past one device call (10 min):
+# decode steps and, with SERVE_TOPOS (e.g. "2x 1p1d", on nvidia-h200-x2), the PD serving benchmark
+# (docs/performance.md). Logs and JSON go to $OUT. Everything at once runs past one device call (10 min):
 # split it, e.g. PROFILE=0 first, then SKIP_TESTS=1 BENCH=0 NB=0 for the profiles.
 # Switches: SKIP_TESTS PYTEST_K TEST_TIMEOUT TEST_PDL (GPU tests with RLT_PDL, default 1); OURO NB
 # BENCH CONC THR KV_GIB CONC4K PREFILL_LENS BENCH_TIMEOUT BENCH_ARGS (more bench.py arguments, e.g.
@@ -19,7 +19,7 @@ export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 RLT_CACHE_DIR=/tmp/rltcache
 step() { echo "=== $1 ($(date +%T))"; }
 COMMIT_ARG=${COMMIT:+--commit=$COMMIT}
 if [ "${SKIP_TESTS:-0}" != 1 ]; then
-  # Alone on the machine: run beside a benchmark (on another GPU) they slowed it (session 4).
+  # Alone on the machine: beside a benchmark on another GPU they slow it.
   step "pytest -m gpu"
   # the GPU tests run the kernels with programmatic dependent launch, the default (TEST_PDL=0: without)
   RLT_PDL=${TEST_PDL:-1} timeout ${TEST_TIMEOUT:-360} python3 -m pytest -m gpu -q -x -p no:cacheprovider tests/test_gpu.py ${PYTEST_K:+-k "$PYTEST_K"} \

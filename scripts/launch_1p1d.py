@@ -49,8 +49,14 @@ async def main() -> int:
     ap.add_argument("--device", default=None, help="cpu or cuda (default: cuda with 2+ GPUs, else cpu)")
     ap.add_argument("--dtype")
     ap.add_argument("--hf-overrides", type=json.loads)
-    ap.add_argument("--option", action="append", default=[], type=option, metavar="NAME=VALUE",
-                    help="an rlt.Engine.launch option, e.g. prefill_worker_chunk=4096 (repeatable)")
+    ap.add_argument(
+        "--option",
+        action="append",
+        default=[],
+        type=option,
+        metavar="NAME=VALUE",
+        help="an rlt.Engine.launch option, e.g. prefill_worker_chunk=4096 (repeatable)",
+    )
     args = ap.parse_args()
     prompts = args.prompts or [line.rstrip("\n") for line in sys.stdin if line.strip()]
     if not prompts:
@@ -58,15 +64,22 @@ async def main() -> int:
     device = args.device or pick_device()
     t0 = time.perf_counter()
     try:
-        launch = rlt.Engine.launch(args.model, topology="1p1d", device=device, dtype=args.dtype,
-                                   hf_overrides=args.hf_overrides, **dict(args.option))
+        launch = rlt.Engine.launch(
+            args.model,
+            topology="1p1d",
+            device=device,
+            dtype=args.dtype,
+            hf_overrides=args.hf_overrides,
+            **dict(args.option),
+        )
     except (ValueError, TypeError) as err:  # a bad option (or one given twice): nothing was started
         ap.error(str(err))
     async with launch as engine:
         roles = ", ".join(f"{w['role']} pid {w['pid']}" for w in engine.stats()["workers"])
         print(f"ready in {time.perf_counter() - t0:.1f} s on {device}: {roles}", file=sys.stderr)
-        sp = rlt.SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature,
-                                exit_threshold=args.exit_threshold)
+        sp = rlt.SamplingParams(
+            max_tokens=args.max_tokens, temperature=args.temperature, exit_threshold=args.exit_threshold
+        )
 
         async def one(i: int, prompt: str):
             start = time.perf_counter()
@@ -79,8 +92,10 @@ async def main() -> int:
             ttft = (first - start) * 1e3
             tpot = (last - first) * 1e3 / (n - 1) if n > 1 else 0.0
             print(f"[req-{i}] {prompt!r} -> {out.text!r}")
-            print(f"[req-{i}] {n} tokens ({out.finish_reason}), exit depths {out.exit_depths}, "
-                  f"TTFT {ttft:.1f} ms, TPOT {tpot:.1f} ms")
+            print(
+                f"[req-{i}] {n} tokens ({out.finish_reason}), exit depths {out.exit_depths}, "
+                f"TTFT {ttft:.1f} ms, TPOT {tpot:.1f} ms"
+            )
 
         await asyncio.gather(*(one(i, p) for i, p in enumerate(prompts)))
     return 0

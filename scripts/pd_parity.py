@@ -36,14 +36,29 @@ def main():
     mc = rlt.ModelConfig.from_pretrained(args.model)
     rng = random.Random(0)
     prompts = [[rng.randrange(3, mc.vocab_size) for _ in range(int(n))] for n in args.lengths.split(",")]
-    launch = dict(device=args.device, dtype=args.dtype, kv_memory_bytes=args.kv_gib << 30,
-                  prefill_chunk=args.prefill_chunk, max_num_seqs=64,
-                  max_num_batched_tokens=max(4096, args.prefill_chunk), startup_timeout=900.0,
-                  heartbeat_timeout=120.0, batch_invariant=args.batch_invariant)
-    report = {"date": time.strftime("%Y-%m-%d"), "model": args.model, "family": mc.family, "device": args.device,
-              "dtype": args.dtype, "batch_invariant": args.batch_invariant, "lengths": args.lengths,
-              "max_tokens": args.max_tokens, "command": " ".join(sys.argv),
-              **parity(args.model, args.topology, prompts, args.max_tokens, **launch)}
+    launch = dict(
+        device=args.device,
+        dtype=args.dtype,
+        kv_memory_bytes=args.kv_gib << 30,
+        prefill_chunk=args.prefill_chunk,
+        max_num_seqs=64,
+        max_num_batched_tokens=max(4096, args.prefill_chunk),
+        startup_timeout=900.0,
+        heartbeat_timeout=120.0,
+        batch_invariant=args.batch_invariant,
+    )
+    report = {
+        "date": time.strftime("%Y-%m-%d"),
+        "model": args.model,
+        "family": mc.family,
+        "device": args.device,
+        "dtype": args.dtype,
+        "batch_invariant": args.batch_invariant,
+        "lengths": args.lengths,
+        "max_tokens": args.max_tokens,
+        "command": " ".join(sys.argv),
+        **parity(args.model, args.topology, prompts, args.max_tokens, **launch),
+    }
     print(json.dumps(report, indent=1))
     if args.json_out:
         with open(args.json_out, "w") as f:

@@ -1,4 +1,4 @@
-"""Where a decode step's GPU time goes, and how much of the wall time the GPU is idle (issue #6).
+"""Where a decode step's GPU time goes, and how much of the wall time the GPU is idle.
 
     python scripts/profile_gpu.py --model DIR --concurrency 1 --steps 40
 
@@ -38,35 +38,53 @@ def main():
     ap.add_argument("--steps", type=int, default=40)
     ap.add_argument("--kv-gib", type=float, default=60)
     ap.add_argument("--kernels", choices=("triton", "reference"), default="triton")
-    ap.add_argument("--steady-decode", choices=("adaptive", "always", "never"), default="adaptive",
-                    help="device-side decode lanes: where a request can exit early (the default), always, never")
+    ap.add_argument(
+        "--steady-decode",
+        choices=("adaptive", "always", "never"),
+        default="adaptive",
+        help="device-side decode lanes: where a request can exit early (the default), always, never",
+    )
     ap.add_argument("--json-out")
     args = ap.parse_args()
     mc, dtype, model = offline.load(args.model, "cuda")
-    cfg = EngineConfig(max_num_seqs=args.concurrency, kv_memory_bytes=int(args.kv_gib * 2**30),
-                       prefill_chunk=args.prompt_len, max_num_batched_tokens=16384, kernels=args.kernels,
-                       steady_decode=args.steady_decode)
+    cfg = EngineConfig(
+        max_num_seqs=args.concurrency,
+        kv_memory_bytes=int(args.kv_gib * 2**30),
+        prefill_chunk=args.prompt_len,
+        max_num_batched_tokens=16384,
+        kernels=args.kernels,
+        steady_decode=args.steady_decode,
+    )
     eng = LoopEngine(mc, model, cfg, dtype, "cuda")
-    sp = SamplingParams(max_tokens=2 * args.steps + 16 * mc.depth + 32, temperature=0, ignore_eos=True,
-                        exit_threshold=args.threshold)
+    sp = SamplingParams(
+        max_tokens=2 * args.steps + 16 * mc.depth + 32, temperature=0, ignore_eos=True, exit_threshold=args.threshold
+    )
     try:
         offline.check_pool(eng.pool, args.concurrency, args.prompt_len + sp.max_tokens)
     except offline.PoolTooSmall as e:
-        raise SystemExit(f"{e}: raise --kv-gib (or lower --concurrency)")
+        raise SystemExit(f"{e}: raise --kv-gib (or lower --concurrency)") from None
     offline.submit(eng, mc, args.concurrency, args.prompt_len, sp, low=3)
     seen = set()
     while len(seen) < args.concurrency:  # prefill
         seen |= {o.request_id for o in eng.step()}
     for _ in range(8 * mc.depth):  # decode warm-up: graph capture
         eng.step()
-    res = {"concurrency": args.concurrency, "threshold": args.threshold, **gpu_profile(eng, args.steps),
-           "steady_decode": args.steady_decode, "steady_steps": eng.steady_steps, "pdl": envs.pdl_enabled(),
-           "engine": msgspec.to_builtins(cfg)}
-    print(f"concurrency {args.concurrency}, threshold {args.threshold}: {res['tok_per_s']} tok/s, "
-          f"{res['clean_ms_per_step']} ms per loop step ({res['wall_ms_per_step']} under the profiler), "
-          f"GPU busy {res['gpu_busy_ms_per_step']} ms ({res['kernels_per_step']} kernels), "
-          f"idle {res['gpu_idle_fraction'] * 100:.1f} %; PDL {'on' if res['pdl'] else 'off'}; "
-          f"steady decode {args.steady_decode} ({res['steady_steps']} steady steps)")
+    res = {
+        "concurrency": args.concurrency,
+        "threshold": args.threshold,
+        **gpu_profile(eng, args.steps),
+        "steady_decode": args.steady_decode,
+        "steady_steps": eng.steady_steps,
+        "pdl": envs.pdl_enabled(),
+        "engine": msgspec.to_builtins(cfg),
+    }
+    print(
+        f"concurrency {args.concurrency}, threshold {args.threshold}: {res['tok_per_s']} tok/s, "
+        f"{res['clean_ms_per_step']} ms per loop step ({res['wall_ms_per_step']} under the profiler), "
+        f"GPU busy {res['gpu_busy_ms_per_step']} ms ({res['kernels_per_step']} kernels), "
+        f"idle {res['gpu_idle_fraction'] * 100:.1f} %; PDL {'on' if res['pdl'] else 'off'}; "
+        f"steady decode {args.steady_decode} ({res['steady_steps']} steady steps)"
+    )
     for r in res["top"]:
         print(f"  {r['us_per_step']:>9} us  x{r['per_step']:>6}  {r['kernel']}")
     print("busy time each kernel adds beyond those started before it, per step:")

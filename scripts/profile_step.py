@@ -1,6 +1,6 @@
 """Where a decode step's host time goes: cProfile over engine steps (any device).
 
-    python scripts/profile_step.py --model DIR --device cuda --concurrency 1 --steps 200
+python scripts/profile_step.py --model DIR --device cuda --concurrency 1 --steps 200
 """
 
 import argparse
@@ -29,16 +29,25 @@ def main():
     ap.add_argument("--kernels", choices=("triton", "reference"), default="triton")
     args = ap.parse_args()
     mc, dtype, model = offline.load(args.model, args.device)
-    eng = LoopEngine(mc, model, EngineConfig(max_num_seqs=args.concurrency, kv_memory_bytes=int(args.kv_gib * 2**30),
-                                             prefill_chunk=args.prompt_len, max_num_batched_tokens=16384,
-                                             kernels=args.kernels), dtype, args.device)
+    eng = LoopEngine(
+        mc,
+        model,
+        EngineConfig(
+            max_num_seqs=args.concurrency,
+            kv_memory_bytes=int(args.kv_gib * 2**30),
+            prefill_chunk=args.prompt_len,
+            max_num_batched_tokens=16384,
+            kernels=args.kernels,
+        ),
+        dtype,
+        args.device,
+    )
     sp = SamplingParams(max_tokens=2000, temperature=0, ignore_eos=True, exit_threshold=args.threshold)
     offline.submit(eng, mc, args.concurrency, args.prompt_len, sp, low=3)
     for _ in range(3 * mc.depth + 8):  # prefill and graph capture happen here
         eng.step()
     per_step, stats = host_profile(eng, args.steps, args.device)
-    print(f"{args.steps} steps at concurrency {args.concurrency}: {per_step * 1e3:.2f} ms per loop step "
-          f"(cProfile on)")
+    print(f"{args.steps} steps at concurrency {args.concurrency}: {per_step * 1e3:.2f} ms per loop step (cProfile on)")
     stats.sort_stats("tottime").print_stats(args.top)
 
 

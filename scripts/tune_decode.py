@@ -35,7 +35,7 @@ def main():
     for R, ctx in itertools.product(map(int, args.rows.split(",")), map(int, args.ctx.split(","))):
         nb = R * (-(-ctx // bs)) + 1
         cache = torch.randn(nb, 1, 2, bs, args.kv_heads, D, device=dev, dtype=torch.bfloat16)
-        tab = torch.randperm(nb - 1, device=dev)[:R * (-(-ctx // bs))].view(R, -1)
+        tab = torch.randperm(nb - 1, device=dev)[: R * (-(-ctx // bs))].view(R, -1)
         pos = torch.full((R,), ctx - 1, device=dev)
         q = torch.randn(R, args.heads, D, device=dev, dtype=torch.bfloat16)
         res = []
@@ -45,9 +45,13 @@ def main():
         res.sort()
         kv_mb = R * ctx * args.kv_heads * D * 2 * 2 / 1e6
         planned = da.plan_splits(R, args.kv_heads, q.device)
-        print(f"decode attention rows {R} ctx {ctx} ({kv_mb:.1f} MB of KV), planned splits {planned}: "
-              "fastest (us, block_n, warps, splits):", [(round(t, 1), bn, w, s) for t, bn, w, s in res[:6]],
-              "default:", round(bench(lambda: da.decode_attention(cache, 0, q, tab, pos, bs)), 1))
+        print(
+            f"decode attention rows {R} ctx {ctx} ({kv_mb:.1f} MB of KV), planned splits {planned}: "
+            "fastest (us, block_n, warps, splits):",
+            [(round(t, 1), bn, w, s) for t, bn, w, s in res[:6]],
+            "default:",
+            round(bench(lambda: da.decode_attention(cache, 0, q, tab, pos, bs)), 1),
+        )
     for shape in args.shapes.split(","):
         N, K = map(int, shape.split("x"))
         w = torch.randn(N, K, device=dev, dtype=torch.bfloat16)
@@ -56,10 +60,15 @@ def main():
         for cfg in configs:
             res.append((bench(lambda: gemv(x, w, cfg)), str(cfg)))
         res.sort(key=lambda r: r[0])
-        print(f"gemv {shape} ({N * K * 2 / 1e6:.1f} MB): fastest (us, config):",
-              [(round(t, 1), c) for t, c in res[:5]], "cublas:", [round(t, 1) for t, c in res if c == "cublas"],
-              f"CONFIG {CONFIG}:", [round(t, 1) for t, c in res if c == str(CONFIG)],
-              f"-> {N * K * 2 / res[0][0] / 1e3:.0f} GB/s")
+        print(
+            f"gemv {shape} ({N * K * 2 / 1e6:.1f} MB): fastest (us, config):",
+            [(round(t, 1), c) for t, c in res[:5]],
+            "cublas:",
+            [round(t, 1) for t, c in res if c == "cublas"],
+            f"CONFIG {CONFIG}:",
+            [round(t, 1) for t, c in res if c == str(CONFIG)],
+            f"-> {N * K * 2 / res[0][0] / 1e3:.0f} GB/s",
+        )
 
 
 if __name__ == "__main__":

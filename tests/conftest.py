@@ -3,10 +3,12 @@ import os
 import pytest
 import torch
 
+from rlt.models.family import BY_NAME
+
 os.environ.setdefault("RLT_CACHE_DIR", os.path.join(os.path.dirname(__file__), "..", ".pytest_cache", "rlt"))
 torch.set_num_threads(2)
 
-FAMILIES = ("ouro", "nanbeige", "huginn")
+FAMILIES = tuple(BY_NAME)  # short names: ouro, nanbeige, huginn
 
 
 @pytest.fixture(scope="session")

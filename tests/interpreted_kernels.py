@@ -7,7 +7,6 @@ import sys
 import numpy as np
 import torch
 import triton.runtime.interpreter as interpreter
-
 from kernel_cases import decode_case
 
 # Triton 3.6's interpreter turns a loaded scalar into int() of a 1-element array, which NumPy 2
@@ -56,7 +55,7 @@ def check_paged_attention() -> bool:
         nxt += nb
     tab = torch.zeros(len(segs), max(map(len, tables)), dtype=torch.int64)
     for i, t in enumerate(tables):
-        tab[i, :len(t)] = torch.tensor(t)
+        tab[i, : len(t)] = torch.tensor(t)
     cache = torch.randn(nxt, 1, 2, bs, Hkv, D, generator=g)
     row_starts = [0, 20, 29, 30]
     q_starts = [q0 for q0, _ in segs]
@@ -92,8 +91,10 @@ def check_gemv_epilogues() -> bool:
     N, eps = 37, 1e-6
     r = torch.randn(1, N, generator=g)
     wa, wo = 1 + 0.1 * torch.randn(N, generator=g), 1 + 0.1 * torch.randn(N, generator=g)
-    cases = [(torch.randn(1, K, generator=g), torch.randn(N, K, generator=g), torch.randn(2 * N, K, generator=g))
-             for K in (300, 2100)]  # x, w, [gate; up]
+    cases = [
+        (torch.randn(1, K, generator=g), torch.randn(N, K, generator=g), torch.randn(2 * N, K, generator=g))
+        for K in (300, 2100)
+    ]  # x, w, [gate; up]
 
     def rel(a, b):
         return ((a - b).abs().max() / b.abs().max()).item()
@@ -133,7 +134,7 @@ def check_rope_write_kv() -> bool:
     for pairs in (False, True):
         T, H, Hkv, D, bs = 5, 4, 2, 8, 4
         qkv = torch.randn(T, (H + 2 * Hkv) * D, generator=g)
-        q, k, v = (qkv[:, a * D:b * D].view(T, b - a, D) for a, b in ((0, H), (H, H + Hkv), (H + Hkv, H + 2 * Hkv)))
+        q, k, v = (qkv[:, a * D : b * D].view(T, b - a, D) for a, b in ((0, H), (H, H + Hkv), (H + Hkv, H + 2 * Hkv)))
         pos = torch.tensor([0, 3, 7, 100, 5])
         inv = layers.rope_inv_freq(D, 1e4)
         slots = torch.tensor([9, 2, 14, 0, 7])
@@ -143,8 +144,11 @@ def check_rope_write_kv() -> bool:
         write_kv(ref_cache, 1, PagedMetadata(slots, None, [], [], bs), ref_k, v)
         cache = torch.zeros_like(ref_cache)
         got_q, got_k = rope_write_kv(q, k, v, pos, inv, pairs, cache, 1, slots, bs)
-        err = max((got_q - ref_q).abs().max().item(), (got_k - ref_k).abs().max().item(),
-                  (cache - ref_cache).abs().max().item())
+        err = max(
+            (got_q - ref_q).abs().max().item(),
+            (got_k - ref_k).abs().max().item(),
+            (cache - ref_cache).abs().max().item(),
+        )
         print(f"rope_write_kv pairs={pairs}: max error {err:.2e}")
         ok &= err <= 1e-5 and got_q.data_ptr() == q.data_ptr()  # rotated in place
     return ok
@@ -168,6 +172,12 @@ def check_norms() -> bool:
 
 
 if __name__ == "__main__":
-    checks = (check_decode_attention, check_paged_attention, check_gemv, check_gemv_epilogues, check_rope_write_kv,
-              check_norms)
+    checks = (
+        check_decode_attention,
+        check_paged_attention,
+        check_gemv,
+        check_gemv_epilogues,
+        check_rope_write_kv,
+        check_norms,
+    )
     sys.exit(0 if all([check() for check in checks]) else 1)

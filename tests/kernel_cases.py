@@ -19,11 +19,11 @@ def decode_case(H: int, Hkv: int, D: int, dtype: torch.dtype, device: str, layer
     blocks = rng.sample(range(nb), nb)
     tables = []
     for p in DECODE_POSITIONS:
-        tables.append(blocks[:p // bs + 1])
-        blocks = blocks[p // bs + 1:]
+        tables.append(blocks[: p // bs + 1])
+        blocks = blocks[p // bs + 1 :]
     tab = torch.full((len(tables), max(map(len, tables))), nb - 1, dtype=torch.int64)
     for i, t in enumerate(tables):
-        tab[i, :len(t)] = torch.tensor(t)
+        tab[i, : len(t)] = torch.tensor(t)
     tab = tab.to(device)
     pos = torch.tensor(DECODE_POSITIONS, device=device)
     q = torch.randn(len(tables), H, D, device=device, generator=g).to(dtype)

@@ -38,7 +38,7 @@ def rope_complex(x, pos, theta, interleaved):
     if interleaved:
         z = torch.complex(x[..., 0::2], x[..., 1::2]) * rot
         return torch.stack([z.real, z.imag], -1).reshape(T, H, D)
-    z = torch.complex(x[..., : D // 2], x[..., D // 2:]) * rot
+    z = torch.complex(x[..., : D // 2], x[..., D // 2 :]) * rot
     return torch.cat([z.real, z.imag], -1)
 
 
@@ -90,15 +90,19 @@ class Ref:
 
     def _mlp_llama(self, p, x):
         w = self.w
-        return (silu(x @ w[p + "mlp.gate_proj.weight"].T) * (x @ w[p + "mlp.up_proj.weight"].T)) @ \
-            w[p + "mlp.down_proj.weight"].T
+        return (silu(x @ w[p + "mlp.gate_proj.weight"].T) * (x @ w[p + "mlp.up_proj.weight"].T)) @ w[
+            p + "mlp.down_proj.weight"
+        ].T
 
     def _huginn_block(self, p, x, pos, kv_hook):
         w, eps, E = self.w, self.eps, self.nh * self.hd
         h = norm(x, w[p + "norm_1.weight"], eps)
         qkv = h @ w[p + "attn.Wqkv.weight"].T
-        q, k, v = (qkv[:, :E].view(-1, self.nh, self.hd), qkv[:, E:2 * E].view(-1, self.nh, self.hd),
-                   qkv[:, 2 * E:].view(-1, self.nh, self.hd))
+        q, k, v = (
+            qkv[:, :E].view(-1, self.nh, self.hd),
+            qkv[:, E : 2 * E].view(-1, self.nh, self.hd),
+            qkv[:, 2 * E :].view(-1, self.nh, self.hd),
+        )
         if p + "attn.qk_bias" in w:
             q, k = q + w[p + "attn.qk_bias"][0], k + w[p + "attn.qk_bias"][1]
         q, k = rope_complex(q, pos, self.theta, True), rope_complex(k, pos, self.theta, True)
@@ -106,7 +110,7 @@ class Ref:
         a = attend(q, k, v).reshape(-1, E) @ w[p + "attn.proj.weight"].T
         x = norm(x + a, w[p + "norm_2.weight"], eps)
         f = norm(x, w[p + "norm_3.weight"], eps) @ w[p + "mlp.fc.weight"].T
-        m = (silu(f[:, : f.shape[1] // 2]) * f[:, f.shape[1] // 2:]) @ w[p + "mlp.proj.weight"].T
+        m = (silu(f[:, : f.shape[1] // 2]) * f[:, f.shape[1] // 2 :]) @ w[p + "mlp.proj.weight"].T
         return norm(x + m, w[p + "norm_4.weight"], eps)
 
     def run(self, tokens, exits, state_noise=None, start=0, core_hook=None, boundary_hook=None):
@@ -118,7 +122,7 @@ class Ref:
         ids = torch.tensor(tokens)
         pos = torch.arange(start, start + T)
         exits = torch.tensor(exits)
-        no_hook = lambda j: (lambda k, v: (k, v))  # noqa: E731
+        no_hook = lambda j: lambda k, v: (k, v)  # noqa: E731
         boundary_hook = boundary_hook or no_hook
         stored = {}  # (depth, layer) -> (k, v) as computed at that depth
 
@@ -131,6 +135,7 @@ class Ref:
                     if e < d:
                         k[p_], v[p_] = stored[(e, layer)][0][p_], stored[(e, layer)][1][p_]
                 return k, v
+
             return hook
 
         hook_for = core_hook or hook_for
@@ -244,6 +249,7 @@ def shared_generate(ref: Ref, prompt, max_tokens, min_loops=1, max_loops=None, t
             def hook(k, v):
                 cur[(d, layer)] = (k, v)
                 return stacked(final, layer, k, v)
+
             return hook
 
         def boundary_hook(j):
@@ -251,6 +257,7 @@ def shared_generate(ref: Ref, prompt, max_tokens, min_loops=1, max_loops=None, t
                 out = stacked(bnd, j, k, v)
                 bnd.setdefault(j, []).append((k, v))
                 return out
+
             return hook
 
         noise = noise_fn(q + 1)[q:] if noise_fn else None

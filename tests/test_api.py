@@ -34,8 +34,10 @@ async def all_blocks_free(engine, timeout=5.0):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         st = engine.stats()
-        if st["live_requests"] == 0 and all(w["kv_blocks_free"] == w["kv_blocks_total"] and w["running"] == 0
-                                            and w["waiting"] == 0 for w in st["workers"]):
+        if st["live_requests"] == 0 and all(
+            w["kv_blocks_free"] == w["kv_blocks_total"] and w["running"] == 0 and w["waiting"] == 0
+            for w in st["workers"]
+        ):
             return True
         await asyncio.sleep(0.05)
     raise AssertionError(f"blocks not all free: {engine.stats()}")
@@ -66,8 +68,13 @@ def workload(n):
     reqs = {}
     for i in range(n):
         prompt = [rng.randrange(3, 500) for _ in range(rng.randrange(2, 20))]
-        sp = SamplingParams(max_tokens=rng.randrange(4, 14), temperature=rng.choice([0.0, 0.8]), seed=i,
-                            exit_threshold=rng.choice([None, 0.5, 0.3]), ignore_eos=True)
+        sp = SamplingParams(
+            max_tokens=rng.randrange(4, 14),
+            temperature=rng.choice([0.0, 0.8]),
+            seed=i,
+            exit_threshold=rng.choice([None, 0.5, 0.3]),
+            ignore_eos=True,
+        )
         reqs[f"r{i}"] = (prompt, sp)
     return reqs
 
@@ -93,6 +100,7 @@ async def test_cancellation_and_immediate_id_reuse(checkpoints):
     expected = direct(path, reqs)
     rng = random.Random(1)
     async with rlt.Engine.launch(path, **FAST) as engine:
+
         async def consume(rid, prompt, sp, stop_after):
             n = 0
             async for out in engine.generate(prompt, sp, request_id=rid):
@@ -254,9 +262,12 @@ async def test_engine_shares_the_loop_with_app_tasks(checkpoints):
     async with rlt.Engine.launch(checkpoints["huginn"], **FAST) as engine:
         assert type(asyncio.get_running_loop()).__module__.startswith("uvloop")
         reqs = workload(16)
-        finals = await asyncio.gather(*(collect(engine, p, SamplingParams(max_tokens=8, temperature=0,
-                                                                             ignore_eos=True), rid)
-                                        for rid, (p, _) in reqs.items()))
+        finals = await asyncio.gather(
+            *(
+                collect(engine, p, SamplingParams(max_tokens=8, temperature=0, ignore_eos=True), rid)
+                for rid, (p, _) in reqs.items()
+            )
+        )
         assert all(len(o.token_ids) == 8 for o in finals)
     tick.cancel()
     assert len(gaps) > 20 and max(gaps) < 0.5  # the app's own task kept running throughout
@@ -267,7 +278,7 @@ def test_workers_exit_when_the_coordinator_dies(checkpoints, tmp_path):
     script.write_text(f"""
 import asyncio, os, sys, rlt
 async def main():
-    engine = await rlt.Engine.launch({checkpoints['ouro']!r}, heartbeat_interval=0.2)
+    engine = await rlt.Engine.launch({checkpoints["ouro"]!r}, heartbeat_interval=0.2)
     print(engine.stats()["workers"][0]["pid"], flush=True)
     await asyncio.sleep(60)
 asyncio.run(main())
@@ -285,17 +296,26 @@ asyncio.run(main())
 
 async def test_launch_rejects_bad_options_before_spawning(checkpoints):
     before = set(children())
-    for kwargs, msg in [(dict(topology="1p0d"), "topology .1p0d."), (dict(topology="pd"), "topology .pd."), (dict(dtype="int8"), "dtype 'int8'"),
-                        (dict(device="tpu"), "device 'tpu'"), (dict(bogus=1), "unknown option 'bogus'"),
-                        (dict(block_size=0), "block_size must be"), (dict(kv_layout="x"), "kv_layout 'x'"),
-                        (dict(steady_decode=True), "steady_decode True is not supported .adaptive, always, never."),
-                        (dict(topology="1p1d", max_local_prefill_length=-1),
-                         "max_local_prefill_length must be an integer >= 0, got -1"),
-                        (dict(max_prefill_queue_size=2), "max_prefill_queue_size applies to prefill/decode "
-                                                        "topologies .XpYd., not 'single'"),
-                        (dict(topology="1p1d", prefill_worker_chunk=0),
-                         "prefill_worker_chunk must be an integer >= 1, got 0"),
-                        (dict(max_num_batched_tokens=None), "max_num_batched_tokens must be an integer >= 1, got None")]:
+    for kwargs, msg in [
+        (dict(topology="1p0d"), "topology .1p0d."),
+        (dict(topology="pd"), "topology .pd."),
+        (dict(dtype="int8"), "dtype 'int8'"),
+        (dict(device="tpu"), "device 'tpu'"),
+        (dict(bogus=1), "unknown option 'bogus'"),
+        (dict(block_size=0), "block_size must be"),
+        (dict(kv_layout="x"), "kv_layout 'x'"),
+        (dict(steady_decode=True), "steady_decode True is not supported .adaptive, always, never."),
+        (
+            dict(topology="1p1d", max_local_prefill_length=-1),
+            "max_local_prefill_length must be an integer >= 0, got -1",
+        ),
+        (
+            dict(max_prefill_queue_size=2),
+            "max_prefill_queue_size applies to prefill/decode topologies .XpYd., not 'single'",
+        ),
+        (dict(topology="1p1d", prefill_worker_chunk=0), "prefill_worker_chunk must be an integer >= 1, got 0"),
+        (dict(max_num_batched_tokens=None), "max_num_batched_tokens must be an integer >= 1, got None"),
+    ]:
         with pytest.raises(ValueError, match=msg):
             rlt.Engine.launch(checkpoints["ouro"], **kwargs)
     with pytest.raises(rlt.ConfigError, match="'total_ut_steps'"):
@@ -310,8 +330,11 @@ def test_pd_without_nixl_names_the_extra(checkpoints, monkeypatch):
 
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "nixl" else real(name, *a))
-    with pytest.raises(ValueError, match=r"topology '1p1d' moves KV between workers over NIXL, which is not "
-                                         r"installed: pip install 'rlt\[pd\]'"):
+    with pytest.raises(
+        ValueError,
+        match=r"topology '1p1d' moves KV between workers over NIXL, which is not "
+        r"installed: pip install 'rlt\[pd\]'",
+    ):
         rlt.Engine.launch(checkpoints["ouro"], topology="1p1d")
     rlt.Engine.launch(checkpoints["ouro"])  # (not awaited: nothing is spawned)
 
@@ -374,8 +397,13 @@ def test_saturation_heuristic():
     from rlt.bench.serving import saturated
 
     def row(req_s, arrivals_s, requests=()):
-        return {"completed": 100, "request_throughput_req_s": req_s, "arrival_rate_req_s": arrivals_s,
-                "median_e2el_ms": 400.0, "requests": list(requests)}
+        return {
+            "completed": 100,
+            "request_throughput_req_s": req_s,
+            "arrival_rate_req_s": arrivals_s,
+            "median_e2el_ms": 400.0,
+            "requests": list(requests),
+        }
 
     assert not saturated(row(0.97, 1))  # keeps up
     assert saturated(row(1.3, 2))  # 100 / 1.3 s > (99 / 2 + 0.4) / 0.9

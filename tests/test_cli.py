@@ -6,15 +6,19 @@ import subprocess
 import sys
 
 import pytest
-
 from reference import Ref, ref_generate
 
 PROMPTS = [[11, 42, 7, 300, 19, 5], [3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5]]
 
 
 def rlt(*args, env=None):
-    r = subprocess.run([sys.executable, "-m", "rlt", *map(str, args)], capture_output=True, text=True,
-                       env={**os.environ, **(env or {})}, timeout=300)
+    r = subprocess.run(
+        [sys.executable, "-m", "rlt", *map(str, args)],
+        capture_output=True,
+        text=True,
+        env={**os.environ, **(env or {})},
+        timeout=300,
+    )
     return r
 
 
@@ -24,14 +28,19 @@ def generate_json(*args):
     return [json.loads(line) for line in r.stdout.splitlines()]
 
 
-CASES = [("ouro", {}), ("ouro", {"total_ut_steps": 2}), ("nanbeige", {}), ("nanbeige", {"num_loops": 1}),
-         ("huginn", {"state_init": "zero"}), ("huginn", {"state_init": "zero", "mean_recurrence": 8})]
+CASES = [
+    ("ouro", {}),
+    ("ouro", {"total_ut_steps": 2}),
+    ("nanbeige", {}),
+    ("nanbeige", {"num_loops": 1}),
+    ("huginn", {"state_init": "zero"}),
+    ("huginn", {"state_init": "zero", "mean_recurrence": 8}),
+]
 
 
 @pytest.mark.parametrize("family,overrides", CASES)
 def test_greedy_continuations_match_reference(checkpoints, family, overrides):
-    args = ["--model", checkpoints[family], "--max-tokens", 6, "--ignore-eos", "--logprobs", 5,
-            "--dtype", "float32"]
+    args = ["--model", checkpoints[family], "--max-tokens", 6, "--ignore-eos", "--logprobs", 5, "--dtype", "float32"]
     for p in PROMPTS:
         args += ["--prompt-token-ids", ",".join(map(str, p))]
     if overrides:
@@ -56,9 +65,21 @@ def test_text_prompts_and_order(checkpoints):
     from transformers import PreTrainedTokenizerFast
 
     tok = PreTrainedTokenizerFast.from_pretrained(checkpoints["huginn"])
-    outs = generate_json("--model", checkpoints["huginn"], "--prompt", "The river runs", "--prompt-token-ids",
-                         "5,6,7", "--prompt", "Once upon a time", "--max-tokens", 3, "--ignore-eos",
-                         "--hf-overrides", '{"mean_recurrence": 4}')
+    outs = generate_json(
+        "--model",
+        checkpoints["huginn"],
+        "--prompt",
+        "The river runs",
+        "--prompt-token-ids",
+        "5,6,7",
+        "--prompt",
+        "Once upon a time",
+        "--max-tokens",
+        3,
+        "--ignore-eos",
+        "--hf-overrides",
+        '{"mean_recurrence": 4}',
+    )
     assert [o["request_id"] for o in outs] == ["0", "1", "2"]
     assert outs[0]["prompt_token_ids"] == tok("The river runs").input_ids
     assert outs[0]["prompt_token_ids"][0] == tok.bos_token_id  # Huginn's tokenizer prepends BOS
@@ -79,33 +100,62 @@ def test_stops_on_eos_and_stop_token_ids(checkpoints):
 
 
 def test_seeded_sampling_is_reproducible(checkpoints):
-    args = ["--model", checkpoints["nanbeige"], "--prompt-token-ids", "11,42,7", "--max-tokens", 12,
-            "--temperature", 1.0, "--top-k", 50, "--top-p", 0.9, "--ignore-eos"]
+    args = [
+        "--model",
+        checkpoints["nanbeige"],
+        "--prompt-token-ids",
+        "11,42,7",
+        "--max-tokens",
+        12,
+        "--temperature",
+        1.0,
+        "--top-k",
+        50,
+        "--top-p",
+        0.9,
+        "--ignore-eos",
+    ]
     a = generate_json(*args, "--seed", 1)[0]["token_ids"]
     assert a == generate_json(*args, "--seed", 1)[0]["token_ids"]
     assert a != generate_json(*args, "--seed", 2)[0]["token_ids"]
 
 
 def test_adaptive_exit_through_cli(checkpoints):
-    out = generate_json("--model", checkpoints["ouro"], "--prompt-token-ids", "11,42,7,300", "--max-tokens", 16,
-                        "--exit-threshold", 0.5, "--min-loops", 1, "--max-loops", 4, "--ignore-eos")[0]
+    out = generate_json(
+        "--model",
+        checkpoints["ouro"],
+        "--prompt-token-ids",
+        "11,42,7,300",
+        "--max-tokens",
+        16,
+        "--exit-threshold",
+        0.5,
+        "--min-loops",
+        1,
+        "--max-loops",
+        4,
+        "--ignore-eos",
+    )[0]
     tokens, depths, _ = ref_generate(Ref(checkpoints["ouro"]), [11, 42, 7, 300], 16, 1, 4, 0.5)
     assert out["token_ids"] == tokens and out["exit_depths"] == depths
     assert depths[0] == 4 and len(set(depths)) >= 3
 
 
-@pytest.mark.parametrize("args,message", [
-    (["--max-tokens", 0], "max_tokens must be >= 1"),
-    (["--prompt-token-ids", "1,512"], "token id 512 at index 1 is outside the vocabulary [0, 512)"),
-    (["--min-loops", 3, "--max-loops", 2], "min_loops must be <= max_loops (2)"),
-    (["--max-loops", 5], "max_loops must be <= the model's depth 4"),
-    (["--top-p", 0], "top_p must be in (0, 1]"),
-    (["--temperature", -1], "temperature must be >= 0"),
-    (["--exit-threshold", 1.5], "exit_threshold must be in [0, 1]"),
-    (["--max-tokens", 70000], "exceeds the model's max positions 65536"),
-    (["--hf-overrides", '{"rope_scaling": {"type": "linear", "factor": 2}}'], "'rope_scaling'"),
-    (["--dtype", "float32", "--hf-overrides", '{"total_ut_steps": 0}'], "'total_ut_steps'"),
-])
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["--max-tokens", 0], "max_tokens must be >= 1"),
+        (["--prompt-token-ids", "1,512"], "token id 512 at index 1 is outside the vocabulary [0, 512)"),
+        (["--min-loops", 3, "--max-loops", 2], "min_loops must be <= max_loops (2)"),
+        (["--max-loops", 5], "max_loops must be <= the model's depth 4"),
+        (["--top-p", 0], "top_p must be in (0, 1]"),
+        (["--temperature", -1], "temperature must be >= 0"),
+        (["--exit-threshold", 1.5], "exit_threshold must be in [0, 1]"),
+        (["--max-tokens", 70000], "exceeds the model's max positions 65536"),
+        (["--hf-overrides", '{"rope_scaling": {"type": "linear", "factor": 2}}'], "'rope_scaling'"),
+        (["--dtype", "float32", "--hf-overrides", '{"total_ut_steps": 0}'], "'total_ut_steps'"),
+    ],
+)
 def test_bad_input_is_a_clear_error(checkpoints, args, message):
     r = rlt("generate", "--model", checkpoints["ouro"], "--prompt-token-ids", "1,2,3", *args, "--json")
     assert r.returncode == 2
@@ -143,7 +193,16 @@ def test_cpu_generation_needs_no_triton(checkpoints, family, tmp_path):
     (tmp_path / "triton").mkdir()
     (tmp_path / "triton" / "__init__.py").write_text("raise ImportError('triton is not installed')\n")
     path = os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])
-    args = ["--model", checkpoints[family], "--prompt-token-ids", "5,6,7,8", "--max-tokens", 4, "--ignore-eos", "--json"]
+    args = [
+        "--model",
+        checkpoints[family],
+        "--prompt-token-ids",
+        "5,6,7,8",
+        "--max-tokens",
+        4,
+        "--ignore-eos",
+        "--json",
+    ]
     if family == "huginn":
         args += ["--hf-overrides", '{"mean_recurrence": 4}']
     r = rlt("generate", *args, env={"PYTHONPATH": path})
@@ -160,6 +219,7 @@ def test_make_checkpoint_cli(tmp_path):
     assert cfg["model_type"] == "huginn_raven" and cfg["mean_recurrence"] == 32 and cfg["n_layers"] == 8
     tcfg = json.loads((tmp_path / "h" / "tokenizer_config.json").read_text())
     assert "chat_template" in tcfg and tcfg["eos_token"] == "<|end_text|>"
-    out = generate_json("--model", tmp_path / "h", "--prompt", "Hi", "--max-tokens", 2,
-                        "--hf-overrides", '{"mean_recurrence": 2}')
+    out = generate_json(
+        "--model", tmp_path / "h", "--prompt", "Hi", "--max-tokens", 2, "--hf-overrides", '{"mean_recurrence": 2}'
+    )
     assert len(out) == 1

@@ -78,12 +78,24 @@ REJECTIONS = [
     ("huginn", {"mean_recurrence": -1}, "mean_recurrence"),
     ("huginn", {"num_key_value_heads": 5}, "num_key_value_heads"),
 ]
-NANBEIGE_FLAGS = ["enable_double_loop_split", "loop_share_kv", "enable_hyper_connection", "enable_mhc",
-                  "enable_depth_attention", "qk_layernorm", "attention_bias", "mlp_bias"]
+NANBEIGE_FLAGS = [
+    "enable_double_loop_split",
+    "loop_share_kv",
+    "enable_hyper_connection",
+    "enable_mhc",
+    "enable_depth_attention",
+    "qk_layernorm",
+    "attention_bias",
+    "mlp_bias",
+]
 
 
-@pytest.mark.parametrize("family,change,field", REJECTIONS + [("nanbeige", {f: True}, f) for f in NANBEIGE_FLAGS]
-                         + [("nanbeige", {"emb_neighbor_num": 2}, "emb_neighbor_num")])
+@pytest.mark.parametrize(
+    "family,change,field",
+    REJECTIONS
+    + [("nanbeige", {f: True}, f) for f in NANBEIGE_FLAGS]
+    + [("nanbeige", {"emb_neighbor_num": 2}, "emb_neighbor_num")],
+)
 def test_rejection_names_the_field(tmp_path, family, change, field):
     with pytest.raises(ConfigError, match=f"'{field}'"):
         ModelConfig.from_pretrained(write(tmp_path, official(family) | change))

@@ -61,7 +61,7 @@ def _check(tok, chunks, skip_special_tokens=True):
         full = tok.decode(ids, skip_special_tokens=skip_special_tokens)
         assert d.text == full, (ids, d.text, full)
         assert d.num_tokens == len(ids)
-        assert "".join(deltas) == full[:d.stable_len]
+        assert "".join(deltas) == full[: d.stable_len]
         assert d.stable_len >= len(full) - 1  # at most the last character is open
         assert d.stable_len == len(full) or full.endswith("\ufffd")
     deltas.append(d.push([], final=True))
@@ -73,7 +73,7 @@ def _chunked(ids, rng, max_chunk):
     out, i = [], 0
     while i < len(ids):
         k = rng.randint(1, max_chunk)
-        out.append(ids[i:i + k])
+        out.append(ids[i : i + k])
         i += k
     return out
 
@@ -97,8 +97,15 @@ def test_random_ids(toks, family, max_chunk):
         ids = []
         for _ in range(rng.randint(1, 80)):
             r = rng.random()
-            ids.append(rng.choice(high) if r < 0.4 else rng.choice(specials) if r < 0.5
-                       else vocab + rng.randrange(8) if r < 0.53 else rng.randrange(vocab))
+            ids.append(
+                rng.choice(high)
+                if r < 0.4
+                else rng.choice(specials)
+                if r < 0.5
+                else vocab + rng.randrange(8)
+                if r < 0.53
+                else rng.randrange(vocab)
+            )
         _check(tok, _chunked(ids, rng, max_chunk))
 
 
@@ -114,10 +121,18 @@ def test_random_bytes(toks, family):
         while len(data) < 40:
             r = rng.random()
             if r < 0.5:  # a valid character, maybe truncated
-                c = chr(rng.choice((rng.randrange(0x80, 0x800), rng.randrange(0x800, 0xD800),
-                                    rng.randrange(0xE000, 0x10000), rng.randrange(0x10000, 0x110000))))
+                c = chr(
+                    rng.choice(
+                        (
+                            rng.randrange(0x80, 0x800),
+                            rng.randrange(0x800, 0xD800),
+                            rng.randrange(0xE000, 0x10000),
+                            rng.randrange(0x10000, 0x110000),
+                        )
+                    )
+                )
                 enc = c.encode()
-                data += enc[:rng.randint(1, len(enc))] if rng.random() < 0.3 else enc
+                data += enc[: rng.randint(1, len(enc))] if rng.random() < 0.3 else enc
             else:
                 data.append(rng.choice((rng.randrange(0x80, 0x100), rng.randrange(0x100))))
         ids = [byte_ids[b] for b in data]
@@ -131,11 +146,11 @@ def test_multibyte_text(toks, family):
     for text in TEXTS:
         ids = tok.encode(text, add_special_tokens=False)
         for k in (1, 2, 3, 5, 7):
-            assert _check(tok, [ids[i:i + k] for i in range(0, len(ids), k)]) == text
+            assert _check(tok, [ids[i : i + k] for i in range(0, len(ids), k)]) == text
         # a special token between every two ids, inside multi-byte characters too: skipped
         with_eos = [x for i in ids for x in (i, eos)]
         assert _check(tok, [[i] for i in with_eos]) == text
-        assert _check(tok, [with_eos[i:i + 3] for i in range(0, len(with_eos), 3)]) == text
+        assert _check(tok, [with_eos[i : i + 3] for i in range(0, len(with_eos), 3)]) == text
     assert _check(tok, [[i] for i in tok.encode("".join(TEXTS), add_special_tokens=False)]) == "".join(TEXTS)
 
 
@@ -215,8 +230,7 @@ def _streams(tok):
     text = (text * (n // len(text) + 1))[:n]
     rng = random.Random(0)
     b, specials, vocab = _byte_ids(tok), _specials(tok), len(tok)
-    mixed = [rng.choice((b[rng.randrange(0x80, 0x100)], rng.choice(specials), rng.randrange(vocab)))
-             for _ in range(n)]
+    mixed = [rng.choice((b[rng.randrange(0x80, 0x100)], rng.choice(specials), rng.randrange(vocab))) for _ in range(n)]
     return {"text": text, "random": mixed, "lead byte": [b[0xC3]] * n, "eos": [tok.eos_token_id] * n}
 
 
@@ -243,8 +257,10 @@ def test_linear_cost_32k(toks, family):
             assert d.text == tok.decode(ids, skip_special_tokens=True), name
             assert counter.decoded <= (3 * CONTEXT + 1) * len(ids), (name, counter.decoded)
         first, second = min(t[0] for t in times), min(t[1] for t in times)
-        print(f"{family} {name}: first 16K {first * 1e3:.0f} ms, second 16K {second * 1e3:.0f} ms, "
-              f"{counter.decoded / len(ids):.2f} decoded ids/id")
+        print(
+            f"{family} {name}: first 16K {first * 1e3:.0f} ms, second 16K {second * 1e3:.0f} ms, "
+            f"{counter.decoded / len(ids):.2f} decoded ids/id"
+        )
         assert first + second < 3.0, (name, first, second)
         assert second < 1.5 * first + 0.01, (name, first, second)
 
@@ -281,11 +297,13 @@ def _sentencepiece_style():
         vocab.setdefault(a + c, len(vocab))
     t = Tokenizer(models.BPE(vocab=vocab, merges=merges, unk_token="<unk>", byte_fallback=True))
     t.normalizer = normalizers.Sequence([normalizers.Prepend("▁"), normalizers.Replace(" ", "▁")])
-    t.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(),
-                                   decoders.Strip(" ", 1, 0)])
+    t.decoder = decoders.Sequence(
+        [decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(), decoders.Strip(" ", 1, 0)]
+    )
     t.add_special_tokens(["<s>", "</s>"])
-    return PreTrainedTokenizerFast(tokenizer_object=t, bos_token="<s>", eos_token="</s>", unk_token="<unk>",
-                                   clean_up_tokenization_spaces=False)
+    return PreTrainedTokenizerFast(
+        tokenizer_object=t, bos_token="<s>", eos_token="</s>", unk_token="<unk>", clean_up_tokenization_spaces=False
+    )
 
 
 def test_other_tokenizers_exact_when_final(checkpoints):
@@ -300,7 +318,7 @@ def test_other_tokenizers_exact_when_final(checkpoints):
         plain = "the quick brown fox, then the end. In a tin hat!"
         ids = tok.encode(plain, add_special_tokens=False)
         for n in range(1, len(ids) + 1):
-            d.push(ids[n - 1:n], final=n == len(ids))
+            d.push(ids[n - 1 : n], final=n == len(ids))
             assert d.text == tok.decode(ids[:n], skip_special_tokens=True)
         assert d.text == tok.decode(ids, skip_special_tokens=True)
         vocab = len(tok)

@@ -2,15 +2,14 @@
 
 import pytest
 import torch
-
 from reference import Ref, ref_generate, shared_generate
+
 from rlt import RequestError
-from rlt.config import ModelConfig
+from rlt.config import EngineConfig, ModelConfig
 from rlt.control.validation import resolve_params
 from rlt.kernels.random import truncated_normal
 from rlt.models.loader import load_model
 from rlt.sampling_params import SamplingParams
-from rlt.config import EngineConfig
 from rlt.workers.engine import LoopEngine
 
 HUGINN = {"mean_recurrence": 6}  # like-init state, a few steps: keeps CPU tests fast
@@ -27,11 +26,20 @@ def make(path, family, layout="last_exited", overrides=None, **cfg):
 
 def mixed_params(family):
     gate = family == "ouro"
-    return [SamplingParams(max_tokens=10, temperature=0, ignore_eos=True, exit_threshold=0.5 if gate else None,
-                           logprobs=3),
-            SamplingParams(max_tokens=7, temperature=1.0, seed=3, ignore_eos=True, logprobs=2),
-            SamplingParams(max_tokens=9, temperature=0.7, top_k=20, top_p=0.9, seed=5, ignore_eos=True,
-                           exit_threshold=0.3 if gate else None, min_loops=2 if gate else None)]
+    return [
+        SamplingParams(max_tokens=10, temperature=0, ignore_eos=True, exit_threshold=0.5 if gate else None, logprobs=3),
+        SamplingParams(max_tokens=7, temperature=1.0, seed=3, ignore_eos=True, logprobs=2),
+        SamplingParams(
+            max_tokens=9,
+            temperature=0.7,
+            top_k=20,
+            top_p=0.9,
+            seed=5,
+            ignore_eos=True,
+            exit_threshold=0.3 if gate else None,
+            min_loops=2 if gate else None,
+        ),
+    ]
 
 
 def run(engine, mc, requests, arrivals=None, abort_at=None):
@@ -75,8 +83,9 @@ def test_chunked_prefill_equals_unchunked(checkpoints, family):
     reqs = {str(i): (p, sp) for i, (p, sp) in enumerate(zip(PROMPTS, mixed_params(family)))}
     whole = run(new_engine(prefill_chunk=1000), mc, reqs)
     for chunk in (1, 3):
-        assert {r: [o[:2] for o in v] for r, v in run(new_engine(prefill_chunk=chunk), mc, reqs).items()} == \
-            {r: [o[:2] for o in v] for r, v in whole.items()}
+        assert {r: [o[:2] for o in v] for r, v in run(new_engine(prefill_chunk=chunk), mc, reqs).items()} == {
+            r: [o[:2] for o in v] for r, v in whole.items()
+        }
 
 
 def noise_fn(ref, seed):
@@ -84,11 +93,15 @@ def noise_fn(ref, seed):
     return lambda T: truncated_normal(torch.tensor(seed), torch.arange(T)[:, None], torch.arange(ref.H)[None, :]) * s
 
 
-CASES = [("ouro", {}, {}), ("ouro", {}, dict(exit_threshold=0.5)),
-         ("ouro", {}, dict(exit_threshold=0.4, min_loops=2, max_loops=3)),
-         ("nanbeige", {}, {}), ("nanbeige", {}, dict(max_loops=1)),
-         ("huginn", {"mean_recurrence": 5, "state_init": "zero"}, {}),
-         ("huginn", {"mean_recurrence": 5}, dict(seed=11, max_loops=3))]
+CASES = [
+    ("ouro", {}, {}),
+    ("ouro", {}, dict(exit_threshold=0.5)),
+    ("ouro", {}, dict(exit_threshold=0.4, min_loops=2, max_loops=3)),
+    ("nanbeige", {}, {}),
+    ("nanbeige", {}, dict(max_loops=1)),
+    ("huginn", {"mean_recurrence": 5, "state_init": "zero"}, {}),
+    ("huginn", {"mean_recurrence": 5}, dict(seed=11, max_loops=3)),
+]
 
 
 @pytest.mark.parametrize("layout", ["last_exited", "shared"])
@@ -186,13 +199,15 @@ def test_stop_conditions(checkpoints):
     and a neighbour's tokens do not change."""
     mc, new_engine = make(checkpoints["ouro"], "ouro")
     b = (PROMPTS[0], SamplingParams(max_tokens=9, temperature=0, ignore_eos=True))
-    free = run(new_engine(), mc, {"a": (PROMPTS[1], SamplingParams(max_tokens=6, temperature=0, ignore_eos=True)),
-                                  "b": b})
+    free = run(
+        new_engine(), mc, {"a": (PROMPTS[1], SamplingParams(max_tokens=6, temperature=0, ignore_eos=True)), "b": b}
+    )
     toks = [o[0] for o in free["a"]]
     engine = new_engine()
     blocks = engine.num_free_blocks
-    got = run(engine, mc, {"a": (PROMPTS[1], SamplingParams(max_tokens=6, temperature=0, stop_token_ids=[toks[2]])),
-                           "b": b})
+    got = run(
+        engine, mc, {"a": (PROMPTS[1], SamplingParams(max_tokens=6, temperature=0, stop_token_ids=[toks[2]])), "b": b}
+    )
     stop_at = toks.index(toks[2])
     assert [o[0] for o in got["a"]] == toks[: stop_at + 1] and got["a"][-1][3] == "stop"
     assert got["b"] == free["b"] and engine.num_free_blocks == blocks
@@ -236,8 +251,15 @@ def test_step_buffers_pack_and_append():
     assert w["y"].tolist() == list(range(30)) and big["x"].tolist() == list(range(40))
 
 
-@pytest.mark.parametrize("family,layout,fixed", [("ouro", "last_exited", False), ("ouro", "shared", False),
-                                                 ("ouro", "last_exited", True), ("nanbeige", "last_exited", True)])
+@pytest.mark.parametrize(
+    "family,layout,fixed",
+    [
+        ("ouro", "last_exited", False),
+        ("ouro", "shared", False),
+        ("ouro", "last_exited", True),
+        ("nanbeige", "last_exited", True),
+    ],
+)
 def test_steady_decode_equals_the_regular_path(checkpoints, family, layout, fixed):
     """Decode stretches run as device-side lanes give the same tokens, exit depths and logprobs as
     the regular path: mixed sampling and exit parameters (or fixed depth, where passes no lane can
@@ -246,11 +268,18 @@ def test_steady_decode_equals_the_regular_path(checkpoints, family, layout, fixe
     import msgspec
 
     mc, new_engine = make(checkpoints[family], family, layout)
-    params = [msgspec.structs.replace(p, exit_threshold=None, min_loops=None) if fixed else p
-              for p in mixed_params(family)]
+    params = [
+        msgspec.structs.replace(p, exit_threshold=None, min_loops=None) if fixed else p for p in mixed_params(family)
+    ]
     toks = [o[0] for o in run(new_engine(steady_decode="never"), mc, {"s": (PROMPTS[1], params[0])})["s"]]
-    stop = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True, stop_token_ids=[toks[4]], logprobs=1,
-                          exit_threshold=0.5 if family == "ouro" else None)
+    stop = SamplingParams(
+        max_tokens=12,
+        temperature=0,
+        ignore_eos=True,
+        stop_token_ids=[toks[4]],
+        logprobs=1,
+        exit_threshold=0.5 if family == "ouro" else None,
+    )
     requests = {str(i): (PROMPTS[i % 3], params[i % 3]) for i in range(5)} | {"s": (PROMPTS[1], stop)}
     arrivals = {"0": 0, "1": 0, "s": 0, "2": 9, "3": 30, "4": 31}
     runs = {}
@@ -276,8 +305,11 @@ def test_steady_decode_runs_only_when_a_request_can_exit_early(checkpoints):
     mc, new_engine = make(checkpoints["ouro"], "ouro")
     fixed = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)
     adaptive = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True, exit_threshold=0.5)
-    for cfg, params, runs_steady in ((dict(), (fixed, fixed), False), (dict(), (fixed, adaptive), True),
-                                     (dict(steady_decode="always"), (fixed, fixed), True)):
+    for cfg, params, runs_steady in (
+        (dict(), (fixed, fixed), False),
+        (dict(), (fixed, adaptive), True),
+        (dict(steady_decode="always"), (fixed, fixed), True),
+    ):
         engine = new_engine(**cfg)
         run(engine, mc, {str(i): (PROMPTS[i], p) for i, p in enumerate(params)})
         assert (engine.steady_steps > 0) == runs_steady, (cfg, params)
@@ -309,22 +341,34 @@ def test_profile_splits_busy_time_among_overlapping_kernels():
     def k(name, ts, dur, grid):
         return {"cat": "kernel", "name": name, "ts": ts, "dur": dur, "args": {"grid": grid}}
 
-    trace = {"traceEvents": [
-        k("_gemv_kernel", 0.0, 10.0, [1024, 1, 1]),
-        {"cat": "cuda_runtime", "name": "cudaLaunchKernel", "ts": 1.0, "dur": 2.0},  # not a kernel
-        k("_rope_kernel", 8.0, 4.0, [1, 48, 1]),  # starts under the GEMV: adds 2
-        k("_decode_kernel", 9.0, 2.0, [1, 16, 32]),  # inside both: adds nothing
-        k("_gemv_kernel", 20.0, 5.0, [1024, 1, 1]),  # after an 8 µs idle gap: adds its 5
-    ]}
+    trace = {
+        "traceEvents": [
+            k("_gemv_kernel", 0.0, 10.0, [1024, 1, 1]),
+            {"cat": "cuda_runtime", "name": "cudaLaunchKernel", "ts": 1.0, "dur": 2.0},  # not a kernel
+            k("_rope_kernel", 8.0, 4.0, [1, 48, 1]),  # starts under the GEMV: adds 2
+            k("_decode_kernel", 9.0, 2.0, [1, 16, 32]),  # inside both: adds nothing
+            k("_gemv_kernel", 20.0, 5.0, [1024, 1, 1]),  # after an 8 µs idle gap: adds its 5
+        ]
+    }
     kernels = profile.labelled_kernels(trace)
     assert [label for label, _, _ in kernels] == [
-        "_gemv_kernel [1024x1x1] after -", "_rope_kernel [1x48x1] after _gemv_kernel",
-        "_decode_kernel [1x16x32] after _rope_kernel", "_gemv_kernel [1024x1x1] after _decode_kernel"]
+        "_gemv_kernel [1024x1x1] after -",
+        "_rope_kernel [1x48x1] after _gemv_kernel",
+        "_decode_kernel [1x16x32] after _rope_kernel",
+        "_gemv_kernel [1024x1x1] after _decode_kernel",
+    ]
     assert profile.attribute_busy(kernels) == {
-        "_gemv_kernel [1024x1x1] after -": 10.0, "_rope_kernel [1x48x1] after _gemv_kernel": 2.0,
-        "_decode_kernel [1x16x32] after _rope_kernel": 0.0, "_gemv_kernel [1024x1x1] after _decode_kernel": 5.0}
+        "_gemv_kernel [1024x1x1] after -": 10.0,
+        "_rope_kernel [1x48x1] after _gemv_kernel": 2.0,
+        "_decode_kernel [1x16x32] after _rope_kernel": 0.0,
+        "_gemv_kernel [1024x1x1] after _decode_kernel": 5.0,
+    }
     assert profile.busy_us([(a, b) for _, a, b in kernels]) == 17.0
-    assert profile.short_name("void at::native::(anonymous namespace)::indexSelect<c10::BFloat16, long>(int)") \
+    assert (
+        profile.short_name("void at::native::(anonymous namespace)::indexSelect<c10::BFloat16, long>(int)")
         == "at::native::anon::indexSelect"
-    assert profile.short_name("std::enable_if<!(false), void>::type internal::gemvx::kernel<int>(int)") \
+    )
+    assert (
+        profile.short_name("std::enable_if<!(false), void>::type internal::gemvx::kernel<int>(int)")
         == "internal::gemvx::kernel"
+    )

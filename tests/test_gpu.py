@@ -6,6 +6,7 @@ import asyncio
 
 import pytest
 import torch
+from kernel_cases import decode_case
 
 import rlt
 from rlt.config import EngineConfig, ModelConfig
@@ -16,7 +17,6 @@ from rlt.kernels.sampler import SamplingTensors, sample
 from rlt.models.loader import load_model
 from rlt.sampling_params import SamplingParams
 from rlt.workers.engine import LoopEngine
-from kernel_cases import decode_case
 
 pytestmark = pytest.mark.gpu
 
@@ -49,8 +49,9 @@ def decode_all(mc, model, cfg, prompts, sp, dtype=torch.bfloat16, device="cuda")
 def first_logprobs(path, device, dtype, prompt):
     mc = ModelConfig.from_pretrained(path, hf_overrides={"mean_recurrence": 8} if "huginn" in path else None)
     eng = LoopEngine(mc, load_model(mc, dtype, device), EngineConfig(num_blocks=256), dtype, device)
-    eng.add_request("a", prompt, resolve_params(mc, len(prompt), SamplingParams(max_tokens=1, temperature=0,
-                                                                                logprobs=5)))
+    eng.add_request(
+        "a", prompt, resolve_params(mc, len(prompt), SamplingParams(max_tokens=1, temperature=0, logprobs=5))
+    )
     outs = []
     while eng.has_work():
         outs += eng.step()
@@ -72,11 +73,17 @@ def test_bf16_cuda_close_to_fp32_cpu(checkpoints, family):
 
 def test_rng_and_sampler_identical_on_cpu_and_cuda():
     seed, counter, idx = torch.tensor([[123456789012]]), torch.tensor([[7]]), torch.arange(100000)[None]
-    assert torch.equal(random_bits(seed, 1, counter, idx), random_bits(seed.cuda(), 1, counter.cuda(), idx.cuda()).cpu())
+    assert torch.equal(
+        random_bits(seed, 1, counter, idx), random_bits(seed.cuda(), 1, counter.cuda(), idx.cuda()).cpu()
+    )
     logits = torch.randn(8, 5000, generator=torch.Generator().manual_seed(0))
-    p = SamplingTensors(torch.full((8,), 0.9), torch.tensor([0, 5, 50, 0, 0, 20, 0, 0]),
-                        torch.tensor([1.0, 1.0, 0.9, 0.5, 1.0, 0.8, 1.0, 0.95]), torch.arange(8) + 3,
-                        torch.arange(8))
+    p = SamplingTensors(
+        torch.full((8,), 0.9),
+        torch.tensor([0, 5, 50, 0, 0, 20, 0, 0]),
+        torch.tensor([1.0, 1.0, 0.9, 0.5, 1.0, 0.8, 1.0, 0.95]),
+        torch.arange(8) + 3,
+        torch.arange(8),
+    )
     cuda_p = SamplingTensors(*(t.cuda() for t in (p.temperature, p.top_k, p.top_p, p.seed, p.output_index)))
     assert torch.equal(sample(logits, p), sample(logits.cuda(), cuda_p).cpu())
 
@@ -87,8 +94,9 @@ def test_pd_on_two_gpus_equals_single(checkpoints):
     sp = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True, exit_threshold=0.5)
 
     async def serve(topology):
-        async with rlt.Engine.launch(checkpoints["ouro"], topology=topology, device="cuda", dtype="bfloat16",
-                                     prefill_chunk=16, num_blocks=512) as engine:
+        async with rlt.Engine.launch(
+            checkpoints["ouro"], topology=topology, device="cuda", dtype="bfloat16", prefill_chunk=16, num_blocks=512
+        ) as engine:
             outs = []
             for i, p in enumerate(prompts):  # one at a time: identical batch shapes on both sides
                 async for out in engine.generate(p, sp, request_id=str(i)):
@@ -112,7 +120,7 @@ def test_batch_invariant_kernels_match_torch_and_ignore_the_batch():
     g = torch.Generator(device="cuda").manual_seed(0)
     for K, N in ((3072, 1024), (2048, 5632), (96, 200)):
         x = torch.randn(300, K, device="cuda", generator=g).bfloat16()
-        w = (torch.randn(N, K, device="cuda", generator=g) / K ** 0.5).bfloat16()
+        w = (torch.randn(N, K, device="cuda", generator=g) / K**0.5).bfloat16()
         y = linear(x, w)
         ref = F.linear(x.float(), w.float())
         assert (y.float() - ref).abs().max() <= 2e-2 * ref.abs().max()
@@ -130,14 +138,16 @@ def test_batch_invariant_kernels_match_torch_and_ignore_the_batch():
 @pytest.mark.parametrize("family", ["ouro", "nanbeige", "huginn"])
 def test_engine_batch_invariant_bf16(checkpoints, family):
     """With batch_invariant on, a request's tokens and depths are the same alone and in a batch."""
-    mc = ModelConfig.from_pretrained(checkpoints[family], hf_overrides={"mean_recurrence": 6} if family == "huginn"
-                                     else None)
+    mc = ModelConfig.from_pretrained(
+        checkpoints[family], hf_overrides={"mean_recurrence": 6} if family == "huginn" else None
+    )
     model = load_model(mc, torch.bfloat16, "cuda")
     cfg = EngineConfig(num_blocks=512, prefill_chunk=8, batch_invariant=True)
     prompts = [[5 + (i * 7 + j) % 400 for j in range(n)] for i, n in enumerate((9, 30, 17, 44))]
-    sps = [SamplingParams(max_tokens=12, temperature=0, ignore_eos=True,
-                          exit_threshold=0.5 if family == "ouro" else None),
-           SamplingParams(max_tokens=10, temperature=0.9, seed=4, ignore_eos=True)] * 2
+    sps = [
+        SamplingParams(max_tokens=12, temperature=0, ignore_eos=True, exit_threshold=0.5 if family == "ouro" else None),
+        SamplingParams(max_tokens=10, temperature=0.9, seed=4, ignore_eos=True),
+    ] * 2
 
     def run(items):
         eng = LoopEngine(mc, model, cfg, torch.bfloat16, "cuda")
@@ -164,8 +174,14 @@ def test_triton_paged_attention_matches_reference(dtype, tol, H, Hkv, D):
 
     import numpy as np
 
-    from rlt.kernels.paged_attention import (KernelPlan, PagedMetadata, kernel_fields, paged_attention, plan_kernel,
-                                             write_kv)
+    from rlt.kernels.paged_attention import (
+        KernelPlan,
+        PagedMetadata,
+        kernel_fields,
+        paged_attention,
+        plan_kernel,
+        write_kv,
+    )
 
     rng = random.Random(0)
     bs, L, NB = 16, 2, 700
@@ -176,19 +192,20 @@ def test_triton_paged_attention_matches_reference(dtype, tol, H, Hkv, D):
     blocks = rng.sample(range(NB), sum(-(-(q0 + n) // bs) for q0, n in segs))
     tables = []
     for q0, n in segs:
-        tables.append(blocks[:-(-(q0 + n) // bs)])
-        blocks = blocks[len(tables[-1]):]
+        tables.append(blocks[: -(-(q0 + n) // bs)])
+        blocks = blocks[len(tables[-1]) :]
     tab = torch.zeros(len(segs), max(map(len, tables)), dtype=torch.int64)
     for i, t in enumerate(tables):
-        tab[i, :len(t)] = torch.tensor(t)
+        tab[i, : len(t)] = torch.tensor(t)
     tab = tab.cuda()
     row_starts = np.cumsum([0] + [n for _, n in segs]).tolist()
     q_starts = [s[0] for s in segs]
     T = row_starts[-1]
     q = torch.randn(T, H, D, device="cuda", generator=g).to(dtype)
     k, v = (torch.randn(T, Hkv, D, device="cuda", generator=g).to(dtype) for _ in range(2))
-    slots = torch.tensor([t[p // bs] * bs + p % bs for (q0, n), t in zip(segs, tables) for p in range(q0, q0 + n)],
-                         device="cuda")
+    slots = torch.tensor(
+        [t[p // bs] * bs + p % bs for (q0, n), t in zip(segs, tables) for p in range(q0, q0 + n)], device="cuda"
+    )
     ref_meta = PagedMetadata(slots, tab, row_starts, q_starts, bs)
     for layer in range(L):
         write_kv(cache, layer, ref_meta, k, v)
@@ -208,11 +225,18 @@ def test_triton_paged_attention_matches_reference(dtype, tol, H, Hkv, D):
             assert (got - ref).abs().max() <= bound, plan
         m16 = meta(KernelPlan())
         # one segment alone gives the same bits as inside the batch
-        alone = PagedMetadata(slots[row_starts[6]:row_starts[7]], tab[6:7], [0, 19], [700], bs,
-                              {n: torch.from_numpy(a).cuda() for n, a in kernel_fields([0, 19], [700]).items()})
+        alone = PagedMetadata(
+            slots[row_starts[6] : row_starts[7]],
+            tab[6:7],
+            [0, 19],
+            [700],
+            bs,
+            {n: torch.from_numpy(a).cuda() for n, a in kernel_fields([0, 19], [700]).items()},
+        )
         r6 = slice(row_starts[6], row_starts[7])
-        assert torch.equal(paged_attention(cache, layer, alone, q[r6], k[r6], v[r6]),
-                           paged_attention(cache, layer, m16, q, k, v)[r6])
+        assert torch.equal(
+            paged_attention(cache, layer, alone, q[r6], k[r6], v[r6]), paged_attention(cache, layer, m16, q, k, v)[r6]
+        )
 
 
 @pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-4), (torch.bfloat16, 2e-2)])
@@ -234,8 +258,10 @@ def test_decode_attention_matches_reference(dtype, tol, H, Hkv, D):
         for splits in (1, 2, 8, 32, 64, 128, None):
             got = da.decode_attention(cache, layer, q, tab, pos, meta.block_size, splits).float()
             assert (got - ref).abs().max() <= bound, splits
-        assert torch.equal(paged_attention(cache, layer, kernel_meta, q, None, None),
-                           da.decode_attention(cache, layer, q, tab, pos, meta.block_size))
+        assert torch.equal(
+            paged_attention(cache, layer, kernel_meta, q, None, None),
+            da.decode_attention(cache, layer, q, tab, pos, meta.block_size),
+        )
     assert da._counters(q.device).abs().sum().item() == 0  # every merging slice reset its counter
 
 
@@ -251,7 +277,7 @@ def test_gemv_matches_torch():
     for dtype, tol in ((torch.float32, 1e-4), (torch.bfloat16, 2e-2)):
         for N, K in ((6144, 2048), (2048, 2048), (11264, 2048), (2048, 5632), (37, 300)):
             x = torch.randn(1, K, device="cuda", generator=g).to(dtype)
-            w = (torch.randn(N, K, device="cuda", generator=g) / K ** 0.5).to(dtype)
+            w = (torch.randn(N, K, device="cuda", generator=g) / K**0.5).to(dtype)
             ref = F.linear(x.float(), w.float())
             bound = tol * ref.abs().max().item()
             for cfg in gv.CONFIGS:
@@ -275,7 +301,7 @@ def test_gemv_epilogues_match_separate_launches():
     for dtype, tol in ((torch.float32, 1e-4), (torch.bfloat16, 2e-2)):
         for N, K in ((2048, 2048), (2048, 5632), (37, 300), (2560, 4096)):
             x = torch.randn(1, K, device="cuda", generator=g).to(dtype)
-            w, gate_up = ((torch.randn(n, K, device="cuda", generator=g) / K ** 0.5).to(dtype) for n in (N, 2 * N))
+            w, gate_up = ((torch.randn(n, K, device="cuda", generator=g) / K**0.5).to(dtype) for n in (N, 2 * N))
             r = torch.randn(1, N, device="cuda", generator=g).to(dtype)
             wa, wo = ((1 + 0.1 * torch.randn(N, device="cuda", generator=g)).to(dtype) for _ in range(2))
 
@@ -298,8 +324,10 @@ def test_gemv_epilogues_match_separate_launches():
             calls = {}
             for kernels in ("triton", "reference"):
                 mode.configure("cuda", kernels, False)
-                calls[kernels] = (layers.linear_swiglu(x, gate_up),
-                                  *layers.linear_add_norm(x, w, r, wa, wo, eps, (gate_w, gate_b)))
+                calls[kernels] = (
+                    layers.linear_swiglu(x, gate_up),
+                    *layers.linear_add_norm(x, w, r, wa, wo, eps, (gate_w, gate_b)),
+                )
             mode.configure("cuda", "triton", False)
             (*tri, gate), ref = calls["triton"], calls["reference"]
             assert torch.equal(tri[0], gv.gemv_swiglu(x, gate_up))  # the one-row GEMV and its epilogue ran
@@ -353,8 +381,9 @@ def test_fused_kernels_match_torch():
             x, a = (torch.randn(37, N, device="cuda", generator=g).to(dtype) for _ in range(2))
             wa, wo = ((1 + 0.1 * torch.randn(N, device="cuda", generator=g)).to(dtype) for _ in range(2))
             for w in (wa, None):
-                rx = x.cpu().float() + (a.cpu().float() if w is None else
-                                        layers.rms_norm(a.cpu().float(), w.cpu().float(), 1e-6))
+                rx = x.cpu().float() + (
+                    a.cpu().float() if w is None else layers.rms_norm(a.cpu().float(), w.cpu().float(), 1e-6)
+                )
                 rh = layers.rms_norm(rx, wo.cpu().float(), 1e-6)
                 gx, gh = add_rms_norm(x, a, w, wo, 1e-6)
                 assert (gx.float().cpu() - rx).abs().max() <= tol * rx.abs().max()
@@ -370,15 +399,22 @@ def test_fused_kernels_match_torch():
 def test_cuda_graphs_equal_eager(checkpoints, family):
     """Decode passes replayed from CUDA graphs (padded batches, rows at different depths) give the
     same tokens and depths as eager passes; with batch-invariant kernels, the same logprobs too."""
-    mc = ModelConfig.from_pretrained(checkpoints[family], hf_overrides={"mean_recurrence": 6} if family == "huginn"
-                                     else None)
+    mc = ModelConfig.from_pretrained(
+        checkpoints[family], hf_overrides={"mean_recurrence": 6} if family == "huginn" else None
+    )
     model = load_model(mc, torch.bfloat16, "cuda")
-    sp = SamplingParams(max_tokens=14, temperature=0, ignore_eos=True, logprobs=3,
-                        exit_threshold=0.5 if family == "ouro" else None)
+    sp = SamplingParams(
+        max_tokens=14, temperature=0, ignore_eos=True, logprobs=3, exit_threshold=0.5 if family == "ouro" else None
+    )
 
     def run(graph_max):
-        return decode_all(mc, model, EngineConfig(num_blocks=512, prefill_chunk=8, batch_invariant=True,
-                                                  cuda_graph_max_batch=graph_max), PROMPTS, sp)
+        return decode_all(
+            mc,
+            model,
+            EngineConfig(num_blocks=512, prefill_chunk=8, batch_invariant=True, cuda_graph_max_batch=graph_max),
+            PROMPTS,
+            sp,
+        )
 
     eager, _ = run(0)
     graphed, eng = run(256)
@@ -396,21 +432,25 @@ def test_rope_kernel_matches_torch(pairs, dtype, tol, D):
 
     g = torch.Generator(device="cuda").manual_seed(0)
     qkv = torch.randn(50, (8 + 2 * 4) * D, device="cuda", generator=g).to(dtype)
-    q, k = qkv[:, : 8 * D].view(50, 8, D), qkv[:, 8 * D:12 * D].view(50, 4, D)  # strided views, as the models pass
+    q, k = qkv[:, : 8 * D].view(50, 8, D), qkv[:, 8 * D : 12 * D].view(50, 4, D)  # strided views, as the models pass
     pos = torch.randint(0, 60000, (50,), device="cuda", generator=g)
     inv = layers.rope_inv_freq(D, 1e6 if not pairs else 5e4).cuda()
     f = layers.rope_pairs if pairs else layers.rope_neox
     ref_q, ref_k = f(q.cpu().float(), pos.cpu(), inv.cpu()), f(k.cpu().float(), pos.cpu(), inv.cpu())
-    v = qkv[:, 12 * D:].clone()
+    v = qkv[:, 12 * D :].clone()
     qkv2 = qkv.clone()
     got_q, got_k = rope_(q, k, pos, inv, pairs)
     assert (got_q.float().cpu() - ref_q).abs().max() <= tol * ref_q.abs().max()
     assert (got_k.float().cpu() - ref_k).abs().max() <= tol * ref_k.abs().max()
-    assert torch.equal(qkv[:, 12 * D:], v)  # v beside q and k in the projection is untouched
+    assert torch.equal(qkv[:, 12 * D :], v)  # v beside q and k in the projection is untouched
     # the same launch storing k and v into the paged cache: same q/k bits, the cache as write_kv leaves it
     cache, ref_cache = (torch.zeros(8, 2, 2, 16, 4, D, dtype=dtype, device="cuda") for _ in range(2))
     slots = torch.randperm(8 * 16, device="cuda", generator=g)[:50]
-    q2, k2, v2 = qkv2[:, : 8 * D].view(50, 8, D), qkv2[:, 8 * D:12 * D].view(50, 4, D), qkv2[:, 12 * D:].view(50, 4, D)
+    q2, k2, v2 = (
+        qkv2[:, : 8 * D].view(50, 8, D),
+        qkv2[:, 8 * D : 12 * D].view(50, 4, D),
+        qkv2[:, 12 * D :].view(50, 4, D),
+    )
     rope_write_kv(q2, k2, v2, pos, inv, pairs, cache, 1, slots, 16)
     write_kv(ref_cache, 1, PagedMetadata(slots, None, [], [], 16), got_k, v.view(50, 4, D))
     assert torch.equal(q2, got_q) and torch.equal(k2, got_k) and torch.equal(cache, ref_cache)
@@ -426,20 +466,27 @@ def test_rms_norm_on_cuda_matches_torch():
     assert (layers.rms_norm(x, w, 1e-6).float().cpu() - ref).abs().max() <= 2e-2 * ref.abs().max()
 
 
-
 @pytest.mark.parametrize("family", ["ouro", "nanbeige", "huginn"])
 def test_cuda_decode_equals_cpu_in_float32(checkpoints, family):
     """Greedy decode on CUDA in float32 (kernels, CUDA graphs, tokens fed to the next pass on the
     device and read back one step late through pinned memory) gives the CPU reference's tokens and
     exit depths."""
-    mc = ModelConfig.from_pretrained(checkpoints[family], hf_overrides={"mean_recurrence": 6} if family == "huginn"
-                                     else None)
+    mc = ModelConfig.from_pretrained(
+        checkpoints[family], hf_overrides={"mean_recurrence": 6} if family == "huginn" else None
+    )
     sp = SamplingParams(max_tokens=10, temperature=0, ignore_eos=True, exit_threshold=0.5 if family == "ouro" else None)
     prompts = [[5 + (i * 11 + j) % 400 for j in range(n)] for i, n in enumerate((12, 33, 7))]
 
     def run(device):
-        out, _ = decode_all(mc, load_model(mc, torch.float32, device), EngineConfig(num_blocks=256, prefill_chunk=16),
-                            prompts, sp, torch.float32, device)
+        out, _ = decode_all(
+            mc,
+            load_model(mc, torch.float32, device),
+            EngineConfig(num_blocks=256, prefill_chunk=16),
+            prompts,
+            sp,
+            torch.float32,
+            device,
+        )
         return {rid: [o[:2] for o in outs] for rid, outs in out.items()}
 
     assert run("cuda") == run("cpu")
@@ -449,13 +496,21 @@ def test_cuda_decode_equals_cpu_in_float32(checkpoints, family):
 def test_one_row_decode_equals_cpu_in_float32(checkpoints, family):
     """One request alone decodes through the one-row GEMVs and their SwiGLU and add + RMSNorm
     epilogues (Ouro's exit gate too) in float32 to the CPU reference's tokens and exit depths."""
-    mc = ModelConfig.from_pretrained(checkpoints[family], hf_overrides={"mean_recurrence": 6} if family == "huginn"
-                                     else None)
+    mc = ModelConfig.from_pretrained(
+        checkpoints[family], hf_overrides={"mean_recurrence": 6} if family == "huginn" else None
+    )
     sp = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True, exit_threshold=0.5 if family == "ouro" else None)
 
     def run(device, prompts):
-        out, _ = decode_all(mc, load_model(mc, torch.float32, device), EngineConfig(num_blocks=256, prefill_chunk=16),
-                            prompts, sp, torch.float32, device)
+        out, _ = decode_all(
+            mc,
+            load_model(mc, torch.float32, device),
+            EngineConfig(num_blocks=256, prefill_chunk=16),
+            prompts,
+            sp,
+            torch.float32,
+            device,
+        )
         return {rid: [o[:2] for o in outs] for rid, outs in out.items()}
 
     alone = [[7 + j % 300 for j in range(21)]]
@@ -474,8 +529,9 @@ def test_steady_one_row_equals_regular(checkpoints, family, threshold):
     sp = SamplingParams(max_tokens=16, temperature=0, ignore_eos=True, exit_threshold=threshold)
 
     def run(steady):
-        cfg = EngineConfig(num_blocks=512, prefill_chunk=8, cuda_graph_max_batch=256,
-                           steady_decode="always" if steady else "never")
+        cfg = EngineConfig(
+            num_blocks=512, prefill_chunk=8, cuda_graph_max_batch=256, steady_decode="always" if steady else "never"
+        )
         out, eng = decode_all(mc, model, cfg, PROMPTS[3:4], sp)
         return [o[:2] for o in out["0"]], eng.steady_steps
 
@@ -492,14 +548,24 @@ def test_steady_decode_equals_regular_on_cuda(checkpoints, family, graphs):
     (log_softmax runs over every lane there)."""
     mc = ModelConfig.from_pretrained(checkpoints[family])
     model = load_model(mc, torch.bfloat16, "cuda")
-    sp = SamplingParams(max_tokens=14, temperature=0, ignore_eos=True, logprobs=3,
-                        exit_threshold=0.5 if family == "ouro" else None)
+    sp = SamplingParams(
+        max_tokens=14, temperature=0, ignore_eos=True, logprobs=3, exit_threshold=0.5 if family == "ouro" else None
+    )
 
     def run(steady):
-        out, eng = decode_all(mc, model, EngineConfig(num_blocks=512, prefill_chunk=8, batch_invariant=True,
-                                                      cuda_graph_max_batch=graphs,
-                                                      steady_decode="always" if steady else "never"),
-                              PROMPTS, sp)
+        out, eng = decode_all(
+            mc,
+            model,
+            EngineConfig(
+                num_blocks=512,
+                prefill_chunk=8,
+                batch_invariant=True,
+                cuda_graph_max_batch=graphs,
+                steady_decode="always" if steady else "never",
+            ),
+            PROMPTS,
+            sp,
+        )
         return out, eng.steady_steps
 
     (regular, _), (steady, steps) = run(False), run(True)

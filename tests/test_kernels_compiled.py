@@ -19,8 +19,9 @@ TESTED_TRITON = ((3, 6), (3, 9))  # (major, minor) releases
 _TRITON = tuple(int(p) for p in re.findall(r"\d+", triton.__version__)[:2])
 compiler_output = pytest.mark.skipif(
     _TRITON not in TESTED_TRITON,
-    reason=f"parses compiler output of triton {', '.join('%d.%d.x' % v for v in TESTED_TRITON)}; "
-           f"this is triton {triton.__version__}")
+    reason=f"parses compiler output of triton {', '.join(f'{a}.{b}.x' for a, b in TESTED_TRITON)}; "
+    f"this is triton {triton.__version__}",
+)
 
 
 def kernels():
@@ -30,15 +31,50 @@ def kernels():
     gemv_args = occ.GEMV_SIGNATURE
 
     def decode_case(splits):
-        args = dict(q_ptr=p16, o_ptr=p16, part_ptr=p32, ml_ptr=p32, count_ptr="*i32", cache_ptr=p16, table_ptr=p64,
-                    pos_ptr=p64, layer=i, scale=f, stride_qt=i, stride_qh=i, stride_ot=i, stride_oh=i, stride_cb=i,
-                    stride_cl=i, stride_ckv=i, stride_co=i, stride_ch=i, stride_ts=i)
-        return decode_attention._decode_kernel, args, dict(
-            H=16, GROUP=1, G_PAD=16, BLOCK_SIZE=16, HEAD_DIM=128, D_PAD=128, BLOCK_N=32, SPLITS=splits, IEEE=False)
+        args = dict(
+            q_ptr=p16,
+            o_ptr=p16,
+            part_ptr=p32,
+            ml_ptr=p32,
+            count_ptr="*i32",
+            cache_ptr=p16,
+            table_ptr=p64,
+            pos_ptr=p64,
+            layer=i,
+            scale=f,
+            stride_qt=i,
+            stride_qh=i,
+            stride_ot=i,
+            stride_oh=i,
+            stride_cb=i,
+            stride_cl=i,
+            stride_ckv=i,
+            stride_co=i,
+            stride_ch=i,
+            stride_ts=i,
+        )
+        return (
+            decode_attention._decode_kernel,
+            args,
+            dict(
+                H=16, GROUP=1, G_PAD=16, BLOCK_SIZE=16, HEAD_DIM=128, D_PAD=128, BLOCK_N=32, SPLITS=splits, IEEE=False
+            ),
+        )
 
     def gemv_case(epilogue, row=1):
-        return gemv._gemv_kernel, gemv_args, dict(BLOCK_N=2, BLOCK_K=1024, EPILOGUE=epilogue, NORM_A=True,
-                                                  GATE=epilogue == gemv.ADD_NORM, ROW=row, K_TILES=0)
+        return (
+            gemv._gemv_kernel,
+            gemv_args,
+            dict(
+                BLOCK_N=2,
+                BLOCK_K=1024,
+                EPILOGUE=epilogue,
+                NORM_A=True,
+                GATE=epilogue == gemv.ADD_NORM,
+                ROW=row,
+                K_TILES=0,
+            ),
+        )
 
     return {
         "gemv": gemv_case(gemv.PLAIN),
@@ -46,26 +82,73 @@ def kernels():
         "gemv_add_norm": gemv_case(gemv.ADD_NORM, 2048),
         "decode": decode_case(8),
         "decode_unsplit": decode_case(1),
-        "add_rms_norm": (norm._add_rms_norm_kernel,
-                         dict(x_ptr=p16, a_ptr=p16, wa_ptr=p16, wo_ptr=p16, xo_ptr=p16, h_ptr=p16, stride_x=i,
-                              stride_a=i, stride_xo=i, stride_h=i, N=i, eps=f), dict(NORM_A=False, BLOCK=2048)),
-        "rms_norm": (norm._rms_norm_kernel, dict(x_ptr=p16, w_ptr=p16, y_ptr=p16, stride_x=i, stride_y=i, N=i, eps=f),
-                     dict(BLOCK=2048)),
-        "rope": (rope._rope_kernel, dict(q_ptr=p16, k_ptr=p16, v_ptr=p16, pos_ptr=p64, inv_ptr=p32, cache_ptr=p16,
-                                         slot_ptr=p64, layer=i, stride_qt=i, stride_qh=i, stride_kt=i, stride_kh=i,
-                                         stride_vt=i, stride_vh=i, stride_cb=i, stride_cl=i, stride_ckv=i,
-                                         stride_co=i, stride_ch=i),
-                 dict(HQ=16, HKV=16, HALF=64, HALF_PAD=64, PAIRS=False, WRITE_KV=True, BLOCK_SIZE=16)),
-        "silu_mul": (activation._silu_mul_kernel, dict(gu_ptr=p16, out_ptr=p16, stride_gu=i, stride_out=i, N=i),
-                     dict(BLOCK=1024)),
+        "add_rms_norm": (
+            norm._add_rms_norm_kernel,
+            dict(
+                x_ptr=p16,
+                a_ptr=p16,
+                wa_ptr=p16,
+                wo_ptr=p16,
+                xo_ptr=p16,
+                h_ptr=p16,
+                stride_x=i,
+                stride_a=i,
+                stride_xo=i,
+                stride_h=i,
+                N=i,
+                eps=f,
+            ),
+            dict(NORM_A=False, BLOCK=2048),
+        ),
+        "rms_norm": (
+            norm._rms_norm_kernel,
+            dict(x_ptr=p16, w_ptr=p16, y_ptr=p16, stride_x=i, stride_y=i, N=i, eps=f),
+            dict(BLOCK=2048),
+        ),
+        "rope": (
+            rope._rope_kernel,
+            dict(
+                q_ptr=p16,
+                k_ptr=p16,
+                v_ptr=p16,
+                pos_ptr=p64,
+                inv_ptr=p32,
+                cache_ptr=p16,
+                slot_ptr=p64,
+                layer=i,
+                stride_qt=i,
+                stride_qh=i,
+                stride_kt=i,
+                stride_kh=i,
+                stride_vt=i,
+                stride_vh=i,
+                stride_cb=i,
+                stride_cl=i,
+                stride_ckv=i,
+                stride_co=i,
+                stride_ch=i,
+            ),
+            dict(HQ=16, HKV=16, HALF=64, HALF_PAD=64, PAIRS=False, WRITE_KV=True, BLOCK_SIZE=16),
+        ),
+        "silu_mul": (
+            activation._silu_mul_kernel,
+            dict(gu_ptr=p16, out_ptr=p16, stride_gu=i, stride_out=i, N=i),
+            dict(BLOCK=1024),
+        ),
     }
 
 
 # What a kernel may read before its PDL wait: memory no kernel of the pass writes while it runs.
-EARLY_READS = {"gemv": {"w_ptr"}, "gemv_swiglu": {"w_ptr"}, "gemv_add_norm": {"w_ptr"},
-               "decode": {"pos_ptr", "table_ptr", "cache_ptr"},
-               "decode_unsplit": {"pos_ptr"},  # unsplit passes read the cache after the wait
-               "rope": {"pos_ptr", "inv_ptr", "slot_ptr"}, "rms_norm": {"w_ptr"}, "add_rms_norm": {"wo_ptr"}}
+EARLY_READS = {
+    "gemv": {"w_ptr"},
+    "gemv_swiglu": {"w_ptr"},
+    "gemv_add_norm": {"w_ptr"},
+    "decode": {"pos_ptr", "table_ptr", "cache_ptr"},
+    "decode_unsplit": {"pos_ptr"},  # unsplit passes read the cache after the wait
+    "rope": {"pos_ptr", "inv_ptr", "slot_ptr"},
+    "rms_norm": {"w_ptr"},
+    "add_rms_norm": {"wo_ptr"},
+}
 
 
 def early_global_reads(ptx: str, sig: dict[str, str]) -> set[str]:
@@ -75,7 +158,7 @@ def early_global_reads(ptx: str, sig: dict[str, str]) -> set[str]:
     params = [name if kind.startswith("*") else None for name, kind in sig.items()]
     deps: dict[str, set[str]] = {}
     used: set[str] = set()
-    for line in ptx[:ptx.index("griddepcontrol.wait")].splitlines():
+    for line in ptx[: ptx.index("griddepcontrol.wait")].splitlines():
         line = re.sub(r"^@!?%\w+\s+", "", line.split("//")[0].strip().rstrip(";").strip())
         if not line or line[0] in "/.{}$" or len(line.split()) < 2:
             continue
@@ -106,8 +189,20 @@ def ptx_of(name: str, pdl: bool) -> str:
 
 
 @compiler_output
-@pytest.mark.parametrize("name", ["gemv", "gemv_swiglu", "gemv_add_norm", "decode",
-                                  "decode_unsplit", "add_rms_norm", "rms_norm", "rope", "silu_mul"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "gemv",
+        "gemv_swiglu",
+        "gemv_add_norm",
+        "decode",
+        "decode_unsplit",
+        "add_rms_norm",
+        "rms_norm",
+        "rope",
+        "silu_mul",
+    ],
+)
 def test_pdl_kernel_waits_before_touching_memory(name):
     """With PDL a kernel releases the next one, then waits, then reads what other kernels write."""
     sig = kernels()[name][1]
@@ -152,9 +247,10 @@ def test_unrolled_gemv_loads_both_tiles_in_one_round():
     """K_TILES (gemv.unrolled_tiles): after the PDL wait (ACQBULK) the o projection's GEMV (K = 2048,
     two 1024-wide tiles) issues the second weight tile and both x tiles before any multiply-add; the
     runtime loop multiplies the first tile (waiting for its x) before it loads the second."""
+
     def after_wait(ops):
-        ops = ops[ops.index("ACQBULK") + 1:]
-        return ops[:ops.index("FFMA")]
+        ops = ops[ops.index("ACQBULK") + 1 :]
+        return ops[: ops.index("FFMA")]
 
     unrolled = after_wait(sass_ops("gemv_add_norm", K_TILES=2))
     looped = after_wait(sass_ops("gemv_add_norm"))
@@ -179,8 +275,8 @@ def test_add_norm_tail_reads_in_one_round_trip():
     both norm weights, the exit gate's weight and bias) before its first reduction: a load placed
     after a reduction's barrier waits for it, one more dependent round trip each (it had four)."""
     ptx = ptx_of("gemv_add_norm", False)
-    tail = ptx[ptx.index("atom.global.gpu.acq_rel.add") + 1:]
-    tail = tail[:tail.index("atom.global")]  # up to the counter's reset
+    tail = ptx[ptx.index("atom.global.gpu.acq_rel.add") + 1 :]
+    tail = tail[: tail.index("atom.global")]  # up to the counter's reset
     reduction = tail.index("shfl.sync")
     assert len(re.findall(r"\bld\.global", tail[:reduction])) >= 6
     assert not re.search(r"\bld\.global", tail[reduction:])
@@ -198,7 +294,14 @@ def test_split_plan(monkeypatch):
 def test_resident_programs():
     """Programs per SM from registers (allocated per warp in units of 256), warps, shared memory
     and the 32-program cap."""
-    assert [occ.resident(r, w) for r, w in ((56, 4), (64, 4), (80, 4), (34, 4), (96, 4), (16, 1))] == [9, 8, 6, 12, 5, 32]
+    assert [occ.resident(r, w) for r, w in ((56, 4), (64, 4), (80, 4), (34, 4), (96, 4), (16, 1))] == [
+        9,
+        8,
+        6,
+        12,
+        5,
+        32,
+    ]
     assert occ.resident(40, 4, 100 * 1024) == 2 and occ.resident(40, 4, 0) == 12
 
 

@@ -12,8 +12,13 @@ def test_kernels_match_references_interpreted():
     here = os.path.dirname(__file__)
     path = os.pathsep.join([here, os.environ.get("PYTHONPATH", "")])
     env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": path}
-    r = subprocess.run([sys.executable, os.path.join(here, "interpreted_kernels.py")], env=env, capture_output=True,
-                       text=True, timeout=600)
+    r = subprocess.run(
+        [sys.executable, os.path.join(here, "interpreted_kernels.py")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert r.returncode == 0, r.stdout + r.stderr
     from rlt.kernels.gemv import CONFIGS
 

@@ -7,8 +7,11 @@ RLT = pathlib.Path(__file__).resolve().parent.parent / "rlt"
 
 
 def test_only_envs_reads_the_environment():
-    readers = [str(p.relative_to(RLT)) for p in RLT.rglob("*.py")
-               if p.name != "envs.py" and re.search(r"os\.environ|os\.getenv|getenv\(", p.read_text())]
+    readers = [
+        str(p.relative_to(RLT))
+        for p in RLT.rglob("*.py")
+        if p.name != "envs.py" and re.search(r"os\.environ|os\.getenv|getenv\(", p.read_text())
+    ]
     assert readers == []
 
 

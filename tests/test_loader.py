@@ -65,23 +65,31 @@ def test_missing_tensor_is_named(checkpoints, tmp_path):
 
 
 def test_extra_tensor_is_named(checkpoints, tmp_path):
-    mc = broken_copy(checkpoints["ouro"], tmp_path, lambda w: w.update({"model.layers.0.self_attn.q_proj.bias":
-                                                                          torch.zeros(64)}))
+    mc = broken_copy(
+        checkpoints["ouro"], tmp_path, lambda w: w.update({"model.layers.0.self_attn.q_proj.bias": torch.zeros(64)})
+    )
     with pytest.raises(CheckpointError, match=r"unexpected tensor 'model.layers.0.self_attn.q_proj.bias'"):
         load_weights(mc, torch.float32)
 
 
 def test_misshaped_tensor_is_named(checkpoints, tmp_path):
-    mc = broken_copy(checkpoints["nanbeige"], tmp_path,
-                     lambda w: w.update({"model.layers.0.self_attn.k_proj.weight": torch.zeros(8, 64)}))
-    with pytest.raises(CheckpointError, match=r"'model.layers.0.self_attn.k_proj.weight' has shape \(8, 64\), "
-                                              r"expected \(64, 64\)"):
+    mc = broken_copy(
+        checkpoints["nanbeige"],
+        tmp_path,
+        lambda w: w.update({"model.layers.0.self_attn.k_proj.weight": torch.zeros(8, 64)}),
+    )
+    with pytest.raises(
+        CheckpointError,
+        match=r"'model.layers.0.self_attn.k_proj.weight' has shape \(8, 64\), "
+        r"expected \(64, 64\)",
+    ):
         load_weights(mc, torch.float32)
 
 
 def test_huginn_stored_head_must_equal_embedding(checkpoints, tmp_path):
-    mc = broken_copy(checkpoints["huginn"], tmp_path,
-                     lambda w: w.update({"lm_head.weight": w["lm_head.weight"] + 1e-3}))
+    mc = broken_copy(
+        checkpoints["huginn"], tmp_path, lambda w: w.update({"lm_head.weight": w["lm_head.weight"] + 1e-3})
+    )
     with pytest.raises(CheckpointError, match="'lm_head.weight' differs from the tied embedding"):
         load_weights(mc, torch.float32)
 
@@ -92,8 +100,9 @@ def test_recomputed_buffers_are_ignored(checkpoints, tmp_path):
 
 
 def test_integer_tensor_rejected(checkpoints, tmp_path):
-    mc = broken_copy(checkpoints["ouro"], tmp_path,
-                     lambda w: w.update({"model.norm.weight": torch.ones(64, dtype=torch.int32)}))
+    mc = broken_copy(
+        checkpoints["ouro"], tmp_path, lambda w: w.update({"model.norm.weight": torch.ones(64, dtype=torch.int32)})
+    )
     with pytest.raises(CheckpointError, match="'model.norm.weight' has dtype"):
         load_weights(mc, torch.float32)
 

@@ -2,17 +2,15 @@
 
 import pytest
 import torch
-
+from dense_kv import DenseKV
 from reference import Ref, ref_generate
-from rlt.config import ModelConfig
+
+from rlt.config import EngineConfig, ModelConfig
 from rlt.control.validation import resolve_params
 from rlt.kernels.random import truncated_normal
 from rlt.models.loader import load_model
 from rlt.sampling_params import SamplingParams
-from rlt.config import EngineConfig
 from rlt.workers.engine import LoopEngine
-
-from dense_kv import DenseKV
 
 PROMPT = [11, 42, 7, 300, 19, 5, 88, 250, 3]
 
@@ -31,8 +29,11 @@ def engine_for(path, overrides=None, dtype=torch.float32):
 
 
 def greedy(mc, engine, prompt, n, **kw):
-    p = resolve_params(mc, len(prompt), SamplingParams(**({"max_tokens": n, "temperature": 0.0, "ignore_eos": True,
-                                                          "logprobs": 5} | kw)))
+    p = resolve_params(
+        mc,
+        len(prompt),
+        SamplingParams(**({"max_tokens": n, "temperature": 0.0, "ignore_eos": True, "logprobs": 5} | kw)),
+    )
     engine.add_request("r", prompt, p)
     outs = []
     while engine.has_work():
@@ -42,8 +43,7 @@ def greedy(mc, engine, prompt, n, **kw):
 
 def huginn_noise(ref, seed=0):
     s = ref.cfg["init_values"]["std"] * ref.cfg["init_values"]["embed_scale"]
-    return lambda T: truncated_normal(torch.tensor(seed), torch.arange(T)[:, None],
-                                      torch.arange(ref.H)[None, :]) * s
+    return lambda T: truncated_normal(torch.tensor(seed), torch.arange(T)[:, None], torch.arange(ref.H)[None, :]) * s
 
 
 def assert_matches(g, tokens, depths, logps):
@@ -54,8 +54,11 @@ def assert_matches(g, tokens, depths, logps):
             assert abs(val - lp[tok].item()) < 1e-4, (tok, val, lp[tok].item())
 
 
-DEPTHS = {"ouro": ("total_ut_steps", [1, 2, 3, 4]), "nanbeige": ("num_loops", [1, 2, 3]),
-          "huginn": ("mean_recurrence", [1, 2, 5, 32])}
+DEPTHS = {
+    "ouro": ("total_ut_steps", [1, 2, 3, 4]),
+    "nanbeige": ("num_loops", [1, 2, 3]),
+    "huginn": ("mean_recurrence", [1, 2, 5, 32]),
+}
 
 
 @pytest.mark.parametrize("family", ["ouro", "nanbeige", "huginn"])

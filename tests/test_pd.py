@@ -6,13 +6,12 @@ import signal
 import time
 
 import pytest
+from test_api import all_blocks_free as _all_free
 
 import rlt
 from rlt import EngineDeadError, SamplingParams
 from rlt.config import Faults
 from rlt.control.lifecycle import Phase
-
-from test_api import all_blocks_free as _all_free
 
 FAST = dict(heartbeat_interval=0.2, heartbeat_timeout=3.0, startup_timeout=60.0, transfer_timeout=10.0)
 SMALL = dict(block_size=4, prefill_chunk=5, num_blocks=400)  # prompts span several chunks and blocks
@@ -29,22 +28,26 @@ async def all_free(engine, timeout=10.0):
 def requests(family):
     gate = family == "ouro"
     prompts = [[5 + i for i in range(17)], [300, 2, 77, 9, 14, 100, 6, 3, 12, 40, 41], [8] * 23]
-    params = [SamplingParams(max_tokens=9, temperature=0, ignore_eos=True, logprobs=2),
-              SamplingParams(max_tokens=7, temperature=1.0, top_k=30, seed=11, ignore_eos=True),
-              SamplingParams(max_tokens=8, temperature=0.8, top_p=0.9, seed=3, ignore_eos=True,
-                             exit_threshold=0.5 if gate else None)]
+    params = [
+        SamplingParams(max_tokens=9, temperature=0, ignore_eos=True, logprobs=2),
+        SamplingParams(max_tokens=7, temperature=1.0, top_k=30, seed=11, ignore_eos=True),
+        SamplingParams(
+            max_tokens=8, temperature=0.8, top_p=0.9, seed=3, ignore_eos=True, exit_threshold=0.5 if gate else None
+        ),
+    ]
     if gate:
         prompts.append([9, 8, 7, 6, 5, 4, 3, 2, 1, 10, 11, 12])
-        params.append(SamplingParams(max_tokens=10, temperature=0, ignore_eos=True, exit_threshold=0.4,
-                                     min_loops=2))
+        params.append(SamplingParams(max_tokens=10, temperature=0, ignore_eos=True, exit_threshold=0.4, min_loops=2))
     return list(zip(prompts, params))
 
 
 async def run_all(path, topology, layout, family, reqs, stats=None, **opts):
     """Every request at once -> (tokens, depths, logprobs, finish) each; stats: a dict to fill with
     the engine's stats after the run."""
-    async with rlt.Engine.launch(path, topology=topology, kv_layout=layout, hf_overrides=OV.get(family),
-                                 **SMALL, **FAST, **opts) as engine:
+    async with rlt.Engine.launch(
+        path, topology=topology, kv_layout=layout, hf_overrides=OV.get(family), **SMALL, **FAST, **opts
+    ) as engine:
+
         async def one(i, p, sp):
             async for out in engine.generate(p, sp, request_id=f"q{i}"):
                 pass
@@ -74,10 +77,15 @@ async def test_pd_equals_single(checkpoints, family, layout):
         assert len(set(single[2][1][1:] + single[3][1][1:])) >= 2  # adaptive exits really happened
 
 
-@pytest.mark.parametrize("opts,local", [(dict(max_local_prefill_length=12), 2),  # the 11- and 12-token prompts
-                                        (dict(max_prefill_queue_size=1), 3),  # all but the first: P holds it
-                                        (dict(max_prefill_queue_size=0), 4),
-                                        (dict(prefill_worker_chunk=64), 0)])  # whole prompts per chunk on P
+@pytest.mark.parametrize(
+    "opts,local",
+    [
+        (dict(max_local_prefill_length=12), 2),  # the 11- and 12-token prompts
+        (dict(max_prefill_queue_size=1), 3),  # all but the first: P holds it
+        (dict(max_prefill_queue_size=0), 4),
+        (dict(prefill_worker_chunk=64), 0),
+    ],
+)  # whole prompts per chunk on P
 async def test_conditional_disaggregation_equals_single(checkpoints, opts, local):
     """Prompts the decode worker prefills itself (short, or while the prefill worker has a queue),
     or the prefill worker takes whole (prefill_worker_chunk), give the same tokens, depths and
@@ -115,8 +123,12 @@ async def wait_for(cond, timeout=10.0):
 
 
 async def expect_reuse_ok(engine, rid, prompt=(1, 2, 3)):
-    outs = [o async for o in engine.generate(list(prompt), SamplingParams(max_tokens=4, temperature=0,
-                                                                          ignore_eos=True), request_id=rid)]
+    outs = [
+        o
+        async for o in engine.generate(
+            list(prompt), SamplingParams(max_tokens=4, temperature=0, ignore_eos=True), request_id=rid
+        )
+    ]
     assert outs[-1].finish_reason == "length" and len(outs[-1].token_ids) == 4
 
 
@@ -202,8 +214,9 @@ async def test_cancel_while_transferring(checkpoints):
 async def test_cancel_while_decoding(checkpoints):
     async with launch_pd(checkpoints) as engine:
         outs = []
-        async for out in engine.generate(list(range(3, 30)), SamplingParams(max_tokens=300, ignore_eos=True),
-                                          request_id="d"):
+        async for out in engine.generate(
+            list(range(3, 30)), SamplingParams(max_tokens=300, ignore_eos=True), request_id="d"
+        ):
             outs.append(out)
             if len(outs) == 4:
                 assert engine.request_phase("d") == Phase.DECODING
@@ -214,14 +227,17 @@ async def test_cancel_while_decoding(checkpoints):
 
 async def test_injected_transfer_fault_fails_only_that_request(checkpoints):
     async with launch_pd(checkpoints, faults=Faults(fail_transfer_first_token=99)) as engine:
+
         async def final(prompt, rid):
-            async for out in engine.generate(prompt, SamplingParams(max_tokens=12, temperature=0,
-                                                                    ignore_eos=True), request_id=rid):
+            async for out in engine.generate(
+                prompt, SamplingParams(max_tokens=12, temperature=0, ignore_eos=True), request_id=rid
+            ):
                 pass
             return out
 
-        outs = await asyncio.gather(final([99, 5, 6, 7, 8, 9, 10], "bad"), final([5, 6, 7, 8], "ok1"),
-                                    final([7, 7, 7, 7, 7, 7, 7, 7, 7], "ok2"))
+        outs = await asyncio.gather(
+            final([99, 5, 6, 7, 8, 9, 10], "bad"), final([5, 6, 7, 8], "ok1"), final([7, 7, 7, 7, 7, 7, 7, 7, 7], "ok2")
+        )
         assert outs[0].finish_reason == "error" and "injected transfer fault" in outs[0].error
         assert [o.finish_reason for o in outs[1:]] == ["length", "length"]
         await freed_then_reusable(engine, "bad", prompt=(5, 6))
@@ -234,8 +250,9 @@ async def test_killed_worker_fails_only_its_requests(checkpoints, victim):
 
         async def run(rid, prompt, n):
             try:
-                async for out in engine.generate(prompt, SamplingParams(max_tokens=n, temperature=0,
-                                                                        ignore_eos=True), request_id=rid):
+                async for out in engine.generate(
+                    prompt, SamplingParams(max_tokens=n, temperature=0, ignore_eos=True), request_id=rid
+                ):
                     results[rid] = out
             except EngineDeadError as e:
                 results[rid] = e
@@ -276,10 +293,32 @@ def test_cli_topology_1p1d_equals_single(checkpoints):
     import sys
 
     def gen(topology):
-        r = subprocess.run([sys.executable, "-m", "rlt", "generate", "--model", checkpoints["nanbeige"],
-                            "--prompt-token-ids", ",".join(map(str, range(3, 40))), "--prompt", "The river runs",
-                            "--max-tokens", "6", "--logprobs", "3", "--json", "--topology", topology,
-                            "--prefill-chunk", "8"], capture_output=True, text=True, timeout=300)
+        r = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "rlt",
+                "generate",
+                "--model",
+                checkpoints["nanbeige"],
+                "--prompt-token-ids",
+                ",".join(map(str, range(3, 40))),
+                "--prompt",
+                "The river runs",
+                "--max-tokens",
+                "6",
+                "--logprobs",
+                "3",
+                "--json",
+                "--topology",
+                topology,
+                "--prefill-chunk",
+                "8",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
         assert r.returncode == 0, r.stderr
         return [json.loads(line) for line in r.stdout.splitlines()]
 
@@ -296,17 +335,37 @@ def test_launch_1p1d_script(checkpoints):
     import sys
 
     script = os.path.join(os.path.dirname(__file__), "..", "scripts", "launch_1p1d.py")
-    r = subprocess.run([sys.executable, script, "--model", checkpoints["ouro"], "--max-tokens", "5",
-                        "--exit-threshold", "0.5", "--option", "prefill_worker_chunk=64"],
-                       input="The river runs\nOnce upon a time\n", capture_output=True, text=True, timeout=300)
+    r = subprocess.run(
+        [
+            sys.executable,
+            script,
+            "--model",
+            checkpoints["ouro"],
+            "--max-tokens",
+            "5",
+            "--exit-threshold",
+            "0.5",
+            "--option",
+            "prefill_worker_chunk=64",
+        ],
+        input="The river runs\nOnce upon a time\n",
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert r.returncode == 0, r.stderr
     assert "prefill pid" in r.stderr and "decode pid" in r.stderr and "on cpu" in r.stderr
-    stats = re.findall(r"\[req-(\d)\] 5 tokens \(length\), exit depths \[4, .*\], TTFT ([\d.]+) ms, TPOT ([\d.]+) ms",
-                       r.stdout)
+    stats = re.findall(
+        r"\[req-(\d)\] 5 tokens \(length\), exit depths \[4, .*\], TTFT ([\d.]+) ms, TPOT ([\d.]+) ms", r.stdout
+    )
     assert sorted(s[0] for s in stats) == ["0", "1"]
     assert all(float(ttft) > 0 and float(tpot) > 0 for _, ttft, tpot in stats)
-    bad = subprocess.run([sys.executable, script, "--model", checkpoints["ouro"], "--option", "prefill_worker_chunk=0",
-                          "hi"], capture_output=True, text=True, timeout=60)
+    bad = subprocess.run(
+        [sys.executable, script, "--model", checkpoints["ouro"], "--option", "prefill_worker_chunk=0", "hi"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert bad.returncode == 2 and "prefill_worker_chunk must be an integer >= 1, got 0" in bad.stderr
 
 
@@ -314,9 +373,11 @@ async def test_transfer_past_its_deadline_fails_only_that_request(checkpoints):
     """The writes land but their notifications are lost: the decode worker's deadline fails the
     request with an error, frees its blocks, and the engine keeps serving."""
     async with launch_pd(checkpoints, transfer_timeout=1.0, faults=Faults(lose_notif_first_token=98)) as engine:
+
         async def final(prompt, rid):
-            async for out in engine.generate(prompt, SamplingParams(max_tokens=8, temperature=0,
-                                                                    ignore_eos=True), request_id=rid):
+            async for out in engine.generate(
+                prompt, SamplingParams(max_tokens=8, temperature=0, ignore_eos=True), request_id=rid
+            ):
                 pass
             return out
 

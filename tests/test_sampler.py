@@ -7,8 +7,13 @@ from rlt.kernels.sampler import SamplingTensors, sample, top_logprobs
 
 def params(B, temperature=1.0, top_k=0, top_p=1.0, seed=0, index=0):
     full = lambda v, dt: torch.full((B,), v, dtype=dt)  # noqa: E731
-    return SamplingTensors(full(temperature, torch.float32), full(top_k, torch.int64), full(top_p, torch.float32),
-                           full(seed, torch.int64), full(index, torch.int64))
+    return SamplingTensors(
+        full(temperature, torch.float32),
+        full(top_k, torch.int64),
+        full(top_p, torch.float32),
+        full(seed, torch.int64),
+        full(index, torch.int64),
+    )
 
 
 def test_greedy_is_argmax():
@@ -19,13 +24,17 @@ def test_greedy_is_argmax():
 def test_rows_do_not_depend_on_batch_mates():
     g = torch.Generator().manual_seed(1)
     logits = torch.randn(6, 300, generator=g)
-    p = SamplingTensors(torch.tensor([0.0, 0.7, 1.0, 1.3, 1.0, 0.5]), torch.tensor([0, 5, 0, 50, 0, 0]),
-                        torch.tensor([1.0, 1.0, 0.9, 0.8, 1.0, 0.3]), torch.tensor([3, 4, 5, 6, 7, 8]),
-                        torch.tensor([0, 1, 2, 3, 4, 5]))
+    p = SamplingTensors(
+        torch.tensor([0.0, 0.7, 1.0, 1.3, 1.0, 0.5]),
+        torch.tensor([0, 5, 0, 50, 0, 0]),
+        torch.tensor([1.0, 1.0, 0.9, 0.8, 1.0, 0.3]),
+        torch.tensor([3, 4, 5, 6, 7, 8]),
+        torch.tensor([0, 1, 2, 3, 4, 5]),
+    )
     batched = sample(logits, p)
     for i in range(6):
-        alone = SamplingTensors(*(t[i:i + 1] for t in (p.temperature, p.top_k, p.top_p, p.seed, p.output_index)))
-        assert sample(logits[i:i + 1], alone).item() == batched[i].item()
+        alone = SamplingTensors(*(t[i : i + 1] for t in (p.temperature, p.top_k, p.top_p, p.seed, p.output_index)))
+        assert sample(logits[i : i + 1], alone).item() == batched[i].item()
 
 
 def test_seed_and_index_determine_the_draw():
@@ -38,13 +47,29 @@ def test_seed_and_index_determine_the_draw():
 def test_frequencies_follow_softmax():
     logits = torch.tensor([[2.0, 1.0, 0.0, -1.0]])
     n = 4000
-    toks = sample(logits.expand(n, 4), SamplingTensors(torch.ones(n), torch.zeros(n, dtype=torch.int64),
-                                                        torch.ones(n), torch.arange(n), torch.zeros(n, dtype=torch.int64)))
+    toks = sample(
+        logits.expand(n, 4),
+        SamplingTensors(
+            torch.ones(n),
+            torch.zeros(n, dtype=torch.int64),
+            torch.ones(n),
+            torch.arange(n),
+            torch.zeros(n, dtype=torch.int64),
+        ),
+    )
     freq = torch.bincount(toks, minlength=4).float() / n
     assert torch.allclose(freq, logits.softmax(-1)[0], atol=0.03), freq
     # temperature 2 flattens the distribution
-    toks = sample(logits.expand(n, 4), SamplingTensors(torch.full((n,), 2.0), torch.zeros(n, dtype=torch.int64),
-                                                        torch.ones(n), torch.arange(n), torch.zeros(n, dtype=torch.int64)))
+    toks = sample(
+        logits.expand(n, 4),
+        SamplingTensors(
+            torch.full((n,), 2.0),
+            torch.zeros(n, dtype=torch.int64),
+            torch.ones(n),
+            torch.arange(n),
+            torch.zeros(n, dtype=torch.int64),
+        ),
+    )
     freq = torch.bincount(toks, minlength=4).float() / n
     assert torch.allclose(freq, (logits / 2).softmax(-1)[0], atol=0.03), freq
 
@@ -52,9 +77,14 @@ def test_frequencies_follow_softmax():
 def test_top_k_and_top_p_restrict_the_support():
     logits = torch.tensor([[3.0, 2.5, 2.0, 1.0, 0.0, -1.0]])
     n = 2000
-    expand = lambda **kw: SamplingTensors(*(torch.full((n,), v) for v in  # noqa: E731
-                                            (kw.get("t", 1.0), kw.get("k", 0), kw.get("p", 1.0))),
-                                          torch.arange(n), torch.zeros(n, dtype=torch.int64))
+    expand = lambda **kw: SamplingTensors(
+        *(
+            torch.full((n,), v)
+            for v in (kw.get("t", 1.0), kw.get("k", 0), kw.get("p", 1.0))  # noqa: E731
+        ),
+        torch.arange(n),
+        torch.zeros(n, dtype=torch.int64),
+    )
     assert set(sample(logits.expand(n, 6), expand(k=2)).tolist()) == {0, 1}
     # probs ~ [.45,.27,.17,.06,...]: top_p 0.7 keeps {0, 1} (0.45 < 0.7, 0.72 >= 0.7)
     assert set(sample(logits.expand(n, 6), expand(p=0.7)).tolist()) == {0, 1}

@@ -1,4 +1,4 @@
-"""In-run ceilings and floors of the offline benchmark (issue #6, deliverable 3c), measured on the device in use.
+"""In-run ceilings and floors of the offline benchmark, measured on the device in use.
 
 * ceilings: bf16 GEMM TFLOP/s (8192^3 torch.matmul) and copy bandwidth (a 2 GiB device copy,
   bytes read + written per second);
@@ -34,8 +34,10 @@ def ceilings(device: str) -> dict:
     src = torch.empty(1 << 30, dtype=torch.int16, device=device)
     dst = torch.empty_like(src)
     copy_ms = _time_ms(lambda: dst.copy_(src))
-    return {"gemm_tflops": round(2 * n ** 3 / gemm_ms / 1e9, 1),
-            "copy_gbps": round(2 * src.numel() * 2 / copy_ms / 1e6, 1)}
+    return {
+        "gemm_tflops": round(2 * n**3 / gemm_ms / 1e9, 1),
+        "copy_gbps": round(2 * src.numel() * 2 / copy_ms / 1e6, 1),
+    }
 
 
 def _layers(model) -> list[dict]:
@@ -46,8 +48,10 @@ def _layers(model) -> list[dict]:
 
 
 def _boundary_layers(model) -> list[list[torch.Tensor]]:
-    return [[L[n] for n in ("qkv", "proj", "fc", "mlp_proj")] for L in getattr(model, "prelude", []) +
-            getattr(model, "coda", [])]
+    return [
+        [L[n] for n in ("qkv", "proj", "fc", "mlp_proj")]
+        for L in getattr(model, "prelude", []) + getattr(model, "coda", [])
+    ]
 
 
 def prefill_floor_ms(model, mc, n: int) -> float:
@@ -61,13 +65,13 @@ def prefill_floor_ms(model, mc, n: int) -> float:
         for qkv, o, up, down in layers:
             y = x @ qkv.t()
             # [1, heads, n, D]: SDPA's fused kernels need the batch dimension (3-D inputs fall back to math)
-            q = y[:, :H * D].view(1, n, H, D).transpose(1, 2)
-            k = y[:, H * D:(H + Hkv) * D].view(1, n, Hkv, D).transpose(1, 2)
-            v = y[:, (H + Hkv) * D:].view(1, n, Hkv, D).transpose(1, 2)
+            q = y[:, : H * D].view(1, n, H, D).transpose(1, 2)
+            k = y[:, H * D : (H + Hkv) * D].view(1, n, Hkv, D).transpose(1, 2)
+            v = y[:, (H + Hkv) * D :].view(1, n, Hkv, D).transpose(1, 2)
             a = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=Hkv != H)
             _ = a.transpose(1, 2).reshape(n, H * D) @ o.t()
             g = x @ up.t()
-            _ = g[:, :down.shape[1]] @ down.t()
+            _ = g[:, : down.shape[1]] @ down.t()
 
     return _time_ms(run, reps=3)
 
@@ -78,7 +82,10 @@ def decode_roofline(model, mc, concurrency: int, context: int, copy_gbps: float)
     g, es = mc.kv, _layers(model)[0][0].element_size()  # the KV pool and head use the weights' dtype
     kv_layer = context * 2 * g.num_kv_heads * g.head_dim * es  # one row's K and V of one layer
     head = mc.vocab_size * mc.hidden_size * es
-    step_bytes = (mc.depth * (weights + concurrency * kv_layer * g.num_core_layers) + head
-                  + concurrency * kv_layer * g.num_boundary_layers)
+    step_bytes = (
+        mc.depth * (weights + concurrency * kv_layer * g.num_core_layers)
+        + head
+        + concurrency * kv_layer * g.num_boundary_layers
+    )
     ms = step_bytes / copy_gbps / 1e6
     return {"bytes_per_step": step_bytes, "ms_per_step": round(ms, 3), "tok_per_s": round(concurrency / ms * 1e3, 1)}

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 class Handoff:
     """The pools' geometry (defaults: Nanbeige4.2-3B, bf16, 16-position blocks: a 4096-token prompt
     is 512 blocks of 1.375 MiB = 704 MiB) and the two devices."""
+
     tokens: int = 4096
     layers: int = 22
     kv_heads: int = 8
@@ -72,9 +73,13 @@ def _prefill(h: Handoff, conn, out) -> None:
     per_plane = -(-h.tokens // h.block_size)
     n = per_plane * h.planes
     g = torch.Generator().manual_seed(0)
-    layouts = {"consecutive": (list(range(n)), list(range(n))),
-               "scattered": (torch.randperm(h.num_blocks, generator=g)[:n].tolist(),
-                             torch.randperm(h.num_blocks, generator=g)[:n].tolist())}
+    layouts = {
+        "consecutive": (list(range(n)), list(range(n))),
+        "scattered": (
+            torch.randperm(h.num_blocks, generator=g)[:n].tolist(),
+            torch.randperm(h.num_blocks, generator=g)[:n].tolist(),
+        ),
+    }
     nbytes = n * t.block_bytes
     results = []
     for name, (src, dst) in layouts.items():
@@ -94,8 +99,16 @@ def _prefill(h: Handoff, conn, out) -> None:
                 times.append(dt)
         times.sort()
         med = times[len(times) // 2]
-        results.append({"layout": name, "blocks": n, "bytes": nbytes, "median_ms": round(med * 1e3, 3),
-                        "GB_per_s": round(nbytes / med / 1e9, 1), "checked": True})
+        results.append(
+            {
+                "layout": name,
+                "blocks": n,
+                "bytes": nbytes,
+                "median_ms": round(med * 1e3, 3),
+                "GB_per_s": round(nbytes / med / 1e9, 1),
+                "checked": True,
+            }
+        )
     conn.send(None)
     out.put(results)
     t.close()

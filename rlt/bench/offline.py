@@ -28,9 +28,15 @@ def load(path: str, device: str, dtype: str | None = None):
 def engine_config(max_conc: int, prompt_len: int, kv_gib: float, **options) -> EngineConfig:
     """A pool of kv_gib GiB, room for max_conc sequences and one prompt of each in one chunk;
     options: any other EngineConfig field (kv_layout, cuda_graph_max_batch, steady_decode, kernels)."""
-    return EngineConfig(**{"max_num_seqs": max(max_conc, 1),
-                           "max_num_batched_tokens": max(2048, min(prompt_len * max_conc, 16384)),
-                           "prefill_chunk": prompt_len, "kv_memory_bytes": int(kv_gib * 2**30)} | options)
+    return EngineConfig(
+        **{
+            "max_num_seqs": max(max_conc, 1),
+            "max_num_batched_tokens": max(2048, min(prompt_len * max_conc, 16384)),
+            "prefill_chunk": prompt_len,
+            "kv_memory_bytes": int(kv_gib * 2**30),
+        }
+        | options
+    )
 
 
 class PoolTooSmall(ValueError):
@@ -41,8 +47,10 @@ def check_pool(pool, concurrency: int, positions: int) -> None:
     """The pool must hold every sequence at once, or the run measures a lower concurrency."""
     need = concurrency * pool.blocks_needed(positions)
     if need > pool.num_blocks:
-        raise PoolTooSmall(f"the KV pool holds {pool.num_blocks} blocks; concurrency {concurrency} x "
-                           f"{positions} positions needs {need}")
+        raise PoolTooSmall(
+            f"the KV pool holds {pool.num_blocks} blocks; concurrency {concurrency} x "
+            f"{positions} positions needs {need}"
+        )
 
 
 def submit(engine, mc, concurrency: int, prompt_len: int, sp: SamplingParams, low: int = 0, seed: int = 0) -> None:
@@ -55,8 +63,13 @@ def submit(engine, mc, concurrency: int, prompt_len: int, sp: SamplingParams, lo
 
 def decode_run(engine, mc, concurrency: int, threshold: float, prompt_len: int, max_tokens: int) -> dict:
     """One row: `concurrency` requests at once, each `max_tokens` tokens at this exit threshold."""
-    submit(engine, mc, concurrency, prompt_len,
-           SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True, exit_threshold=threshold))
+    submit(
+        engine,
+        mc,
+        concurrency,
+        prompt_len,
+        SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True, exit_threshold=threshold),
+    )
     t0 = time.perf_counter()
     seen, tokens, depths, decode_t0, full_t1, full_depths = set(), 0, [], None, None, []
     while engine.has_work():
@@ -79,19 +92,25 @@ def decode_run(engine, mc, concurrency: int, threshold: float, prompt_len: int, 
     def rate(n, dt):
         return round(n / dt, 2) if n and dt > 0 else None
 
-    return {"concurrency": concurrency, "threshold": threshold, "output_tokens": tokens,
-            "total_s": round(t1 - t0, 3), "tok_per_s": round(tokens / (t1 - t0), 2),
-            "decode_tok_per_s": rate(decode_tokens, t1 - decode_t0),
-            # decode while every request is still running: the rate at exactly `concurrency`
-            "full_conc_tok_per_s": rate(full_tokens - decode_tokens0, full_t1 - decode_t0) if full_t1 else None,
-            "mean_decode_depth": round(sum(depths) / len(depths), 2) if depths else None,
-            # the tokens of that window: with exits, shallow requests make more of them, so the
-            # depth-ratio ideal for the window's rate is 4 / this, not 4 / the run's mean
-            "full_conc_mean_depth": round(sum(full_depths) / len(full_depths), 2) if full_depths else None}
+    return {
+        "concurrency": concurrency,
+        "threshold": threshold,
+        "output_tokens": tokens,
+        "total_s": round(t1 - t0, 3),
+        "tok_per_s": round(tokens / (t1 - t0), 2),
+        "decode_tok_per_s": rate(decode_tokens, t1 - decode_t0),
+        # decode while every request is still running: the rate at exactly `concurrency`
+        "full_conc_tok_per_s": rate(full_tokens - decode_tokens0, full_t1 - decode_t0) if full_t1 else None,
+        "mean_decode_depth": round(sum(depths) / len(depths), 2) if depths else None,
+        # the tokens of that window: with exits, shallow requests make more of them, so the
+        # depth-ratio ideal for the window's rate is 4 / this, not 4 / the run's mean
+        "full_conc_mean_depth": round(sum(full_depths) / len(full_depths), 2) if full_depths else None,
+    }
 
 
-def decode_rows(engine, mc, concurrencies: list[int], thresholds: list[float], prompt_len: int,
-                max_tokens: int) -> list[dict]:
+def decode_rows(
+    engine, mc, concurrencies: list[int], thresholds: list[float], prompt_len: int, max_tokens: int
+) -> list[dict]:
     """A row per (concurrency, threshold), after a warm-up of every row on the same engine
     (Triton compilation, CUDA-graph capture per batch size and block-table width and allocator
     growth stay out of the timed runs). The pool must hold the largest concurrency at once."""
@@ -106,8 +125,15 @@ def decode_rows(engine, mc, concurrencies: list[int], thresholds: list[float], p
 def prefill_ms(mc, model, dtype, device: str, n: int, reps: int = 3, **options) -> float:
     """Median time from submission to the first token of one n-token prompt in one chunk
     (options: other EngineConfig fields, e.g. kernels)."""
-    cfg = EngineConfig(**{"max_num_seqs": 1, "max_num_batched_tokens": n, "prefill_chunk": n,
-                          "num_blocks": -(-n // 16) * mc.depth + 64} | options)
+    cfg = EngineConfig(
+        **{
+            "max_num_seqs": 1,
+            "max_num_batched_tokens": n,
+            "prefill_chunk": n,
+            "num_blocks": -(-n // 16) * mc.depth + 64,
+        }
+        | options
+    )
     engine = LoopEngine(mc, model, cfg, dtype, device)
     sp = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True)
     prompt = torch.randint(0, mc.vocab_size, (n,), generator=torch.Generator().manual_seed(n)).tolist()
@@ -142,6 +168,10 @@ def against_floors(rows: list[dict], prefill: list[dict], model, mc, device: str
 
 def environment(device: str) -> dict:
     """Where a benchmark ran: machine, CPUs, torch, GPU, programmatic dependent launch (CUDA)."""
-    return {"machine": platform.processor() or platform.machine(), "cpus": os.cpu_count(), "torch": torch.__version__,
-            "gpu": torch.cuda.get_device_name(device) if device.startswith("cuda") else None,
-            "pdl": envs.pdl_enabled() if device.startswith("cuda") else None}
+    return {
+        "machine": platform.processor() or platform.machine(),
+        "cpus": os.cpu_count(),
+        "torch": torch.__version__,
+        "gpu": torch.cuda.get_device_name(device) if device.startswith("cuda") else None,
+        "pdl": envs.pdl_enabled() if device.startswith("cuda") else None,
+    }

@@ -27,8 +27,14 @@ async def serve(model: str, topology: str, prompts: list[list[int]], sp: Samplin
         t2 = time.perf_counter()
         conc = await asyncio.gather(*(one(i, p) for i, p in enumerate(prompts)))
         t3 = time.perf_counter()
-        return {"sequential": seq, "concurrent": list(conc), "ready_s": ready, "sequential_s": t2 - t1,
-                "concurrent_s": t3 - t2, "stats": engine.stats()}
+        return {
+            "sequential": seq,
+            "concurrent": list(conc),
+            "ready_s": ready,
+            "sequential_s": t2 - t1,
+            "concurrent_s": t3 - t2,
+            "stats": engine.stats(),
+        }
 
 
 def compare(a, b) -> tuple[int, list[dict]]:
@@ -38,8 +44,9 @@ def compare(a, b) -> tuple[int, list[dict]]:
         if ta == tb and da == db:
             same += 1
         else:
-            k = next((j for j in range(min(len(ta), len(tb))) if ta[j] != tb[j] or da[j] != db[j]),
-                     min(len(ta), len(tb)))  # else one is a prefix of the other
+            k = next(
+                (j for j in range(min(len(ta), len(tb))) if ta[j] != tb[j] or da[j] != db[j]), min(len(ta), len(tb))
+            )  # else one is a prefix of the other
             diffs.append({"request": i, "first_divergence": k})
     return same, diffs
 
@@ -52,7 +59,12 @@ def parity(model: str, topology: str, prompts: list[list[int]], max_tokens: int,
     report = {}
     for mode in ("sequential", "concurrent"):
         same, diffs = compare(single[mode], pd[mode])
-        report[mode] = {"match": same, "of": len(prompts), "diffs": diffs,
-                        "single_s": round(single[f"{mode}_s"], 2), "pd_s": round(pd[f"{mode}_s"], 2)}
+        report[mode] = {
+            "match": same,
+            "of": len(prompts),
+            "diffs": diffs,
+            "single_s": round(single[f"{mode}_s"], 2),
+            "pd_s": round(pd[f"{mode}_s"], 2),
+        }
     report["ready_s"] = {"single": round(single["ready_s"], 1), topology: round(pd["ready_s"], 1)}
     return report

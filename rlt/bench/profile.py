@@ -78,13 +78,23 @@ def gpu_profile(engine, steps: int, top: int = 15) -> dict:
     for e in kernels:
         n, t = per.get(e.name, (0, 0.0))
         per[e.name] = (n + 1, t + e.time_range.elapsed_us())
-    return {"steps": steps, "clean_ms_per_step": round(clean / steps * 1e3, 3), "tok_per_s": round(tokens / clean, 1),
-            "wall_ms_per_step": round(wall / steps * 1e3, 3), "gpu_busy_ms_per_step": round(busy / steps / 1e3, 3),
-            "gpu_idle_fraction": round(1 - busy / (wall * 1e6), 3), "kernels_per_step": round(len(kernels) / steps, 1),
-            "top": [{"kernel": k[:90], "per_step": round(n / steps, 1), "us_per_step": round(t / steps, 1)}
-                    for k, (n, t) in sorted(per.items(), key=lambda kv: -kv[1][1])[:top]],
-            "busy_by_kernel": [{"kernel": k, "us_per_step": round(t / steps, 1)}
-                               for k, t in sorted(critical.items(), key=lambda kv: -kv[1])[:top]]}
+    return {
+        "steps": steps,
+        "clean_ms_per_step": round(clean / steps * 1e3, 3),
+        "tok_per_s": round(tokens / clean, 1),
+        "wall_ms_per_step": round(wall / steps * 1e3, 3),
+        "gpu_busy_ms_per_step": round(busy / steps / 1e3, 3),
+        "gpu_idle_fraction": round(1 - busy / (wall * 1e6), 3),
+        "kernels_per_step": round(len(kernels) / steps, 1),
+        "top": [
+            {"kernel": k[:90], "per_step": round(n / steps, 1), "us_per_step": round(t / steps, 1)}
+            for k, (n, t) in sorted(per.items(), key=lambda kv: -kv[1][1])[:top]
+        ],
+        "busy_by_kernel": [
+            {"kernel": k, "us_per_step": round(t / steps, 1)}
+            for k, t in sorted(critical.items(), key=lambda kv: -kv[1])[:top]
+        ],
+    }
 
 
 def host_profile(engine, steps: int, device: str) -> tuple[float, pstats.Stats]:

@@ -27,8 +27,12 @@ def summarize(name, values_s):
     ms = [v * 1e3 for v in values_s]
     if not ms:
         return {f"mean_{name}_ms": None}
-    return {f"mean_{name}_ms": round(statistics.fmean(ms), 2), f"median_{name}_ms": round(statistics.median(ms), 2),
-            f"p95_{name}_ms": round(percentile(ms, 95), 2), f"p99_{name}_ms": round(percentile(ms, 99), 2)}
+    return {
+        f"mean_{name}_ms": round(statistics.fmean(ms), 2),
+        f"median_{name}_ms": round(statistics.median(ms), 2),
+        f"p95_{name}_ms": round(percentile(ms, 95), 2),
+        f"p99_{name}_ms": round(percentile(ms, 99), 2),
+    }
 
 
 async def one_rate(engine, rate, duration, prompt_lens, output_len, seed):
@@ -67,16 +71,28 @@ async def one_rate(engine, rate, duration, prompt_lens, output_len, seed):
     tpot = [(r["stamps"][-1] - r["stamps"][0]) / (r["tokens"] - 1) for r in results if r["tokens"] > 1]
     itl = [b - a for r in results for a, b in zip(r["stamps"], r["stamps"][1:])]
     out_tokens = sum(r["tokens"] for r in results)
-    return {"rate": rate, "completed": len(results), "duration_s": round(last - first, 2),
-            "output_throughput_tok_s": round(out_tokens / (last - first), 2),
-            "request_throughput_req_s": round(len(results) / (last - first), 3),
-            # the Poisson draw's own rate (arrivals over their span), which saturation compares against
-            "arrival_rate_req_s": round((len(results) - 1) / span, 3) if span > 0 else None,
-            **summarize("ttft", ttft), **summarize("tpot", tpot), **summarize("itl", itl), **summarize("e2el", e2el),
-            # per request, in arrival order: [prompt tokens, TTFT ms, TPOT ms]
-            "requests": [[r["prompt_len"], round((r["stamps"][0] - r["submit"]) * 1e3, 2),
-                          round((r["stamps"][-1] - r["stamps"][0]) / max(1, r["tokens"] - 1) * 1e3, 3)]
-                         for r in sorted(results, key=lambda r: r["submit"])]}
+    return {
+        "rate": rate,
+        "completed": len(results),
+        "duration_s": round(last - first, 2),
+        "output_throughput_tok_s": round(out_tokens / (last - first), 2),
+        "request_throughput_req_s": round(len(results) / (last - first), 3),
+        # the Poisson draw's own rate (arrivals over their span), which saturation compares against
+        "arrival_rate_req_s": round((len(results) - 1) / span, 3) if span > 0 else None,
+        **summarize("ttft", ttft),
+        **summarize("tpot", tpot),
+        **summarize("itl", itl),
+        **summarize("e2el", e2el),
+        # per request, in arrival order: [prompt tokens, TTFT ms, TPOT ms]
+        "requests": [
+            [
+                r["prompt_len"],
+                round((r["stamps"][0] - r["submit"]) * 1e3, 2),
+                round((r["stamps"][-1] - r["stamps"][0]) / max(1, r["tokens"] - 1) * 1e3, 3),
+            ]
+            for r in sorted(results, key=lambda r: r["submit"])
+        ],
+    }
 
 
 def saturated(row: dict) -> bool:
@@ -123,9 +139,17 @@ async def warm_up(engine, prompt_lens, output_len, burst=16):
     await asyncio.gather(*(one(prompt_lens[i % len(prompt_lens)]) for i in range(burst)))
 
 
-async def sweep(engine, prompt_lens: list[int], output_len: int, rates: list[float], duration: float,
-                sweep_rates: list[float] = (), sweep_duration: float | None = None, seed: int = 0,
-                on_row: Callable[[dict, list[dict]], None] | None = None) -> list[dict]:
+async def sweep(
+    engine,
+    prompt_lens: list[int],
+    output_len: int,
+    rates: list[float],
+    duration: float,
+    sweep_rates: list[float] = (),
+    sweep_duration: float | None = None,
+    seed: int = 0,
+    on_row: Callable[[dict, list[dict]], None] | None = None,
+) -> list[dict]:
     """A row per rate of `rates` (after warm_up), then `sweep_rates` in order (each for
     `sweep_duration` seconds, default `duration`) until one is past capacity. `on_row(row, rows)`
     sees every row as soon as it is measured (so a caller stopped by a time limit keeps the rates

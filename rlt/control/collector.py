@@ -44,5 +44,11 @@ class Collector:
         o = self.out
         if o.finished:
             return o
-        return RequestOutput(o.request_id, o.prompt_token_ids, list(o.token_ids), list(o.exit_depths), o.text,
-                             logprobs=None if o.logprobs is None else list(o.logprobs))
+        return RequestOutput(
+            o.request_id,
+            o.prompt_token_ids,
+            list(o.token_ids),
+            list(o.exit_depths),
+            o.text,
+            logprobs=None if o.logprobs is None else list(o.logprobs),
+        )

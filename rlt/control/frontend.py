@@ -57,8 +57,10 @@ class Engine:
         fields) before any process is spawned; await the result, or use it with `async with`."""
         engine, launch = split_options(options)
         if launch.disaggregated and importlib.util.find_spec("nixl") is None:
-            raise ValueError(f"topology {launch.topology!r} moves KV between workers over NIXL, which is not "
-                             "installed: pip install 'rlt[pd]'")
+            raise ValueError(
+                f"topology {launch.topology!r} moves KV between workers over NIXL, which is not "
+                "installed: pip install 'rlt[pd]'"
+            )
         if model is None:
             from rlt.default_model import default_model_path
 
@@ -80,13 +82,19 @@ class Engine:
             prompt = self.tokenizer(prompt).input_ids
         return validate_prompt(self.model_config, prompt)
 
-    def generate(self, prompt: str | list[int], params: SamplingParams | None = None,
-                 request_id: str | None = None, priority: int = 0):
+    def generate(
+        self,
+        prompt: str | list[int],
+        params: SamplingParams | None = None,
+        request_id: str | None = None,
+        priority: int = 0,
+    ):
         """Async iterator of cumulative RequestOutputs; the last has finished=True. The request is
         validated (RequestError) and submitted at the call; cancelling the consuming task or closing
         the iterator aborts it."""
-        return self._stream(self._admit(prompt, params if params is not None else SamplingParams(),
-                                        request_id, priority))
+        return self._stream(
+            self._admit(prompt, params if params is not None else SamplingParams(), request_id, priority)
+        )
 
     def _pick(self, role: str) -> WorkerProc:
         if self._supervisor.closing:
@@ -113,11 +121,22 @@ class Engine:
             self._lifecycle.prefilled_locally()
         need = router.blocks_for(d.ready, len(ids) + p.max_tokens)
         if need > d.ready.kv_blocks_total:
-            raise RequestError(f"prompt {len(ids)} + max_tokens {p.max_tokens} needs {need} KV blocks, "
-                               f"the worker has {d.ready.kv_blocks_total}: it can never fit")
+            raise RequestError(
+                f"prompt {len(ids)} + max_tokens {p.max_tokens} needs {need} KV blocks, "
+                f"the worker has {d.ready.kv_blocks_total}: it can never fit"
+            )
         out = RequestOutput(request_id, ids, logprobs=[] if p.logprobs else None)
-        return self._lifecycle.admit(request_id, ids, p, priority, Collector(out), d, need, prefill,
-                                     router.blocks_for(prefill.ready, len(ids)) if prefill else 0)
+        return self._lifecycle.admit(
+            request_id,
+            ids,
+            p,
+            priority,
+            Collector(out),
+            d,
+            need,
+            prefill,
+            router.blocks_for(prefill.ready, len(ids)) if prefill else 0,
+        )
 
     async def _stream(self, r: Request):
         detok = IncrementalDetokenizer(self.tokenizer) if self.tokenizer is not None else None
@@ -151,9 +170,23 @@ class Engine:
             if w is None:
                 continue
             rd, s = w.ready, w.stats
-            workers.append({"role": w.role, "pid": w.pid, "kv_blocks_total": rd.kv_blocks_total if rd else 0,
-                            "kv_blocks_free": s.kv_blocks_free, "running": s.running, "waiting": s.waiting,
-                            "credit_blocks": w.credits.blocks, "credit_slots": w.credits.slots})
+            workers.append(
+                {
+                    "role": w.role,
+                    "pid": w.pid,
+                    "kv_blocks_total": rd.kv_blocks_total if rd else 0,
+                    "kv_blocks_free": s.kv_blocks_free,
+                    "running": s.running,
+                    "waiting": s.waiting,
+                    "credit_blocks": w.credits.blocks,
+                    "credit_slots": w.credits.slots,
+                }
+            )
         lc = self._lifecycle
-        return {"live_requests": len(lc.live), "pending_cleanup": len(lc.gens) - len(lc.live),
-                "local_prefills": lc.local_prefills, "kv_chunks": lc.kv_chunks, "workers": workers}
+        return {
+            "live_requests": len(lc.live),
+            "pending_cleanup": len(lc.gens) - len(lc.live),
+            "local_prefills": lc.local_prefills,
+            "kv_chunks": lc.kv_chunks,
+            "workers": workers,
+        }

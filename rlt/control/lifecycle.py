@@ -16,8 +16,8 @@ Drained, or its death). Credits (blocks and slots assigned to a worker) return e
 
 import enum
 import itertools
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 from rlt import protocol as pr
 from rlt.control.collector import Collector
@@ -81,8 +81,18 @@ class Lifecycle:
         self.kv_chunks = 0  # PD KV writes handed off (one per prompt chunk on a prefill worker)
 
     # ---- admission ----------------------------------------------------------------------------------
-    def admit(self, request_id: str, prompt: list[int], params: ResolvedParams, priority: int, collector: Collector,
-              decode: WorkerProc, decode_blocks: int, prefill: WorkerProc | None, prefill_blocks: int) -> Request:
+    def admit(
+        self,
+        request_id: str,
+        prompt: list[int],
+        params: ResolvedParams,
+        priority: int,
+        collector: Collector,
+        decode: WorkerProc,
+        decode_blocks: int,
+        prefill: WorkerProc | None,
+        prefill_blocks: int,
+    ) -> Request:
         """Take the credits and tell the workers: Add (single, or prefilled locally) or Reserve (PD)."""
         gen = next(self._gen_ids)
         r = Request(request_id, gen, collector, prompt, params, priority, decode=Holding(decode, decode_blocks))
@@ -171,8 +181,17 @@ class Lifecycle:
                 self._forget(r)
             return
         r.phase = Phase.RESERVED
-        self.post(r.prefill.worker, pr.Prefill(gen=r.gen, prompt=r.prompt, params=r.params, priority=r.priority,
-                                               dst_agent=d.ready.transport.agent_name, dst_tables=msg.tables))
+        self.post(
+            r.prefill.worker,
+            pr.Prefill(
+                gen=r.gen,
+                prompt=r.prompt,
+                params=r.params,
+                priority=r.priority,
+                dst_agent=d.ready.transport.agent_name,
+                dst_tables=msg.tables,
+            ),
+        )
 
     def on_prefill_released(self, p: WorkerProc, gen: int, chunks: int | None) -> None:
         """TransferDone (`chunks` written, P's blocks free) or Drained (cancelled, nothing in flight)."""
@@ -184,8 +203,17 @@ class Lifecycle:
             self.kv_chunks += chunks
         if chunks is not None and not r.retired:
             r.phase = Phase.DECODING
-            self.post(r.decode.worker, pr.Activate(gen=gen, prompt=r.prompt, params=r.params, priority=r.priority,
-                                                   first_token=r.first_token, chunks=chunks))
+            self.post(
+                r.decode.worker,
+                pr.Activate(
+                    gen=gen,
+                    prompt=r.prompt,
+                    params=r.params,
+                    priority=r.priority,
+                    first_token=r.first_token,
+                    chunks=chunks,
+                ),
+            )
         else:
             self._release_decode(r)
 

@@ -75,8 +75,10 @@ class Supervisor:
         ready = await w.wait_ready(self.launch.startup_timeout)
         if self._fingerprint is not None and ready.fingerprint != self._fingerprint:  # a restart
             w.kill()
-            raise RuntimeError(f"restarted {role} worker {index} has fingerprint {ready.fingerprint}, the others "
-                               f"{self._fingerprint}: config, weights, dtype or KV layout differ")
+            raise RuntimeError(
+                f"restarted {role} worker {index} has fingerprint {ready.fingerprint}, the others "
+                f"{self._fingerprint}: config, weights, dtype or KV layout differ"
+            )
         w.last_seen = time.monotonic()
         self._spawn(self._watch_exit(w))
         w.sender = self._spawn(self._sender(w))
@@ -91,8 +93,10 @@ class Supervisor:
         if odd:
             first = next(w for w in self.workers if w.ready.fingerprint == ref)
             names = ", ".join(f"{w.role} worker {w.index} (fingerprint {w.ready.fingerprint})" for w in odd)
-            raise RuntimeError(f"{names} differs from {first.role} worker {first.index} (fingerprint {ref}): "
-                               "config, weights, dtype or KV layout differ")
+            raise RuntimeError(
+                f"{names} differs from {first.role} worker {first.index} (fingerprint {ref}): "
+                "config, weights, dtype or KV layout differ"
+            )
         self._fingerprint = ref
 
     async def _introduce_peers(self, new: WorkerProc | None) -> None:
@@ -176,9 +180,17 @@ class Supervisor:
                 w.progress, w.progress_at = msg.progress, time.monotonic()
             w.busy = msg.busy
         elif isinstance(msg, pr.Hello):
-            await self._send(w, pr.Handshake(model_path=self.mc.path, config=self.mc.raw, device=w.device,
-                                             role=w.role, engine=self.launch.engine_for(w.role, self.engine),
-                                             launch=self.launch))
+            await self._send(
+                w,
+                pr.Handshake(
+                    model_path=self.mc.path,
+                    config=self.mc.raw,
+                    device=w.device,
+                    role=w.role,
+                    engine=self.launch.engine_for(w.role, self.engine),
+                    launch=self.launch,
+                ),
+            )
         elif isinstance(msg, pr.Ready):
             w.ready, w.stats = msg, pr.Stats(0, 0, msg.kv_blocks_total)
             if not w.ready_future.done():
@@ -205,7 +217,9 @@ class Supervisor:
                     w.fatal = w.fatal or f"no heartbeat for {now - w.last_seen:.1f} s (deadline {limit} s)"
                     w.kill()  # a hung process is killed so it cannot come back half-alive
                 elif w.busy and now - w.progress_at > limit:
-                    w.fatal = w.fatal or f"main loop stuck for {now - w.progress_at:.1f} s with work (deadline {limit} s)"
+                    w.fatal = (
+                        w.fatal or f"main loop stuck for {now - w.progress_at:.1f} s with work (deadline {limit} s)"
+                    )
                     w.kill()
 
     async def _worker_dead(self, w: WorkerProc, why: str) -> None:

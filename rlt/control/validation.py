@@ -40,8 +40,9 @@ def resolve_params(mc: ModelConfig, prompt_len: int, p: SamplingParams) -> Resol
     depth, V = mc.depth, mc.vocab_size
     max_tokens = _int("max_tokens", p.max_tokens, lo=1)
     if prompt_len + max_tokens > mc.max_positions:
-        raise RequestError(f"prompt length {prompt_len} + max_tokens {max_tokens} exceeds the model's "
-                           f"max positions {mc.max_positions}")
+        raise RequestError(
+            f"prompt length {prompt_len} + max_tokens {max_tokens} exceeds the model's max positions {mc.max_positions}"
+        )
     temperature = _float("temperature", p.temperature)
     if temperature < 0:
         raise RequestError(f"temperature must be >= 0, got {temperature}")
@@ -50,11 +51,17 @@ def resolve_params(mc: ModelConfig, prompt_len: int, p: SamplingParams) -> Resol
     if not 0 < top_p <= 1:
         raise RequestError(f"top_p must be in (0, 1], got {top_p}")
     if p.seed is not None:
-        _int("seed", p.seed, lo=-(2 ** 63), hi=2 ** 63 - 1)
-    max_loops = depth if p.max_loops is None else _int("max_loops", p.max_loops, lo=1, hi=depth,
-                                                       hi_text=f"the model's depth {depth}")
-    min_loops = 1 if p.min_loops is None else _int("min_loops", p.min_loops, lo=1, hi=max_loops,
-                                                   hi_text=f"max_loops ({max_loops})")
+        _int("seed", p.seed, lo=-(2**63), hi=2**63 - 1)
+    max_loops = (
+        depth
+        if p.max_loops is None
+        else _int("max_loops", p.max_loops, lo=1, hi=depth, hi_text=f"the model's depth {depth}")
+    )
+    min_loops = (
+        1
+        if p.min_loops is None
+        else _int("min_loops", p.min_loops, lo=1, hi=max_loops, hi_text=f"max_loops ({max_loops})")
+    )
     thr = mc.default_exit_threshold if p.exit_threshold is None else _float("exit_threshold", p.exit_threshold)
     if not 0 <= thr <= 1:
         raise RequestError(f"exit_threshold must be in [0, 1], got {thr}")
@@ -68,8 +75,16 @@ def resolve_params(mc: ModelConfig, prompt_len: int, p: SamplingParams) -> Resol
         raise RequestError(f"ignore_eos must be a bool, got {p.ignore_eos!r}")
     logprobs = 0 if p.logprobs is None else _int("logprobs", p.logprobs, lo=0, hi=V, hi_text=f"vocab size ({V})")
     return ResolvedParams(
-        max_tokens=max_tokens, temperature=temperature, top_k=max(top_k, 0), top_p=top_p,
+        max_tokens=max_tokens,
+        temperature=temperature,
+        top_k=max(top_k, 0),
+        top_p=top_p,
         sampling_seed=p.seed if p.seed is not None else secrets.randbits(63),
         state_seed=p.seed if p.seed is not None else 0,
-        min_loops=min_loops, max_loops=max_loops, exit_threshold=thr,
-        stop_token_ids=tuple(p.stop_token_ids), ignore_eos=p.ignore_eos, logprobs=logprobs)
+        min_loops=min_loops,
+        max_loops=max_loops,
+        exit_threshold=thr,
+        stop_token_ids=tuple(p.stop_token_ids),
+        ignore_eos=p.ignore_eos,
+        logprobs=logprobs,
+    )

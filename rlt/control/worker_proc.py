@@ -48,9 +48,20 @@ class WorkerProc:
     async def spawn(self, handshake_timeout: float) -> None:
         self._log = open(self.log_path, "wb")
         self.proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-u", "-m", "rlt.workers.worker_main", "--addr", self.addr, "--identity",
-            self.identity, "--handshake-timeout", str(handshake_timeout),
-            stdin=asyncio.subprocess.DEVNULL, stdout=self._log, stderr=self._log)
+            sys.executable,
+            "-u",
+            "-m",
+            "rlt.workers.worker_main",
+            "--addr",
+            self.addr,
+            "--identity",
+            self.identity,
+            "--handshake-timeout",
+            str(handshake_timeout),
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=self._log,
+            stderr=self._log,
+        )
         self.pid = self.proc.pid
 
     def error_text(self) -> str:
@@ -75,15 +86,15 @@ class WorkerProc:
         surfaces with the worker's own error."""
         exited = asyncio.ensure_future(self.proc.wait())
         try:
-            done, _ = await asyncio.wait({self.ready_future, exited}, timeout=timeout,
-                                         return_when=asyncio.FIRST_COMPLETED)
+            done, _ = await asyncio.wait(
+                {self.ready_future, exited}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED
+            )
             if self.ready_future in done:
                 return self.ready_future.result()
             if exited in done:
                 await asyncio.sleep(0.05)  # let a Fatal message that raced the exit arrive
                 raise RuntimeError(f"{self.role} worker {self.index} failed to start: {self.error_text()}")
-            raise TimeoutError(f"{self.role} worker {self.index} not ready within {timeout} s: "
-                               f"{self.error_text()}")
+            raise TimeoutError(f"{self.role} worker {self.index} not ready within {timeout} s: {self.error_text()}")
         finally:
             exited.cancel()
 
@@ -93,7 +104,7 @@ class WorkerProc:
         if self.proc.returncode is None:
             try:
                 await asyncio.wait_for(self.proc.wait(), graceful_s)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 self.kill()
                 await self.proc.wait()
         self._log.close()

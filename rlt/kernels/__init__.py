@@ -1,1 +1,2 @@
-"""Kernels used by the workers; each has a plain torch reference that runs on CPU and in tests."""
+"""Kernels used by the workers; each has a plain torch reference, which runs on the CPU, in tests,
+and on CUDA with EngineConfig.kernels == "reference" (rlt/kernels/mode.py)."""

@@ -18,8 +18,9 @@ def _silu_mul_kernel(gu_ptr, out_ptr, stride_gu, stride_out, N, BLOCK: tl.conste
     g = tl.load(gu_ptr + t * stride_gu + offs, mask=ok, other=0.0).to(tl.float32)
     u = tl.load(gu_ptr + t * stride_gu + N + offs, mask=ok, other=0.0)
     s = (g * tl.sigmoid(g)).to(out_ptr.dtype.element_ty)
-    tl.store(out_ptr + t * stride_out + offs, (s.to(tl.float32) * u.to(tl.float32)).to(out_ptr.dtype.element_ty),
-             mask=ok)
+    tl.store(
+        out_ptr + t * stride_out + offs, (s.to(tl.float32) * u.to(tl.float32)).to(out_ptr.dtype.element_ty), mask=ok
+    )
 
 
 def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
@@ -30,6 +31,15 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     out = torch.empty(T, N, dtype=gate_up.dtype, device=gate_up.device)
     if T:
         BLOCK = 1024
-        pdl.launch(_silu_mul_kernel, (T, triton.cdiv(N, BLOCK)), gate_up, out, gate_up.stride(0), out.stride(0), N,
-                   BLOCK=BLOCK, like=gate_up)
+        pdl.launch(
+            _silu_mul_kernel,
+            (T, triton.cdiv(N, BLOCK)),
+            gate_up,
+            out,
+            gate_up.stride(0),
+            out.stride(0),
+            N,
+            BLOCK=BLOCK,
+            like=gate_up,
+        )
     return out

@@ -6,8 +6,8 @@ tensor-core tile (padded to 16; MHA uses one of them). Small passes split the ke
 (flash-decoding) into slices that fill the GPU; the last slice of a (row, KV head) to finish
 merges all of them (a counter per (row, KV head), reset by that slice), so no second launch is
 needed; slices past a row's keys exit at once, before the PDL wait, and the merge counts only the
-working ones. RoPE and the new K/V store run in the launch before (rlt/kernels/rope.py); fused
-here they made the pass slower. Tested against rlt/kernels/paged_attention.py's
+working ones. RoPE and the new K/V store run in the launch before (rlt/kernels/rope.py): fused
+here they make the pass slower. Tested against rlt/kernels/paged_attention.py's
 reference (the general Triton kernel keeps prompt chunks and batch-invariant mode).
 """
 
@@ -21,7 +21,7 @@ from rlt.kernels import pdl
 from rlt.kernels.paged_attention_triton import kv_tile, softmax_step
 
 BLOCK_N = 64  # key tile of unsplit passes
-SPLIT_BLOCK_N = 32  # key tile of split passes: short slices (scripts/tune_decode.py picks it)
+SPLIT_BLOCK_N = 32  # key tile of split passes: short slices (scripts/tune_decode.py times the choices)
 MAX_SPLITS = 32
 _COUNTERS = 4096  # (row, KV head) pairs of a split pass: splits only happen below one per SM
 
@@ -47,11 +47,38 @@ def plan_splits(rows: int, kv_heads: int, device: torch.device) -> int:
 
 
 @triton.jit
-def _decode_kernel(q_ptr, o_ptr, part_ptr, ml_ptr, count_ptr, cache_ptr, table_ptr, pos_ptr, layer, scale,
-                   stride_qt, stride_qh, stride_ot, stride_oh, stride_cb, stride_cl, stride_ckv, stride_co, stride_ch,
-                   stride_ts, H: tl.constexpr, GROUP: tl.constexpr, G_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr,
-                   HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_N: tl.constexpr, SPLITS: tl.constexpr,
-                   IEEE: tl.constexpr, PDL: tl.constexpr):
+def _decode_kernel(
+    q_ptr,
+    o_ptr,
+    part_ptr,
+    ml_ptr,
+    count_ptr,
+    cache_ptr,
+    table_ptr,
+    pos_ptr,
+    layer,
+    scale,
+    stride_qt,
+    stride_qh,
+    stride_ot,
+    stride_oh,
+    stride_cb,
+    stride_cl,
+    stride_ckv,
+    stride_co,
+    stride_ch,
+    stride_ts,
+    H: tl.constexpr,
+    GROUP: tl.constexpr,
+    G_PAD: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    D_PAD: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    SPLITS: tl.constexpr,
+    IEEE: tl.constexpr,
+    PDL: tl.constexpr,
+):
     row = tl.program_id(0)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
@@ -71,15 +98,19 @@ def _decode_kernel(q_ptr, o_ptr, part_ptr, ml_ptr, count_ptr, cache_ptr, table_p
         # store) writes; every other key of the plane, the position and the block table were
         # written before it. (Unsplit passes keep a plain loop, which Triton pipelines.)
         pos = lo + tl.arange(0, BLOCK_N)
-        k, v = kv_tile(base, tab, pos, pos < tl.minimum(hi, kv_len - 1), offs_d, d_ok, stride_cb, stride_co,
-                       stride_ckv, BLOCK_SIZE)
+        k, v = kv_tile(
+            base, tab, pos, pos < tl.minimum(hi, kv_len - 1), offs_d, d_ok, stride_cb, stride_co, stride_ckv, BLOCK_SIZE
+        )
     pdl.begin(PDL)
     head0 = kv_head * GROUP
     offs_g = tl.arange(0, G_PAD)
     g_ok = offs_g < GROUP
     heads = head0 + offs_g
-    q = tl.load(q_ptr + row * stride_qt + heads[:, None] * stride_qh + offs_d[None, :],
-                mask=g_ok[:, None] & d_ok[None, :], other=0.0)
+    q = tl.load(
+        q_ptr + row * stride_qt + heads[:, None] * stride_qh + offs_d[None, :],
+        mask=g_ok[:, None] & d_ok[None, :],
+        other=0.0,
+    )
     m_i = tl.full((G_PAD,), float("-inf"), tl.float32)
     l_i = tl.zeros((G_PAD,), tl.float32)
     acc = tl.zeros((G_PAD, D_PAD), tl.float32)
@@ -96,8 +127,11 @@ def _decode_kernel(q_ptr, o_ptr, part_ptr, ml_ptr, count_ptr, cache_ptr, table_p
         m_i, l_i, acc = softmax_step(q, k, v, key_ok[None, :], m_i, l_i, acc, scale, IEEE)
     if SPLITS == 1:
         out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
-        tl.store(o_ptr + row * stride_ot + heads[:, None] * stride_oh + offs_d[None, :],
-                 out.to(o_ptr.dtype.element_ty), mask=g_ok[:, None] & d_ok[None, :])
+        tl.store(
+            o_ptr + row * stride_ot + heads[:, None] * stride_oh + offs_d[None, :],
+            out.to(o_ptr.dtype.element_ty),
+            mask=g_ok[:, None] & d_ok[None, :],
+        )
     else:
         slot = (row * H + heads) * SPLITS + split
         tl.store(part_ptr + slot[:, None] * D_PAD + offs_d[None, :], acc, mask=g_ok[:, None])
@@ -110,14 +144,27 @@ def _decode_kernel(q_ptr, o_ptr, part_ptr, ml_ptr, count_ptr, cache_ptr, table_p
         working = tl.cdiv(kv_len, chunk)  # slices holding keys: the first ones
         if tl.atomic_add(counter, 1, sem="acq_rel") == working - 1:
             for g in tl.static_range(GROUP):
-                _merge(o_ptr, part_ptr, ml_ptr, row, head0 + g, working, stride_ot, stride_oh, H, HEAD_DIM, D_PAD,
-                       SPLITS)
+                _merge(
+                    o_ptr, part_ptr, ml_ptr, row, head0 + g, working, stride_ot, stride_oh, H, HEAD_DIM, D_PAD, SPLITS
+                )
             tl.atomic_xchg(counter, 0)
 
 
 @triton.jit
-def _merge(o_ptr, part_ptr, ml_ptr, row, head, working, stride_ot, stride_oh, H: tl.constexpr,
-           HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, SPLITS: tl.constexpr):
+def _merge(
+    o_ptr,
+    part_ptr,
+    ml_ptr,
+    row,
+    head,
+    working,
+    stride_ot,
+    stride_oh,
+    H: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    D_PAD: tl.constexpr,
+    SPLITS: tl.constexpr,
+):
     """out = sum_s acc_s e^(m_s - M) / sum_s l_s e^(m_s - M) over one (row, head)'s first `working`
     slices (the others held no keys and stored nothing)."""
     s = tl.arange(0, SPLITS)
@@ -131,13 +178,23 @@ def _merge(o_ptr, part_ptr, ml_ptr, row, head, working, stride_ot, stride_oh, H:
     w = tl.exp(m - tl.where(m_max == float("-inf"), 0.0, m_max))
     l_tot = tl.sum(w * l, axis=0)
     out = tl.sum(w[:, None] * acc, axis=0) / tl.where(l_tot == 0.0, 1.0, l_tot)
-    tl.store(o_ptr + row * stride_ot + head * stride_oh + offs_d, out.to(o_ptr.dtype.element_ty),
-             mask=offs_d < HEAD_DIM)
+    tl.store(
+        o_ptr + row * stride_ot + head * stride_oh + offs_d, out.to(o_ptr.dtype.element_ty), mask=offs_d < HEAD_DIM
+    )
 
 
-def decode_attention(cache: torch.Tensor, layer: int, q: torch.Tensor, block_table: torch.Tensor,
-                     positions: torch.Tensor, block_size: int, splits: int | None = None, block_n: int | None = None,
-                     num_warps: int = 4, maxnreg: int | None = None) -> torch.Tensor:
+def decode_attention(
+    cache: torch.Tensor,
+    layer: int,
+    q: torch.Tensor,
+    block_table: torch.Tensor,
+    positions: torch.Tensor,
+    block_size: int,
+    splits: int | None = None,
+    block_n: int | None = None,
+    num_warps: int = 4,
+    maxnreg: int | None = None,
+) -> torch.Tensor:
     """q [R, H, D] (last dim contiguous, rotated): one query row per segment at positions [R], row r's
     keys (its own K/V already stored) in block_table[r]; cache [blocks, layers, 2, block_size, Hkv, D]
     -> [R, H, D]. splits: key slices per (row, KV head); None: plan_splits. block_n (None: by
@@ -157,12 +214,42 @@ def decode_attention(cache: torch.Tensor, layer: int, q: torch.Tensor, block_tab
     part = torch.empty(n_part, d_pad, dtype=torch.float32, device=q.device)
     ml = torch.empty(2 * n_part, dtype=torch.float32, device=q.device)
     assert splits == 1 or R * Hkv <= _COUNTERS, "more split (row, KV head) pairs than counters"
-    pdl.launch(_decode_kernel, (R, Hkv, splits), q, out, part, ml, _counters(q.device), cache, block_table, positions,
-               layer, D ** -0.5, q.stride(0), q.stride(1), out.stride(0), out.stride(1), cache.stride(0),
-               cache.stride(1), cache.stride(2), cache.stride(3), cache.stride(4), block_table.stride(0),
-               H=H, GROUP=group, G_PAD=g_pad, BLOCK_SIZE=block_size, HEAD_DIM=D, D_PAD=d_pad, BLOCK_N=block_n,
-               SPLITS=splits, IEEE=q.dtype == torch.float32, num_warps=num_warps, like=q,
-               **_register_cap(maxnreg, splits, q))
+    pdl.launch(
+        _decode_kernel,
+        (R, Hkv, splits),
+        q,
+        out,
+        part,
+        ml,
+        _counters(q.device),
+        cache,
+        block_table,
+        positions,
+        layer,
+        D**-0.5,
+        q.stride(0),
+        q.stride(1),
+        out.stride(0),
+        out.stride(1),
+        cache.stride(0),
+        cache.stride(1),
+        cache.stride(2),
+        cache.stride(3),
+        cache.stride(4),
+        block_table.stride(0),
+        H=H,
+        GROUP=group,
+        G_PAD=g_pad,
+        BLOCK_SIZE=block_size,
+        HEAD_DIM=D,
+        D_PAD=d_pad,
+        BLOCK_N=block_n,
+        SPLITS=splits,
+        IEEE=q.dtype == torch.float32,
+        num_warps=num_warps,
+        like=q,
+        **_register_cap(maxnreg, splits, q),
+    )
     return out
 
 

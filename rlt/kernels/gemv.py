@@ -34,14 +34,15 @@ class GemvConfig:
         return f"{self.rows}x{self.k}/{self.warps}w"
 
 
-# Few wide loads per program keep many bytes in flight. One config serves every shape: picking per
-# shape by isolated timings gave unstable picks and a slower engine. A program reads only its first
-# 1024-wide K tile before the PDL wait: wider tiles take more registers, fewer programs per SM, and
-# a 2048-row projection no longer fits in one wave (scripts/gemv_occupancy.py).
+# Few wide loads per program keep many bytes in flight. One config serves every shape: per-shape
+# picks from isolated timings are unstable and do not carry over to the engine. A program reads
+# only its first 1024-wide K tile before the PDL wait: wider tiles take more registers, fewer
+# programs per SM, and a 2048-row projection would not fit in one wave (scripts/gemv_occupancy.py).
 CONFIG = GemvConfig(2, 1024, 4)
 # The configs the kernel is tested over and scripts/tune_decode.py times (passed explicitly).
-CONFIGS = tuple(GemvConfig(*c) for c in ((2, 1024, 4), (4, 1024, 4), (2, 2048, 4), (8, 512, 4), (8, 1024, 8),
-                                         (16, 256, 4)))
+CONFIGS = tuple(
+    GemvConfig(*c) for c in ((2, 1024, 4), (4, 1024, 4), (2, 2048, 4), (8, 512, 4), (8, 1024, 8), (16, 256, 4))
+)
 
 PLAIN, SWIGLU, ADD_NORM = range(3)  # epilogues
 _SWIGLU, _ADD_NORM = tl.constexpr(SWIGLU), tl.constexpr(ADD_NORM)  # the same, for kernels
@@ -68,10 +69,32 @@ def _counter(device: torch.device) -> torch.Tensor:
 
 
 @triton.jit
-def _gemv_kernel(x_ptr, w_ptr, y_ptr, N, K, stride_wn, r_ptr, wa_ptr, wo_ptr, ro_ptr, h_ptr, count_ptr, gw_ptr,
-                 gb_ptr, gate_ptr, eps, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EPILOGUE: tl.constexpr,
-                 NORM_A: tl.constexpr, GATE: tl.constexpr, ROW: tl.constexpr, K_TILES: tl.constexpr,
-                 PDL: tl.constexpr):
+def _gemv_kernel(
+    x_ptr,
+    w_ptr,
+    y_ptr,
+    N,
+    K,
+    stride_wn,
+    r_ptr,
+    wa_ptr,
+    wo_ptr,
+    ro_ptr,
+    h_ptr,
+    count_ptr,
+    gw_ptr,
+    gb_ptr,
+    gate_ptr,
+    eps,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    EPILOGUE: tl.constexpr,
+    NORM_A: tl.constexpr,
+    GATE: tl.constexpr,
+    ROW: tl.constexpr,
+    K_TILES: tl.constexpr,
+    PDL: tl.constexpr,
+):
     """y = x @ w.T. SWIGLU: w is [gate; up] (2N rows), y = silu(x @ gate.T) * (x @ up.T), rounded as
     the separate launches round. ADD_NORM: then the last program to finish stores r' = r + (rms_norm(y,
     wa) if NORM_A else y) to ro and h = rms_norm(r', wo) to h, and with GATE the exit gate's logit
@@ -94,12 +117,14 @@ def _gemv_kernel(x_ptr, w_ptr, y_ptr, N, K, stride_wn, r_ptr, wa_ptr, wo_ptr, ro
     acc_up = tl.zeros((BLOCK_N, BLOCK_K), tl.float32)
     if K_TILES > 0:  # unrolled: a constant k0's loads need nothing before them
         for t in tl.static_range(K_TILES):
-            w, w_up, acc, acc_up = _k_tile(x_ptr, rows, rows_up, w, w_up, acc, acc_up, t * BLOCK_K + offs_k, n_ok, K,
-                                           t > 0, EPILOGUE)
+            w, w_up, acc, acc_up = _k_tile(
+                x_ptr, rows, rows_up, w, w_up, acc, acc_up, t * BLOCK_K + offs_k, n_ok, K, t > 0, EPILOGUE
+            )
     else:
         for k0 in range(0, K, BLOCK_K):
-            w, w_up, acc, acc_up = _k_tile(x_ptr, rows, rows_up, w, w_up, acc, acc_up, k0 + offs_k, n_ok, K, k0 > 0,
-                                           EPILOGUE)
+            w, w_up, acc, acc_up = _k_tile(
+                x_ptr, rows, rows_up, w, w_up, acc, acc_up, k0 + offs_k, n_ok, K, k0 > 0, EPILOGUE
+            )
     acc = tl.sum(acc, axis=1)
     acc_up = tl.sum(acc_up, axis=1)
     y = acc.to(dt)
@@ -160,9 +185,16 @@ def gemv_swiglu(x: torch.Tensor, w: torch.Tensor, config: GemvConfig = CONFIG) -
     return _launch(x, w, config, SWIGLU, w.shape[0] // 2)[0]
 
 
-def gemv_add_norm(x: torch.Tensor, w: torch.Tensor, residual: torch.Tensor, weight_a: torch.Tensor | None,
-                  weight_out: torch.Tensor, eps: float, config: GemvConfig = CONFIG,
-                  exit_gate: tuple[torch.Tensor, torch.Tensor] | None = None) -> tuple[torch.Tensor, ...]:
+def gemv_add_norm(
+    x: torch.Tensor,
+    w: torch.Tensor,
+    residual: torch.Tensor,
+    weight_a: torch.Tensor | None,
+    weight_out: torch.Tensor,
+    eps: float,
+    config: GemvConfig = CONFIG,
+    exit_gate: tuple[torch.Tensor, torch.Tensor] | None = None,
+) -> tuple[torch.Tensor, ...]:
     """a = x @ w.T, then residual' = residual + (rms_norm(a, weight_a) if weight_a is given else a)
     -> (residual', h = rms_norm(residual', weight_out)), each [1, N]; one launch. exit_gate (float32
     weight [1, N], bias [1]): also h.float() @ weight.T + bias, a third output [1] in float32."""
@@ -171,17 +203,41 @@ def gemv_add_norm(x: torch.Tensor, w: torch.Tensor, residual: torch.Tensor, weig
     return (ro, h) if exit_gate is None else (ro, h, gate)
 
 
-def _launch(x, w, config: GemvConfig, epilogue, N, residual=None, weight_a=None, weight_out=None, eps=0.0,
-            exit_gate=None):
+def _launch(
+    x, w, config: GemvConfig, epilogue, N, residual=None, weight_a=None, weight_out=None, eps=0.0, exit_gate=None
+):
     K = w.shape[1]
     y = torch.empty(1, N, dtype=x.dtype, device=x.device)
     ro, h = (torch.empty_like(y), torch.empty_like(y)) if epilogue == ADD_NORM else (y, y)
     gate = torch.empty(1, dtype=torch.float32, device=x.device) if exit_gate is not None else y
     gw, gb = (exit_gate[0].reshape(-1), exit_gate[1].reshape(-1)) if exit_gate is not None else (y, y)
-    pdl.launch(_gemv_kernel, (triton.cdiv(N, config.rows),), x.contiguous(), w, y, N, K, w.stride(0),
-               y if residual is None else residual, y if weight_a is None else weight_a,
-               y if weight_out is None else weight_out, ro, h, _counter(x.device), gw, gb, gate, eps,
-               BLOCK_N=config.rows, BLOCK_K=config.k, EPILOGUE=epilogue, NORM_A=weight_a is not None,
-               GATE=exit_gate is not None, ROW=triton.next_power_of_2(N) if epilogue == ADD_NORM else 1,
-               K_TILES=unrolled_tiles(K, config, epilogue), num_warps=config.warps, like=x)
+    pdl.launch(
+        _gemv_kernel,
+        (triton.cdiv(N, config.rows),),
+        x.contiguous(),
+        w,
+        y,
+        N,
+        K,
+        w.stride(0),
+        y if residual is None else residual,
+        y if weight_a is None else weight_a,
+        y if weight_out is None else weight_out,
+        ro,
+        h,
+        _counter(x.device),
+        gw,
+        gb,
+        gate,
+        eps,
+        BLOCK_N=config.rows,
+        BLOCK_K=config.k,
+        EPILOGUE=epilogue,
+        NORM_A=weight_a is not None,
+        GATE=exit_gate is not None,
+        ROW=triton.next_power_of_2(N) if epilogue == ADD_NORM else 1,
+        K_TILES=unrolled_tiles(K, config, epilogue),
+        num_warps=config.warps,
+        like=x,
+    )
     return y, ro, h, gate

@@ -1,4 +1,5 @@
-"""The kernel set of this worker process, chosen once at start-up (rlt/workers/worker_main.py)."""
+"""The kernel set of this worker process: set by LoopEngine (rlt/workers/engine.py) from
+EngineConfig.kernels and EngineConfig.batch_invariant when the worker builds its engine."""
 
 import torch
 

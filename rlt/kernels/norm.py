@@ -35,8 +35,23 @@ def _rms_norm_kernel(x_ptr, w_ptr, y_ptr, stride_x, stride_y, N, eps, BLOCK: tl.
 
 
 @triton.jit
-def _add_rms_norm_kernel(x_ptr, a_ptr, wa_ptr, wo_ptr, xo_ptr, h_ptr, stride_x, stride_a, stride_xo, stride_h, N,
-                         eps, NORM_A: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):
+def _add_rms_norm_kernel(
+    x_ptr,
+    a_ptr,
+    wa_ptr,
+    wo_ptr,
+    xo_ptr,
+    h_ptr,
+    stride_x,
+    stride_a,
+    stride_xo,
+    stride_h,
+    N,
+    eps,
+    NORM_A: tl.constexpr,
+    BLOCK: tl.constexpr,
+    PDL: tl.constexpr,
+):
     row = tl.program_id(0)
     offs = tl.arange(0, BLOCK)
     mask = offs < N
@@ -63,19 +78,47 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     a = _rows(x)
     y = torch.empty(a.shape, dtype=torch.promote_types(weight.dtype, x.dtype), device=x.device)
     if a.shape[0]:
-        pdl.launch(_rms_norm_kernel, (a.shape[0],), a, weight, y, a.stride(0), y.stride(0), a.shape[1], eps,
-                   BLOCK=triton.next_power_of_2(a.shape[1]), like=a)
+        pdl.launch(
+            _rms_norm_kernel,
+            (a.shape[0],),
+            a,
+            weight,
+            y,
+            a.stride(0),
+            y.stride(0),
+            a.shape[1],
+            eps,
+            BLOCK=triton.next_power_of_2(a.shape[1]),
+            like=a,
+        )
     return y.reshape(x.shape)
 
 
-def add_rms_norm(x: torch.Tensor, a: torch.Tensor, weight_a: torch.Tensor | None, weight_out: torch.Tensor,
-                 eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+def add_rms_norm(
+    x: torch.Tensor, a: torch.Tensor, weight_a: torch.Tensor | None, weight_out: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
     """x_new = x + (rms_norm(a, weight_a) if weight_a is given else a); h = rms_norm(x_new, weight_out).
     x, a [T, N] of one dtype (the weights' dtype too). Returns (x_new, h), one launch."""
     x2, a2 = _rows(x), _rows(a)
     xo, h = torch.empty_like(x2), torch.empty_like(x2)
     if x2.shape[0]:
-        pdl.launch(_add_rms_norm_kernel, (x2.shape[0],), x2, a2, weight_out if weight_a is None else weight_a,
-                   weight_out, xo, h, x2.stride(0), a2.stride(0), xo.stride(0), h.stride(0), x2.shape[1], eps,
-                   NORM_A=weight_a is not None, BLOCK=triton.next_power_of_2(x2.shape[1]), like=x2)
+        pdl.launch(
+            _add_rms_norm_kernel,
+            (x2.shape[0],),
+            x2,
+            a2,
+            weight_out if weight_a is None else weight_a,
+            weight_out,
+            xo,
+            h,
+            x2.stride(0),
+            a2.stride(0),
+            xo.stride(0),
+            h.stride(0),
+            x2.shape[1],
+            eps,
+            NORM_A=weight_a is not None,
+            BLOCK=triton.next_power_of_2(x2.shape[1]),
+            like=x2,
+        )
     return xo.reshape(x.shape), h.reshape(x.shape)

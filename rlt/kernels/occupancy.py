@@ -16,9 +16,24 @@ from triton.compiler import ASTSource
 from rlt.kernels import gemv
 
 SMS, REGS_PER_SM, WARPS_PER_SM, CTAS_PER_SM, SMEM_PER_SM = 132, 65536, 64, 32, 233472  # H100 / H200 SXM
-GEMV_SIGNATURE = dict(x_ptr="*bf16", w_ptr="*bf16", y_ptr="*bf16", N="i32", K="i32", stride_wn="i32",
-                      r_ptr="*bf16", wa_ptr="*bf16", wo_ptr="*bf16", ro_ptr="*bf16", h_ptr="*bf16", count_ptr="*i32",
-                      gw_ptr="*fp32", gb_ptr="*fp32", gate_ptr="*fp32", eps="fp32")
+GEMV_SIGNATURE = dict(
+    x_ptr="*bf16",
+    w_ptr="*bf16",
+    y_ptr="*bf16",
+    N="i32",
+    K="i32",
+    stride_wn="i32",
+    r_ptr="*bf16",
+    wa_ptr="*bf16",
+    wo_ptr="*bf16",
+    ro_ptr="*bf16",
+    h_ptr="*bf16",
+    count_ptr="*i32",
+    gw_ptr="*fp32",
+    gb_ptr="*fp32",
+    gate_ptr="*fp32",
+    eps="fp32",
+)
 
 
 def tool(name: str) -> str:
@@ -33,15 +48,22 @@ def jit_attrs(signature: dict[str, str]) -> dict:
     """Compile attributes as the JIT specializes a launch: 16-byte aligned pointers, sizes and strides
     that are multiples of 16 (the models' are) — what lets loads vectorize, and so what register
     counts depend on."""
-    return {(i,): [["tt.divisibility", 16]] for i, (name, kind) in enumerate(signature.items())
-            if kind.startswith("*") or name in ("N", "K") or name.startswith("stride")}
+    return {
+        (i,): [["tt.divisibility", 16]]
+        for i, (name, kind) in enumerate(signature.items())
+        if kind.startswith("*") or name in ("N", "K") or name.startswith("stride")
+    }
 
 
 def compile_sm90(fn, signature: dict[str, str], constexprs: dict, aligned: bool = False, **options):
     """fn compiled for sm_90 with these argument types and constants (PDL among them: launch_pdl
     follows it); aligned: with the JIT's alignment attributes."""
-    src = ASTSource(fn=fn, signature={**signature, **{k: "constexpr" for k in constexprs}}, constexprs=constexprs,
-                    attrs=jit_attrs(signature) if aligned else None)
+    src = ASTSource(
+        fn=fn,
+        signature={**signature, **{k: "constexpr" for k in constexprs}},
+        constexprs=constexprs,
+        attrs=jit_attrs(signature) if aligned else None,
+    )
     options = {"launch_pdl": bool(constexprs.get("PDL")), **options}
     return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
 
@@ -51,16 +73,25 @@ def registers(cubin: bytes) -> int:
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(cubin)
         f.flush()
-        out = subprocess.run([tool("cuobjdump"), "-res-usage", f.name], capture_output=True, text=True,
-                             check=True).stdout
+        out = subprocess.run(
+            [tool("cuobjdump"), "-res-usage", f.name], capture_output=True, text=True, check=True
+        ).stdout
     return int(re.search(r"REG:(\d+)", out)[1])
 
 
 def gemv_registers(config: gemv.GemvConfig, epilogue: int, row: int, k_tiles: int = 0) -> tuple[int, int]:
     """(registers per thread, shared memory bytes per program) of one GEMV variant with PDL; row: the
     ADD_NORM tail's padded row (1 otherwise); k_tiles > 0: the K loop unrolled (gemv.unrolled_tiles)."""
-    consts = dict(BLOCK_N=config.rows, BLOCK_K=config.k, EPILOGUE=epilogue, NORM_A=True, GATE=False, ROW=row,
-                  K_TILES=k_tiles, PDL=True)
+    consts = dict(
+        BLOCK_N=config.rows,
+        BLOCK_K=config.k,
+        EPILOGUE=epilogue,
+        NORM_A=True,
+        GATE=False,
+        ROW=row,
+        K_TILES=k_tiles,
+        PDL=True,
+    )
     kernel = compile_sm90(gemv._gemv_kernel, GEMV_SIGNATURE, consts, aligned=True, num_warps=config.warps)
     return registers(kernel.asm["cubin"]), kernel.metadata.shared
 

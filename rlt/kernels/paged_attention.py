@@ -11,7 +11,6 @@ import torch
 
 from rlt.kernels.attention import causal_attention, prefix_free_attention
 
-
 KERNEL_BLOCK_M = 16  # query rows per program of the Triton kernel (decode passes, batch-invariant mode)
 PREFILL_BLOCK_M = 64  # passes carrying prompt chunks: fewer key re-reads per query row
 DENSE_MIN_ROWS = 64  # a prefix-free prompt chunk this long runs as dense causal SDPA (flash)
@@ -45,8 +44,13 @@ def kernel_fields(row_starts: list[int], q_starts: list[int], plan: KernelPlan =
     tile_seg = np.repeat(np.arange(len(rows)), per_seg)
     first_tile = np.cumsum(per_seg) - per_seg
     tile_row = (np.arange(len(tile_seg)) - np.repeat(first_tile, per_seg)) * plan.tile_rows
-    return {"tile_seg": tile_seg, "tile_row": tile_row, "seg_row0": np.asarray(row_starts[:-1], dtype=np.int64),
-            "seg_rows": rows, "seg_q0": np.asarray(q_starts, dtype=np.int64)}
+    return {
+        "tile_seg": tile_seg,
+        "tile_row": tile_row,
+        "seg_row0": np.asarray(row_starts[:-1], dtype=np.int64),
+        "seg_rows": rows,
+        "seg_q0": np.asarray(q_starts, dtype=np.int64),
+    }
 
 
 @dataclass
@@ -71,13 +75,15 @@ def write_kv(cache: torch.Tensor, layer: int, meta: PagedMetadata, k: torch.Tens
     cache[block, layer, 1, offset] = v
 
 
-def paged_attention(cache: torch.Tensor, layer: int, meta: PagedMetadata, q: torch.Tensor, k: torch.Tensor,
-                    v: torch.Tensor) -> torch.Tensor:
+def paged_attention(
+    cache: torch.Tensor, layer: int, meta: PagedMetadata, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+) -> torch.Tensor:
     """q [T, H, D], k/v [T, Hkv, D] of the same rows (already written to the cache) -> [T, H, D].
     With kernel metadata (CUDA) the Triton kernel runs every segment in one launch (dense segments
     of the plan run as causal SDPA on k/v directly); otherwise this loop is the reference."""
     if meta.kernel is not None:
-        from rlt.kernels import mode, paged_attention_triton as pat
+        from rlt.kernels import mode
+        from rlt.kernels import paged_attention_triton as pat
 
         # Decode-only passes (one row per segment) take the decode kernel: a GQA group per program,
         # keys split to fill the GPU. Batch-invariant mode keeps every pass on the general kernel,
@@ -86,8 +92,7 @@ def paged_attention(cache: torch.Tensor, layer: int, meta: PagedMetadata, q: tor
             from rlt.kernels.decode_attention import decode_attention
 
             return decode_attention(cache, layer, q, meta.block_table, meta.kernel["seg_q0"], meta.block_size)
-        out = pat.paged_attention(cache, layer, q, meta.block_table, meta.kernel, meta.block_size,
-                                  meta.plan.tile_rows)
+        out = pat.paged_attention(cache, layer, q, meta.block_table, meta.kernel, meta.block_size, meta.plan.tile_rows)
         for s in meta.plan.dense:
             r0, r1 = meta.row_starts[s], meta.row_starts[s + 1]
             out[r0:r1] = prefix_free_attention(q[r0:r1], k[r0:r1], v[r0:r1])

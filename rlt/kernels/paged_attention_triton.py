@@ -16,8 +16,7 @@ BLOCK_N = 64
 
 
 @triton.jit
-def kv_tile(base, table_row_ptr, pos, key_ok, offs_d, d_ok, stride_cb, stride_co, stride_ckv,
-            BLOCK_SIZE: tl.constexpr):
+def kv_tile(base, table_row_ptr, pos, key_ok, offs_d, d_ok, stride_cb, stride_co, stride_ckv, BLOCK_SIZE: tl.constexpr):
     """K and V [len(pos), D_PAD] of one head at positions pos, through the block table (masked keys
     read as 0)."""
     block = tl.load(table_row_ptr + pos // BLOCK_SIZE, mask=key_ok, other=0)
@@ -50,11 +49,34 @@ def softmax_step(q, k, v, allowed, m_i, l_i, acc, scale, IEEE: tl.constexpr):
 
 
 @triton.jit
-def _paged_attn_kernel(q_ptr, o_ptr, cache_ptr, table_ptr, tile_seg_ptr, tile_row_ptr, seg_row0_ptr,
-                       seg_rows_ptr, seg_q0_ptr, layer, scale,
-                       stride_qt, stride_qh, stride_cb, stride_cl, stride_ckv, stride_co, stride_ch, stride_ts,
-                       GROUP: tl.constexpr, BLOCK_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr,
-                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, IEEE: tl.constexpr):
+def _paged_attn_kernel(
+    q_ptr,
+    o_ptr,
+    cache_ptr,
+    table_ptr,
+    tile_seg_ptr,
+    tile_row_ptr,
+    seg_row0_ptr,
+    seg_rows_ptr,
+    seg_q0_ptr,
+    layer,
+    scale,
+    stride_qt,
+    stride_qh,
+    stride_cb,
+    stride_cl,
+    stride_ckv,
+    stride_co,
+    stride_ch,
+    stride_ts,
+    GROUP: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    D_PAD: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    IEEE: tl.constexpr,
+):
     """One (tile, head): attention of the tile's rows over their keys (causal by position)."""
     tile = tl.program_id(0)
     head = tl.program_id(1)
@@ -69,8 +91,11 @@ def _paged_attn_kernel(q_ptr, o_ptr, cache_ptr, table_ptr, tile_seg_ptr, tile_ro
     d_ok = offs_d < HEAD_DIM
     row_ok = offs_m < n_rows
     rows = seg_row0 + offs_m
-    q = tl.load(q_ptr + rows[:, None] * stride_qt + head * stride_qh + offs_d[None, :],
-                mask=row_ok[:, None] & d_ok[None, :], other=0.0)
+    q = tl.load(
+        q_ptr + rows[:, None] * stride_qt + head * stride_qh + offs_d[None, :],
+        mask=row_ok[:, None] & d_ok[None, :],
+        other=0.0,
+    )
     q_pos = q0 + offs_m
     m_i = tl.full((BLOCK_M,), float("-inf"), tl.float32)
     l_i = tl.zeros((BLOCK_M,), tl.float32)
@@ -80,31 +105,67 @@ def _paged_attn_kernel(q_ptr, o_ptr, cache_ptr, table_ptr, tile_seg_ptr, tile_ro
     for n0 in range(0, kv_end, BLOCK_N):
         pos = n0 + tl.arange(0, BLOCK_N)
         key_ok = pos < kv_end
-        k, v = kv_tile(base, table_ptr + seg * stride_ts, pos, key_ok, offs_d, d_ok, stride_cb, stride_co,
-                       stride_ckv, BLOCK_SIZE)
-        m_i, l_i, acc = softmax_step(q, k, v, (pos[None, :] <= q_pos[:, None]) & key_ok[None, :], m_i, l_i, acc,
-                                     scale, IEEE)
+        k, v = kv_tile(
+            base, table_ptr + seg * stride_ts, pos, key_ok, offs_d, d_ok, stride_cb, stride_co, stride_ckv, BLOCK_SIZE
+        )
+        m_i, l_i, acc = softmax_step(
+            q, k, v, (pos[None, :] <= q_pos[:, None]) & key_ok[None, :], m_i, l_i, acc, scale, IEEE
+        )
     out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
-    tl.store(o_ptr + rows[:, None] * stride_qt + head * stride_qh + offs_d[None, :],
-             out.to(o_ptr.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
+    tl.store(
+        o_ptr + rows[:, None] * stride_qt + head * stride_qh + offs_d[None, :],
+        out.to(o_ptr.dtype.element_ty),
+        mask=row_ok[:, None] & d_ok[None, :],
+    )
 
 
-def paged_attention(cache: torch.Tensor, layer: int, q: torch.Tensor, block_table: torch.Tensor, k: dict,
-                    block_size: int, tile_rows: int = 16) -> torch.Tensor:
+def paged_attention(
+    cache: torch.Tensor,
+    layer: int,
+    q: torch.Tensor,
+    block_table: torch.Tensor,
+    k: dict,
+    block_size: int,
+    tile_rows: int = 16,
+) -> torch.Tensor:
     """q [T, H, D] (K/V already written) -> [T, H, D]. cache [blocks, layers, 2, block_size, Hkv, D];
     k: kernel_fields() as device tensors, built for tiles of tile_rows rows. Rows of no tile (dense
     segments) are left for the caller."""
     T, H, D = q.shape
-    tile_seg, tile_row, seg_row0, seg_rows, seg_q0 = (k[n] for n in ("tile_seg", "tile_row", "seg_row0",
-                                                                     "seg_rows", "seg_q0"))
+    tile_seg, tile_row, seg_row0, seg_rows, seg_q0 = (
+        k[n] for n in ("tile_seg", "tile_row", "seg_row0", "seg_rows", "seg_q0")
+    )
     q = q.contiguous()
     out = torch.empty_like(q)
     n_tiles = tile_seg.numel()
     if n_tiles == 0:
         return out
     _paged_attn_kernel[(n_tiles, H)](
-        q, out, cache, block_table, tile_seg, tile_row, seg_row0, seg_rows, seg_q0, layer, D ** -0.5,
-        q.stride(0), q.stride(1), cache.stride(0), cache.stride(1), cache.stride(2), cache.stride(3), cache.stride(4),
-        block_table.stride(0), GROUP=H // cache.shape[4], BLOCK_SIZE=block_size, HEAD_DIM=D,
-        D_PAD=max(16, triton.next_power_of_2(D)), BLOCK_M=tile_rows, BLOCK_N=BLOCK_N, IEEE=q.dtype == torch.float32)
+        q,
+        out,
+        cache,
+        block_table,
+        tile_seg,
+        tile_row,
+        seg_row0,
+        seg_rows,
+        seg_q0,
+        layer,
+        D**-0.5,
+        q.stride(0),
+        q.stride(1),
+        cache.stride(0),
+        cache.stride(1),
+        cache.stride(2),
+        cache.stride(3),
+        cache.stride(4),
+        block_table.stride(0),
+        GROUP=H // cache.shape[4],
+        BLOCK_SIZE=block_size,
+        HEAD_DIM=D,
+        D_PAD=max(16, triton.next_power_of_2(D)),
+        BLOCK_M=tile_rows,
+        BLOCK_N=BLOCK_N,
+        IEEE=q.dtype == torch.float32,
+    )
     return out

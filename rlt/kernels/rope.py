@@ -12,10 +12,35 @@ from rlt.kernels import pdl
 
 
 @triton.jit
-def _rope_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, inv_ptr, cache_ptr, slot_ptr, layer, stride_qt, stride_qh, stride_kt,
-                 stride_kh, stride_vt, stride_vh, stride_cb, stride_cl, stride_ckv, stride_co, stride_ch,
-                 HQ: tl.constexpr, HKV: tl.constexpr, HALF: tl.constexpr, HALF_PAD: tl.constexpr,
-                 PAIRS: tl.constexpr, WRITE_KV: tl.constexpr, BLOCK_SIZE: tl.constexpr, PDL: tl.constexpr):
+def _rope_kernel(
+    q_ptr,
+    k_ptr,
+    v_ptr,
+    pos_ptr,
+    inv_ptr,
+    cache_ptr,
+    slot_ptr,
+    layer,
+    stride_qt,
+    stride_qh,
+    stride_kt,
+    stride_kh,
+    stride_vt,
+    stride_vh,
+    stride_cb,
+    stride_cl,
+    stride_ckv,
+    stride_co,
+    stride_ch,
+    HQ: tl.constexpr,
+    HKV: tl.constexpr,
+    HALF: tl.constexpr,
+    HALF_PAD: tl.constexpr,
+    PAIRS: tl.constexpr,
+    WRITE_KV: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    PDL: tl.constexpr,
+):
     """Program (t, h): h < HQ rotates q head h; then the k heads (rotated, and stored with WRITE_KV);
     then, with WRITE_KV, the v heads (stored as they are)."""
     t = tl.program_id(0)
@@ -51,8 +76,14 @@ def _rope_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, inv_ptr, cache_ptr, slot_ptr, lay
         if h >= HQ:
             kv_head = (h - HQ) % HKV
             which = (h - HQ) // HKV  # 0: K, 1: V
-            dst = (cache_ptr + (slot // BLOCK_SIZE) * stride_cb + layer * stride_cl + which * stride_ckv
-                   + (slot % BLOCK_SIZE) * stride_co + kv_head * stride_ch)
+            dst = (
+                cache_ptr
+                + (slot // BLOCK_SIZE) * stride_cb
+                + layer * stride_cl
+                + which * stride_ckv
+                + (slot % BLOCK_SIZE) * stride_co
+                + kv_head * stride_ch
+            )
             tl.store(dst + ia, ra, mask=ok)
             tl.store(dst + ib, rb, mask=ok)
 
@@ -67,23 +98,60 @@ def _launch(q, k, v, positions, inv_freq, pairs, cache, layer, slots, block_size
     c = cache if write else q  # (unused without WRITE_KV)
     v = v if write else k
     cs = cache.stride() if write else (0,) * 6
-    pdl.launch(_rope_kernel, (T, H + (2 if write else 1) * Hkv), q, k, v, positions, inv_freq, c,
-               slots if write else positions, layer, q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0),
-               v.stride(1), cs[0], cs[1], cs[2], cs[3], cs[4], HQ=H, HKV=Hkv, HALF=half,
-               HALF_PAD=triton.next_power_of_2(half), PAIRS=pairs, WRITE_KV=write, BLOCK_SIZE=block_size, like=q)
+    pdl.launch(
+        _rope_kernel,
+        (T, H + (2 if write else 1) * Hkv),
+        q,
+        k,
+        v,
+        positions,
+        inv_freq,
+        c,
+        slots if write else positions,
+        layer,
+        q.stride(0),
+        q.stride(1),
+        k.stride(0),
+        k.stride(1),
+        v.stride(0),
+        v.stride(1),
+        cs[0],
+        cs[1],
+        cs[2],
+        cs[3],
+        cs[4],
+        HQ=H,
+        HKV=Hkv,
+        HALF=half,
+        HALF_PAD=triton.next_power_of_2(half),
+        PAIRS=pairs,
+        WRITE_KV=write,
+        BLOCK_SIZE=block_size,
+        like=q,
+    )
 
 
-def rope_(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor,
-          pairs: bool) -> tuple[torch.Tensor, torch.Tensor]:
+def rope_(
+    q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor, pairs: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
     """q [T, H, D], k [T, Hkv, D] (last dim contiguous; views of the projection are fine), rotated in
     place and returned."""
     _launch(q, k, None, positions, inv_freq, pairs, None, 0, None, 1)
     return q, k
 
 
-def rope_write_kv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor,
-                  pairs: bool, cache: torch.Tensor, layer: int, slots: torch.Tensor,
-                  block_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+def rope_write_kv(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    positions: torch.Tensor,
+    inv_freq: torch.Tensor,
+    pairs: bool,
+    cache: torch.Tensor,
+    layer: int,
+    slots: torch.Tensor,
+    block_size: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """rope_ on q and k, and the rotated k and v stored at slots [T] of cache [blocks, layers, 2,
     block_size, Hkv, D] at this layer: one launch. Returns (q, k), rotated in place."""
     _launch(q, k, v, positions, inv_freq, pairs, cache, layer, slots, block_size)

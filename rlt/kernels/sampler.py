@@ -23,8 +23,7 @@ class SamplingTensors:
     output_index: torch.Tensor  # int64: which output token of its request this row samples
 
 
-def sample(logits: torch.Tensor, p: SamplingTensors, greedy: bool | None = None,
-           filtered: bool = True) -> torch.Tensor:
+def sample(logits: torch.Tensor, p: SamplingTensors, greedy: bool | None = None, filtered: bool = True) -> torch.Tensor:
     """logits [B, V] -> token ids [B] (int64). What the caller knows saves device work and
     read-backs: greedy, every temperature is 0; filtered=False, no row uses top-k or top-p (no sort)."""
     logits = logits.float()

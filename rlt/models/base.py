@@ -33,8 +33,7 @@ class Attention(Protocol):
         before RoPE: applies it to q and k (in place where it can: on CUDA in the same launch that
         stores k/v), stores k/v for these rows, returns [T, H, D]."""
 
-    def boundary(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                 rotary: Rotary) -> torch.Tensor:
+    def boundary(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rotary: Rotary) -> torch.Tensor:
         """Same for a boundary layer (stored once per position, not per depth)."""
 
 
@@ -43,10 +42,12 @@ class LoopedModel(Protocol):
 
     def initial_state(self, inject: torch.Tensor, positions: torch.Tensor, seeds: torch.Tensor) -> torch.Tensor: ...
 
-    def loop(self, state: torch.Tensor, inject: torch.Tensor, positions: torch.Tensor,
-             attn: Attention) -> tuple[torch.Tensor, torch.Tensor | None]: ...
+    def loop(
+        self, state: torch.Tensor, inject: torch.Tensor, positions: torch.Tensor, attn: Attention
+    ) -> tuple[torch.Tensor, torch.Tensor | None]: ...
 
-    def head(self, state: torch.Tensor, positions: torch.Tensor, attn: Attention,
-             select: torch.Tensor | None = None) -> torch.Tensor:
+    def head(
+        self, state: torch.Tensor, positions: torch.Tensor, attn: Attention, select: torch.Tensor | None = None
+    ) -> torch.Tensor:
         """float32 logits of the rows in `select` (all rows if None). Boundary layers (Huginn's coda)
         run on every row, since later positions attend to them."""

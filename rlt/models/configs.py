@@ -3,12 +3,13 @@
 Each class reads the official field names, fills the official defaults, and rejects what the
 engine cannot run with a ConfigError that names the field. Fields that are present but inactive
 (e.g. Huginn's `test_time_noise: 0`, Ouro's `sliding_window` with `use_sliding_window: false`)
-are accepted. Unknown keys are ignored, as transformers does.
+are accepted. Unknown keys are ignored, as transformers does. Each class also derives the
+family-neutral facts (FamilyConfig: depth, exit gate, KV layer counts) from its own fields.
 """
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 from rlt.errors import ConfigError
 
@@ -91,7 +92,10 @@ class _Reader:
 
 
 @dataclass(frozen=True)
-class _Common:
+class FamilyConfig:
+    """The fields every family has, and the family-neutral facts that ModelConfig reads: each
+    family derives them from its own fields."""
+
     vocab_size: int
     hidden_size: int
     intermediate_size: int
@@ -105,9 +109,32 @@ class _Common:
     bos_token_id: int | None
     eos_token_ids: tuple[int, ...]
 
+    has_exit_gate: ClassVar[bool] = False  # a learned gate that may end a token's loops early (Ouro)
 
-def _heads(r: _Reader, hidden: int, heads_key: str, kv_key: str, head_dim_keys: tuple[str, ...],
-           kv_if_absent: int | None = None):
+    @property
+    def depth(self) -> int:
+        """Loop depth a prompt runs at (and the most a decode token may run)."""
+        raise NotImplementedError
+
+    @property
+    def default_exit_threshold(self) -> float:
+        """The exit threshold of a request that sets none; 1.0 runs every token to full depth."""
+        return 1.0
+
+    @property
+    def kv_layers(self) -> tuple[int, int]:
+        """(core layers, stored per loop depth; boundary layers, stored once per position)."""
+        raise NotImplementedError
+
+
+def _heads(
+    r: _Reader,
+    hidden: int,
+    heads_key: str,
+    kv_key: str,
+    head_dim_keys: tuple[str, ...],
+    kv_if_absent: int | None = None,
+):
     """As the reference config classes: kv heads absent -> kv_if_absent (Qwen2's class default, for
     Ouro) else the head count; explicit null -> the head count; head_dim absent -> hidden // heads."""
     heads = r.positive(heads_key)
@@ -127,27 +154,48 @@ def _bos(r: _Reader) -> int | None:
     return ids[0] if ids else None
 
 
-def _llama_fields(r: _Reader, *, kv_if_absent: int | None, max_positions: int, bos: int | None,
-                  eos: tuple[int, ...]) -> dict:
-    """The _Common fields as Ouro's (Qwen2) and Nanbeige's (Llama) config classes read them; the
+def _llama_fields(
+    r: _Reader, *, kv_if_absent: int | None, max_positions: int, bos: int | None, eos: tuple[int, ...]
+) -> dict:
+    """The FamilyConfig fields as Ouro's (Qwen2) and Nanbeige's (Llama) config classes read them; the
     keyword arguments are each class's defaults for fields absent from config.json."""
     hidden = r.positive("hidden_size")
     heads, kv, hd = _heads(r, hidden, "num_attention_heads", "num_key_value_heads", ("head_dim",), kv_if_absent)
-    return dict(vocab_size=r.positive("vocab_size"), hidden_size=hidden,
-                intermediate_size=r.positive("intermediate_size"), num_attention_heads=heads,
-                num_key_value_heads=kv, head_dim=hd, rope_theta=r.rope_theta(default=10000.0),
-                rms_norm_eps=r.get("rms_norm_eps", float, 1e-6),
-                max_position_embeddings=r.positive("max_position_embeddings", max_positions),
-                tie_word_embeddings=r.get("tie_word_embeddings", bool, False),
-                bos_token_id=_bos(r) if "bos_token_id" in r.d else bos,
-                eos_token_ids=r.token_ids("eos_token_id") if "eos_token_id" in r.d else eos)
+    return dict(
+        vocab_size=r.positive("vocab_size"),
+        hidden_size=hidden,
+        intermediate_size=r.positive("intermediate_size"),
+        num_attention_heads=heads,
+        num_key_value_heads=kv,
+        head_dim=hd,
+        rope_theta=r.rope_theta(default=10000.0),
+        rms_norm_eps=r.get("rms_norm_eps", float, 1e-6),
+        max_position_embeddings=r.positive("max_position_embeddings", max_positions),
+        tie_word_embeddings=r.get("tie_word_embeddings", bool, False),
+        bos_token_id=_bos(r) if "bos_token_id" in r.d else bos,
+        eos_token_ids=r.token_ids("eos_token_id") if "eos_token_id" in r.d else eos,
+    )
 
 
 @dataclass(frozen=True)
-class OuroConfig(_Common):
+class OuroConfig(FamilyConfig):
     num_hidden_layers: int
     total_ut_steps: int
     early_exit_threshold: float
+
+    has_exit_gate: ClassVar[bool] = True
+
+    @property
+    def depth(self) -> int:
+        return self.total_ut_steps
+
+    @property
+    def default_exit_threshold(self) -> float:
+        return self.early_exit_threshold
+
+    @property
+    def kv_layers(self) -> tuple[int, int]:
+        return self.num_hidden_layers, 0
 
     @classmethod
     def from_dict(cls, d: dict) -> "OuroConfig":
@@ -162,26 +210,49 @@ class OuroConfig(_Common):
         thr = r.get("early_exit_threshold", float, 1.0)
         if not 0.0 <= thr <= 1.0:
             raise r.fail("early_exit_threshold", f"must be in [0, 1], got {thr}")
-        return cls(**_llama_fields(r, kv_if_absent=32, max_positions=32768, bos=None, eos=()),
-                   num_hidden_layers=layers, total_ut_steps=r.positive("total_ut_steps", 4),
-                   early_exit_threshold=thr)
+        return cls(
+            **_llama_fields(r, kv_if_absent=32, max_positions=32768, bos=None, eos=()),
+            num_hidden_layers=layers,
+            total_ut_steps=r.positive("total_ut_steps", 4),
+            early_exit_threshold=thr,
+        )
 
 
 # Nanbeige's superset features (all off in Nanbeige4.2); any of them enabled is rejected.
 NANBEIGE_UNSUPPORTED = (
-    "enable_double_loop_split", "loop_share_kv", "mhc_diff_for_loop", "enable_hyper_connection",
-    "enable_mhc", "enable_h_res_identity", "enable_depth_attention", "qk_layernorm",
-    "emb_neighbor_num", "emb_split_num", "ngram_vocab_size_ratio", "ngram_embedding_hidden_size",
-    "insert_ngram_layer_idx", "ngram_insert_all_layers", "attention_bias", "mlp_bias",
+    "enable_double_loop_split",
+    "loop_share_kv",
+    "mhc_diff_for_loop",
+    "enable_hyper_connection",
+    "enable_mhc",
+    "enable_h_res_identity",
+    "enable_depth_attention",
+    "qk_layernorm",
+    "emb_neighbor_num",
+    "emb_split_num",
+    "ngram_vocab_size_ratio",
+    "ngram_embedding_hidden_size",
+    "insert_ngram_layer_idx",
+    "ngram_insert_all_layers",
+    "attention_bias",
+    "mlp_bias",
     "loop_middle_layers",
 )
 
 
 @dataclass(frozen=True)
-class NanbeigeConfig(_Common):
+class NanbeigeConfig(FamilyConfig):
     num_hidden_layers: int
     num_loops: int
     skip_loop_final_norm: bool
+
+    @property
+    def depth(self) -> int:
+        return self.num_loops
+
+    @property
+    def kv_layers(self) -> tuple[int, int]:
+        return self.num_hidden_layers, 0
 
     @classmethod
     def from_dict(cls, d: dict) -> "NanbeigeConfig":
@@ -192,13 +263,16 @@ class NanbeigeConfig(_Common):
         # In the reference code a non-empty loop_loss_weights silently overrides num_loops.
         r.off("loop_loss_weights", " (it is training-only; set num_loops instead)")
         # kv_channels rides along in the released config but the reference code never reads it.
-        return cls(**_llama_fields(r, kv_if_absent=None, max_positions=2048, bos=1, eos=(2,)),
-                   num_hidden_layers=r.positive("num_hidden_layers"), num_loops=r.positive("num_loops", 1),
-                   skip_loop_final_norm=r.get("skip_loop_final_norm", bool, False))
+        return cls(
+            **_llama_fields(r, kv_if_absent=None, max_positions=2048, bos=1, eos=(2,)),
+            num_hidden_layers=r.positive("num_hidden_layers"),
+            num_loops=r.positive("num_loops", 1),
+            skip_loop_final_norm=r.get("skip_loop_final_norm", bool, False),
+        )
 
 
 @dataclass(frozen=True)
-class HuginnConfig(_Common):
+class HuginnConfig(FamilyConfig):
     n_layers_in_prelude: int
     n_layers_in_recurrent_block: int
     n_layers_in_coda: int
@@ -207,6 +281,15 @@ class HuginnConfig(_Common):
     state_init: str
     embed_scale: float
     state_std: float
+
+    @property
+    def depth(self) -> int:
+        return self.mean_recurrence
+
+    @property
+    def kv_layers(self) -> tuple[int, int]:
+        """The recurrent block is the core; prelude and coda are boundary layers."""
+        return self.n_layers_in_recurrent_block, self.n_layers_in_prelude + self.n_layers_in_coda
 
     @classmethod
     def from_dict(cls, d: dict) -> "HuginnConfig":
@@ -263,6 +346,3 @@ class HuginnConfig(_Common):
             embed_scale=embed_scale,
             state_std=state_std,
         )
-
-
-FAMILY_CONFIGS = {"ouro": OuroConfig, "nanbeige": NanbeigeConfig, "huginn_raven": HuginnConfig}

@@ -12,34 +12,55 @@ import torch.nn.functional as F
 from rlt.config import ModelConfig
 from rlt.kernels.random import truncated_normal
 from rlt.models.base import Attention, Rotary
-from rlt.models.layers import linear, gated_mlp, rms_norm, rope_inv_freq
+from rlt.models.layers import gated_mlp, linear, rms_norm, rope_inv_freq
 
-_BLOCK_TENSORS = ("norm_1.weight", "norm_2.weight", "norm_3.weight", "norm_4.weight", "attn.Wqkv.weight",
-                  "attn.qk_bias", "attn.proj.weight", "mlp.fc.weight", "mlp.proj.weight")
+_BLOCK_TENSORS = (
+    "norm_1.weight",
+    "norm_2.weight",
+    "norm_3.weight",
+    "norm_4.weight",
+    "attn.Wqkv.weight",
+    "attn.qk_bias",
+    "attn.proj.weight",
+    "mlp.fc.weight",
+    "mlp.proj.weight",
+)
 
 
 def _stack_names(fc) -> list[str]:
-    return ([f"prelude.{i}" for i in range(fc.n_layers_in_prelude)]
-            + [f"core_block.{i}" for i in range(fc.n_layers_in_recurrent_block)]
-            + [f"coda.{i}" for i in range(fc.n_layers_in_coda)])
-
-
-def expected_tensors(mc: ModelConfig) -> dict[str, tuple[int, ...]]:
-    fc = mc.family_config
-    H, I, V, nh, hd = fc.hidden_size, fc.intermediate_size, fc.vocab_size, fc.num_attention_heads, fc.head_dim
-    shapes = {"attn.Wqkv.weight": (3 * nh * hd, H), "attn.qk_bias": (2, 1, nh, hd),
-              "attn.proj.weight": (H, nh * hd), "mlp.fc.weight": (2 * I, H), "mlp.proj.weight": (H, I)}
-    out = {"transformer.wte.weight": (V, H), "transformer.adapter.weight": (H, 2 * H),
-           "transformer.ln_f.weight": (H,), "lm_head.weight": (V, H)}
-    for blk in _stack_names(fc):
-        for name in _BLOCK_TENSORS:
-            if name == "attn.qk_bias" and not fc.qk_bias:
-                continue
-            out[f"transformer.{blk}.{name}"] = shapes.get(name, (H,))
-    return out
+    return (
+        [f"prelude.{i}" for i in range(fc.n_layers_in_prelude)]
+        + [f"core_block.{i}" for i in range(fc.n_layers_in_recurrent_block)]
+        + [f"coda.{i}" for i in range(fc.n_layers_in_coda)]
+    )
 
 
 class HuginnModel:
+    @staticmethod
+    def expected_tensors(mc: ModelConfig) -> dict[str, tuple[int, ...]]:
+        """Every tensor name this model reads, with its shape from config.json."""
+        fc = mc.family_config
+        H, I, V, nh, hd = fc.hidden_size, fc.intermediate_size, fc.vocab_size, fc.num_attention_heads, fc.head_dim
+        shapes = {
+            "attn.Wqkv.weight": (3 * nh * hd, H),
+            "attn.qk_bias": (2, 1, nh, hd),
+            "attn.proj.weight": (H, nh * hd),
+            "mlp.fc.weight": (2 * I, H),
+            "mlp.proj.weight": (H, I),
+        }
+        out = {
+            "transformer.wte.weight": (V, H),
+            "transformer.adapter.weight": (H, 2 * H),
+            "transformer.ln_f.weight": (H,),
+            "lm_head.weight": (V, H),
+        }
+        for blk in _stack_names(fc):
+            for name in _BLOCK_TENSORS:
+                if name == "attn.qk_bias" and not fc.qk_bias:
+                    continue
+                out[f"transformer.{blk}.{name}"] = shapes.get(name, (H,))
+        return out
+
     def __init__(self, mc: ModelConfig, w: dict[str, torch.Tensor]):
         fc = self.fc = mc.family_config
         self.wte = w["transformer.wte.weight"]
@@ -49,10 +70,18 @@ class HuginnModel:
         def block(name):
             p = f"transformer.{name}."
             bias = w.get(p + "attn.qk_bias")
-            return dict(n1=w[p + "norm_1.weight"], n2=w[p + "norm_2.weight"], n3=w[p + "norm_3.weight"],
-                        n4=w[p + "norm_4.weight"], qkv=w[p + "attn.Wqkv.weight"], proj=w[p + "attn.proj.weight"],
-                        q_bias=None if bias is None else bias[0, 0], k_bias=None if bias is None else bias[1, 0],
-                        fc=w[p + "mlp.fc.weight"], mlp_proj=w[p + "mlp.proj.weight"])
+            return dict(
+                n1=w[p + "norm_1.weight"],
+                n2=w[p + "norm_2.weight"],
+                n3=w[p + "norm_3.weight"],
+                n4=w[p + "norm_4.weight"],
+                qkv=w[p + "attn.Wqkv.weight"],
+                proj=w[p + "attn.proj.weight"],
+                q_bias=None if bias is None else bias[0, 0],
+                k_bias=None if bias is None else bias[1, 0],
+                fc=w[p + "mlp.fc.weight"],
+                mlp_proj=w[p + "mlp.proj.weight"],
+            )
 
         self.prelude = [block(f"prelude.{i}") for i in range(fc.n_layers_in_prelude)]
         self.core = [block(f"core_block.{i}") for i in range(fc.n_layers_in_recurrent_block)]
@@ -65,8 +94,9 @@ class HuginnModel:
         q, k, v = linear(rms_norm(x, B["n1"], eps), B["qkv"]).view(T, 3, nh, hd).unbind(1)
         if B["q_bias"] is not None:
             q, k = q + B["q_bias"], k + B["k_bias"]
-        x = rms_norm(x + linear(attend(q, k, v, Rotary(positions, self.inv_freq, True)).flatten(1), B["proj"]),
-                     B["n2"], eps)
+        x = rms_norm(
+            x + linear(attend(q, k, v, Rotary(positions, self.inv_freq, True)).flatten(1), B["proj"]), B["n2"], eps
+        )
         return rms_norm(x + gated_mlp(rms_norm(x, B["n3"], eps), B["fc"], B["mlp_proj"]), B["n4"], eps)
 
     def embed(self, ids, positions, attn: Attention):

@@ -35,9 +35,15 @@ def linear_swiglu(x: torch.Tensor, gate_up_w: torch.Tensor) -> torch.Tensor:
     return swiglu(linear(x, gate_up_w))
 
 
-def linear_add_norm(x: torch.Tensor, w: torch.Tensor, residual: torch.Tensor, weight_a: torch.Tensor | None,
-                    weight_out: torch.Tensor, eps: float,
-                    exit_gate: tuple[torch.Tensor, torch.Tensor] | None = None) -> tuple[torch.Tensor, ...]:
+def linear_add_norm(
+    x: torch.Tensor,
+    w: torch.Tensor,
+    residual: torch.Tensor,
+    weight_a: torch.Tensor | None,
+    weight_out: torch.Tensor,
+    eps: float,
+    exit_gate: tuple[torch.Tensor, torch.Tensor] | None = None,
+) -> tuple[torch.Tensor, ...]:
     """A projection, then the residual add and the next norm: add_norm(residual, x @ w.T, weight_a,
     weight_out, eps) -> (residual', h); one launch for a one-row pass. exit_gate (float32 weight
     [1, N], bias [1]; Ouro's last layer): also the gate's logits h.float() @ weight.T + bias [T]."""
@@ -61,8 +67,9 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return weight * y.to(x.dtype)
 
 
-def add_norm(x: torch.Tensor, a: torch.Tensor, weight_a: torch.Tensor | None, weight_out: torch.Tensor,
-             eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+def add_norm(
+    x: torch.Tensor, a: torch.Tensor, weight_a: torch.Tensor | None, weight_out: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Residual add, then the next norm: x_new = x + (rms_norm(a, weight_a) if weight_a is given
     else a); returns (x_new, rms_norm(x_new, weight_out)). Triton: one launch instead of three."""
     if mode.use_triton(x):
@@ -77,8 +84,9 @@ def rope_inv_freq(head_dim: int, theta: float) -> torch.Tensor:
     return 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
 
 
-def rope(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor,
-         pairs: bool) -> tuple[torch.Tensor, torch.Tensor]:
+def rope(
+    q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor, pairs: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
     """RoPE on q [T, H, D] and k [T, Hkv, D]: adjacent pairs (Huginn) or rotate-half. Triton: in
     place, one launch for both."""
     if mode.use_triton(q):
@@ -142,11 +150,13 @@ def gated_mlp(x, gate_up_w, down_w):
 
 def fused_llama_layer(w: dict, prefix: str, norms: dict[str, str]) -> dict:
     """A Llama/Qwen2 layer's weights with q/k/v and gate/up fused; norms maps short name -> tensor name."""
-    return dict(qkv=torch.cat([w[prefix + f"self_attn.{n}_proj.weight"] for n in "qkv"]),
-                o=w[prefix + "self_attn.o_proj.weight"],
-                gate_up=torch.cat([w[prefix + "mlp.gate_proj.weight"], w[prefix + "mlp.up_proj.weight"]]),
-                down=w[prefix + "mlp.down_proj.weight"],
-                **{k: w[prefix + name + ".weight"] for k, name in norms.items()})
+    return dict(
+        qkv=torch.cat([w[prefix + f"self_attn.{n}_proj.weight"] for n in "qkv"]),
+        o=w[prefix + "self_attn.o_proj.weight"],
+        gate_up=torch.cat([w[prefix + "mlp.gate_proj.weight"], w[prefix + "mlp.up_proj.weight"]]),
+        down=w[prefix + "mlp.down_proj.weight"],
+        **{k: w[prefix + name + ".weight"] for k, name in norms.items()},
+    )
 
 
 class EmbeddingInput:

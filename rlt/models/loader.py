@@ -8,7 +8,7 @@ from safetensors import safe_open
 
 from rlt.config import ModelConfig
 from rlt.errors import CheckpointError
-from rlt.models.registry import FAMILIES
+from rlt.models.family import FAMILIES
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -40,30 +40,34 @@ def checkpoint_files(path: str) -> list[str]:
     if os.path.isfile(single):
         return [single]
     if any(n.endswith(".bin") or n.endswith(".pt") for n in os.listdir(path)):
-        raise CheckpointError(f"{path} holds a PyTorch .bin checkpoint; only safetensors are supported "
-                              "(convert it with safetensors.torch.save_file)")
+        raise CheckpointError(
+            f"{path} holds a PyTorch .bin checkpoint; only safetensors are supported "
+            "(convert it with safetensors.torch.save_file)"
+        )
     raise CheckpointError(f"no model.safetensors or model.safetensors.index.json in {path}")
 
 
 def load_weights(mc: ModelConfig, dtype: torch.dtype, device: str = "cpu") -> dict[str, torch.Tensor]:
-    spec = FAMILIES[mc.model_type]
-    expected = spec.expected_tensors(mc)
+    family = FAMILIES[mc.model_type]
+    expected = family.expected_tensors(mc)
     optional = {"lm_head.weight"} if mc.family_config.tie_word_embeddings else set()
     weights: dict[str, torch.Tensor] = {}
     for file in checkpoint_files(mc.path):
         with safe_open(file, framework="pt", device="cpu") as f:
             for name in f.keys():
-                if name.endswith(spec.ignored_suffixes):
+                if name.endswith(family.ignored_suffixes):
                     continue
                 if name not in expected:
-                    raise CheckpointError(f"unexpected tensor {name!r} in {os.path.basename(file)} "
-                                          f"(not a {mc.model_type} parameter)")
+                    raise CheckpointError(
+                        f"unexpected tensor {name!r} in {os.path.basename(file)} (not a {mc.model_type} parameter)"
+                    )
                 if name in weights:
                     raise CheckpointError(f"tensor {name!r} is stored twice")
                 t = f.get_tensor(name)
                 if tuple(t.shape) != expected[name]:
-                    raise CheckpointError(f"tensor {name!r} has shape {tuple(t.shape)}, "
-                                          f"expected {expected[name]} from config.json")
+                    raise CheckpointError(
+                        f"tensor {name!r} has shape {tuple(t.shape)}, expected {expected[name]} from config.json"
+                    )
                 if not t.is_floating_point():
                     raise CheckpointError(f"tensor {name!r} has dtype {t.dtype}, expected a float type")
                 weights[name] = t
@@ -72,8 +76,8 @@ def load_weights(mc: ModelConfig, dtype: torch.dtype, device: str = "cpu") -> di
         more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
         raise CheckpointError(f"missing tensor {missing[0]!r}{more} in {mc.path}")
     if "lm_head.weight" in weights and mc.family_config.tie_word_embeddings:
-        if not torch.equal(weights["lm_head.weight"], weights[spec.embed_name]):
-            raise CheckpointError(f"tensor 'lm_head.weight' differs from the tied embedding {spec.embed_name!r}")
+        if not torch.equal(weights["lm_head.weight"], weights[family.embed_name]):
+            raise CheckpointError(f"tensor 'lm_head.weight' differs from the tied embedding {family.embed_name!r}")
         del weights["lm_head.weight"]
     return {n: t.to(device=device, dtype=dtype) for n, t in weights.items()}
 

@@ -6,26 +6,43 @@ import torch
 
 from rlt.config import ModelConfig
 from rlt.models.base import Attention
-from rlt.models.layers import (EmbeddingInput, fused_llama_layer, linear, linear_add_norm, linear_swiglu,
-                               llama_attention, rms_norm, rope_inv_freq)
-
-
-def expected_tensors(mc: ModelConfig) -> dict[str, tuple[int, ...]]:
-    fc = mc.family_config
-    H, I, V = fc.hidden_size, fc.intermediate_size, fc.vocab_size
-    q, kv = fc.num_attention_heads * fc.head_dim, fc.num_key_value_heads * fc.head_dim
-    out = {"model.embed_tokens.weight": (V, H), "model.norm.weight": (H,), "lm_head.weight": (V, H)}
-    for i in range(fc.num_hidden_layers):
-        p = f"model.layers.{i}."
-        out.update({p + "self_attn.q_proj.weight": (q, H), p + "self_attn.k_proj.weight": (kv, H),
-                    p + "self_attn.v_proj.weight": (kv, H), p + "self_attn.o_proj.weight": (H, q),
-                    p + "mlp.gate_proj.weight": (I, H), p + "mlp.up_proj.weight": (I, H),
-                    p + "mlp.down_proj.weight": (H, I), p + "input_layernorm.weight": (H,),
-                    p + "post_attention_layernorm.weight": (H,)})
-    return out
+from rlt.models.layers import (
+    EmbeddingInput,
+    fused_llama_layer,
+    linear,
+    linear_add_norm,
+    linear_swiglu,
+    llama_attention,
+    rms_norm,
+    rope_inv_freq,
+)
 
 
 class NanbeigeModel(EmbeddingInput):
+    @staticmethod
+    def expected_tensors(mc: ModelConfig) -> dict[str, tuple[int, ...]]:
+        """Every tensor name this model reads, with its shape from config.json."""
+        fc = mc.family_config
+        H, I, V = fc.hidden_size, fc.intermediate_size, fc.vocab_size
+        q, kv = fc.num_attention_heads * fc.head_dim, fc.num_key_value_heads * fc.head_dim
+        out = {"model.embed_tokens.weight": (V, H), "model.norm.weight": (H,), "lm_head.weight": (V, H)}
+        for i in range(fc.num_hidden_layers):
+            p = f"model.layers.{i}."
+            out.update(
+                {
+                    p + "self_attn.q_proj.weight": (q, H),
+                    p + "self_attn.k_proj.weight": (kv, H),
+                    p + "self_attn.v_proj.weight": (kv, H),
+                    p + "self_attn.o_proj.weight": (H, q),
+                    p + "mlp.gate_proj.weight": (I, H),
+                    p + "mlp.up_proj.weight": (I, H),
+                    p + "mlp.down_proj.weight": (H, I),
+                    p + "input_layernorm.weight": (H,),
+                    p + "post_attention_layernorm.weight": (H,),
+                }
+            )
+        return out
+
     def __init__(self, mc: ModelConfig, w: dict[str, torch.Tensor]):
         fc = self.fc = mc.family_config
         self.embed_w = w["model.embed_tokens.weight"]
@@ -33,16 +50,18 @@ class NanbeigeModel(EmbeddingInput):
         self.norm_w = w["model.norm.weight"]
         self.layers = []
         for i in range(fc.num_hidden_layers):
-            self.layers.append(fused_llama_layer(w, f"model.layers.{i}.",
-                                                 dict(n1="input_layernorm", n2="post_attention_layernorm")))
+            self.layers.append(
+                fused_llama_layer(w, f"model.layers.{i}.", dict(n1="input_layernorm", n2="post_attention_layernorm"))
+            )
         self.inv_freq = rope_inv_freq(fc.head_dim, fc.rope_theta).to(self.embed_w.device)
 
     def loop(self, x, inject, positions, attn: Attention):
         fc, eps, layers = self.fc, self.fc.rms_norm_eps, self.layers
         h = rms_norm(x, layers[0]["n1"], eps)
         for i, L in enumerate(layers):
-            x, h = linear_add_norm(llama_attention(h, L, fc, positions, self.inv_freq, attn, i), L["o"], x, None,
-                                   L["n2"], eps)
+            x, h = linear_add_norm(
+                llama_attention(h, L, fc, positions, self.inv_freq, attn, i), L["o"], x, None, L["n2"], eps
+            )
             g = linear_swiglu(h, L["gate_up"])
             if i + 1 < len(layers):  # the residual add, then the next layer's input norm
                 x, h = linear_add_norm(g, L["down"], x, None, layers[i + 1]["n1"], eps)

@@ -15,6 +15,8 @@ CORPUS = resources.files("rlt.models") / "data" / "corpus.txt"
 
 @dataclass(frozen=True)
 class TokenizerSpec:
+    """The tokenizer `rlt make-checkpoint` trains for a family (rlt/models/family.py holds each)."""
+
     front_specials: tuple[str, ...]  # ids 0.. (before the BPE vocabulary)
     back_specials: tuple[str, ...]  # appended after it
     bos: str | None
@@ -24,53 +26,39 @@ class TokenizerSpec:
     chat_template: str
 
 
-_CHATML = ("{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] "
-           "+ '<|im_end|>\\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}"
-           "{% endif %}")
-_OURO_CHAT = ("{% if messages[0]['role'] != 'system' %}{{ '<|im_start|>system\\nYou are a helpful assistant."
-              "<|im_end|>\\n' }}{% endif %}" + _CHATML)
-_NANBEIGE_CHAT = _CHATML.replace("'<|im_start|>assistant\\n'", "'<|im_start|>assistant\\n<think>\\n'")
-_HUGINN_CHAT = ("{% for message in messages %}{% if loop.first %}{{ bos_token }}{% endif %}"
-                "{{ '<|begin_header|>' + ('Huginn' if message['role'] == 'assistant' else message['role']) "
-                "+ '<|end_header|>\\n\\n' + message['content'] | trim + '<|end_turn|>' }}{% endfor %}"
-                "{% if add_generation_prompt %}{{ '<|begin_header|>Huginn<|end_header|>\\n\\n' }}"
-                "{% else %}{{ '<|end_text|>' }}{% endif %}")
-
-SPECS = {
-    "ouro": TokenizerSpec(("<|endoftext|>", "<|im_start|>", "<|im_end|>"), (), "<|endoftext|>",
-                          "<|endoftext|>", None, False, _OURO_CHAT),
-    "nanbeige": TokenizerSpec(("<unk>",), ("<|im_start|>", "<|im_end|>", "<|endoftext|>", "<think>", "</think>"),
-                              "<|im_start|>", "<|im_end|>", "<unk>", True, _NANBEIGE_CHAT),
-    "huginn": TokenizerSpec((), ("<|begin_text|>", "<|end_text|>", "<|begin_header|>", "<|end_header|>",
-                                 "<|end_turn|>", "<|pad|>"), "<|begin_text|>", "<|end_text|>", "<|pad|>", True,
-                            _HUGINN_CHAT),
-}
-
-
-def train_tokenizer(family: str, vocab_size: int, out_dir: str) -> dict[str, int]:
+def train_tokenizer(spec: TokenizerSpec, vocab_size: int, out_dir: str) -> dict[str, int]:
     """Write tokenizer.json + tokenizer_config.json; return the special token ids by role."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
-    spec = SPECS[family]
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size - len(spec.back_specials),
-                                  special_tokens=list(spec.front_specials), min_frequency=2,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size - len(spec.back_specials),
+        special_tokens=list(spec.front_specials),
+        min_frequency=2,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
     tok.train_from_iterator(CORPUS.read_text().splitlines(), trainer)
     tok.add_special_tokens(list(spec.back_specials))
     ids = {role: tok.token_to_id(t) for role, t in (("bos", spec.bos), ("eos", spec.eos), ("pad", spec.pad)) if t}
     if spec.prepend_bos:
         tok.post_processor = processors.TemplateProcessing(
-            single=f"{spec.bos} $A", pair=f"{spec.bos} $A {spec.bos} $B", special_tokens=[(spec.bos, ids["bos"])])
+            single=f"{spec.bos} $A", pair=f"{spec.bos} $A {spec.bos} $B", special_tokens=[(spec.bos, ids["bos"])]
+        )
     else:
         tok.post_processor = processors.ByteLevel(trim_offsets=False)
     assert tok.get_vocab_size() <= vocab_size
     tok.save(os.path.join(out_dir, "tokenizer.json"))
-    cfg = {"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": 1 << 20,
-           "clean_up_tokenization_spaces": False, "chat_template": spec.chat_template,
-           "bos_token": spec.bos, "eos_token": spec.eos}
+    cfg = {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "model_max_length": 1 << 20,
+        "clean_up_tokenization_spaces": False,
+        "chat_template": spec.chat_template,
+        "bos_token": spec.bos,
+        "eos_token": spec.eos,
+    }
     if spec.pad:
         cfg["pad_token"] = spec.pad
     with open(os.path.join(out_dir, "tokenizer_config.json"), "w") as f:

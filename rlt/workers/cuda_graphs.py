@@ -55,26 +55,38 @@ class DecodeGraphs:
         B, W = _bucket(n, max(len(t) for t in tables))
         out = np.empty(B * (2 + W), dtype=np.int64)
         out[:n], out[n:B] = pos, 0
-        slots = out[B:2 * B]
+        slots = out[B : 2 * B]
         slots[n:] = self.scratch_slot
-        tab = out[2 * B:].reshape(B, W)
+        tab = out[2 * B :].reshape(B, W)
         tab.fill(self.pool.scratch_block)
         for i, (t, p) in enumerate(zip(tables, starts)):
             slots[i] = t[p // block_size] * block_size + p % block_size
-            tab[i, :len(t)] = t
+            tab[i, : len(t)] = t
         return out
 
     def _capture(self, B: int, W: int) -> _Graph:
         dev, bs = self.device, self.pool.block_size
         ar = torch.arange(B, device=dev)
         ints = torch.zeros(B * (2 + W), dtype=torch.int64, device=dev)
-        ints[B:2 * B] = self.scratch_slot
-        ints[2 * B:] = self.pool.scratch_block
-        pos, slots, table = ints[:B], ints[B:2 * B], ints[2 * B:].view(B, W)
-        kernel = {"tile_seg": ar.clone(), "tile_row": torch.zeros_like(ar), "seg_row0": ar.clone(),
-                  "seg_rows": torch.ones_like(ar), "seg_q0": pos}  # one row per segment: q0 is its position
-        e = _Graph(torch.cuda.CUDAGraph(), torch.zeros(B, self.hidden, dtype=self.dtype, device=dev),
-                   torch.zeros(B, self.hidden, dtype=self.dtype, device=dev), ints, kernel, None, None)
+        ints[B : 2 * B] = self.scratch_slot
+        ints[2 * B :] = self.pool.scratch_block
+        pos, slots, table = ints[:B], ints[B : 2 * B], ints[2 * B :].view(B, W)
+        kernel = {
+            "tile_seg": ar.clone(),
+            "tile_row": torch.zeros_like(ar),
+            "seg_row0": ar.clone(),
+            "seg_rows": torch.ones_like(ar),
+            "seg_q0": pos,
+        }  # one row per segment: q0 is its position
+        e = _Graph(
+            torch.cuda.CUDAGraph(),
+            torch.zeros(B, self.hidden, dtype=self.dtype, device=dev),
+            torch.zeros(B, self.hidden, dtype=self.dtype, device=dev),
+            ints,
+            kernel,
+            None,
+            None,
+        )
         meta = PagedMetadata(slots, table, list(range(B + 1)), [0] * B, bs, kernel)
 
         def forward():
@@ -101,11 +113,11 @@ class DecodeGraphs:
         e.x[:n].copy_(x)
         e.inject[:n].copy_(inject)
         e.ints[:n].copy_(pos)
-        e.ints[B:B + n].copy_(slots)
-        tab = e.ints[2 * B:].view(B, W)
+        e.ints[B : B + n].copy_(slots)
+        tab = e.ints[2 * B :].view(B, W)
         if n < B or w < W:  # padding rows and columns: position 0, scratch block
             e.ints[n:B].zero_()
-            e.ints[B + n:2 * B].fill_(self.scratch_slot)
+            e.ints[B + n : 2 * B].fill_(self.scratch_slot)
             tab.fill_(self.pool.scratch_block)
         tab[:n, :w].copy_(table)
         e.graph.replay()

@@ -92,10 +92,12 @@ class LoopEngine:
             raise RequestError(
                 f"request {request_id!r} can never fit: prompt {prompt_len} + max_tokens {max_tokens} "
                 f"needs {need} KV blocks ({self.pool.num_core_planes + int(self.pool.has_boundary)} planes of "
-                f"{self.pool.block_size} positions), the pool has {self.pool.num_blocks}")
+                f"{self.pool.block_size} positions), the pool has {self.pool.num_blocks}"
+            )
 
-    def add_request(self, request_id: int, prompt: list[int], params: ResolvedParams, priority: int = 0,
-                    prefill_only: bool = False) -> None:
+    def add_request(
+        self, request_id: int, prompt: list[int], params: ResolvedParams, priority: int = 0, prefill_only: bool = False
+    ) -> None:
         self._check_live(request_id)
         s = _Seq(request_id, list(prompt), params, (priority, next(self._arrival)), prefill_only=prefill_only)
         self._check_fits(request_id, s.positions, len(prompt), params.max_tokens)
@@ -115,11 +117,19 @@ class LoopEngine:
         self.reserved[request_id] = self.pool.allocate(positions)
         return self.reserved[request_id]
 
-    def activate(self, request_id: int, prompt: list[int], params: ResolvedParams, first_token: int,
-                 priority: int = 0) -> None:
+    def activate(
+        self, request_id: int, prompt: list[int], params: ResolvedParams, first_token: int, priority: int = 0
+    ) -> None:
         """Decode side: the prompt's KV is in the reserved blocks; continue from its first token."""
-        s = _Seq(request_id, list(prompt), params, (priority, next(self._arrival)),
-                 tables=self.reserved.pop(request_id), output=[first_token], num_done=len(prompt))
+        s = _Seq(
+            request_id,
+            list(prompt),
+            params,
+            (priority, next(self._arrival)),
+            tables=self.reserved.pop(request_id),
+            output=[first_token],
+            num_done=len(prompt),
+        )
         self._live[request_id] = s
         self.waiting.append(s)
         self.waiting.sort(key=lambda q: q.order)
@@ -162,11 +172,6 @@ class LoopEngine:
         del self._live[s.request_id]
 
     @property
-    def num_requests(self) -> int:
-        """Everything holding blocks: waiting, running, held for transfer, reserved for a transfer."""
-        return len(self._live) + len(self.held) + len(self.reserved)
-
-    @property
     def num_free_blocks(self) -> int:
         return self.pool.num_free
 
@@ -194,11 +199,18 @@ class LoopEngine:
                 # SHARED keeps its meaning only position by position (later positions read earlier
                 # positions' final KV at every depth).
                 chunk = 1 if self.pool.layout == "shared" else self.cfg.prefill_chunk
-                ids = s.prompt[s.num_done:s.num_done + min(chunk, budget)]
+                ids = s.prompt[s.num_done : s.num_done + min(chunk, budget)]
             budget -= len(ids)
-            s.group = Group(ids, s.num_done, s.tables, s.params, s.decoding,
-                            samples=s.decoding or s.num_done + len(ids) == len(s.prompt),
-                            output_index=len(s.output) + (s.feed is not None), feed=s.feed if s.decoding else None)
+            s.group = Group(
+                ids,
+                s.num_done,
+                s.tables,
+                s.params,
+                s.decoding,
+                samples=s.decoding or s.num_done + len(ids) == len(s.prompt),
+                output_index=len(s.output) + (s.feed is not None),
+                feed=s.feed if s.decoding else None,
+            )
 
     def has_work(self) -> bool:
         return bool(self.waiting or self.running or self._pending)
@@ -210,15 +222,18 @@ class LoopEngine:
 
         While every running request has just one decode row in flight and nothing waits that could
         be admitted, the passes run in steady decode (rlt/workers/steady.py): no host work between
-        them at all."""
+        them at all. Under steady_decode "adaptive" (the default) that needs some request that can
+        exit early too: at fixed depth the regular path is faster."""
         self.chunk_events = []
         outputs = self._end_steady() if self._steady is not None and self._steady_must_end() else []
         if self._steady is None:
             self._admit()
             self._schedule()
             if self._steady_possible():
-                self._steady, self._steady_seqs = SteadyDecode(self.runner, [s.group for s in self.running]), \
-                    list(self.running)
+                self._steady, self._steady_seqs = (
+                    SteadyDecode(self.runner, [s.group for s in self.running]),
+                    list(self.running),
+                )
                 for s in self.running:
                     s.group = s.feed = None
         pending, self._pending = self._pending, []
@@ -260,12 +275,16 @@ class LoopEngine:
         return s.tables is not None or self.pool.blocks_needed(s.positions) <= self.pool.num_free
 
     def _steady_possible(self) -> bool:
-        return (self.cfg.steady_decode != "never" and self.runner.supports_steady and bool(self.running)
-                and not self._admissible()
-                and all(s.group is not None and s.group.decoding and s.group.n == 1 and not s.prefill_only
-                        for s in self.running)
-                and (self.cfg.steady_decode == "always"
-                     or any(exits_early(s.group.params) for s in self.running)))
+        return (
+            self.cfg.steady_decode != "never"
+            and self.runner.supports_steady
+            and bool(self.running)
+            and not self._admissible()
+            and all(
+                s.group is not None and s.group.decoding and s.group.n == 1 and not s.prefill_only for s in self.running
+            )
+            and (self.cfg.steady_decode == "always" or any(exits_early(s.group.params) for s in self.running))
+        )
 
     def _steady_must_end(self) -> bool:
         """A request could be admitted, or over a quarter of the lanes ended (they would keep
@@ -292,9 +311,19 @@ class LoopEngine:
         self._pending = []
         for s, st in zip(self._steady_seqs, self._steady.lane_states()):
             if self._live.get(s.request_id) is s:
-                s.group = Group([s.output[-1]], st["start"], s.tables, s.params, True, samples=True,
-                                output_index=st["output_index"], depth=st["depth"], inject=st["inject"],
-                                state=st["state"], survival=st["survival"])
+                s.group = Group(
+                    [s.output[-1]],
+                    st["start"],
+                    s.tables,
+                    s.params,
+                    True,
+                    samples=True,
+                    output_index=st["output_index"],
+                    depth=st["depth"],
+                    inject=st["inject"],
+                    state=st["state"],
+                    survival=st["survival"],
+                )
         self._steady, self._steady_seqs = None, []
         return outputs
 

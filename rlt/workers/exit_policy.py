@@ -21,8 +21,13 @@ def update_survival(survival: torch.Tensor, gate_logit: torch.Tensor | None) -> 
     return survival * (1.0 - torch.sigmoid(gate_logit.float()))
 
 
-def should_exit(depth: torch.Tensor, survival: torch.Tensor, min_loops: torch.Tensor, max_loops: torch.Tensor,
-                threshold: torch.Tensor) -> torch.Tensor:
+def should_exit(
+    depth: torch.Tensor,
+    survival: torch.Tensor,
+    min_loops: torch.Tensor,
+    max_loops: torch.Tensor,
+    threshold: torch.Tensor,
+) -> torch.Tensor:
     """Per row: has the row that just finished loop `depth` (1-based) exited? All args [B]."""
     adaptive = (threshold < 1.0) & (depth >= min_loops) & ((1.0 - survival) >= threshold)
     return (depth >= max_loops) | adaptive

@@ -33,8 +33,9 @@ class KVPool:
         layers = max(g.num_core_layers, g.num_boundary_layers)
         # One extra block that is never handed out: padding rows of a CUDA-graph batch write there.
         self.scratch_block = num_blocks
-        self.cache = torch.zeros(num_blocks + 1, layers, 2, block_size, g.num_kv_heads, g.head_dim,
-                                 dtype=dtype, device=device)
+        self.cache = torch.zeros(
+            num_blocks + 1, layers, 2, block_size, g.num_kv_heads, g.head_dim, dtype=dtype, device=device
+        )
         self._free = list(range(num_blocks - 1, -1, -1))
 
     # ---- capacity ---------------------------------------------------------------------------

@@ -46,14 +46,22 @@ class KVTransport:
         self.peers: dict[str, PeerInfo] = {}
 
     def info(self) -> PeerInfo:
-        return PeerInfo(agent_name=self.name, metadata=self.agent.get_agent_metadata(), base=self.cache.data_ptr(),
-                        num_blocks=self.cache.shape[0], block_bytes=self.block_bytes, mem_type=self.mem_type,
-                        dev_id=self.dev_id)
+        return PeerInfo(
+            agent_name=self.name,
+            metadata=self.agent.get_agent_metadata(),
+            base=self.cache.data_ptr(),
+            num_blocks=self.cache.shape[0],
+            block_bytes=self.block_bytes,
+            mem_type=self.mem_type,
+            dev_id=self.dev_id,
+        )
 
     def add_peer(self, peer: PeerInfo) -> None:
         if peer.block_bytes != self.block_bytes:
-            raise TransferError(f"peer {peer.agent_name} has {peer.block_bytes}-byte KV blocks, "
-                                f"this worker {self.block_bytes}: KV layouts differ")
+            raise TransferError(
+                f"peer {peer.agent_name} has {peer.block_bytes}-byte KV blocks, "
+                f"this worker {self.block_bytes}: KV layouts differ"
+            )
         old = self.peers.get(peer.agent_name)
         if old is not None and old.metadata != peer.metadata:
             self.agent.remove_remote_agent(peer.agent_name)
@@ -70,8 +78,13 @@ class KVTransport:
         local = np.array([(self.cache.data_ptr() + s * bb, n * bb, self.dev_id) for s, _, n in runs], dtype=np.uint64)
         remote = np.array([(peer.base + d * bb, n * bb, peer.dev_id) for _, d, n in runs], dtype=np.uint64)
         try:
-            h = self.agent.initialize_xfer("WRITE", self.agent.get_xfer_descs(local, self.mem_type),
-                                           self.agent.get_xfer_descs(remote, peer.mem_type), peer_name, notif)
+            h = self.agent.initialize_xfer(
+                "WRITE",
+                self.agent.get_xfer_descs(local, self.mem_type),
+                self.agent.get_xfer_descs(remote, peer.mem_type),
+                peer_name,
+                notif,
+            )
             if self.agent.transfer(h) == "ERR":
                 raise TransferError(f"KV write to {peer_name} failed to post")
         except TransferError:

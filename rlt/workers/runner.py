@@ -68,8 +68,9 @@ class PendingTokens:
 
     def resolve(self) -> list[Sampled]:
         tokens, *top = self._readback.resolve()
-        return [Sampled(g, tok, top_dict(top, i, g.params.logprobs))
-                for i, (g, tok) in enumerate(zip(self.groups, tokens))]
+        return [
+            Sampled(g, tok, top_dict(top, i, g.params.logprobs)) for i, (g, tok) in enumerate(zip(self.groups, tokens))
+        ]
 
 
 def top_dict(top: list, row: int, k: int) -> dict[int, float] | None:
@@ -131,7 +132,7 @@ def _positions(groups: list[Group], row_starts: list[int]) -> np.ndarray:
 def _padded(tables: list[list[int]]) -> np.ndarray:
     out = np.zeros((len(tables), max(1, max(len(t) for t in tables))), dtype=np.int64)
     for i, t in enumerate(tables):
-        out[i, :len(t)] = t
+        out[i, : len(t)] = t
     return out
 
 
@@ -147,8 +148,9 @@ class Runner:
         if self.use_kernels and cuda_graph_max_batch > 0:
             from rlt.workers.cuda_graphs import DecodeGraphs
 
-            self.graphs = DecodeGraphs(model, pool, mc.hidden_size, pool.cache.dtype, device, cuda_graph_max_batch,
-                                       _Attention)
+            self.graphs = DecodeGraphs(
+                model, pool, mc.hidden_size, pool.cache.dtype, device, cuda_graph_max_batch, _Attention
+            )
 
     def attention(self, core: PagedMetadata) -> "_Attention":
         """The models' Attention interface over the pool for a core pass with this metadata."""
@@ -164,17 +166,29 @@ class Runner:
 
     def _meta(self, t, prefix, groups, row_starts) -> PagedMetadata:
         q_starts = [g.start for g in groups]
-        kernel = {k[len(prefix) + 2:]: v for k, v in t.items() if k.startswith(prefix + "k_")} \
-            if self.use_kernels else None
-        return PagedMetadata(t[prefix + "slot"], t[prefix + "table"], row_starts, q_starts, self.pool.block_size,
-                             kernel, plan_kernel(row_starts, q_starts, mode.batch_invariant))
+        kernel = (
+            {k[len(prefix) + 2 :]: v for k, v in t.items() if k.startswith(prefix + "k_")} if self.use_kernels else None
+        )
+        return PagedMetadata(
+            t[prefix + "slot"],
+            t[prefix + "table"],
+            row_starts,
+            q_starts,
+            self.pool.block_size,
+            kernel,
+            plan_kernel(row_starts, q_starts, mode.batch_invariant),
+        )
 
     def _plane_fields(self, prefix: str, groups, row_starts, tables) -> dict:
         """Slots each row's K/V goes to and the block table each group reads, for one plane per group."""
         bs = self.pool.block_size
-        return {prefix + "slot": np.array(sum((_slots(t, g.start, g.n, bs) for g, t in zip(groups, tables)), []),
-                                          dtype=np.int64),
-                prefix + "table": _padded(tables), **self._attention_fields(prefix + "k_", groups, row_starts)}
+        return {
+            prefix + "slot": np.array(
+                sum((_slots(t, g.start, g.n, bs) for g, t in zip(groups, tables)), []), dtype=np.int64
+            ),
+            prefix + "table": _padded(tables),
+            **self._attention_fields(prefix + "k_", groups, row_starts),
+        }
 
     @torch.inference_mode()
     def step(self, active: list[Group]) -> StepResult:
@@ -194,21 +208,27 @@ class Runner:
         else:
             f |= self._plane_fields("core_", active, ra, core_tables)
         if adaptive:
-            f |= {"depth_next": np.array([g.depth + 1 for g in active]),
-                  "decoding": np.array([g.decoding for g in active]),
-                  "min_loops": np.array([g.params.min_loops for g in active]),
-                  "max_loops": np.array([g.params.max_loops for g in active]),
-                  "threshold": np.array([g.params.exit_threshold for g in active], dtype=np.float32),
-                  "last_row": np.array(ra[1:]) - 1}
+            f |= {
+                "depth_next": np.array([g.depth + 1 for g in active]),
+                "decoding": np.array([g.decoding for g in active]),
+                "min_loops": np.array([g.params.min_loops for g in active]),
+                "max_loops": np.array([g.params.max_loops for g in active]),
+                "threshold": np.array([g.params.exit_threshold for g in active], dtype=np.float32),
+                "last_row": np.array(ra[1:]) - 1,
+            }
         fed = next((g.feed[0] for g in new if g.feed is not None), None)
         if new:
-            f |= {"new_ids": np.fromiter(itertools.chain.from_iterable(g.ids for g in new), np.int64, rn[-1]),
-                  "new_pos": _positions(new, rn),
-                  "new_seed": np.repeat([g.params.state_seed for g in new], [g.n for g in new])}
+            f |= {
+                "new_ids": np.fromiter(itertools.chain.from_iterable(g.ids for g in new), np.int64, rn[-1]),
+                "new_pos": _positions(new, rn),
+                "new_seed": np.repeat([g.params.state_seed for g in new], [g.n for g in new]),
+            }
             if fed is not None:  # decode rows whose token is still on the device (one row each)
                 assert all(g.feed is None or g.feed[0] is fed for g in new), "fed rows read the last step's tokens"
-                f |= {"fed_row": np.array([r for g, r in zip(new, rn) if g.feed is not None]),
-                      "fed_src": np.array([g.feed[1] for g in new if g.feed is not None])}
+                f |= {
+                    "fed_row": np.array([r for g, r in zip(new, rn) if g.feed is not None]),
+                    "fed_src": np.array([g.feed[1] for g in new if g.feed is not None]),
+                }
             if boundary:
                 f |= self._plane_fields("new_bnd_", new, rn, [g.tables.boundary for g in new])
         t = self.buffers.pack(f)
@@ -228,8 +248,12 @@ class Runner:
         if graphed:
             x, gate = self.graphs.run([g.state for g in active], [g.inject for g in active], t["graph_in"])
         else:
-            x, gate = self.model.loop(torch.cat([g.state for g in active]), torch.cat([g.inject for g in active]),
-                                      t["pos"], _Attention(pool.cache, self._meta(t, "core_", active, ra), None))
+            x, gate = self.model.loop(
+                torch.cat([g.state for g in active]),
+                torch.cat([g.inject for g in active]),
+                t["pos"],
+                _Attention(pool.cache, self._meta(t, "core_", active, ra), None),
+            )
         for g, r0, r1 in zip(active, ra, ra[1:]):
             g.state, g.depth = x[r0:r1], g.depth + 1
         done_host = [g.depth >= (g.params.max_loops if g.decoding else D) for g in active]
@@ -243,8 +267,10 @@ class Runner:
                     g.survival = s
             # Read the exit mask back only if some row's exit depends on its gate at this depth;
             # otherwise the host knows it and runs ahead to the next step while the GPU works.
-            if any(g.decoding and exits_early(g.params) and g.params.min_loops <= g.depth < g.params.max_loops
-                   for g in active):
+            if any(
+                g.decoding and exits_early(g.params) and g.params.min_loops <= g.depth < g.params.max_loops
+                for g in active
+            ):
                 done_host = [d if g.decoding else h for g, d, h in zip(active, done.tolist(), done_host)]
         result = StepResult(exited=[g for g, d in zip(active, done_host) if d])
         if result.exited:
@@ -269,16 +295,20 @@ class Runner:
             if src:
                 f |= {"fin_src": np.array(src, dtype=np.int64), "fin_dst": np.array(dst, dtype=np.int64)}
         if sampling:
-            f |= {"temperature": np.array([g.params.temperature for g in sampling], dtype=np.float32),
-                  "top_k": np.array([g.params.top_k for g in sampling]),
-                  "top_p": np.array([g.params.top_p for g in sampling], dtype=np.float32),
-                  "seed": np.array([g.params.sampling_seed for g in sampling]),
-                  "output_index": np.array([g.output_index for g in sampling])}
+            f |= {
+                "temperature": np.array([g.params.temperature for g in sampling], dtype=np.float32),
+                "top_k": np.array([g.params.top_k for g in sampling]),
+                "top_p": np.array([g.params.top_p for g in sampling], dtype=np.float32),
+                "seed": np.array([g.params.sampling_seed for g in sampling]),
+                "output_index": np.array([g.output_index for g in sampling]),
+            }
         re = _row_starts(exited)
         if pool.has_boundary:
             f |= self._plane_fields("bnd_", exited, re, [g.tables.boundary for g in exited])
-            f |= {"bnd_pos": _positions(exited, re),
-                  "select": np.array([r1 - 1 for g, r1 in zip(exited, re[1:]) if g.samples], dtype=np.int64)}
+            f |= {
+                "bnd_pos": _positions(exited, re),
+                "select": np.array([r1 - 1 for g, r1 in zip(exited, re[1:]) if g.samples], dtype=np.int64),
+            }
         if not f:
             return
         t = self.buffers.pack(f, append=True)
@@ -286,14 +316,22 @@ class Runner:
             c, s, d = pool.cache, t["fin_src"], t["fin_dst"]
             c[d // bs, :, :, d % bs] = c[s // bs, :, :, s % bs]
         if pool.has_boundary:
-            logits = self.model.head(torch.cat([g.state for g in exited]), t["bnd_pos"],
-                                     _Attention(pool.cache, None, self._meta(t, "bnd_", exited, re)), t["select"])
+            logits = self.model.head(
+                torch.cat([g.state for g in exited]),
+                t["bnd_pos"],
+                _Attention(pool.cache, None, self._meta(t, "bnd_", exited, re)),
+                t["select"],
+            )
         elif sampling:
             logits = self.model.head(torch.cat([g.state[-1:] for g in sampling]), None, None)
         if not sampling:
             return
         st = SamplingTensors(t["temperature"], t["top_k"], t["top_p"], t["seed"], t["output_index"])
-        tokens = sample(logits, st, greedy=all(g.params.temperature == 0 for g in sampling),
-                        filtered=any(g.params.top_k > 0 or g.params.top_p < 1.0 for g in sampling))
+        tokens = sample(
+            logits,
+            st,
+            greedy=all(g.params.temperature == 0 for g in sampling),
+            filtered=any(g.params.top_k > 0 or g.params.top_p < 1.0 for g in sampling),
+        )
         k = max(g.params.logprobs for g in sampling)
         result.sampled = PendingTokens(sampling, tokens, top_logprobs(logits, k) if k else None)

@@ -8,10 +8,12 @@ only the exited ones), does the LAST_EXITED finalize copies under a mask, and ad
 an exited lane starts its next token (embedding of the sampled token, depth 0, next position), the
 others go one loop deeper. Exits and tokens come back asynchronously, one step late, like the
 regular path's tokens; the host launches step t+1 before it reads step t. A lane whose request ends
-is masked off (it then writes only the scratch block). When every lane runs at fixed depth the host
-knows which passes no lane can exit in, and those skip the head, sampling and advance. Families
-whose embedding is the loop input (Ouro, Nanbeige) run here; Huginn's prelude/coda keep the
-regular path.
+is masked off (it then writes only the scratch block). At fixed depth the regular path is faster,
+so by default (EngineConfig.steady_decode "adaptive") the engine enters steady decode only while
+some request can exit early; with "always" and every lane at fixed depth the host knows which
+passes no lane can exit in, and those skip the head, sampling and advance. Families whose
+embedding is the loop input (Ouro, Nanbeige) run here; Huginn's prelude/coda keep the regular
+path.
 """
 
 import numpy as np
@@ -19,8 +21,8 @@ import torch
 
 from rlt.kernels.paged_attention import PagedMetadata
 from rlt.kernels.sampler import SamplingTensors, sample, top_logprobs
-from rlt.workers.exit_policy import exits_early, should_exit, update_survival
 from rlt.workers.cuda_graphs import table_width
+from rlt.workers.exit_policy import exits_early, should_exit, update_survival
 from rlt.workers.step_buffers import DeviceReadback
 
 
@@ -42,7 +44,7 @@ class SteadyDecode:
         tables = np.full((self.lanes, pool.num_core_planes, W), pool.scratch_block, dtype=np.int64)
         for i, g in enumerate(groups):
             for p, tab in enumerate(g.tables.core):
-                tables[i, p, :len(tab)] = tab
+                tables[i, p, : len(tab)] = tab
         self.tables = torch.from_numpy(tables).to(dev)
         self.lane_ids = torch.arange(self.lanes, device=dev)
         self.pos, self.depth = t([g.start for g in groups]), t([g.depth for g in groups])
@@ -53,9 +55,13 @@ class SteadyDecode:
         self.min_loops, self.max_loops = t([p.min_loops for p in ps]), t([p.max_loops for p in ps])
         self.threshold = t([p.exit_threshold for p in ps], torch.float32)
         self.max_tokens = t([p.max_tokens for p in ps])
-        self.sampling = SamplingTensors(t([p.temperature for p in ps], torch.float32), t([p.top_k for p in ps]),
-                                        t([p.top_p for p in ps], torch.float32), t([p.sampling_seed for p in ps]),
-                                        self.out_idx)
+        self.sampling = SamplingTensors(
+            t([p.temperature for p in ps], torch.float32),
+            t([p.top_k for p in ps]),
+            t([p.top_p for p in ps], torch.float32),
+            t([p.sampling_seed for p in ps]),
+            self.out_idx,
+        )
         self.greedy = all(p.temperature == 0 for p in ps)
         self.filtered = any(p.top_k > 0 or p.top_p < 1.0 for p in ps)
         self.top_k = max(p.logprobs for p in ps)
@@ -75,7 +81,7 @@ class SteadyDecode:
                     ids[k] = tokens.tokens[j]
             emb = self.model.embed(ids, None, None)
             for k, i in enumerate(new):
-                x[i] = inject[i] = emb[k:k + 1]
+                x[i] = inject[i] = emb[k : k + 1]
         self.x, self.inject = torch.cat(x), torch.cat(inject)
 
     @torch.inference_mode()
@@ -136,8 +142,13 @@ class SteadyDecode:
         kernel = None
         if r.use_kernels:  # one row per segment; positions stay on the device
             ar = torch.arange(self.lanes, device=self.x.device)
-            kernel = {"tile_seg": ar, "tile_row": torch.zeros_like(ar), "seg_row0": ar,
-                      "seg_rows": torch.ones_like(ar), "seg_q0": self.pos}
+            kernel = {
+                "tile_seg": ar,
+                "tile_row": torch.zeros_like(ar),
+                "seg_row0": ar,
+                "seg_rows": torch.ones_like(ar),
+                "seg_q0": self.pos,
+            }
             q_starts = [0] * self.lanes  # (read by the reference path only)
         else:
             q_starts = self.pos.tolist()  # CPU: the reference attention loops over segments on the host
@@ -147,6 +158,15 @@ class SteadyDecode:
     def lane_states(self) -> list[dict]:
         """Every lane's state on the host side of the regular path (after the last step is resolved)."""
         depth, pos, out_idx, active = (t.tolist() for t in (self.depth, self.pos, self.out_idx, self.active))
-        return [dict(depth=depth[i], start=pos[i], output_index=out_idx[i], active=active[i],
-                     state=self.x[i:i + 1], inject=self.inject[i:i + 1], survival=self.surv[i:i + 1])
-                for i in range(self.lanes)]
+        return [
+            dict(
+                depth=depth[i],
+                start=pos[i],
+                output_index=out_idx[i],
+                active=active[i],
+                state=self.x[i : i + 1],
+                inject=self.inject[i : i + 1],
+                survival=self.surv[i : i + 1],
+            )
+            for i in range(self.lanes)
+        ]

@@ -29,8 +29,10 @@ class StepBuffers:
         """fields: name -> int64 or float32 array (any shape). Returns device tensors of the same shapes.
         append: a second pack in the same step, placed after the first (whose device views kernels
         queued later in the step still read)."""
-        arrays = {k: (v.astype(np.float32).view(np.int32).astype(np.int64) if v.dtype.kind == "f"
-                      else v.astype(np.int64)) for k, v in fields.items()}
+        arrays = {
+            k: (v.astype(np.float32).view(np.int32).astype(np.int64) if v.dtype.kind == "f" else v.astype(np.int64))
+            for k, v in fields.items()
+        }
         start = self.end if append else 0
         total = start + sum(a.size for a in arrays.values())
         if total > self.host.numel():
@@ -46,7 +48,7 @@ class StepBuffers:
         host = self.host.numpy()
         off, spans = start, {}
         for k, a in arrays.items():
-            host[off:off + a.size] = a.ravel()
+            host[off : off + a.size] = a.ravel()
             spans[k] = (off, a.shape)
             off += a.size
         if self.dev is not self.host:
@@ -55,7 +57,7 @@ class StepBuffers:
             self.copied[self.turn].record()
         out = {}
         for k, (o, shape) in spans.items():
-            t = self.dev[o:o + int(np.prod(shape, dtype=np.int64))].view(shape)
+            t = self.dev[o : o + int(np.prod(shape, dtype=np.int64))].view(shape)
             out[k] = t.to(torch.int32).view(torch.float32) if fields[k].dtype.kind == "f" else t
         return out
 

@@ -54,8 +54,11 @@ class Worker:
 
     def stats(self) -> pr.Stats:
         e = self.engine
-        return pr.Stats(len(e.running) + len(e.held) + len(e.reserved) + len(self.pending_reserves),
-                        len(e.waiting), e.num_free_blocks)
+        return pr.Stats(
+            len(e.running) + len(e.held) + len(e.reserved) + len(self.pending_reserves),
+            len(e.waiting),
+            e.num_free_blocks,
+        )
 
     def busy(self) -> bool:
         return self.engine.has_work() or bool(self.outgoing or self.incoming or self.pending_reserves)
@@ -138,8 +141,13 @@ class Worker:
                 del self.incoming[gen]
                 self.engine.abort(gen)
                 self.changed = True
-                self.send(pr.Failed(gen, f"KV transfer incomplete: {len(inc.seqs)} of {inc.activate.chunks} "
-                                         f"chunks arrived within {self.transfer_timeout} s"))
+                self.send(
+                    pr.Failed(
+                        gen,
+                        f"KV transfer incomplete: {len(inc.seqs)} of {inc.activate.chunks} "
+                        f"chunks arrived within {self.transfer_timeout} s",
+                    )
+                )
         if self.pending_reserves:
             self._try_reserve()
 

@@ -58,8 +58,8 @@ def build(h: pr.Handshake):
     import torch
 
     from rlt.config import ModelConfig
+    from rlt.models.family import FAMILIES
     from rlt.models.loader import load_weights, resolve_dtype
-    from rlt.models.registry import FAMILIES
     from rlt.workers.engine import LoopEngine
 
     mc = ModelConfig.from_dict(h.config, h.model_path)
@@ -93,9 +93,11 @@ def main(argv=None) -> int:
         h = pr.to_worker.decode(sock.recv())
         if not isinstance(h, pr.Handshake):
             raise RuntimeError(f"expected a handshake, got {type(h).__name__}")
-        threading.Thread(target=_heartbeat, daemon=True,
-                         args=(ctx, args.addr, args.identity.encode() + b"/hb", h.launch.heartbeat_interval, parent,
-                               stop)).start()
+        threading.Thread(
+            target=_heartbeat,
+            daemon=True,
+            args=(ctx, args.addr, args.identity.encode() + b"/hb", h.launch.heartbeat_interval, parent, stop),
+        ).start()
         engine, fp = build(h)
         p = engine.pool
         transport = None
@@ -108,9 +110,17 @@ def main(argv=None) -> int:
             from rlt.workers.faults import inject
 
             worker, fp = inject(h.launch.faults, worker, fp)
-        sock.send(pr.encoder.encode(pr.Ready(kv_blocks_total=p.num_blocks, block_size=p.block_size,
-                                             kv_planes=p.num_core_planes + int(p.has_boundary), fingerprint=fp,
-                                             transport=transport.info() if transport else None)))
+        sock.send(
+            pr.encoder.encode(
+                pr.Ready(
+                    kv_blocks_total=p.num_blocks,
+                    block_size=p.block_size,
+                    kv_planes=p.num_core_planes + int(p.has_boundary),
+                    fingerprint=fp,
+                    transport=transport.info() if transport else None,
+                )
+            )
+        )
         worker.run()
         if transport is not None:
             transport.close()
