@@ -3,6 +3,7 @@
 import asyncio
 import os
 import random
+import re
 import signal
 import subprocess
 import sys
@@ -174,8 +175,49 @@ async def test_bad_input_raises_and_engine_keeps_serving(checkpoints):
             assert isinstance(e.value, ValueError)
         with pytest.raises(RequestError, match="request_id 'keep' is already live"):
             engine.generate([1], sp, request_id="keep")
+        # values that once passed validation and then broke a worker or the coordinator's sender
+        for kwargs, message in [
+            (dict(priority="high"), "priority must be an integer, got 'high'"),
+            (dict(priority=2**64), f"priority must be <= {2**63 - 1}, got {2**64}"),
+            (dict(params=SamplingParams(top_k=2**64)), f"top_k must be <= {2**63 - 1}, got {2**64}"),
+            (dict(prompt="a \ud800 b"), "prompt text cannot be tokenized"),
+            (dict(request_id=""), "request_id must be a non-empty string"),
+        ]:
+            with pytest.raises(RequestError, match=re.escape(message)):
+                engine.generate(**({"prompt": [1], "params": sp} | kwargs))
         out = await running
         assert len(out.token_ids) == 30
+        await all_blocks_free(engine)
+
+
+async def test_close_cancel_or_drop_before_the_first_output_aborts(checkpoints):
+    """A stream closed before its first __anext__, one whose consuming task is cancelled before it
+    runs, and one dropped unread: each request is aborted, its blocks return, its id is free."""
+    import gc
+
+    long = SamplingParams(max_tokens=60000, temperature=0, ignore_eos=True)
+
+    async def consume(stream):
+        async for _ in stream:
+            pass
+
+    async with rlt.Engine.launch(checkpoints["ouro"], **FAST) as engine:
+        closed = engine.generate([5, 6, 7], long, request_id="closed")
+        await closed.aclose()
+        assert engine.request_phase("closed") is None
+        with pytest.raises(StopAsyncIteration):
+            await closed.__anext__()
+        task = asyncio.ensure_future(consume(engine.generate([5, 6, 7], long, request_id="cancelled")))
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        del task  # (a task cancelled before it ran holds its coroutine, and so the stream, until dropped)
+        engine.generate([5, 6, 7], long, request_id="dropped")
+        gc.collect()
+        await asyncio.sleep(0.05)
+        assert engine.stats()["live_requests"] == 0
+        for rid in ("closed", "cancelled", "dropped"):  # the ids serve again at once
+            out = await collect(engine, [1, 2], SamplingParams(max_tokens=3, temperature=0, ignore_eos=True), rid)
+            assert out.finish_reason == "length"
         await all_blocks_free(engine)
 
 

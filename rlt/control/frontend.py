@@ -13,10 +13,10 @@ from rlt.config import EngineConfig, LaunchConfig, ModelConfig, split_options
 from rlt.control import router
 from rlt.control.collector import Collector
 from rlt.control.lifecycle import Phase, Request
+from rlt.control.stream import RequestStream
 from rlt.control.supervisor import Supervisor
-from rlt.control.validation import resolve_params, validate_prompt
+from rlt.control.validation import resolve_params, validate_priority, validate_prompt
 from rlt.control.worker_proc import WorkerProc
-from rlt.detokenizer import IncrementalDetokenizer
 from rlt.errors import EngineDeadError, RequestError
 from rlt.outputs import RequestOutput
 from rlt.sampling_params import SamplingParams
@@ -79,7 +79,10 @@ class Engine:
         if isinstance(prompt, str):
             if self.tokenizer is None:
                 raise RequestError(f"{self.model_config.path} has no tokenizer.json: give token ids, not text")
-            prompt = self.tokenizer(prompt).input_ids
+            try:
+                prompt = self.tokenizer(prompt).input_ids
+            except Exception as e:  # e.g. a lone surrogate: not encodable text
+                raise RequestError(f"prompt text cannot be tokenized: {type(e).__name__}: {e}") from None
         return validate_prompt(self.model_config, prompt)
 
     def generate(
@@ -92,9 +95,8 @@ class Engine:
         """Async iterator of cumulative RequestOutputs; the last has finished=True. The request is
         validated (RequestError) and submitted at the call; cancelling the consuming task or closing
         the iterator aborts it."""
-        return self._stream(
-            self._admit(prompt, params if params is not None else SamplingParams(), request_id, priority)
-        )
+        r = self._admit(prompt, params if params is not None else SamplingParams(), request_id, priority)
+        return RequestStream(self._lifecycle, r, self.tokenizer)
 
     def _pick(self, role: str) -> WorkerProc:
         if self._supervisor.closing:
@@ -107,6 +109,7 @@ class Engine:
     def _admit(self, prompt, params: SamplingParams, request_id, priority) -> Request:
         ids = self.tokenize(prompt)
         p = resolve_params(self.model_config, len(ids), params)
+        priority = validate_priority(priority)
         if request_id is None:
             request_id = uuid.uuid4().hex
         elif not isinstance(request_id, str) or not request_id:
@@ -137,20 +140,6 @@ class Engine:
             prefill,
             router.blocks_for(prefill.ready, len(ids)) if prefill else 0,
         )
-
-    async def _stream(self, r: Request):
-        detok = IncrementalDetokenizer(self.tokenizer) if self.tokenizer is not None else None
-        try:
-            while True:
-                out = await r.collector.get()
-                if detok is not None:  # the output ids decoded on their own, O(new tokens)
-                    out.text = detok.update(out.token_ids, final=out.finished)
-                yield out
-                if out.finished:
-                    return
-        finally:
-            if not r.retired:  # cancelled or closed mid-stream
-                self._lifecycle.cancel(r)
 
     async def abort(self, request_id: str) -> bool:
         """End the request's stream with finish_reason 'abort'. Idempotent: False if not live."""

@@ -250,6 +250,7 @@ class Lifecycle:
 
     def fail_all(self, err: EngineDeadError) -> None:
         for r in list(self.live.values()):
+            r.retired = True
             r.collector.fail(err)
         self.live.clear()
         self.gens.clear()

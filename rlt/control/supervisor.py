@@ -146,7 +146,13 @@ class Supervisor:
 
     async def _sender(self, w: WorkerProc) -> None:
         while True:
-            await self._send(w, await w.outbox.get())
+            msg = await w.outbox.get()
+            try:
+                await self._send(w, msg)
+            except Exception as e:  # noqa: BLE001 - one request's message must not stop the sender
+                log.exception("could not send %s to %s", type(msg).__name__, w.identity)
+                if (gen := getattr(msg, "gen", None)) is not None:
+                    self.lifecycle.on_failed(w, pr.Failed(gen, f"could not send to the worker: {e!r}"))
 
     async def _recv_loop(self) -> None:
         while True:

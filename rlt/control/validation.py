@@ -7,6 +7,8 @@ from rlt.config import ModelConfig
 from rlt.errors import RequestError
 from rlt.sampling_params import ResolvedParams, SamplingParams
 
+INT64 = (-(2**63), 2**63 - 1)  # what msgpack and the workers' int64 tensors carry
+
 
 def _int(name, v, lo=None, hi=None, lo_text=None, hi_text=None):
     if not isinstance(v, int) or isinstance(v, bool):
@@ -34,6 +36,11 @@ def validate_prompt(mc: ModelConfig, prompt_token_ids) -> list[int]:
     return list(prompt_token_ids)
 
 
+def validate_priority(priority) -> int:
+    """Lower runs first (FCFS among equals)."""
+    return _int("priority", priority, *INT64)
+
+
 def resolve_params(mc: ModelConfig, prompt_len: int, p: SamplingParams) -> ResolvedParams:
     if not isinstance(p, SamplingParams):
         raise RequestError(f"sampling params must be rlt.SamplingParams, got {type(p).__name__}")
@@ -46,12 +53,12 @@ def resolve_params(mc: ModelConfig, prompt_len: int, p: SamplingParams) -> Resol
     temperature = _float("temperature", p.temperature)
     if temperature < 0:
         raise RequestError(f"temperature must be >= 0, got {temperature}")
-    top_k = _int("top_k", p.top_k, lo=-1)
+    top_k = _int("top_k", p.top_k, lo=-1, hi=INT64[1])
     top_p = _float("top_p", p.top_p)
     if not 0 < top_p <= 1:
         raise RequestError(f"top_p must be in (0, 1], got {top_p}")
     if p.seed is not None:
-        _int("seed", p.seed, lo=-(2**63), hi=2**63 - 1)
+        _int("seed", p.seed, *INT64)
     max_loops = (
         depth
         if p.max_loops is None
