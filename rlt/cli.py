@@ -4,8 +4,9 @@ import argparse
 import json
 import sys
 
-from rlt.config import EngineConfig, LaunchConfig, option_fields
+from rlt.config import EngineConfig, LaunchConfig
 from rlt.errors import CheckpointError, ConfigError, EngineDeadError, RequestError
+from rlt.fields import option_fields
 
 
 def _token_ids(text: str) -> list[int]:
@@ -189,6 +190,9 @@ def main(argv=None) -> int:
     except (EngineDeadError, RuntimeError, TimeoutError) as e:
         print(f"rlt: error: {e}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:  # the engine was shut down on the way out: workers and temp files gone
+        print("rlt: interrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

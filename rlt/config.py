@@ -7,17 +7,15 @@ need. Workers receive it; they never re-read config.json.
 """
 
 import json
-import math
 import os
 import re
-import types
-import typing
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
 import msgspec
 
 from rlt.errors import ConfigError
+from rlt.fields import field_names, validate
 from rlt.models.configs import FamilyConfig
 from rlt.models.family import FAMILIES
 
@@ -42,6 +40,16 @@ class KVGeometry:
         return 2 * layers * self.num_kv_heads * self.head_dim * dtype_bytes * block_size
 
 
+def _read_json(file: str, required: bool = False):
+    if required and not os.path.isfile(file):
+        raise ConfigError(f"no config.json in {os.path.dirname(file)} (not a checkpoint directory?)")
+    try:
+        with open(file, encoding="utf-8") as f:
+            return json.load(f)
+    except (OSError, ValueError) as e:  # unreadable, not UTF-8, not JSON
+        raise ConfigError(f"{file} cannot be read as JSON: {e}") from None
+
+
 @dataclass(frozen=True)
 class ModelConfig:
     path: str
@@ -53,19 +61,21 @@ class ModelConfig:
     @classmethod
     def from_pretrained(cls, path: str, hf_overrides: dict | None = None) -> "ModelConfig":
         path = os.path.abspath(os.fspath(path))
-        cfg_file = os.path.join(path, "config.json")
-        if not os.path.isfile(cfg_file):
-            raise ConfigError(f"no config.json in {path}")
-        with open(cfg_file) as f:
-            raw = json.load(f)
+        if not os.path.isdir(path):
+            raise ConfigError(
+                f"model path {path} is not a directory" if os.path.exists(path) else f"model path {path} does not exist"
+            )
+        raw = _read_json(os.path.join(path, "config.json"), required=True)
+        if not isinstance(raw, dict):
+            raise ConfigError(f"{path}/config.json is not a JSON object")
         if hf_overrides is not None:
             if not isinstance(hf_overrides, dict):
                 raise ConfigError(f"hf_overrides must be a dict of config.json fields, got {hf_overrides!r}")
             raw = {**raw, **hf_overrides}
         gen = os.path.join(path, "generation_config.json")
         if os.path.isfile(gen):  # generate() stops on generation_config.json's eos ids too
-            with open(gen) as f:
-                gen_eos = json.load(f).get("eos_token_id")
+            gen_cfg = _read_json(gen)
+            gen_eos = gen_cfg.get("eos_token_id") if isinstance(gen_cfg, dict) else None
             if gen_eos is not None:
                 ids = lambda v: v if isinstance(v, list) else [] if v is None else [v]  # noqa: E731
                 merged = list(dict.fromkeys(ids(raw.get("eos_token_id")) + ids(gen_eos)))
@@ -273,72 +283,3 @@ def split_options(options: dict) -> tuple[EngineConfig, LaunchConfig]:
         EngineConfig(**{k: v for k, v in options.items() if k in engine_fields}),
         LaunchConfig(**{k: v for k, v in options.items() if k in launch_fields}),
     )
-
-
-def field_names(cls) -> tuple[str, ...]:
-    return tuple(f.name for f in msgspec.structs.fields(cls))
-
-
-def option_fields(cls) -> list[tuple[str, object, object, str]]:
-    """(name, base type, default, help) of each option, for the CLI. The base type is a Literal's
-    choices as a tuple, or int / float / bool / str."""
-    out = []
-    for f in msgspec.structs.fields(cls):
-        spec = _spec(f.type)
-        out.append((f.name, spec.choices or spec.kind, f.default, spec.doc))
-    return out
-
-
-class _Spec(msgspec.Struct):
-    kind: type | None = None  # int, float, bool, str, or a Struct class
-    choices: tuple = ()
-    optional: bool = False
-    ge: float | None = None
-    gt: float | None = None
-    doc: str = ""
-
-
-def _spec(annotation) -> _Spec:
-    s = _Spec()
-    stack = [annotation]
-    while stack:
-        a = stack.pop()
-        origin = typing.get_origin(a)
-        if origin is Annotated:
-            base, *metas = typing.get_args(a)
-            for m in metas:
-                s.ge = m.ge if m.ge is not None else s.ge
-                s.gt = m.gt if m.gt is not None else s.gt
-                s.doc = m.description or s.doc
-            stack.append(base)
-        elif origin in (typing.Union, types.UnionType):
-            stack.extend(typing.get_args(a))
-        elif origin is Literal:
-            s.choices = typing.get_args(a)
-        elif a is type(None):
-            s.optional = True
-        else:
-            s.kind = a
-    return s
-
-
-def validate(obj: msgspec.Struct) -> None:
-    """Check every field against its annotation; the error names the field, the limit and the value."""
-    for f in msgspec.structs.fields(obj):
-        v, s = getattr(obj, f.name), _spec(f.type)
-        if v is None and s.optional:
-            continue
-        if s.choices:
-            if v not in s.choices or isinstance(v, bool):
-                raise ValueError(f"{f.name} {v!r} is not supported ({', '.join(map(str, s.choices))})")
-        elif s.kind is bool:
-            if not isinstance(v, bool):
-                raise ValueError(f"{f.name} must be True or False, got {v!r}")
-        elif s.kind in (int, float):
-            ok = isinstance(v, int) if s.kind is int else isinstance(v, (int, float)) and math.isfinite(v)
-            what = "an integer" if s.kind is int else "a number"
-            bound = f" >= {s.ge}" if s.ge is not None else f" > {s.gt}" if s.gt is not None else ""
-            if not ok or isinstance(v, bool) or (s.ge is not None and v < s.ge) or (s.gt is not None and v <= s.gt):
-                raise ValueError(f"{f.name} must be {what}{bound}, got {v!r}")
-        elif isinstance(s.kind, type) and not isinstance(v, s.kind):
-            raise ValueError(f"{f.name} must be {s.kind.__name__}, got {v!r}")

@@ -365,6 +365,34 @@ async def test_launch_rejects_bad_options_before_spawning(checkpoints):
     assert set(children()) == before
 
 
+async def test_entry_checks_name_the_device_and_the_file(checkpoints, tmp_path):
+    """No CUDA here: asking for it fails at launch with the count, before any worker; a missing
+    path, a corrupt config.json and a truncated safetensors file are named."""
+    import shutil
+
+    before = set(children())
+    for kwargs, msg in [
+        (dict(device="cuda"), "device 'cuda' with topology 'single' needs 1 CUDA device(s); this machine has 0"),
+        (dict(device="cuda", topology="1p1d"), "needs 2 CUDA device"),
+    ]:
+        with pytest.raises(ValueError, match=re.escape(msg)):
+            await rlt.Engine.launch(checkpoints["ouro"], **kwargs)
+    assert set(children()) == before
+    with pytest.raises(rlt.ConfigError, match=f"model path {tmp_path}/nowhere does not exist"):
+        rlt.Engine.launch(str(tmp_path / "nowhere"))
+    bad = tmp_path / "bad"
+    shutil.copytree(checkpoints["ouro"], bad)
+    (bad / "config.json").write_text('{"model_type": "ouro",')
+    with pytest.raises(rlt.ConfigError, match=re.escape(f"{bad}/config.json cannot be read as JSON")):
+        rlt.Engine.launch(str(bad))
+    shutil.copy(os.path.join(checkpoints["ouro"], "config.json"), bad / "config.json")
+    weights = bad / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+    with pytest.raises(RuntimeError, match=re.escape(f"{weights} cannot be read as safetensors")):
+        await rlt.Engine.launch(str(bad), **FAST)
+    assert set(children()) == before
+
+
 def test_pd_without_nixl_names_the_extra(checkpoints, monkeypatch):
     """A single-engine install has no NIXL: asking for a PD topology says which extra to install
     (find_spec faked to report NIXL missing); single needs no NIXL."""

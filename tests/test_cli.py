@@ -223,3 +223,58 @@ def test_make_checkpoint_cli(tmp_path):
         "--model", tmp_path / "h", "--prompt", "Hi", "--max-tokens", 2, "--hf-overrides", '{"mean_recurrence": 2}'
     )
     assert len(out) == 1
+
+
+def test_ctrl_c_exits_with_one_line_and_leaves_nothing(checkpoints, tmp_path):
+    """SIGINT to `rlt generate` mid-generation: exit 130 with one line on stderr, no worker process
+    and no temporary directory left (workers run in their own process group: only the coordinator
+    takes a terminal's Ctrl-C)."""
+    import signal
+    import time
+
+    env = {**os.environ, "TMPDIR": str(tmp_path)}
+    p = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "rlt",
+            "generate",
+            "--model",
+            checkpoints["ouro"],
+            "--prompt-token-ids",
+            "5,6,7",
+            "--max-tokens",
+            "60000",
+            "--ignore-eos",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    deadline = time.monotonic() + 60
+    while not any(tmp_path.glob("rlt-*/unified0.0.log")) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    log = next(tmp_path.glob("rlt-*/unified0.0.log"))
+    worker_pgid = None
+    while time.monotonic() < deadline:  # the worker is up (its log exists) and generating
+        workers = [int(d) for d in os.listdir("/proc") if d.isdigit() and _cmdline(d).count(str(log.parent))]
+        if workers:
+            worker_pgid = os.getpgid(workers[0])
+            break
+        time.sleep(0.1)
+    time.sleep(3)
+    assert worker_pgid is not None and worker_pgid != os.getpgid(p.pid)
+    p.send_signal(signal.SIGINT)
+    out, err = p.communicate(timeout=60)
+    assert p.returncode == 130 and err.strip() == "rlt: interrupted", err
+    assert not any(tmp_path.glob("rlt-*"))
+    assert not [d for d in os.listdir("/proc") if d.isdigit() and str(log.parent) in _cmdline(d)]
+
+
+def _cmdline(pid: str) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""

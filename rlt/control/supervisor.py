@@ -10,6 +10,7 @@ import asyncio
 import itertools
 import logging
 import shutil
+import sys
 import tempfile
 import time
 
@@ -48,7 +49,30 @@ class Supervisor:
         return f"cuda:{slot}"
 
     # ---- start / stop -----------------------------------------------------------------------------
+    async def _check_devices(self) -> None:
+        """CUDA present, and a device for every worker: asked of a probe process (the coordinator
+        imports no torch), before anything else starts."""
+        device = self.launch.device
+        if device == "cpu":
+            return
+        need = len(self.slots) if len(self.slots) > 1 else int(device.partition(":")[2] or 0) + 1
+        probe = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-c",
+            "import torch; print(torch.cuda.device_count())",
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.DEVNULL,
+        )
+        out, _ = await probe.communicate()
+        have = int(out) if out.strip().isdigit() else 0
+        if have < need:
+            raise ValueError(
+                f"device {device!r} with topology {self.launch.topology!r} needs {need} CUDA "
+                f"device(s); this machine has {have}"
+            )
+
     async def start(self) -> None:
+        await self._check_devices()
         self._dir = tempfile.mkdtemp(prefix="rlt-")
         self._ctx = zmq.asyncio.Context()
         self._sock = self._ctx.socket(zmq.ROUTER)

@@ -58,9 +58,12 @@ class WorkerProc:
             self.identity,
             "--handshake-timeout",
             str(handshake_timeout),
+            "--parent-pid",
+            str(os.getpid()),
             stdin=asyncio.subprocess.DEVNULL,
             stdout=self._log,
             stderr=self._log,
+            start_new_session=True,  # its own process group: a terminal's Ctrl-C goes to the coordinator only
         )
         self.pid = self.proc.pid
 

@@ -53,24 +53,12 @@ def load_weights(mc: ModelConfig, dtype: torch.dtype, device: str = "cpu") -> di
     optional = {"lm_head.weight"} if mc.family_config.tie_word_embeddings else set()
     weights: dict[str, torch.Tensor] = {}
     for file in checkpoint_files(mc.path):
-        with safe_open(file, framework="pt", device="cpu") as f:
-            for name in f.keys():
-                if name.endswith(family.ignored_suffixes):
-                    continue
-                if name not in expected:
-                    raise CheckpointError(
-                        f"unexpected tensor {name!r} in {os.path.basename(file)} (not a {mc.model_type} parameter)"
-                    )
-                if name in weights:
-                    raise CheckpointError(f"tensor {name!r} is stored twice")
-                t = f.get_tensor(name)
-                if tuple(t.shape) != expected[name]:
-                    raise CheckpointError(
-                        f"tensor {name!r} has shape {tuple(t.shape)}, expected {expected[name]} from config.json"
-                    )
-                if not t.is_floating_point():
-                    raise CheckpointError(f"tensor {name!r} has dtype {t.dtype}, expected a float type")
-                weights[name] = t
+        try:
+            _read_file(file, family, mc, expected, weights)
+        except CheckpointError:
+            raise
+        except Exception as e:  # safetensors' own errors: a truncated or corrupt file
+            raise CheckpointError(f"{file} cannot be read as safetensors: {type(e).__name__}: {e}") from None
     missing = [n for n in expected if n not in weights and n not in optional]
     if missing:
         more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
@@ -84,3 +72,24 @@ def load_weights(mc: ModelConfig, dtype: torch.dtype, device: str = "cpu") -> di
 
 def load_model(mc: ModelConfig, dtype: torch.dtype, device: str = "cpu"):
     return FAMILIES[mc.model_type].model_cls(mc, load_weights(mc, dtype, device))
+
+
+def _read_file(file: str, family, mc: ModelConfig, expected: dict, weights: dict) -> None:
+    with safe_open(file, framework="pt", device="cpu") as f:
+        for name in f.keys():
+            if name.endswith(family.ignored_suffixes):
+                continue
+            if name not in expected:
+                raise CheckpointError(
+                    f"unexpected tensor {name!r} in {os.path.basename(file)} (not a {mc.model_type} parameter)"
+                )
+            if name in weights:
+                raise CheckpointError(f"tensor {name!r} is stored twice")
+            t = f.get_tensor(name)
+            if tuple(t.shape) != expected[name]:
+                raise CheckpointError(
+                    f"tensor {name!r} has shape {tuple(t.shape)}, expected {expected[name]} from config.json"
+                )
+            if not t.is_floating_point():
+                raise CheckpointError(f"tensor {name!r} has dtype {t.dtype}, expected a float type")
+            weights[name] = t

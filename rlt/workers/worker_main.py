@@ -2,7 +2,8 @@
 rlt/workers/worker.py (drain control messages -> one engine step -> one Outputs message). A
 heartbeat thread (its own socket) tells the coordinator the process is alive even during a long
 step; a frozen process (SIGSTOP) goes silent and is caught by the coordinator's deadline. The
-worker dies with its parent (PR_SET_PDEATHSIG) and, failing that, when its parent pid changes.
+worker dies with its parent: PR_SET_PDEATHSIG is set before anything heavy is imported, and a
+parent that died before that is seen as a changed parent pid (checked then, and by the heartbeat).
 """
 
 import argparse
@@ -18,7 +19,6 @@ import traceback
 import zmq
 
 from rlt import protocol as pr
-from rlt.workers.worker import LoopState, Worker
 
 
 def _die_with_parent() -> None:
@@ -29,6 +29,8 @@ def _die_with_parent() -> None:
 
 
 def _heartbeat(ctx, addr: str, identity: bytes, interval: float, parent: int, stop: threading.Event) -> None:
+    from rlt.workers.worker import LoopState
+
     sock = ctx.socket(zmq.DEALER)
     sock.setsockopt(zmq.IDENTITY, identity)
     sock.setsockopt(zmq.LINGER, 0)
@@ -77,9 +79,14 @@ def main(argv=None) -> int:
     ap.add_argument("--addr", required=True)
     ap.add_argument("--identity", required=True)
     ap.add_argument("--handshake-timeout", type=float, default=60.0)
+    ap.add_argument("--parent-pid", type=int, required=True)
     args = ap.parse_args(argv)
     _die_with_parent()
-    parent = os.getppid()
+    parent = args.parent_pid
+    if os.getppid() != parent:  # the coordinator died before the death signal was set
+        return 1
+    from rlt.workers.worker import Worker  # torch: only once the worker dies with its parent
+
     ctx = zmq.Context()
     sock = ctx.socket(zmq.DEALER)
     sock.setsockopt(zmq.IDENTITY, args.identity.encode())
