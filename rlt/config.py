@@ -220,6 +220,9 @@ class LaunchConfig(msgspec.Struct, kw_only=True, frozen=True):
         Seconds, _doc("seconds of silence, or of a stuck main loop with work, before a worker is killed and restarted")
     ] = 10.0
     restart: Annotated[bool, _doc("restart a worker that died")] = True
+    restart_attempts: Annotated[
+        PositiveInt, _doc("attempts to restart a dead worker, with exponential backoff from 0.5 s up to 30 s")
+    ] = 10
     transfer_timeout: Annotated[Seconds, _doc("PD: seconds a KV transfer may take before its request fails")] = 30.0
     max_local_prefill_length: Annotated[
         Count, _doc("PD: prompts up to this many tokens are prefilled by the decode worker itself (0: off)")

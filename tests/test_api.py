@@ -234,6 +234,32 @@ async def wait_restart(engine, old_pid, timeout=30.0):
     raise AssertionError("worker did not come back")
 
 
+async def test_restart_retries_until_the_cause_is_gone(checkpoints, tmp_path):
+    """The worker dies while its checkpoint is unreadable: restarts fail (stats() says so, new
+    requests fail fast), and once the file is back a later attempt brings the engine back."""
+    import shutil
+
+    path = tmp_path / "ckpt"
+    shutil.copytree(checkpoints["ouro"], path)
+    weights, hidden = path / "model.safetensors", path / "hidden.safetensors"
+    async with rlt.Engine.launch(str(path), **FAST) as engine:
+        pid = engine.stats()["workers"][0]["pid"]
+        weights.rename(hidden)
+        os.kill(pid, signal.SIGKILL)
+        deadline = time.monotonic() + 30
+        while "restart attempt 1 of 10 failed" not in (engine.stats()["last_error"] or ""):
+            assert time.monotonic() < deadline
+            await asyncio.sleep(0.1)
+        assert "no model.safetensors" in engine.stats()["last_error"]
+        assert engine.stats()["restarting"]["unified0"] >= 1
+        with pytest.raises(EngineDeadError, match="restart attempt"):
+            await collect(engine, [1, 2], SamplingParams(max_tokens=2))
+        hidden.rename(weights)
+        out = await wait_restart(engine, pid, timeout=60)
+        assert out.finished and engine.stats()["restarting"] == {} and engine.stats()["last_error"] is None
+        await all_blocks_free(engine)
+
+
 @pytest.mark.parametrize("sig,why", [(signal.SIGKILL, "died (exit code -9)"), (signal.SIGSTOP, "no heartbeat")])
 async def test_dead_or_frozen_worker_fails_its_streams_then_serves_again(checkpoints, sig, why):
     async with rlt.Engine.launch(checkpoints["ouro"], **FAST) as engine:

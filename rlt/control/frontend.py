@@ -154,8 +154,9 @@ class Engine:
         return r.phase if r is not None else None
 
     def stats(self) -> dict:
+        sup = self._supervisor
         workers = []
-        for w in self._supervisor.workers:
+        for w in sup.workers:
             if w is None:
                 continue
             rd, s = w.ready, w.stats
@@ -163,6 +164,7 @@ class Engine:
                 {
                     "role": w.role,
                     "pid": w.pid,
+                    "state": "ready" if rd else "restarting" if w.slot in sup.restarting else "starting",
                     "kv_blocks_total": rd.kv_blocks_total if rd else 0,
                     "kv_blocks_free": s.kv_blocks_free,
                     "running": s.running,
@@ -174,6 +176,9 @@ class Engine:
         lc = self._lifecycle
         return {
             "live_requests": len(lc.live),
+            # slots whose worker died: restart attempt under way, and why the last one failed
+            "restarting": {"{}{}".format(*sup.slots[slot]): attempt for slot, attempt in sup.restarting.items()},
+            "last_error": sup.dead_reason,
             "pending_cleanup": len(lc.gens) - len(lc.live),
             "local_prefills": lc.local_prefills,
             "kv_chunks": lc.kv_chunks,

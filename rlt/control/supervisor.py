@@ -23,6 +23,7 @@ from rlt.control.lifecycle import Lifecycle
 from rlt.control.worker_proc import WorkerProc
 
 log = logging.getLogger("rlt")
+RESTART_BACKOFF_S, RESTART_BACKOFF_MAX_S = 0.5, 30.0
 
 
 class Supervisor:
@@ -33,6 +34,7 @@ class Supervisor:
         self.lifecycle = Lifecycle(self.post)
         self.closing = False
         self.dead_reason: str | None = None  # why no worker of some role is ready, while restarting
+        self.restarting: dict[int, int] = {}  # slot -> restart attempt under way
         self._by_identity: dict[str, WorkerProc] = {}
         self._incarnations = itertools.count()
         self._tasks: set[asyncio.Task] = set()
@@ -262,9 +264,31 @@ class Supervisor:
             w.sender.cancel()
         await w.stop(0)
         if self.launch.restart and not self.closing:
+            await self._restart(w.slot, err)
+
+    async def _restart(self, slot: int, err: Exception) -> None:
+        """Start the slot's worker again, retrying with exponential backoff (from RESTART_BACKOFF_S,
+        capped at RESTART_BACKOFF_MAX_S) up to restart_attempts times: a cause that goes away
+        (a checkpoint briefly unreadable, a device briefly busy) does not leave the engine dead."""
+        delay = RESTART_BACKOFF_S
+        for attempt in range(1, self.launch.restart_attempts + 1):
+            self.restarting[slot] = attempt
             try:
-                new = await self._start_worker(w.slot)
+                new = await self._start_worker(slot)
                 await self._introduce_peers(new)
                 self.dead_reason = None
+                del self.restarting[slot]
+                return
             except Exception as e:  # noqa: BLE001
-                self.dead_reason = f"{err}; restart failed: {e}"
+                failed, self.workers[slot] = self.workers[slot], None
+                if failed is not None:
+                    self._by_identity.pop(failed.identity, None)
+                    failed.kill()
+                    await failed.stop(0)
+                self.dead_reason = f"{err}; restart attempt {attempt} of {self.launch.restart_attempts} failed: {e}"
+                log.warning("%s", self.dead_reason)
+            if self.closing:
+                break
+            await asyncio.sleep(delay)
+            delay = min(2 * delay, RESTART_BACKOFF_MAX_S)
+        self.restarting.pop(slot, None)
