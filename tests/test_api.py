@@ -234,6 +234,18 @@ async def wait_restart(engine, old_pid, timeout=30.0):
     raise AssertionError("worker did not come back")
 
 
+async def test_a_long_prompt_chunk_is_not_a_hung_worker(checkpoints):
+    """An 8,000-token prompt in one chunk on the CPU at a 2 s heartbeat deadline: the pass is long,
+    but every layer moves the worker's progress (and a prefix-free chunk runs as flash SDPA), so the
+    healthy worker is not killed and the request completes."""
+    ids = [3 + i % 500 for i in range(8000)]
+    options = FAST | dict(heartbeat_timeout=2.0, prefill_chunk=8192, max_num_batched_tokens=8192)
+    async with rlt.Engine.launch(checkpoints["ouro"], **options) as engine:
+        pid = engine.stats()["workers"][0]["pid"]
+        out = await collect(engine, ids, SamplingParams(max_tokens=4, temperature=0, ignore_eos=True))
+        assert out.finish_reason == "length" and engine.stats()["workers"][0]["pid"] == pid
+
+
 async def test_restart_retries_until_the_cause_is_gone(checkpoints, tmp_path):
     """The worker dies while its checkpoint is unreadable: restarts fail (stats() says so, new
     requests fail fast), and once the file is back a later attempt brings the engine back."""

@@ -102,5 +102,8 @@ def paged_attention(
         r0, r1, kv_len = meta.row_starts[s], meta.row_starts[s + 1], meta.kv_len(s)
         kv = cache[meta.block_table[s, : -(-kv_len // meta.block_size)], layer]  # [nb, 2, bs, Hkv, D]
         K, V = kv[:, 0].flatten(0, 1)[:kv_len], kv[:, 1].flatten(0, 1)[:kv_len]
-        out[r0:r1] = causal_attention(q[r0:r1], K, V, meta.q_starts[s])
+        if meta.q_starts[s] == 0:  # no prefix: its keys are its own rows (flash SDPA, linear memory)
+            out[r0:r1] = prefix_free_attention(q[r0:r1], K, V)
+        else:
+            out[r0:r1] = causal_attention(q[r0:r1], K, V, meta.q_starts[s])
     return out

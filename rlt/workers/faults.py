@@ -7,7 +7,8 @@ import time
 from rlt import protocol as pr
 from rlt.config import Faults
 from rlt.workers.kv_transfer import TransferError
-from rlt.workers.worker import LoopState, Worker
+from rlt.workers.progress import Progress
+from rlt.workers.worker import Worker
 
 
 class _FaultyTransport:
@@ -38,7 +39,7 @@ class _FaultyWorker(Worker):
     def handle(self, msg) -> bool:
         if isinstance(msg, (pr.Add, pr.Prefill)):
             if msg.prompt[0] == self._faults.stall_first_token:
-                LoopState.busy = True
+                Progress.busy = True
                 while True:  # a stuck kernel: the heartbeat thread keeps beating, the main loop does not
                     time.sleep(1)
             self._first_tokens[msg.gen] = msg.prompt[0]

@@ -25,6 +25,7 @@ from rlt.models.layers import EmbeddingInput, rope
 from rlt.sampling_params import ResolvedParams
 from rlt.workers.exit_policy import exits_early, should_exit, update_survival
 from rlt.workers.kv_pool import BlockTables, KVPool
+from rlt.workers.progress import Progress
 from rlt.workers.step_buffers import DeviceReadback, StepBuffers
 
 
@@ -97,6 +98,7 @@ class _Attention:
         return self._attend(self.boundary_meta, layer, q, k, v, rotary)
 
     def _attend(self, meta: PagedMetadata, layer, q, k, v, rotary: Rotary):
+        Progress.count += 1  # a layer of the pass: a long step is not a stuck one
         if meta.kernel is not None:  # CUDA kernels: RoPE and the K/V store in one launch
             from rlt.kernels.rope import rope_write_kv
 

@@ -8,13 +8,7 @@ from dataclasses import dataclass, field
 from rlt import protocol as pr
 from rlt.errors import RequestError
 from rlt.workers.kv_transfer import TransferError, wait_done
-
-
-class LoopState:
-    """Read by the heartbeat thread: a main loop that stops moving while busy is hung."""
-
-    progress = 0
-    busy = False
+from rlt.workers.progress import Progress
 
 
 @dataclass
@@ -217,9 +211,9 @@ class Worker:
     def run(self) -> None:
         while True:
             self.changed = False
-            LoopState.progress += 1
-            LoopState.busy = self.busy()
-            timeout = 0 if self.engine.has_work() else (1 if LoopState.busy else 50)
+            Progress.count += 1
+            Progress.busy = self.busy()
+            timeout = 0 if self.engine.has_work() else (1 if Progress.busy else 50)
             while self.sock.poll(timeout):
                 timeout = 0
                 if not self.handle(pr.to_worker.decode(self.sock.recv())):

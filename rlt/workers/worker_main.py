@@ -29,7 +29,7 @@ def _die_with_parent() -> None:
 
 
 def _heartbeat(ctx, addr: str, identity: bytes, interval: float, parent: int, stop: threading.Event) -> None:
-    from rlt.workers.worker import LoopState
+    from rlt.workers.progress import Progress
 
     sock = ctx.socket(zmq.DEALER)
     sock.setsockopt(zmq.IDENTITY, identity)
@@ -38,7 +38,7 @@ def _heartbeat(ctx, addr: str, identity: bytes, interval: float, parent: int, st
     while not stop.wait(interval):
         if os.getppid() != parent:
             os._exit(1)
-        sock.send(pr.encoder.encode(pr.Heartbeat(os.getpid(), LoopState.progress, LoopState.busy)))
+        sock.send(pr.encoder.encode(pr.Heartbeat(os.getpid(), Progress.count, Progress.busy)))
     sock.close()
 
 
