@@ -103,8 +103,12 @@ async def main() -> int:
 
 if __name__ == "__main__":
     try:
-        import uvloop
+        try:
+            import uvloop
 
-        sys.exit(uvloop.run(main()))
-    except ImportError:
-        sys.exit(asyncio.run(main()))
+            sys.exit(uvloop.run(main()))
+        except ImportError:
+            sys.exit(asyncio.run(main()))
+    except KeyboardInterrupt:  # the engine was shut down on the way out: workers and temp files gone
+        print("launch_1p1d: interrupted", file=sys.stderr)
+        sys.exit(130)

@@ -387,3 +387,37 @@ async def test_transfer_past_its_deadline_fails_only_that_request(checkpoints):
         assert len(lost.token_ids) == 1  # the first token had already streamed from the prefill worker
         assert ok.finish_reason == "length" and time.monotonic() - t0 < 10
         await freed_then_reusable(engine, "lost", prompt=(5, 6))
+
+
+def test_launch_1p1d_ctrl_c_exits_with_one_line_and_leaves_nothing(checkpoints, tmp_path):
+    import signal
+    import subprocess
+    import sys
+
+    script = os.path.join(os.path.dirname(__file__), "..", "scripts", "launch_1p1d.py")
+    env = {**os.environ, "TMPDIR": str(tmp_path)}
+    p = subprocess.Popen(
+        [sys.executable, script, "--model", checkpoints["ouro"], "--max-tokens", "60000", "hello"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    deadline = time.monotonic() + 120
+    while not any(tmp_path.glob("rlt-*/decode0.*.log")) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    time.sleep(6)  # both workers up and decoding
+    run_dir = str(next(tmp_path.glob("rlt-*")))
+    p.send_signal(signal.SIGINT)
+    _, err = p.communicate(timeout=60)
+    assert p.returncode == 130 and err.strip().splitlines()[-1] == "launch_1p1d: interrupted", err
+    assert "Traceback" not in err and not any(tmp_path.glob("rlt-*"))
+    assert not [d for d in os.listdir("/proc") if d.isdigit() and run_dir in _cmdline(d)]
+
+
+def _cmdline(pid: str) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
