@@ -6,6 +6,7 @@ import subprocess
 import sys
 
 import pytest
+from processes import processes_mentioning
 from reference import Ref, ref_generate
 
 PROMPTS = [[11, 42, 7, 300, 19, 5], [3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5]]
@@ -258,7 +259,7 @@ def test_ctrl_c_exits_with_one_line_and_leaves_nothing(checkpoints, tmp_path):
     log = next(tmp_path.glob("rlt-*/unified0.0.log"))
     worker_pgid = None
     while time.monotonic() < deadline:  # the worker is up (its log exists) and generating
-        workers = [int(d) for d in os.listdir("/proc") if d.isdigit() and _cmdline(d).count(str(log.parent))]
+        workers = processes_mentioning(str(log.parent))
         if workers:
             worker_pgid = os.getpgid(workers[0])
             break
@@ -269,12 +270,4 @@ def test_ctrl_c_exits_with_one_line_and_leaves_nothing(checkpoints, tmp_path):
     out, err = p.communicate(timeout=60)
     assert p.returncode == 130 and err.strip() == "rlt: interrupted", err
     assert not any(tmp_path.glob("rlt-*"))
-    assert not [d for d in os.listdir("/proc") if d.isdigit() and str(log.parent) in _cmdline(d)]
-
-
-def _cmdline(pid: str) -> str:
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            return f.read().replace(b"\0", b" ").decode(errors="replace")
-    except OSError:
-        return ""
+    assert not processes_mentioning(str(log.parent))

@@ -6,6 +6,7 @@ import signal
 import time
 
 import pytest
+from processes import processes_mentioning
 from test_api import all_blocks_free as _all_free
 
 import rlt
@@ -412,12 +413,4 @@ def test_launch_1p1d_ctrl_c_exits_with_one_line_and_leaves_nothing(checkpoints, 
     _, err = p.communicate(timeout=60)
     assert p.returncode == 130 and err.strip().splitlines()[-1] == "launch_1p1d: interrupted", err
     assert "Traceback" not in err and not any(tmp_path.glob("rlt-*"))
-    assert not [d for d in os.listdir("/proc") if d.isdigit() and run_dir in _cmdline(d)]
-
-
-def _cmdline(pid: str) -> str:
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            return f.read().replace(b"\0", b" ").decode(errors="replace")
-    except OSError:
-        return ""
+    assert not processes_mentioning(run_dir)
