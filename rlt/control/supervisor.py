@@ -39,6 +39,7 @@ class Supervisor:
         self._incarnations = itertools.count()
         self._tasks: set[asyncio.Task] = set()
         self._fingerprint: str | None = None
+        self._sock: zmq.asyncio.Socket | None = None
 
     def ready(self, role: str) -> list[WorkerProc]:
         return [w for w in self.workers if w is not None and w.role == role and w.ready is not None]
@@ -147,9 +148,10 @@ class Supervisor:
         for t in list(self._tasks):
             t.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
-        self._sock.close(0)
-        self._ctx.term()
-        shutil.rmtree(self._dir, ignore_errors=True)
+        if self._sock is not None:  # (None: start() stopped at its device check)
+            self._sock.close(0)
+            self._ctx.term()
+            shutil.rmtree(self._dir, ignore_errors=True)
 
     def _spawn(self, coro) -> asyncio.Task:
         t = asyncio.ensure_future(coro)
