@@ -116,7 +116,7 @@ class Engine:
             raise RequestError(f"request_id must be a non-empty string, got {request_id!r}")
         if request_id in self._lifecycle.live:
             raise RequestError(f"request_id {request_id!r} is already live")
-        pd = self.launch_config.disaggregated
+        pd = self._supervisor.slots[0][0] == "prefill"  # (the topology, parsed once)
         d = self._pick("decode" if pd else "unified")
         prefill = self._pick("prefill") if pd else None
         if prefill is not None and router.prefill_locally(self.launch_config, len(ids), prefill):

@@ -259,14 +259,19 @@ class Supervisor:
     async def _worker_dead(self, w: WorkerProc, why: str) -> None:
         err = w.dead_error(why)
         self.dead_reason = str(err)
-        self.workers[w.slot] = None
-        self._by_identity.pop(w.identity, None)
         self.lifecycle.on_worker_dead(w, err)
-        if w.sender is not None:
-            w.sender.cancel()
-        await w.stop(0)
+        await self._remove(w)
         if self.launch.restart and not self.closing:
             await self._restart(w.slot, err)
+
+    async def _remove(self, w: WorkerProc) -> None:
+        """Forget a dead (or failed) worker: its slot, its messages, its process."""
+        self.workers[w.slot] = None
+        self._by_identity.pop(w.identity, None)
+        if w.sender is not None:
+            w.sender.cancel()
+        w.kill()
+        await w.stop(0)
 
     async def _restart(self, slot: int, err: Exception) -> None:
         """Start the slot's worker again, retrying with exponential backoff (from RESTART_BACKOFF_S,
@@ -282,11 +287,8 @@ class Supervisor:
                 del self.restarting[slot]
                 return
             except Exception as e:  # noqa: BLE001
-                failed, self.workers[slot] = self.workers[slot], None
-                if failed is not None:
-                    self._by_identity.pop(failed.identity, None)
-                    failed.kill()
-                    await failed.stop(0)
+                if self.workers[slot] is not None:
+                    await self._remove(self.workers[slot])
                 self.dead_reason = f"{err}; restart attempt {attempt} of {self.launch.restart_attempts} failed: {e}"
                 log.warning("%s", self.dead_reason)
             if self.closing:
