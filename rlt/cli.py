@@ -3,10 +3,13 @@
 import argparse
 import json
 import sys
+import time
 
 from rlt.config import EngineConfig, LaunchConfig
 from rlt.errors import CheckpointError, ConfigError, EngineDeadError, RequestError
 from rlt.fields import option_fields
+
+LONG_PROMPT_TOKENS = 2048  # a prompt this long gets a line on stderr when its prefill starts and ends
 
 
 def _token_ids(text: str) -> list[int]:
@@ -132,8 +135,16 @@ def generate(args) -> int:
         async with launch:
 
             async def one(rid, ids):
-                final = None
+                final, long, t0 = None, len(ids) >= LONG_PROMPT_TOKENS, time.monotonic()
+                if long:
+                    print(f"rlt: prompt {rid}: prefilling {len(ids):,} tokens", file=sys.stderr, flush=True)
                 async for out in engine.generate(ids, sp, request_id=rid):
+                    if long and final is None:
+                        print(
+                            f"rlt: prompt {rid}: first token after {time.monotonic() - t0:.1f} s",
+                            file=sys.stderr,
+                            flush=True,
+                        )
                     final = out
                 return final
 

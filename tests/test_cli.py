@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -161,6 +162,16 @@ def test_bad_input_is_a_clear_error(checkpoints, args, message):
     r = rlt("generate", "--model", checkpoints["ouro"], "--prompt-token-ids", "1,2,3", *args, "--json")
     assert r.returncode == 2
     assert message in r.stderr and r.stdout == ""
+
+
+def test_long_prompt_shows_its_prefill_on_stderr(checkpoints):
+    ids = ",".join(str((i * 7) % 400 + 3) for i in range(3000))
+    r = rlt("generate", "--model", checkpoints["ouro"], "--prompt-token-ids", ids, "--max-tokens", 2, "--json")
+    assert r.returncode == 0, r.stderr
+    lines = r.stderr.splitlines()
+    assert lines[0] == "rlt: prompt 0: prefilling 3,000 tokens"
+    assert re.fullmatch(r"rlt: prompt 0: first token after \d+\.\d s", lines[1]), lines
+    assert len(json.loads(r.stdout)["token_ids"]) == 2
 
 
 def test_no_tokenizer_needs_token_ids(checkpoints, tmp_path):
