@@ -124,6 +124,7 @@ def generate(args) -> int:
             raise
         raise RequestError(str(e)) from e
     engine = launch.engine
+    engine.load_tokenizer()
     # Every prompt is validated before any process is spawned.
     requests = [(str(i), engine.tokenize(p)) for i, p in enumerate(args.prompts)]
     from rlt.control.validation import resolve_params

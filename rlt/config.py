@@ -40,14 +40,16 @@ class KVGeometry:
         return 2 * layers * self.num_kv_heads * self.head_dim * dtype_bytes * block_size
 
 
-def _read_json(file: str, required: bool = False):
-    if required and not os.path.isfile(file):
-        raise ConfigError(f"no config.json in {os.path.dirname(file)} (not a checkpoint directory?)")
+def read_json_object(file: str) -> dict:
+    """A checkpoint's JSON file; an error names the file and what is wrong with it."""
     try:
         with open(file, encoding="utf-8") as f:
-            return json.load(f)
+            obj = json.load(f)
     except (OSError, ValueError) as e:  # unreadable, not UTF-8, not JSON
         raise ConfigError(f"{file} cannot be read as JSON: {e}") from None
+    if not isinstance(obj, dict):
+        raise ConfigError(f"{file} is not a JSON object")
+    return obj
 
 
 @dataclass(frozen=True)
@@ -60,22 +62,23 @@ class ModelConfig:
 
     @classmethod
     def from_pretrained(cls, path: str, hf_overrides: dict | None = None) -> "ModelConfig":
+        if not isinstance(path, (str, os.PathLike)):
+            raise ConfigError(f"model must be a checkpoint directory's path, got {path!r}")
         path = os.path.abspath(os.fspath(path))
         if not os.path.isdir(path):
             raise ConfigError(
                 f"model path {path} is not a directory" if os.path.exists(path) else f"model path {path} does not exist"
             )
-        raw = _read_json(os.path.join(path, "config.json"), required=True)
-        if not isinstance(raw, dict):
-            raise ConfigError(f"{path}/config.json is not a JSON object")
+        if not os.path.isfile(os.path.join(path, "config.json")):
+            raise ConfigError(f"model path {path} has no config.json (not a checkpoint directory?)")
+        raw = read_json_object(os.path.join(path, "config.json"))
         if hf_overrides is not None:
             if not isinstance(hf_overrides, dict):
                 raise ConfigError(f"hf_overrides must be a dict of config.json fields, got {hf_overrides!r}")
             raw = {**raw, **hf_overrides}
         gen = os.path.join(path, "generation_config.json")
         if os.path.isfile(gen):  # generate() stops on generation_config.json's eos ids too
-            gen_cfg = _read_json(gen)
-            gen_eos = gen_cfg.get("eos_token_id") if isinstance(gen_cfg, dict) else None
+            gen_eos = read_json_object(gen).get("eos_token_id")
             if gen_eos is not None:
                 ids = lambda v: v if isinstance(v, list) else [] if v is None else [v]  # noqa: E731
                 merged = list(dict.fromkeys(ids(raw.get("eos_token_id")) + ids(gen_eos)))
@@ -240,6 +243,11 @@ class LaunchConfig(msgspec.Struct, kw_only=True, frozen=True):
     def __post_init__(self) -> None:
         validate(self)
         parse_topology(self.topology)
+        if self.heartbeat_interval >= self.heartbeat_timeout:
+            raise ValueError(
+                f"heartbeat_interval {self.heartbeat_interval} must be < heartbeat_timeout "
+                f"{self.heartbeat_timeout} (a worker would be declared dead between two heartbeats)"
+            )
         if not (self.device in ("cpu", "cuda") or re.fullmatch(r"cuda:\d+", self.device)):
             raise ValueError(f"device {self.device!r} is not supported (cpu, cuda, cuda:N)")
         if not self.disaggregated:
@@ -247,6 +255,17 @@ class LaunchConfig(msgspec.Struct, kw_only=True, frozen=True):
             for name in ("max_local_prefill_length", "max_prefill_queue_size", "prefill_worker_chunk"):
                 if getattr(self, name) != defaults[name]:
                     raise ValueError(f"{name} applies to prefill/decode topologies (XpYd), not {self.topology!r}")
+
+    def check_with(self, mc: ModelConfig, engine: EngineConfig) -> None:
+        """What the options say together with the model: a KV budget that holds no block."""
+        if engine.num_blocks is None:
+            dtype = dtype_name(self.dtype, self.device, mc.torch_dtype)
+            per_block = mc.kv.block_bytes(engine.block_size, DTYPE_BYTES[dtype])
+            if engine.kv_memory_bytes < per_block:
+                raise ValueError(
+                    f"kv_memory_bytes {engine.kv_memory_bytes} holds no KV block: one block of "
+                    f"{engine.block_size} positions of this model in {dtype} is {per_block} bytes"
+                )
 
     @property
     def disaggregated(self) -> bool:
@@ -261,6 +280,18 @@ class LaunchConfig(msgspec.Struct, kw_only=True, frozen=True):
         return msgspec.structs.replace(
             engine, prefill_chunk=chunk, max_num_batched_tokens=max(chunk, engine.max_num_batched_tokens)
         )
+
+
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+
+
+def dtype_name(dtype: str | None, device: str, checkpoint_dtype: str) -> str:
+    """None picks float32 on CPU (exact reference numerics) and the checkpoint's half type on GPU."""
+    if dtype is not None:
+        return dtype
+    if device.startswith("cuda"):
+        return "float16" if checkpoint_dtype == "float16" else "bfloat16"
+    return "float32"
 
 
 def parse_topology(topology: str) -> list[tuple[str, int]]:

@@ -156,12 +156,16 @@ def test_adaptive_exit_through_cli(checkpoints):
         (["--max-tokens", 70000], "exceeds the model's max positions 65536"),
         (["--hf-overrides", '{"rope_scaling": {"type": "linear", "factor": 2}}'], "'rope_scaling'"),
         (["--dtype", "float32", "--hf-overrides", '{"total_ut_steps": 0}'], "'total_ut_steps'"),
+        (["--heartbeat-timeout", 0], "heartbeat_timeout must be a number > 0, got 0.0"),
+        (["--heartbeat-interval", 20], "heartbeat_interval 20.0 must be < heartbeat_timeout 10.0"),
+        (["--kv-memory-bytes", 100], "kv_memory_bytes 100 holds no KV block"),
     ],
 )
 def test_bad_input_is_a_clear_error(checkpoints, args, message):
+    """One line on stderr, exit 2, no worker started."""
     r = rlt("generate", "--model", checkpoints["ouro"], "--prompt-token-ids", "1,2,3", *args, "--json")
     assert r.returncode == 2
-    assert message in r.stderr and r.stdout == ""
+    assert message in r.stderr and r.stdout == "" and len(r.stderr.splitlines()) == 1
 
 
 def test_long_prompt_shows_its_prefill_on_stderr(checkpoints):

@@ -121,7 +121,7 @@ def test_hf_overrides_change_depth_and_state_init(tmp_path):
 
 
 def test_missing_config_and_generation_config_eos(tmp_path):
-    with pytest.raises(ConfigError, match="no config.json"):
+    with pytest.raises(ConfigError, match="has no config.json"):
         ModelConfig.from_pretrained(str(tmp_path))
     cfg = official("huginn")
     del cfg["eos_token_id"]

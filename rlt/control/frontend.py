@@ -6,6 +6,8 @@ from a per-request collector, detokenized incrementally. Worker processes, trans
 are the Supervisor's. It never blocks the event loop and imports no torch.
 """
 
+import asyncio
+import gc
 import importlib.util
 import uuid
 
@@ -32,7 +34,14 @@ class _Launch:
         return self._start().__await__()
 
     async def _start(self) -> "Engine":
+        # The tokenizer (transformers' import, the tokenizer.json parse) loads in a thread: the
+        # caller's loop keeps running while the engine starts. The heap is frozen before and after
+        # (as vLLM's server does): a full collection then scans only objects made since, instead
+        # of stalling the loop for the whole heap (~100 ms with torch loaded) at random moments.
+        gc.freeze()
+        await asyncio.to_thread(self.engine.load_tokenizer)
         await self.engine._supervisor.start()
+        gc.freeze()
         return self.engine
 
     async def __aenter__(self) -> "Engine":
@@ -44,10 +53,9 @@ class _Launch:
 
 class Engine:
     def __init__(self, mc: ModelConfig, engine: EngineConfig, launch: LaunchConfig):
-        from rlt.models.tokenizer import load_tokenizer
-
         self.model_config, self.engine_config, self.launch_config = mc, engine, launch
-        self.tokenizer = load_tokenizer(mc.path)
+        self.tokenizer = None  # the checkpoint's, once launch has loaded it (None: it ships none)
+        self._tokenizer_loaded = False
         self._supervisor = Supervisor(mc, engine, launch)
         self._lifecycle = self._supervisor.lifecycle
 
@@ -66,12 +74,22 @@ class Engine:
 
             model = default_model_path()
         mc = ModelConfig.from_pretrained(model, hf_overrides=hf_overrides)
+        launch.check_with(mc, engine)
         return _Launch(cls(mc, engine, launch))
 
     async def shutdown(self) -> None:
         """Stop every worker, fail what is still live. Idempotent."""
         await self._supervisor.shutdown()
         self._lifecycle.fail_all(EngineDeadError("the engine was shut down"))
+
+    def load_tokenizer(self) -> None:
+        """Load the checkpoint's tokenizer (idempotent; blocking: launch runs it in a thread, a
+        command line may call it first to check its prompts before any process starts)."""
+        if not self._tokenizer_loaded:
+            from rlt.models.tokenizer import load_tokenizer
+
+            self.tokenizer = load_tokenizer(self.model_config.path)
+            self._tokenizer_loaded = True
 
     # ---- requests ---------------------------------------------------------------------------------
     def tokenize(self, prompt: str | list[int]) -> list[int]:

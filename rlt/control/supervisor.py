@@ -140,7 +140,7 @@ class Supervisor:
             return
         self.closing = True
         for w in self.workers:
-            if w is not None and w.proc is not None and w.proc.returncode is None:
+            if w is not None and w.alive:
                 while not w.outbox.empty():  # what is queued (aborts) goes first
                     await self._send(w, w.outbox.get_nowait())
                 await self._send(w, pr.Shutdown())
@@ -169,7 +169,7 @@ class Supervisor:
 
     def post(self, w: WorkerProc, msg) -> None:
         """Queue a message for a live worker without waiting."""
-        if w.proc is not None and w.proc.returncode is None:
+        if w.alive:
             w.outbox.put_nowait(msg)
 
     async def _sender(self, w: WorkerProc) -> None:
@@ -234,30 +234,30 @@ class Supervisor:
 
     # ---- liveness ---------------------------------------------------------------------------------
     async def _watch_exit(self, w: WorkerProc) -> None:
-        rc = await w.proc.wait()
+        await w.wait()
         if not self.closing and self.workers[w.slot] is w:
             await asyncio.sleep(0.05)  # a Fatal message racing the exit carries the real cause
-            await self._worker_dead(w, f"died (exit code {rc})")
+            await self._worker_dead(w)
 
     async def _heartbeat_watch(self) -> None:
         limit = self.launch.heartbeat_timeout
+        beating = max(limit / 2, 2 * self.launch.heartbeat_interval)  # a heartbeat this recent: still beating
         while True:
             await asyncio.sleep(self.launch.heartbeat_interval)
             now = time.monotonic()
             for w in self.workers:
-                if w is None or w.ready is None or self.closing or w.proc.returncode is not None:
+                if w is None or w.ready is None or self.closing or not w.alive:
                     continue
-                if now - w.last_seen > limit:
-                    w.fatal = w.fatal or f"no heartbeat for {now - w.last_seen:.1f} s (deadline {limit} s)"
-                    w.kill()  # a hung process is killed so it cannot come back half-alive
-                elif w.busy and now - w.progress_at > limit:
-                    w.fatal = (
-                        w.fatal or f"main loop stuck for {now - w.progress_at:.1f} s with work (deadline {limit} s)"
+                if now - w.last_seen > limit:  # killed, so a hung process cannot come back half-alive
+                    w.kill(f"was killed after no heartbeat for {now - w.last_seen:.1f} s (deadline {limit} s)")
+                elif w.busy and now - w.progress_at > limit and now - w.last_seen < beating:
+                    # (its heartbeats still arrive: the main loop, not the whole process, is stuck)
+                    w.kill(
+                        f"was killed: main loop stuck for {now - w.progress_at:.1f} s with work (deadline {limit} s)"
                     )
-                    w.kill()
 
-    async def _worker_dead(self, w: WorkerProc, why: str) -> None:
-        err = w.dead_error(why)
+    async def _worker_dead(self, w: WorkerProc) -> None:
+        err = w.dead_error()
         self.dead_reason = str(err)
         self.lifecycle.on_worker_dead(w, err)
         await self._remove(w)

@@ -3,6 +3,7 @@
 import asyncio
 import os
 import signal
+import subprocess
 import sys
 import time
 from dataclasses import dataclass
@@ -33,12 +34,13 @@ class WorkerProc:
         self.identity = f"{role}{index}.{incarnation}"
         self.addr = addr
         self.log_path = os.path.join(log_dir, f"{self.identity}.log")
-        self.proc: asyncio.subprocess.Process | None = None
+        self.proc: subprocess.Popen | None = None
         self.pid: int | None = None
         self.ready: pr.Ready | None = None
         self.stats = pr.Stats(0, 0, 0)
         self.last_seen = time.monotonic()
         self.fatal: str | None = None  # the worker's own error text, if it sent one
+        self.killed_because: str | None = None  # set when the coordinator kills it (no heartbeat, stuck)
         self.progress, self.progress_at, self.busy = -1, time.monotonic(), False
         self.credits = Credits()
         self.outbox: asyncio.Queue = asyncio.Queue()
@@ -46,48 +48,79 @@ class WorkerProc:
         self.ready_future = asyncio.get_running_loop().create_future()
 
     async def spawn(self, handshake_timeout: float) -> None:
+        """Start the worker without holding the caller's loop: Popen (vfork + exec, no copy of a
+        large coordinator's page tables, which a fork from the loop thread would make) runs in a
+        thread, and the exit is watched through a pidfd on the loop."""
         self._log = open(self.log_path, "wb")
-        self.proc = await asyncio.create_subprocess_exec(
-            sys.executable,
-            "-u",
-            "-m",
-            "rlt.workers.worker_main",
-            "--addr",
-            self.addr,
-            "--identity",
-            self.identity,
-            "--handshake-timeout",
-            str(handshake_timeout),
-            "--parent-pid",
-            str(os.getpid()),
-            stdin=asyncio.subprocess.DEVNULL,
+        argv = [sys.executable, "-u", "-m", "rlt.workers.worker_main", "--addr", self.addr, "--identity"]
+        argv += [self.identity, "--handshake-timeout", str(handshake_timeout), "--parent-pid", str(os.getpid())]
+        self.proc = await asyncio.to_thread(
+            subprocess.Popen,
+            argv,
+            stdin=subprocess.DEVNULL,
             stdout=self._log,
             stderr=self._log,
             start_new_session=True,  # its own process group: a terminal's Ctrl-C goes to the coordinator only
         )
         self.pid = self.proc.pid
+        loop = asyncio.get_running_loop()
+        self._exit = loop.create_future()
+        pidfd = os.pidfd_open(self.pid)
 
-    def error_text(self) -> str:
-        """The worker's own error: its Fatal message, else the tail of its log, else its exit code."""
+        def reap() -> None:
+            loop.remove_reader(pidfd)
+            os.close(pidfd)
+            self._exit.set_result(self.proc.wait())  # exited: wait() returns at once
+
+        loop.add_reader(pidfd, reap)
+
+    @property
+    def alive(self) -> bool:
+        """Spawned and not yet seen exiting."""
+        return self.proc is not None and not self._exit.done()
+
+    async def wait(self) -> int:
+        """The exit code (negative: the signal that ended it)."""
+        return await asyncio.shield(self._exit)
+
+    def cause(self) -> str | None:
+        """What the worker itself said went wrong: its Fatal message, else the exception that ended
+        its log (a traceback's last line), else None."""
         if self.fatal:
             return self.fatal
         try:
             with open(self.log_path, "rb") as f:
-                lines = [ln for ln in f.read().decode(errors="replace").strip().splitlines() if ln.strip()]
-            if lines:
-                return lines[-1]
+                lines = f.read().decode(errors="replace").splitlines()
         except OSError:
-            pass
-        rc = self.proc.returncode if self.proc else None
-        return f"worker exited with code {rc}" if rc is not None else "worker stopped answering"
+            return None
+        starts = [i for i, ln in enumerate(lines) if ln.startswith("Traceback (most recent call last)")]
+        if starts:  # the exception line is the first unindented line after the last traceback's frames
+            return next((ln for ln in lines[starts[-1] + 1 :] if ln.strip() and not ln[0].isspace()), None)
+        return None
 
-    def dead_error(self, why: str) -> EngineDeadError:
-        return EngineDeadError(f"{self.role} worker {self.index} (pid {self.pid}) {why}: {self.error_text()}")
+    def how_it_ended(self) -> str:
+        """Why the coordinator killed it, else its exit code or signal."""
+        if self.killed_because:
+            return self.killed_because
+        rc = self._exit.result() if self.proc is not None and self._exit.done() else None
+        if rc is None:
+            return "stopped answering"
+        if rc < 0:
+            try:
+                return f"was killed by {signal.Signals(-rc).name}"
+            except ValueError:
+                return f"was killed by signal {-rc}"
+        return f"exited with code {rc}"
+
+    def dead_error(self) -> EngineDeadError:
+        cause = self.cause()
+        detail = f": {cause}" if cause else ""
+        return EngineDeadError(f"{self.role} worker {self.index} (pid {self.pid}) {self.how_it_ended()}{detail}")
 
     async def wait_ready(self, timeout: float) -> pr.Ready:
         """HELLO and READY within the deadline, watching the process: a crash during start-up
         surfaces with the worker's own error."""
-        exited = asyncio.ensure_future(self.proc.wait())
+        exited = asyncio.ensure_future(self.wait())
         try:
             done, _ = await asyncio.wait(
                 {self.ready_future, exited}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED
@@ -96,25 +129,31 @@ class WorkerProc:
                 return self.ready_future.result()
             if exited in done:
                 await asyncio.sleep(0.05)  # let a Fatal message that raced the exit arrive
-                raise RuntimeError(f"{self.role} worker {self.index} failed to start: {self.error_text()}")
-            raise TimeoutError(f"{self.role} worker {self.index} not ready within {timeout} s: {self.error_text()}")
+                raise RuntimeError(
+                    f"{self.role} worker {self.index} failed to start: {self.cause() or self.how_it_ended()}"
+                )
+            cause = self.cause()
+            raise TimeoutError(
+                f"{self.role} worker {self.index} not ready within {timeout} s" + (f": {cause}" if cause else "")
+            )
         finally:
             exited.cancel()
 
     async def stop(self, graceful_s: float = 5.0) -> None:
         if self.proc is None:
             return
-        if self.proc.returncode is None:
+        if self.alive:
             try:
-                await asyncio.wait_for(self.proc.wait(), graceful_s)
+                await asyncio.wait_for(self.wait(), graceful_s)
             except TimeoutError:
                 self.kill()
-                await self.proc.wait()
+                await self.wait()
         self._log.close()
 
-    def kill(self) -> None:
-        if self.proc is not None and self.proc.returncode is None:
+    def kill(self, because: str | None = None) -> None:
+        self.killed_because = self.killed_because or because
+        if self.alive:
             try:
-                os.kill(self.proc.pid, signal.SIGKILL)
+                os.kill(self.pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass

@@ -6,7 +6,7 @@ import os
 import torch
 from safetensors import safe_open
 
-from rlt.config import ModelConfig
+from rlt.config import ModelConfig, dtype_name
 from rlt.errors import CheckpointError
 from rlt.models.family import FAMILIES
 
@@ -14,11 +14,8 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 
 
 def resolve_dtype(name: str | None, device: str, mc: ModelConfig) -> torch.dtype:
-    """None picks float32 on CPU (exact reference numerics) and the checkpoint's half type on GPU."""
-    if name is None:
-        if device.startswith("cuda"):
-            return torch.float16 if mc.torch_dtype == "float16" else torch.bfloat16
-        return torch.float32
+    """rlt.config.dtype_name's choice as a torch dtype."""
+    name = dtype_name(name, device, mc.torch_dtype)
     if name not in DTYPES:
         raise CheckpointError(f"dtype {name!r} is not supported (supported: {', '.join(DTYPES)})")
     return DTYPES[name]

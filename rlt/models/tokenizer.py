@@ -69,9 +69,19 @@ def train_tokenizer(spec: TokenizerSpec, vocab_size: int, out_dir: str) -> dict[
 def load_tokenizer(path: str):
     """The checkpoint's fast tokenizer (tokenizer.json + tokenizer_config.json), or None when it
     ships none (token-id prompts still work). Loaded as PreTrainedTokenizerFast rather than through
-    AutoTokenizer: the latter reads config.json's auto_map and would ask to run remote code."""
+    AutoTokenizer: the latter reads config.json's auto_map and would ask to run remote code. A file
+    that is not a JSON object, or a tokenizer that does not load, is a ConfigError naming the file."""
+    from rlt.config import read_json_object
+    from rlt.errors import ConfigError
+
     if not os.path.isfile(os.path.join(path, "tokenizer.json")):
         return None
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        if os.path.isfile(os.path.join(path, name)):
+            read_json_object(os.path.join(path, name))
     from transformers import PreTrainedTokenizerFast
 
-    return PreTrainedTokenizerFast.from_pretrained(path)
+    try:
+        return PreTrainedTokenizerFast.from_pretrained(path)
+    except Exception as e:  # noqa: BLE001 - transformers/tokenizers raise many types for a bad file
+        raise ConfigError(f"{path}/tokenizer.json does not load as a tokenizer: {type(e).__name__}: {e}") from None
