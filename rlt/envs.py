@@ -9,6 +9,7 @@ ENVIRONMENT = {
     "RLT_CACHE_DIR": "where the embedded default checkpoint is made (default $XDG_CACHE_HOME/rlt, else ~/.cache/rlt)",
     "RLT_PDL": "0 turns programmatic dependent launch off for the decode kernels (an escape hatch: "
     "on by default on Hopper and later)",
+    "OMP_WAIT_POLICY": "workers default it to PASSIVE (see worker_environ)",
 }
 
 
@@ -19,3 +20,11 @@ def cache_dir() -> str:
 
 def pdl_enabled() -> bool:
     return os.environ.get("RLT_PDL", "1") != "0"
+
+
+def worker_environ() -> dict[str, str]:
+    """A worker process's environment: the coordinator's, with OpenMP threads that sleep rather
+    than spin while they wait (unless the user chose otherwise). Spinning threads of several
+    processes sharing a CPU's cores (a PD topology, the coordinator, other programs) stall each
+    other: a CPU decode ran 50-100x slower under load with spinning, not with passive waits."""
+    return {**os.environ, "OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY", "PASSIVE")}

@@ -1,7 +1,9 @@
 import os
 
-import pytest
-import torch
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # (as rlt's workers: no spinning threads on 2 shared cores)
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
 
 from rlt.models.family import BY_NAME
 

@@ -8,6 +8,7 @@ import sys
 import time
 from dataclasses import dataclass
 
+from rlt import envs
 from rlt import protocol as pr
 from rlt.errors import EngineDeadError
 
@@ -60,6 +61,7 @@ class WorkerProc:
             stdin=subprocess.DEVNULL,
             stdout=self._log,
             stderr=self._log,
+            env=envs.worker_environ(),
             start_new_session=True,  # its own process group: a terminal's Ctrl-C goes to the coordinator only
         )
         self.pid = self.proc.pid

@@ -59,7 +59,7 @@ def fingerprint(mc, weights: dict, dtype: str, engine_cfg) -> str:
 def build(h: pr.Handshake):
     import torch
 
-    from rlt.config import ModelConfig
+    from rlt.config import ModelConfig, parse_topology
     from rlt.models.family import FAMILIES
     from rlt.models.loader import load_weights, resolve_dtype
     from rlt.workers.engine import LoopEngine
@@ -67,6 +67,8 @@ def build(h: pr.Handshake):
     mc = ModelConfig.from_dict(h.config, h.model_path)
     if h.device.startswith("cuda"):
         torch.cuda.set_device(h.device)  # NIXL/UCX register VRAM in the current device's context
+    elif len(workers := parse_topology(h.launch.topology)) > 1:  # CPU workers share the cores
+        torch.set_num_threads(max(1, len(os.sched_getaffinity(0)) // len(workers)))
     dtype = resolve_dtype(h.launch.dtype, h.device, mc)
     weights = load_weights(mc, dtype, h.device)
     fp = fingerprint(mc, weights, str(dtype), h.engine)
