@@ -124,3 +124,12 @@ def test_unfiltered_shortcut_draws_the_same_tokens():
     assert torch.equal(full[::5], logits[::5].argmax(-1))
     p.top_k.fill_(3)
     assert not torch.equal(sample(logits, p), full)
+
+
+def test_a_top_p_that_rounds_to_zero_keeps_the_first_token():
+    """top_p = 5e-324 passes validation (> 0) but is 0 in float32: the most likely token still stays
+    (it once dropped every token and drew token 0)."""
+    logits = torch.randn(8, 100, generator=torch.Generator().manual_seed(2))
+    p = params(8, top_p=5e-324)
+    p.seed.copy_(torch.arange(8))
+    assert torch.equal(sample(logits, p), logits.argmax(-1))

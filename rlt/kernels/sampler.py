@@ -49,7 +49,8 @@ def dropped(scaled: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> t
     k = torch.where(top_k > 0, top_k, V).clamp(max=V).unsqueeze(1)
     probs = sorted_logits.masked_fill(rank >= k, float("-inf")).softmax(dim=-1)
     mass_before = probs.cumsum(dim=-1) - probs
-    drop_sorted = (rank >= k) | ((mass_before >= top_p.unsqueeze(1)) & (top_p < 1.0).unsqueeze(1))
+    # (rank > 0: a top_p that rounds to 0 in float32 still keeps the first token)
+    drop_sorted = (rank >= k) | ((mass_before >= top_p.unsqueeze(1)) & (top_p < 1.0).unsqueeze(1) & (rank > 0))
     return torch.empty_like(drop_sorted).scatter_(1, order, drop_sorted)
 
 
