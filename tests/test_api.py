@@ -331,6 +331,13 @@ async def test_startup_failure_reports_cause_and_leaves_no_process(checkpoints, 
     assert set(children()) <= before
 
 
+def temp_dirs() -> set[str]:
+    """The coordinators' private temp dirs ($TMPDIR/rlt-*) that exist now."""
+    import tempfile
+
+    return {d for d in os.listdir(tempfile.gettempdir()) if d.startswith("rlt-")}
+
+
 def children() -> list[int]:
     out = subprocess.run(["pgrep", "-P", str(os.getpid())], capture_output=True, text=True).stdout
     return [int(p) for p in out.split() if alive(int(p))]
@@ -391,7 +398,7 @@ asyncio.run(main())
 
 
 async def test_launch_rejects_bad_options_before_spawning(checkpoints):
-    before = set(children())
+    before, dirs = set(children()), temp_dirs()
     for kwargs, msg in [
         (dict(topology="1p0d"), "topology .1p0d."),
         (dict(topology="pd"), "topology .pd."),
@@ -435,17 +442,13 @@ async def test_launch_rejects_bad_options_before_spawning(checkpoints):
         rlt.Engine.launch(checkpoints["ouro"], hf_overrides={"total_ut_steps": 0})
     with pytest.raises(rlt.ConfigError, match="model must be a checkpoint directory's path, got 123"):
         rlt.Engine.launch(123)
-    assert set(children()) == before
+    assert set(children()) == before and temp_dirs() == dirs
 
 
 async def test_broken_model_files_are_named_at_launch(checkpoints, tmp_path):
     """config.json and the tokenizer's files: not JSON, not an object, not a tokenizer — each named;
     no process and no temp dir is left."""
     import shutil
-    import tempfile
-
-    def temp_dirs():
-        return {d for d in os.listdir(tempfile.gettempdir()) if d.startswith("rlt-")}
 
     before, dirs = set(children()), temp_dirs()
     bad = tmp_path / "bad"
@@ -474,7 +477,7 @@ async def test_entry_checks_name_the_device_and_the_file(checkpoints, tmp_path):
     path, a corrupt config.json and a truncated safetensors file are named."""
     import shutil
 
-    before = set(children())
+    before, dirs = set(children()), temp_dirs()
     for kwargs, msg in [
         (dict(device="cuda"), "device 'cuda' with topology 'single' needs 1 CUDA device(s); this machine has 0"),
         (dict(device="cuda", topology="1p1d"), "needs 2 CUDA device"),
@@ -494,7 +497,7 @@ async def test_entry_checks_name_the_device_and_the_file(checkpoints, tmp_path):
     weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
     with pytest.raises(RuntimeError, match=re.escape(f"{weights} cannot be read as safetensors")):
         await rlt.Engine.launch(str(bad), **FAST)
-    assert set(children()) == before
+    assert set(children()) == before and temp_dirs() == dirs
 
 
 def test_pd_without_nixl_names_the_extra(checkpoints, monkeypatch):
