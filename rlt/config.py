@@ -238,6 +238,13 @@ class LaunchConfig(msgspec.Struct, kw_only=True, frozen=True):
         PositiveInt | None,
         _doc("PD: prefill workers take prompts in chunks of this many rows (default: prefill_chunk)"),
     ] = None
+    log_dir: Annotated[
+        str | None,
+        _doc(
+            "where each launch keeps its workers' logs, a directory per launch (default: <cache dir>/logs; "
+            "the 20 newest are kept)"
+        ),
+    ] = None
     faults: Annotated[Faults | None, _doc("testing only: faults the workers inject")] = None
 
     def __post_init__(self) -> None:

@@ -637,3 +637,21 @@ async def test_cpu_worker_keeps_its_speed_beside_busy_processes(checkpoints):
         for p in spin:
             p.kill()
             p.wait()
+
+
+async def test_worker_logs_are_kept_in_a_directory_per_launch(checkpoints, tmp_path):
+    """stats() names the launch's log directory; the worker's log is still there after shutdown, and
+    only the newest KEEP_RUNS launches' directories are kept."""
+    from rlt.control.log_dir import KEEP_RUNS
+
+    for i in range(KEEP_RUNS + 3):
+        (tmp_path / f"20260101-0000{i:02d}-old").mkdir()
+    (tmp_path / "mine").mkdir()  # not a launch's directory: never touched
+    async with rlt.Engine.launch(checkpoints["ouro"], log_dir=str(tmp_path), **FAST) as engine:
+        run = engine.stats()["log_dir"]
+        await collect(engine, [1, 2, 3], SamplingParams(max_tokens=2))
+    assert os.path.dirname(run) == str(tmp_path) and os.listdir(run) == ["unified0.0.log"]
+    assert os.path.getsize(os.path.join(run, "unified0.0.log")) > 0
+    kept = sorted(os.listdir(tmp_path))
+    assert len(kept) == KEEP_RUNS + 1 and "mine" in kept and os.path.basename(run) in kept
+    assert "20260101-000003-old" not in kept and "20260101-000004-old" in kept  # (23 old + 1 new - 20)

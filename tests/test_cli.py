@@ -269,12 +269,12 @@ def test_ctrl_c_exits_with_one_line_and_leaves_nothing(checkpoints, tmp_path):
         env=env,
     )
     deadline = time.monotonic() + 60
-    while not any(tmp_path.glob("rlt-*/unified0.0.log")) and time.monotonic() < deadline:
+    while not any(tmp_path.glob("rlt-*/control")) and time.monotonic() < deadline:
         time.sleep(0.1)
-    log = next(tmp_path.glob("rlt-*/unified0.0.log"))
+    run_dir = next(tmp_path.glob("rlt-*"))  # the coordinator's socket dir: in its workers' command lines
     worker_pgid = None
-    while time.monotonic() < deadline:  # the worker is up (its log exists) and generating
-        workers = processes_mentioning(str(log.parent))
+    while time.monotonic() < deadline:  # the worker is up and generating
+        workers = processes_mentioning(str(run_dir))
         if workers:
             worker_pgid = os.getpgid(workers[0])
             break
@@ -285,4 +285,4 @@ def test_ctrl_c_exits_with_one_line_and_leaves_nothing(checkpoints, tmp_path):
     out, err = p.communicate(timeout=60)
     assert p.returncode == 130 and err.strip() == "rlt: interrupted", err
     assert not any(tmp_path.glob("rlt-*"))
-    assert not processes_mentioning(str(log.parent))
+    assert not processes_mentioning(str(run_dir))

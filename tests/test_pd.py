@@ -409,9 +409,9 @@ def test_launch_1p1d_ctrl_c_exits_with_one_line_and_leaves_nothing(checkpoints, 
         env=env,
     )
     deadline = time.monotonic() + 120
-    while not any(tmp_path.glob("rlt-*/decode0.*.log")) and time.monotonic() < deadline:
+    while not any(tmp_path.glob("rlt-*/control")) and time.monotonic() < deadline:
         time.sleep(0.1)
-    time.sleep(6)  # both workers up and decoding
+    time.sleep(8)  # both workers up and decoding
     run_dir = str(next(tmp_path.glob("rlt-*")))
     p.send_signal(signal.SIGINT)
     _, err = p.communicate(timeout=60)

@@ -193,6 +193,7 @@ class Engine:
             )
         lc = self._lifecycle
         return {
+            "log_dir": sup.log_dir,
             "live_requests": len(lc.live),
             # slots whose worker died: restart attempt under way, and why the last one failed
             "restarting": {"{}{}".format(*sup.slots[slot]): attempt for slot, attempt in sup.restarting.items()},

@@ -20,10 +20,12 @@ import zmq.asyncio
 from rlt import protocol as pr
 from rlt.config import EngineConfig, LaunchConfig, ModelConfig, parse_topology
 from rlt.control.lifecycle import Lifecycle
+from rlt.control.log_dir import new_run_dir
 from rlt.control.worker_proc import WorkerProc
 
 log = logging.getLogger("rlt")
 RESTART_BACKOFF_S, RESTART_BACKOFF_MAX_S = 0.5, 30.0
+PEER_DEATH_GRACE_S = 1.0  # how long a prefill worker's failure waits for its decode peer's death
 
 
 class Supervisor:
@@ -40,6 +42,7 @@ class Supervisor:
         self._tasks: set[asyncio.Task] = set()
         self._fingerprint: str | None = None
         self._sock: zmq.asyncio.Socket | None = None
+        self.log_dir: str | None = None
 
     def ready(self, role: str) -> list[WorkerProc]:
         return [w for w in self.workers if w is not None and w.role == role and w.ready is not None]
@@ -76,7 +79,8 @@ class Supervisor:
 
     async def start(self) -> None:
         await self._check_devices()
-        self._dir = tempfile.mkdtemp(prefix="rlt-")
+        self._dir = tempfile.mkdtemp(prefix="rlt-")  # the control socket (removed at shutdown)
+        self.log_dir = new_run_dir(self.launch.log_dir)  # the workers' logs (kept)
         self._ctx = zmq.asyncio.Context()
         self._sock = self._ctx.socket(zmq.ROUTER)
         self._sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
@@ -95,7 +99,7 @@ class Supervisor:
 
     async def _start_worker(self, slot: int) -> WorkerProc:
         role, index = self.slots[slot]
-        w = WorkerProc(slot, index, role, self._device_for(slot), next(self._incarnations), self._addr, self._dir)
+        w = WorkerProc(slot, index, role, self._device_for(slot), next(self._incarnations), self._addr, self.log_dir)
         self._by_identity[w.identity] = w
         self.workers[slot] = w
         await w.spawn(handshake_timeout=self.launch.startup_timeout)
@@ -208,7 +212,10 @@ class Supervisor:
         elif isinstance(msg, pr.Drained):
             lc.on_prefill_released(w, msg.gen, chunks=None)
         elif isinstance(msg, pr.Failed):
-            lc.on_failed(w, msg)
+            if w.role == "prefill":
+                self._spawn(self._prefill_failed(w, msg))
+            else:
+                lc.on_failed(w, msg)
         elif isinstance(msg, pr.Heartbeat):
             if msg.progress != w.progress or not msg.busy:
                 w.progress, w.progress_at = msg.progress, time.monotonic()
@@ -231,6 +238,18 @@ class Supervisor:
                 w.ready_future.set_result(msg)
         elif isinstance(msg, pr.Fatal):
             w.fatal = msg.error
+
+    async def _prefill_failed(self, w: WorkerProc, msg: pr.Failed) -> None:
+        """A prefill worker's KV write can fail because its decode peer is dying (the peer's memory
+        goes before the coordinator sees the exit): give that death, which carries the real cause,
+        a moment to arrive; Lifecycle.on_failed then leaves the request to on_worker_dead."""
+        r = self.lifecycle.gens.get(msg.gen)
+        if r is not None and r.decode.worker.alive:
+            try:
+                await asyncio.wait_for(r.decode.worker.wait(), PEER_DEATH_GRACE_S)
+            except TimeoutError:
+                pass
+        self.lifecycle.on_failed(w, msg)
 
     # ---- liveness ---------------------------------------------------------------------------------
     async def _watch_exit(self, w: WorkerProc) -> None:

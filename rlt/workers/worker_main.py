@@ -14,6 +14,7 @@ import os
 import signal
 import sys
 import threading
+import time
 import traceback
 
 import zmq
@@ -107,6 +108,7 @@ def main(argv=None) -> int:
             daemon=True,
             args=(ctx, args.addr, args.identity.encode() + b"/hb", h.launch.heartbeat_interval, parent, stop),
         ).start()
+        t0 = time.monotonic()
         engine, fp = build(h)
         p = engine.pool
         transport = None
@@ -119,6 +121,11 @@ def main(argv=None) -> int:
             from rlt.workers.faults import inject
 
             worker, fp = inject(h.launch.faults, worker, fp)
+        print(
+            f"{args.identity} (pid {os.getpid()}) ready in {time.monotonic() - t0:.1f} s: {h.model_path} on "
+            f"{h.device}, {p.cache.dtype}, {p.num_blocks} KV blocks of {p.block_size} positions, fingerprint {fp}",
+            flush=True,
+        )
         sock.send(
             pr.encoder.encode(
                 pr.Ready(
