@@ -132,6 +132,9 @@ class Engine:
             request_id = uuid.uuid4().hex
         elif not isinstance(request_id, str) or not request_id:
             raise RequestError(f"request_id must be a non-empty string, got {request_id!r}")
+        old = self._lifecycle.live.get(request_id)
+        if old is not None and old.abandoned:  # its stream was dropped (e.g. `break`): abort it now
+            self._lifecycle.cancel(old)
         if request_id in self._lifecycle.live:
             raise RequestError(f"request_id {request_id!r} is already live")
         pd = self._supervisor.slots[0][0] == "prefill"  # (the topology, parsed once)

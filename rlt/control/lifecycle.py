@@ -60,6 +60,7 @@ class Request:
     prefill: Holding | None = None  # PD, prefilled on a prefill worker
     phase: Phase = Phase.WAITING
     retired: bool = False  # gone from the user's view; resources may still be returning
+    abandoned: bool = False  # its stream was dropped unfinished: an abort is queued (control/stream.py)
     first_token: int | None = None
 
     @property
@@ -220,6 +221,12 @@ class Lifecycle:
     def on_failed(self, w: WorkerProc, msg: pr.Failed) -> None:
         r = self.gens.get(msg.gen)
         if r is None:
+            return
+        if not r.retired and r.prefill is not None and w is r.prefill.worker and not r.decode.worker.alive:
+            # P's write failed because the decode worker died (Supervisor._prefill_failed waited
+            # for that): its death fails the request (on_worker_dead: EngineDeadError, how it
+            # died) and frees the rest; P freed its side
+            r.prefill.release()
             return
         if not r.retired:
             r.collector.finish("error", msg.error)

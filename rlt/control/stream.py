@@ -52,4 +52,5 @@ class RequestStream:
     def __del__(self) -> None:
         # dropped unfinished (e.g. its task was cancelled before it ran): abort on the loop's thread
         if not self._r.retired and not self._loop.is_closed():
+            self._r.abandoned = True  # (its id may be reused before the abort runs: Engine._admit)
             self._loop.call_soon_threadsafe(self._abort)
