@@ -205,6 +205,7 @@ class Faults(msgspec.Struct, kw_only=True, frozen=True):
     stall_first_token: int | None = None  # the main loop hangs on such a request; the heartbeat goes on
     fail_transfer_first_token: int | None = None  # prefill: such a prompt's KV write fails
     lose_notif_first_token: int | None = None  # prefill: its KV lands, its notifications are lost
+    hang_transfer_first_token: int | None = None  # prefill: its KV writes never report done
     fingerprint_role: str | None = None  # workers of this role report a different fingerprint
 
 

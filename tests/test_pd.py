@@ -213,6 +213,24 @@ async def test_cancel_while_transferring(checkpoints):
         await freed_then_reusable(engine, "t")
 
 
+async def test_cancel_with_writes_in_flight_does_not_stall_the_prefill_worker(checkpoints):
+    """A cancelled request's KV writes hang: the prefill worker keeps serving others meanwhile, and
+    reports it drained (the decode worker then frees its blocks) only once the writes' deadline passed."""
+    async with launch_pd(checkpoints, transfer_timeout=4.0, faults=Faults(hang_transfer_first_token=97)) as engine:
+        stream = engine.generate([97] + list(range(3, 40)), SamplingParams(max_tokens=20), request_id="hung")
+        await stream.__anext__()  # its first token streamed; its writes never report done
+        await wait_for(lambda: engine.request_phase("hung") == Phase.TRANSFERRING)
+        t0 = time.monotonic()
+        assert await engine.abort("hung")
+        assert (await stream.__anext__()).finish_reason == "abort"
+        other = engine.generate(list(range(5, 30)), SamplingParams(max_tokens=3, ignore_eos=True))
+        outs = [o async for o in other]
+        assert outs[-1].finish_reason == "length" and time.monotonic() - t0 < 2.0  # not behind the hung writes
+        assert engine.stats()["pending_cleanup"] == 1  # the decode side still holds the hung destination
+        await freed_then_reusable(engine, "hung")
+        assert time.monotonic() - t0 >= 4.0
+
+
 async def test_cancel_while_decoding(checkpoints):
     async with launch_pd(checkpoints) as engine:
         outs = []

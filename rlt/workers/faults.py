@@ -12,10 +12,11 @@ from rlt.workers.worker import Worker
 
 
 class _FaultyTransport:
-    """The worker's KVTransport, failing or losing the notifications of chosen prompts' writes."""
+    """The worker's KVTransport, failing, hanging or losing the notifications of chosen prompts' writes."""
 
     def __init__(self, transport, faults: Faults, first_tokens: dict[int, int]):
         self._transport, self._faults, self._first_tokens = transport, faults, first_tokens
+        self._hung: set[int] = set()  # ids of write handles that never report done
 
     def __getattr__(self, name):
         return getattr(self._transport, name)
@@ -26,7 +27,17 @@ class _FaultyTransport:
             raise TransferError(f"injected transfer fault (prompt starts with token {first})")
         if first is not None and first == self._faults.lose_notif_first_token:
             notif = b"0:0"  # generation 0 is never issued: the decode worker drops it
-        return self._transport.write(peer_name, src_blocks, dst_blocks, notif)
+        handle = self._transport.write(peer_name, src_blocks, dst_blocks, notif)
+        if first is not None and first == self._faults.hang_transfer_first_token:
+            self._hung.add(id(handle))
+        return handle
+
+    def poll(self, handle) -> bool:
+        return id(handle) not in self._hung and self._transport.poll(handle)
+
+    def release(self, handle) -> None:
+        self._hung.discard(id(handle))
+        self._transport.release(handle)
 
 
 class _FaultyWorker(Worker):

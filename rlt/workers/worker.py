@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 from rlt import protocol as pr
 from rlt.errors import RequestError
-from rlt.workers.kv_transfer import TransferError, wait_done
+from rlt.workers.kv_transfer import TransferError
 from rlt.workers.progress import Progress
 
 
@@ -38,6 +38,7 @@ class Worker:
         self.sock, self.engine, self.role, self.transport = sock, engine, role, transport
         self.transfer_timeout = transfer_timeout
         self.outgoing: dict[int, _Outgoing] = {}
+        self.draining: dict[int, tuple[_Outgoing, list]] = {}  # retired: writes in flight, replies after
         self.incoming: dict[int, _Incoming] = {}
         self.pending_reserves: list[pr.Reserve] = []
         self.started: list[int] = []
@@ -55,7 +56,7 @@ class Worker:
         )
 
     def busy(self) -> bool:
-        return self.engine.has_work() or bool(self.outgoing or self.incoming or self.pending_reserves)
+        return self.engine.has_work() or bool(self.outgoing or self.draining or self.incoming or self.pending_reserves)
 
     # ---- control messages ---------------------------------------------------------------------
     def handle(self, msg) -> bool:
@@ -85,9 +86,7 @@ class Worker:
             except RequestError as err:
                 self.send(pr.Failed(msg.gen, str(err)))
         elif isinstance(msg, pr.Cancel):
-            self._drain(msg.gen)
-            e.abort(msg.gen)
-            self.send(pr.Drained(msg.gen))
+            self._retire(msg.gen, pr.Drained(msg.gen))
         elif isinstance(msg, pr.Activate):
             inc = self.incoming.get(msg.gen)
             if inc is not None:  # else: aborted meanwhile
@@ -146,24 +145,23 @@ class Worker:
             self._try_reserve()
 
     # ---- prefill side ---------------------------------------------------------------------------
-    def _drain(self, gen: int) -> None:
-        """Wait for this generation's writes in flight (bounded), then forget it."""
+    def _retire(self, gen: int, reply) -> None:
+        """Stop a generation and send `reply` (Drained, Failed) once none of its writes can still
+        land: done, failed or past the deadline. The decode worker frees their destination only
+        after that reply; the loop never waits for it (_prefill_progress polls). Its source blocks
+        are freed at once: a write still reading them lands only in its own reservation."""
+        self.engine.abort(gen)
         o = self.outgoing.pop(gen, None)
-        if o is None:
-            return
-        for h, _ in o.pending:
-            try:
-                wait_done(self.transport, h, self.transfer_timeout)
-            except TransferError:
-                pass
-            self.transport.release(h)
-        self.engine.release_held(gen)
+        if gen in self.draining:
+            self.draining[gen][1].append(reply)
+        elif o is not None and o.pending:
+            self.draining[gen] = (o, [reply])
+        else:
+            self.send(reply)
+        self.changed = True
 
     def _fail(self, gen: int, error: str) -> None:
-        self._drain(gen)
-        self.engine.abort(gen)
-        self.send(pr.Failed(gen, error))
-        self.changed = True
+        self._retire(gen, pr.Failed(gen, error))
 
     def _post_chunks(self, events) -> None:
         bs = self.engine.pool.block_size
@@ -187,6 +185,13 @@ class Worker:
 
     def _prefill_progress(self) -> None:
         now = time.monotonic()
+        for gen, (o, replies) in list(self.draining.items()):
+            o.pending = [(h, t) for h, t in o.pending if not self._ended(h, now - t)]
+            if not o.pending:
+                del self.draining[gen]
+                for reply in replies:
+                    self.send(reply)
+                self.changed = True
         for gen, o in list(self.outgoing.items()):
             try:
                 still = []
@@ -206,6 +211,16 @@ class Worker:
                 self.engine.release_held(gen)
                 self.send(pr.TransferDone(gen, o.seq, o.bytes, time.monotonic() - o.started))
                 self.changed = True
+
+    def _ended(self, handle, age: float) -> bool:
+        """A retired generation's write: done, failed or past its deadline (then released)."""
+        try:
+            ended = self.transport.poll(handle) or age > self.transfer_timeout
+        except TransferError:
+            ended = True
+        if ended:
+            self.transport.release(handle)
+        return ended
 
     # ---- the loop -------------------------------------------------------------------------------
     def run(self) -> None:
