@@ -7,7 +7,7 @@ import subprocess
 import sys
 
 import pytest
-from processes import processes_mentioning
+from processes import as_from_a_terminal, processes_mentioning
 from reference import Ref, ref_generate
 
 PROMPTS = [[11, 42, 7, 300, 19, 5], [3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5]]
@@ -249,7 +249,7 @@ def test_ctrl_c_exits_with_one_line_and_leaves_nothing(checkpoints, tmp_path):
     import time
 
     env = {**os.environ, "TMPDIR": str(tmp_path)}
-    p = subprocess.Popen(
+    with as_from_a_terminal(
         [
             sys.executable,
             "-m",
@@ -263,26 +263,23 @@ def test_ctrl_c_exits_with_one_line_and_leaves_nothing(checkpoints, tmp_path):
             "60000",
             "--ignore-eos",
         ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=env,
-    )
-    deadline = time.monotonic() + 60
-    while not any(tmp_path.glob("rlt-*/control")) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    run_dir = next(tmp_path.glob("rlt-*"))  # the coordinator's socket dir: in its workers' command lines
-    worker_pgid = None
-    while time.monotonic() < deadline:  # the worker is up and generating
-        workers = processes_mentioning(str(run_dir))
-        if workers:
-            worker_pgid = os.getpgid(workers[0])
-            break
-        time.sleep(0.1)
-    time.sleep(3)
-    assert worker_pgid is not None and worker_pgid != os.getpgid(p.pid)
-    p.send_signal(signal.SIGINT)
-    out, err = p.communicate(timeout=60)
-    assert p.returncode == 130 and err.strip() == "rlt: interrupted", err
-    assert not any(tmp_path.glob("rlt-*"))
-    assert not processes_mentioning(str(run_dir))
+        env,
+    ) as p:
+        deadline = time.monotonic() + 60
+        while not any(tmp_path.glob("rlt-*/control")) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        run_dir = next(tmp_path.glob("rlt-*"))  # the coordinator's socket dir: in its workers' command lines
+        worker_pgid = None
+        while time.monotonic() < deadline:  # the worker is up and generating
+            workers = processes_mentioning(str(run_dir))
+            if workers:
+                worker_pgid = os.getpgid(workers[0])
+                break
+            time.sleep(0.1)
+        time.sleep(3)
+        assert worker_pgid is not None and worker_pgid != os.getpgid(p.pid)
+        p.send_signal(signal.SIGINT)
+        out, err = p.communicate(timeout=60)
+        assert p.returncode == 130 and err.strip() == "rlt: interrupted", err
+        assert not any(tmp_path.glob("rlt-*"))
+        assert not processes_mentioning(str(run_dir))

@@ -7,7 +7,7 @@ import signal
 import time
 
 import pytest
-from processes import processes_mentioning
+from processes import as_from_a_terminal, processes_mentioning
 from test_api import all_blocks_free as _all_free
 
 import rlt
@@ -375,26 +375,20 @@ def test_launch_1p1d_script(checkpoints):
 
 
 def test_launch_1p1d_ctrl_c_exits_with_one_line_and_leaves_nothing(checkpoints, tmp_path):
-    import signal
-    import subprocess
     import sys
 
     script = os.path.join(os.path.dirname(__file__), "..", "scripts", "launch_1p1d.py")
     env = {**os.environ, "TMPDIR": str(tmp_path)}
-    p = subprocess.Popen(
-        [sys.executable, script, "--model", checkpoints["ouro"], "--max-tokens", "60000", "hello"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=env,
-    )
-    deadline = time.monotonic() + 120
-    while not any(tmp_path.glob("rlt-*/control")) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    time.sleep(8)  # both workers up and decoding
-    run_dir = str(next(tmp_path.glob("rlt-*")))
-    p.send_signal(signal.SIGINT)
-    _, err = p.communicate(timeout=60)
-    assert p.returncode == 130 and err.strip().splitlines()[-1] == "launch_1p1d: interrupted", err
-    assert "Traceback" not in err and not any(tmp_path.glob("rlt-*"))
-    assert not processes_mentioning(run_dir)
+    with as_from_a_terminal(
+        [sys.executable, script, "--model", checkpoints["ouro"], "--max-tokens", "60000", "hello"], env
+    ) as p:
+        deadline = time.monotonic() + 120
+        while not any(tmp_path.glob("rlt-*/control")) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        time.sleep(8)  # both workers up and decoding
+        run_dir = str(next(tmp_path.glob("rlt-*")))
+        p.send_signal(signal.SIGINT)
+        _, err = p.communicate(timeout=60)
+        assert p.returncode == 130 and err.strip().splitlines()[-1] == "launch_1p1d: interrupted", err
+        assert "Traceback" not in err and not any(tmp_path.glob("rlt-*"))
+        assert not processes_mentioning(run_dir)
