@@ -143,6 +143,8 @@ class Stats(msgspec.Struct, array_like=True):
     running: int
     waiting: int
     kv_blocks_free: int
+    captures_after_ready: int = 0  # CUDA graphs captured since READY (rlt/workers/first_use.py)
+    compiles_after_ready: int = 0  # Triton specializations built or loaded since READY
 
 
 class Token(msgspec.Struct, array_like=True):

@@ -91,6 +91,8 @@ async def test_concurrent_streams_match_direct_engine(checkpoints):
             assert out.finish_reason == "length"
         assert len({tuple(o.exit_depths) for o in finals}) > 1
         await all_blocks_free(engine)
+        w = engine.stats()["workers"][0]  # the CPU compiles and captures nothing, ever
+        assert w["captures_after_ready"] == w["compiles_after_ready"] == 0
     assert not alive(pid)
 
 

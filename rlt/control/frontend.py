@@ -192,6 +192,9 @@ class Engine:
                     "waiting": s.waiting,
                     "credit_blocks": w.credits.blocks,
                     "credit_slots": w.credits.slots,
+                    # first-use work after READY (each stalls the worker's passes): CUDA graphs, Triton
+                    "captures_after_ready": s.captures_after_ready,
+                    "compiles_after_ready": s.compiles_after_ready,
                 }
             )
         lc = self._lifecycle

@@ -12,6 +12,7 @@ import numpy as np
 import torch
 
 from rlt.kernels.paged_attention import PagedMetadata
+from rlt.workers.first_use import FirstUse
 
 BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
 
@@ -65,6 +66,7 @@ class DecodeGraphs:
         return out
 
     def _capture(self, B: int, W: int) -> _Graph:
+        FirstUse.captures += 1
         dev, bs = self.device, self.pool.block_size
         ar = torch.arange(B, device=dev)
         ints = torch.zeros(B * (2 + W), dtype=torch.int64, device=dev)

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 from rlt import protocol as pr
 from rlt.errors import RequestError
+from rlt.workers.first_use import FirstUse
 from rlt.workers.kv_transfer import TransferError
 from rlt.workers.progress import Progress
 
@@ -43,6 +44,7 @@ class Worker:
         self.pending_reserves: list[pr.Reserve] = []
         self.started: list[int] = []
         self.changed = False
+        self.first_use_at_ready = (FirstUse.captures, FirstUse.compiles)  # (built when READY is sent)
 
     def send(self, msg) -> None:
         self.sock.send(pr.encoder.encode(msg))
@@ -53,6 +55,8 @@ class Worker:
             len(e.running) + len(e.held) + len(e.reserved) + len(self.pending_reserves),
             len(e.waiting),
             e.num_free_blocks,
+            FirstUse.captures - self.first_use_at_ready[0],
+            FirstUse.compiles - self.first_use_at_ready[1],
         )
 
     def busy(self) -> bool:

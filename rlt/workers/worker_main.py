@@ -68,6 +68,10 @@ def build(h: pr.Handshake):
     mc = ModelConfig.from_dict(h.config, h.model_path)
     if h.device.startswith("cuda"):
         torch.cuda.set_device(h.device)  # NIXL/UCX register VRAM in the current device's context
+        if h.engine.kernels == "triton":
+            from rlt.workers.first_use import count_triton_compiles
+
+            count_triton_compiles()
     elif len(workers := parse_topology(h.launch.topology)) > 1:  # CPU workers share the cores
         torch.set_num_threads(max(1, len(os.sched_getaffinity(0)) // len(workers)))
     dtype = resolve_dtype(h.launch.dtype, h.device, mc)
