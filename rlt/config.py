@@ -155,6 +155,8 @@ class ModelConfig:
 PositiveInt = Annotated[int, msgspec.Meta(ge=1)]
 Count = Annotated[int, msgspec.Meta(ge=0)]
 Seconds = Annotated[float, msgspec.Meta(gt=0)]
+Fraction = Annotated[float, msgspec.Meta(gt=0, le=1)]
+CPU_KV_BYTES = 1 << 30  # the CPU's default KV pool per worker
 
 
 def _doc(text: str) -> msgspec.Meta:
@@ -170,7 +172,20 @@ class EngineConfig(msgspec.Struct, kw_only=True, frozen=True):
     ] = "last_exited"
     block_size: Annotated[PositiveInt, _doc("token positions per KV block")] = 16
     num_blocks: Annotated[PositiveInt | None, _doc("KV blocks per worker (default: sized from kv_memory_bytes)")] = None
-    kv_memory_bytes: Annotated[PositiveInt, _doc("bytes of KV pool per worker when num_blocks is not given")] = 1 << 30
+    kv_memory_bytes: Annotated[
+        PositiveInt | None,
+        _doc(
+            "bytes of KV pool per worker when num_blocks is not given (default: on CUDA what "
+            "gpu_memory_utilization leaves, on CPU 1 GiB)"
+        ),
+    ] = None
+    gpu_memory_utilization: Annotated[
+        Fraction,
+        _doc(
+            "CUDA: the share of the device's memory a worker takes in all (weights, activations, CUDA graphs, KV "
+            "pool) when neither num_blocks nor kv_memory_bytes is given"
+        ),
+    ] = 0.9
     max_num_seqs: Annotated[PositiveInt, _doc("requests running at once per worker")] = 64
     prefill_chunk: Annotated[PositiveInt, _doc("prompt rows per request per pass")] = 256
     max_num_batched_tokens: Annotated[PositiveInt, _doc("rows per core pass")] = 2048
@@ -266,7 +281,7 @@ class LaunchConfig(msgspec.Struct, kw_only=True, frozen=True):
 
     def check_with(self, mc: ModelConfig, engine: EngineConfig) -> None:
         """What the options say together with the model: a KV budget that holds no block."""
-        if engine.num_blocks is None:
+        if engine.num_blocks is None and engine.kv_memory_bytes is not None:
             dtype = dtype_name(self.dtype, self.device, mc.torch_dtype)
             per_block = mc.kv.block_bytes(engine.block_size, DTYPE_BYTES[dtype])
             if engine.kv_memory_bytes < per_block:

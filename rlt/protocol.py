@@ -57,10 +57,12 @@ class Connect(msgspec.Struct, tag="connect"):
 
 
 class Reserve(msgspec.Struct, tag="reserve"):
-    """Decode worker: reserve blocks for `positions` positions (prompt + max_tokens); reply Reserved."""
+    """Decode worker: reserve blocks for a prompt of prompt_len tokens (and its first decode
+    position); reply Reserved. The request's later positions take blocks as it decodes."""
 
     gen: int
-    positions: int
+    prompt_len: int
+    max_tokens: int
 
 
 class Prefill(msgspec.Struct, tag="prefill", kw_only=True):
@@ -143,6 +145,7 @@ class Stats(msgspec.Struct, array_like=True):
     running: int
     waiting: int
     kv_blocks_free: int
+    preemptions: int = 0  # requests preempted (and later resumed by recompute) since READY
     captures_after_ready: int = 0  # CUDA graphs captured since READY (rlt/workers/first_use.py)
     compiles_after_ready: int = 0  # Triton specializations built or loaded since READY
 

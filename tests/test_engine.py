@@ -16,12 +16,12 @@ HUGINN = {"mean_recurrence": 6}  # like-init state, a few steps: keeps CPU tests
 PROMPTS = [[5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17], [3, 4], [100, 200, 300, 400, 500, 6, 7]]
 
 
-def make(path, family, layout="last_exited", overrides=None, **cfg):
+def make(path, family, layout="last_exited", overrides=None, dtype=torch.float32, **cfg):
     ov = overrides if overrides is not None else (HUGINN if family == "huginn" else None)
     mc = ModelConfig.from_pretrained(path, hf_overrides=ov)
-    model = load_model(mc, torch.float32)
+    model = load_model(mc, dtype)
     cfg = {"block_size": 4, "num_blocks": 600, "prefill_chunk": 5} | cfg
-    return mc, lambda **kw: LoopEngine(mc, model, EngineConfig(kv_layout=layout, **(cfg | kw)), torch.float32)
+    return mc, lambda **kw: LoopEngine(mc, model, EngineConfig(kv_layout=layout, **(cfg | kw)), dtype)
 
 
 def mixed_params(family):
@@ -160,17 +160,22 @@ def test_blocks_free_after_finish_and_admission_limits(checkpoints):
     engine = new_engine()
     sp = SamplingParams(max_tokens=5, temperature=0, ignore_eos=True)
     p = resolve_params(mc, 6, sp)
-    # 6 + 5 positions over 4-position blocks = 3 blocks per plane, 4 planes = 12 blocks per request
-    assert engine.pool.blocks_needed(11) == 12
+    # a request holds the blocks of the positions it has reached (4-position blocks, 4 planes): the
+    # prompt and its first decode position at admission, one more block per plane at position 8
     for i in range(4):
         engine.add_request(str(i), [1, 2, 3, 4, 5, 6], p)
-    running_max, finished = 0, []
+    running_max, finished, held = 0, [], set()
     while engine.has_work():
         for o in engine.step():
             if o.finish_reason:
                 finished.append(o.request_id)
         running_max = max(running_max, len(engine.running))
-        assert engine.num_free_blocks == 40 - 12 * len(engine.running)
+        for s in engine.running:
+            reached = max([s.admit_positions] + [g.start + g.n for g in engine.sched.rows(s)])
+            assert len(s.tables.core[0]) == -(-reached // 4)
+            held.add(len(s.tables.core[0]))
+        assert engine.num_free_blocks == 40 - sum(4 * len(s.tables.core[0]) for s in engine.running)
+    assert held == {2, 3} and engine.preemptions == 0
     assert running_max == 2 and finished == ["0", "1", "2", "3"]  # max_num_seqs, FCFS
     assert engine.num_free_blocks == 40
     with pytest.raises(RequestError, match="can never fit: prompt 6 \\+ max_tokens 40 needs 48 KV blocks"):

@@ -574,3 +574,49 @@ def test_steady_decode_equals_regular_on_cuda(checkpoints, family, graphs):
         assert [o[:2] for o in steady[rid]] == [o[:2] for o in outs]
         for (_, _, a), (_, _, b) in zip(steady[rid], outs):
             assert a.keys() == b.keys() and all(abs(a[t] - b[t]) < 1e-4 for t in a)
+
+
+def test_preempted_requests_resume_exactly_on_the_gpu(checkpoints):
+    """Batch-invariant kernels: a pool too small for every request at once preempts and resumes by
+    recompute, and every stream's tokens and exit depths equal the unpreempted run's."""
+    mc = ModelConfig.from_pretrained(checkpoints["ouro"])
+    model = load_model(mc, torch.bfloat16, "cuda")
+    prompts = [[5 + (i * 11 + j) % 300 for j in range(n)] for i, n in enumerate((9, 40, 17, 60, 3, 33))]
+    sp = SamplingParams(max_tokens=40, temperature=0, ignore_eos=True, exit_threshold=0.5)
+    runs = {}
+    for blocks in (4096, 4 * 13):  # 4 planes; the largest request alone needs 4 x 7 blocks
+        cfg = EngineConfig(num_blocks=blocks, prefill_chunk=8, batch_invariant=True)
+        out, eng = decode_all(mc, model, cfg, prompts, sp)
+        runs[blocks] = ({r: [o[:2] for o in v] for r, v in out.items()}, eng.preemptions)
+        assert eng.num_free_blocks == blocks
+    assert runs[4096][1] == 0 and runs[52][1] >= 2
+    assert runs[52][0] == runs[4096][0]
+
+
+def test_nothing_compiles_or_captures_after_ready(checkpoints):
+    """Default options: the pool is sized from the device's memory and the worker warms up before
+    READY; a mixed run (prompt lengths from 1 to 3,000, decode batches up to 64, greedy, sampled
+    with logprobs, adaptive exit) then builds no CUDA graph and no Triton specialization."""
+    kinds = [
+        SamplingParams(max_tokens=24, temperature=0, ignore_eos=True),
+        SamplingParams(max_tokens=24, temperature=0.8, top_k=40, top_p=0.95, seed=1, ignore_eos=True, logprobs=3),
+        SamplingParams(max_tokens=24, temperature=0, ignore_eos=True, exit_threshold=0.6, min_loops=2),
+        SamplingParams(max_tokens=24, temperature=0, ignore_eos=True, max_loops=3),
+    ]
+    lengths = [1, 5, 16, 17, 31, 64, 100, 255, 300, 700, 1500, 3000]
+
+    async def serve():
+        async with rlt.Engine.launch(checkpoints["ouro"], device="cuda", startup_timeout=600) as engine:
+            w = engine.stats()["workers"][0]
+            assert w["kv_blocks_total"] >= 4096  # from free memory, not a fixed 1 GiB
+
+            async def one(i, n):
+                async for _ in engine.generate([3 + (i * 7 + j) % 500 for j in range(n)], kinds[i % len(kinds)]):
+                    pass
+
+            for wave in (1, 8, 64, 3):
+                await asyncio.gather(*(one(i, lengths[(i * 5) % len(lengths)]) for i in range(wave)))
+            return engine.stats()["workers"][0]
+
+    w = asyncio.run(serve())
+    assert (w["captures_after_ready"], w["compiles_after_ready"]) == (0, 0), w

@@ -47,7 +47,7 @@ async def run_all(path, topology, layout, family, reqs, stats=None, **opts):
     """Every request at once -> (tokens, depths, logprobs, finish) each; stats: a dict to fill with
     the engine's stats after the run."""
     async with rlt.Engine.launch(
-        path, topology=topology, kv_layout=layout, hf_overrides=OV.get(family), **SMALL, **FAST, **opts
+        path, topology=topology, kv_layout=layout, hf_overrides=OV.get(family), **(SMALL | FAST | opts)
     ) as engine:
 
         async def one(i, p, sp):
@@ -108,6 +108,24 @@ async def test_conditional_disaggregation_equals_single(checkpoints, opts, local
             assert a.keys() == b.keys() and max(abs(a[k] - b[k]) for k in a) < 1e-4
 
 
+@pytest.mark.parametrize("layout", ["last_exited", "shared"])
+async def test_pd_decode_worker_preempts_and_resumes_exactly(checkpoints, layout):
+    """A decode worker whose pool cannot hold every request as it grows preempts the newest and
+    resumes it by recompute (prompt included, on the decode worker): the same tokens, depths and
+    logprobs as single with a large pool, and every block and credit comes back."""
+    reqs = requests("ouro") * 2
+    single = await run_all(checkpoints["ouro"], "single", layout, "ouro", reqs)
+    stats = {}
+    planes = 4 if layout == "last_exited" else 1
+    got = await run_all(checkpoints["ouro"], "1p1d", layout, "ouro", reqs, stats, num_blocks=planes * 10)
+    decode = next(w for w in stats["workers"] if w["role"] == "decode")
+    assert decode["preemptions"] > 0 and decode["kv_blocks_free"] == decode["kv_blocks_total"]
+    for (t1, d1, lp1, f1), (t2, d2, lp2, f2) in zip(single, got):
+        assert (t1, d1, f1) == (t2, d2, f2)
+        for a, b in zip(lp1 or (), lp2 or ()):
+            assert a.keys() == b.keys() and max(abs(a[k] - b[k]) for k in a) < 1e-4
+
+
 def launch_pd(checkpoints, topology="1p1d", **kw):
     """`async with launch_pd(...) as engine` (or awaited)."""
     return rlt.Engine.launch(checkpoints["ouro"], topology=topology, **(SMALL | FAST | kw))
@@ -143,11 +161,13 @@ async def freed_then_reusable(engine, rid, prompt=(1, 2, 3)):
 
 async def test_cancel_while_waiting_for_decode_blocks(checkpoints):
     async with launch_pd(checkpoints) as engine:
-        big = SamplingParams(max_tokens=390, temperature=0, ignore_eos=True)  # 4 planes x 98 of 400 blocks
-        hog = engine.generate([1, 2], big, request_id="hog")
+        # the hog holds 4 planes x 51 of the decode worker's 400 blocks at first, and grows; a
+        # 300-token prompt needs 4 x 76 more
+        big = SamplingParams(max_tokens=199, temperature=0, ignore_eos=True)
+        hog = engine.generate([1, 2] * 100, big, request_id="hog")
         first = await hog.__anext__()
         assert first.token_ids
-        stream = engine.generate([5, 6, 7], SamplingParams(max_tokens=40, ignore_eos=True), request_id="w")
+        stream = engine.generate([5, 6, 7] * 100, SamplingParams(max_tokens=40, ignore_eos=True), request_id="w")
         await asyncio.sleep(0.2)
         assert engine.request_phase("w") == Phase.WAITING  # the decode worker has no blocks for it yet
         assert await engine.abort("w")

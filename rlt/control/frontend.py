@@ -157,7 +157,7 @@ class Engine:
             priority,
             Collector(out),
             d,
-            need,
+            router.blocks_for(d.ready, len(ids) + 1),  # what it holds at first: it grows as it decodes
             prefill,
             router.blocks_for(prefill.ready, len(ids)) if prefill else 0,
         )
@@ -189,6 +189,7 @@ class Engine:
                     "kv_blocks_total": rd.kv_blocks_total if rd else 0,
                     "kv_blocks_free": s.kv_blocks_free,
                     "running": s.running,
+                    "preemptions": s.preemptions,
                     "waiting": s.waiting,
                     "credit_blocks": w.credits.blocks,
                     "credit_slots": w.credits.slots,

@@ -106,7 +106,7 @@ class Lifecycle:
         else:
             r.prefill = Holding(prefill, prefill_blocks)
             prefill.credits.take(prefill_blocks)
-            self.post(decode, pr.Reserve(gen, len(prompt) + params.max_tokens))
+            self.post(decode, pr.Reserve(gen, len(prompt), params.max_tokens))
         return r
 
     def prefilled_locally(self) -> None:

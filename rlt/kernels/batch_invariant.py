@@ -17,7 +17,8 @@ import triton.language as tl
 BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M = 64, 128, 64, 8
 
 
-@triton.jit
+# One variant for every row count M (a pass has any number of rows).
+@triton.jit(do_not_specialize=["M"])
 def _matmul_kernel(
     a_ptr,
     b_ptr,

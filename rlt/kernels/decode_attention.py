@@ -46,7 +46,8 @@ def plan_splits(rows: int, kv_heads: int, device: torch.device) -> int:
     return min(MAX_SPLITS, 1 << (2 * sms // programs).bit_length())
 
 
-@triton.jit
+# One variant for every layer index and table width (see _paged_attn_kernel).
+@triton.jit(do_not_specialize=["layer", "stride_ts"])
 def _decode_kernel(
     q_ptr,
     o_ptr,

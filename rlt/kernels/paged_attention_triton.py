@@ -48,7 +48,9 @@ def softmax_step(q, k, v, allowed, m_i, l_i, acc, scale, IEEE: tl.constexpr):
     return m_new, l_i, acc
 
 
-@triton.jit
+# Layer indices and table widths vary from pass to pass: one variant serves them all (Triton would
+# otherwise build one per value class, 1 / multiple of 16 / other, the first time each appears).
+@triton.jit(do_not_specialize=["layer", "stride_ts"])
 def _paged_attn_kernel(
     q_ptr,
     o_ptr,

@@ -11,7 +11,8 @@ import triton.language as tl
 from rlt.kernels import pdl
 
 
-@triton.jit
+# One variant for every layer index (see _paged_attn_kernel).
+@triton.jit(do_not_specialize=["layer"])
 def _rope_kernel(
     q_ptr,
     k_ptr,

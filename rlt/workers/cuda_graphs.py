@@ -65,6 +65,11 @@ class DecodeGraphs:
             tab[i, : len(t)] = t
         return out
 
+    def capture(self, B: int, W: int) -> None:
+        """Capture the graph of this (batch, table width) bucket now, if it is not yet."""
+        if (B, W) not in self.graphs:
+            self.graphs[(B, W)] = self._capture(B, W)
+
     def _capture(self, B: int, W: int) -> _Graph:
         FirstUse.captures += 1
         dev, bs = self.device, self.pool.block_size
@@ -109,9 +114,8 @@ class DecodeGraphs:
         pos/slots [n], table [n, w]."""
         n, w = table.shape
         B, W = _bucket(n, w)
-        e = self.graphs.get((B, W))
-        if e is None:
-            e = self.graphs[(B, W)] = self._capture(B, W)
+        self.capture(B, W)  # (captured at warm-up: stats() counts any capture after READY)
+        e = self.graphs[(B, W)]
         e.x[:n].copy_(x)
         e.inject[:n].copy_(inject)
         e.ints[:n].copy_(pos)
@@ -131,9 +135,8 @@ class DecodeGraphs:
         n = len(states)
         B = next(b for b in BUCKETS if b >= n)
         W = ints.numel() // B - 2
-        e = self.graphs.get((B, W))
-        if e is None:
-            e = self.graphs[(B, W)] = self._capture(B, W)
+        self.capture(B, W)
+        e = self.graphs[(B, W)]
         torch.cat(states, out=e.x[:n])
         torch.cat(injects, out=e.inject[:n])
         e.ints.copy_(ints)

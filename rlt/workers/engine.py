@@ -10,7 +10,7 @@ bookkeeping. This module is the scheduler and bookkeeping; rlt/workers/runner.py
 """
 
 import itertools
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
@@ -20,7 +20,10 @@ from rlt.kernels import mode
 from rlt.sampling_params import ResolvedParams
 from rlt.workers.exit_policy import exits_early
 from rlt.workers.kv_pool import BlockTables, KVPool
+from rlt.workers.memory import pool_blocks
 from rlt.workers.runner import Group, Runner, top_dict
+from rlt.workers.scheduler import Scheduler
+from rlt.workers.sequence import Sequence
 from rlt.workers.steady import SteadyDecode
 
 
@@ -33,52 +36,24 @@ class StepOutput:
     finish_reason: str | None  # None while running (or, prefill-only, handed off for decoding elsewhere)
 
 
-@dataclass
-class _Seq:
-    request_id: int
-    prompt: list[int]
-    params: ResolvedParams
-    order: tuple
-    tables: BlockTables | None = None
-    output: list[int] = field(default_factory=list)
-    num_done: int = 0  # positions whose KV is final on every plane
-    group: Group | None = None
-    prefill_only: bool = False  # prefill worker: stop after the first token, keep the blocks for transfer
-    feed: tuple | None = None  # its last sampled token, not read back yet: (PendingTokens, index)
-
-    @property
-    def decoding(self) -> bool:
-        return self.num_done >= len(self.prompt)
-
-    @property
-    def positions(self) -> int:
-        """Positions the request can ever store (what it reserves)."""
-        return len(self.prompt) + (0 if self.prefill_only else self.params.max_tokens)
-
-
 class LoopEngine:
     def __init__(self, mc: ModelConfig, model, cfg: EngineConfig, dtype: torch.dtype, device: str = "cpu"):
         self.mc, self.cfg = mc, cfg
         mode.configure(device, cfg.kernels, cfg.batch_invariant)  # this worker's kernel set
-        num_blocks = cfg.num_blocks
-        if num_blocks is None:
-            per_block = mc.kv.block_bytes(cfg.block_size, torch.finfo(dtype).bits // 8)
-            num_blocks = max(1, min(65536, cfg.kv_memory_bytes // per_block))
+        num_blocks, self.pool_sizing = pool_blocks(mc, model, cfg, dtype, device)
         self.pool = KVPool(mc, cfg.kv_layout, cfg.block_size, num_blocks, dtype, device)
         self.runner = Runner(mc, model, self.pool, device, cfg.cuda_graph_max_batch)
-        self.waiting: list[_Seq] = []
-        self.running: list[_Seq] = []
+        self.sched = Scheduler(cfg, self.pool)
         self._arrival = itertools.count()
-        self._live: dict[int, _Seq] = {}
+        self._live: dict[int, Sequence] = {}
         # Disaggregation: a prefill worker keeps a finished prompt's blocks until their transfer is
         # done (held); a decode worker reserves blocks for a prompt being prefilled elsewhere.
         self.held: dict[int, BlockTables] = {}
         self.reserved: dict[int, BlockTables] = {}
         self.chunk_events: list[tuple[int, int, int]] = []  # (request, start, end) prompt positions final
-        self._in_flight_freed = False  # freed blocks (abort, stop) may still be written by queued kernels
         self._pending: list = []  # callables: read back a launched step's tokens -> outputs
         self._steady: SteadyDecode | None = None
-        self._steady_seqs: list[_Seq] = []  # the request of each steady lane
+        self._steady_seqs: list[Sequence] = []  # the request of each steady lane
         self.steady_steps = 0  # passes run in steady decode (observability, tests)
 
     # ---- requests ---------------------------------------------------------------------------
@@ -86,8 +61,8 @@ class LoopEngine:
         if request_id in self._live or request_id in self.held or request_id in self.reserved:
             raise RequestError(f"request id {request_id!r} is already live")
 
-    def _check_fits(self, request_id: int, positions: int, prompt_len: int, max_tokens: int) -> None:
-        need = self.pool.blocks_needed(positions)
+    def _check_fits(self, request_id: int, prompt_len: int, max_tokens: int) -> None:
+        need = self.pool.blocks_needed(prompt_len + max_tokens)
         if need > self.pool.num_blocks:
             raise RequestError(
                 f"request {request_id!r} can never fit: prompt {prompt_len} + max_tokens {max_tokens} "
@@ -99,21 +74,22 @@ class LoopEngine:
         self, request_id: int, prompt: list[int], params: ResolvedParams, priority: int = 0, prefill_only: bool = False
     ) -> None:
         self._check_live(request_id)
-        s = _Seq(request_id, list(prompt), params, (priority, next(self._arrival)), prefill_only=prefill_only)
-        self._check_fits(request_id, s.positions, len(prompt), params.max_tokens)
+        s = Sequence(request_id, list(prompt), params, (priority, next(self._arrival)), prefill_only=prefill_only)
+        self._check_fits(request_id, len(prompt), 0 if prefill_only else params.max_tokens)
         self._live[request_id] = s
-        self.waiting.append(s)
-        self.waiting.sort(key=lambda q: q.order)
+        self.sched.wait(s)
 
-    def reserve(self, request_id: int, positions: int) -> BlockTables | None:
-        """Decode side: blocks for a prompt prefilled elsewhere (None: not enough free blocks now)."""
+    def reserve(self, request_id: int, prompt_len: int, max_tokens: int) -> BlockTables | None:
+        """Decode side: blocks for a prompt prefilled elsewhere and its first decode position (None:
+        not enough free blocks now); later positions take blocks as they come."""
         self._check_live(request_id)
-        self._check_fits(request_id, positions, positions, 0)
+        self._check_fits(request_id, prompt_len, max_tokens)
+        positions = min(prompt_len + 1, prompt_len + max_tokens)
         if self.pool.blocks_needed(positions) > self.pool.num_free:
             return None
-        if self._in_flight_freed and self.pool.cache.is_cuda:  # a peer will write these blocks (NIXL)
+        if self.sched.freed_in_flight and self.pool.cache.is_cuda:  # a peer will write these blocks (NIXL)
             torch.cuda.synchronize(self.pool.cache.device)
-        self._in_flight_freed = False
+        self.sched.freed_in_flight = False
         self.reserved[request_id] = self.pool.allocate(positions)
         return self.reserved[request_id]
 
@@ -121,18 +97,18 @@ class LoopEngine:
         self, request_id: int, prompt: list[int], params: ResolvedParams, first_token: int, priority: int = 0
     ) -> None:
         """Decode side: the prompt's KV is in the reserved blocks; continue from its first token."""
-        s = _Seq(
+        s = Sequence(
             request_id,
             list(prompt),
             params,
             (priority, next(self._arrival)),
             tables=self.reserved.pop(request_id),
             output=[first_token],
+            depths=[self.mc.depth],
             num_done=len(prompt),
         )
         self._live[request_id] = s
-        self.waiting.append(s)
-        self.waiting.sort(key=lambda q: q.order)
+        self.sched.wait(s)
 
     def tables_of(self, request_id: int) -> BlockTables | None:
         s = self._live.get(request_id)
@@ -154,64 +130,36 @@ class LoopEngine:
         s = self._live.get(request_id)
         if s is None:
             return False
-        (self.running if s in self.running else self.waiting).remove(s)
-        # Its group may still be computing on the device (the host runs ahead of the GPU): until
-        # that work is done, its freed blocks must not be handed to another process's writes.
-        self._in_flight_freed |= s.group is not None
+        self.sched.remove(s)
         if s in self._steady_seqs:
             self._steady.deactivate(self._steady_seqs.index(s))
-            self._in_flight_freed = True
         self._release(s)
         return True
 
-    def _release(self, s: _Seq) -> None:
+    def _release(self, s: Sequence) -> None:
         if s.tables is not None:
             self.pool.free(s.tables)
             s.tables = None
-        s.group = None
+        s.group, s.replay = None, []
         del self._live[s.request_id]
 
     @property
     def num_free_blocks(self) -> int:
         return self.pool.num_free
 
+    @property
+    def running(self) -> list[Sequence]:
+        return self.sched.running
+
+    @property
+    def waiting(self) -> list[Sequence]:
+        return self.sched.waiting
+
+    @property
+    def preemptions(self) -> int:
+        return self.sched.preemptions
+
     # ---- one step -----------------------------------------------------------------------------
-    def _admit(self) -> None:
-        while self.waiting and len(self.running) < self.cfg.max_num_seqs:
-            s = self.waiting[0]
-            if s.tables is None:  # (an activated decode request already has its blocks)
-                if self.pool.blocks_needed(s.positions) > self.pool.num_free:
-                    break  # FCFS: the head waits for blocks
-                s.tables = self.pool.allocate(s.positions)
-            self.running.append(self.waiting.pop(0))
-
-    def _schedule(self) -> None:
-        """Give each running request without rows its next group, under the row budget."""
-        budget = self.cfg.max_num_batched_tokens - sum(s.group.n for s in self.running if s.group)
-        for s in self.running:
-            if s.group is not None or budget <= 0:
-                continue
-            if s.decoding:
-                if s.feed is not None and (s.prefill_only or len(s.output) + 1 >= s.params.max_tokens):
-                    continue  # that token ends it (or hands it off): nothing to decode here
-                ids = [0] if s.feed is not None else [s.output[-1]]
-            else:
-                # SHARED keeps its meaning only position by position (later positions read earlier
-                # positions' final KV at every depth).
-                chunk = 1 if self.pool.layout == "shared" else self.cfg.prefill_chunk
-                ids = s.prompt[s.num_done : s.num_done + min(chunk, budget)]
-            budget -= len(ids)
-            s.group = Group(
-                ids,
-                s.num_done,
-                s.tables,
-                s.params,
-                s.decoding,
-                samples=s.decoding or s.num_done + len(ids) == len(s.prompt),
-                output_index=len(s.output) + (s.feed is not None),
-                feed=s.feed if s.decoding else None,
-            )
-
     def has_work(self) -> bool:
         return bool(self.waiting or self.running or self._pending)
 
@@ -227,8 +175,7 @@ class LoopEngine:
         self.chunk_events = []
         outputs = self._end_steady() if self._steady is not None and self._steady_must_end() else []
         if self._steady is None:
-            self._admit()
-            self._schedule()
+            self.sched.step()
             if self._steady_possible():
                 self._steady, self._steady_seqs = (
                     SteadyDecode(self.runner, [s.group for s in self.running]),
@@ -242,11 +189,13 @@ class LoopEngine:
             self.steady_steps += 1
             if handle is not None:
                 self._pending.append(lambda: self._resolve_steady(handle, lanes))
-        elif active := [s for s in self.running if s.group is not None]:
-            result = self.runner.step([s.group for s in active])
-            owner = {id(s.group): s for s in active}
+        elif owner := {id(g): s for s in self.running for g in self.sched.rows(s)}:
+            result = self.runner.step([g for s in self.running for g in self.sched.rows(s)])
             for g in result.exited:
                 s = owner[id(g)]
+                if g.exit_depth is not None:
+                    s.replayed(g)
+                    continue
                 if not g.decoding:
                     self.chunk_events.append((s.request_id, g.start, g.start + g.n))
                 s.num_done += g.n
@@ -258,7 +207,7 @@ class LoopEngine:
                 self._pending.append(lambda: self._resolve_tokens(sampled, seqs))
         return outputs + [o for resolve in pending for o in resolve()]
 
-    def _resolve_tokens(self, tokens, seqs: list[_Seq]) -> list[StepOutput]:
+    def _resolve_tokens(self, tokens, seqs: list[Sequence]) -> list[StepOutput]:
         outputs = []
         for s, smp in zip(seqs, tokens.resolve()):
             if s.feed is not None and s.feed[0] is tokens:  # (a later step may have sampled its next one)
@@ -268,18 +217,12 @@ class LoopEngine:
         return outputs
 
     # ---- steady decode ------------------------------------------------------------------------
-    def _admissible(self) -> bool:
-        if not self.waiting or len(self.running) >= self.cfg.max_num_seqs:
-            return False
-        s = self.waiting[0]
-        return s.tables is not None or self.pool.blocks_needed(s.positions) <= self.pool.num_free
-
     def _steady_possible(self) -> bool:
         return (
             self.cfg.steady_decode != "never"
             and self.runner.supports_steady
             and bool(self.running)
-            and not self._admissible()
+            and not self.sched.admissible()
             and all(
                 s.group is not None and s.group.decoding and s.group.n == 1 and not s.prefill_only for s in self.running
             )
@@ -287,12 +230,25 @@ class LoopEngine:
         )
 
     def _steady_must_end(self) -> bool:
-        """A request could be admitted, or over a quarter of the lanes ended (they would keep
-        computing on the scratch block): back to the regular path, which re-enters compacted."""
+        """A request could be admitted, over a quarter of the lanes ended (they would keep computing
+        on the scratch block), or a lane needs a block it cannot have here: back to the regular path
+        (which re-enters compacted, or preempts)."""
         dead = sum(self._live.get(s.request_id) is not s for s in self._steady_seqs)
-        return self._admissible() or dead > len(self._steady_seqs) // 4
+        return self.sched.admissible() or dead > len(self._steady_seqs) // 4 or not self._grow_lanes()
 
-    def _resolve_steady(self, handle, seqs: list[_Seq]) -> list[StepOutput]:
+    def _grow_lanes(self) -> bool:
+        """Blocks for the position each live lane may write in the next pass: the host knows the
+        lanes' positions up to the pass still unread, and a lane moves at most one position per pass."""
+        for lane, s in enumerate(self._steady_seqs):
+            need = min(s.num_done + 2, s.max_positions)
+            if self._live.get(s.request_id) is not s or self.pool.capacity(s.tables) >= need:
+                continue
+            if not self._steady.holds(need) or not self.pool.grow(s.tables, need):
+                return False
+            self._steady.set_tables(lane, s.tables)
+        return True
+
+    def _resolve_steady(self, handle, seqs: list[Sequence]) -> list[StepOutput]:
         done, tokens, depths, *top = handle.resolve()
         outputs = []
         for lane, s in enumerate(seqs):
@@ -302,7 +258,6 @@ class LoopEngine:
             outputs.append(self._append_token(s, tokens[lane], depths[lane], top_dict(top, lane, s.params.logprobs)))
             if self._live.get(s.request_id) is not s:  # finished: its lane stops writing
                 self._steady.deactivate(lane)
-                self._in_flight_freed = True
         return outputs
 
     def _end_steady(self) -> list[StepOutput]:
@@ -327,8 +282,9 @@ class LoopEngine:
         self._steady, self._steady_seqs = None, []
         return outputs
 
-    def _append_token(self, s: _Seq, tok: int, depth: int, top) -> StepOutput:
+    def _append_token(self, s: Sequence, tok: int, depth: int, top) -> StepOutput:
         s.output.append(tok)
+        s.depths.append(depth)
         p = s.params
         reason = None
         if (not p.ignore_eos and tok in self.mc.eos_token_ids) or tok in p.stop_token_ids:
@@ -341,7 +297,6 @@ class LoopEngine:
             s.tables = None
             self._release(s)
         elif reason is not None:
-            self.running.remove(s)
-            self._in_flight_freed |= s.group is not None  # its next token's first loop may be running
+            self.sched.remove(s)  # (a preempted one waits: its token was on its way back)
             self._release(s)
         return StepOutput(s.request_id, tok, depth, top, reason)

@@ -30,6 +30,7 @@ class KVPool:
         self.layout, self.block_size, self.num_blocks = layout, block_size, num_blocks
         self.num_core_planes = mc.depth if layout == "last_exited" else 1
         self.has_boundary = g.num_boundary_layers > 0
+        assert self.num_core_planes + int(self.has_boundary) == self.planes(mc, layout)
         layers = max(g.num_core_layers, g.num_boundary_layers)
         # One extra block that is never handed out: padding rows of a CUDA-graph batch write there.
         self.scratch_block = num_blocks
@@ -37,6 +38,11 @@ class KVPool:
             num_blocks + 1, layers, 2, block_size, g.num_kv_heads, g.head_dim, dtype=dtype, device=device
         )
         self._free = list(range(num_blocks - 1, -1, -1))
+
+    @staticmethod
+    def planes(mc: ModelConfig, layout: str) -> int:
+        """Block tables per request: core planes, and the boundary plane if the family has one."""
+        return (mc.depth if layout == "last_exited" else 1) + int(mc.kv.num_boundary_layers > 0)
 
     # ---- capacity ---------------------------------------------------------------------------
     @property
@@ -48,14 +54,27 @@ class KVPool:
         return per_plane * (self.num_core_planes + int(self.has_boundary))
 
     def allocate(self, num_positions: int) -> BlockTables:
-        """Reserve every block a request can ever use (prompt + max_tokens), all planes."""
-        n = self.blocks_needed(num_positions)
-        if n > len(self._free):
-            raise MemoryError(f"need {n} KV blocks, {len(self._free)} free")
-        per_plane = -(-num_positions // self.block_size)
-        take = lambda: [self._free.pop() for _ in range(per_plane)]  # noqa: E731
-        core = [take() for _ in range(self.num_core_planes)]
-        return BlockTables(core, take() if self.has_boundary else None)
+        """Blocks for the first `num_positions` positions on every plane."""
+        tables = BlockTables([[] for _ in range(self.num_core_planes)], [] if self.has_boundary else None)
+        if not self.grow(tables, num_positions):
+            raise MemoryError(f"need {self.blocks_needed(num_positions)} KV blocks, {len(self._free)} free")
+        return tables
+
+    def grow(self, tables: BlockTables, num_positions: int) -> bool:
+        """Extend every plane's table to hold `num_positions` positions: all or nothing."""
+        planes = tables.core + ([tables.boundary] if tables.boundary is not None else [])
+        more = -(-num_positions // self.block_size) - len(planes[0])
+        if more <= 0:
+            return True
+        if more * len(planes) > len(self._free):
+            return False
+        for t in planes:
+            t.extend(self._free.pop() for _ in range(more))
+        return True
+
+    def capacity(self, tables: BlockTables) -> int:
+        """Positions the tables hold."""
+        return len(tables.core[0]) * self.block_size
 
     def free(self, tables: BlockTables) -> None:
         for t in tables.core + ([tables.boundary] if tables.boundary is not None else []):

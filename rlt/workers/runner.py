@@ -23,6 +23,7 @@ from rlt.kernels.sampler import SamplingTensors, sample, top_logprobs
 from rlt.models.base import Rotary
 from rlt.models.layers import EmbeddingInput, rope
 from rlt.sampling_params import ResolvedParams
+from rlt.workers.cuda_graphs import table_width
 from rlt.workers.exit_policy import exits_early, should_exit, update_survival
 from rlt.workers.kv_pool import BlockTables, KVPool
 from rlt.workers.progress import Progress
@@ -46,6 +47,12 @@ class Group:
     survival: torch.Tensor | None = None  # [1] prod(1 - hazard), decode groups
     # A decode token sampled by the previous step and not read back yet: (its PendingTokens, index)
     feed: "tuple[PendingTokens, int] | None" = None
+    exit_depth: int | None = None  # a generated position recomputed after preemption: runs to this depth
+
+    @property
+    def gated(self) -> bool:
+        """Its exit may depend on the gate (a decode token of a request that can exit early)."""
+        return self.decoding and self.exit_depth is None and exits_early(self.params)
 
     @property
     def n(self) -> int:
@@ -154,6 +161,13 @@ class Runner:
                 model, pool, mc.hidden_size, pool.cache.dtype, device, cuda_graph_max_batch, _Attention
             )
 
+    @property
+    def max_table_width(self) -> int:
+        """The widest block table a request can have on this worker, padded to its bucket."""
+        pool = self.pool
+        longest = -(-self.mc.max_positions // pool.block_size)
+        return table_width(max(1, min(longest, pool.num_blocks // pool.planes(self.mc, pool.layout))))
+
     def attention(self, core: PagedMetadata) -> "_Attention":
         """The models' Attention interface over the pool for a core pass with this metadata."""
         return _Attention(self.pool.cache, core, None)
@@ -201,7 +215,7 @@ class Runner:
         core_tables = [g.tables.core[pool.plane_of(g.depth + 1)] for g in active]
         graphed = self.graphs is not None and not new_prompt_rows(active) and self.graphs.fits(len(active))
         # Survival and the exit test run on the device only while some row's exit depends on its gate.
-        adaptive = any(g.decoding and exits_early(g.params) for g in active)
+        adaptive = any(g.gated for g in active)
 
         # ---- pack the step's metadata: one host-to-device copy ----------------------------------
         f = {"pos": _positions(active, ra)}
@@ -258,7 +272,7 @@ class Runner:
             )
         for g, r0, r1 in zip(active, ra, ra[1:]):
             g.state, g.depth = x[r0:r1], g.depth + 1
-        done_host = [g.depth >= (g.params.max_loops if g.decoding else D) for g in active]
+        done_host = [g.depth >= (g.exit_depth or (g.params.max_loops if g.decoding else D)) for g in active]
         if adaptive:
             surv = torch.cat([self.one if g.survival is None else g.survival for g in active])
             if gate is not None:
@@ -269,11 +283,8 @@ class Runner:
                     g.survival = s
             # Read the exit mask back only if some row's exit depends on its gate at this depth;
             # otherwise the host knows it and runs ahead to the next step while the GPU works.
-            if any(
-                g.decoding and exits_early(g.params) and g.params.min_loops <= g.depth < g.params.max_loops
-                for g in active
-            ):
-                done_host = [d if g.decoding else h for g, d, h in zip(active, done.tolist(), done_host)]
+            if any(g.gated and g.params.min_loops <= g.depth < g.params.max_loops for g in active):
+                done_host = [d if g.gated else h for g, d, h in zip(active, done.tolist(), done_host)]
         result = StepResult(exited=[g for g, d in zip(active, done_host) if d])
         if result.exited:
             self._exit(result)

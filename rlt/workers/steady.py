@@ -39,8 +39,9 @@ class SteadyDecode:
         def t(values, dtype=torch.int64):
             return torch.tensor(values, dtype=dtype, device=dev)
 
-        # tables padded to the graphs' width bucket once, so no pass pads them again
-        W = table_width(max(len(tab) for g in groups for tab in g.tables.core))
+        # tables padded to the graphs' width bucket once, so no pass pads them again; room for each
+        # lane to take at least one more block (set_tables) as it grows
+        W = min(table_width(max(len(tab) for g in groups for tab in g.tables.core) + 1), runner.max_table_width)
         tables = np.full((self.lanes, pool.num_core_planes, W), pool.scratch_block, dtype=np.int64)
         for i, g in enumerate(groups):
             for p, tab in enumerate(g.tables.core):
@@ -83,6 +84,20 @@ class SteadyDecode:
             for k, i in enumerate(new):
                 x[i] = inject[i] = emb[k : k + 1]
         self.x, self.inject = torch.cat(x), torch.cat(inject)
+
+    def holds(self, positions: int) -> bool:
+        """Are the lanes' tables wide enough for this many positions?"""
+        return positions <= self.tables.shape[2] * self.pool.block_size
+
+    @torch.inference_mode()
+    def set_tables(self, lane: int, tables) -> None:
+        """A lane took blocks: its new tables, copied in stream order (the host does not wait)."""
+        row = torch.full(self.tables.shape[1:], self.pool.scratch_block, dtype=torch.int64)
+        for p, tab in enumerate(tables.core):
+            row[p, : len(tab)] = torch.tensor(tab)
+        if self.tables.is_cuda:
+            row = row.pin_memory()
+        self.tables[lane].copy_(row, non_blocking=True)
 
     @torch.inference_mode()
     def deactivate(self, lane: int) -> None:

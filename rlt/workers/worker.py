@@ -55,6 +55,7 @@ class Worker:
             len(e.running) + len(e.held) + len(e.reserved) + len(self.pending_reserves),
             len(e.waiting),
             e.num_free_blocks,
+            e.preemptions,
             FirstUse.captures - self.first_use_at_ready[0],
             FirstUse.compiles - self.first_use_at_ready[1],
         )
@@ -105,7 +106,7 @@ class Worker:
         while self.pending_reserves:
             r = self.pending_reserves[0]
             try:
-                tables = self.engine.reserve(r.gen, r.positions)
+                tables = self.engine.reserve(r.gen, r.prompt_len, r.max_tokens)
             except RequestError as err:
                 self.pending_reserves.pop(0)
                 self.send(pr.Failed(r.gen, str(err)))

@@ -115,6 +115,11 @@ def main(argv=None) -> int:
         t0 = time.monotonic()
         engine, fp = build(h)
         p = engine.pool
+        say = lambda line: print(f"{args.identity} {line}", flush=True)  # noqa: E731 - the worker's log
+        say(f"KV pool: {p.num_blocks} blocks ({engine.pool_sizing})")
+        from rlt.workers.warmup import warm_up
+
+        say(warm_up(engine, decodes=h.role != "prefill", log=say))
         transport = None
         if h.role in ("prefill", "decode"):
             from rlt.workers.kv_transfer import KVTransport

@@ -1,0 +1,67 @@
+"""How many KV blocks a worker's pool holds.
+
+num_blocks wins, then kv_memory_bytes. Otherwise, on CUDA, the pool takes what
+gpu_memory_utilization leaves of the device once the weights, the largest pass's activations
+(measured by running it: max_num_batched_tokens prompt rows, then max_num_seqs sampled rows) and
+memory outside torch's allocator (the CUDA context, library workspaces) are counted, as vLLM sizes
+its pool. On CPU a fixed 1 GiB.
+"""
+
+import msgspec
+import torch
+
+from rlt.config import CPU_KV_BYTES, EngineConfig, ModelConfig
+from rlt.sampling_params import SamplingParams
+from rlt.workers.kv_pool import KVPool
+
+MAX_BLOCKS = 65536
+GIB = 2**30
+
+
+def pool_blocks(mc: ModelConfig, model, cfg: EngineConfig, dtype: torch.dtype, device: str) -> tuple[int, str]:
+    """-> (blocks, how they were sized: a line for the worker's log)."""
+    per_block = mc.kv.block_bytes(cfg.block_size, torch.finfo(dtype).bits // 8)
+    if cfg.num_blocks is not None:
+        return cfg.num_blocks, "num_blocks"
+    if cfg.kv_memory_bytes is not None or not device.startswith("cuda"):
+        budget = cfg.kv_memory_bytes or CPU_KV_BYTES
+        return max(1, min(MAX_BLOCKS, budget // per_block)), f"kv_memory_bytes {budget}"
+    budget, how = _left_for_kv(mc, model, cfg, dtype, device)
+    if budget < per_block:
+        raise MemoryError(f"no KV block fits: {how}; one block is {per_block} bytes (raise gpu_memory_utilization)")
+    return min(MAX_BLOCKS, budget // per_block), how
+
+
+def _left_for_kv(mc, model, cfg: EngineConfig, dtype, device) -> tuple[int, str]:
+    from rlt.control.validation import resolve_params
+    from rlt.workers.engine import LoopEngine
+
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats(device)
+    # The largest passes, on a pool just big enough for them (no graphs: they are captured later,
+    # into the headroom gpu_memory_utilization leaves).
+    rows, seqs = cfg.max_num_batched_tokens, min(cfg.max_num_seqs, cfg.max_num_batched_tokens)
+    probe = msgspec.structs.replace(cfg, prefill_chunk=rows, cuda_graph_max_batch=0, steady_decode="never")
+    planes = KVPool.planes(mc, cfg.kv_layout)
+    blocks = planes * (-(-(rows + 1) // cfg.block_size) + seqs * -(-2 // cfg.block_size))
+    engine = LoopEngine(mc, model, msgspec.structs.replace(probe, num_blocks=blocks), dtype, device)
+    first = resolve_params(mc, rows, SamplingParams(max_tokens=1, temperature=0, ignore_eos=True))
+    engine.add_request(-1, [0] * min(rows, mc.max_positions - 1), first)
+    every = resolve_params(mc, 1, SamplingParams(max_tokens=2, temperature=1.0, top_k=5, logprobs=20))
+    for i in range(seqs):
+        engine.add_request(i, [i % mc.vocab_size], every)
+    while engine.has_work():
+        engine.step()
+    torch.cuda.synchronize(device)
+    probe_pool = engine.pool.cache.numel() * engine.pool.cache.element_size()
+    peak = torch.cuda.max_memory_allocated(device) - probe_pool  # the real pool replaces the probe's
+    del engine
+    torch.cuda.empty_cache()
+    free, total = torch.cuda.mem_get_info(device)
+    outside = total - free - torch.cuda.memory_reserved(device)  # CUDA context, cuBLAS/NCCL workspaces
+    budget = int(cfg.gpu_memory_utilization * total) - peak - outside
+    how = (
+        f"gpu_memory_utilization {cfg.gpu_memory_utilization} of {total / GIB:.1f} GiB, less weights and "
+        f"activations {peak / GIB:.2f} GiB and {outside / GIB:.2f} GiB outside torch: {budget / GIB:.2f} GiB"
+    )
+    return budget, how

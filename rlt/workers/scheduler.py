@@ -1,0 +1,110 @@
+"""Which requests run, and the KV blocks their rows take.
+
+Requests wait in (priority, arrival) order and are admitted while max_num_seqs allows and the
+blocks they hold from the start are free (rlt/workers/sequence.py: admit_positions); one that
+already holds its blocks (a PD decode reservation) does not wait behind one that waits for blocks. Each pass a
+running request takes the blocks its next rows need. When none are free the lowest priority,
+newest running request is preempted: its blocks come back and it waits again, to be resumed by
+recompute. A pass that preempted admits nobody (it would only take the blocks back).
+"""
+
+from rlt.config import EngineConfig
+from rlt.workers.kv_pool import KVPool
+from rlt.workers.runner import Group
+from rlt.workers.sequence import Sequence
+
+
+class Scheduler:
+    def __init__(self, cfg: EngineConfig, pool: KVPool):
+        self.cfg, self.pool = cfg, pool
+        self.waiting: list[Sequence] = []
+        self.running: list[Sequence] = []
+        self.preemptions = 0
+        # Blocks freed while work on them may still be queued on the device (abort, stop,
+        # preemption): another process must not be given them to write before that work is done.
+        self.freed_in_flight = False
+
+    def wait(self, s: Sequence) -> None:
+        self.waiting.append(s)
+        self.waiting.sort(key=lambda q: q.order)
+
+    def remove(self, s: Sequence) -> None:
+        if s in self.running:
+            self.running.remove(s)
+            self.freed_in_flight = True  # its last pass may still be computing (the host runs ahead)
+        else:
+            self.waiting.remove(s)
+
+    @staticmethod
+    def rows(s: Sequence) -> list[Group]:
+        """Its groups in flight."""
+        return ([s.group] if s.group is not None else []) + s.replay
+
+    def step(self) -> None:
+        """Rows and blocks for the next pass; then admission, unless that preempted."""
+        if self._schedule():
+            self._admit()
+            self._schedule()
+
+    def admissible(self) -> bool:
+        """Could a waiting request be admitted now?"""
+        return self._next() is not None
+
+    def _next(self) -> Sequence | None:
+        """The next request to admit: the first waiting one whose blocks are free, in order (the
+        head waits for its blocks; later ones wait behind it), or before it any that already holds
+        its blocks (a PD decode reservation): it needs none, and the head may be waiting for them."""
+        if len(self.running) >= self.cfg.max_num_seqs:
+            return None
+        head = True
+        for s in self.waiting:
+            if s.tables is not None:
+                return s
+            if head and s.feed is None and self.pool.blocks_needed(s.admit_positions) <= self.pool.num_free:
+                return s  # (a preempted one with a token on its way back: resumed once it is read)
+            head = False
+        return None
+
+    def _admit(self) -> None:
+        while (s := self._next()) is not None:
+            self.waiting.remove(s)
+            if s.tables is None:
+                s.tables = self.pool.allocate(s.admit_positions)
+            self.running.append(s)
+
+    def _schedule(self) -> bool:
+        """Give each running request without rows its next rows, under the row budget, and every row
+        its blocks (a row back from steady decode may need one too); False if that preempted."""
+        budget = self.cfg.max_num_batched_tokens - sum(g.n for s in self.running for g in self.rows(s))
+        # SHARED keeps its meaning only position by position (later positions read earlier
+        # positions' final KV at every depth).
+        chunk = 1 if self.pool.layout == "shared" else self.cfg.prefill_chunk
+        preemptions = self.preemptions
+        for s in list(self.running):
+            if s not in self.running:  # (preempted meanwhile)
+                continue
+            new = s.next_groups(budget, chunk) if s.group is None and budget > 0 else []
+            rows = self.rows(s) + new
+            if not rows or not self._make_room(s, max(g.start + g.n for g in rows)):
+                continue
+            if new and new[0].exit_depth is None:
+                s.group = new[0]
+            else:
+                s.replay += new
+            budget -= sum(g.n for g in new)
+        return self.preemptions == preemptions
+
+    def _make_room(self, s: Sequence, positions: int) -> bool:
+        """Preempt until `s` holds `positions`; False if `s` itself was the one preempted."""
+        while not self.pool.grow(s.tables, positions):
+            victim = max((q for q in self.running if not q.prefill_only), key=lambda q: q.order)
+            self.preempt(victim)
+            if victim is s:
+                return False
+        return True
+
+    def preempt(self, s: Sequence) -> None:
+        self.remove(s)
+        self.pool.free(s.preempt())
+        self.preemptions += 1
+        self.wait(s)

@@ -1,0 +1,99 @@
+"""One request inside a worker's engine: its tokens, the positions whose KV is final, the rows it
+has in flight, and what it needs next.
+
+A request holds blocks for the positions it has reached, not for prompt + max_tokens. When the pool
+runs out the engine preempts one (sequence.preempt) and frees its blocks; resumed, it recomputes
+its KV: the prompt at full depth, then each generated position at the depth its token exited at
+(`replay` groups: single rows, no sampling), so every plane holds what it held before and the
+stream goes on exactly as if nothing had happened.
+"""
+
+from dataclasses import dataclass, field
+
+from rlt.sampling_params import ResolvedParams
+from rlt.workers.kv_pool import BlockTables
+from rlt.workers.runner import Group
+
+
+@dataclass
+class Sequence:
+    request_id: int
+    prompt: list[int]
+    params: ResolvedParams
+    order: tuple  # (priority, arrival): admitted in this order, preempted in the reverse
+    tables: BlockTables | None = None
+    output: list[int] = field(default_factory=list)
+    depths: list[int] = field(default_factory=list)  # the depth each output token exited at
+    num_done: int = 0  # positions whose KV is final on every plane
+    group: Group | None = None  # its prompt chunk or decode token in flight
+    replay: list[Group] = field(default_factory=list)  # resumed: generated positions being recomputed
+    replay_next: int = 0  # the next generated position to recompute
+    prefill_only: bool = False  # prefill worker: stop after the first token, keep the blocks for transfer
+    feed: tuple | None = None  # its last sampled token, not read back yet: (PendingTokens, index)
+
+    @property
+    def decoding(self) -> bool:
+        return self.num_done >= len(self.prompt)
+
+    @property
+    def max_positions(self) -> int:
+        """Positions it can ever store: a request needing more than the pool holds can never run."""
+        return len(self.prompt) + (0 if self.prefill_only else self.params.max_tokens)
+
+    @property
+    def admit_positions(self) -> int:
+        """Positions it holds from admission: its prompt, every generated position to recompute,
+        and the position its next token is computed at."""
+        if self.prefill_only:
+            return len(self.prompt)
+        return min(len(self.prompt) + max(len(self.output), 1), self.max_positions)
+
+    @property
+    def replay_end(self) -> int:
+        """Positions whose KV is final once every generated position has been recomputed."""
+        return len(self.prompt) + len(self.output) - 1
+
+    def next_groups(self, budget: int, chunk: int) -> list[Group]:
+        """Its rows for the next pass, at most `budget`: a prompt chunk (at most `chunk` rows),
+        positions to recompute, or its next decode token. Empty while it must wait."""
+        s, p = self, self.params
+        if not s.decoding:
+            ids = s.prompt[s.num_done : s.num_done + min(chunk, budget)]
+            last = s.num_done + len(ids) == len(s.prompt)
+            return [Group(ids, s.num_done, s.tables, p, False, samples=last and not s.output, output_index=0)]
+        if s.num_done < s.replay_end:  # resumed: generated position P + i took output[i] and ran to depths[i + 1]
+            # at most `chunk` positions in flight: under SHARED (chunk 1) each position must be final
+            # before the next reads it, as when it was first computed
+            P, start = len(s.prompt), max(s.replay_next, s.num_done)
+            end = min(s.replay_end, start + budget, start + chunk - len(s.replay))
+            s.replay_next = end
+            return [
+                Group([s.output[i - P]], i, s.tables, p, True, False, 0, exit_depth=s.depths[i - P + 1])
+                for i in range(start, end)
+            ]
+        if s.replay or (s.feed is not None and (s.prefill_only or len(s.output) + 1 >= p.max_tokens)):
+            return []  # still recomputing; or that token ends it (or hands it off): nothing to decode here
+        return [
+            Group(
+                [0] if s.feed is not None else [s.output[-1]],
+                s.num_done,
+                s.tables,
+                p,
+                True,
+                samples=True,
+                output_index=len(s.output) + (s.feed is not None),
+                feed=s.feed,
+            )
+        ]
+
+    def replayed(self, g: Group) -> None:
+        """A recomputed position is final; once all are, decoding goes on."""
+        self.replay.remove(g)
+        if not self.replay and self.replay_next >= self.replay_end:
+            self.num_done = self.replay_end
+
+    def preempt(self) -> BlockTables | None:
+        """Drop its rows in flight and hand back its blocks: resumed, it recomputes from position 0."""
+        tables, self.tables = self.tables, None
+        self.group, self.replay, self.num_done, self.replay_next = None, [], 0, 0
+        return tables

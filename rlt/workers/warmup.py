@@ -1,0 +1,82 @@
+"""Warm-up before READY: every CUDA graph and Triton specialization serving can meet is built
+now, so nothing compiles or captures after the worker says READY (each would stall every request
+on the worker: first-use work is counted per worker in stats()).
+
+1. Passes: synthetic requests through the engine itself (its pool, its scheduler): prompts of
+   lengths that give every row-count and table-width class a pass can have (one row, a few, a tile,
+   a dense chunk, chunks after a prefix, a full pass), alone and all together with decode rows in
+   the same passes, greedy and sampled, fixed depth and adaptive exit (steady decode). Everything
+   they take is returned.
+2. CUDA graphs: every (batch bucket, table width bucket) up to cuda_graph_max_batch rows and the
+   widest table a request can have (max positions, or the pool).
+On CPU (the torch reference kernels) there is nothing to warm.
+"""
+
+import time
+
+from rlt.control.validation import resolve_params
+from rlt.sampling_params import SamplingParams
+from rlt.workers.cuda_graphs import BUCKETS
+from rlt.workers.first_use import FirstUse
+
+
+def _prompt_lengths(engine) -> list[int]:
+    cfg, bs = engine.cfg, engine.pool.block_size
+    chunk, rows = cfg.prefill_chunk, cfg.max_num_batched_tokens
+    lengths = {1, 2, 3, 15, 16, 17, 63, 64, 65, 16 * bs + 1, chunk, chunk + 17, 2 * chunk + 5, rows}
+    room = engine.pool.num_blocks // engine.pool.planes(engine.mc, engine.pool.layout) * bs
+    cap = min(engine.mc.max_positions - 8, room // 4)
+    return sorted(n for n in lengths if 0 < n <= cap)
+
+
+def _params(engine) -> list:
+    gated = engine.mc.has_exit_gate
+    kinds = [
+        SamplingParams(max_tokens=4, temperature=0, ignore_eos=True),
+        SamplingParams(max_tokens=4, temperature=1.0, top_k=5, top_p=0.9, seed=0, ignore_eos=True, logprobs=5),
+    ]
+    if gated:
+        kinds.append(SamplingParams(max_tokens=6, temperature=0, ignore_eos=True, exit_threshold=0.5, min_loops=2))
+    return kinds
+
+
+def _run(engine, requests) -> None:
+    """requests: [(prompt, SamplingParams)] at once, to the end; every block comes back."""
+    free = engine.pool.num_free
+    for i, (prompt, sp) in enumerate(requests):
+        engine.add_request(("warm-up", i), prompt, resolve_params(engine.mc, len(prompt), sp))
+    while engine.has_work():
+        engine.step()
+    assert engine.pool.num_free == free, "warm-up requests returned their blocks"
+
+
+def warm_up(engine, decodes: bool = True, log=print) -> str:
+    """-> a line saying what was built and how long it took. decodes: False on a prefill worker
+    (it hands every request off after its first token: no decode graphs)."""
+    if not engine.runner.use_kernels:
+        return "warm-up: nothing to build (torch reference kernels)"
+    t0, captures, compiles = time.monotonic(), FirstUse.captures, FirstUse.compiles
+    vocab = engine.mc.vocab_size
+    prompt = lambda n, k=0: [(7 * j + 13 * k + 1) % vocab for j in range(n)]  # noqa: E731
+    lengths, kinds = _prompt_lengths(engine), _params(engine)
+    for n in lengths:  # each alone: its prompt's passes without neighbours
+        _run(engine, [(prompt(n), kinds[0])])
+    log(f"warm-up: prompts of {len(lengths)} lengths alone ({time.monotonic() - t0:.1f} s)")
+    mixed = [(prompt(n, k), kinds[k % len(kinds)]) for k, n in enumerate(lengths * len(kinds))]
+    _run(engine, mixed[: engine.cfg.max_num_seqs])  # prompt chunks and decode rows sharing passes
+    many = [(prompt(1 + k % 5, k), kinds[k % len(kinds)]) for k in range(engine.cfg.max_num_seqs)]
+    _run(engine, many)  # a full batch of decode rows (steady decode where a request can exit early)
+    log(f"warm-up: mixed passes ({time.monotonic() - t0:.1f} s)")
+    graphs = engine.runner.graphs
+    if graphs is not None and decodes:
+        widths = [1 << k for k in range(engine.runner.max_table_width.bit_length())]
+        largest = next(b for b in BUCKETS if b >= min(graphs.max_batch, BUCKETS[-1]))
+        shapes = [(b, w) for b in BUCKETS if b <= largest for w in widths]
+        for i, (b, w) in enumerate(shapes):
+            graphs.capture(b, w)
+            if (i + 1) % max(1, len(shapes) // 10) == 0 or i + 1 == len(shapes):
+                log(f"warm-up: CUDA graphs {i + 1}/{len(shapes)} ({time.monotonic() - t0:.1f} s)")
+    return (
+        f"warm-up: {FirstUse.captures - captures} CUDA graphs, {FirstUse.compiles - compiles} Triton "
+        f"specializations in {time.monotonic() - t0:.1f} s"
+    )
