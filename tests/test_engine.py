@@ -250,6 +250,10 @@ def test_step_buffers_pack_and_append():
     u = b.pack({"c": np.array([7, 8, 9])}, append=True)
     assert t["a"].tolist() == [[0, 1, 2], [3, 4, 5]] and t["f"].dtype == torch.float32
     assert t["f"].tolist() == [0.5, -2.25] and u["c"].tolist() == [7, 8, 9]
+    # every field starts 16-byte aligned (one Triton variant whatever the packing)
+    odd = b.pack({"p": np.arange(3), "q": np.arange(5)})
+    odd |= b.pack({"r": np.arange(1)}, append=True)
+    assert all(v.data_ptr() % 16 == 0 for v in (*t.values(), *u.values(), *odd.values()))
     big = b.pack({"x": np.arange(40)})
     assert big["x"].tolist() == list(range(40)) and b.host.numel() >= 40
     w = b.pack({"y": np.arange(30)}, append=True)  # does not fit after x: fresh buffers, x intact

@@ -72,6 +72,7 @@ class DecodeGraphs:
 
     def _capture(self, B: int, W: int) -> _Graph:
         FirstUse.captures += 1
+        FirstUse.log(f"CUDA graph of {B} rows, block tables {W} wide")
         dev, bs = self.device, self.pool.block_size
         ar = torch.arange(B, device=dev)
         ints = torch.zeros(B * (2 + W), dtype=torch.int64, device=dev)

@@ -8,9 +8,18 @@ float32 bit patterns in the same buffer.
 import numpy as np
 import torch
 
+# Every field starts on a 16-byte boundary (2 int64s): Triton specializes a kernel on whether each
+# pointer argument is 16-byte aligned, so fields at arbitrary offsets would build a new variant
+# whenever a pass's packing moved one across the boundary.
+ALIGN = 2
+
+
+def _aligned(n: int) -> int:
+    return -(-n // ALIGN) * ALIGN
+
 
 class StepBuffers:
-    def __init__(self, device: str, capacity: int = 1 << 14):
+    def __init__(self, device: str, capacity: int = 1 << 20):
         self.device = torch.device(device)
         self._alloc(capacity)
 
@@ -33,8 +42,8 @@ class StepBuffers:
             k: (v.astype(np.float32).view(np.int32).astype(np.int64) if v.dtype.kind == "f" else v.astype(np.int64))
             for k, v in fields.items()
         }
-        start = self.end if append else 0
-        total = start + sum(a.size for a in arrays.values())
+        start = _aligned(self.end) if append else 0
+        total = start + sum(_aligned(a.size) for a in arrays.values())
         if total > self.host.numel():
             if append:  # keep the first pack's buffers alive: this one goes to fresh ones
                 return StepBuffers(self.device, 2 * total).pack(fields)
@@ -50,7 +59,7 @@ class StepBuffers:
         for k, a in arrays.items():
             host[off : off + a.size] = a.ravel()
             spans[k] = (off, a.shape)
-            off += a.size
+            off += _aligned(a.size)
         if self.dev is not self.host:
             self.dev[start:total].copy_(self.host[start:total], non_blocking=True)
             self.copied[self.turn] = torch.cuda.Event()

@@ -45,6 +45,7 @@ class Worker:
         self.started: list[int] = []
         self.changed = False
         self.first_use_at_ready = (FirstUse.captures, FirstUse.compiles)  # (built when READY is sent)
+        FirstUse.ready = True
 
     def send(self, msg) -> None:
         self.sock.send(pr.encoder.encode(msg))
