@@ -189,8 +189,9 @@ class LoopEngine:
             self.steady_steps += 1
             if handle is not None:
                 self._pending.append(lambda: self._resolve_steady(handle, lanes))
-        elif owner := {id(g): s for s in self.running for g in self.sched.rows(s)}:
-            result = self.runner.step([g for s in self.running for g in self.sched.rows(s)])
+        elif groups := self._groups_in_flight():
+            result = self.runner.step(groups)
+            owner = {id(g): s for s in self.running for g in ((s.group,) if s.group is not None else s.replay)}
             for g in result.exited:
                 s = owner[id(g)]
                 if g.exit_depth is not None:
@@ -206,6 +207,15 @@ class LoopEngine:
                     s.feed = (sampled, i)
                 self._pending.append(lambda: self._resolve_tokens(sampled, seqs))
         return outputs + [o for resolve in pending for o in resolve()]
+
+    def _groups_in_flight(self) -> list[Group]:
+        """Every running request's rows for the next pass, in order."""
+        groups = []
+        for s in self.running:
+            if s.group is not None:
+                groups.append(s.group)
+            groups += s.replay
+        return groups
 
     def _resolve_tokens(self, tokens, seqs: list[Sequence]) -> list[StepOutput]:
         outputs = []

@@ -42,8 +42,7 @@ class Scheduler:
 
     def step(self) -> None:
         """Rows and blocks for the next pass; then admission, unless that preempted."""
-        if self._schedule():
-            self._admit()
+        if self._schedule() and self._admit():
             self._schedule()
 
     def admissible(self) -> bool:
@@ -65,27 +64,36 @@ class Scheduler:
             head = False
         return None
 
-    def _admit(self) -> None:
+    def _admit(self) -> bool:
+        """-> whether it admitted any."""
+        admitted = False
         while (s := self._next()) is not None:
             self.waiting.remove(s)
             if s.tables is None:
                 s.tables = self.pool.allocate(s.admit_positions)
             self.running.append(s)
+            admitted = True
+        return admitted
 
     def _schedule(self) -> bool:
         """Give each running request without rows its next rows, under the row budget, and every row
         its blocks (a row back from steady decode may need one too); False if that preempted."""
-        budget = self.cfg.max_num_batched_tokens - sum(g.n for s in self.running for g in self.rows(s))
+        running = self.running
+        in_flight = sum(s.group.n for s in running if s.group is not None) + sum(len(s.replay) for s in running)
+        budget = self.cfg.max_num_batched_tokens - in_flight
         # SHARED keeps its meaning only position by position (later positions read earlier
         # positions' final KV at every depth).
         chunk = 1 if self.pool.layout == "shared" else self.cfg.prefill_chunk
         preemptions = self.preemptions
-        for s in list(self.running):
-            if s not in self.running:  # (preempted meanwhile)
+        for s in list(running):  # (this runs every pass: nothing here may cost O(requests))
+            if s.tables is None:  # preempted meanwhile
                 continue
             new = s.next_groups(budget, chunk) if s.group is None and budget > 0 else []
-            rows = self.rows(s) + new
-            if not rows or not self._make_room(s, max(g.start + g.n for g in rows)):
+            last = new[-1] if new else s.group or (s.replay[-1] if s.replay else None)  # its furthest row
+            if last is None:
+                continue
+            need = last.start + last.n
+            if need > self.pool.capacity(s.tables) and not self._make_room(s, need):
                 continue
             if new and new[0].exit_depth is None:
                 s.group = new[0]
