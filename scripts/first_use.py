@@ -1,7 +1,7 @@
 """First-use work after READY on a GPU worker: CUDA-graph captures and Triton specializations,
 per phase of a mixed workload (what issue #17 wants at zero).
 
-    python scripts/first_use.py --model DIR [--device cuda] [--kv-gib 40]
+    python scripts/first_use.py --model DIR [--device cuda] [--topology 1p1d] [--kv-gib 40]
 """
 
 import argparse
@@ -28,7 +28,9 @@ PHASES = [  # (name, prompt lengths, output tokens, exit threshold)
 
 async def main(args):
     kv = dict(kv_memory_bytes=int(args.kv_gib * 2**30)) if args.kv_gib else {}
-    async with rlt.Engine.launch(args.model, device=args.device, startup_timeout=900, **kv) as engine:
+    async with rlt.Engine.launch(
+        args.model, device=args.device, topology=args.topology, startup_timeout=900, **kv
+    ) as engine:
         print(f"{'phase':<26} {'s':>6} {'captures':>9} {'compiles':>9}  (since READY)")
         for name, lens, out, thr in PHASES:
             t0 = time.perf_counter()
@@ -39,10 +41,10 @@ async def main(args):
                     pass
 
             await asyncio.gather(*(one(n, i) for i, n in enumerate(lens)))
-            w = engine.stats()["workers"][0]
+            ws = engine.stats()["workers"]  # summed over the workers
             print(
-                f"{name:<26} {time.perf_counter() - t0:>6.2f} {w['captures_after_ready']:>9} "
-                f"{w['compiles_after_ready']:>9}",
+                f"{name:<26} {time.perf_counter() - t0:>6.2f} {sum(w['captures_after_ready'] for w in ws):>9} "
+                f"{sum(w['compiles_after_ready'] for w in ws):>9}",
                 flush=True,
             )
 
@@ -51,5 +53,6 @@ if __name__ == "__main__":
     ap = argparse.ArgumentParser()
     ap.add_argument("--model")
     ap.add_argument("--device", default="cuda")
+    ap.add_argument("--topology", default="single")
     ap.add_argument("--kv-gib", type=float, help="KV pool per worker (default: the engine's)")
     asyncio.run(main(ap.parse_args()))
