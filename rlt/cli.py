@@ -1,4 +1,4 @@
-"""The `rlt` command: `rlt generate` and `rlt make-checkpoint`."""
+"""The `rlt` command: `rlt generate`, `rlt serve` and `rlt make-checkpoint`."""
 
 import argparse
 import json
@@ -192,11 +192,19 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="rlt", description="serving engine for looped language models")
     sub = parser.add_subparsers(dest="command", required=True)
     _add_generate(sub)
+    from rlt.serve.server import add_parser, serve
+
+    add_parser(sub, add_option_flags)
     _add_make_checkpoint(sub)
     args = parser.parse_args(argv)
     try:
+        if args.command == "serve":
+            return serve(args, option_values(args))
         return generate(args) if args.command == "generate" else make_checkpoint_cmd(args)
     except (RequestError, ConfigError, CheckpointError) as e:
+        print(f"rlt: error: {e}", file=sys.stderr)
+        return 2
+    except ValueError as e:  # an option out of its range (Engine.launch names it)
         print(f"rlt: error: {e}", file=sys.stderr)
         return 2
     except (EngineDeadError, RuntimeError, TimeoutError) as e:

@@ -6,7 +6,8 @@ decode tokens (until their exit) share the pass. A row group that leaves the loo
 and, where it ends a prompt or is a decode token, is sampled; its request's next group joins the
 next pass. Sampled tokens are read back one step late: the next pass (whose new decode rows take
 those tokens on the device) is launched first, so the device never waits for the host's
-bookkeeping. This module is the scheduler and bookkeeping; rlt/workers/runner.py runs the passes.
+bookkeeping. This module is the step and its bookkeeping; rlt/workers/scheduler.py decides which
+requests run and their blocks, rlt/workers/runner.py runs the passes.
 """
 
 import itertools

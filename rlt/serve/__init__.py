@@ -1,0 +1,1 @@
+"""`rlt serve`: an OpenAI-compatible HTTP server over rlt.Engine (FastAPI + uvicorn)."""

@@ -1,0 +1,234 @@
+"""The HTTP server: OpenAI's completions and chat completions over rlt.Engine, a client of its
+public API in the server's own event loop (uvicorn, uvloop). Every field is checked by the engine
+at the call (400 naming it), streams are server-sent events ending in `data: [DONE]`, and a client
+that goes away aborts its requests (the response task is cancelled: the streams close)."""
+
+import asyncio
+import json
+
+import msgspec
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, StreamingResponse
+
+from rlt.errors import EngineDeadError, RequestError
+from rlt.serve import openai_api as oa
+
+
+class _HTTPError(Exception):
+    def __init__(self, status: int, message: str, kind: str, param: str | None = None):
+        self.status, self.message, self.kind, self.param = status, message, kind, param
+
+
+def build_app(engine_factory, served_name: str, api_key: str | None, on_ready=None) -> FastAPI:
+    """engine_factory(): an `async with` rlt.Engine launch, entered at start-up."""
+
+    async def lifespan(app: FastAPI):
+        async with engine_factory() as engine:
+            app.state.engine = engine
+            if on_ready is not None:
+                on_ready(engine)
+            yield
+
+    app = FastAPI(lifespan=lifespan)
+
+    @app.exception_handler(_HTTPError)
+    async def _http_error(_, e: _HTTPError):
+        return JSONResponse(oa.error_body(e.message, e.kind, e.status, e.param), status_code=e.status)
+
+    @app.middleware("http")
+    async def _auth(request: Request, call_next):
+        if api_key is not None and request.url.path.startswith("/v1/"):
+            if request.headers.get("authorization", "") != f"Bearer {api_key}":
+                return JSONResponse(oa.error_body("invalid API key", "authentication_error", 401), status_code=401)
+        return await call_next(request)
+
+    @app.get("/health")
+    async def health():
+        return JSONResponse({})
+
+    @app.get("/version")
+    async def version():
+        from importlib.metadata import version as v
+
+        return {"version": v("rlt")}
+
+    @app.get("/v1/models")
+    async def models():
+        return {"object": "list", "data": [{"id": served_name, "object": "model", "created": 0, "owned_by": "rlt"}]}
+
+    async def body_of(request: Request) -> dict:
+        try:
+            body = json.loads(await request.body())
+        except ValueError as e:
+            raise _HTTPError(400, f"the request body is not JSON: {e}", "invalid_request_error") from None
+        if not isinstance(body, dict):
+            raise _HTTPError(400, "the request body must be a JSON object", "invalid_request_error")
+        if body.get("model") not in (None, served_name):
+            raise _HTTPError(404, f"the model {body.get('model')!r} does not exist", "not_found_error", "model")
+        return body
+
+    @app.post("/v1/completions")
+    async def completions(request: Request):
+        body = await body_of(request)
+        prompts = body.get("prompt")
+        if isinstance(prompts, str) or (isinstance(prompts, list) and prompts and isinstance(prompts[0], int)):
+            prompts = [prompts]
+        if not isinstance(prompts, list) or not prompts:
+            raise _HTTPError(400, "prompt must be a string, token ids, or a list of them", "invalid_request_error")
+        return await _respond(request.app.state.engine, body, prompts, chat=False, name=served_name)
+
+    @app.post("/v1/chat/completions")
+    async def chat(request: Request):
+        body = await body_of(request)
+        engine = request.app.state.engine
+        prompt = _render_chat(engine, body.get("messages"))
+        return await _respond(engine, body, [prompt], chat=True, name=served_name)
+
+    return app
+
+
+def _render_chat(engine, messages) -> list[int]:
+    """The conversation through the checkpoint's own chat template, ending in the assistant's turn;
+    a template that writes the BOS itself does not get a second one from the tokenizer."""
+    if not isinstance(messages, list) or not messages or not all(isinstance(m, dict) for m in messages):
+        raise _HTTPError(400, "messages must be a non-empty list of objects", "invalid_request_error", "messages")
+    tok = engine.tokenizer
+    if tok is None or not getattr(tok, "chat_template", None):
+        raise _HTTPError(400, "this model has no chat template: use /v1/completions", "invalid_request_error")
+    try:
+        text = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    except Exception as e:  # noqa: BLE001 - a template error is the request's
+        raise _HTTPError(400, f"messages cannot be rendered: {e}", "invalid_request_error", "messages") from None
+    ids = tok(text).input_ids
+    bos = engine.model_config.bos_token_id
+    if bos is not None and len(ids) > 1 and ids[0] == ids[1] == bos:
+        ids = ids[1:]
+    return ids
+
+
+async def _respond(engine, body: dict, prompts: list, chat: bool, name: str):
+    streams = []
+    try:
+        parsed = oa.parse(body, chat)
+        for p, prompt in enumerate(prompts):
+            ids = engine.tokenize(prompt)
+            for i, sp in enumerate(parsed.params):
+                if sp.max_tokens is None:  # chat: up to the context; completions: 16, as OpenAI
+                    sp = msgspec.structs.replace(sp, max_tokens=max(1, engine.model_config.max_positions - len(ids)))
+                streams.append((len(parsed.params) * p + i, engine.generate(ids, sp)))
+    except (RequestError, EngineDeadError) as e:
+        for _, s in streams:  # those already admitted go
+            await s.aclose()
+        if isinstance(e, EngineDeadError):
+            raise _HTTPError(503, str(e), "service_unavailable") from None
+        raise _HTTPError(400, str(e), "invalid_request_error", oa.field_named(str(e))) from None
+    rid, kind = oa.new_id("chatcmpl" if chat else "cmpl"), "chat.completion" if chat else "text_completion"
+    choices = [_Choice(index, s, parsed) for index, s in streams]
+    if parsed.stream:
+        return StreamingResponse(_events(choices, rid, kind, name, chat, parsed), media_type="text/event-stream")
+    try:
+        await asyncio.gather(*(c.run(None) for c in choices))
+    finally:
+        for c in choices:
+            await c.stream.aclose()
+    prompt_tokens = sum(len(c.out.prompt_token_ids) for c in choices[:: len(parsed.params)])
+    return {
+        "id": rid,
+        "object": kind,
+        "created": oa.created(),
+        "model": name,
+        "choices": [c.final(chat) for c in choices],
+        "usage": oa.usage(prompt_tokens, sum(len(c.out.token_ids) for c in choices)),
+    }
+
+
+class _Choice:
+    """One choice's stream: text with stop strings checked on the incremental text and trimmed."""
+
+    def __init__(self, index: int, stream, parsed: oa.Parsed):
+        self.index, self.stream, self.parsed = index, stream, parsed
+        self.out, self.text, self.finish, self.sent, self.depths_sent = None, "", None, 0, 0
+        self.hold = max((len(s) for s in parsed.stop), default=1) - 1  # a stop string may still be forming
+
+    async def run(self, emit) -> None:
+        checked = 0
+        async for out in self.stream:
+            self.out, text = out, out.text
+            cut = oa.find_stop(text, self.parsed.stop, checked) if self.parsed.stop else None
+            checked = len(text)
+            if cut is not None:
+                self.text, self.finish = text[:cut], "stop"
+                await self.stream.aclose()  # the rest is not wanted: abort
+            else:
+                self.text, self.finish = text, out.finish_reason
+            if emit is not None:
+                await emit(self)
+            if self.finish is not None:
+                return
+
+    def delta(self) -> tuple[str, list[int]]:
+        """Text and exit depths not sent yet (holding back what may become a stop string)."""
+        end = len(self.text) if self.finish is not None else max(self.sent, len(self.text) - self.hold)
+        text, self.sent = self.text[self.sent : end], end
+        depths = self.out.exit_depths[self.depths_sent :] if self.out is not None else []
+        self.depths_sent += len(depths)
+        return text, depths
+
+    def final(self, chat: bool) -> dict:
+        c = {"index": self.index, "finish_reason": self.finish, "logprobs": None}
+        if chat:
+            c["message"] = {"role": "assistant", "content": self.text}
+        else:
+            c["text"] = self.text
+        if self.parsed.return_exit_depths:
+            c["exit_depths"] = self.out.exit_depths if self.out is not None else []
+        return c
+
+
+async def _events(choices: list[_Choice], rid: str, kind: str, name: str, chat: bool, parsed: oa.Parsed):
+    queue: asyncio.Queue = asyncio.Queue()
+    chunk_kind = "chat.completion.chunk" if chat else "text_completion"
+
+    def chunk(choice_list, usage=None) -> str:
+        d = {"id": rid, "object": chunk_kind, "created": oa.created(), "model": name, "choices": choice_list}
+        if parsed.include_usage:
+            d["usage"] = usage
+        return f"data: {json.dumps(d)}\n\n"
+
+    async def emit(c: _Choice) -> None:
+        text, depths = c.delta()
+        if not text and c.finish is None:
+            return
+        entry = {"index": c.index, "finish_reason": c.finish, "logprobs": None}
+        if chat:
+            entry["delta"] = {"content": text}
+        else:
+            entry["text"] = text
+        if parsed.return_exit_depths:
+            entry["exit_depths"] = depths
+        await queue.put(chunk([entry]))
+
+    async def run(c: _Choice) -> None:
+        try:
+            await c.run(emit)
+        except Exception as e:  # noqa: BLE001 - reported in the stream, which has started
+            await queue.put(f"data: {json.dumps(oa.error_body(str(e), 'internal_error', 500))}\n\n")
+
+    tasks = [asyncio.ensure_future(run(c)) for c in choices]
+    done = asyncio.ensure_future(asyncio.gather(*tasks))
+    done.add_done_callback(lambda _: queue.put_nowait(None))
+    try:
+        if chat:
+            yield chunk([{"index": c.index, "delta": {"role": "assistant", "content": ""}} for c in choices])
+        while (item := await queue.get()) is not None:
+            yield item
+        if parsed.include_usage:
+            prompt_tokens = sum(len(c.out.prompt_token_ids) for c in choices[:: len(parsed.params)] if c.out)
+            out_tokens = sum(len(c.out.token_ids) for c in choices if c.out)
+            yield chunk([], oa.usage(prompt_tokens, out_tokens))
+        yield "data: [DONE]\n\n"
+    finally:  # finished, or the client went away: every stream closes (an unfinished one aborts)
+        for t in tasks:
+            t.cancel()
+        for c in choices:
+            await c.stream.aclose()

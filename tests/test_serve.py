@@ -1,0 +1,167 @@
+"""`rlt serve` as a real subprocess on a free localhost port, driven by the official `openai` client
+(sync and async): outputs equal the Python API's for the same request, streaming, n, stop strings,
+errors in OpenAI's shape."""
+
+import asyncio
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import openai
+import pytest
+from test_engine import HUGINN
+
+import rlt
+from rlt import SamplingParams
+from rlt.models.tokenizer import load_tokenizer
+
+FAST = ["--heartbeat-interval", "0.2", "--heartbeat-timeout", "3.0", "--startup-timeout", "60"]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def serving(model: str, *flags: str):
+    """`rlt serve MODEL` until its ready line -> base URL; SIGINT (as Ctrl-C) and wait on exit."""
+    port = free_port()
+    argv = [sys.executable, "-m", "rlt", "serve", model, "--port", str(port), "--served-model-name", "m", *FAST, *flags]
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        deadline, lines = time.monotonic() + 90, []
+        while True:
+            line = proc.stdout.readline()
+            lines.append(line)
+            if "ready at" in line:
+                break
+            assert line and time.monotonic() < deadline, "".join(lines)
+        yield f"http://127.0.0.1:{port}/v1"
+    finally:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(20)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            raise
+
+
+@pytest.fixture(scope="module")
+def ouro(checkpoints):
+    with serving(checkpoints["ouro"]) as url:
+        yield url
+
+
+async def python_api(model, prompt, sp, hf_overrides=None):
+    async with rlt.Engine.launch(model, hf_overrides=hf_overrides, heartbeat_timeout=3.0) as engine:
+        async for out in engine.generate(prompt, sp):
+            pass
+        return out, engine.tokenizer
+
+
+def test_completion_equals_the_python_api(checkpoints, ouro):
+    client = openai.OpenAI(base_url=ouro, api_key="none")
+    prompt = [5, 6, 7, 8, 9, 10, 11]
+    r = client.completions.create(
+        model="m", prompt=prompt, max_tokens=10, temperature=0, extra_body={"return_exit_depths": True}
+    )
+    sp = SamplingParams(max_tokens=10, temperature=0)
+    out, _ = asyncio.run(python_api(checkpoints["ouro"], prompt, sp))
+    c = r.choices[0]
+    assert (c.text, c.model_extra["exit_depths"], c.finish_reason) == (out.text, out.exit_depths, out.finish_reason)
+    assert (r.usage.prompt_tokens, r.usage.completion_tokens) == (7, len(out.token_ids))
+    assert [m.id for m in client.models.list().data] == ["m"]
+
+
+@pytest.mark.parametrize("family", ["ouro", "nanbeige", "huginn"])
+def test_chat_equals_generate_on_the_rendered_conversation(checkpoints, family):
+    """The checkpoint's own template with the assistant's turn opened, one BOS at most."""
+    messages = [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "Where does the river run?"},
+        {"role": "assistant", "content": "To the sea."},
+        {"role": "user", "content": "And then?"},
+    ]
+    ov = HUGINN if family == "huginn" else None
+    flags = ["--hf-overrides", '{"mean_recurrence": 6}'] if ov else []
+    with serving(checkpoints[family], *flags) as url:
+        r = openai.OpenAI(base_url=url, api_key="none").chat.completions.create(
+            model="m", messages=messages, max_completion_tokens=12, temperature=0
+        )
+    tok = load_tokenizer(checkpoints[family])
+    raw = tok(tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)).input_ids
+    bos = tok.bos_token_id
+    ids = raw[1:] if bos is not None and raw[:2] == [bos, bos] else raw
+    assert (len(raw) - len(ids)) == (family != "ouro")  # their templates write the BOS the tokenizer adds
+    want, _ = asyncio.run(python_api(checkpoints[family], ids, SamplingParams(max_tokens=12, temperature=0), ov))
+    assert r.choices[0].message.content == want.text and r.choices[0].message.role == "assistant"
+    assert r.usage.prompt_tokens == len(ids)
+
+
+async def test_streaming_n_and_stop_strings(ouro):
+    client = openai.AsyncOpenAI(base_url=ouro, api_key="none")
+    whole = await client.completions.create(model="m", prompt="The river runs", max_tokens=12, temperature=0)
+    text = whole.choices[0].text
+    pieces, usage = [], None
+    stream = await client.completions.create(
+        model="m",
+        prompt="The river runs",
+        max_tokens=12,
+        temperature=0,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
+    async for chunk in stream:
+        pieces += [c.text for c in chunk.choices]
+        usage = chunk.usage or usage
+    assert "".join(pieces) == text and usage.completion_tokens == 12
+    # n: each choice its own seed stream (seed, seed + 1), as separate requests give
+    two = await client.completions.create(model="m", prompt="The river", max_tokens=8, n=2, seed=5)
+    one = [
+        (await client.completions.create(model="m", prompt="The river", max_tokens=8, seed=s)).choices[0].text
+        for s in (5, 6)
+    ]
+    assert [c.text for c in sorted(two.choices, key=lambda c: c.index)] == one
+    # a stop string: the text ends before it, finish_reason "stop", streamed or not
+    stop = text[3:5]
+    cut = text[: text.find(stop)]
+    r = await client.completions.create(model="m", prompt="The river runs", max_tokens=12, temperature=0, stop=stop)
+    assert (r.choices[0].text, r.choices[0].finish_reason) == (cut, "stop")
+    stream = await client.completions.create(
+        model="m", prompt="The river runs", max_tokens=12, temperature=0, stop=[stop], stream=True
+    )
+    got = [(c.text, c.finish_reason) async for chunk in stream for c in chunk.choices]
+    assert "".join(t for t, _ in got) == cut and got[-1][1] == "stop"
+
+
+def test_errors_in_openai_shape(ouro, checkpoints):
+    client = openai.OpenAI(base_url=ouro, api_key="none", max_retries=0)
+    with pytest.raises(openai.BadRequestError) as e:
+        client.completions.create(model="m", prompt="x", max_tokens=-1)
+    assert e.value.body["message"] == "max_tokens must be >= 1, got -1" and e.value.body["param"] == "max_tokens"
+    with pytest.raises(openai.BadRequestError, match="temperature"):
+        client.chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}], temperature=-2)
+    with pytest.raises(openai.NotFoundError, match="the model 'other' does not exist"):
+        client.completions.create(model="other", prompt="x")
+    r = client.completions.create(model="m", prompt="still serving", max_tokens=2)
+    assert r.choices[0].finish_reason == "length"
+    with serving(checkpoints["ouro"], "--api-key", "k1") as url:
+        with pytest.raises(openai.AuthenticationError):
+            openai.OpenAI(base_url=url, api_key="wrong", max_retries=0).models.list()
+        assert openai.OpenAI(base_url=url, api_key="k1").models.list().data[0].id == "m"
+
+
+def test_bad_options_fail_before_serving(checkpoints):
+    r = subprocess.run(
+        [sys.executable, "-m", "rlt", "serve", checkpoints["ouro"], "--port", str(free_port()), "--num-blocks", "0"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert r.returncode == 2 and "num_blocks must be an integer >= 1, got 0" in r.stderr
