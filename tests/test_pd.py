@@ -213,11 +213,11 @@ async def test_cancel_while_transferring(checkpoints):
         held = []
         real = engine._lifecycle.on_prefill_released
 
-        def hold_transfer_done(p, gen, chunks):
-            if chunks is not None:
-                held.append((p, gen, chunks))  # the decode worker is not activated yet
+        def hold_transfer_done(p, gen, done):
+            if done is not None:
+                held.append((p, gen, done))  # the decode worker is not activated yet
             else:
-                real(p, gen, chunks)
+                real(p, gen, done)
 
         engine._lifecycle.on_prefill_released = hold_transfer_done
         stream = engine.generate(list(range(3, 30)), SamplingParams(max_tokens=20), request_id="t")

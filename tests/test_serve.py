@@ -10,6 +10,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.request
 
 import openai
 import pytest
@@ -165,3 +166,41 @@ def test_bad_options_fail_before_serving(checkpoints):
         timeout=60,
     )
     assert r.returncode == 2 and "num_blocks must be an integer >= 1, got 0" in r.stderr
+
+
+def scrape(url: str) -> dict[str, float]:
+    with urllib.request.urlopen(url.removesuffix("/v1") + "/metrics") as r:
+        text = r.read().decode()
+    return {k: float(v) for k, v in (line.rsplit(" ", 1) for line in text.splitlines() if line and line[0] != "#")}
+
+
+async def test_disconnected_clients_abort_and_metrics_count(ouro):
+    """Clients that go away mid-stream abort their requests at once (nothing left running, every KV
+    block free); /metrics counts tokens, exit depths, latencies and the aborts."""
+    client = openai.AsyncOpenAI(base_url=ouro, api_key="none")
+    before = scrape(ouro)
+
+    async def leave_after(k):
+        stream = await client.completions.create(
+            model="m", prompt="The river", max_tokens=20000, stream=True, extra_body={"ignore_eos": True}
+        )
+        async for _ in stream:
+            k -= 1
+            if k == 0:
+                break
+        await stream.close()
+
+    await asyncio.gather(*(leave_after(k) for k in (1, 2, 5, 10)))
+    r = await client.completions.create(model="m", prompt="still serving", max_tokens=3, temperature=0)
+    assert r.choices[0].finish_reason == "length"
+    deadline = time.monotonic() + 10
+    while (m := scrape(ouro))["rlt:num_requests_running"] or m["rlt:kv_cache_usage_perc"]:
+        assert time.monotonic() < deadline, m
+        await asyncio.sleep(0.05)
+    grew = {k: m[k] - before.get(k, 0) for k in m}
+    assert grew['rlt:request_success_total{finished_reason="abort"}'] == 4
+    assert grew['rlt:request_success_total{finished_reason="length"}'] == 1
+    assert grew["rlt:generation_tokens_total"] >= 1 + 2 + 5 + 10 + 3
+    assert grew["rlt:exit_depth_count"] == grew["rlt:generation_tokens_total"]
+    assert grew["rlt:time_to_first_token_seconds_count"] == 5 and grew["rlt:e2e_request_latency_seconds_count"] == 5
+    assert m["rlt:num_preemptions_total"] == 0 and m["rlt:kv_handoff_bytes_total"] == 0

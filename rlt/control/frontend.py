@@ -208,5 +208,7 @@ class Engine:
             "pending_cleanup": len(lc.gens) - len(lc.live),
             "local_prefills": lc.local_prefills,
             "kv_chunks": lc.kv_chunks,
+            "kv_bytes": lc.kv_bytes,  # PD: KV handed off, and the seconds from Prefill to written, summed
+            "kv_seconds": lc.kv_seconds,
             "workers": workers,
         }

@@ -80,6 +80,7 @@ class Lifecycle:
         self._gen_ids = itertools.count(1)
         self.local_prefills = 0  # PD requests the decode worker prefilled itself
         self.kv_chunks = 0  # PD KV writes handed off (one per prompt chunk on a prefill worker)
+        self.kv_bytes, self.kv_seconds = 0, 0.0  # PD KV handed off, and the time from Prefill to written
 
     # ---- admission ----------------------------------------------------------------------------------
     def admit(
@@ -194,14 +195,18 @@ class Lifecycle:
             ),
         )
 
-    def on_prefill_released(self, p: WorkerProc, gen: int, chunks: int | None) -> None:
-        """TransferDone (`chunks` written, P's blocks free) or Drained (cancelled, nothing in flight)."""
+    def on_prefill_released(self, p: WorkerProc, gen: int, done: pr.TransferDone | None) -> None:
+        """TransferDone (every chunk written, P's blocks free) or None: Drained (cancelled, nothing
+        in flight)."""
         r = self.gens.get(gen)
         if r is None or r.prefill is None or r.prefill.worker is not p:
             return
         r.prefill.release()
-        if chunks is not None:
-            self.kv_chunks += chunks
+        chunks = done.chunks if done is not None else None
+        if done is not None:
+            self.kv_chunks += done.chunks
+            self.kv_bytes += done.bytes
+            self.kv_seconds += done.seconds
         if chunks is not None and not r.retired:
             r.phase = Phase.DECODING
             self.post(

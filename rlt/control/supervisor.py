@@ -208,9 +208,9 @@ class Supervisor:
         elif isinstance(msg, pr.Reserved):
             lc.on_reserved(w, msg)
         elif isinstance(msg, pr.TransferDone):
-            lc.on_prefill_released(w, msg.gen, chunks=msg.chunks)
+            lc.on_prefill_released(w, msg.gen, msg)
         elif isinstance(msg, pr.Drained):
-            lc.on_prefill_released(w, msg.gen, chunks=None)
+            lc.on_prefill_released(w, msg.gen, None)
         elif isinstance(msg, pr.Failed):
             if w.role == "prefill":
                 self._spawn(self._prefill_failed(w, msg))

@@ -8,10 +8,12 @@ import json
 
 import msgspec
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from rlt.errors import EngineDeadError, RequestError
 from rlt.serve import openai_api as oa
+from rlt.serve.metrics import Metrics
 
 
 class _HTTPError(Exception):
@@ -25,6 +27,7 @@ def build_app(engine_factory, served_name: str, api_key: str | None, on_ready=No
     async def lifespan(app: FastAPI):
         async with engine_factory() as engine:
             app.state.engine = engine
+            app.state.metrics = Metrics(engine, engine.model_config.depth)
             if on_ready is not None:
                 on_ready(engine)
             yield
@@ -52,6 +55,10 @@ def build_app(engine_factory, served_name: str, api_key: str | None, on_ready=No
 
         return {"version": v("rlt")}
 
+    @app.get("/metrics")
+    async def metrics(request: Request):
+        return Response(generate_latest(request.app.state.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
     @app.get("/v1/models")
     async def models():
         return {"object": "list", "data": [{"id": served_name, "object": "model", "created": 0, "owned_by": "rlt"}]}
@@ -75,14 +82,13 @@ def build_app(engine_factory, served_name: str, api_key: str | None, on_ready=No
             prompts = [prompts]
         if not isinstance(prompts, list) or not prompts:
             raise _HTTPError(400, "prompt must be a string, token ids, or a list of them", "invalid_request_error")
-        return await _respond(request.app.state.engine, body, prompts, chat=False, name=served_name)
+        return await _respond(request.app.state, body, prompts, chat=False, name=served_name)
 
     @app.post("/v1/chat/completions")
     async def chat(request: Request):
         body = await body_of(request)
-        engine = request.app.state.engine
-        prompt = _render_chat(engine, body.get("messages"))
-        return await _respond(engine, body, [prompt], chat=True, name=served_name)
+        prompt = _render_chat(request.app.state.engine, body.get("messages"))
+        return await _respond(request.app.state, body, [prompt], chat=True, name=served_name)
 
     return app
 
@@ -106,8 +112,8 @@ def _render_chat(engine, messages) -> list[int]:
     return ids
 
 
-async def _respond(engine, body: dict, prompts: list, chat: bool, name: str):
-    streams = []
+async def _respond(state, body: dict, prompts: list, chat: bool, name: str):
+    engine, streams = state.engine, []
     try:
         parsed = oa.parse(body, chat)
         for p, prompt in enumerate(prompts):
@@ -123,7 +129,7 @@ async def _respond(engine, body: dict, prompts: list, chat: bool, name: str):
             raise _HTTPError(503, str(e), "service_unavailable") from None
         raise _HTTPError(400, str(e), "invalid_request_error", oa.field_named(str(e))) from None
     rid, kind = oa.new_id("chatcmpl" if chat else "cmpl"), "chat.completion" if chat else "text_completion"
-    choices = [_Choice(index, s, parsed) for index, s in streams]
+    choices = [_Choice(index, s, parsed, state.metrics.request()) for index, s in streams]
     if parsed.stream:
         return StreamingResponse(_events(choices, rid, kind, name, chat, parsed), media_type="text/event-stream")
     try:
@@ -145,14 +151,21 @@ async def _respond(engine, body: dict, prompts: list, chat: bool, name: str):
 class _Choice:
     """One choice's stream: text with stop strings checked on the incremental text and trimmed."""
 
-    def __init__(self, index: int, stream, parsed: oa.Parsed):
-        self.index, self.stream, self.parsed = index, stream, parsed
+    def __init__(self, index: int, stream, parsed: oa.Parsed, timing):
+        self.index, self.stream, self.parsed, self.timing = index, stream, parsed, timing
         self.out, self.text, self.finish, self.sent, self.depths_sent = None, "", None, 0, 0
         self.hold = max((len(s) for s in parsed.stop), default=1) - 1  # a stop string may still be forming
 
     async def run(self, emit) -> None:
+        try:
+            await self._run(emit)
+        finally:  # finished, stopped, or its client went away (cancelled): observed once
+            self.timing.finished(self.finish)
+
+    async def _run(self, emit) -> None:
         checked = 0
         async for out in self.stream:
+            self.timing.output(out)
             self.out, text = out, out.text
             cut = oa.find_stop(text, self.parsed.stop, checked) if self.parsed.stop else None
             checked = len(text)
