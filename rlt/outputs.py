@@ -12,7 +12,7 @@ class RequestOutput:
     text: str = ""
     finished: bool = False
     finish_reason: str | None = None  # "stop" | "length" | "abort" | "error"
-    logprobs: list[dict[int, float]] | None = None  # per output position: top-K {token_id: logprob}
+    logprobs: list[dict[int, float]] | None = None  # per output position: top-K and the sampled token {id: logprob}
     error: str | None = None
 
     def to_json(self) -> dict:

@@ -15,7 +15,7 @@ class SamplingParams(msgspec.Struct, kw_only=True, omit_defaults=True):
     exit_threshold: float | None = None  # None = config.json's early_exit_threshold (Ouro); fixed depth otherwise
     stop_token_ids: list[int] = []
     ignore_eos: bool = False
-    logprobs: int | None = None  # top-K logprobs per output position
+    logprobs: int | None = None  # top-K logprobs per output position (and the sampled token's)
 
 
 class ResolvedParams(msgspec.Struct, frozen=True, kw_only=True):

@@ -92,11 +92,12 @@ def test_top_k_and_top_p_restrict_the_support():
     assert set(sample(logits.expand(n, 6), expand(k=1)).tolist()) == {0}
 
 
-def test_top_logprobs():
-    logits = torch.tensor([[1.0, 3.0, 2.0]])
-    vals, ids = top_logprobs(logits, 2)
-    assert ids.tolist() == [[1, 2]]
-    assert torch.allclose(vals, torch.log_softmax(logits, -1)[:, [1, 2]])
+def test_top_logprobs_then_the_sampled_token():
+    logits = torch.tensor([[1.0, 3.0, 2.0], [0.0, 1.0, 5.0]])
+    vals, ids = top_logprobs(logits, 2, torch.tensor([0, 2]))
+    assert ids.tolist() == [[1, 2, 0], [2, 1, 2]]
+    logp = torch.log_softmax(logits, -1)
+    assert torch.allclose(vals, torch.stack([logp[0, [1, 2, 0]], logp[1, [2, 1, 2]]]))
 
 
 def test_top_p_one_and_top_k_off_drop_nothing():

@@ -204,3 +204,75 @@ async def test_disconnected_clients_abort_and_metrics_count(ouro):
     assert grew["rlt:exit_depth_count"] == grew["rlt:generation_tokens_total"]
     assert grew["rlt:time_to_first_token_seconds_count"] == 5 and grew["rlt:e2e_request_latency_seconds_count"] == 5
     assert m["rlt:num_preemptions_total"] == 0 and m["rlt:kv_handoff_bytes_total"] == 0
+
+
+def test_logprobs_equal_the_python_api(checkpoints, ouro):
+    """Completions' tokens / token_logprobs / top_logprobs and chat's content entries carry the
+    engine's logprobs: the sampled token's own and the top ones, sampled or greedy."""
+    client = openai.OpenAI(base_url=ouro, api_key="none")
+    prompt = [5, 6, 7, 8, 9, 10, 11]
+    r = client.completions.create(model="m", prompt=prompt, max_tokens=6, temperature=0.9, seed=3, logprobs=2)
+    out, tok = asyncio.run(
+        python_api(checkpoints["ouro"], prompt, SamplingParams(max_tokens=6, temperature=0.9, seed=3, logprobs=2))
+    )
+    lp = r.choices[0].logprobs
+    assert lp.token_logprobs == [pos[t] for t, pos in zip(out.token_ids, out.logprobs)]
+    assert lp.tokens == [tok.decode([t]) for t in out.token_ids]
+    for top, pos in zip(lp.top_logprobs, out.logprobs):
+        best = sorted(pos.values(), reverse=True)[:2]
+        assert len(top) == 2 and sorted(top.values(), reverse=True) == best
+    assert lp.text_offset[0] == 0 and lp.text_offset[1] == len(lp.tokens[0])
+    c = client.chat.completions.create(
+        model="m", messages=[{"role": "user", "content": "Hi"}], max_tokens=4, logprobs=True, top_logprobs=3
+    )
+    content = c.choices[0].logprobs.content
+    assert len(content) == 4 and all(len(e.top_logprobs) == 3 for e in content)
+    assert all(e.logprob <= 0 and e.top_logprobs[0].logprob >= e.logprob for e in content)
+
+
+async def test_a_thousand_streams_with_a_tenth_of_clients_leaving(ouro):
+    """1,000 streamed requests, 64 at a time; one in ten clients leaves at a random point. Every other
+    request completes, and afterwards nothing runs and every KV block is free."""
+    import random
+
+    client = openai.AsyncOpenAI(base_url=ouro, api_key="none", max_retries=0, timeout=60)
+    rng, gate = random.Random(0), asyncio.Semaphore(64)
+
+    async def one(i):
+        leave = rng.randint(1, 8) if i % 10 == 3 else None
+        async with gate:
+            stream = await client.completions.create(
+                model="m", prompt=f"request {i}", max_tokens=8, stream=True, extra_body={"ignore_eos": True}
+            )
+            pieces, finish = 0, None
+            async for chunk in stream:
+                pieces += 1
+                finish = chunk.choices[0].finish_reason if chunk.choices else finish
+                if pieces == leave:
+                    await stream.close()
+                    return None
+            return finish
+
+    finishes = await asyncio.gather(*(one(i) for i in range(1000)))
+    assert [f for i, f in enumerate(finishes) if i % 10 != 3] == ["length"] * 900
+    deadline = time.monotonic() + 10
+    while (m := scrape(ouro))["rlt:num_requests_running"] or m["rlt:kv_cache_usage_perc"]:
+        assert time.monotonic() < deadline, m
+        await asyncio.sleep(0.05)
+
+
+def test_defaults_from_generation_config(checkpoints, tmp_path):
+    """Fields a request leaves out come from generation_config.json (here greedy, 5 tokens), and
+    --override-generation-config goes over them."""
+    import json
+    import shutil
+
+    model = shutil.copytree(checkpoints["ouro"], tmp_path / "ouro")
+    (model / "generation_config.json").write_text(json.dumps({"temperature": 0.0, "max_new_tokens": 5}))
+    with serving(str(model)) as url:
+        client = openai.OpenAI(base_url=url, api_key="none")
+        a, b = (client.completions.create(model="m", prompt="The river") for _ in range(2))
+        assert a.choices[0].text == b.choices[0].text and a.usage.completion_tokens == 5  # greedy, 5 tokens
+    with serving(str(model), "--override-generation-config", '{"max_new_tokens": 3}') as url:
+        r = openai.OpenAI(base_url=url, api_key="none").completions.create(model="m", prompt="The river")
+        assert r.usage.completion_tokens == 3

@@ -54,7 +54,20 @@ def dropped(scaled: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> t
     return torch.empty_like(drop_sorted).scatter_(1, order, drop_sorted)
 
 
-def top_logprobs(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Top-k of log_softmax(logits) per row: (values [B, k] float32, ids [B, k] int64)."""
+def top_logprobs(logits: torch.Tensor, k: int, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per row, the top-k of log_softmax(logits), then the sampled token's own (column k, as vLLM
+    returns it: of the distribution before temperature, top-k and top-p): (values [B, k + 1]
+    float32, ids [B, k + 1] int64)."""
     logp = torch.log_softmax(logits.float(), dim=-1)
-    return logp.topk(k, dim=-1)
+    values, ids = logp.topk(k, dim=-1)
+    own = tokens.view(-1, 1)
+    return torch.cat([values, logp.gather(1, own)], 1), torch.cat([ids, own], 1)
+
+
+def top_dict(top: list, row: int, k: int) -> dict[int, float] | None:
+    """A row's k most likely tokens and its sampled one as {id: logprob}, from the read-back
+    (values, ids) lists of top_logprobs; None if k is 0."""
+    if not k:
+        return None
+    values, ids = top[0][row], top[1][row]
+    return dict(zip(ids[:k] + ids[-1:], values[:k] + values[-1:]))

@@ -21,13 +21,15 @@ class _HTTPError(Exception):
         self.status, self.message, self.kind, self.param = status, message, kind, param
 
 
-def build_app(engine_factory, served_name: str, api_key: str | None, on_ready=None) -> FastAPI:
-    """engine_factory(): an `async with` rlt.Engine launch, entered at start-up."""
+def build_app(engine_factory, served_name: str, api_key: str | None, defaults: dict, on_ready=None) -> FastAPI:
+    """engine_factory(): an `async with` rlt.Engine launch, entered at start-up; defaults: sampling
+    defaults for fields a request leaves out (generation_config.json's, overridden by flags)."""
 
     async def lifespan(app: FastAPI):
         async with engine_factory() as engine:
             app.state.engine = engine
             app.state.metrics = Metrics(engine, engine.model_config.depth)
+            app.state.defaults = defaults
             if on_ready is not None:
                 on_ready(engine)
             yield
@@ -115,7 +117,7 @@ def _render_chat(engine, messages) -> list[int]:
 async def _respond(state, body: dict, prompts: list, chat: bool, name: str):
     engine, streams = state.engine, []
     try:
-        parsed = oa.parse(body, chat)
+        parsed = oa.parse(body, chat, state.defaults)
         for p, prompt in enumerate(prompts):
             ids = engine.tokenize(prompt)
             for i, sp in enumerate(parsed.params):
@@ -129,7 +131,7 @@ async def _respond(state, body: dict, prompts: list, chat: bool, name: str):
             raise _HTTPError(503, str(e), "service_unavailable") from None
         raise _HTTPError(400, str(e), "invalid_request_error", oa.field_named(str(e))) from None
     rid, kind = oa.new_id("chatcmpl" if chat else "cmpl"), "chat.completion" if chat else "text_completion"
-    choices = [_Choice(index, s, parsed, state.metrics.request()) for index, s in streams]
+    choices = [_Choice(index, s, parsed, state.metrics.request(), engine.tokenizer) for index, s in streams]
     if parsed.stream:
         return StreamingResponse(_events(choices, rid, kind, name, chat, parsed), media_type="text/event-stream")
     try:
@@ -151,9 +153,10 @@ async def _respond(state, body: dict, prompts: list, chat: bool, name: str):
 class _Choice:
     """One choice's stream: text with stop strings checked on the incremental text and trimmed."""
 
-    def __init__(self, index: int, stream, parsed: oa.Parsed, timing):
-        self.index, self.stream, self.parsed, self.timing = index, stream, parsed, timing
+    def __init__(self, index: int, stream, parsed: oa.Parsed, timing, tokenizer):
+        self.index, self.stream, self.parsed, self.timing, self.tokenizer = index, stream, parsed, timing, tokenizer
         self.out, self.text, self.finish, self.sent, self.depths_sent = None, "", None, 0, 0
+        self.lp_sent, self.lp_offset = 0, 0  # streamed logprobs: positions and characters
         self.hold = max((len(s) for s in parsed.stop), default=1) - 1  # a stop string may still be forming
 
     async def run(self, emit) -> None:
@@ -187,8 +190,20 @@ class _Choice:
         self.depths_sent += len(depths)
         return text, depths
 
+    def logprobs(self, chat: bool) -> dict | None:
+        """Logprobs of the tokens not sent yet (None unless asked for)."""
+        top, out = self.parsed.top_logprobs, self.out
+        if top is None or out is None:
+            return None
+        ids, positions = out.token_ids[self.lp_sent :], out.logprobs[self.lp_sent :]
+        piece = oa.logprobs(self.tokenizer, ids, positions, top, chat, self.lp_offset)
+        self.lp_sent += len(ids)
+        if not chat and piece["tokens"]:
+            self.lp_offset = piece["text_offset"][-1] + len(piece["tokens"][-1])
+        return piece
+
     def final(self, chat: bool) -> dict:
-        c = {"index": self.index, "finish_reason": self.finish, "logprobs": None}
+        c = {"index": self.index, "finish_reason": self.finish, "logprobs": self.logprobs(chat)}
         if chat:
             c["message"] = {"role": "assistant", "content": self.text}
         else:
@@ -212,7 +227,7 @@ async def _events(choices: list[_Choice], rid: str, kind: str, name: str, chat: 
         text, depths = c.delta()
         if not text and c.finish is None:
             return
-        entry = {"index": c.index, "finish_reason": c.finish, "logprobs": None}
+        entry = {"index": c.index, "finish_reason": c.finish, "logprobs": c.logprobs(chat)}
         if chat:
             entry["delta"] = {"content": text}
         else:
@@ -226,15 +241,19 @@ async def _events(choices: list[_Choice], rid: str, kind: str, name: str, chat: 
             await c.run(emit)
         except Exception as e:  # noqa: BLE001 - reported in the stream, which has started
             await queue.put(f"data: {json.dumps(oa.error_body(str(e), 'internal_error', 500))}\n\n")
+        finally:
+            queue.put_nowait(None)  # this choice is over
 
     tasks = [asyncio.ensure_future(run(c)) for c in choices]
-    done = asyncio.ensure_future(asyncio.gather(*tasks))
-    done.add_done_callback(lambda _: queue.put_nowait(None))
     try:
         if chat:
             yield chunk([{"index": c.index, "delta": {"role": "assistant", "content": ""}} for c in choices])
-        while (item := await queue.get()) is not None:
-            yield item
+        running = len(tasks)
+        while running:
+            if (item := await queue.get()) is None:
+                running -= 1
+            else:
+                yield item
         if parsed.include_usage:
             prompt_tokens = sum(len(c.out.prompt_token_ids) for c in choices[:: len(parsed.params)] if c.out)
             out_tokens = sum(len(c.out.token_ids) for c in choices if c.out)

@@ -36,6 +36,7 @@ class Parsed:
     stream: bool
     include_usage: bool
     return_exit_depths: bool
+    top_logprobs: int | None  # None: no logprobs
 
 
 def _int(body: dict, name: str, default=None):
@@ -45,19 +46,35 @@ def _int(body: dict, name: str, default=None):
     return v
 
 
-def parse(body: dict, chat: bool) -> Parsed:
-    """max_tokens stays None where the body has none and this is a chat (the caller fills in what
-    the context leaves)."""
+# generation_config.json fields a request's defaults come from (as vLLM's --generation-config auto)
+GENERATION_DEFAULTS = ("temperature", "top_p", "top_k", "max_new_tokens")
+
+
+def parse(body: dict, chat: bool, defaults: dict) -> Parsed:
+    """defaults: generation_config.json's (GENERATION_DEFAULTS), for fields the body leaves out.
+    max_tokens stays None where neither gives one and this is a chat (the caller fills in what the
+    context leaves)."""
     if not isinstance(body, dict):
         raise RequestError("the request body must be a JSON object")
-    kw = {k: body[k] for k in _SAME if body.get(k) is not None}
+    kw = {k: v for k, v in defaults.items() if k in _SAME} | {k: body[k] for k in _SAME if body.get(k) is not None}
     if kw.get("top_k") == -1:
         kw["top_k"] = 0
     max_tokens = _int(body, "max_completion_tokens") if chat else None
     max_tokens = max_tokens if max_tokens is not None else _int(body, "max_tokens")
-    kw["max_tokens"] = 16 if max_tokens is None and not chat else max_tokens
-    if body.get("logprobs") or body.get("top_logprobs"):
-        raise RequestError("logprobs are not served over HTTP yet (the Python API has them)")
+    if max_tokens is None:
+        max_tokens = defaults.get("max_new_tokens", None if chat else 16)
+    kw["max_tokens"] = max_tokens
+    top = None  # completions: logprobs (an int); chat: logprobs (a bool) and top_logprobs
+    if chat and body.get("logprobs"):
+        top = _int(body, "top_logprobs", 0) or 0
+    elif chat and body.get("top_logprobs") is not None:
+        raise RequestError("top_logprobs needs logprobs: true")
+    elif not chat and body.get("logprobs") is not None:
+        top = _int(body, "logprobs")
+    if top is not None:
+        if not 0 <= top <= 20:
+            raise RequestError(f"{'top_logprobs' if chat else 'logprobs'} must be in [0, 20], got {top}")
+        kw["logprobs"] = max(top, 1)  # (the engine's logprobs also carry the sampled token's)
     n = _int(body, "n", 1)
     if n < 1 or n > 128:
         raise RequestError(f"n must be in [1, 128], got {n}")
@@ -74,7 +91,34 @@ def parse(body: dict, chat: bool) -> Parsed:
         bool(body.get("stream", False)),
         bool(options.get("include_usage", False)) if isinstance(options, dict) else False,
         bool(body.get("return_exit_depths", False)),
+        top,
     )
+
+
+def logprobs(tokenizer, ids: list[int], positions: list[dict], top: int, chat: bool, offset: int) -> dict:
+    """OpenAI's logprobs of these generated tokens: chat's `content` list, or the completions'
+    tokens / token_logprobs / top_logprobs / text_offset (offsets from `offset`)."""
+    text = (lambda i: tokenizer.decode([i])) if tokenizer is not None else str
+    tops = [sorted(((t, lp) for t, lp in pos.items()), key=lambda x: -x[1])[:top] for pos in positions]
+    if chat:
+        entry = lambda t, lp: {"token": text(t), "logprob": lp, "bytes": list(text(t).encode())}  # noqa: E731
+        return {
+            "content": [
+                entry(i, pos[i]) | {"top_logprobs": [entry(t, lp) for t, lp in tp]}
+                for i, pos, tp in zip(ids, positions, tops)
+            ]
+        }
+    tokens = [text(i) for i in ids]
+    offsets = []
+    for s in tokens:
+        offsets.append(offset)
+        offset += len(s)
+    return {
+        "tokens": tokens,
+        "token_logprobs": [pos[i] for i, pos in zip(ids, positions)],
+        "top_logprobs": [{text(t): lp for t, lp in tp} for tp in tops] if top else None,
+        "text_offset": offsets,
+    }
 
 
 def field_named(message: str) -> str | None:

@@ -18,11 +18,12 @@ import torch
 from rlt.config import EngineConfig, ModelConfig
 from rlt.errors import RequestError
 from rlt.kernels import mode
+from rlt.kernels.sampler import top_dict
 from rlt.sampling_params import ResolvedParams
 from rlt.workers.exit_policy import exits_early
 from rlt.workers.kv_pool import BlockTables, KVPool
 from rlt.workers.memory import pool_blocks
-from rlt.workers.runner import Group, Runner, top_dict
+from rlt.workers.runner import Group, Runner
 from rlt.workers.scheduler import Scheduler
 from rlt.workers.sequence import Sequence
 from rlt.workers.steady import SteadyDecode

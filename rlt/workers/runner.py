@@ -19,7 +19,7 @@ import torch
 from rlt.config import ModelConfig
 from rlt.kernels import mode
 from rlt.kernels.paged_attention import PagedMetadata, kernel_fields, paged_attention, plan_kernel, write_kv
-from rlt.kernels.sampler import SamplingTensors, sample, top_logprobs
+from rlt.kernels.sampler import SamplingTensors, sample, top_dict, top_logprobs
 from rlt.models.base import Rotary
 from rlt.models.layers import EmbeddingInput, rope
 from rlt.sampling_params import ResolvedParams
@@ -79,11 +79,6 @@ class PendingTokens:
         return [
             Sampled(g, tok, top_dict(top, i, g.params.logprobs)) for i, (g, tok) in enumerate(zip(self.groups, tokens))
         ]
-
-
-def top_dict(top: list, row: int, k: int) -> dict[int, float] | None:
-    """A row's k most likely tokens as {id: logprob} from read-back (values, ids) lists; None if k is 0."""
-    return dict(zip(top[1][row][:k], top[0][row][:k])) if k else None
 
 
 @dataclass
@@ -347,4 +342,4 @@ class Runner:
             filtered=any(g.params.top_k > 0 or g.params.top_p < 1.0 for g in sampling),
         )
         k = max(g.params.logprobs for g in sampling)
-        result.sampled = PendingTokens(sampling, tokens, top_logprobs(logits, k) if k else None)
+        result.sampled = PendingTokens(sampling, tokens, top_logprobs(logits, k, tokens) if k else None)

@@ -133,7 +133,7 @@ class SteadyDecode:
         done = should_exit(depth, surv, self.min_loops, self.max_loops, self.threshold) & self.active
         logits = self.model.head(x, None, None)
         tokens = sample(logits, self.sampling, greedy=self.greedy, filtered=self.filtered)
-        top = top_logprobs(logits, self.top_k) if self.top_k else ()
+        top = top_logprobs(logits, self.top_k, tokens) if self.top_k else ()
         if pool.layout == "last_exited":  # exited at depth e < D: its K/V into planes e+1..D, masked
             c = pool.cache
             for p in range(1, D):
