@@ -136,6 +136,8 @@ async def _respond(state, body: dict, prompts: list, chat: bool, name: str):
         return StreamingResponse(_events(choices, rid, kind, name, chat, parsed), media_type="text/event-stream")
     try:
         await asyncio.gather(*(c.run(None) for c in choices))
+    except EngineDeadError as e:  # a worker died under it (a restart is under way)
+        raise _HTTPError(503, str(e), "service_unavailable") from None
     finally:
         for c in choices:
             await c.stream.aclose()
