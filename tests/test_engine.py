@@ -171,7 +171,7 @@ def test_blocks_free_after_finish_and_admission_limits(checkpoints):
                 finished.append(o.request_id)
         running_max = max(running_max, len(engine.running))
         for s in engine.running:
-            reached = max([s.admit_positions] + [g.start + g.n for g in engine.sched.rows(s)])
+            reached = max([s.admit_positions] + [g.start + g.n for g in s.in_flight])
             assert len(s.tables.core[0]) == -(-reached // 4)
             held.add(len(s.tables.core[0]))
         assert engine.num_free_blocks == 40 - sum(4 * len(s.tables.core[0]) for s in engine.running)

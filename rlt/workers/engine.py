@@ -193,7 +193,7 @@ class LoopEngine:
                 self._pending.append(lambda: self._resolve_steady(handle, lanes))
         elif groups := self._groups_in_flight():
             result = self.runner.step(groups)
-            owner = {id(g): s for s in self.running for g in ((s.group,) if s.group is not None else s.replay)}
+            owner = {id(g): s for s in self.running for g in s.in_flight}
             for g in result.exited:
                 s = owner[id(g)]
                 if g.exit_depth is not None:
@@ -212,12 +212,7 @@ class LoopEngine:
 
     def _groups_in_flight(self) -> list[Group]:
         """Every running request's rows for the next pass, in order."""
-        groups = []
-        for s in self.running:
-            if s.group is not None:
-                groups.append(s.group)
-            groups += s.replay
-        return groups
+        return [g for s in self.running for g in s.in_flight]
 
     def _resolve_tokens(self, tokens, seqs: list[Sequence]) -> list[StepOutput]:
         outputs = []

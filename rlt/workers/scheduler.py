@@ -10,7 +10,6 @@ recompute. A pass that preempted admits nobody (it would only take the blocks ba
 
 from rlt.config import EngineConfig
 from rlt.workers.kv_pool import KVPool
-from rlt.workers.runner import Group
 from rlt.workers.sequence import Sequence
 
 
@@ -34,11 +33,6 @@ class Scheduler:
             self.freed_in_flight = True  # its last pass may still be computing (the host runs ahead)
         else:
             self.waiting.remove(s)
-
-    @staticmethod
-    def rows(s: Sequence) -> list[Group]:
-        """Its groups in flight."""
-        return ([s.group] if s.group is not None else []) + s.replay
 
     def step(self) -> None:
         """Rows and blocks for the next pass; then admission, unless that preempted."""

@@ -32,6 +32,11 @@ class Sequence:
     feed: tuple | None = None  # its last sampled token, not read back yet: (PendingTokens, index)
 
     @property
+    def in_flight(self) -> list[Group]:
+        """Its groups in the next pass: its prompt chunk or decode token, or positions it recomputes."""
+        return [self.group] if self.group is not None else self.replay
+
+    @property
     def decoding(self) -> bool:
         return self.num_done >= len(self.prompt)
 
