@@ -2,7 +2,8 @@
 
     python scripts/bench.py --family ouro --preset tiny --concurrency 1,16 --threshold 1.0,0.5
 
-Serving (`--mode serve`, scripts/bench_serving.py): Poisson arrivals into rlt.Engine with vLLM's
+Serving (`--mode serve`, scripts/bench_serving.py): Poisson arrivals (or a closed loop) into
+rlt.Engine in process, or over HTTP into any OpenAI-compatible server (`--base-url`), with vLLM's
 metric names.
 
 Makes (or reuses) a random-weight checkpoint, submits `concurrency` requests at once (random
@@ -56,7 +57,7 @@ def main():
     ap.add_argument("--kv-layout", default="last_exited")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--dtype")
-    ap.add_argument("--kv-gib", type=float, default=1.0, help="KV pool size")
+    ap.add_argument("--kv-gib", type=float, help="KV pool size (offline default 1; serve: the engine's default)")
     ap.add_argument(
         "--kernels",
         choices=("triton", "reference"),
@@ -93,7 +94,7 @@ def main():
     cfg = offline.engine_config(
         max(concs, default=1),
         args.prompt_len,
-        args.kv_gib,
+        args.kv_gib or 1.0,
         kv_layout=args.kv_layout,
         cuda_graph_max_batch=args.cuda_graph_max_batch,
         steady_decode=args.steady_decode,

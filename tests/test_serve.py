@@ -69,13 +69,20 @@ async def python_api(model, prompt, sp, hf_overrides=None):
 def test_completion_equals_the_python_api(checkpoints, ouro):
     client = openai.OpenAI(base_url=ouro, api_key="none")
     prompt = [5, 6, 7, 8, 9, 10, 11]
-    r = client.completions.create(
-        model="m", prompt=prompt, max_tokens=10, temperature=0, extra_body={"return_exit_depths": True}
-    )
+    extra = {"return_exit_depths": True, "return_token_ids": True}
+    r = client.completions.create(model="m", prompt=prompt, max_tokens=10, temperature=0, extra_body=extra)
     sp = SamplingParams(max_tokens=10, temperature=0)
     out, _ = asyncio.run(python_api(checkpoints["ouro"], prompt, sp))
     c = r.choices[0]
     assert (c.text, c.model_extra["exit_depths"], c.finish_reason) == (out.text, out.exit_depths, out.finish_reason)
+    assert (c.model_extra["token_ids"], c.model_extra["prompt_token_ids"]) == (out.token_ids, prompt)
+    stream = client.completions.create(
+        model="m", prompt=prompt, max_tokens=10, temperature=0, stream=True, extra_body=extra
+    )
+    chunks = [c.model_extra for chunk in stream for c in chunk.choices]
+    assert [i for c in chunks for i in c["token_ids"]] == out.token_ids
+    assert [d for c in chunks for d in c["exit_depths"]] == out.exit_depths
+    assert chunks[0]["prompt_token_ids"] == prompt and all("prompt_token_ids" not in c for c in chunks[1:])
     assert (r.usage.prompt_tokens, r.usage.completion_tokens) == (7, len(out.token_ids))
     assert [m.id for m in client.models.list().data] == ["m"]
 
@@ -93,7 +100,7 @@ def test_chat_equals_generate_on_the_rendered_conversation(checkpoints, family):
     flags = ["--hf-overrides", '{"mean_recurrence": 6}'] if ov else []
     with serving(checkpoints[family], *flags) as url:
         r = openai.OpenAI(base_url=url, api_key="none").chat.completions.create(
-            model="m", messages=messages, max_completion_tokens=12, temperature=0
+            model="m", messages=messages, max_completion_tokens=12, temperature=0, extra_body={"return_token_ids": True}
         )
     tok = load_tokenizer(checkpoints[family])
     raw = tok(tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)).input_ids
@@ -102,6 +109,7 @@ def test_chat_equals_generate_on_the_rendered_conversation(checkpoints, family):
     assert (len(raw) - len(ids)) == (family != "ouro")  # their templates write the BOS the tokenizer adds
     want, _ = asyncio.run(python_api(checkpoints[family], ids, SamplingParams(max_tokens=12, temperature=0), ov))
     assert r.choices[0].message.content == want.text and r.choices[0].message.role == "assistant"
+    assert (r.model_extra["prompt_token_ids"], r.choices[0].model_extra["token_ids"]) == (ids, want.token_ids)
     assert r.usage.prompt_tokens == len(ids)
 
 
@@ -276,3 +284,19 @@ def test_defaults_from_generation_config(checkpoints, tmp_path):
     with serving(str(model), "--override-generation-config", '{"max_new_tokens": 3}') as url:
         r = openai.OpenAI(base_url=url, api_key="none").completions.create(model="m", prompt="The river")
         assert r.usage.completion_tokens == 3
+
+
+async def test_the_serving_benchmark_over_http_counts_what_the_python_api_generates(checkpoints, ouro):
+    """scripts/bench.py --mode serve --base-url: the same workload and metrics as in process."""
+    from rlt.bench.serving import EngineTarget, HTTPTarget, closed_loop, one_rate
+
+    http = HTTPTarget(ouro, "m", vocab_size=256)
+    rows = [await closed_loop(http, 3, 7, [5, 40], 6, seed=1), await one_rate(http, 20.0, 0.3, [9], 4, seed=2)]
+    assert [r["completed"] for r in rows] == [7, len(rows[1]["requests"])] and rows[1]["completed"] >= 1
+    assert rows[0]["concurrency"] == 3 and sorted(n for n, *_ in rows[0]["requests"]) == [5] * 4 + [40] * 3
+    for row, out_len in zip(rows, (6, 4)):  # every token counted once: ignore_eos, token ids per chunk
+        assert row["total_output_tokens"] == row["completed"] * out_len
+        assert all(ttft > 0 and tpot > 0 for _, ttft, tpot in row["requests"])
+    async with rlt.Engine.launch(checkpoints["ouro"], heartbeat_timeout=3.0) as engine:
+        local = await closed_loop(EngineTarget(engine), 3, 7, [5, 40], 6, seed=1)
+    assert local.keys() == rows[0].keys() and local["completed"] == 7

@@ -1,4 +1,5 @@
-"""The serving benchmark: Poisson arrivals into rlt.Engine, vLLM's metric names.
+"""The serving benchmark: Poisson arrivals (or a fixed number in flight) into rlt.Engine in this
+process or into any OpenAI-compatible server over HTTP, with vLLM's metric names.
 
 Requests arrive as a Poisson process at each rate for `duration` seconds, prompts cycling through
 `prompt_lens` (random token ids), greedy, EOS ignored, exactly `output_len` tokens each. Per rate:
@@ -6,15 +7,17 @@ TTFT, TPOT, ITL and E2EL in ms (mean, median, p95, p99), output tokens/s and req
 requests over the time from the first arrival to the last completion), whether the rate is past
 capacity (`saturated`) and each request's prompt length, TTFT and TPOT. Sweep rates then run in
 order and stop after the first one past capacity: the configuration's capacity lies between it and
-the rate before.
+the rate before. A closed loop instead keeps `concurrency` requests in flight until `num_requests`
+have run (vLLM's `--max-concurrency`).
 """
 
 import asyncio
 import random
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 
+from rlt.bench.http_client import post_events
 from rlt.sampling_params import SamplingParams
 
 
@@ -35,34 +38,118 @@ def summarize(name, values_s):
     }
 
 
-async def one_rate(engine, rate, duration, prompt_lens, output_len, seed):
+class EngineTarget:
+    """Requests into an rlt.Engine in this process (its public streaming API)."""
+
+    def __init__(self, engine):
+        self.engine, self.vocab_size = engine, engine.model_config.vocab_size
+
+    async def stream(self, prompt: list[int], output_len: int) -> AsyncIterator[int]:
+        """The number of tokens received so far, at each arrival."""
+        sp = SamplingParams(max_tokens=output_len, temperature=0.0, ignore_eos=True)
+        async for out in self.engine.generate(prompt, sp):
+            yield len(out.token_ids)
+
+    def local_prefills(self) -> int:
+        return self.engine.stats()["local_prefills"]
+
+
+class HTTPTarget:
+    """Requests to any OpenAI-compatible server's /v1/completions, streamed (token-id prompts,
+    greedy, `ignore_eos` and `return_token_ids` as vLLM's server takes them). A chunk counts its
+    `token_ids`; from a server that sends none, a chunk with text counts as one token (as vLLM's
+    benchmark counts) and the final `usage` corrects the total."""
+
+    def __init__(self, base_url: str, model: str, vocab_size: int, api_key: str | None = None):
+        self.url, self.model, self.vocab_size, self.api_key = (
+            base_url.rstrip("/") + "/completions",
+            model,
+            vocab_size,
+            api_key,
+        )
+
+    async def stream(self, prompt: list[int], output_len: int) -> AsyncIterator[int]:
+        body = {
+            "model": self.model,
+            "prompt": prompt,
+            "max_tokens": output_len,
+            "temperature": 0.0,
+            "ignore_eos": True,
+            "return_token_ids": True,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        }
+        n = 0
+        async for event in post_events(self.url, body, self.api_key):
+            for choice in event.get("choices") or ():
+                ids = choice.get("token_ids")
+                new = len(ids) if ids is not None else int(bool(choice.get("text")))
+                if new:
+                    n += new
+                    yield n
+            usage = event.get("usage")
+            if usage and usage.get("completion_tokens", n) > n:  # tokens no chunk counted arrive with the last
+                n = usage["completion_tokens"]
+                yield n
+
+    def local_prefills(self) -> None:
+        return None
+
+
+async def _request(target, prompt: list[int], output_len: int) -> dict:
+    t0 = time.perf_counter()
+    stamps, n = [], 0
+    async for count in target.stream(prompt, output_len):
+        now = time.perf_counter()
+        stamps += [now] * (count - n)  # tokens merged into one output arrive together
+        n = count
+    return {"submit": t0, "stamps": stamps, "tokens": n, "prompt_len": len(prompt)}
+
+
+def _prompt(rng, target, length: int) -> list[int]:
+    return [rng.randrange(3, target.vocab_size) for _ in range(length)]
+
+
+async def one_rate(target, rate, duration, prompt_lens, output_len, seed):
     rng = random.Random(seed)
-    vocab = engine.model_config.vocab_size
     arrivals, t = [], 0.0
     while True:
         t += rng.expovariate(rate)
         if t > duration:
             break
         arrivals.append(t)
-    sp = SamplingParams(max_tokens=output_len, temperature=0.0, ignore_eos=True)
     results = []
 
     async def request(i, at, start):
         await asyncio.sleep(max(0.0, start + at - time.perf_counter()))
-        prompt = [rng.randrange(3, vocab) for _ in range(prompt_lens[i % len(prompt_lens)])]
-        t0 = time.perf_counter()
-        stamps, n = [], 0
-        async for out in engine.generate(prompt, sp):
-            now = time.perf_counter()
-            new = len(out.token_ids) - n
-            n = len(out.token_ids)
-            stamps += [now] * new  # tokens merged into one output arrive together
-        results.append({"submit": t0, "stamps": stamps, "tokens": n, "prompt_len": len(prompt)})
+        prompt = _prompt(rng, target, prompt_lens[i % len(prompt_lens)])
+        results.append(await _request(target, prompt, output_len))
 
     start = time.perf_counter()
     await asyncio.gather(*(request(i, at, start) for i, at in enumerate(arrivals)))
+    return {"rate": rate, **measure(results)}
+
+
+async def closed_loop(target, concurrency, num_requests, prompt_lens, output_len, seed) -> dict:
+    """`num_requests` requests, `concurrency` in flight at every moment (a new one as soon as one
+    ends; vLLM's `--max-concurrency` with an infinite rate)."""
+    rng = random.Random(seed)
+    prompts = [_prompt(rng, target, prompt_lens[i % len(prompt_lens)]) for i in range(num_requests)]
+    queue = iter(prompts)
+    results = []
+
+    async def client():
+        for prompt in queue:
+            results.append(await _request(target, prompt, output_len))
+
+    await asyncio.gather(*(client() for _ in range(concurrency)))
+    return {"concurrency": concurrency, **measure(results)}
+
+
+def measure(results: list[dict]) -> dict:
+    """vLLM's serving metrics over these requests (each: submit time, token arrival stamps)."""
     if not results:
-        return {"rate": rate, "completed": 0}
+        return {"completed": 0}
     first = min(r["submit"] for r in results)
     last = max(r["stamps"][-1] for r in results)
     span = max(r["submit"] for r in results) - first
@@ -72,8 +159,9 @@ async def one_rate(engine, rate, duration, prompt_lens, output_len, seed):
     itl = [b - a for r in results for a, b in zip(r["stamps"], r["stamps"][1:])]
     out_tokens = sum(r["tokens"] for r in results)
     return {
-        "rate": rate,
         "completed": len(results),
+        "total_input_tokens": sum(r["prompt_len"] for r in results),
+        "total_output_tokens": out_tokens,
         "duration_s": round(last - first, 2),
         "output_throughput_tok_s": round(out_tokens / (last - first), 2),
         "request_throughput_req_s": round(len(results) / (last - first), 3),
@@ -122,16 +210,14 @@ def saturated(row: dict) -> bool:
     return False
 
 
-async def warm_up(engine, prompt_lens, output_len, burst=16):
-    """Before timing (as vLLM's serving benchmark sends a test request first, and vLLM captures its
-    CUDA graphs at startup): each prompt length alone, two of each at once, then a burst of `burst`,
-    so kernel compilation and the CUDA-graph captures of the batch sizes the rates decode at (1, 2,
-    ... 16) stay out of the measured rates."""
-    sp = SamplingParams(max_tokens=output_len, temperature=0.0, ignore_eos=True)
+async def warm_up(target, prompt_lens, output_len, burst=16):
+    """Before timing (as vLLM's serving benchmark sends a test request first): each prompt length
+    alone, two of each at once, then a burst of `burst` (a server's first connections, the
+    benchmark's own first passes through its code)."""
+    rng = random.Random(-1)
 
     async def one(n):
-        async for _ in engine.generate([3 + i % 97 for i in range(n)], sp):
-            pass
+        await _request(target, _prompt(rng, target, n), output_len)
 
     for n in prompt_lens:
         await one(n)
@@ -140,7 +226,7 @@ async def warm_up(engine, prompt_lens, output_len, burst=16):
 
 
 async def sweep(
-    engine,
+    target,
     prompt_lens: list[int],
     output_len: int,
     rates: list[float],
@@ -149,28 +235,40 @@ async def sweep(
     sweep_duration: float | None = None,
     seed: int = 0,
     on_row: Callable[[dict, list[dict]], None] | None = None,
+    concurrencies: list[int] = (),
+    num_requests: int | None = None,
 ) -> list[dict]:
-    """A row per rate of `rates` (after warm_up), then `sweep_rates` in order (each for
-    `sweep_duration` seconds, default `duration`) until one is past capacity. `on_row(row, rows)`
-    sees every row as soon as it is measured (so a caller stopped by a time limit keeps the rates
-    it finished). Each row also counts the prompts a PD decode worker prefilled itself."""
+    """A row per rate of `rates`, then `sweep_rates` in order (each for `sweep_duration` seconds,
+    default `duration`) until one is past capacity, then a row per concurrency of `concurrencies`
+    (closed loop, `num_requests` requests each, default 4 per slot and at least 16).
+    `on_row(row, rows)` sees every row as soon as it is measured (so a caller stopped by a time
+    limit keeps the rates it finished). In process, each row also counts the prompts a PD decode
+    worker prefilled itself."""
     rows = []
 
-    async def run(rate, seconds):
-        before = engine.stats()["local_prefills"]
-        row = await one_rate(engine, rate, seconds, prompt_lens, output_len, seed)
-        row["arrivals_s"] = seconds
-        row["local_prefills"] = engine.stats()["local_prefills"] - before  # PD: prefilled by a decode worker
-        row["saturated"] = saturated(row)
+    async def run(measured, finish=lambda row: None):
+        before = target.local_prefills()
+        row = await measured
+        finish(row)
+        if before is not None:  # PD: prefilled by a decode worker
+            row["local_prefills"] = target.local_prefills() - before
         rows.append(row)
         if on_row is not None:
             on_row(row, rows)
 
+    async def at_rate(rate, seconds):
+        def finish(row):
+            row["arrivals_s"], row["saturated"] = seconds, saturated(row)
+
+        await run(one_rate(target, rate, seconds, prompt_lens, output_len, seed), finish)
+
     for rate in rates:
-        await run(rate, duration)
+        await at_rate(rate, duration)
     for rate in sweep_rates:
         if rows and rows[-1]["saturated"]:
             break  # this configuration's capacity lies below the last rate
         if not rows or rate > rows[-1]["rate"]:
-            await run(rate, sweep_duration or duration)
+            await at_rate(rate, sweep_duration or duration)
+    for c in concurrencies:
+        await run(closed_loop(target, c, num_requests or max(16, 4 * c), prompt_lens, output_len, seed))
     return rows

@@ -123,15 +123,15 @@ async def _respond(state, body: dict, prompts: list, chat: bool, name: str):
             for i, sp in enumerate(parsed.params):
                 if sp.max_tokens is None:  # chat: up to the context; completions: 16, as OpenAI
                     sp = msgspec.structs.replace(sp, max_tokens=max(1, engine.model_config.max_positions - len(ids)))
-                streams.append((len(parsed.params) * p + i, engine.generate(ids, sp)))
+                streams.append((len(parsed.params) * p + i, ids, engine.generate(ids, sp)))
     except (RequestError, EngineDeadError) as e:
-        for _, s in streams:  # those already admitted go
+        for *_, s in streams:  # those already admitted go
             await s.aclose()
         if isinstance(e, EngineDeadError):
             raise _HTTPError(503, str(e), "service_unavailable") from None
         raise _HTTPError(400, str(e), "invalid_request_error", oa.field_named(str(e))) from None
     rid, kind = oa.new_id("chatcmpl" if chat else "cmpl"), "chat.completion" if chat else "text_completion"
-    choices = [_Choice(index, s, parsed, state.metrics.request(), engine.tokenizer) for index, s in streams]
+    choices = [_Choice(index, ids, s, parsed, state.metrics.request(), engine.tokenizer) for index, ids, s in streams]
     if parsed.stream:
         return StreamingResponse(_events(choices, rid, kind, name, chat, parsed), media_type="text/event-stream")
     try:
@@ -141,8 +141,8 @@ async def _respond(state, body: dict, prompts: list, chat: bool, name: str):
     finally:
         for c in choices:
             await c.stream.aclose()
-    prompt_tokens = sum(len(c.out.prompt_token_ids) for c in choices[:: len(parsed.params)])
-    return {
+    prompt_tokens = sum(len(c.prompt_ids) for c in choices[:: len(parsed.params)])
+    response = {
         "id": rid,
         "object": kind,
         "created": oa.created(),
@@ -150,14 +150,18 @@ async def _respond(state, body: dict, prompts: list, chat: bool, name: str):
         "choices": [c.final(chat) for c in choices],
         "usage": oa.usage(prompt_tokens, sum(len(c.out.token_ids) for c in choices)),
     }
+    if chat and parsed.return_token_ids:
+        response["prompt_token_ids"] = choices[0].prompt_ids
+    return response
 
 
 class _Choice:
     """One choice's stream: text with stop strings checked on the incremental text and trimmed."""
 
-    def __init__(self, index: int, stream, parsed: oa.Parsed, timing, tokenizer):
-        self.index, self.stream, self.parsed, self.timing, self.tokenizer = index, stream, parsed, timing, tokenizer
-        self.out, self.text, self.finish, self.sent, self.depths_sent = None, "", None, 0, 0
+    def __init__(self, index: int, prompt_ids: list[int], stream, parsed: oa.Parsed, timing, tokenizer):
+        self.index, self.prompt_ids, self.stream = index, prompt_ids, stream
+        self.parsed, self.timing, self.tokenizer = parsed, timing, tokenizer
+        self.out, self.text, self.finish, self.sent, self.tokens_sent = None, "", None, 0, 0
         self.lp_sent, self.lp_offset = 0, 0  # streamed logprobs: positions and characters
         self.hold = max((len(s) for s in parsed.stop), default=1) - 1  # a stop string may still be forming
 
@@ -184,13 +188,16 @@ class _Choice:
             if self.finish is not None:
                 return
 
-    def delta(self) -> tuple[str, list[int]]:
-        """Text and exit depths not sent yet (holding back what may become a stop string)."""
+    def delta(self) -> tuple[str, list[int], list[int]]:
+        """Text (holding back what may become a stop string), and the token ids and their exit
+        depths, not sent yet."""
         end = len(self.text) if self.finish is not None else max(self.sent, len(self.text) - self.hold)
         text, self.sent = self.text[self.sent : end], end
-        depths = self.out.exit_depths[self.depths_sent :] if self.out is not None else []
-        self.depths_sent += len(depths)
-        return text, depths
+        if self.out is None:
+            return text, [], []
+        ids, depths = self.out.token_ids[self.tokens_sent :], self.out.exit_depths[self.tokens_sent :]
+        self.tokens_sent += len(ids)
+        return text, ids, depths
 
     def logprobs(self, chat: bool) -> dict | None:
         """Logprobs of the tokens not sent yet (None unless asked for)."""
@@ -212,6 +219,10 @@ class _Choice:
             c["text"] = self.text
         if self.parsed.return_exit_depths:
             c["exit_depths"] = self.out.exit_depths if self.out is not None else []
+        if self.parsed.return_token_ids:
+            c["token_ids"] = self.out.token_ids if self.out is not None else []
+            if not chat:  # chat has the prompt's once, beside the choices (as vLLM)
+                c["prompt_token_ids"] = self.prompt_ids
         return c
 
 
@@ -219,15 +230,17 @@ async def _events(choices: list[_Choice], rid: str, kind: str, name: str, chat: 
     queue: asyncio.Queue = asyncio.Queue()
     chunk_kind = "chat.completion.chunk" if chat else "text_completion"
 
-    def chunk(choice_list, usage=None) -> str:
+    def chunk(choice_list, usage=None, prompt_token_ids=None) -> str:
         d = {"id": rid, "object": chunk_kind, "created": oa.created(), "model": name, "choices": choice_list}
+        if prompt_token_ids is not None:
+            d["prompt_token_ids"] = prompt_token_ids
         if parsed.include_usage:
             d["usage"] = usage
         return f"data: {json.dumps(d)}\n\n"
 
     async def emit(c: _Choice) -> None:
-        text, depths = c.delta()
-        if not text and c.finish is None:
+        text, ids, depths = c.delta()
+        if not text and c.finish is None and not (ids and parsed.return_token_ids):
             return
         entry = {"index": c.index, "finish_reason": c.finish, "logprobs": c.logprobs(chat)}
         if chat:
@@ -236,6 +249,10 @@ async def _events(choices: list[_Choice], rid: str, kind: str, name: str, chat: 
             entry["text"] = text
         if parsed.return_exit_depths:
             entry["exit_depths"] = depths
+        if parsed.return_token_ids:
+            entry["token_ids"] = ids
+            if not chat and len(ids) == c.tokens_sent:  # a choice's first chunk carries its prompt's
+                entry["prompt_token_ids"] = c.prompt_ids
         await queue.put(chunk([entry]))
 
     async def run(c: _Choice) -> None:
@@ -249,7 +266,8 @@ async def _events(choices: list[_Choice], rid: str, kind: str, name: str, chat: 
     tasks = [asyncio.ensure_future(run(c)) for c in choices]
     try:
         if chat:
-            yield chunk([{"index": c.index, "delta": {"role": "assistant", "content": ""}} for c in choices])
+            first = [{"index": c.index, "delta": {"role": "assistant", "content": ""}} for c in choices]
+            yield chunk(first, prompt_token_ids=choices[0].prompt_ids if parsed.return_token_ids else None)
         running = len(tasks)
         while running:
             if (item := await queue.get()) is None:
@@ -257,7 +275,7 @@ async def _events(choices: list[_Choice], rid: str, kind: str, name: str, chat: 
             else:
                 yield item
         if parsed.include_usage:
-            prompt_tokens = sum(len(c.out.prompt_token_ids) for c in choices[:: len(parsed.params)] if c.out)
+            prompt_tokens = sum(len(c.prompt_ids) for c in choices[:: len(parsed.params)])
             out_tokens = sum(len(c.out.token_ids) for c in choices if c.out)
             yield chunk([], oa.usage(prompt_tokens, out_tokens))
         yield "data: [DONE]\n\n"

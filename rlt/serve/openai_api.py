@@ -36,6 +36,7 @@ class Parsed:
     stream: bool
     include_usage: bool
     return_exit_depths: bool
+    return_token_ids: bool  # vLLM's: prompt and generated token ids beside the text
     top_logprobs: int | None  # None: no logprobs
 
 
@@ -91,6 +92,7 @@ def parse(body: dict, chat: bool, defaults: dict) -> Parsed:
         bool(body.get("stream", False)),
         bool(options.get("include_usage", False)) if isinstance(options, dict) else False,
         bool(body.get("return_exit_depths", False)),
+        bool(body.get("return_token_ids", False)),
         top,
     )
 
