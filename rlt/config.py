@@ -199,7 +199,11 @@ class EngineConfig(msgspec.Struct, kw_only=True, frozen=True):
         bool, _doc("CUDA: kernels whose per-row result does not depend on the batch (PD equal to single, bit for bit)")
     ] = False
     cuda_graph_max_batch: Annotated[
-        Count, _doc("CUDA: decode-only passes of up to this many rows replay CUDA graphs (0: off)")
+        Count,
+        _doc(
+            "CUDA: decode-only passes of up to this many rows replay CUDA graphs, as do passes carrying prompt "
+            "chunks of up to max_num_batched_tokens (at most 2048) rows (0: no CUDA graphs)"
+        ),
     ] = 256
     steady_decode: Annotated[
         Literal["adaptive", "always", "never"],

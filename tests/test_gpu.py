@@ -397,8 +397,9 @@ def test_fused_kernels_match_torch():
 
 @pytest.mark.parametrize("family", ["ouro", "nanbeige", "huginn"])
 def test_cuda_graphs_equal_eager(checkpoints, family):
-    """Decode passes replayed from CUDA graphs (padded batches, rows at different depths) give the
-    same tokens and depths as eager passes; with batch-invariant kernels, the same logprobs too."""
+    """Passes replayed from CUDA graphs — decode passes and passes carrying prompt chunks (padded
+    rows, tiles and tables; rows at different depths) — give the same tokens and depths as eager
+    passes; with batch-invariant kernels, the same logprobs too."""
     mc = ModelConfig.from_pretrained(
         checkpoints[family], hf_overrides={"mean_recurrence": 6} if family == "huginn" else None
     )
@@ -418,7 +419,7 @@ def test_cuda_graphs_equal_eager(checkpoints, family):
 
     eager, _ = run(0)
     graphed, eng = run(256)
-    assert eng.runner.graphs is not None and eng.runner.graphs.graphs  # graphs were captured and used
+    assert eng.runner.graphs.graphs and eng.runner.pass_graphs.graphs  # both kinds were captured and used
     assert graphed == eager
 
 

@@ -1,9 +1,14 @@
-"""CUDA graphs of the decode core: one pass of the shared loop over decode rows.
+"""CUDA graphs of the core: one pass of the shared loop, captured once per shape and replayed.
 
-Decode steps are short and launch-bound (each layer is a dozen kernels), so the core pass over a
-batch of single-row decode groups is captured once per (padded batch size, block-table width) and
-replayed. Each row may be at a different depth: its plane is just its block table, which is graph
-input. Padding rows write their K/V into the pool's scratch block and read nothing else.
+A pass is launch-bound unless it carries thousands of rows (each layer is a dozen kernels, and a
+loop step runs every layer), so both kinds of pass replay graphs:
+- DecodeGraphs: single-row decode groups, per (padded batch size, block-table width), attention
+  by the decode kernel;
+- PassGraphs: any mix of prompt chunks and decode rows, per (padded row count, block-table width),
+  attention by the general paged kernel over a fixed grid of tiles (rlt/kernels/paged_attention_triton.py);
+  tiles past the pass's own belong to an empty segment and return at once.
+Each row may be at a different depth: its plane is just its block table, which is graph input.
+Padding rows write their K/V into the pool's scratch block and read nothing else.
 """
 
 from dataclasses import dataclass
@@ -11,10 +16,12 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from rlt.kernels.paged_attention import PagedMetadata
+from rlt.kernels.paged_attention import KERNEL_BLOCK_M, PREFILL_BLOCK_M, KernelPlan, PagedMetadata, kernel_fields
 from rlt.workers.first_use import FirstUse
 
 BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
+PASS_BUCKETS = (16, 32, 64, 128, 256, 512, 1024, 2048)  # rows of a pass carrying prompt chunks
+MAX_SEGMENTS = 256  # groups a graphed pass can carry (a pass with more runs eagerly)
 
 
 @dataclass
@@ -96,18 +103,11 @@ class DecodeGraphs:
             None,
         )
         meta = PagedMetadata(slots, table, list(range(B + 1)), [0] * B, bs, kernel)
-
-        def forward():
-            return self.model.loop(e.x, e.inject, pos, self.attention_cls(self.pool.cache, meta, None))
-
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            for _ in range(2):  # compile and allocate outside the capture; writes go to the scratch block
-                forward()
-        torch.cuda.current_stream().wait_stream(side)
-        with torch.cuda.graph(e.graph, pool=self.mempool):
-            e.out, e.gate = forward()
+        _record(
+            e,
+            self.mempool,
+            lambda: self.model.loop(e.x, e.inject, pos, self.attention_cls(self.pool.cache, meta, None)),
+        )
         return e
 
     def run_device(self, x, inject, pos, slots, table):
@@ -143,4 +143,112 @@ class DecodeGraphs:
         e.ints.copy_(ints)
         e.graph.replay()
         # The gate is a view: the caller reads it in this step, before any other replay.
+        return e.out[:n].clone(), None if e.gate is None else e.gate[:n]
+
+
+def _record(e: _Graph, mempool, forward) -> None:
+    """Run forward twice on a side stream (compile, allocate; writes go to the scratch block), then
+    capture it into e.graph, its outputs into e.out / e.gate."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(2):
+            forward()
+    torch.cuda.current_stream().wait_stream(side)
+    with torch.cuda.graph(e.graph, pool=mempool):
+        e.out, e.gate = forward()
+
+
+class PassGraphs:
+    """Graphs of passes carrying prompt chunks (with or without decode rows), up to max_rows rows.
+    Integer inputs, in one buffer: positions and slots [R], then per segment (S of them and one
+    empty segment that padding tiles point at) first row, rows and first position, then per tile
+    (T = R / tile_rows + S) its segment and first row, then the block tables [S + 1, W]."""
+
+    def __init__(self, model, pool, hidden, dtype, device, max_rows: int, attention_cls, batch_invariant: bool):
+        self.model, self.pool, self.hidden, self.dtype, self.device = model, pool, hidden, dtype, device
+        self.attention_cls = attention_cls
+        self.buckets = [b for b in PASS_BUCKETS if b < max_rows] + [b for b in PASS_BUCKETS if b >= max_rows][:1]
+        # batch-invariant mode tiles every pass alike (as its eager passes do)
+        self.tile_rows = KERNEL_BLOCK_M if batch_invariant else PREFILL_BLOCK_M
+        self.graphs: dict[tuple[int, int], _Graph] = {}
+        self.mempool = torch.cuda.graph_pool_handle()
+        self.scratch_slot = pool.scratch_block * pool.block_size
+
+    def _shape(self, R: int) -> tuple[int, int]:
+        """(segments, tiles) of a pass of R rows."""
+        S = min(R, MAX_SEGMENTS)
+        return S, R // self.tile_rows + S
+
+    def fits(self, rows: int, segments: int) -> bool:
+        return bool(self.buckets) and rows <= self.buckets[-1] and segments <= MAX_SEGMENTS
+
+    def _layout(self, R: int, W: int) -> list[int]:
+        """Offsets of pos, slots, seg_row0, seg_rows, seg_q0, tile_seg, tile_row, table, end."""
+        S, T = self._shape(R)
+        sizes = [R, R, S + 1, S + 1, S + 1, T, T, (S + 1) * W]
+        return np.cumsum([0] + sizes).tolist()
+
+    def inputs(self, pos, slots, tables: list[list[int]], row_starts: list[int], q_starts) -> tuple[tuple, np.ndarray]:
+        """-> the pass's (rows, width) bucket and its integer inputs, padded on the host to it."""
+        n, segs = row_starts[-1], len(tables)
+        R = next(b for b in self.buckets if b >= n)
+        W = table_width(max(len(t) for t in tables))
+        S, _ = self._shape(R)
+        o = self._layout(R, W)
+        out = np.zeros(o[-1], dtype=np.int64)
+        out[o[0] : o[0] + n] = pos
+        out[o[1] : o[1] + n] = slots
+        out[o[1] + n : o[2]] = self.scratch_slot
+        k = kernel_fields(row_starts, q_starts, KernelPlan(self.tile_rows))
+        for i, name in enumerate(("seg_row0", "seg_rows", "seg_q0")):
+            out[o[2 + i] : o[2 + i] + segs] = k[name]  # the rest, the empty segment S among them, stay 0
+        tiles = len(k["tile_seg"])
+        out[o[5] : o[5] + tiles] = k["tile_seg"]
+        out[o[5] + tiles : o[6]] = S  # padding tiles: the empty segment
+        out[o[6] : o[6] + tiles] = k["tile_row"]
+        tab = out[o[7] :].reshape(S + 1, W)
+        tab.fill(self.pool.scratch_block)
+        for i, t in enumerate(tables):
+            tab[i, : len(t)] = t
+        return (R, W), out
+
+    def capture(self, R: int, W: int) -> None:
+        if (R, W) not in self.graphs:
+            self.graphs[(R, W)] = self._capture(R, W)
+
+    def _capture(self, R: int, W: int) -> _Graph:
+        FirstUse.captures += 1
+        FirstUse.log(f"CUDA graph of a {R}-row pass, block tables {W} wide")
+        S, T = self._shape(R)
+        o = self._layout(R, W)
+        ints = torch.zeros(o[-1], dtype=torch.int64, device=self.device)
+        ints[o[1] : o[2]] = self.scratch_slot
+        ints[o[5] : o[6]] = S
+        ints[o[7] :] = self.pool.scratch_block
+        pos, slots = ints[o[0] : o[1]], ints[o[1] : o[2]]
+        names = ("seg_row0", "seg_rows", "seg_q0", "tile_seg", "tile_row")
+        kernel = {name: ints[o[2 + i] : o[3 + i]] for i, name in enumerate(names)}
+        table = ints[o[7] :].view(S + 1, W)
+        z = lambda: torch.zeros(R, self.hidden, dtype=self.dtype, device=self.device)  # noqa: E731
+        e = _Graph(torch.cuda.CUDAGraph(), z(), z(), ints, kernel, None, None)
+        # host fields only pick the kernel: not a decode-only pass, this tiling, no dense segments
+        meta = PagedMetadata(slots, table, [0, R], [0], self.pool.block_size, kernel, KernelPlan(self.tile_rows))
+        _record(
+            e,
+            self.mempool,
+            lambda: self.model.loop(e.x, e.inject, pos, self.attention_cls(self.pool.cache, meta, None)),
+        )
+        return e
+
+    def run(self, key: tuple[int, int], states: list[torch.Tensor], injects: list[torch.Tensor], ints: torch.Tensor):
+        """One core pass over these groups' rows -> (new states [n, hidden], gate logits [n] or None,
+        valid until the next replay). key, ints: inputs() of the same pass (ints on the device)."""
+        n = sum(len(x) for x in states)
+        self.capture(*key)  # (captured at warm-up: stats() counts any capture after READY)
+        e = self.graphs[key]
+        torch.cat(states, out=e.x[:n])
+        torch.cat(injects, out=e.inject[:n])
+        e.ints.copy_(ints)
+        e.graph.replay()
         return e.out[:n].clone(), None if e.gate is None else e.gate[:n]

@@ -141,20 +141,22 @@ def _padded(tables: list[list[int]]) -> np.ndarray:
 
 
 class Runner:
-    def __init__(self, mc: ModelConfig, model, pool: KVPool, device: str, cuda_graph_max_batch: int = 0):
+    def __init__(
+        self, mc: ModelConfig, model, pool: KVPool, device: str, cuda_graph_max_batch: int = 0, max_pass_rows: int = 0
+    ):
         self.mc, self.model, self.pool, self.device = mc, model, pool, device
         self.buffers = StepBuffers(device)
         self.one = torch.ones(1, device=device)  # survival before the first loop (read-only)
         self.use_kernels = mode.triton  # the Triton attention and CUDA graphs (else the torch reference)
         # Steady decode (rlt/workers/steady.py) needs the loop input to be the token embedding.
         self.supports_steady = not pool.has_boundary and isinstance(model, EmbeddingInput)
-        self.graphs = None
+        self.graphs = self.pass_graphs = None
         if self.use_kernels and cuda_graph_max_batch > 0:
-            from rlt.workers.cuda_graphs import DecodeGraphs
+            from rlt.workers.cuda_graphs import DecodeGraphs, PassGraphs
 
-            self.graphs = DecodeGraphs(
-                model, pool, mc.hidden_size, pool.cache.dtype, device, cuda_graph_max_batch, _Attention
-            )
+            shape = (model, pool, mc.hidden_size, pool.cache.dtype, device)
+            self.graphs = DecodeGraphs(*shape, cuda_graph_max_batch, _Attention)
+            self.pass_graphs = PassGraphs(*shape, max_pass_rows, _Attention, mode.batch_invariant)
 
     @property
     def max_table_width(self) -> int:
@@ -209,6 +211,7 @@ class Runner:
         ra, rn = _row_starts(active), _row_starts(new)  # row offsets of each group in the pass / among new
         core_tables = [g.tables.core[pool.plane_of(g.depth + 1)] for g in active]
         graphed = self.graphs is not None and not new_prompt_rows(active) and self.graphs.fits(len(active))
+        pass_graphed = not graphed and self.pass_graphs is not None and self.pass_graphs.fits(ra[-1], len(active))
         # Survival and the exit test run on the device only while some row's exit depends on its gate.
         adaptive = any(g.gated for g in active)
 
@@ -216,6 +219,15 @@ class Runner:
         f = {"pos": _positions(active, ra)}
         if graphed:
             f["graph_in"] = self.graphs.inputs(f["pos"], core_tables, [g.start for g in active], pool.block_size)
+        elif pass_graphed:
+            slots = np.fromiter(
+                itertools.chain.from_iterable(
+                    _slots(t, g.start, g.n, pool.block_size) for g, t in zip(active, core_tables)
+                ),
+                np.int64,
+                ra[-1],
+            )
+            key, f["pass_in"] = self.pass_graphs.inputs(f["pos"], slots, core_tables, ra, [g.start for g in active])
         else:
             f |= self._plane_fields("core_", active, ra, core_tables)
         if adaptive:
@@ -258,6 +270,8 @@ class Runner:
         # ---- one pass of the core over every active row ----------------------------------------------
         if graphed:
             x, gate = self.graphs.run([g.state for g in active], [g.inject for g in active], t["graph_in"])
+        elif pass_graphed:
+            x, gate = self.pass_graphs.run(key, [g.state for g in active], [g.inject for g in active], t["pass_in"])
         else:
             x, gate = self.model.loop(
                 torch.cat([g.state for g in active]),

@@ -2,13 +2,15 @@
 now, so nothing compiles or captures after the worker says READY (each would stall every request
 on the worker: first-use work is counted per worker in stats()).
 
-1. Passes: synthetic requests through the engine itself (its pool, its scheduler): prompts of
+1. CUDA graphs: of decode passes, every (batch bucket, table width bucket) up to
+   cuda_graph_max_batch rows; of passes carrying prompt chunks, every (row bucket, table width
+   bucket) up to max_num_batched_tokens rows; widths up to the widest table a request can have
+   (max positions, or the pool). Largest first: later, smaller graphs reuse the graph memory.
+2. Passes: synthetic requests through the engine itself (its pool, its scheduler): prompts of
    lengths that give every row-count and table-width class a pass can have (one row, a few, a tile,
    a dense chunk, chunks after a prefix, a full pass), alone and all together with decode rows in
    the same passes, greedy and sampled, fixed depth and adaptive exit (steady decode). Everything
    they take is returned.
-2. CUDA graphs: every (batch bucket, table width bucket) up to cuda_graph_max_batch rows and the
-   widest table a request can have (max positions, or the pool).
 On CPU (the torch reference kernels) there is nothing to warm.
 """
 
@@ -56,6 +58,19 @@ def warm_up(engine, decodes: bool = True, log=print) -> str:
     if not engine.runner.use_kernels:
         return "warm-up: nothing to build (torch reference kernels)"
     t0, captures, compiles = time.monotonic(), FirstUse.captures, FirstUse.compiles
+    runner = engine.runner
+    widths = [1 << k for k in range(runner.max_table_width.bit_length())]
+    shapes = []
+    if runner.pass_graphs is not None:
+        buckets = runner.pass_graphs.buckets
+        shapes += [(runner.pass_graphs, r, w) for r in reversed(buckets) for w in reversed(widths)]
+    if runner.graphs is not None and decodes:
+        largest = next(b for b in BUCKETS if b >= min(runner.graphs.max_batch, BUCKETS[-1]))
+        shapes += [(runner.graphs, b, w) for b in reversed(BUCKETS) if b <= largest for w in reversed(widths)]
+    for i, (graphs, rows, w) in enumerate(shapes):
+        graphs.capture(rows, w)
+        if (i + 1) % max(1, len(shapes) // 10) == 0 or i + 1 == len(shapes):
+            log(f"warm-up: CUDA graphs {i + 1}/{len(shapes)} ({time.monotonic() - t0:.1f} s)")
     vocab = engine.mc.vocab_size
     prompt = lambda n, k=0: [(7 * j + 13 * k + 1) % vocab for j in range(n)]  # noqa: E731
     lengths, kinds = _prompt_lengths(engine), _params(engine)
@@ -67,15 +82,6 @@ def warm_up(engine, decodes: bool = True, log=print) -> str:
     many = [(prompt(1 + k % 5, k), kinds[k % len(kinds)]) for k in range(engine.cfg.max_num_seqs)]
     _run(engine, many)  # a full batch of decode rows (steady decode where a request can exit early)
     log(f"warm-up: mixed passes ({time.monotonic() - t0:.1f} s)")
-    graphs = engine.runner.graphs
-    if graphs is not None and decodes:
-        widths = [1 << k for k in range(engine.runner.max_table_width.bit_length())]
-        largest = next(b for b in BUCKETS if b >= min(graphs.max_batch, BUCKETS[-1]))
-        shapes = [(b, w) for b in BUCKETS if b <= largest for w in widths]
-        for i, (b, w) in enumerate(shapes):
-            graphs.capture(b, w)
-            if (i + 1) % max(1, len(shapes) // 10) == 0 or i + 1 == len(shapes):
-                log(f"warm-up: CUDA graphs {i + 1}/{len(shapes)} ({time.monotonic() - t0:.1f} s)")
     return (
         f"warm-up: {FirstUse.captures - captures} CUDA graphs, {FirstUse.compiles - compiles} Triton "
         f"specializations in {time.monotonic() - t0:.1f} s"
