@@ -34,7 +34,6 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 import rlt  # noqa: E402
 from rlt import envs  # noqa: E402
-from rlt.bench.http_client import get_json  # noqa: E402
 from rlt.bench.serving import EngineTarget, HTTPTarget, sweep, warm_up  # noqa: E402
 
 COLUMNS = [
@@ -103,10 +102,13 @@ async def target_of(args, options: dict):
         from rlt.config import read_json_object
 
         vocab = read_json_object(os.path.join(args.model, "config.json"))["vocab_size"]
-    name = args.served_model_name
-    if name is None:
-        name = (await get_json(args.base_url.rstrip("/") + "/models", args.api_key))["data"][0]["id"]
-    yield HTTPTarget(args.base_url, name, vocab, args.api_key)
+    target = HTTPTarget(args.base_url, args.served_model_name, vocab, args.api_key)
+    if target.model is None:
+        target.model = (await target.client.get_json("/models"))["data"][0]["id"]
+    try:
+        yield target
+    finally:
+        target.client.close()
 
 
 async def serve(args, meta: dict, options: dict) -> list[dict]:

@@ -17,7 +17,7 @@ import statistics
 import time
 from collections.abc import AsyncIterator, Callable
 
-from rlt.bench.http_client import post_events
+from rlt.bench.http_client import Client
 from rlt.sampling_params import SamplingParams
 
 
@@ -60,13 +60,8 @@ class HTTPTarget:
     `token_ids`; from a server that sends none, a chunk with text counts as one token (as vLLM's
     benchmark counts) and the final `usage` corrects the total."""
 
-    def __init__(self, base_url: str, model: str, vocab_size: int, api_key: str | None = None):
-        self.url, self.model, self.vocab_size, self.api_key = (
-            base_url.rstrip("/") + "/completions",
-            model,
-            vocab_size,
-            api_key,
-        )
+    def __init__(self, base_url: str, model: str | None, vocab_size: int, api_key: str | None = None):
+        self.client, self.model, self.vocab_size = Client(base_url, api_key), model, vocab_size
 
     async def stream(self, prompt: list[int], output_len: int) -> AsyncIterator[int]:
         body = {
@@ -80,7 +75,7 @@ class HTTPTarget:
             "stream_options": {"include_usage": True},
         }
         n = 0
-        async for event in post_events(self.url, body, self.api_key):
+        async for event in self.client.post_events("/completions", body):
             for choice in event.get("choices") or ():
                 ids = choice.get("token_ids")
                 new = len(ids) if ids is not None else int(bool(choice.get("text")))
