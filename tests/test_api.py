@@ -384,18 +384,19 @@ async def test_replicas_topology_spreads_requests_and_matches_single(checkpoints
 async def test_serving_benchmark_metrics(checkpoints):
     """The serving benchmark's measurement: every arrival of the Poisson draw completes, vLLM's
     metrics agree with each other and with the per-request records."""
-    from rlt.bench.serving import one_rate, warm_up
+    from rlt.bench.serving import EngineTarget, one_rate, warm_up
 
     async with rlt.Engine.launch(checkpoints["nanbeige"], **FAST) as engine:
-        await warm_up(engine, [8, 40], 6)
-        row = await one_rate(engine, rate=8.0, duration=2.0, prompt_lens=[8, 40], output_len=6, seed=3)
+        target = EngineTarget(engine)
+        await warm_up(target, [8, 40], 6)
+        row = await one_rate(target, rate=8.0, duration=2.0, prompt_lens=[8, 40], output_len=6, seed=3)
     rng, t, n = random.Random(3), 0.0, 0
     while True:  # the same Poisson draw: every arrival completed
         t += rng.expovariate(8.0)
         if t > 2.0:
             break
         n += 1
-    assert row["completed"] == n > 5
+    assert row["completed"] == n > 5 and row["total_output_tokens"] == 6 * n
     assert row["mean_ttft_ms"] <= row["mean_e2el_ms"] and row["median_ttft_ms"] <= row["p99_ttft_ms"]
     assert row["output_throughput_tok_s"] == pytest.approx(6 * n / row["duration_s"], rel=0.02)
     assert [r[0] for r in row["requests"]] == [(8, 40)[i % 2] for i in range(n)]  # per request, arrival order

@@ -189,8 +189,9 @@ class PassGraphs:
         sizes = [R, R, S + 1, S + 1, S + 1, T, T, (S + 1) * W]
         return np.cumsum([0] + sizes).tolist()
 
-    def inputs(self, pos, slots, tables: list[list[int]], row_starts: list[int], q_starts) -> tuple[tuple, np.ndarray]:
-        """-> the pass's (rows, width) bucket and its integer inputs, padded on the host to it."""
+    def inputs(self, pos, tables: list[list[int]], row_starts: list[int], q_starts) -> tuple[tuple, np.ndarray]:
+        """-> the pass's (rows, width) bucket and its integer inputs, padded on the host to it. pos:
+        every row's position; tables: each group's block table; its rows start at q_starts."""
         n, segs = row_starts[-1], len(tables)
         R = next(b for b in self.buckets if b >= n)
         W = table_width(max(len(t) for t in tables))
@@ -198,7 +199,6 @@ class PassGraphs:
         o = self._layout(R, W)
         out = np.zeros(o[-1], dtype=np.int64)
         out[o[0] : o[0] + n] = pos
-        out[o[1] : o[1] + n] = slots
         out[o[1] + n : o[2]] = self.scratch_slot
         k = kernel_fields(row_starts, q_starts, KernelPlan(self.tile_rows))
         for i, name in enumerate(("seg_row0", "seg_rows", "seg_q0")):
@@ -211,6 +211,8 @@ class PassGraphs:
         tab.fill(self.pool.scratch_block)
         for i, t in enumerate(tables):
             tab[i, : len(t)] = t
+        bs, seg_of_row = self.pool.block_size, np.repeat(np.arange(segs), np.diff(row_starts))
+        out[o[1] : o[1] + n] = tab[seg_of_row, pos // bs] * bs + pos % bs  # each row's K/V slot
         return (R, W), out
 
     def capture(self, R: int, W: int) -> None:

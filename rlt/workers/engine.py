@@ -44,7 +44,7 @@ class LoopEngine:
         mode.configure(device, cfg.kernels, cfg.batch_invariant)  # this worker's kernel set
         num_blocks, self.pool_sizing = pool_blocks(mc, model, cfg, dtype, device)
         self.pool = KVPool(mc, cfg.kv_layout, cfg.block_size, num_blocks, dtype, device)
-        self.runner = Runner(mc, model, self.pool, device, cfg.cuda_graph_max_batch, cfg.max_num_batched_tokens)
+        self.runner = Runner(mc, model, self.pool, device, cfg)
         self.sched = Scheduler(cfg, self.pool)
         self._arrival = itertools.count()
         self._live: dict[int, Sequence] = {}

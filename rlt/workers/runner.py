@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from rlt.config import ModelConfig
+from rlt.config import EngineConfig, ModelConfig
 from rlt.kernels import mode
 from rlt.kernels.paged_attention import PagedMetadata, kernel_fields, paged_attention, plan_kernel, write_kv
 from rlt.kernels.sampler import SamplingTensors, sample, top_dict, top_logprobs
@@ -115,11 +115,6 @@ def _slots(table: list[int], start: int, n: int, bs: int) -> list[int]:
     return [table[p // bs] * bs + p % bs for p in range(start, start + n)]
 
 
-def new_prompt_rows(groups: list[Group]) -> bool:
-    """Any prompt chunk in the pass (CUDA graphs capture decode-only passes: one row per group)."""
-    return any(not g.decoding for g in groups)
-
-
 def _row_starts(groups: list[Group]) -> list[int]:
     return np.cumsum([0] + [g.n for g in groups]).tolist()
 
@@ -141,9 +136,7 @@ def _padded(tables: list[list[int]]) -> np.ndarray:
 
 
 class Runner:
-    def __init__(
-        self, mc: ModelConfig, model, pool: KVPool, device: str, cuda_graph_max_batch: int = 0, max_pass_rows: int = 0
-    ):
+    def __init__(self, mc: ModelConfig, model, pool: KVPool, device: str, cfg: EngineConfig):
         self.mc, self.model, self.pool, self.device = mc, model, pool, device
         self.buffers = StepBuffers(device)
         self.one = torch.ones(1, device=device)  # survival before the first loop (read-only)
@@ -151,12 +144,12 @@ class Runner:
         # Steady decode (rlt/workers/steady.py) needs the loop input to be the token embedding.
         self.supports_steady = not pool.has_boundary and isinstance(model, EmbeddingInput)
         self.graphs = self.pass_graphs = None
-        if self.use_kernels and cuda_graph_max_batch > 0:
+        if self.use_kernels and cfg.cuda_graph_max_batch > 0:
             from rlt.workers.cuda_graphs import DecodeGraphs, PassGraphs
 
             shape = (model, pool, mc.hidden_size, pool.cache.dtype, device)
-            self.graphs = DecodeGraphs(*shape, cuda_graph_max_batch, _Attention)
-            self.pass_graphs = PassGraphs(*shape, max_pass_rows, _Attention, mode.batch_invariant)
+            self.graphs = DecodeGraphs(*shape, cfg.cuda_graph_max_batch, _Attention)
+            self.pass_graphs = PassGraphs(*shape, cfg.max_num_batched_tokens, _Attention, mode.batch_invariant)
 
     @property
     def max_table_width(self) -> int:
@@ -210,7 +203,7 @@ class Runner:
         boundary = pool.has_boundary
         ra, rn = _row_starts(active), _row_starts(new)  # row offsets of each group in the pass / among new
         core_tables = [g.tables.core[pool.plane_of(g.depth + 1)] for g in active]
-        graphed = self.graphs is not None and not new_prompt_rows(active) and self.graphs.fits(len(active))
+        graphed = self.graphs is not None and all(g.decoding for g in active) and self.graphs.fits(len(active))
         pass_graphed = not graphed and self.pass_graphs is not None and self.pass_graphs.fits(ra[-1], len(active))
         # Survival and the exit test run on the device only while some row's exit depends on its gate.
         adaptive = any(g.gated for g in active)
@@ -220,14 +213,7 @@ class Runner:
         if graphed:
             f["graph_in"] = self.graphs.inputs(f["pos"], core_tables, [g.start for g in active], pool.block_size)
         elif pass_graphed:
-            slots = np.fromiter(
-                itertools.chain.from_iterable(
-                    _slots(t, g.start, g.n, pool.block_size) for g, t in zip(active, core_tables)
-                ),
-                np.int64,
-                ra[-1],
-            )
-            key, f["pass_in"] = self.pass_graphs.inputs(f["pos"], slots, core_tables, ra, [g.start for g in active])
+            key, f["pass_in"] = self.pass_graphs.inputs(f["pos"], core_tables, ra, [g.start for g in active])
         else:
             f |= self._plane_fields("core_", active, ra, core_tables)
         if adaptive:
