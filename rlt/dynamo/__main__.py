@@ -1,0 +1,5 @@
+import sys
+
+from rlt.dynamo.main import main
+
+sys.exit(main())

@@ -1,0 +1,159 @@
+"""One rlt engine as a Dynamo LLM engine (Dynamo's unified Python backend contract).
+
+Dynamo's frontend applies the checkpoint's chat template, tokenizes, detokenizes and checks stop
+strings; the request that reaches generate() is token ids with sampling options and stop
+conditions (Dynamo's PreprocessedRequest). They become rlt SamplingParams — checked by rlt
+itself, so a bad field is refused before any worker sees it, naming the field and the limit — and
+the stream goes back as token-id deltas, each chunk with its tokens' exit depths in
+`engine_data` (Dynamo's OpenAI responses do not carry it). Loop options come as the request's
+`nvext.annotations` ("exit_threshold=0.5", "min_loops=2", "max_loops=3": Dynamo's frontend
+rejects unknown body fields). Cancellation closes the rlt stream, which aborts the request.
+"""
+
+import asyncio
+from typing import Any
+
+from dynamo.common.backend.engine import EngineConfig, LLMEngine, LlmRegistration
+from dynamo.llm.exceptions import EngineShutdown, InvalidArgument
+
+import rlt
+from rlt.errors import EngineDeadError, RequestError
+from rlt.sampling_params import SamplingParams
+
+# rlt's finish reasons -> Dynamo's
+FINISH = {"stop": "stop", "length": "length", "abort": "cancelled", "error": "error"}
+LOOP_OPTIONS = ("exit_threshold", "min_loops", "max_loops")
+
+
+def sampling_params(request: dict) -> list[SamplingParams]:
+    """One SamplingParams per choice (n; choice i seeded seed + i, as `rlt serve`)."""
+    so, sc = request.get("sampling_options") or {}, request.get("stop_conditions") or {}
+    oo = request.get("output_options") or {}
+    if sc.get("min_tokens"):
+        raise RequestError(f"min_tokens is not supported by rlt, got {sc['min_tokens']}")
+    kw: dict[str, Any] = {k: so[k] for k in ("temperature", "top_p", "top_k", "seed") if so.get(k) is not None}
+    if kw.get("top_k") == -1:
+        kw["top_k"] = 0
+    stop = [*(sc.get("stop_token_ids_hidden") or []), *(sc.get("stop_token_ids") or [])]
+    if stop:
+        kw["stop_token_ids"] = sorted(set(stop))
+    for name in ("max_tokens", "ignore_eos"):
+        if sc.get(name) is not None:
+            kw[name] = sc[name]
+    if oo.get("logprobs") is not None:
+        kw["logprobs"] = max(1, int(oo["logprobs"]))  # (rlt's also carry the sampled token's)
+    kw |= loop_options(request.get("annotations") or [])
+    n = so.get("n") or 1
+    if not isinstance(n, int) or not 1 <= n <= 128:
+        raise RequestError(f"n must be in [1, 128], got {n!r}")
+    seed = kw.get("seed")
+    return [SamplingParams(**(kw | ({"seed": seed + i} if seed is not None and i else {}))) for i in range(n)]
+
+
+def loop_options(annotations: list[str]) -> dict:
+    """rlt's loop options from the request's `nvext.annotations` ("exit_threshold=0.5"): the one
+    free-form field Dynamo's OpenAI frontend passes through to the engine."""
+    out = {}
+    for a in annotations:
+        name, eq, value = a.partition("=")
+        if eq and name in LOOP_OPTIONS:
+            try:
+                out[name] = float(value) if name == "exit_threshold" else int(value)
+            except ValueError:
+                raise RequestError(f"{name} must be a number, got {value!r} (annotation {a!r})") from None
+    return out
+
+
+def chunk(index: int, out, sent: int, top: int | None) -> dict:
+    """The tokens of `out` after the first `sent`, as a Dynamo response chunk."""
+    c = {"index": index, "token_ids": out.token_ids[sent:], "engine_data": {"exit_depths": out.exit_depths[sent:]}}
+    if top is not None and out.logprobs is not None:
+        positions = out.logprobs[sent:]
+        c["log_probs"] = [pos[t] for t, pos in zip(c["token_ids"], positions)]
+        c["top_logprobs"] = [
+            [
+                {"rank": r + 1, "token_id": t, "logprob": lp}
+                for r, (t, lp) in enumerate(sorted(pos.items(), key=lambda x: -x[1])[:top])
+            ]
+            for pos in positions
+        ]
+    if out.finished:
+        c["finish_reason"] = FINISH.get(out.finish_reason, "error")
+        prompt, done = len(out.prompt_token_ids), len(out.token_ids)
+        c["completion_usage"] = {"prompt_tokens": prompt, "completion_tokens": done, "total_tokens": prompt + done}
+    return c
+
+
+class RltEngine(LLMEngine):
+    """An rlt.Engine (the `single` topology: a coordinator in this process, one worker process)."""
+
+    def __init__(self, model: str, served_name: str, hf_overrides: dict | None, options: dict):
+        self.served_name = served_name
+        self.launch = rlt.Engine.launch(model, hf_overrides=hf_overrides, **options)  # options checked here
+        self.engine_path = self.launch.engine.model_config.path  # the checkpoint directory, absolute
+        self.engine: rlt.Engine | None = None
+
+    @classmethod
+    async def from_args(cls, argv=None):
+        from rlt.dynamo.main import parse
+
+        return parse(argv)
+
+    async def start(self, worker_id: int) -> EngineConfig:
+        self.engine = await self.launch
+        mc, cfg = self.engine.model_config, self.engine.engine_config
+        stats = self.engine.stats()
+        return EngineConfig(
+            model=self.engine_path,
+            served_model_name=self.served_name,
+            llm=LlmRegistration(
+                context_length=mc.max_positions,
+                kv_cache_block_size=cfg.block_size,
+                total_kv_blocks=stats.get("kv_blocks_total"),
+                max_num_seqs=cfg.max_num_seqs,
+                max_num_batched_tokens=cfg.max_num_batched_tokens,
+            ),
+        )
+
+    async def generate(self, request: dict, context):
+        try:
+            params = sampling_params(request)
+            streams = [self.engine.generate(list(request["token_ids"]), sp) for sp in params]
+        except RequestError as e:
+            raise InvalidArgument(str(e)) from None
+        except EngineDeadError as e:
+            raise EngineShutdown(str(e)) from None
+        top = (request.get("output_options") or {}).get("logprobs")
+        queue: asyncio.Queue = asyncio.Queue()
+
+        async def pump(index, stream):
+            sent = 0
+            try:
+                async for out in stream:
+                    await queue.put(chunk(index, out, sent, top))
+                    sent = len(out.token_ids)
+            except Exception as e:  # noqa: BLE001 - handed to the consumer, which raises it
+                await queue.put(e)
+            finally:
+                queue.put_nowait(None)
+
+        tasks = [asyncio.ensure_future(pump(i, s)) for i, s in enumerate(streams)]
+        try:
+            running = len(tasks)
+            while running:
+                item = await queue.get()
+                if item is None:
+                    running -= 1
+                elif isinstance(item, Exception):
+                    raise EngineShutdown(str(item)) if isinstance(item, EngineDeadError) else item
+                else:
+                    yield item
+        finally:  # finished, failed or cancelled: every stream closes (an unfinished one aborts)
+            for t in tasks:
+                t.cancel()
+            for s in streams:
+                await s.aclose()
+
+    async def cleanup(self) -> None:
+        if self.engine is not None:
+            await self.engine.shutdown()

@@ -1,0 +1,215 @@
+"""rlt as an NVIDIA Dynamo backend, on Dynamo's real infrastructure: an etcd server for discovery,
+Dynamo's OpenAI frontend and `python -m rlt.dynamo` workers, each its own process, sharing only the
+network (TCP request plane). Driven by the official `openai` client; outputs equal rlt's own
+`single` topology. Needs the `dynamo` extra's packages and an `etcd` binary (.ci/run installs both)."""
+
+import asyncio
+import contextlib
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+
+import openai
+import pytest
+from test_engine import HUGINN
+from test_serve import free_port
+
+import rlt
+from rlt import SamplingParams
+
+pytest.importorskip("dynamo.common.backend", reason="the dynamo extra (README: Dynamo) is not installed")
+if shutil.which("etcd") is None:
+    pytest.skip("no etcd binary (Debian: apt-get install etcd-server)", allow_module_level=True)
+
+pytestmark = pytest.mark.slow
+FAST = ["--heartbeat-interval", "0.2", "--heartbeat-timeout", "3.0", "--startup-timeout", "60"]
+
+
+def _wait(check, what: str, proc: subprocess.Popen, log: str, timeout: float = 90.0):
+    deadline = time.monotonic() + timeout
+    while not check():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            with open(log) as f:
+                raise AssertionError(f"{what} did not come up (exit {proc.poll()}):\n{f.read()[-3000:]}")
+        time.sleep(0.2)
+
+
+def _start(argv: list[str], log: str, env: dict) -> subprocess.Popen:
+    with open(log, "w") as f:
+        return subprocess.Popen(argv, stdout=f, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+
+
+def _stop(proc: subprocess.Popen, sig=signal.SIGINT, timeout: float = 30.0) -> None:
+    if proc.poll() is None:
+        proc.send_signal(sig)
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            raise AssertionError(f"{proc.args[:4]} did not exit within {timeout} s of {sig.name}") from None
+
+
+def _group_alive(pgid: int) -> bool:
+    """Any process left in the session a worker started (its rlt worker subprocess among them)."""
+    out = subprocess.run(["ps", "-eo", "pgid="], capture_output=True, text=True).stdout.split()
+    return str(pgid) in out
+
+
+class Stack:
+    """etcd + Dynamo's frontend; workers are added with worker()."""
+
+    def __init__(self, tmp: str):
+        self.tmp, self.procs = tmp, []
+        port, peer, self.http = free_port(), free_port(), free_port()
+        self.env = os.environ | {"ETCD_ENDPOINTS": f"http://127.0.0.1:{port}", "DYN_LOG": "warn"}
+        self.etcd = self._run(
+            [
+                "etcd",
+                "--data-dir",
+                os.path.join(tmp, "etcd"),
+                "--listen-client-urls",
+                f"http://127.0.0.1:{port}",
+                "--advertise-client-urls",
+                f"http://127.0.0.1:{port}",
+                "--listen-peer-urls",
+                f"http://127.0.0.1:{peer}",
+            ],
+            "etcd",
+        )
+        _wait(lambda: _get(f"http://127.0.0.1:{port}/health") is not None, "etcd", self.etcd, self.log("etcd"))
+        front = [sys.executable, "-m", "dynamo.frontend", "--http-port", str(self.http)]
+        self.frontend = self._run(front + ["--discovery-backend", "etcd"], "frontend")
+        self.url = f"http://127.0.0.1:{self.http}/v1"
+
+    def log(self, name: str) -> str:
+        return os.path.join(self.tmp, f"{name}.log")
+
+    def _run(self, argv, name) -> subprocess.Popen:
+        p = _start(argv, self.log(name), self.env)
+        self.procs.append(p)
+        return p
+
+    def worker(self, model: str, name: str = "worker", *flags: str) -> subprocess.Popen:
+        argv = [sys.executable, "-m", "rlt.dynamo", model, "--served-model-name", "m", *FAST, *flags]
+        return self._run(argv + ["--discovery-backend", "etcd"], name)
+
+    def wait_model(self, proc: subprocess.Popen, name: str = "worker") -> None:
+        def listed():
+            models = _get(f"{self.url}/models")
+            return models is not None and "m" in models
+
+        _wait(listed, "the worker's model at the frontend", proc, self.log(name))
+
+    def close(self) -> None:
+        for p in reversed(self.procs):
+            _stop(p, signal.SIGINT if p is not self.etcd else signal.SIGTERM)
+
+
+def _get(url: str) -> str | None:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as r:
+            return r.read().decode()
+    except OSError:
+        return None
+
+
+@contextlib.contextmanager
+def stack():
+    tmp = tempfile.mkdtemp(prefix="rlt-dynamo-")
+    s = Stack(tmp)
+    try:
+        yield s
+    finally:
+        s.close()
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+async def single(model, prompt, sps, hf_overrides=None):
+    async with rlt.Engine.launch(model, hf_overrides=hf_overrides, heartbeat_timeout=3.0) as engine:
+        outs = []
+        for sp in sps:
+            async for out in engine.generate(prompt, sp):
+                pass
+            outs.append(out)
+        return outs
+
+
+@pytest.mark.parametrize("family", ["ouro", "nanbeige", "huginn"])
+def test_completions_through_dynamo_equal_single(checkpoints, family):
+    """Greedy and seeded (top-k, top-p) completions with logprobs, and an adaptive-exit one (loop
+    options as nvext annotations): the text, token count, finish reason and each token's logprob
+    equal rlt's own single topology."""
+    ov = HUGINN if family == "huginn" else None
+    prompt = [5, 6, 7, 8, 9, 10, 11, 12]
+    requests = [
+        dict(max_tokens=9, temperature=0),
+        dict(max_tokens=9, temperature=0.9, top_p=0.9, seed=11, extra_body={"top_k": 20}),
+    ]
+    sps = [
+        SamplingParams(max_tokens=9, temperature=0, logprobs=1),
+        SamplingParams(max_tokens=9, temperature=0.9, top_p=0.9, top_k=20, seed=11, logprobs=1),
+    ]
+    if family == "ouro":
+        requests.append(
+            dict(max_tokens=9, temperature=0, extra_body={"nvext": {"annotations": ["exit_threshold=0.5"]}})
+        )
+        sps.append(SamplingParams(max_tokens=9, temperature=0, exit_threshold=0.5, logprobs=1))
+    flags = ["--hf-overrides", '{"mean_recurrence": 6}'] if ov else []
+    with stack() as s:
+        w = s.worker(checkpoints[family], "worker", *flags)
+        s.wait_model(w)
+        client = openai.OpenAI(base_url=s.url, api_key="none", max_retries=0)
+        got = [client.completions.create(model="m", prompt=prompt, logprobs=1, **r) for r in requests]
+    want = asyncio.run(single(checkpoints[family], prompt, sps, ov))
+    for r, out in zip(got, want):
+        c = r.choices[0]
+        assert (c.text, c.finish_reason, r.usage.completion_tokens) == (out.text, out.finish_reason, len(out.token_ids))
+        lps = [pos[t] for t, pos in zip(out.token_ids, out.logprobs)]
+        assert c.logprobs.token_logprobs == pytest.approx(lps, abs=1e-5)
+
+
+def test_a_killed_worker_fails_its_requests_and_a_new_one_rejoins(checkpoints):
+    """SIGKILL a worker mid-stream: that stream ends in an error, nothing hangs; a worker started
+    again serves the same model; SIGINT then stops it with its rlt worker process."""
+    with stack() as s:
+        w = s.worker(checkpoints["ouro"])
+        s.wait_model(w)
+        client = openai.OpenAI(base_url=s.url, api_key="none", max_retries=0, timeout=30)
+        stream = client.completions.create(
+            model="m", prompt=[5, 6, 7], max_tokens=4000, temperature=0, stream=True, extra_body={"ignore_eos": True}
+        )
+        got = 0
+        with pytest.raises((openai.APIError, openai.APIConnectionError)):
+            for chunk in stream:
+                got += 1
+                if got == 3:
+                    os.killpg(w.pid, signal.SIGKILL)  # the worker and its rlt worker process
+        assert got >= 3
+        w2 = s.worker(checkpoints["ouro"], "worker2")
+        deadline = time.monotonic() + 90
+        while True:  # until the frontend routes to the new worker (the dead one leaves discovery)
+            try:
+                r = client.completions.create(model="m", prompt=[5, 6, 7], max_tokens=5, temperature=0)
+                break
+            except openai.APIError:
+                assert time.monotonic() < deadline and w2.poll() is None, open(s.log("worker2")).read()[-3000:]
+                time.sleep(0.5)
+        assert r.usage.completion_tokens == 5 and r.choices[0].finish_reason == "length"
+        _stop(w2)
+        assert not _group_alive(w2.pid)  # no rlt worker process outlives its Dynamo worker
+
+
+def test_bad_options_fail_before_starting(checkpoints):
+    r = subprocess.run(
+        [sys.executable, "-m", "rlt.dynamo", checkpoints["ouro"], "--max-num-seqs", "0"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert r.returncode == 2 and r.stderr.strip().count("\n") == 0 and "max_num_seqs" in r.stderr, r.stderr
