@@ -75,6 +75,9 @@ class Prefill(msgspec.Struct, tag="prefill", kw_only=True):
     priority: int = 0
     dst_agent: str
     dst_tables: list[list[int]]
+    # the generation the decode worker knows the request by, named in each chunk's notification
+    # (None: gen — one coordinator numbers both; a Dynamo prefill node numbers its own)
+    dst_gen: int | None = None
 
 
 class Cancel(msgspec.Struct, tag="cancel"):

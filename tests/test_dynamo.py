@@ -174,6 +174,45 @@ def test_completions_through_dynamo_equal_single(checkpoints, family):
         assert c.logprobs.token_logprobs == pytest.approx(lps, abs=1e-5)
 
 
+@pytest.mark.parametrize("family", ["ouro", "nanbeige", "huginn"])
+def test_prefill_and_decode_nodes_through_dynamo_equal_single(checkpoints, family):
+    """A prefill node and a decode node (separate processes, separate NIXL agents, KV over UCX):
+    the decode node reserves, the prefill node computes every depth plane and writes it into the
+    decode node's blocks, the first token comes from it; the outputs equal rlt's single topology."""
+    ov = HUGINN if family == "huginn" else None
+    prompt = [5 + (7 * j) % 300 for j in range(40)]  # several KV blocks, every plane
+    requests = [
+        dict(max_tokens=9, temperature=0),
+        dict(max_tokens=9, temperature=0.9, top_p=0.9, seed=11, extra_body={"top_k": 20}),
+    ]
+    sps = [
+        SamplingParams(max_tokens=9, temperature=0, logprobs=1),
+        SamplingParams(max_tokens=9, temperature=0.9, top_p=0.9, top_k=20, seed=11, logprobs=1),
+    ]
+    if family == "ouro":
+        requests.append(
+            dict(max_tokens=9, temperature=0, extra_body={"nvext": {"annotations": ["exit_threshold=0.5"]}})
+        )
+        sps.append(SamplingParams(max_tokens=9, temperature=0, exit_threshold=0.5, logprobs=1))
+    flags = ["--hf-overrides", '{"mean_recurrence": 6}'] if ov else []
+    with stack() as s:
+        p = s.worker(checkpoints[family], "prefill", "--role", "prefill", *flags)
+        d = s.worker(checkpoints[family], "decode", "--role", "decode", *flags)
+        s.wait_model(d, "decode")
+        client = openai.OpenAI(base_url=s.url, api_key="none", max_retries=0)
+        got = [client.completions.create(model="m", prompt=prompt, logprobs=1, **r) for r in requests]
+        _stop(d)
+        _stop(p)
+        with open(s.log("prefill")) as f:
+            assert f"{len(requests)} prompts prefilled" in f.read()
+    want = asyncio.run(single(checkpoints[family], prompt, sps, ov))
+    for r, out in zip(got, want):
+        c = r.choices[0]
+        assert (c.text, c.finish_reason, r.usage.completion_tokens) == (out.text, out.finish_reason, len(out.token_ids))
+        lps = [pos[t] for t, pos in zip(out.token_ids, out.logprobs)]
+        assert c.logprobs.token_logprobs == pytest.approx(lps, abs=1e-5)
+
+
 def test_a_killed_worker_fails_its_requests_and_a_new_one_rejoins(checkpoints):
     """SIGKILL a worker mid-stream: that stream ends in an error, nothing hangs; a worker started
     again serves the same model; SIGINT then stops it with its rlt worker process."""
@@ -203,6 +242,47 @@ def test_a_killed_worker_fails_its_requests_and_a_new_one_rejoins(checkpoints):
         assert r.usage.completion_tokens == 5 and r.choices[0].finish_reason == "length"
         _stop(w2)
         assert not _group_alive(w2.pid)  # no rlt worker process outlives its Dynamo worker
+
+
+def test_a_killed_prefill_node_fails_only_what_it_holds_and_a_new_one_rejoins(checkpoints):
+    """A request already handed to the decode node finishes when the prefill node dies; while no
+    prefill node serves, a new request fails with that reason (the decode node stays up); a prefill
+    node started again serves the next ones; SIGINT stops every node with its rlt worker."""
+    with stack() as s:
+        p = s.worker(checkpoints["ouro"], "prefill", "--role", "prefill")
+        d = s.worker(checkpoints["ouro"], "decode", "--role", "decode")
+        s.wait_model(d, "decode")
+        client = openai.OpenAI(base_url=s.url, api_key="none", max_retries=0, timeout=30)
+        whole = client.completions.create(model="m", prompt=[5, 6, 7], max_tokens=300, temperature=0)
+        stream = client.completions.create(
+            model="m", prompt=[5, 6, 7], max_tokens=300, temperature=0, stream=True, extra_body={"ignore_eos": True}
+        )
+        texts = []
+        for chunk in stream:
+            texts += [c.text for c in chunk.choices]
+            if len(texts) == 3:
+                os.killpg(p.pid, signal.SIGKILL)  # the prefill node and its rlt worker
+                p.wait()
+        assert chunk.choices[-1].finish_reason == "length"
+        with pytest.raises(openai.InternalServerError) as e:  # nobody to prefill it: 503, the reason logged
+            client.completions.create(model="m", prompt=[9, 10, 11], max_tokens=5, temperature=0)
+        assert e.value.status_code == 503 and d.poll() is None
+        with open(s.log("decode")) as f:
+            assert "prefill node" in f.read()  # (no instance, or the dead one still listed)
+        p2 = s.worker(checkpoints["ouro"], "prefill2", "--role", "prefill")
+        deadline = time.monotonic() + 90
+        while True:
+            try:
+                r = client.completions.create(model="m", prompt=[9, 10, 11], max_tokens=5, temperature=0)
+                break
+            except openai.APIError:
+                assert time.monotonic() < deadline and p2.poll() is None, open(s.log("prefill2")).read()[-3000:]
+                time.sleep(0.5)
+        assert r.usage.completion_tokens == 5
+        _stop(d)
+        _stop(p2)
+        assert not _group_alive(d.pid) and not _group_alive(p2.pid)
+    assert "".join(texts) == whole.choices[0].text  # the stream that outlived its prefill node
 
 
 def test_bad_options_fail_before_starting(checkpoints):

@@ -29,9 +29,15 @@ PEER_DEATH_GRACE_S = 1.0  # how long a prefill worker's failure waits for its de
 
 
 class Supervisor:
-    def __init__(self, mc: ModelConfig, engine: EngineConfig, launch: LaunchConfig):
+    """slots: the workers to run (default: the topology's). remote_prefill (set before start, by
+    rlt.dynamo on a decode node): `async (slot, index) -> worker` making each prefill slot a proxy of
+    prefill workers elsewhere instead of a local process; it gets messages through its send() and
+    hands their events to dispatch()."""
+
+    def __init__(self, mc: ModelConfig, engine: EngineConfig, launch: LaunchConfig, slots=None):
         self.mc, self.engine, self.launch = mc, engine, launch
-        self.slots = parse_topology(launch.topology)
+        self.slots = slots if slots is not None else parse_topology(launch.topology)
+        self.remote_prefill = None
         self.workers: list[WorkerProc | None] = [None] * len(self.slots)
         self.lifecycle = Lifecycle(self.post)
         self.closing = False
@@ -44,15 +50,21 @@ class Supervisor:
         self._sock: zmq.asyncio.Socket | None = None
         self.log_dir: str | None = None
 
+    @property
+    def fingerprint(self) -> str | None:
+        """config + weights + dtype + KV layout, as every worker hashed it (None before start)."""
+        return self._fingerprint
+
     def ready(self, role: str) -> list[WorkerProc]:
         return [w for w in self.workers if w is not None and w.role == role and w.ready is not None]
 
     def _device_for(self, slot: int) -> str:
         """One device per worker on GPU (cuda:0, cuda:1, ... in slot order); all on CPU otherwise."""
         device = self.launch.device
-        if device == "cpu" or (len(self.slots) == 1 and device != "cuda"):
+        local = sum(1 for role, _ in self.slots if role != "prefill" or self.remote_prefill is None)
+        if device == "cpu" or (local == 1 and device != "cuda"):
             return device
-        return f"cuda:{slot}"
+        return f"cuda:{slot - (len(self.slots) - local)}"  # (remote slots come first and take no device)
 
     # ---- start / stop -----------------------------------------------------------------------------
     async def _check_devices(self) -> None:
@@ -61,7 +73,8 @@ class Supervisor:
         device = self.launch.device
         if device == "cpu":
             return
-        need = len(self.slots) if len(self.slots) > 1 else int(device.partition(":")[2] or 0) + 1
+        local = sum(1 for role, _ in self.slots if role != "prefill" or self.remote_prefill is None)
+        need = local if local > 1 else int(device.partition(":")[2] or 0) + 1
         probe = await asyncio.create_subprocess_exec(
             sys.executable,
             "-c",
@@ -99,8 +112,13 @@ class Supervisor:
 
     async def _start_worker(self, slot: int) -> WorkerProc:
         role, index = self.slots[slot]
-        w = WorkerProc(slot, index, role, self._device_for(slot), next(self._incarnations), self._addr, self.log_dir)
-        self._by_identity[w.identity] = w
+        if role == "prefill" and self.remote_prefill is not None:
+            w = await self.remote_prefill(slot, index)
+        else:
+            w = WorkerProc(
+                slot, index, role, self._device_for(slot), next(self._incarnations), self._addr, self.log_dir
+            )
+            self._by_identity[w.identity] = w
         self.workers[slot] = w
         await w.spawn(handshake_timeout=self.launch.startup_timeout)
         ready = await w.wait_ready(self.launch.startup_timeout)
@@ -165,6 +183,8 @@ class Supervisor:
 
     # ---- transport --------------------------------------------------------------------------------
     async def _send(self, w: WorkerProc, msg) -> bool:
+        if not isinstance(w, WorkerProc):  # a remote prefill proxy
+            return await w.send(msg)
         try:
             await self._sock.send_multipart([w.identity.encode(), pr.encoder.encode(msg)])
             return True
@@ -193,10 +213,14 @@ class Supervisor:
             if w is None:
                 continue  # an earlier incarnation: drop
             w.last_seen = time.monotonic()
-            try:
-                await self._dispatch(w, pr.from_worker.decode(payload))
-            except Exception as e:  # noqa: BLE001 - one bad message must not stop the receiver
-                log.exception("dropped a message from %s: %s", w.identity, e)
+            await self.dispatch(w, pr.from_worker.decode(payload))
+
+    async def dispatch(self, w: WorkerProc, msg) -> None:
+        """A message from a worker (or a remote prefill proxy) into the lifecycle."""
+        try:
+            await self._dispatch(w, msg)
+        except Exception as e:  # noqa: BLE001 - one bad message must not stop the receiver
+            log.exception("dropped a message from %s: %s", w.identity, e)
 
     async def _dispatch(self, w: WorkerProc, msg) -> None:
         lc = self.lifecycle
@@ -265,8 +289,8 @@ class Supervisor:
             await asyncio.sleep(self.launch.heartbeat_interval)
             now = time.monotonic()
             for w in self.workers:
-                if w is None or w.ready is None or self.closing or not w.alive:
-                    continue
+                if not isinstance(w, WorkerProc) or w.ready is None or self.closing or not w.alive:
+                    continue  # (a remote proxy's liveness is its own)
                 if now - w.last_seen > limit:  # killed, so a hung process cannot come back half-alive
                     w.kill(f"was killed after no heartbeat for {now - w.last_seen:.1f} s (deadline {limit} s)")
                 elif w.busy and now - w.progress_at > limit and now - w.last_seen < beating:

@@ -11,6 +11,7 @@ rejects unknown body fields). Cancellation closes the rlt stream, which aborts t
 """
 
 import asyncio
+import logging
 from typing import Any
 
 from dynamo.common.backend.engine import EngineConfig, LLMEngine, LlmRegistration
@@ -19,6 +20,8 @@ from dynamo.llm.exceptions import EngineShutdown, InvalidArgument
 import rlt
 from rlt.errors import EngineDeadError, RequestError
 from rlt.sampling_params import SamplingParams
+
+log = logging.getLogger("rlt.dynamo")
 
 # rlt's finish reasons -> Dynamo's
 FINISH = {"stop": "stop", "length": "length", "abort": "cancelled", "error": "error"}
@@ -85,13 +88,30 @@ def chunk(index: int, out, sent: int, top: int | None) -> dict:
 
 
 class RltEngine(LLMEngine):
-    """An rlt.Engine (the `single` topology: a coordinator in this process, one worker process)."""
+    """An rlt.Engine: its coordinator in this process, its worker as a subprocess. Aggregated: the
+    `single` topology. Decode: 1p1d whose prefill slot is the prefill nodes found through Dynamo
+    (rlt/dynamo/remote.py) — the decode worker reserves, a prefill node writes every depth plane
+    into its blocks over NIXL and gives the first token, the decode worker continues."""
 
-    def __init__(self, model: str, served_name: str, hf_overrides: dict | None, options: dict):
-        self.served_name = served_name
-        self.launch = rlt.Engine.launch(model, hf_overrides=hf_overrides, **options)  # options checked here
-        self.engine_path = self.launch.engine.model_config.path  # the checkpoint directory, absolute
+    def __init__(self, launch, served_name: str, prefill_endpoint: str | None = None, runtime_args=()):
+        """launch: rlt.Engine.launch(...) (options checked); prefill_endpoint: a decode node's."""
+        self.launch, self.served_name = launch, served_name
+        self.engine_path = launch.engine.model_config.path  # the checkpoint directory, absolute
         self.engine: rlt.Engine | None = None
+        self.runtime = None  # a decode node's own Dynamo runtime, for its prefill client
+        if prefill_endpoint is not None:
+            launch.engine._supervisor.remote_prefill = self._remote_prefill
+        self.prefill_endpoint, self.runtime_args = prefill_endpoint, runtime_args
+
+    async def _remote_prefill(self, slot: int, index: int):
+        from dynamo.runtime import DistributedRuntime
+
+        from rlt.dynamo.remote import RemotePrefill
+
+        if self.runtime is None:
+            self.runtime = DistributedRuntime(asyncio.get_running_loop(), *self.runtime_args)
+        client = await self.runtime.endpoint(self.prefill_endpoint).client()
+        return RemotePrefill(self.launch.engine._supervisor, slot, index, client)
 
     @classmethod
     async def from_args(cls, argv=None):
@@ -130,6 +150,9 @@ class RltEngine(LLMEngine):
             sent = 0
             try:
                 async for out in stream:
+                    if out.finish_reason == "error":  # failed in a worker (e.g. its KV handoff): a 503
+                        log.warning("request %s failed: %s", context.id(), out.error)  # (the 503 hides why)
+                        raise EngineShutdown(out.error or "the request failed in an rlt worker")
                     await queue.put(chunk(index, out, sent, top))
                     sent = len(out.token_ids)
             except Exception as e:  # noqa: BLE001 - handed to the consumer, which raises it
@@ -157,3 +180,5 @@ class RltEngine(LLMEngine):
     async def cleanup(self) -> None:
         if self.engine is not None:
             await self.engine.shutdown()
+        if self.runtime is not None:
+            self.runtime.shutdown()

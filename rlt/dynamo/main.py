@@ -6,10 +6,12 @@ drains, then shuts the rlt engine down). Options are checked before anything sta
 is one line on stderr and exit status 2."""
 
 import argparse
+import asyncio
 import json
+import signal
 import sys
 
-ROLES = ("aggregated",)
+ROLES = ("aggregated", "prefill", "decode")
 
 
 def parser() -> argparse.ArgumentParser:
@@ -17,7 +19,13 @@ def parser() -> argparse.ArgumentParser:
 
     p = argparse.ArgumentParser(prog="python -m rlt.dynamo", description=__doc__.split("\n\n")[0])
     p.add_argument("model", nargs="?", help="checkpoint directory (default: the embedded tiny Ouro)")
-    p.add_argument("--role", choices=ROLES, default="aggregated", help="what this worker does")
+    p.add_argument(
+        "--role",
+        choices=ROLES,
+        default="aggregated",
+        help="aggregated: prefill and decode, a model to the frontend; decode: a model to the frontend, "
+        "prompts prefilled by prefill nodes (KV over NIXL); prefill: serves decode nodes only",
+    )
     p.add_argument("--served-model-name", help="the model name clients use (default: MODEL as given)")
     p.add_argument("--hf-overrides", type=json.loads, help="JSON object replacing config.json fields")
     d = p.add_argument_group("Dynamo")
@@ -32,20 +40,28 @@ def parser() -> argparse.ArgumentParser:
 
 
 def parse(argv=None):
-    """-> (RltEngine, WorkerConfig); raises ValueError for a bad option (before anything starts)."""
+    """-> (RltEngine, WorkerConfig), or for a prefill node (its launch, args); raises ValueError for
+    a bad option (before anything starts)."""
     from dynamo.common.backend.worker import WorkerConfig
 
+    import rlt
     from rlt.cli import option_values
     from rlt.default_model import default_model_path
     from rlt.dynamo.engine import RltEngine
 
     args = parser().parse_args(argv)
     options = option_values(args)
-    if options.get("topology", "single") != "single":
-        raise ValueError("--topology: a Dynamo worker runs one engine; choose its part with --role")
+    if "topology" in options:
+        raise ValueError("--topology: a Dynamo worker runs one rlt worker; choose its part with --role")
     model = args.model or default_model_path()
     name = args.served_model_name or args.model or "default"
-    engine = RltEngine(model, name, args.hf_overrides, options)
+    split = args.role != "aggregated"  # (prefill and decode nodes: the PD options apply)
+    launch = rlt.Engine.launch(model, hf_overrides=args.hf_overrides, topology="1p1d" if split else "single", **options)
+    if args.role == "prefill":
+        return launch, args
+    runtime_args = (args.discovery_backend, args.request_plane)
+    prefill = f"{args.namespace}.prefill.generate" if args.role == "decode" else None
+    engine = RltEngine(launch, name, prefill, runtime_args)
     config = WorkerConfig(
         namespace=args.namespace,
         component=args.component,
@@ -70,9 +86,41 @@ def main(argv=None) -> int:
     except ValueError as e:  # ConfigError / RequestError included: one line, as `rlt serve`
         print(f"python -m rlt.dynamo: {e}", file=sys.stderr)
         return 2
+    if isinstance(built[0], RltEngine):
 
-    async def factory(_argv):
-        return built
+        async def factory(_argv):
+            return built
 
-    run(RltEngine, argv, engine_factory=factory)
+        run(RltEngine, argv, engine_factory=factory)
+    else:
+        import uvloop
+
+        uvloop.run(serve_prefill(*built))
     return 0
+
+
+async def serve_prefill(launch, args) -> None:
+    """A prefill node: its worker READY, then NAMESPACE.prefill.generate served until SIGINT or
+    SIGTERM; then the endpoint leaves discovery and the worker stops."""
+    from dynamo.runtime import DistributedRuntime
+
+    from rlt.dynamo.prefill import PrefillNode
+
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    node = PrefillNode(launch)
+    await node.start()
+    runtime = DistributedRuntime(loop, args.discovery_backend, args.request_plane)
+    endpoint = runtime.endpoint(f"{args.namespace}.prefill.generate")
+    serving = asyncio.ensure_future(endpoint.serve_endpoint(node.handle))
+    print(f"rlt prefill node ready at {args.namespace}.prefill.generate", flush=True)
+    try:
+        await asyncio.wait([serving, asyncio.ensure_future(stop.wait())], return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        runtime.shutdown()
+        serving.cancel()
+        await asyncio.gather(serving, return_exceptions=True)
+        await node.shutdown()
+        print(f"rlt prefill node: {node.prefilled} prompts prefilled, {node.kv_bytes} KV bytes written", flush=True)

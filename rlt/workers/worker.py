@@ -18,6 +18,7 @@ class _Outgoing:
 
     dst_agent: str
     dst_tables: list[list[int]]
+    dst_gen: int  # the generation the decode worker knows it by (its notifications name it)
     seq: int = 0
     pending: list = field(default_factory=list)  # (handle, posted_at)
     prompt_done: bool = False
@@ -87,7 +88,8 @@ class Worker:
         elif isinstance(msg, pr.Prefill):
             try:
                 e.add_request(msg.gen, msg.prompt, msg.params, msg.priority, prefill_only=True)
-                self.outgoing[msg.gen] = _Outgoing(msg.dst_agent, msg.dst_tables)
+                dst_gen = msg.gen if msg.dst_gen is None else msg.dst_gen
+                self.outgoing[msg.gen] = _Outgoing(msg.dst_agent, msg.dst_tables, dst_gen)
                 self.started.append(msg.gen)
             except RequestError as err:
                 self.send(pr.Failed(msg.gen, str(err)))
@@ -181,7 +183,7 @@ class Worker:
             src = [b for t in planes for b in t[b0:b1]]
             dst = [b for t in o.dst_tables for b in t[b0:b1]]
             try:
-                h = self.transport.write(o.dst_agent, src, dst, f"{gen}:{o.seq}".encode())
+                h = self.transport.write(o.dst_agent, src, dst, f"{o.dst_gen}:{o.seq}".encode())
             except TransferError as err:
                 self._fail(gen, str(err))
                 continue

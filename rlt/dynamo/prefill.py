@@ -1,0 +1,155 @@
+"""A prefill node: one rlt prefill worker behind the Dynamo endpoint NAMESPACE.prefill.generate.
+
+Decode nodes call it (rlt/dynamo/remote.py); it is no model of its own to the frontend. A
+Supervisor runs the prefill worker process as in rlt's own PD topologies (spawn, handshake,
+fingerprint, heartbeats, restart); in place of the Lifecycle, a Relay hands each request's events
+back on its caller's stream. A decode node's NIXL agent is introduced to the worker (Connect) the
+first time one of its requests arrives, and again when its agent changes (a restarted decode
+worker). Writer-before-reader holds across the network: a cancelled request's stream ends only
+with Drained (or TransferDone), when the worker has nothing left in flight.
+"""
+
+import asyncio
+import itertools
+
+import msgspec
+
+from rlt import protocol as pr
+from rlt.control.supervisor import Supervisor
+from rlt.dynamo import wire
+from rlt.errors import EngineDeadError
+
+
+class Relay:
+    """The Supervisor's Lifecycle interface on a prefill node: events to per-request queues, with
+    the caller's generation id."""
+
+    def __init__(self):
+        self.gens: dict = {}  # (the Supervisor looks decode peers up here; a prefill node has none)
+        self.queues: dict[int, asyncio.Queue] = {}  # local generation -> its caller's queue
+        self.remote_gen: dict[int, int] = {}
+
+    def open(self, local: int, remote: int) -> asyncio.Queue:
+        self.queues[local], self.remote_gen[local] = asyncio.Queue(), remote
+        return self.queues[local]
+
+    def close(self, local: int) -> None:
+        self.queues.pop(local, None)
+        self.remote_gen.pop(local, None)
+
+    def _put(self, local: int, msg) -> None:
+        if (q := self.queues.get(local)) is not None:
+            q.put_nowait(msg)
+
+    def on_started(self, gens: list[int]) -> None:
+        for g in gens:
+            if g in self.queues:
+                self._put(g, pr.Outputs([], pr.Stats(0, 0, 0), started=[self.remote_gen[g]]))
+
+    def on_token(self, w, t: pr.Token) -> None:
+        if t.gen in self.queues:
+            self._put(t.gen, pr.Outputs([msgspec.structs.replace(t, gen=self.remote_gen[t.gen])], w.stats))
+
+    def on_prefill_released(self, w, gen: int, done: pr.TransferDone | None) -> None:
+        if gen in self.queues:
+            r = self.remote_gen[gen]
+            self._put(gen, pr.Drained(r) if done is None else pr.TransferDone(r, done.chunks, done.bytes, done.seconds))
+
+    def on_failed(self, w, msg: pr.Failed) -> None:
+        if msg.gen in self.queues:
+            self._put(msg.gen, pr.Failed(self.remote_gen[msg.gen], msg.error))
+
+    def on_reserved(self, w, msg) -> None:  # (decode workers only)
+        pass
+
+    def on_worker_dead(self, w, err: EngineDeadError) -> None:
+        """A dead writer writes nothing more: every request it held ends, failed."""
+        for g in list(self.queues):
+            self._put(g, pr.Failed(self.remote_gen[g], str(err)))
+
+
+class PrefillNode:
+    def __init__(self, launch):
+        """launch: rlt.Engine.launch(model, topology="1p1d", ...) — its checked configuration."""
+        e = launch.engine
+        self.supervisor = Supervisor(e.model_config, e.engine_config, e.launch_config, slots=[("prefill", 0)])
+        self.relay = self.supervisor.lifecycle = Relay()
+        self._gens = itertools.count(1)
+        self._keys: dict[str, int] = {}  # the caller's key -> local generation
+        self._agents: dict[str, bytes] = {}  # decode agents introduced to the worker, their metadata
+        self.prefilled, self.kv_bytes = 0, 0  # prompts whose KV was handed off, and its bytes
+
+    async def start(self) -> None:
+        await self.supervisor.start()
+
+    async def shutdown(self) -> None:
+        await self.supervisor.shutdown()
+
+    @property
+    def worker(self):
+        w = self.supervisor.workers[0]
+        if w is None or w.ready is None:
+            raise EngineDeadError(self.supervisor.dead_reason or "the prefill worker is not ready")
+        return w
+
+    async def handle(self, request: dict, context):
+        """The endpoint's handler (see rlt/dynamo/wire.py for the requests and responses)."""
+        op = request.get("op")
+        if op == "info":
+            yield {"ready": wire.pack(self.worker.ready)}
+        elif op == "cancel":
+            local = self._keys.get(request.get("key"))
+            if local is not None and self.supervisor.workers[0] is not None:
+                self.supervisor.post(self.supervisor.workers[0], pr.Cancel(local))
+            yield {"ok": local is not None}
+        elif op == "prefill":
+            async for item in self._prefill(request):
+                yield item
+        else:
+            raise ValueError(f"unknown op {op!r}")
+
+    async def _prefill(self, request: dict):
+        p, peer, key = wire.unpack_prefill(request["prefill"]), wire.unpack_peer(request["peer"]), request["key"]
+        try:
+            w = self.worker
+        except EngineDeadError as e:
+            yield {"msg": wire.pack(pr.Failed(p.gen, str(e)))}
+            return
+        if request.get("fingerprint") != w.ready.fingerprint:
+            error = (
+                f"the prefill worker's fingerprint {w.ready.fingerprint} differs from the decode worker's "
+                f"{request.get('fingerprint')}: config, weights, dtype or KV layout differ"
+            )
+            yield {"msg": wire.pack(pr.Failed(p.gen, error))}
+            return
+        if self._agents.get(peer.agent_name) != peer.metadata:
+            self._agents[peer.agent_name] = peer.metadata
+            self.supervisor.post(w, pr.Connect([peer]))
+        local = next(self._gens)
+        queue = self.relay.open(local, p.gen)
+        self._keys[key] = local
+        self.supervisor.post(
+            w,
+            pr.Prefill(
+                gen=local,
+                prompt=p.prompt,
+                params=p.params,
+                priority=p.priority,
+                dst_agent=peer.agent_name,
+                dst_tables=p.dst_tables,
+                dst_gen=p.gen,
+            ),
+        )
+        ended = False
+        try:
+            while not ended:
+                msg = await queue.get()
+                ended = isinstance(msg, (pr.TransferDone, pr.Drained, pr.Failed))
+                if isinstance(msg, pr.TransferDone):
+                    self.prefilled, self.kv_bytes = self.prefilled + 1, self.kv_bytes + msg.bytes
+                yield {"msg": wire.pack(msg)}
+        finally:
+            if not ended and self.supervisor.workers[0] is not None:  # the caller is gone: stop writing to it
+                self.supervisor.post(self.supervisor.workers[0], pr.Cancel(local))
+            self.relay.close(local)
+            self._keys.pop(key, None)
