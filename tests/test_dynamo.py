@@ -140,77 +140,96 @@ async def single(model, prompt, sps, hf_overrides=None):
         return outs
 
 
-@pytest.mark.parametrize("family", ["ouro", "nanbeige", "huginn"])
-def test_completions_through_dynamo_equal_single(checkpoints, family):
-    """Greedy and seeded (top-k, top-p) completions with logprobs, and an adaptive-exit one (loop
-    options as nvext annotations): the text, token count, finish reason and each token's logprob
-    equal rlt's own single topology."""
-    ov = HUGINN if family == "huginn" else None
-    prompt = [5, 6, 7, 8, 9, 10, 11, 12]
+def cases(family: str) -> tuple[list[dict], list[SamplingParams]]:
+    """Greedy and seeded (top-k, top-p) requests with logprobs, and for Ouro adaptive exit (the loop
+    options as nvext annotations), as the openai client's arguments and as rlt SamplingParams."""
     requests = [
         dict(max_tokens=9, temperature=0),
         dict(max_tokens=9, temperature=0.9, top_p=0.9, seed=11, extra_body={"top_k": 20}),
     ]
+    for r in requests:  # logprobs name the token ids ("token_id:42")
+        r["extra_body"] = r.get("extra_body", {}) | {"return_tokens_as_token_ids": True}
     sps = [
         SamplingParams(max_tokens=9, temperature=0, logprobs=1),
         SamplingParams(max_tokens=9, temperature=0.9, top_p=0.9, top_k=20, seed=11, logprobs=1),
     ]
     if family == "ouro":
+        nvext = {"annotations": ["exit_threshold=0.5"]}
         requests.append(
-            dict(max_tokens=9, temperature=0, extra_body={"nvext": {"annotations": ["exit_threshold=0.5"]}})
+            dict(max_tokens=9, temperature=0, extra_body={"nvext": nvext, "return_tokens_as_token_ids": True})
         )
         sps.append(SamplingParams(max_tokens=9, temperature=0, exit_threshold=0.5, logprobs=1))
-    flags = ["--hf-overrides", '{"mean_recurrence": 6}'] if ov else []
-    with stack() as s:
-        w = s.worker(checkpoints[family], "worker", *flags)
-        s.wait_model(w)
-        client = openai.OpenAI(base_url=s.url, api_key="none", max_retries=0)
-        got = [client.completions.create(model="m", prompt=prompt, logprobs=1, **r) for r in requests]
-    want = asyncio.run(single(checkpoints[family], prompt, sps, ov))
-    for r, out in zip(got, want):
+    return requests, sps
+
+
+def assert_equal(got, want) -> None:
+    """The token ids, finish reason and each token's logprob equal rlt's own. (Not the text: for
+    tokens that are parts of a UTF-8 character, Dynamo's detokenizer and rlt's may write a
+    different number of U+FFFD between them.)"""
+    for r, out in zip(got, want, strict=True):
         c = r.choices[0]
-        assert (c.text, c.finish_reason, r.usage.completion_tokens) == (out.text, out.finish_reason, len(out.token_ids))
+        assert c.logprobs.tokens == [f"token_id:{t}" for t in out.token_ids]
+        assert (c.finish_reason, r.usage.completion_tokens) == (out.finish_reason, len(out.token_ids))
         lps = [pos[t] for t, pos in zip(out.token_ids, out.logprobs)]
         assert c.logprobs.token_logprobs == pytest.approx(lps, abs=1e-5)
 
 
-@pytest.mark.parametrize("family", ["ouro", "nanbeige", "huginn"])
-def test_prefill_and_decode_nodes_through_dynamo_equal_single(checkpoints, family):
-    """A prefill node and a decode node (separate processes, separate NIXL agents, KV over UCX):
-    the decode node reserves, the prefill node computes every depth plane and writes it into the
-    decode node's blocks, the first token comes from it; the outputs equal rlt's single topology."""
+@pytest.mark.parametrize(
+    "family,nodes",
+    [("ouro", "aggregated"), ("ouro", "prefill+decode"), ("nanbeige", "prefill+decode"), ("huginn", "prefill+decode")],
+)
+def test_completions_through_dynamo_equal_single(checkpoints, family, nodes):
+    """One aggregated worker; or a prefill node and a decode node (separate processes, separate
+    NIXL agents, KV over UCX: the decode node reserves, the prefill node computes every depth plane
+    of a prompt of several blocks and writes it into the decode node's blocks, the first token comes
+    from it). Either way the outputs equal rlt's single topology."""
     ov = HUGINN if family == "huginn" else None
-    prompt = [5 + (7 * j) % 300 for j in range(40)]  # several KV blocks, every plane
-    requests = [
-        dict(max_tokens=9, temperature=0),
-        dict(max_tokens=9, temperature=0.9, top_p=0.9, seed=11, extra_body={"top_k": 20}),
-    ]
-    sps = [
-        SamplingParams(max_tokens=9, temperature=0, logprobs=1),
-        SamplingParams(max_tokens=9, temperature=0.9, top_p=0.9, top_k=20, seed=11, logprobs=1),
-    ]
-    if family == "ouro":
-        requests.append(
-            dict(max_tokens=9, temperature=0, extra_body={"nvext": {"annotations": ["exit_threshold=0.5"]}})
-        )
-        sps.append(SamplingParams(max_tokens=9, temperature=0, exit_threshold=0.5, logprobs=1))
+    prompt = [5 + (7 * j) % 300 for j in range(40)]
+    requests, sps = cases(family)
     flags = ["--hf-overrides", '{"mean_recurrence": 6}'] if ov else []
     with stack() as s:
-        p = s.worker(checkpoints[family], "prefill", "--role", "prefill", *flags)
-        d = s.worker(checkpoints[family], "decode", "--role", "decode", *flags)
-        s.wait_model(d, "decode")
+        if nodes == "aggregated":
+            w = s.worker(checkpoints[family], "worker", *flags)
+            s.wait_model(w)
+        else:
+            p = s.worker(checkpoints[family], "prefill", "--role", "prefill", *flags)
+            w = s.worker(checkpoints[family], "decode", "--role", "decode", *flags)
+            s.wait_model(w, "decode")
         client = openai.OpenAI(base_url=s.url, api_key="none", max_retries=0)
         got = [client.completions.create(model="m", prompt=prompt, logprobs=1, **r) for r in requests]
-        _stop(d)
+        if nodes != "aggregated":
+            _stop(w)
+            _stop(p)
+            with open(s.log("prefill")) as f:
+                assert f"{len(requests)} prompts prefilled" in f.read()
+    assert_equal(got, asyncio.run(single(checkpoints[family], prompt, sps, ov)))
+
+
+def test_two_decode_nodes_share_a_prefill_node(checkpoints):
+    """Requests at once through two decode nodes (each numbering its own requests from 1) and one
+    prefill node: each KV handoff lands in the right decode node's blocks under the right request."""
+    requests, sps = cases("ouro")
+    prompts = [[5 + (7 * j + 3 * i) % 300 for j in range(20 + 9 * i)] for i in range(6)]
+    with stack() as s:
+        p = s.worker(checkpoints["ouro"], "prefill", "--role", "prefill")
+        ds = [s.worker(checkpoints["ouro"], f"decode{i}", "--role", "decode") for i in range(2)]
+        for i, d in enumerate(ds):
+            s.wait_model(d, f"decode{i}")
+        time.sleep(1.0)  # (the frontend lists both decode nodes)
+        client = openai.AsyncOpenAI(base_url=s.url, api_key="none", max_retries=0)
+
+        async def all_at_once():
+            calls = [client.completions.create(model="m", prompt=q, logprobs=1, **r) for q in prompts for r in requests]
+            return await asyncio.gather(*calls)
+
+        got = asyncio.run(all_at_once())
+        for d in ds:
+            _stop(d)
         _stop(p)
         with open(s.log("prefill")) as f:
-            assert f"{len(requests)} prompts prefilled" in f.read()
-    want = asyncio.run(single(checkpoints[family], prompt, sps, ov))
-    for r, out in zip(got, want):
-        c = r.choices[0]
-        assert (c.text, c.finish_reason, r.usage.completion_tokens) == (out.text, out.finish_reason, len(out.token_ids))
-        lps = [pos[t] for t, pos in zip(out.token_ids, out.logprobs)]
-        assert c.logprobs.token_logprobs == pytest.approx(lps, abs=1e-5)
+            assert f"{len(got)} prompts prefilled" in f.read()
+    want = [o for q in prompts for o in asyncio.run(single(checkpoints["ouro"], q, sps))]
+    assert_equal(got, want)
 
 
 def test_a_killed_worker_fails_its_requests_and_a_new_one_rejoins(checkpoints):

@@ -12,6 +12,7 @@ import hashlib
 import json
 import os
 import signal
+import socket
 import sys
 import threading
 import time
@@ -124,7 +125,8 @@ def main(argv=None) -> int:
         if h.role in ("prefill", "decode"):
             from rlt.workers.kv_transfer import KVTransport
 
-            transport = KVTransport(args.identity, p.cache)
+            # unique across hosts and coordinators (a Dynamo prefill node serves many decode nodes)
+            transport = KVTransport(f"{args.identity}@{socket.gethostname()}:{os.getpid()}", p.cache)
         worker = Worker(sock, engine, h.role, transport, h.launch.transfer_timeout)
         if h.launch.faults is not None:  # tests only: the one place faults are read
             from rlt.workers.faults import inject
