@@ -304,6 +304,58 @@ def test_a_killed_prefill_node_fails_only_what_it_holds_and_a_new_one_rejoins(ch
     assert "".join(texts) == whole.choices[0].text  # the stream that outlived its prefill node
 
 
+async def test_clients_leaving_at_any_phase_leave_nothing_behind(checkpoints):
+    """Streams through a prefill node and a decode node, a third of whose clients close them at
+    random points (while the prompt is prefilled, as the KV moves, while decoding): the others
+    finish whole, and the decode node stops with no live request and every block free."""
+    with stack() as s:
+        p = s.worker(checkpoints["ouro"], "prefill", "--role", "prefill")
+        d = s.worker(checkpoints["ouro"], "decode", "--role", "decode")
+        s.wait_model(d, "decode")
+        client = openai.AsyncOpenAI(base_url=s.url, api_key="none", max_retries=0, timeout=60)
+
+        async def one(i):
+            stream = await client.completions.create(
+                model="m",
+                prompt=[5 + (i * 13 + j) % 300 for j in range(10 + 7 * (i % 9))],
+                max_tokens=40,
+                temperature=0,
+                stream=True,
+                extra_body={"ignore_eos": True},
+            )
+            n = 0
+            async for chunk in stream:
+                n += sum(1 for c in chunk.choices if c.text is not None)
+                if i % 3 == 0 and n > i % 7:
+                    await stream.close()  # this client leaves
+                    return None
+            return chunk.choices[-1].finish_reason
+
+        ends = await asyncio.gather(*(one(i) for i in range(24)))
+        assert ends.count("length") == 16 and ends.count(None) == 8
+        await asyncio.sleep(1.0)  # (cancellations reach the nodes)
+        _stop(d)
+        _stop(p)
+        with open(s.log("decode")) as f:
+            line = next(ln for ln in f if ln.startswith("rlt node at exit"))
+        assert "0 live requests, 0 pending cleanup" in line, line
+        free, total = map(int, line.split("decode worker ")[1].split(" KV")[0].split(" of "))
+        assert free == total, line
+
+
+def test_a_decode_node_refuses_a_prefill_node_of_another_model(checkpoints):
+    """Fingerprints (config, weights, dtype, KV layout) are compared before any KV moves: a decode
+    node whose prefill node runs another checkpoint does not start, and says why."""
+    with stack() as s:
+        p = s.worker(checkpoints["nanbeige"], "prefill", "--role", "prefill")
+        d = s.worker(checkpoints["ouro"], "decode", "--role", "decode")
+        assert d.wait(120) != 0
+        with open(s.log("decode")) as f:
+            text = f.read()
+        assert "fingerprint" in text and "differs" in text, text[-2000:]
+        assert p.poll() is None  # the prefill node keeps serving
+
+
 def test_bad_options_fail_before_starting(checkpoints):
     r = subprocess.run(
         [sys.executable, "-m", "rlt.dynamo", checkpoints["ouro"], "--max-num-seqs", "0"],

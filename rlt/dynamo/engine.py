@@ -87,6 +87,18 @@ def chunk(index: int, out, sent: int, top: int | None) -> dict:
     return c
 
 
+def exit_line(stats: dict) -> str:
+    """What the node leaves behind when it stops (nothing, unless requests were still running)."""
+    local = [w for w in stats["workers"] if w["pid"] is not None]
+    blocks = ", ".join(
+        f"{w['role']} worker {w['kv_blocks_free']} of {w['kv_blocks_total']} KV blocks free" for w in local
+    )
+    return (
+        f"rlt node at exit: {stats['live_requests']} live requests, {stats['pending_cleanup']} pending cleanup, "
+        f"{blocks}"
+    )
+
+
 class RltEngine(LLMEngine):
     """An rlt.Engine: its coordinator in this process, its worker as a subprocess. Aggregated: the
     `single` topology. Decode: 1p1d whose prefill slot is the prefill nodes found through Dynamo
@@ -179,6 +191,7 @@ class RltEngine(LLMEngine):
 
     async def cleanup(self) -> None:
         if self.engine is not None:
+            print(exit_line(self.engine.stats()), flush=True)
             await self.engine.shutdown()
         if self.runtime is not None:
             self.runtime.shutdown()

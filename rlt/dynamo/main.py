@@ -91,6 +91,9 @@ def main(argv=None) -> int:
         async def factory(_argv):
             return built
 
+        # Dynamo's worker shuts down gracefully on SIGINT and SIGTERM (drain, then cleanup); Python's
+        # own SIGINT handler would also raise KeyboardInterrupt into the loop and skip that.
+        signal.signal(signal.SIGINT, lambda *_: None)
         run(RltEngine, argv, engine_factory=factory)
     else:
         import uvloop
