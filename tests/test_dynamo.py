@@ -140,6 +140,15 @@ async def single(model, prompt, sps, hf_overrides=None):
         return outs
 
 
+def assert_clean_exit(log: str) -> None:
+    """The node's exit line: no live request, nothing pending, every block of its worker free."""
+    with open(log) as f:
+        line = next(ln for ln in f if ln.startswith("rlt node at exit"))
+    assert "0 live requests, 0 pending cleanup" in line, line
+    free, total = map(int, line.split(" worker ")[1].split(" KV")[0].split(" of "))
+    assert free == total, line
+
+
 def cases(family: str) -> tuple[list[dict], list[SamplingParams]]:
     """Greedy and seeded (top-k, top-p) requests with logprobs, and for Ouro adaptive exit (the loop
     options as nvext annotations), as the openai client's arguments and as rlt SamplingParams."""
@@ -269,7 +278,7 @@ def test_a_killed_prefill_node_fails_only_what_it_holds_and_a_new_one_rejoins(ch
     node started again serves the next ones; SIGINT stops every node with its rlt worker."""
     with stack() as s:
         p = s.worker(checkpoints["ouro"], "prefill", "--role", "prefill")
-        d = s.worker(checkpoints["ouro"], "decode", "--role", "decode")
+        d = s.worker(checkpoints["ouro"], "decode", "--role", "decode", "--transfer-timeout", "2")
         s.wait_model(d, "decode")
         client = openai.OpenAI(base_url=s.url, api_key="none", max_retries=0, timeout=30)
         whole = client.completions.create(model="m", prompt=[5, 6, 7], max_tokens=300, temperature=0)
@@ -298,9 +307,11 @@ def test_a_killed_prefill_node_fails_only_what_it_holds_and_a_new_one_rejoins(ch
                 assert time.monotonic() < deadline and p2.poll() is None, open(s.log("prefill2")).read()[-3000:]
                 time.sleep(0.5)
         assert r.usage.completion_tokens == 5
+        time.sleep(2.5)  # past the transfer deadline of the requests whose stream broke
         _stop(d)
         _stop(p2)
         assert not _group_alive(d.pid) and not _group_alive(p2.pid)
+        assert_clean_exit(s.log("decode"))
     assert "".join(texts) == whole.choices[0].text  # the stream that outlived its prefill node
 
 
@@ -336,11 +347,7 @@ async def test_clients_leaving_at_any_phase_leave_nothing_behind(checkpoints):
         await asyncio.sleep(1.0)  # (cancellations reach the nodes)
         _stop(d)
         _stop(p)
-        with open(s.log("decode")) as f:
-            line = next(ln for ln in f if ln.startswith("rlt node at exit"))
-        assert "0 live requests, 0 pending cleanup" in line, line
-        free, total = map(int, line.split("decode worker ")[1].split(" KV")[0].split(" of "))
-        assert free == total, line
+        assert_clean_exit(s.log("decode"))
 
 
 def test_a_decode_node_refuses_a_prefill_node_of_another_model(checkpoints):

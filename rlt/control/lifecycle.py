@@ -243,6 +243,15 @@ class Lifecycle:
             r.decode.release()
             self._stop_writer(r)
 
+    def on_writer_lost(self, p, gen: int, error: str) -> None:
+        """A remote prefill node can no longer be heard (its stream broke) but may still be writing:
+        the request fails now; its decode blocks are freed by the Drained its proxy reports once the
+        writer's own transfer deadline has passed (rlt/dynamo/remote.py)."""
+        r = self.gens.get(gen)
+        if r is not None and r.prefill is not None and r.prefill.worker is p and not r.retired:
+            r.collector.finish("error", error)
+            self._retire(r)
+
     def on_worker_dead(self, w: WorkerProc, err: EngineDeadError) -> None:
         """Fail the requests the dead worker held; free what the others hold for them."""
         for r in list(self.gens.values()):

@@ -133,6 +133,7 @@ class RltEngine(LLMEngine):
 
     async def start(self, worker_id: int) -> EngineConfig:
         self.engine = await self.launch
+        print(f"rlt node ready: worker logs in {self.engine.stats()['log_dir']}", flush=True)
         mc, cfg = self.engine.model_config, self.engine.engine_config
         stats = self.engine.stats()
         return EngineConfig(

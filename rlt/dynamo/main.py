@@ -115,6 +115,7 @@ async def serve_prefill(launch, args) -> None:
         loop.add_signal_handler(sig, stop.set)
     node = PrefillNode(launch)
     await node.start()
+    print(f"rlt prefill node: worker logs in {node.supervisor.log_dir}", flush=True)
     runtime = DistributedRuntime(loop, args.discovery_backend, args.request_plane)
     endpoint = runtime.endpoint(f"{args.namespace}.prefill.generate")
     serving = asyncio.ensure_future(endpoint.serve_endpoint(node.handle))

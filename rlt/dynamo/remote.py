@@ -6,7 +6,8 @@ writes on a prefill worker, the first token from it, activation on the decode wo
 writer-before-reader release — runs unchanged. What it is sent goes to a prefill node's endpoint
 (rlt/dynamo/wire.py), round robin over the instances Dynamo's discovery lists, and what comes
 back is handed to the Supervisor as that worker's own messages. A request's cancel goes to the
-instance that took it; its blocks are freed when that instance reports nothing in flight.
+instance that took it; its blocks are freed when that instance reports nothing in flight, or, if
+its stream breaks (the node died, or is cut off), once its transfer deadline has passed.
 """
 
 import asyncio
@@ -112,8 +113,10 @@ class RemotePrefill:
             error = f"the prefill node's stream broke: {e}"
         finally:
             self.taken.pop(msg.gen, None)
-        if not ended:
-            await self.supervisor.dispatch(self, pr.Failed(msg.gen, error))
+        if not ended:  # it may still write (cut off, not dead) until its own transfer deadline
+            self.supervisor.lifecycle.on_writer_lost(self, msg.gen, error)
+            await asyncio.sleep(self.supervisor.launch.transfer_timeout)
+            await self.supervisor.dispatch(self, pr.Drained(msg.gen))
 
     async def _cancel(self, gen: int) -> None:
         instance, key = self.taken.get(gen, (None, None))
