@@ -3,6 +3,8 @@ ResolvedParams: the same with every default filled in, as the coordinator valida
 
 import msgspec
 
+from rlt.errors import RequestError
+
 
 class SamplingParams(msgspec.Struct, kw_only=True, omit_defaults=True):
     max_tokens: int = 16
@@ -16,6 +18,18 @@ class SamplingParams(msgspec.Struct, kw_only=True, omit_defaults=True):
     stop_token_ids: list[int] = []
     ignore_eos: bool = False
     logprobs: int | None = None  # top-K logprobs per output position (and the sampled token's)
+
+
+MAX_CHOICES = 128
+
+
+def choices(n, **fields) -> list[SamplingParams]:
+    """n choices of one request (OpenAI's `n`): choice i samples with seed + i, so each is its own
+    seed stream and equals a separate request with that seed."""
+    if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_CHOICES:
+        raise RequestError(f"n must be in [1, {MAX_CHOICES}], got {n!r}")
+    seed = fields.get("seed")
+    return [SamplingParams(**(fields | ({"seed": seed + i} if seed is not None and i else {}))) for i in range(n)]
 
 
 class ResolvedParams(msgspec.Struct, frozen=True, kw_only=True):

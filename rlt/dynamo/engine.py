@@ -19,7 +19,7 @@ from dynamo.llm.exceptions import EngineShutdown, InvalidArgument
 
 import rlt
 from rlt.errors import EngineDeadError, RequestError
-from rlt.sampling_params import SamplingParams
+from rlt.sampling_params import SamplingParams, choices
 
 log = logging.getLogger("rlt.dynamo")
 
@@ -46,11 +46,7 @@ def sampling_params(request: dict) -> list[SamplingParams]:
     if oo.get("logprobs") is not None:
         kw["logprobs"] = max(1, int(oo["logprobs"]))  # (rlt's also carry the sampled token's)
     kw |= loop_options(request.get("annotations") or [])
-    n = so.get("n") or 1
-    if not isinstance(n, int) or not 1 <= n <= 128:
-        raise RequestError(f"n must be in [1, 128], got {n!r}")
-    seed = kw.get("seed")
-    return [SamplingParams(**(kw | ({"seed": seed + i} if seed is not None and i else {}))) for i in range(n)]
+    return choices(so.get("n") or 1, **kw)
 
 
 def loop_options(annotations: list[str]) -> dict:

@@ -10,7 +10,7 @@ import uuid
 from dataclasses import dataclass
 
 from rlt.errors import RequestError
-from rlt.sampling_params import SamplingParams
+from rlt.sampling_params import SamplingParams, choices
 
 # OpenAI (and vLLM) names -> SamplingParams fields; the looped-model ones keep rlt's names.
 _SAME = (
@@ -77,14 +77,11 @@ def parse(body: dict, chat: bool, defaults: dict) -> Parsed:
             raise RequestError(f"{'top_logprobs' if chat else 'logprobs'} must be in [0, 20], got {top}")
         kw["logprobs"] = max(top, 1)  # (the engine's logprobs also carry the sampled token's)
     n = _int(body, "n", 1)
-    if n < 1 or n > 128:
-        raise RequestError(f"n must be in [1, 128], got {n}")
     stop = body.get("stop") or []
     stop = [stop] if isinstance(stop, str) else stop
     if not isinstance(stop, list) or not all(isinstance(s, str) and s for s in stop) or len(stop) > 16:
         raise RequestError(f"stop must be a non-empty string or a list of at most 16 of them, got {body.get('stop')!r}")
-    seed = kw.get("seed")
-    params = [SamplingParams(**(kw | ({"seed": seed + i} if seed is not None and i else {}))) for i in range(n)]
+    params = choices(n, **kw)
     options = body.get("stream_options") or {}
     return Parsed(
         params,
