@@ -151,32 +151,37 @@ def assert_clean_exit(log: str) -> None:
 
 def cases(family: str) -> tuple[list[dict], list[SamplingParams]]:
     """Greedy and seeded (top-k, top-p) requests with logprobs, and for Ouro adaptive exit (the loop
-    options as nvext annotations), as the openai client's arguments and as rlt SamplingParams."""
+    options as nvext annotations), as the openai client's arguments and as rlt SamplingParams. Each
+    asks for the token ids and rlt's exit depths (nvext extra fields), and logprobs naming the
+    token ids ("token_id:42")."""
     requests = [
         dict(max_tokens=9, temperature=0),
         dict(max_tokens=9, temperature=0.9, top_p=0.9, seed=11, extra_body={"top_k": 20}),
     ]
-    for r in requests:  # logprobs name the token ids ("token_id:42")
-        r["extra_body"] = r.get("extra_body", {}) | {"return_tokens_as_token_ids": True}
     sps = [
         SamplingParams(max_tokens=9, temperature=0, logprobs=1),
         SamplingParams(max_tokens=9, temperature=0.9, top_p=0.9, top_k=20, seed=11, logprobs=1),
     ]
     if family == "ouro":
-        nvext = {"annotations": ["exit_threshold=0.5"]}
         requests.append(
-            dict(max_tokens=9, temperature=0, extra_body={"nvext": nvext, "return_tokens_as_token_ids": True})
+            dict(max_tokens=9, temperature=0, extra_body={"nvext": {"annotations": ["exit_threshold=0.5"]}})
         )
         sps.append(SamplingParams(max_tokens=9, temperature=0, exit_threshold=0.5, logprobs=1))
+    for r in requests:
+        body = r.setdefault("extra_body", {})
+        body["return_tokens_as_token_ids"] = True
+        body["nvext"] = body.get("nvext", {}) | {"extra_fields": ["completion_token_ids", "engine_data"]}
     return requests, sps
 
 
 def assert_equal(got, want) -> None:
-    """The token ids, finish reason and each token's logprob equal rlt's own. (Not the text: for
-    tokens that are parts of a UTF-8 character, Dynamo's detokenizer and rlt's may write a
-    different number of U+FFFD between them.)"""
+    """The token ids, exit depths, finish reason and each token's logprob equal rlt's own. (Not the
+    text: for tokens that are parts of a UTF-8 character, Dynamo's detokenizer and rlt's may write
+    a different number of U+FFFD between them.)"""
     for r, out in zip(got, want, strict=True):
-        c = r.choices[0]
+        c, nvext = r.choices[0], r.model_extra["nvext"]
+        assert nvext["completion_token_ids"] == out.token_ids
+        assert nvext["engine_data"]["request_exit_depths"] == out.exit_depths
         assert c.logprobs.tokens == [f"token_id:{t}" for t in out.token_ids]
         assert (c.finish_reason, r.usage.completion_tokens) == (out.finish_reason, len(out.token_ids))
         lps = [pos[t] for t, pos in zip(out.token_ids, out.logprobs)]

@@ -4,8 +4,9 @@ Dynamo's frontend applies the checkpoint's chat template, tokenizes, detokenizes
 strings; the request that reaches generate() is token ids with sampling options and stop
 conditions (Dynamo's PreprocessedRequest). They become rlt SamplingParams — checked by rlt
 itself, so a bad field is refused before any worker sees it, naming the field and the limit — and
-the stream goes back as token-id deltas, each chunk with its tokens' exit depths in
-`engine_data` (Dynamo's OpenAI responses do not carry it). Loop options come as the request's
+the stream goes back as token-id deltas, each chunk with its tokens' exit depths in `engine_data`
+(`exit_depths`; the last chunk also `request_exit_depths`, every token's), which a client gets
+with `nvext.extra_fields: ["engine_data"]`. Loop options come as the request's
 `nvext.annotations` ("exit_threshold=0.5", "min_loops=2", "max_loops=3": Dynamo's frontend
 rejects unknown body fields). Cancellation closes the rlt stream, which aborts the request.
 """
@@ -76,7 +77,8 @@ def chunk(index: int, out, sent: int, top: int | None) -> dict:
             ]
             for pos in positions
         ]
-    if out.finished:
+    if out.finished:  # (a non-streamed response keeps only the last chunk's engine_data)
+        c["engine_data"]["request_exit_depths"] = out.exit_depths
         c["finish_reason"] = FINISH.get(out.finish_reason, "error")
         prompt, done = len(out.prompt_token_ids), len(out.token_ids)
         c["completion_usage"] = {"prompt_tokens": prompt, "completion_tokens": done, "total_tokens": prompt + done}
