@@ -1,7 +1,8 @@
 """rlt as an NVIDIA Dynamo backend, on Dynamo's real infrastructure: an etcd server for discovery,
 Dynamo's OpenAI frontend and `python -m rlt.dynamo` workers, each its own process, sharing only the
-network (TCP request plane). Driven by the official `openai` client; outputs equal rlt's own
-`single` topology. Needs the `dynamo` extra's packages and an `etcd` binary (.ci/run installs both)."""
+network (TCP request plane; KV over UCX's TCP transport). Driven by the official `openai` client;
+outputs equal rlt's own `single` topology. Needs the `dynamo` extra's packages and an `etcd`
+binary (.ci/run installs both)."""
 
 import asyncio
 import contextlib
@@ -67,7 +68,9 @@ class Stack:
     def __init__(self, tmp: str):
         self.tmp, self.procs = tmp, []
         port, peer, self.http = free_port(), free_port(), free_port()
-        self.env = os.environ | {"ETCD_ENDPOINTS": f"http://127.0.0.1:{port}", "DYN_LOG": "warn"}
+        # UCX_TLS=tcp: KV moves over TCP on the loopback, as between hosts without RDMA (not through
+        # the shared-memory transports processes of one host could use)
+        self.env = os.environ | {"ETCD_ENDPOINTS": f"http://127.0.0.1:{port}", "DYN_LOG": "warn", "UCX_TLS": "tcp"}
         self.etcd = self._run(
             [
                 "etcd",
