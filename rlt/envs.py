@@ -10,6 +10,8 @@ ENVIRONMENT = {
     "RLT_PDL": "0 turns programmatic dependent launch off for the decode kernels (an escape hatch: "
     "on by default on Hopper and later)",
     "OMP_WAIT_POLICY": "workers default it to PASSIVE (see worker_environ)",
+    "UCX_TLS": "UCX's own (read by NIXL); repeated in the worker log beside its NIXL agent's name",
+    "UCX_NET_DEVICES": "UCX's own (read by NIXL); repeated in the worker log beside its NIXL agent's name",
 }
 
 
@@ -28,3 +30,8 @@ def worker_environ() -> dict[str, str]:
     processes sharing a CPU's cores (a PD topology, the coordinator, other programs) stall each
     other: a CPU decode ran 50-100x slower under load with spinning, not with passive waits."""
     return {**os.environ, "OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY", "PASSIVE")}
+
+
+def ucx_settings() -> dict[str, str]:
+    """The UCX variables that choose the KV transport, as this process sees them (for its log)."""
+    return {k: os.environ.get(k, "(UCX's default)") for k in ("UCX_TLS", "UCX_NET_DEVICES")}

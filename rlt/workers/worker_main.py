@@ -20,6 +20,7 @@ import traceback
 
 import zmq
 
+from rlt import envs
 from rlt import protocol as pr
 
 
@@ -127,9 +128,8 @@ def main(argv=None) -> int:
 
             # unique across hosts and coordinators (a Dynamo prefill node serves many decode nodes)
             transport = KVTransport(f"{args.identity}@{socket.gethostname()}:{os.getpid()}", p.cache)
-            ucx = {k: os.environ.get(k, "(UCX's default)") for k in ("UCX_TLS", "UCX_NET_DEVICES")}
             say(
-                f"KV transport: NIXL agent {transport.name} over UCX, {ucx}; UCX_PROTO_INFO=y logs the "
+                f"KV transport: NIXL agent {transport.name} over UCX, {envs.ucx_settings()}; UCX_PROTO_INFO=y logs the "
                 "transports UCX picks for each peer (RDMA: rc_/dc_/ud_ ..., or tcp)"
             )
         worker = Worker(sock, engine, h.role, transport, h.launch.transfer_timeout)
