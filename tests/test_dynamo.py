@@ -6,6 +6,7 @@ binary (.ci/run installs both)."""
 
 import asyncio
 import contextlib
+import itertools
 import os
 import shutil
 import signal
@@ -62,56 +63,62 @@ def _group_alive(pgid: int) -> bool:
     return str(pgid) in out
 
 
-class Stack:
-    """etcd + Dynamo's frontend; workers are added with worker()."""
+class Infra:
+    """etcd + Dynamo's frontend, shared by the module's tests (each test its own namespace and
+    model name: nothing of one test is visible to another's workers)."""
 
     def __init__(self, tmp: str):
-        self.tmp, self.procs = tmp, []
-        port, peer, self.http = free_port(), free_port(), free_port()
+        self.tmp = tmp
+        port, peer, http = free_port(), free_port(), free_port()
         # UCX_TLS=tcp: KV moves over TCP on the loopback, as between hosts without RDMA (not through
         # the shared-memory transports processes of one host could use)
         self.env = os.environ | {"ETCD_ENDPOINTS": f"http://127.0.0.1:{port}", "DYN_LOG": "warn", "UCX_TLS": "tcp"}
-        self.etcd = self._run(
-            [
-                "etcd",
-                "--data-dir",
-                os.path.join(tmp, "etcd"),
-                "--listen-client-urls",
-                f"http://127.0.0.1:{port}",
-                "--advertise-client-urls",
-                f"http://127.0.0.1:{port}",
-                "--listen-peer-urls",
-                f"http://127.0.0.1:{peer}",
-            ],
-            "etcd",
-        )
-        _wait(lambda: _get(f"http://127.0.0.1:{port}/health") is not None, "etcd", self.etcd, self.log("etcd"))
-        front = [sys.executable, "-m", "dynamo.frontend", "--http-port", str(self.http)]
-        self.frontend = self._run(front + ["--discovery-backend", "etcd"], "frontend")
-        self.url = f"http://127.0.0.1:{self.http}/v1"
+        etcd = ["etcd", "--data-dir", os.path.join(tmp, "etcd"), "--listen-client-urls", f"http://127.0.0.1:{port}"]
+        etcd += [
+            "--advertise-client-urls",
+            f"http://127.0.0.1:{port}",
+            "--listen-peer-urls",
+            f"http://127.0.0.1:{peer}",
+        ]
+        self.etcd = _start(etcd, os.path.join(tmp, "etcd.log"), self.env)
+        _wait(lambda: _get(f"http://127.0.0.1:{port}/health") is not None, "etcd", self.etcd, f"{tmp}/etcd.log")
+        front = [sys.executable, "-m", "dynamo.frontend", "--http-port", str(http), "--discovery-backend", "etcd"]
+        self.frontend = _start(front, os.path.join(tmp, "frontend.log"), self.env)
+        self.url = f"http://127.0.0.1:{http}/v1"
+
+    def close(self) -> None:
+        _stop(self.frontend)
+        _stop(self.etcd, signal.SIGTERM)
+
+
+class Stack:
+    """One test's workers on the shared infrastructure; `model` is the name its clients use."""
+
+    def __init__(self, infra: Infra, n: int):
+        self.infra, self.url, self.env = infra, infra.url, infra.env
+        self.tmp, self.procs = tempfile.mkdtemp(prefix="rlt-dynamo-"), []
+        self.namespace, self.model = f"test{n}", f"m{n}"
 
     def log(self, name: str) -> str:
         return os.path.join(self.tmp, f"{name}.log")
 
-    def _run(self, argv, name) -> subprocess.Popen:
-        p = _start(argv, self.log(name), self.env)
+    def worker(self, model: str, name: str = "worker", *flags: str) -> subprocess.Popen:
+        argv = [sys.executable, "-m", "rlt.dynamo", model, "--served-model-name", self.model, *FAST, *flags]
+        p = _start(argv + ["--discovery-backend", "etcd", "--namespace", self.namespace], self.log(name), self.env)
         self.procs.append(p)
         return p
-
-    def worker(self, model: str, name: str = "worker", *flags: str) -> subprocess.Popen:
-        argv = [sys.executable, "-m", "rlt.dynamo", model, "--served-model-name", "m", *FAST, *flags]
-        return self._run(argv + ["--discovery-backend", "etcd"], name)
 
     def wait_model(self, proc: subprocess.Popen, name: str = "worker") -> None:
         def listed():
             models = _get(f"{self.url}/models")
-            return models is not None and "m" in models
+            return models is not None and f'"{self.model}"' in models
 
         _wait(listed, "the worker's model at the frontend", proc, self.log(name))
 
     def close(self) -> None:
         for p in reversed(self.procs):
-            _stop(p, signal.SIGINT if p is not self.etcd else signal.SIGTERM)
+            _stop(p)
+        shutil.rmtree(self.tmp, ignore_errors=True)
 
 
 def _get(url: str) -> str | None:
@@ -122,21 +129,40 @@ def _get(url: str) -> str | None:
         return None
 
 
-@contextlib.contextmanager
-def stack():
-    tmp = tempfile.mkdtemp(prefix="rlt-dynamo-")
-    s = Stack(tmp)
+@pytest.fixture(scope="module")
+def infra():
+    tmp = tempfile.mkdtemp(prefix="rlt-dynamo-infra-")
+    i = Infra(tmp)
     try:
-        yield s
+        yield i
     finally:
-        s.close()
+        i.close()
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-async def single(model, prompt, sps, hf_overrides=None):
+_tests = itertools.count()
+
+
+@pytest.fixture
+def stack(infra):
+    """`with stack() as s:` — this test's workers, stopped at the end."""
+
+    @contextlib.contextmanager
+    def make():
+        s = Stack(infra, next(_tests))
+        try:
+            yield s
+        finally:
+            s.close()
+
+    return make
+
+
+async def single(model, jobs, hf_overrides=None):
+    """rlt's own single topology: the final output of each (prompt, SamplingParams), one engine."""
     async with rlt.Engine.launch(model, hf_overrides=hf_overrides, heartbeat_timeout=3.0) as engine:
         outs = []
-        for sp in sps:
+        for prompt, sp in jobs:
             async for out in engine.generate(prompt, sp):
                 pass
             outs.append(out)
@@ -195,7 +221,7 @@ def assert_equal(got, want) -> None:
     "family,nodes",
     [("ouro", "aggregated"), ("ouro", "prefill+decode"), ("nanbeige", "prefill+decode"), ("huginn", "prefill+decode")],
 )
-def test_completions_through_dynamo_equal_single(checkpoints, family, nodes):
+def test_completions_through_dynamo_equal_single(checkpoints, stack, family, nodes):
     """One aggregated worker; or a prefill node and a decode node (separate processes, separate
     NIXL agents, KV over UCX: the decode node reserves, the prefill node computes every depth plane
     of a prompt of several blocks and writes it into the decode node's blocks, the first token comes
@@ -213,16 +239,16 @@ def test_completions_through_dynamo_equal_single(checkpoints, family, nodes):
             w = s.worker(checkpoints[family], "decode", "--role", "decode", *flags)
             s.wait_model(w, "decode")
         client = openai.OpenAI(base_url=s.url, api_key="none", max_retries=0)
-        got = [client.completions.create(model="m", prompt=prompt, logprobs=1, **r) for r in requests]
+        got = [client.completions.create(model=s.model, prompt=prompt, logprobs=1, **r) for r in requests]
         if nodes != "aggregated":
             _stop(w)
             _stop(p)
             with open(s.log("prefill")) as f:
                 assert f"{len(requests)} prompts prefilled" in f.read()
-    assert_equal(got, asyncio.run(single(checkpoints[family], prompt, sps, ov)))
+    assert_equal(got, asyncio.run(single(checkpoints[family], [(prompt, sp) for sp in sps], ov)))
 
 
-def test_two_decode_nodes_share_a_prefill_node(checkpoints):
+def test_two_decode_nodes_share_a_prefill_node(checkpoints, stack):
     """Requests at once through two decode nodes (each numbering its own requests from 1) and one
     prefill node: each KV handoff lands in the right decode node's blocks under the right request."""
     requests, sps = cases("ouro")
@@ -236,7 +262,9 @@ def test_two_decode_nodes_share_a_prefill_node(checkpoints):
         client = openai.AsyncOpenAI(base_url=s.url, api_key="none", max_retries=0)
 
         async def all_at_once():
-            calls = [client.completions.create(model="m", prompt=q, logprobs=1, **r) for q in prompts for r in requests]
+            calls = [
+                client.completions.create(model=s.model, prompt=q, logprobs=1, **r) for q in prompts for r in requests
+            ]
             return await asyncio.gather(*calls)
 
         got = asyncio.run(all_at_once())
@@ -245,11 +273,11 @@ def test_two_decode_nodes_share_a_prefill_node(checkpoints):
         _stop(p)
         with open(s.log("prefill")) as f:
             assert f"{len(got)} prompts prefilled" in f.read()
-    want = [o for q in prompts for o in asyncio.run(single(checkpoints["ouro"], q, sps))]
+    want = asyncio.run(single(checkpoints["ouro"], [(q, sp) for q in prompts for sp in sps]))
     assert_equal(got, want)
 
 
-def test_a_killed_worker_fails_its_requests_and_a_new_one_rejoins(checkpoints):
+def test_a_killed_worker_fails_its_requests_and_a_new_one_rejoins(checkpoints, stack):
     """SIGKILL a worker mid-stream: that stream ends in an error, nothing hangs; a worker started
     again serves the same model; SIGINT then stops it with its rlt worker process."""
     with stack() as s:
@@ -257,7 +285,12 @@ def test_a_killed_worker_fails_its_requests_and_a_new_one_rejoins(checkpoints):
         s.wait_model(w)
         client = openai.OpenAI(base_url=s.url, api_key="none", max_retries=0, timeout=30)
         stream = client.completions.create(
-            model="m", prompt=[5, 6, 7], max_tokens=4000, temperature=0, stream=True, extra_body={"ignore_eos": True}
+            model=s.model,
+            prompt=[5, 6, 7],
+            max_tokens=4000,
+            temperature=0,
+            stream=True,
+            extra_body={"ignore_eos": True},
         )
         got = 0
         with pytest.raises((openai.APIError, openai.APIConnectionError)):
@@ -270,7 +303,7 @@ def test_a_killed_worker_fails_its_requests_and_a_new_one_rejoins(checkpoints):
         deadline = time.monotonic() + 90
         while True:  # until the frontend routes to the new worker (the dead one leaves discovery)
             try:
-                r = client.completions.create(model="m", prompt=[5, 6, 7], max_tokens=5, temperature=0)
+                r = client.completions.create(model=s.model, prompt=[5, 6, 7], max_tokens=5, temperature=0)
                 break
             except openai.APIError:
                 assert time.monotonic() < deadline and w2.poll() is None, open(s.log("worker2")).read()[-3000:]
@@ -280,7 +313,7 @@ def test_a_killed_worker_fails_its_requests_and_a_new_one_rejoins(checkpoints):
         assert not _group_alive(w2.pid)  # no rlt worker process outlives its Dynamo worker
 
 
-def test_a_killed_prefill_node_fails_only_what_it_holds_and_a_new_one_rejoins(checkpoints):
+def test_a_killed_prefill_node_fails_only_what_it_holds_and_a_new_one_rejoins(checkpoints, stack):
     """A request already handed to the decode node finishes when the prefill node dies; while no
     prefill node serves, a new request fails with that reason (the decode node stays up); a prefill
     node started again serves the next ones; SIGINT stops every node with its rlt worker."""
@@ -289,9 +322,9 @@ def test_a_killed_prefill_node_fails_only_what_it_holds_and_a_new_one_rejoins(ch
         d = s.worker(checkpoints["ouro"], "decode", "--role", "decode", "--transfer-timeout", "2")
         s.wait_model(d, "decode")
         client = openai.OpenAI(base_url=s.url, api_key="none", max_retries=0, timeout=30)
-        whole = client.completions.create(model="m", prompt=[5, 6, 7], max_tokens=300, temperature=0)
+        whole = client.completions.create(model=s.model, prompt=[5, 6, 7], max_tokens=300, temperature=0)
         stream = client.completions.create(
-            model="m", prompt=[5, 6, 7], max_tokens=300, temperature=0, stream=True, extra_body={"ignore_eos": True}
+            model=s.model, prompt=[5, 6, 7], max_tokens=300, temperature=0, stream=True, extra_body={"ignore_eos": True}
         )
         texts = []
         for chunk in stream:
@@ -301,7 +334,7 @@ def test_a_killed_prefill_node_fails_only_what_it_holds_and_a_new_one_rejoins(ch
                 p.wait()
         assert chunk.choices[-1].finish_reason == "length"
         with pytest.raises(openai.InternalServerError) as e:  # nobody to prefill it: 503, the reason logged
-            client.completions.create(model="m", prompt=[9, 10, 11], max_tokens=5, temperature=0)
+            client.completions.create(model=s.model, prompt=[9, 10, 11], max_tokens=5, temperature=0)
         assert e.value.status_code == 503 and d.poll() is None
         with open(s.log("decode")) as f:
             assert "prefill node" in f.read()  # (no instance, or the dead one still listed)
@@ -309,7 +342,7 @@ def test_a_killed_prefill_node_fails_only_what_it_holds_and_a_new_one_rejoins(ch
         deadline = time.monotonic() + 90
         while True:
             try:
-                r = client.completions.create(model="m", prompt=[9, 10, 11], max_tokens=5, temperature=0)
+                r = client.completions.create(model=s.model, prompt=[9, 10, 11], max_tokens=5, temperature=0)
                 break
             except openai.APIError:
                 assert time.monotonic() < deadline and p2.poll() is None, open(s.log("prefill2")).read()[-3000:]
@@ -323,7 +356,7 @@ def test_a_killed_prefill_node_fails_only_what_it_holds_and_a_new_one_rejoins(ch
     assert "".join(texts) == whole.choices[0].text  # the stream that outlived its prefill node
 
 
-async def test_clients_leaving_at_any_phase_leave_nothing_behind(checkpoints):
+async def test_clients_leaving_at_any_phase_leave_nothing_behind(checkpoints, stack):
     """Streams through a prefill node and a decode node, a third of whose clients close them at
     random points (while the prompt is prefilled, as the KV moves, while decoding): the others
     finish whole, and the decode node stops with no live request and every block free."""
@@ -335,7 +368,7 @@ async def test_clients_leaving_at_any_phase_leave_nothing_behind(checkpoints):
 
         async def one(i):
             stream = await client.completions.create(
-                model="m",
+                model=s.model,
                 prompt=[5 + (i * 13 + j) % 300 for j in range(10 + 7 * (i % 9))],
                 max_tokens=40,
                 temperature=0,
@@ -358,7 +391,7 @@ async def test_clients_leaving_at_any_phase_leave_nothing_behind(checkpoints):
         assert_clean_exit(s.log("decode"))
 
 
-def test_a_decode_node_refuses_a_prefill_node_of_another_model(checkpoints):
+def test_a_decode_node_refuses_a_prefill_node_of_another_model(checkpoints, stack):
     """Fingerprints (config, weights, dtype, KV layout) are compared before any KV moves: a decode
     node whose prefill node runs another checkpoint does not start, and says why."""
     with stack() as s:
