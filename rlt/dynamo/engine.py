@@ -127,7 +127,10 @@ class RltEngine(LLMEngine):
     async def from_args(cls, argv=None):
         from rlt.dynamo.main import parse
 
-        return parse(argv)
+        engine, config = parse(argv)
+        if not isinstance(engine, cls):
+            raise ValueError("a prefill node is no Dynamo LLM engine: run it with python -m rlt.dynamo --role prefill")
+        return engine, config
 
     async def start(self, worker_id: int) -> EngineConfig:
         self.engine = await self.launch

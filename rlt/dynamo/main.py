@@ -1,9 +1,10 @@
-"""`python -m rlt.dynamo [--role aggregated] MODEL [Dynamo options] [rlt engine options]`: one rlt
-engine served as a Dynamo worker. It registers MODEL with Dynamo's discovery (tokens in: Dynamo's
-frontend renders the chat template and tokenizes with the checkpoint's own files) and serves
-`generate` at NAMESPACE.COMPONENT.ENDPOINT until SIGINT/SIGTERM (Dynamo's worker owns the signals,
-drains, then shuts the rlt engine down). Options are checked before anything starts: a bad one
-is one line on stderr and exit status 2."""
+"""`python -m rlt.dynamo [--role aggregated|decode|prefill] MODEL [Dynamo options] [engine options]`:
+one rlt worker as a Dynamo node. Aggregated and decode nodes register MODEL with Dynamo's discovery
+(tokens in: Dynamo's frontend renders the chat template and tokenizes with the checkpoint's own
+files) and serve NAMESPACE.COMPONENT.ENDPOINT; a decode node's prompts are prefilled by prefill
+nodes, which serve NAMESPACE.prefill.generate to decode nodes only (rlt/dynamo/prefill.py). Each
+runs until SIGINT/SIGTERM, then drains and stops its rlt worker. Options are checked before
+anything starts: a bad one is one line on stderr and exit status 2."""
 
 import argparse
 import asyncio
