@@ -59,9 +59,6 @@ class Relay:
         if msg.gen in self.queues:
             self._put(msg.gen, pr.Failed(self.remote_gen[msg.gen], msg.error))
 
-    def on_reserved(self, w, msg) -> None:  # (decode workers only)
-        pass
-
     def on_worker_dead(self, w, err: EngineDeadError) -> None:
         """A dead writer writes nothing more: every request it held ends, failed."""
         for g in list(self.queues):
@@ -109,7 +106,11 @@ class PrefillNode:
             raise ValueError(f"unknown op {op!r}")
 
     async def _prefill(self, request: dict):
-        p, peer, key = wire.unpack_prefill(request["prefill"]), wire.unpack_peer(request["peer"]), request["key"]
+        p, peer, key = (
+            wire.unpack(request["prefill"], wire.PREFILL),
+            wire.unpack(request["peer"], wire.PEER),
+            request["key"],
+        )
         try:
             w = self.worker
         except EngineDeadError as e:

@@ -12,7 +12,6 @@ its stream breaks (the node died, or is cut off), once its transfer deadline has
 
 import asyncio
 import itertools
-import time
 
 from rlt import protocol as pr
 from rlt.control.worker_proc import Credits
@@ -27,8 +26,7 @@ class RemotePrefill:
         self.ready: pr.Ready | None = None
         self.stats, self.credits = pr.Stats(0, 0, 0), Credits()
         self.outbox: asyncio.Queue = asyncio.Queue()
-        self.sender = None
-        self.last_seen = time.monotonic()
+        self.sender = None  # (the Supervisor's: its message pump, and last_seen, are set at start)
         self.peers: dict[str, pr.PeerInfo] = {}  # the decode workers' agents, by name
         self.taken: dict[int, tuple[int, str]] = {}  # generation -> (instance, key) that took it
         self._round = itertools.count()
@@ -51,7 +49,7 @@ class RemotePrefill:
         the same checkpoint, which the decode node's Supervisor checks against its own."""
         stream = await self.client.round_robin({"op": "info"}, annotated=False)
         async for item in stream:
-            self.ready = wire.unpack_ready(item["ready"])
+            self.ready = wire.unpack(item["ready"], wire.READY)
         if self.ready is None:
             raise RuntimeError("a prefill node answered info without its Ready")
         return self.ready
@@ -103,7 +101,7 @@ class RemotePrefill:
                     "fingerprint": self.supervisor.fingerprint,
                 }
                 async for item in await self.client.direct(request, instance, annotated=False):
-                    reply = wire.unpack_from_worker(item["msg"])
+                    reply = wire.unpack(item["msg"], pr.from_worker)
                     ended = isinstance(reply, (pr.TransferDone, pr.Drained, pr.Failed))
                     if isinstance(reply, pr.Outputs):
                         self.stats = reply.stats

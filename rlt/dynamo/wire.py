@@ -16,26 +16,16 @@ import msgspec
 
 from rlt import protocol as pr
 
-_peer = msgspec.msgpack.Decoder(pr.PeerInfo)
-_prefill = msgspec.msgpack.Decoder(pr.Prefill)
-_ready = msgspec.msgpack.Decoder(pr.Ready)
-
 
 def pack(msg) -> str:
     return base64.b64encode(pr.encoder.encode(msg)).decode()
 
 
-def unpack_from_worker(text: str):
-    return pr.from_worker.decode(base64.b64decode(text))
+def unpack(text: str, decoder: msgspec.msgpack.Decoder):
+    """decoder: rlt.protocol's from_worker, or one of PREFILL, PEER, READY."""
+    return decoder.decode(base64.b64decode(text))
 
 
-def unpack_prefill(text: str) -> pr.Prefill:
-    return _prefill.decode(base64.b64decode(text))
-
-
-def unpack_peer(text: str) -> pr.PeerInfo:
-    return _peer.decode(base64.b64decode(text))
-
-
-def unpack_ready(text: str) -> pr.Ready:
-    return _ready.decode(base64.b64decode(text))
+PREFILL = msgspec.msgpack.Decoder(pr.Prefill)
+PEER = msgspec.msgpack.Decoder(pr.PeerInfo)
+READY = msgspec.msgpack.Decoder(pr.Ready)
