@@ -58,10 +58,14 @@ class Supervisor:
     def ready(self, role: str) -> list[WorkerProc]:
         return [w for w in self.workers if w is not None and w.role == role and w.ready is not None]
 
+    @property
+    def _local_slots(self) -> int:
+        """Slots that run a process here (a remote prefill slot takes no device)."""
+        return sum(1 for role, _ in self.slots if role != "prefill" or self.remote_prefill is None)
+
     def _device_for(self, slot: int) -> str:
         """One device per worker on GPU (cuda:0, cuda:1, ... in slot order); all on CPU otherwise."""
-        device = self.launch.device
-        local = sum(1 for role, _ in self.slots if role != "prefill" or self.remote_prefill is None)
+        device, local = self.launch.device, self._local_slots
         if device == "cpu" or (local == 1 and device != "cuda"):
             return device
         return f"cuda:{slot - (len(self.slots) - local)}"  # (remote slots come first and take no device)
@@ -73,7 +77,7 @@ class Supervisor:
         device = self.launch.device
         if device == "cpu":
             return
-        local = sum(1 for role, _ in self.slots if role != "prefill" or self.remote_prefill is None)
+        local = self._local_slots
         need = local if local > 1 else int(device.partition(":")[2] or 0) + 1
         probe = await asyncio.create_subprocess_exec(
             sys.executable,
