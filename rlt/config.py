@@ -186,6 +186,13 @@ class EngineConfig(msgspec.Struct, kw_only=True, frozen=True):
             "pool) when neither num_blocks nor kv_memory_bytes is given"
         ),
     ] = 0.9
+    enable_prefix_caching: Annotated[
+        bool,
+        _doc(
+            "keep full KV blocks of finished positions and reuse them for requests whose prefix (tokens, and each "
+            "position's loop depth) matches"
+        ),
+    ] = True
     max_num_seqs: Annotated[PositiveInt, _doc("requests running at once per worker")] = 64
     prefill_chunk: Annotated[PositiveInt, _doc("prompt rows per request per pass")] = 256
     max_num_batched_tokens: Annotated[PositiveInt, _doc("rows per core pass")] = 2048

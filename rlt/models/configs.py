@@ -112,6 +112,11 @@ class FamilyConfig:
     has_exit_gate: ClassVar[bool] = False  # a learned gate that may end a token's loops early (Ouro)
 
     @property
+    def random_initial_state(self) -> bool:
+        """The loop's initial latent is drawn from the request's state seed (its KV depends on it)."""
+        return False
+
+    @property
     def depth(self) -> int:
         """Loop depth a prompt runs at (and the most a decode token may run)."""
         raise NotImplementedError
@@ -285,6 +290,10 @@ class HuginnConfig(FamilyConfig):
     @property
     def depth(self) -> int:
         return self.mean_recurrence
+
+    @property
+    def random_initial_state(self) -> bool:
+        return self.state_init == "like-init"
 
     @property
     def kv_layers(self) -> tuple[int, int]:

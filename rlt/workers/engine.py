@@ -23,6 +23,7 @@ from rlt.sampling_params import ResolvedParams
 from rlt.workers.exit_policy import exits_early
 from rlt.workers.kv_pool import BlockTables, KVPool
 from rlt.workers.memory import pool_blocks
+from rlt.workers.prefix_cache import root_key
 from rlt.workers.runner import Group, Runner
 from rlt.workers.scheduler import Scheduler
 from rlt.workers.sequence import Sequence
@@ -36,6 +37,7 @@ class StepOutput:
     exit_depth: int
     logprobs: dict[int, float] | None
     finish_reason: str | None  # None while running (or, prefill-only, handed off for decoding elsewhere)
+    num_cached_tokens: int | None = None  # with a request's first token: prompt positions the prefix cache held
 
 
 class LoopEngine:
@@ -43,9 +45,9 @@ class LoopEngine:
         self.mc, self.cfg = mc, cfg
         mode.configure(device, cfg.kernels, cfg.batch_invariant)  # this worker's kernel set
         num_blocks, self.pool_sizing = pool_blocks(mc, model, cfg, dtype, device)
-        self.pool = KVPool(mc, cfg.kv_layout, cfg.block_size, num_blocks, dtype, device)
+        self.pool = KVPool(mc, cfg.kv_layout, cfg.block_size, num_blocks, dtype, device, cfg.enable_prefix_caching)
         self.runner = Runner(mc, model, self.pool, device, cfg)
-        self.sched = Scheduler(cfg, self.pool)
+        self.sched = Scheduler(cfg, self.pool, mc.depth)
         self._arrival = itertools.count()
         self._live: dict[int, Sequence] = {}
         # Disaggregation: a prefill worker keeps a finished prompt's blocks until their transfer is
@@ -76,7 +78,14 @@ class LoopEngine:
         self, request_id: int, prompt: list[int], params: ResolvedParams, priority: int = 0, prefill_only: bool = False
     ) -> None:
         self._check_live(request_id)
-        s = Sequence(request_id, list(prompt), params, (priority, next(self._arrival)), prefill_only=prefill_only)
+        s = Sequence(
+            request_id,
+            list(prompt),
+            params,
+            (priority, next(self._arrival)),
+            prefill_only=prefill_only,
+            root=self._root(params),
+        )
         self._check_fits(request_id, len(prompt), 0 if prefill_only else params.max_tokens)
         self._live[request_id] = s
         self.sched.wait(s)
@@ -108,9 +117,17 @@ class LoopEngine:
             output=[first_token],
             depths=[self.mc.depth],
             num_done=len(prompt),
+            root=self._root(params),
         )
         self._live[request_id] = s
         self.sched.wait(s)
+
+    def _root(self, params: ResolvedParams) -> bytes:
+        return (
+            root_key(self.mc.family_config.random_initial_state, params.state_seed)
+            if self.pool.prefix is not None
+            else b""
+        )
 
     def tables_of(self, request_id: int) -> BlockTables | None:
         s = self._live.get(request_id)
@@ -139,6 +156,7 @@ class LoopEngine:
         return True
 
     def _release(self, s: Sequence) -> None:
+        self.sched.cache_final(s)
         if s.tables is not None:
             self.pool.free(s.tables)
             s.tables = None
@@ -178,6 +196,8 @@ class LoopEngine:
         outputs = self._end_steady() if self._steady is not None and self._steady_must_end() else []
         if self._steady is None:
             self.sched.step()
+            self.chunk_events += self.sched.cached_events
+            self.sched.cached_events = []
             if self._steady_possible():
                 self._steady, self._steady_seqs = (
                     SteadyDecode(self.runner, [s.group for s in self.running]),
@@ -199,9 +219,10 @@ class LoopEngine:
                 if g.exit_depth is not None:
                     s.replayed(g)
                     continue
+                s.num_done += g.n
                 if not g.decoding:
                     self.chunk_events.append((s.request_id, g.start, g.start + g.n))
-                s.num_done += g.n
+                    self.sched.cache_final(s)  # (requests running now may share it)
                 s.group = None
             if (sampled := result.sampled) is not None:
                 seqs = [owner[id(g)] for g in sampled.groups]
@@ -306,4 +327,4 @@ class LoopEngine:
         elif reason is not None:
             self.sched.remove(s)  # (a preempted one waits: its token was on its way back)
             self._release(s)
-        return StepOutput(s.request_id, tok, depth, top, reason)
+        return StepOutput(s.request_id, tok, depth, top, reason, s.num_cached_tokens if len(s.output) == 1 else None)

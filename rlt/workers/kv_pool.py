@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import torch
 
 from rlt.config import ModelConfig
+from rlt.workers.prefix_cache import CachedBlock, PrefixCache
 
 LAYOUTS = ("last_exited", "shared")
 
@@ -23,14 +24,16 @@ class BlockTables:
 
 
 class KVPool:
-    def __init__(self, mc: ModelConfig, layout: str, block_size: int, num_blocks: int, dtype, device):
+    def __init__(
+        self, mc: ModelConfig, layout: str, block_size: int, num_blocks: int, dtype, device, caching: bool = False
+    ):
         if layout not in LAYOUTS:
             raise ValueError(f"kv_layout must be one of {', '.join(LAYOUTS)}, got {layout!r}")
         g = mc.kv
         self.layout, self.block_size, self.num_blocks = layout, block_size, num_blocks
         self.num_core_planes = mc.depth if layout == "last_exited" else 1
         self.has_boundary = g.num_boundary_layers > 0
-        assert self.num_core_planes + int(self.has_boundary) == self.planes(mc, layout)
+        assert self.num_planes == self.planes(mc, layout)
         layers = max(g.num_core_layers, g.num_boundary_layers)
         # One extra block that is never handed out: padding rows of a CUDA-graph batch write there.
         self.scratch_block = num_blocks
@@ -38,6 +41,7 @@ class KVPool:
             num_blocks + 1, layers, 2, block_size, g.num_kv_heads, g.head_dim, dtype=dtype, device=device
         )
         self._free = list(range(num_blocks - 1, -1, -1))
+        self.prefix = PrefixCache() if caching else None
 
     @staticmethod
     def planes(mc: ModelConfig, layout: str) -> int:
@@ -46,28 +50,49 @@ class KVPool:
 
     # ---- capacity ---------------------------------------------------------------------------
     @property
+    def num_planes(self) -> int:
+        return self.num_core_planes + int(self.has_boundary)
+
+    @property
     def num_free(self) -> int:
-        return len(self._free)
+        """Blocks free or cached without references (evicted when taken)."""
+        return len(self._free) + (self.prefix.num_unused * self.num_planes if self.prefix is not None else 0)
+
+    @property
+    def num_cached(self) -> int:
+        """Blocks holding cached prefixes, in use or not."""
+        return self.prefix.size * self.num_planes if self.prefix is not None else 0
 
     def blocks_needed(self, num_positions: int) -> int:
-        per_plane = -(-num_positions // self.block_size)
-        return per_plane * (self.num_core_planes + int(self.has_boundary))
+        return -(-num_positions // self.block_size) * self.num_planes
 
-    def allocate(self, num_positions: int) -> BlockTables:
-        """Blocks for the first `num_positions` positions on every plane."""
+    @staticmethod
+    def _planes(tables: BlockTables) -> list[list[int]]:
+        return tables.core + ([tables.boundary] if tables.boundary is not None else [])
+
+    def allocate(self, num_positions: int, shared: list[CachedBlock] = ()) -> BlockTables:
+        """Tables for the first `num_positions` positions on every plane, starting with the cached
+        blocks `shared` (a prefix hit)."""
         tables = BlockTables([[] for _ in range(self.num_core_planes)], [] if self.has_boundary else None)
+        for c in shared:
+            self.prefix.acquire(c)
+            for t, b in zip(self._planes(tables), c.blocks):
+                t.append(b)
         if not self.grow(tables, num_positions):
-            raise MemoryError(f"need {self.blocks_needed(num_positions)} KV blocks, {len(self._free)} free")
+            self.free(tables)
+            raise MemoryError(f"need {self.blocks_needed(num_positions)} KV blocks, {self.num_free} free")
         return tables
 
     def grow(self, tables: BlockTables, num_positions: int) -> bool:
         """Extend every plane's table to hold `num_positions` positions: all or nothing."""
-        planes = tables.core + ([tables.boundary] if tables.boundary is not None else [])
+        planes = self._planes(tables)
         more = -(-num_positions // self.block_size) - len(planes[0])
         if more <= 0:
             return True
-        if more * len(planes) > len(self._free):
+        if more * len(planes) > self.num_free:
             return False
+        while len(self._free) < more * len(planes):
+            self._free.extend(self.prefix.evict())
         for t in planes:
             t.extend(self._free.pop() for _ in range(more))
         return True
@@ -76,10 +101,24 @@ class KVPool:
         """Positions the tables hold."""
         return len(tables.core[0]) * self.block_size
 
+    def cache_block(self, tables: BlockTables, index: int, key: bytes) -> None:
+        """Keep logical block `index` (final on every plane) in the prefix cache under `key`."""
+        if self.prefix is not None:
+            self.prefix.insert(key, tuple(t[index] for t in self._planes(tables)))
+
     def free(self, tables: BlockTables) -> None:
-        for t in tables.core + ([tables.boundary] if tables.boundary is not None else []):
-            self._free.extend(reversed(t))
+        """Every block back, last to first: cached ones stay cached (unused once nobody holds them)."""
+        planes = self._planes(tables)
+        for i in range(len(planes[0]) - 1, -1, -1):
+            if self.prefix is None or not self.prefix.release(planes[0][i]):
+                self._free.extend(t[i] for t in planes)
+        for t in planes:
             t.clear()
+
+    def clear_cache(self) -> None:
+        """Forget every cached block nobody holds."""
+        if self.prefix is not None:
+            self._free.extend(self.prefix.clear())
 
     def plane_of(self, depth: int) -> int:
         """The core plane a loop at `depth` (1-based) reads and writes."""

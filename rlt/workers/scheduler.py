@@ -6,16 +6,22 @@ already holds its blocks (a PD decode reservation) does not wait behind one that
 running request takes the blocks its next rows need. When none are free the lowest priority,
 newest running request is preempted: its blocks come back and it waits again, to be resumed by
 recompute. A pass that preempted admits nobody (it would only take the blocks back).
+
+With the prefix cache, a request is admitted onto the longest cached prefix of the positions it
+knows that need no sampling (a new prompt's all but its last, a resumed request's all but the one
+its last token is fed at): it shares those blocks and computes from the first position after them.
 """
 
 from rlt.config import EngineConfig
 from rlt.workers.kv_pool import KVPool
+from rlt.workers.prefix_cache import CachedBlock
 from rlt.workers.sequence import Sequence
 
 
 class Scheduler:
-    def __init__(self, cfg: EngineConfig, pool: KVPool):
-        self.cfg, self.pool = cfg, pool
+    def __init__(self, cfg: EngineConfig, pool: KVPool, depth: int):
+        self.cfg, self.pool, self.depth = cfg, pool, depth  # depth: the model's, every prompt position's
+        self.cached_events: list[tuple[int, int, int]] = []  # (request, 0, end): prompt positions found cached
         self.waiting: list[Sequence] = []
         self.running: list[Sequence] = []
         self.preemptions = 0
@@ -43,31 +49,59 @@ class Scheduler:
         """Could a waiting request be admitted now?"""
         return self._next() is not None
 
-    def _next(self) -> Sequence | None:
-        """The next request to admit: the first waiting one whose blocks are free, in order (the
-        head waits for its blocks; later ones wait behind it), or before it any that already holds
-        its blocks (a PD decode reservation): it needs none, and the head may be waiting for them."""
+    def _next(self) -> tuple[Sequence, list[CachedBlock]] | None:
+        """The next request to admit and its prefix hit: the first waiting one whose blocks are
+        free, in order (the head waits for its blocks; later ones wait behind it), or before it any
+        that already holds its blocks (a PD decode reservation): it needs none, and the head may be
+        waiting for them."""
         if len(self.running) >= self.cfg.max_num_seqs:
             return None
         head = True
         for s in self.waiting:
             if s.tables is not None:
-                return s
-            if head and s.feed is None and self.pool.blocks_needed(s.admit_positions) <= self.pool.num_free:
-                return s  # (a preempted one with a token on its way back: resumed once it is read)
+                return s, []
+            if head and s.feed is None:  # (a preempted one with a token on its way back: resumed once it is read)
+                hits = self._hits(s)
+                planes = self.pool.num_planes
+                need = self.pool.blocks_needed(s.admit_positions) - planes * sum(c.refs > 0 for c in hits)
+                if need <= self.pool.num_free:
+                    return s, hits
             head = False
         return None
+
+    def _hits(self, s: Sequence) -> list[CachedBlock]:
+        if self.pool.prefix is None:
+            return []
+        return self.pool.prefix.match(s.block_keys(s.replay_end, self.depth, self.pool.block_size))
 
     def _admit(self) -> bool:
         """-> whether it admitted any."""
         admitted = False
-        while (s := self._next()) is not None:
+        while (nxt := self._next()) is not None:
+            s, hits = nxt
             self.waiting.remove(s)
             if s.tables is None:
-                s.tables = self.pool.allocate(s.admit_positions)
+                s.tables = self.pool.allocate(s.admit_positions, hits)
+                s.num_cached_blocks, s.num_done = len(hits), len(hits) * self.pool.block_size
+                if s.num_cached_tokens is None:  # its first admission
+                    s.num_cached_tokens = s.num_done
+                    if self.pool.prefix is not None:
+                        self.pool.prefix.queried_tokens += len(s.prompt)
+                        self.pool.prefix.hit_tokens += s.num_done
+                    if s.num_done:
+                        self.cached_events.append((s.request_id, 0, s.num_done))
             self.running.append(s)
             admitted = True
         return admitted
+
+    def cache_final(self, s: Sequence) -> None:
+        """Its full blocks of final positions whose depths are known go to the prefix cache."""
+        if self.pool.prefix is None or s.tables is None:
+            return
+        keys = s.block_keys(min(s.num_done, s.known_positions), self.depth, self.pool.block_size)
+        for i in range(s.num_cached_blocks, len(keys)):
+            self.pool.cache_block(s.tables, i, keys[i])
+        s.num_cached_blocks = max(s.num_cached_blocks, len(keys))
 
     def _schedule(self) -> bool:
         """Give each running request without rows its next rows, under the row budget, and every row
@@ -107,6 +141,7 @@ class Scheduler:
 
     def preempt(self, s: Sequence) -> None:
         self.remove(s)
+        self.cache_final(s)  # resumed, it recomputes only what was evicted meanwhile
         self.pool.free(s.preempt())
         self.preemptions += 1
         self.wait(s)

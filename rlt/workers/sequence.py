@@ -5,13 +5,16 @@ A request holds blocks for the positions it has reached, not for prompt + max_to
 runs out the engine preempts one (sequence.preempt) and frees its blocks; resumed, it recomputes
 its KV: the prompt at full depth, then each generated position at the depth its token exited at
 (`replay` groups: single rows, no sampling), so every plane holds what it held before and the
-stream goes on exactly as if nothing had happened.
+stream goes on exactly as if nothing had happened. Its full blocks of final positions go to the
+prefix cache (rlt/workers/prefix_cache.py) under keys of their tokens and depths; admitted or
+resumed, it starts after the longest cached prefix of the positions it knows.
 """
 
 from dataclasses import dataclass, field
 
 from rlt.sampling_params import ResolvedParams
 from rlt.workers.kv_pool import BlockTables
+from rlt.workers.prefix_cache import chain
 from rlt.workers.runner import Group
 
 
@@ -30,6 +33,10 @@ class Sequence:
     replay_next: int = 0  # the next generated position to recompute
     prefill_only: bool = False  # prefill worker: stop after the first token, keep the blocks for transfer
     feed: tuple | None = None  # its last sampled token, not read back yet: (PendingTokens, index)
+    root: bytes = b""  # its prefix-cache key chain's root
+    keys: list[bytes] = field(default_factory=list)  # prefix-cache keys of its first full blocks
+    num_cached_blocks: int = 0  # leading blocks of its tables that the prefix cache has seen
+    num_cached_tokens: int | None = None  # prompt positions found cached at its first admission
 
     @property
     def in_flight(self) -> list[Group]:
@@ -57,6 +64,23 @@ class Sequence:
     def replay_end(self) -> int:
         """Positions whose KV is final once every generated position has been recomputed."""
         return len(self.prompt) + len(self.output) - 1
+
+    @property
+    def known_positions(self) -> int:
+        """Positions whose token and depth are known: the prompt's, and each generated position
+        whose token has been sampled from it."""
+        return len(self.prompt) + max(len(self.output) - 1, 0)
+
+    def block_keys(self, positions: int, depth: int, block_size: int) -> list[bytes]:
+        """Prefix-cache keys of its full blocks within the first `positions` (<= known_positions):
+        prompt positions ran at `depth`, generated position P + i to depths[i + 1]."""
+        P = len(self.prompt)
+        while (len(self.keys) + 1) * block_size <= positions:
+            lo, hi = len(self.keys) * block_size, (len(self.keys) + 1) * block_size
+            tokens = [self.prompt[i] if i < P else self.output[i - P] for i in range(lo, hi)]
+            depths = [depth if i < P else self.depths[i - P + 1] for i in range(lo, hi)]
+            self.keys.append(chain(self.keys[-1] if self.keys else self.root, tokens, depths))
+        return self.keys[: positions // block_size]
 
     def next_groups(self, budget: int, chunk: int) -> list[Group]:
         """Its rows for the next pass, at most `budget`: a prompt chunk (at most `chunk` rows),
@@ -100,5 +124,5 @@ class Sequence:
     def preempt(self) -> BlockTables | None:
         """Drop its rows in flight and hand back its blocks: resumed, it recomputes from position 0."""
         tables, self.tables = self.tables, None
-        self.group, self.replay, self.num_done, self.replay_next = None, [], 0, 0
+        self.group, self.replay, self.num_done, self.replay_next, self.num_cached_blocks = None, [], 0, 0, 0
         return tables

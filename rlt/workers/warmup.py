@@ -43,12 +43,15 @@ def _params(engine) -> list:
 
 
 def _run(engine, requests) -> None:
-    """requests: [(prompt, SamplingParams)] at once, to the end; every block comes back."""
+    """requests: [(prompt, SamplingParams)] at once, to the end; every block comes back, and the
+    prefix cache forgets them (each warm-up prompt runs its passes in full: its prefix was not
+    cached by the one before)."""
     free = engine.pool.num_free
     for i, (prompt, sp) in enumerate(requests):
         engine.add_request(("warm-up", i), prompt, resolve_params(engine.mc, len(prompt), sp))
     while engine.has_work():
         engine.step()
+    engine.pool.clear_cache()
     assert engine.pool.num_free == free, "warm-up requests returned their blocks"
 
 

@@ -1,0 +1,117 @@
+"""Depth-aware prefix cache: full KV blocks of final positions, kept after their request lets them
+go, found again by what their KV depends on.
+
+A position's KV on every plane is a function of the tokens up to it and the depth each of those
+positions ran at (prompt positions: the model's full depth; generated positions: the depth their
+token exited at), and, for a family that draws its initial latent at random (Huginn's like-init),
+of the request's state seed. Within one worker the weights and the KV layout are fixed. So a block
+is keyed by a hash chain over (tokens, depths) block by block, rooted in the state seed where it
+matters: equal keys, equal KV on every plane, bit for bit where the passes are batch invariant.
+
+A cached block is one logical block of every plane together (`blocks`: its physical block per
+plane). A request sharing it holds a reference; at zero references it stays cached but counts as
+free, and is evicted least recently released first (a request releases its blocks last to first,
+so a prefix's tail goes before its head). A block is never written while cached: a request's hits
+end before its first computed position, and only final positions are cached.
+"""
+
+import hashlib
+from collections import OrderedDict
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(slots=True)
+class CachedBlock:
+    key: bytes
+    blocks: tuple[int, ...]  # its physical block on each plane
+    refs: int = 0
+
+
+def root_key(random_initial_state: bool, state_seed: int) -> bytes:
+    """The chain's root: the state seed where the initial latent is drawn from it."""
+    seed = state_seed.to_bytes(8, "little", signed=True) if random_initial_state else b""
+    return hashlib.sha256(b"rlt-kv" + seed).digest()
+
+
+def chain(parent: bytes, tokens, depths) -> bytes:
+    """The key of a block whose positions take `tokens` and ran to `depths`, after `parent`."""
+    h = hashlib.sha256(parent)
+    h.update(np.asarray(tokens, dtype=np.int64).tobytes())
+    h.update(np.asarray(depths, dtype=np.int16).tobytes())
+    return h.digest()
+
+
+def prompt_keys(root: bytes, prompt: list[int], depth: int, block_size: int) -> list[bytes]:
+    """Keys of a prompt's full blocks (every position at full depth)."""
+    keys, parent, full = [], root, [depth] * block_size
+    for b in range(len(prompt) // block_size):
+        parent = chain(parent, prompt[b * block_size : (b + 1) * block_size], full)
+        keys.append(parent)
+    return keys
+
+
+class PrefixCache:
+    def __init__(self):
+        self._by_key: dict[bytes, CachedBlock] = {}
+        self._by_block: dict[int, CachedBlock] = {}  # by its first plane's physical block
+        self._unused: OrderedDict[bytes, CachedBlock] = OrderedDict()  # no references: evictable, LRU first
+        self.queried_tokens = self.hit_tokens = 0  # prompts looked up, and their positions found
+
+    @property
+    def size(self) -> int:
+        """Logical blocks cached, in use or not."""
+        return len(self._by_key)
+
+    @property
+    def num_unused(self) -> int:
+        return len(self._unused)
+
+    def match(self, keys: list[bytes]) -> list[CachedBlock]:
+        """The cached blocks of the longest prefix of `keys`."""
+        hits = []
+        for k in keys:
+            c = self._by_key.get(k)
+            if c is None:
+                break
+            hits.append(c)
+        return hits
+
+    def acquire(self, c: CachedBlock) -> None:
+        if c.refs == 0:
+            del self._unused[c.key]
+        c.refs += 1
+
+    def insert(self, key: bytes, blocks: tuple[int, ...]) -> bool:
+        """Cache a request's block (it holds the reference); False if that key is cached already
+        (the request's copy stays its own)."""
+        if key in self._by_key:
+            return False
+        c = CachedBlock(key, blocks, 1)
+        self._by_key[key] = self._by_block[blocks[0]] = c
+        return True
+
+    def release(self, first_block: int) -> bool:
+        """Drop a reference to the cached block whose first plane is `first_block`; False if that
+        block is not cached (the caller frees it)."""
+        c = self._by_block.get(first_block)
+        if c is None:
+            return False
+        c.refs -= 1
+        if c.refs == 0:
+            self._unused[c.key] = c
+        return True
+
+    def evict(self) -> tuple[int, ...]:
+        """Forget the least recently released unused block: its physical blocks are free."""
+        _, c = self._unused.popitem(last=False)
+        del self._by_key[c.key], self._by_block[c.blocks[0]]
+        return c.blocks
+
+    def clear(self) -> list[int]:
+        """Forget every unused block (those in use stay cached): -> their physical blocks."""
+        freed = []
+        while self._unused:
+            freed += self.evict()
+        return freed

@@ -1,0 +1,174 @@
+"""Depth-aware prefix caching: a request admitted onto cached blocks streams exactly what it streams
+with the cache off (tokens, exit depths, finish reasons; logprobs to float32 rounding), and reuses
+exactly the blocks whose every position matches in token and depth (prompt positions run at full
+depth, generated ones at their exit depth), under the state seed that Huginn's KV depends on."""
+
+import msgspec
+import pytest
+import torch
+from test_engine import make, mixed_params
+
+from rlt.control.validation import resolve_params
+from rlt.sampling_params import SamplingParams
+from rlt.workers.prefix_cache import PrefixCache
+
+BS = 4  # test_engine.make's block size
+FIRST = [5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22]
+OTHER = [100, 200, 300, 400, 500, 6, 7, 8, 9, 10, 11]
+
+
+def drive(engine, mc, requests: dict) -> dict:
+    """Run requests {id: (prompt, SamplingParams)} together to the end. -> {id: (outputs, cached)}:
+    outputs [(token, depth, logprobs, finish)], cached: the first output's num_cached_tokens."""
+    for rid, (prompt, sp) in requests.items():
+        engine.add_request(rid, prompt, resolve_params(mc, len(prompt), sp))
+    got = {rid: ([], None) for rid in requests}
+    for _ in range(2000):
+        if not engine.has_work():
+            return got
+        for o in engine.step():
+            outs, cached = got[o.request_id]
+            got[o.request_id] = (outs + [(o.token_id, o.exit_depth, o.logprobs, o.finish_reason)], cached)
+            if len(outs) == 0:
+                got[o.request_id] = (got[o.request_id][0], o.num_cached_tokens)
+    raise AssertionError("did not finish")
+
+
+def known(prompt, outs, depth) -> list[tuple[int, int]]:
+    """(token, depth) of every position a finished request knows: its prompt at full depth, each
+    generated position at the depth of the token sampled from it."""
+    return [(t, depth) for t in prompt] + [(outs[i][0], outs[i + 1][1]) for i in range(len(outs) - 1)]
+
+
+def expected_hit(cached: list[tuple[int, int]], prompt, depth) -> int:
+    """Positions of `prompt` (all at full depth) a cache holding `cached` serves: whole matching
+    blocks, never the last prompt position."""
+    want = [(t, depth) for t in prompt]
+    n = 0
+    while (n + BS) <= min(len(cached), len(prompt) - 1) and cached[n : n + BS] == want[n : n + BS]:
+        n += BS
+    return n
+
+
+def assert_same(got: dict, ref: dict, family) -> None:
+    tol = 1e-3 if family == "huginn" else 1e-4
+    for rid, (outs, _) in ref.items():
+        assert [(o[0], o[1], o[3]) for o in got[rid][0]] == [(o[0], o[1], o[3]) for o in outs], rid
+        for a, b in zip(got[rid][0], outs):
+            assert (a[2] or {}).keys() == (b[2] or {}).keys() and all(abs(a[2][t] - b[2][t]) <= tol for t in a[2] or ())
+
+
+def turns(family, fixed: bool):
+    """A first turn of three requests (greedy, seeded, adaptive exit unless `fixed`), then second
+    turns: each first prompt + its output + new tokens (the first with another exit threshold), and
+    a request sharing the first prompt's first 12 tokens under another seed."""
+    params = [msgspec.structs.replace(p, max_tokens=10) for p in mixed_params(family)]
+    if fixed:
+        params = [msgspec.structs.replace(p, exit_threshold=1.0, min_loops=None) for p in params]
+    first = {"a": (FIRST, params[0]), "b": (OTHER, params[1]), "c": (FIRST[3:], params[2])}
+
+    def second(out):
+        later = {rid: (prompt + [o[0] for o in out[rid][0]] + [31, 32, 33], p) for rid, (prompt, p) in first.items()}
+        if family == "ouro" and not fixed:
+            later["a"] = (later["a"][0], msgspec.structs.replace(params[0], exit_threshold=0.3))
+        later["shared"] = (FIRST[:12] + [40, 41, 42], params[1])
+        return later
+
+    return first, second
+
+
+@pytest.mark.parametrize("fixed", [False, True])
+@pytest.mark.parametrize("layout", ["last_exited", "shared"])
+@pytest.mark.parametrize("family", ["ouro", "nanbeige", "huginn"])
+def test_second_turns_equal_the_cache_off_run(checkpoints, family, layout, fixed):
+    mc, new_engine = make(checkpoints[family], family, layout)
+    D = mc.depth
+    on, off = new_engine(), new_engine(enable_prefix_caching=False)
+    first, second = turns(family, fixed)
+    one = drive(on, mc, first)
+    assert_same(one, drive(off, mc, first), family)
+    assert {c for _, c in one.values()} == {0}
+    later = second(one)
+    got, ref = drive(on, mc, later), drive(off, mc, later)
+    assert_same(got, ref, family)
+    for rid in first:
+        want = expected_hit(known(first[rid][0], one[rid][0], D), later[rid][0], D)
+        assert got[rid][1] == want >= len(first[rid][0]) // BS * BS, rid  # its whole first prompt at least
+        assert ref[rid][1] == 0
+    generated = [got[r][1] - len(first[r][0]) // BS * BS for r in first]
+    if fixed:  # every generated position ran at full depth: whole blocks of them are reused
+        assert min(generated) >= BS
+    elif family == "ouro":  # an early exit ends the match at its block
+        assert any(got[r][1] < len(later[r][0]) - 1 - BS for r in first)
+    # the seeded request shares the first prompt's first 12 tokens; Huginn's like-init KV depends on
+    # the seed (the first turn's was greedy: state seed 0), the other families' does not
+    assert got["shared"][1] == (0 if family == "huginn" else 12)
+    assert on.num_free_blocks == on.pool.num_blocks and on.pool.prefix.size > 0
+    assert on.pool.prefix.hit_tokens == sum(c for _, c in got.values())
+    assert on.pool.prefix.queried_tokens == sum(len(p) for p, _ in list(first.values()) + list(later.values()))
+
+
+def test_eviction_under_a_small_pool(checkpoints):
+    """A pool too small to keep every cached block: the least recently released go first (a
+    prefix's tail before its head), never one in use, and what is found is still exact."""
+    mc, new_engine = make(checkpoints["ouro"], "ouro")
+    sp = SamplingParams(max_tokens=6, temperature=0, ignore_eos=True, exit_threshold=1.0, logprobs=2)
+    small = new_engine(num_blocks=4 * 12)  # 12 logical blocks of 4 planes
+    off = new_engine(enable_prefix_caching=False)
+    evicted = []
+    evict = PrefixCache.evict
+    small.pool.prefix.evict = lambda: evicted.append(1) or evict(small.pool.prefix)
+    drive(small, mc, {"a": (FIRST, sp)})  # 18 + 6 positions: 6 blocks cached
+    assert small.pool.prefix.size == 5  # (the last position never ran: 23 final positions)
+    # 34 + 6 positions need 10 blocks, 7 are free: 3 cached blocks go, the last ones of the prefix first
+    drive(small, mc, {"x": (OTHER * 3 + [1], sp)})
+    assert len(evicted) == 3
+    reqs = {"again": (FIRST + [50], sp)}
+    got, ref = drive(small, mc, reqs), drive(off, mc, reqs)
+    assert_same(got, ref, "ouro")
+    assert got["again"][1] == 8  # the head of the prefix survived, its tail did not
+    assert small.num_free_blocks == small.pool.num_blocks
+
+
+def test_a_block_in_use_is_shared_not_evicted(checkpoints):
+    """Requests running at once share the cached prompt blocks of one admitted before them: the
+    blocks are held once, and a pool that needs room evicts only unused ones."""
+    mc, new_engine = make(checkpoints["nanbeige"], "nanbeige", prefill_chunk=1000)
+    engine = new_engine()
+    sp = resolve_params(mc, 18, SamplingParams(max_tokens=3, temperature=0, ignore_eos=True))
+    engine.add_request("first", FIRST, sp)
+    engine.step()  # its prompt's 2 loops
+    engine.step()
+    engine.add_request("second", FIRST[:17] + [99], sp)
+    engine.step()
+    first, second = (next(s for s in engine.running if s.request_id == r) for r in ("first", "second"))
+    assert second.num_cached_tokens == 16 and second.tables.core[0][:4] == first.tables.core[0][:4]
+    assert second.tables.core[0][4] != first.tables.core[0][4]
+    while engine.has_work():
+        engine.step()
+    assert engine.num_free_blocks == engine.pool.num_blocks
+
+
+def test_cache_off_and_warm_up_leave_no_cached_blocks(checkpoints):
+    mc, new_engine = make(checkpoints["ouro"], "ouro")
+    engine = new_engine(enable_prefix_caching=False)
+    drive(engine, mc, {"a": (FIRST, SamplingParams(max_tokens=3, temperature=0))})
+    assert engine.pool.prefix is None and engine.pool.num_cached == 0
+    on = new_engine()
+    drive(on, mc, {"a": (FIRST, SamplingParams(max_tokens=3, temperature=0))})
+    assert on.pool.num_cached == 5 * 4  # 18 + 2 positions known: 5 blocks of 4 planes
+    on.pool.clear_cache()
+    assert on.pool.num_cached == 0 and on.num_free_blocks == on.pool.num_blocks
+
+
+def test_float64_hits_are_bit_exact(checkpoints):
+    """In float64 the passes are exact enough that a hit changes no logprob at all."""
+    mc, new_engine = make(checkpoints["ouro"], "ouro", dtype=torch.float64)
+    on, off = new_engine(), new_engine(enable_prefix_caching=False)
+    first, second = turns("ouro", False)
+    one = drive(on, mc, first)
+    drive(off, mc, first)
+    later = second(one)
+    got, ref = drive(on, mc, later), drive(off, mc, later)
+    assert {r: o for r, (o, _) in got.items()} == {r: o for r, (o, _) in ref.items()}
+    assert all(got[r][1] > 0 for r in first)
