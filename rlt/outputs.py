@@ -14,6 +14,7 @@ class RequestOutput:
     finish_reason: str | None = None  # "stop" | "length" | "abort" | "error"
     logprobs: list[dict[int, float]] | None = None  # per output position: top-K and the sampled token {id: logprob}
     error: str | None = None
+    num_cached_tokens: int | None = None  # prompt positions whose KV the prefix cache held (set with the first token)
 
     def to_json(self) -> dict:
         d = {
@@ -23,6 +24,7 @@ class RequestOutput:
             "exit_depths": self.exit_depths,
             "finish_reason": self.finish_reason,
             "text": self.text,
+            "num_cached_tokens": self.num_cached_tokens,
         }
         if self.logprobs is not None:
             d["logprobs"] = [{str(t): lp for t, lp in pos.items()} for pos in self.logprobs]

@@ -151,6 +151,9 @@ class Stats(msgspec.Struct, array_like=True):
     preemptions: int = 0  # requests preempted (and later resumed by recompute) since READY
     captures_after_ready: int = 0  # CUDA graphs captured since READY (rlt/workers/first_use.py)
     compiles_after_ready: int = 0  # Triton specializations built or loaded since READY
+    prefix_queried_tokens: int = 0  # prompt tokens looked up in the prefix cache since READY
+    prefix_hit_tokens: int = 0  # of those, the ones found cached
+    prefix_cached_blocks: int = 0  # KV blocks holding cached prefixes now (in use or free to evict)
 
 
 class Token(msgspec.Struct, array_like=True):
@@ -159,6 +162,7 @@ class Token(msgspec.Struct, array_like=True):
     depth: int
     logprobs: dict[int, float] | None
     finish: str | None  # "stop" | "length" | None while running
+    num_cached_tokens: int | None = None  # a request's first token: its prompt positions found in the prefix cache
 
 
 class Outputs(msgspec.Struct, tag="outputs"):

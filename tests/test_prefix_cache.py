@@ -3,11 +3,16 @@ with the cache off (tokens, exit depths, finish reasons; logprobs to float32 rou
 exactly the blocks whose every position matches in token and depth (prompt positions run at full
 depth, generated ones at their exit depth), under the state seed that Huginn's KV depends on."""
 
+import asyncio
+
 import msgspec
 import pytest
 import torch
 from test_engine import make, mixed_params
+from test_pd import OV, all_free
+from test_pd import requests as pd_requests
 
+import rlt
 from rlt.control.validation import resolve_params
 from rlt.sampling_params import SamplingParams
 from rlt.workers.prefix_cache import PrefixCache
@@ -172,3 +177,81 @@ def test_float64_hits_are_bit_exact(checkpoints):
     got, ref = drive(on, mc, later), drive(off, mc, later)
     assert {r: o for r, (o, _) in got.items()} == {r: o for r, (o, _) in ref.items()}
     assert all(got[r][1] > 0 for r in first)
+
+
+# ---- through the engine's processes ------------------------------------------------------------
+FAST = dict(heartbeat_interval=0.2, heartbeat_timeout=3.0, startup_timeout=60.0, transfer_timeout=10.0)
+SMALL = dict(block_size=4, prefill_chunk=5, num_blocks=400)
+
+
+async def two_turns(path, family, topology, **opts):
+    """First turns together, then second turns (each first prompt + its output + new tokens, and a
+    request sharing a first prompt's head). -> (first, second finals, engine stats)."""
+    async with rlt.Engine.launch(path, topology=topology, hf_overrides=OV.get(family), **(SMALL | FAST | opts)) as e:
+
+        async def run(reqs):
+            async def one(i, p, sp):
+                async for out in e.generate(p, sp, request_id=f"q{i}"):
+                    pass
+                return out
+
+            return await asyncio.gather(*(one(i, p, sp) for i, (p, sp) in enumerate(reqs)))
+
+        first = pd_requests(family)
+        one = await run(first)
+        second = [(p + o.token_ids + [61, 62], sp) for (p, sp), o in zip(first, one)]
+        second.append((first[0][0][:9] + [70, 71], first[0][1]))
+        two = await run(second)
+        await all_free(e)
+        return one, two, e.stats()
+
+
+@pytest.mark.parametrize("family", ["ouro", "nanbeige", "huginn"])
+async def test_second_turns_through_single_and_1p1d_equal_the_cache_off_run(checkpoints, family):
+    """The prefill worker serves a hit from its cache and writes the cached blocks to the decode
+    worker with the computed ones: tokens and depths equal single's with the cache off."""
+    path = checkpoints[family]
+    _, ref, _ = await two_turns(path, family, "single", enable_prefix_caching=False)
+    tol = 1e-3 if family == "huginn" else 1e-4
+    for topology in ("single", "1p1d"):
+        one, two, st = await two_turns(path, family, topology)
+        assert [o.num_cached_tokens for o in one] == [0] * len(one)
+        for a, b in zip(two, ref):
+            assert (a.token_ids, a.exit_depths, a.finish_reason) == (b.token_ids, b.exit_depths, b.finish_reason)
+            for x, y in zip(a.logprobs or (), b.logprobs or ()):
+                assert x.keys() == y.keys() and max(abs(x[k] - y[k]) for k in x) < tol
+        # every second turn reuses at least its first prompt's full blocks (all of them at fixed depth)
+        assert all(o.num_cached_tokens >= len(p) // 4 * 4 for o, (p, _) in zip(two, pd_requests(family)))
+        assert two[-1].num_cached_tokens == 8 and b.num_cached_tokens == 0
+        runs_prompts = [w for w in st["workers"] if w["role"] in ("unified", "prefill")]
+        assert sum(w["prefix_hit_tokens"] for w in runs_prompts) == sum(o.num_cached_tokens for o in two)
+        assert 0 < st["prefix_cache_hit_rate"] < 1
+
+
+async def test_replicas_route_a_prompt_to_the_worker_holding_its_prefix(checkpoints):
+    sp = SamplingParams(max_tokens=4, temperature=0, ignore_eos=True)
+    async with rlt.Engine.launch(checkpoints["ouro"], topology="2x", **(SMALL | FAST)) as e:
+
+        async def final(prompt, params=sp, rid=None):
+            async for out in e.generate(prompt, params, request_id=rid):
+                pass
+            return out
+
+        def worker_of(rid):
+            return e._lifecycle.live[rid].decode.worker.pid
+
+        await final(FIRST)  # on the first replica (both idle: the first wins the tie)
+        long = e.generate(OTHER, SamplingParams(max_tokens=200, ignore_eos=True), request_id="long")
+        busy = worker_of("long")
+        # the least loaded replica is now the other one; the prefix is on the busy one
+        again = e.generate(FIRST + [1, 2], sp, request_id="again")
+        assert worker_of("again") == busy
+        fresh = e.generate([9] * 20, sp, request_id="fresh")
+        assert worker_of("fresh") != busy
+        async for out in again:
+            pass
+        assert out.num_cached_tokens == 16
+        async for _ in fresh:
+            pass
+        await e.abort("long")
+        await long.aclose()

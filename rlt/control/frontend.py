@@ -21,7 +21,8 @@ from rlt.control.validation import resolve_params, validate_priority, validate_p
 from rlt.control.worker_proc import WorkerProc
 from rlt.errors import EngineDeadError, RequestError
 from rlt.outputs import RequestOutput
-from rlt.sampling_params import SamplingParams
+from rlt.sampling_params import ResolvedParams, SamplingParams
+from rlt.workers.prefix_cache import prompt_keys, root_key
 
 
 class _Launch:
@@ -116,13 +117,23 @@ class Engine:
         r = self._admit(prompt, params if params is not None else SamplingParams(), request_id, priority)
         return RequestStream(self._lifecycle, r, self.tokenizer)
 
-    def _pick(self, role: str) -> WorkerProc:
+    def _pick(self, role: str, prompt: list[int] | None = None, p: ResolvedParams | None = None) -> WorkerProc:
+        """The worker of `role` for a request: by its prompt's cached prefix where it runs the prompt."""
         if self._supervisor.closing:
             raise EngineDeadError("the engine was shut down")
-        w = router.least_loaded(self._supervisor.ready(role))
+        workers = self._supervisor.ready(role)
+        if prompt is None or not self.engine_config.enable_prefix_caching:
+            w = router.least_loaded(workers)
+        else:
+            w = router.by_prefix(workers, lambda: self._prompt_keys(prompt, p, workers[0].ready.block_size))
         if w is None:
             raise EngineDeadError(self._supervisor.dead_reason or f"no {role} worker is ready")
         return w
+
+    def _prompt_keys(self, prompt: list[int], p: ResolvedParams, block_size: int) -> list[bytes]:
+        mc = self.model_config
+        root = root_key(mc.family_config.random_initial_state, p.state_seed)
+        return prompt_keys(root, prompt, mc.depth, block_size)
 
     def _admit(self, prompt, params: SamplingParams, request_id, priority) -> Request:
         ids = self.tokenize(prompt)
@@ -138,8 +149,8 @@ class Engine:
         if request_id in self._lifecycle.live:
             raise RequestError(f"request_id {request_id!r} is already live")
         pd = self._supervisor.slots[0][0] == "prefill"  # (the topology, parsed once)
-        d = self._pick("decode" if pd else "unified")
-        prefill = self._pick("prefill") if pd else None
+        d = self._pick("decode") if pd else self._pick("unified", ids, p)
+        prefill = self._pick("prefill", ids, p) if pd else None
         if prefill is not None and router.prefill_locally(self.launch_config, len(ids), prefill):
             prefill = None
             self._lifecycle.prefilled_locally()
@@ -196,9 +207,14 @@ class Engine:
                     # first-use work after READY (each stalls the worker's passes): CUDA graphs, Triton
                     "captures_after_ready": s.captures_after_ready,
                     "compiles_after_ready": s.compiles_after_ready,
+                    # prefix cache: prompt tokens looked up and found since READY, blocks holding cached prefixes
+                    "prefix_queried_tokens": s.prefix_queried_tokens,
+                    "prefix_hit_tokens": s.prefix_hit_tokens,
+                    "prefix_cached_blocks": s.prefix_cached_blocks,
                 }
             )
         lc = self._lifecycle
+        queried = sum(w["prefix_queried_tokens"] for w in workers)
         return {
             "log_dir": sup.log_dir,
             "live_requests": len(lc.live),
@@ -210,5 +226,7 @@ class Engine:
             "kv_chunks": lc.kv_chunks,
             "kv_bytes": lc.kv_bytes,  # PD: KV handed off, and the seconds from Prefill to written, summed
             "kv_seconds": lc.kv_seconds,
+            # prompt tokens found in the prefix cache, of those looked up, since READY
+            "prefix_cache_hit_rate": sum(w["prefix_hit_tokens"] for w in workers) / queried if queried else 0.0,
             "workers": workers,
         }

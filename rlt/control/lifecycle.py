@@ -165,6 +165,8 @@ class Lifecycle:
         if r.prefill is not None and w is r.prefill.worker:  # the first token, from the prefill worker
             r.first_token = t.token
             r.phase = Phase.TRANSFERRING
+        if t.num_cached_tokens is not None:
+            r.collector.out.num_cached_tokens = t.num_cached_tokens
         r.collector.push(t.token, t.depth, t.logprobs, t.finish)
         if t.finish is not None:
             self._retire(r)

@@ -1,14 +1,40 @@
 """Routing: which worker of a role takes a request, and whether a PD request is prefilled by its
-decode worker itself (conditional disaggregation, as NVIDIA Dynamo does)."""
+decode worker itself (conditional disaggregation, as NVIDIA Dynamo does).
+
+A prompt goes to the worker most likely to hold its longest cached prefix (the coordinator's record
+of the prompts it sent each worker: rlt/control/worker_proc.py PrefixIndex), unless that worker is
+much busier than the least loaded one (then balance wins, as SGLang's cache-aware router does)."""
 
 from rlt import protocol as pr
 from rlt.config import LaunchConfig
 from rlt.control.worker_proc import WorkerProc
 
+# A worker holding the prefix is passed over when it has more requests in flight than the least
+# loaded worker by more than this many, and by more than this factor.
+BALANCE_ABS, BALANCE_REL = 32, 1.5
+
 
 def least_loaded(workers: list[WorkerProc]) -> WorkerProc | None:
     """Most free blocks after credits, then fewest slots."""
     return max(workers, key=lambda w: (w.ready.kv_blocks_total - w.credits.blocks, -w.credits.slots), default=None)
+
+
+def by_prefix(workers: list[WorkerProc], keys) -> WorkerProc | None:
+    """The worker for a prompt whose full blocks have prefix-cache keys `keys()` (computed only
+    when there is a choice); records the prompt as cached there."""
+    least = least_loaded(workers)
+    if len(workers) < 2:
+        return least
+    keys = keys()
+    matched = {w.identity: w.prefixes.match(keys) for w in workers}
+    best = max(workers, key=lambda w: matched[w.identity])
+    busy, idle = best.credits.slots, least.credits.slots
+    if matched[best.identity] > matched[least.identity] and not (
+        busy - idle > BALANCE_ABS and busy > BALANCE_REL * idle
+    ):
+        least = best
+    least.prefixes.add(keys, least.ready.kv_blocks_total // least.ready.kv_planes)
+    return least
 
 
 def prefill_locally(launch: LaunchConfig, prompt_len: int, prefill: WorkerProc) -> bool:

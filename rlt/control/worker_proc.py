@@ -6,6 +6,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections import OrderedDict
 from dataclasses import dataclass
 
 from rlt import envs
@@ -29,6 +30,28 @@ class Credits:
         self.slots -= 1
 
 
+class PrefixIndex:
+    """The prompt blocks the coordinator has sent a worker, most recent last: an estimate of its
+    prefix cache (the worker evicts by its own LRU), bounded by the blocks its pool holds."""
+
+    def __init__(self):
+        self._keys: OrderedDict[bytes, None] = OrderedDict()
+
+    def match(self, keys: list[bytes]) -> int:
+        n = 0
+        while n < len(keys) and keys[n] in self._keys:
+            n += 1
+        return n
+
+    def add(self, keys: list[bytes], capacity: int) -> None:
+        """capacity: the logical blocks (every plane) the worker's pool holds."""
+        for k in keys:
+            self._keys[k] = None
+            self._keys.move_to_end(k)
+        while len(self._keys) > capacity:
+            self._keys.popitem(last=False)
+
+
 class WorkerProc:
     def __init__(self, slot: int, index: int, role: str, device: str, incarnation: int, addr: str, log_dir: str):
         self.slot, self.index, self.role, self.device, self.incarnation = slot, index, role, device, incarnation
@@ -44,6 +67,7 @@ class WorkerProc:
         self.killed_because: str | None = None  # set when the coordinator kills it (no heartbeat, stuck)
         self.progress, self.progress_at, self.busy = -1, time.monotonic(), False
         self.credits = Credits()
+        self.prefixes = PrefixIndex()
         self.outbox: asyncio.Queue = asyncio.Queue()
         self.sender: asyncio.Task | None = None
         self.ready_future = asyncio.get_running_loop().create_future()

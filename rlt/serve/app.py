@@ -153,14 +153,15 @@ async def _respond(state, body: dict, prompts: list, chat: bool, name: str):
     finally:
         for c in choices:
             await c.stream.aclose()
-    prompt_tokens = sum(len(c.prompt_ids) for c in choices[:: len(parsed.params)])
+    firsts = choices[:: len(parsed.params)]  # one choice per prompt
+    prompt_tokens, cached = sum(len(c.prompt_ids) for c in firsts), sum(c.out.num_cached_tokens or 0 for c in firsts)
     response = {
         "id": rid,
         "object": kind,
         "created": oa.created(),
         "model": name,
         "choices": [c.final(chat) for c in choices],
-        "usage": oa.usage(prompt_tokens, sum(len(c.out.token_ids) for c in choices)),
+        "usage": oa.usage(prompt_tokens, sum(len(c.out.token_ids) for c in choices), cached),
     }
     if chat and parsed.return_token_ids:
         response["prompt_token_ids"] = choices[0].prompt_ids
@@ -287,9 +288,11 @@ async def _events(choices: list[_Choice], rid: str, kind: str, name: str, chat: 
             else:
                 yield item
         if parsed.include_usage:
-            prompt_tokens = sum(len(c.prompt_ids) for c in choices[:: len(parsed.params)])
+            firsts = choices[:: len(parsed.params)]  # one choice per prompt
+            prompt_tokens = sum(len(c.prompt_ids) for c in firsts)
+            cached = sum(c.out.num_cached_tokens or 0 for c in firsts if c.out)
             out_tokens = sum(len(c.out.token_ids) for c in choices if c.out)
-            yield chunk([], oa.usage(prompt_tokens, out_tokens))
+            yield chunk([], oa.usage(prompt_tokens, out_tokens, cached))
         yield b"data: [DONE]\n\n"
     finally:  # finished, or the client went away: every stream closes (an unfinished one aborts)
         for t in tasks:

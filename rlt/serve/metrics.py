@@ -3,7 +3,7 @@
 handed from prefill to decode workers.
 
 Per-request latencies are measured here, on each stream as the client sees it (TTFT, TPOT, ITL,
-E2E); engine state (requests running and waiting, KV blocks in use, preemptions, KV handoff) is
+E2E); engine state (requests running and waiting, KV blocks in use, preemptions, prefix cache, KV handoff) is
 read from engine.stats() at each scrape.
 """
 
@@ -28,10 +28,25 @@ class _EngineState:
             ("rlt:num_requests_running", "requests running on the workers", sum(w["running"] for w in ws)),
             ("rlt:num_requests_waiting", "requests waiting on the workers", sum(w["waiting"] for w in ws)),
             ("rlt:kv_cache_usage_perc", "share of KV blocks in use (1 = full)", (total - free) / total if total else 0),
+            (
+                "rlt:prefix_cache_blocks",
+                "KV blocks holding cached prefixes (those no request uses count as free)",
+                sum(w["prefix_cached_blocks"] for w in ws),
+            ),
         ):
             yield GaugeMetricFamily(name, doc, value=value)
         for name, doc, value in (
             ("rlt:num_preemptions", "requests preempted (resumed by recompute)", sum(w["preemptions"] for w in ws)),
+            (
+                "rlt:prefix_cache_queries",
+                "prompt tokens looked up in the prefix cache",
+                sum(w["prefix_queried_tokens"] for w in ws),
+            ),
+            (
+                "rlt:prefix_cache_hits",
+                "prompt tokens found in the prefix cache",
+                sum(w["prefix_hit_tokens"] for w in ws),
+            ),
             ("rlt:kv_handoff_bytes", "PD: KV bytes written from prefill to decode workers", st["kv_bytes"]),
             (
                 "rlt:kv_handoff_seconds",

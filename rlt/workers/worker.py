@@ -52,7 +52,7 @@ class Worker:
         self.sock.send(pr.encoder.encode(msg))
 
     def stats(self) -> pr.Stats:
-        e = self.engine
+        e, prefix = self.engine, self.engine.pool.prefix
         return pr.Stats(
             len(e.running) + len(e.held) + len(e.reserved) + len(self.pending_reserves),
             len(e.waiting),
@@ -60,6 +60,9 @@ class Worker:
             e.preemptions,
             FirstUse.captures - self.first_use_at_ready[0],
             FirstUse.compiles - self.first_use_at_ready[1],
+            prefix.queried_tokens if prefix is not None else 0,
+            prefix.hit_tokens if prefix is not None else 0,
+            e.pool.num_cached,
         )
 
     def busy(self) -> bool:
@@ -244,7 +247,10 @@ class Worker:
             tokens = []
             if self.engine.has_work():
                 outs = self.engine.step()
-                tokens = [pr.Token(o.request_id, o.token_id, o.exit_depth, o.logprobs, o.finish_reason) for o in outs]
+                tokens = [
+                    pr.Token(o.request_id, o.token_id, o.exit_depth, o.logprobs, o.finish_reason, o.num_cached_tokens)
+                    for o in outs
+                ]
                 if self.role == "prefill":
                     for o in outs:
                         if o.request_id in self.outgoing:
