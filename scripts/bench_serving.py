@@ -12,7 +12,8 @@ are drawn from (or --vocab-size), and the served model is the server's first (or
 --served-model-name).
 
 Requests arrive as a Poisson process at each rate for --duration seconds, prompts cycling through
---prompt-lens (random token ids), greedy, EOS ignored, exactly --output-len tokens each. Reported
+--prompt-lens (random token ids, after --shared-prefix-len tokens every prompt shares), greedy, EOS
+ignored, exactly --output-len tokens each. Reported
 per rate, as a table and JSON: TTFT, TPOT, ITL and E2EL in ms (mean, median, p95, p99), output
 tokens/s and requests/s (completed requests over the time from the first arrival to the last
 completion), and whether the rate is past capacity (`saturated`); the JSON also keeps each
@@ -67,6 +68,8 @@ def add_arguments(group) -> None:
     group.add_argument("--duration", type=float, default=60.0)
     group.add_argument("--prompt-lens", default="128,4096")
     group.add_argument("--output-len", type=int, default=64)
+    group.add_argument("--shared-prefix-len", type=int, default=0, help="tokens every prompt starts with")
+    group.add_argument("--no-prefix-caching", action="store_true", help="enable_prefix_caching=False")
     group.add_argument("--prefill-chunk", type=int, help="(default: the engine's)")
     group.add_argument("--max-num-seqs", type=int, help="(default: the engine's)")
     group.add_argument("--seed", type=int, default=0)
@@ -140,6 +143,7 @@ async def serve(args, meta: dict, options: dict) -> list[dict]:
             on_row=report,
             concurrencies=ints(args.max_concurrency),
             num_requests=args.num_prompts,
+            shared_prefix_len=args.shared_prefix_len,
         )
 
 
@@ -148,6 +152,8 @@ def main(args):
     options = dict(kernels=args.kernels, startup_timeout=900.0, heartbeat_timeout=120.0)
     if args.kv_gib is not None:
         options["kv_memory_bytes"] = int(args.kv_gib * 2**30)
+    if args.no_prefix_caching:
+        options["enable_prefix_caching"] = False
     for name in ("prefill_chunk", "max_num_seqs", *PD_OPTIONS):
         if getattr(args, name) is not None:
             options[name] = getattr(args, name)
@@ -159,6 +165,7 @@ def main(args):
         "base_url": args.base_url,
         "device": args.device,
         "prompt_lens": args.prompt_lens,
+        "shared_prefix_len": args.shared_prefix_len,
         "output_len": args.output_len,
         "duration_s": args.duration,
         "command": " ".join(sys.argv),

@@ -594,6 +594,35 @@ def test_preempted_requests_resume_exactly_on_the_gpu(checkpoints):
     assert runs[52][0] == runs[4096][0]
 
 
+def test_prefix_cache_hits_equal_the_cache_off_run_on_the_gpu(checkpoints):
+    """Batch-invariant kernels: second turns (each first prompt + its output + new tokens) admitted
+    onto cached blocks stream the cache-off run's tokens and exit depths (Ouro, adaptive exit)."""
+    mc = ModelConfig.from_pretrained(checkpoints["ouro"])
+    model = load_model(mc, torch.bfloat16, "cuda")
+    sp = resolve_params(mc, 1, SamplingParams(max_tokens=24, temperature=0, ignore_eos=True, exit_threshold=0.5))
+    firsts = [[5 + (i * 11 + j) % 300 for j in range(n)] for i, n in enumerate((40, 70, 33))]
+
+    def drive(eng, prompts):
+        for i, p in enumerate(prompts):
+            eng.add_request(str(i), p, sp)
+        out = {str(i): [] for i in range(len(prompts))}
+        while eng.has_work():
+            for o in eng.step():
+                out[o.request_id].append((o.token_id, o.exit_depth))
+        return out
+
+    runs = {}
+    for caching in (True, False):
+        cfg = EngineConfig(num_blocks=4096, prefill_chunk=16, batch_invariant=True, enable_prefix_caching=caching)
+        eng = LoopEngine(mc, model, cfg, torch.bfloat16, "cuda")
+        one = drive(eng, firsts)
+        two = drive(eng, [p + [t for t, _ in one[str(i)]] + [7, 8, 9] for i, p in enumerate(firsts)])
+        runs[caching] = (one, two, eng.pool.prefix.hit_tokens if caching else 0)
+        assert eng.num_free_blocks == 4096
+    assert runs[True][:2] == runs[False][:2]
+    assert runs[True][2] >= 32 + 64 + 32  # at least every first prompt's full blocks
+
+
 def test_nothing_compiles_or_captures_after_ready(checkpoints):
     """Default options: the pool is sized from the device's memory and the worker warms up before
     READY; a mixed run (prompt lengths from 1 to 3,000, decode batches up to 64, greedy, sampled

@@ -8,7 +8,9 @@ requests over the time from the first arrival to the last completion), whether t
 capacity (`saturated`) and each request's prompt length, TTFT and TPOT. Sweep rates then run in
 order and stop after the first one past capacity: the configuration's capacity lies between it and
 the rate before. A closed loop instead keeps `concurrency` requests in flight until `num_requests`
-have run (vLLM's `--max-concurrency`).
+have run (vLLM's `--max-concurrency`). With a shared prefix every prompt starts with the same
+random tokens (a system prompt, as SGLang's generated-shared-prefix workload), then its own
+`prompt_lens` tokens.
 """
 
 import asyncio
@@ -101,11 +103,11 @@ async def _request(target, prompt: list[int], output_len: int) -> dict:
     return {"submit": t0, "stamps": stamps, "tokens": n, "prompt_len": len(prompt)}
 
 
-def _prompt(rng, target, length: int) -> list[int]:
-    return [rng.randrange(3, target.vocab_size) for _ in range(length)]
+def _prompt(rng, target, length: int, prefix: list[int] = ()) -> list[int]:
+    return list(prefix) + [rng.randrange(3, target.vocab_size) for _ in range(length)]
 
 
-async def one_rate(target, rate, duration, prompt_lens, output_len, seed):
+async def one_rate(target, rate, duration, prompt_lens, output_len, seed, prefix=()):
     rng = random.Random(seed)
     arrivals, t = [], 0.0
     while True:
@@ -117,7 +119,7 @@ async def one_rate(target, rate, duration, prompt_lens, output_len, seed):
 
     async def request(i, at, start):
         await asyncio.sleep(max(0.0, start + at - time.perf_counter()))
-        prompt = _prompt(rng, target, prompt_lens[i % len(prompt_lens)])
+        prompt = _prompt(rng, target, prompt_lens[i % len(prompt_lens)], prefix)
         results.append(await _request(target, prompt, output_len))
 
     start = time.perf_counter()
@@ -125,11 +127,11 @@ async def one_rate(target, rate, duration, prompt_lens, output_len, seed):
     return {"rate": rate, **measure(results)}
 
 
-async def closed_loop(target, concurrency, num_requests, prompt_lens, output_len, seed) -> dict:
+async def closed_loop(target, concurrency, num_requests, prompt_lens, output_len, seed, prefix=()) -> dict:
     """`num_requests` requests, `concurrency` in flight at every moment (a new one as soon as one
     ends; vLLM's `--max-concurrency` with an infinite rate)."""
     rng = random.Random(seed)
-    prompts = [_prompt(rng, target, prompt_lens[i % len(prompt_lens)]) for i in range(num_requests)]
+    prompts = [_prompt(rng, target, prompt_lens[i % len(prompt_lens)], prefix) for i in range(num_requests)]
     queue = iter(prompts)
     results = []
 
@@ -232,14 +234,16 @@ async def sweep(
     on_row: Callable[[dict, list[dict]], None] | None = None,
     concurrencies: list[int] = (),
     num_requests: int | None = None,
+    shared_prefix_len: int = 0,
 ) -> list[dict]:
     """A row per rate of `rates`, then `sweep_rates` in order (each for `sweep_duration` seconds,
     default `duration`) until one is past capacity, then a row per concurrency of `concurrencies`
     (closed loop, `num_requests` requests each, default 4 per slot and at least 16).
     `on_row(row, rows)` sees every row as soon as it is measured (so a caller stopped by a time
     limit keeps the rates it finished). In process, each row also counts the prompts a PD decode
-    worker prefilled itself."""
+    worker prefilled itself. `shared_prefix_len`: tokens every prompt starts with."""
     rows = []
+    prefix = _prompt(random.Random(seed - 1), target, shared_prefix_len)
 
     async def run(measured, finish=lambda row: None):
         before = target.local_prefills()
@@ -255,7 +259,7 @@ async def sweep(
         def finish(row):
             row["arrivals_s"], row["saturated"] = seconds, saturated(row)
 
-        await run(one_rate(target, rate, seconds, prompt_lens, output_len, seed), finish)
+        await run(one_rate(target, rate, seconds, prompt_lens, output_len, seed, prefix), finish)
 
     for rate in rates:
         await at_rate(rate, duration)
@@ -265,5 +269,5 @@ async def sweep(
         if not rows or rate > rows[-1]["rate"]:
             await at_rate(rate, sweep_duration or duration)
     for c in concurrencies:
-        await run(closed_loop(target, c, num_requests or max(16, 4 * c), prompt_lens, output_len, seed))
+        await run(closed_loop(target, c, num_requests or max(16, 4 * c), prompt_lens, output_len, seed, prefix))
     return rows
