@@ -206,15 +206,18 @@ async def two_turns(path, family, topology, **opts):
         return one, two, e.stats()
 
 
-@pytest.mark.parametrize("family", ["ouro", "nanbeige", "huginn"])
-async def test_second_turns_through_single_and_1p1d_equal_the_cache_off_run(checkpoints, family):
+@pytest.mark.parametrize(
+    "family,layout",
+    [("ouro", "last_exited"), ("ouro", "shared"), ("nanbeige", "last_exited"), ("huginn", "last_exited")],
+)
+async def test_second_turns_through_single_and_1p1d_equal_the_cache_off_run(checkpoints, family, layout):
     """The prefill worker serves a hit from its cache and writes the cached blocks to the decode
     worker with the computed ones: tokens and depths equal single's with the cache off."""
     path = checkpoints[family]
-    _, ref, _ = await two_turns(path, family, "single", enable_prefix_caching=False)
+    _, ref, _ = await two_turns(path, family, "single", kv_layout=layout, enable_prefix_caching=False)
     tol = 1e-3 if family == "huginn" else 1e-4
     for topology in ("single", "1p1d"):
-        one, two, st = await two_turns(path, family, topology)
+        one, two, st = await two_turns(path, family, topology, kv_layout=layout)
         assert [o.num_cached_tokens for o in one] == [0] * len(one)
         for a, b in zip(two, ref):
             assert (a.token_ids, a.exit_depths, a.finish_reason) == (b.token_ids, b.exit_depths, b.finish_reason)

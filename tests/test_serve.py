@@ -214,6 +214,26 @@ async def test_disconnected_clients_abort_and_metrics_count(ouro):
     assert m["rlt:num_preemptions_total"] == 0 and m["rlt:kv_handoff_bytes_total"] == 0
 
 
+def test_cached_prompt_tokens_in_usage_and_metrics(ouro):
+    """A prompt sent again is served from the prefix cache: usage.prompt_tokens_details.cached_tokens
+    (streamed or not) says how many of its tokens, and /metrics counts them."""
+    client = openai.OpenAI(base_url=ouro, api_key="none")
+    prompt, before = list(range(400, 440)), scrape(ouro)
+    first = client.completions.create(model="m", prompt=prompt, max_tokens=2, temperature=0)
+    again = client.completions.create(model="m", prompt=prompt + [7], max_tokens=2, temperature=0)
+    assert first.usage.prompt_tokens_details.cached_tokens == 0
+    assert again.usage.prompt_tokens_details.cached_tokens == 32  # whole 16-position blocks
+    stream = client.completions.create(
+        model="m", prompt=prompt, max_tokens=2, temperature=0, stream=True, stream_options={"include_usage": True}
+    )
+    usage = [chunk.usage for chunk in stream if chunk.usage is not None]
+    assert [u.prompt_tokens_details.cached_tokens for u in usage] == [32]  # (its last position is recomputed)
+    m = scrape(ouro)
+    assert m["rlt:prefix_cache_hits_total"] - before.get("rlt:prefix_cache_hits_total", 0) == 64
+    assert m["rlt:prefix_cache_queries_total"] - before.get("rlt:prefix_cache_queries_total", 0) == 40 + 41 + 40
+    assert m["rlt:prefix_cache_blocks"] > 0
+
+
 def test_logprobs_equal_the_python_api(checkpoints, ouro):
     """Completions' tokens / token_logprobs / top_logprobs and chat's content entries carry the
     engine's logprobs: the sampled token's own and the top ones, sampled or greedy."""
