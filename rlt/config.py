@@ -187,11 +187,7 @@ class EngineConfig(msgspec.Struct, kw_only=True, frozen=True):
         ),
     ] = 0.9
     enable_prefix_caching: Annotated[
-        bool,
-        _doc(
-            "keep full KV blocks of finished positions and reuse them for requests whose prefix (tokens, and each "
-            "position's loop depth) matches"
-        ),
+        bool, _doc("reuse the KV blocks of a cached prefix whose tokens and loop depths match the request's")
     ] = True
     max_num_seqs: Annotated[PositiveInt, _doc("requests running at once per worker")] = 64
     prefill_chunk: Annotated[PositiveInt, _doc("prompt rows per request per pass")] = 256

@@ -25,7 +25,8 @@ class Generated:
 def engine_for(path, overrides=None, dtype=torch.float32):
     mc = ModelConfig.from_pretrained(path, hf_overrides=overrides)
     model = load_model(mc, dtype)
-    return mc, LoopEngine(mc, model, EngineConfig(block_size=4, num_blocks=256), dtype)
+    # no prefix cache: each call computes its prompt (a repeated one compares the numbers run by run)
+    return mc, LoopEngine(mc, model, EngineConfig(block_size=4, num_blocks=256, enable_prefix_caching=False), dtype)
 
 
 def greedy(mc, engine, prompt, n, **kw):

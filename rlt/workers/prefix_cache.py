@@ -58,6 +58,7 @@ class PrefixCache:
         self._by_block: dict[int, CachedBlock] = {}  # by its first plane's physical block
         self._unused: OrderedDict[bytes, CachedBlock] = OrderedDict()  # no references: evictable, LRU first
         self.queried_tokens = self.hit_tokens = 0  # prompts looked up, and their positions found
+        self.version = 0  # changes whenever a key comes or goes (a match found before may differ)
 
     @property
     def size(self) -> int:
@@ -90,6 +91,7 @@ class PrefixCache:
             return False
         c = CachedBlock(key, blocks, 1)
         self._by_key[key] = self._by_block[blocks[0]] = c
+        self.version += 1
         return True
 
     def release(self, first_block: int) -> bool:
@@ -107,6 +109,7 @@ class PrefixCache:
         """Forget the least recently released unused block: its physical blocks are free."""
         _, c = self._unused.popitem(last=False)
         del self._by_key[c.key], self._by_block[c.blocks[0]]
+        self.version += 1
         return c.blocks
 
     def clear(self) -> list[int]:

@@ -70,9 +70,17 @@ class Scheduler:
         return None
 
     def _hits(self, s: Sequence) -> list[CachedBlock]:
-        if self.pool.prefix is None:
+        """Its longest cached prefix (looked up again only when the cache's keys have changed: a
+        head waiting for blocks is asked every pass)."""
+        prefix = self.pool.prefix
+        if prefix is None:
             return []
-        return self.pool.prefix.match(s.block_keys(s.replay_end, self.depth, self.pool.block_size))
+        if s.hits is None or s.hits[0] != (prefix.version, s.replay_end):
+            s.hits = (
+                (prefix.version, s.replay_end),
+                prefix.match(s.block_keys(s.replay_end, self.depth, self.pool.block_size)),
+            )
+        return s.hits[1]
 
     def _admit(self) -> bool:
         """-> whether it admitted any."""

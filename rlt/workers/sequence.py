@@ -37,6 +37,7 @@ class Sequence:
     keys: list[bytes] = field(default_factory=list)  # prefix-cache keys of its first full blocks
     num_cached_blocks: int = 0  # leading blocks of its tables that the prefix cache has seen
     num_cached_tokens: int | None = None  # prompt positions found cached at its first admission
+    hits: tuple | None = None  # its last prefix lookup: ((cache version, positions), cached blocks)
 
     @property
     def in_flight(self) -> list[Group]:
