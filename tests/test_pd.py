@@ -68,7 +68,7 @@ async def test_pd_equals_single(checkpoints, family, layout):
     reqs = requests(family)
     single = await run_all(checkpoints[family], "single", layout, family, reqs)
     tol = 1e-3 if family == "huginn" else 1e-4  # float32 GEMMs over different batches (see test_engine)
-    for topology in ("1p1d", "2p2d"):
+    for topology in ("1p1d", "2p2d") if family == "ouro" else ("1p1d",):  # (routing is the same for every family)
         got = await run_all(checkpoints[family], topology, layout, family, reqs)
         for (t1, d1, lp1, f1), (t2, d2, lp2, f2) in zip(single, got):
             assert (t1, d1, f1) == (t2, d2, f2), topology
