@@ -149,6 +149,9 @@ def test_a_block_in_use_is_shared_not_evicted(checkpoints):
     first, second = (next(s for s in engine.running if s.request_id == r) for r in ("first", "second"))
     assert second.num_cached_tokens == 16 and second.tables.core[0][:4] == first.tables.core[0][:4]
     assert second.tables.core[0][4] != first.tables.core[0][4]
+    held = {b for s in (first, second) for t in s.tables.core for b in t}
+    assert engine.num_free_blocks == engine.pool.num_blocks - len(held)  # shared blocks count once, as in use
+    assert engine.pool.prefix.num_unused == 0  # (so no eviction can take them)
     while engine.has_work():
         engine.step()
     assert engine.num_free_blocks == engine.pool.num_blocks
