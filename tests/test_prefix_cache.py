@@ -165,8 +165,10 @@ def test_cache_off_and_warm_up_leave_no_cached_blocks(checkpoints):
     on = new_engine()
     drive(on, mc, {"a": (FIRST, SamplingParams(max_tokens=3, temperature=0))})
     assert on.pool.num_cached == 5 * 4  # 18 + 2 positions known: 5 blocks of 4 planes
-    on.pool.clear_cache()
+    assert on.pool.prefix.queried_tokens == 18
+    on.pool.clear_cache()  # (as warm-up does)
     assert on.pool.num_cached == 0 and on.num_free_blocks == on.pool.num_blocks
+    assert on.pool.prefix.queried_tokens == on.pool.prefix.hit_tokens == 0
 
 
 def test_float64_hits_are_bit_exact(checkpoints):

@@ -116,7 +116,7 @@ class KVPool:
             t.clear()
 
     def clear_cache(self) -> None:
-        """Forget every cached block nobody holds."""
+        """Forget every cached block nobody holds, and the lookups counted."""
         if self.prefix is not None:
             self._free.extend(self.prefix.clear())
 

@@ -113,7 +113,9 @@ class PrefixCache:
         return c.blocks
 
     def clear(self) -> list[int]:
-        """Forget every unused block (those in use stay cached): -> their physical blocks."""
+        """Forget every unused block (those in use stay cached) and the lookups counted so far (a
+        worker's warm-up leaves neither): -> the physical blocks."""
+        self.queried_tokens = self.hit_tokens = 0
         freed = []
         while self._unused:
             freed += self.evict()
