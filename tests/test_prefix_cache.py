@@ -263,3 +263,29 @@ async def test_replicas_route_a_prompt_to_the_worker_holding_its_prefix(checkpoi
             pass
         await e.abort("long")
         await long.aclose()
+
+
+def test_a_burst_sharing_a_new_prefix_computes_it_once(checkpoints):
+    """Requests arriving together with the same uncached prompt head: the first computes it, the
+    others wait until its blocks are cached and start after them (and one behind them waits its
+    turn); every stream equals the cache-off run's."""
+    mc, new_engine = make(checkpoints["ouro"], "ouro")
+    sp = SamplingParams(max_tokens=5, temperature=0, ignore_eos=True, exit_threshold=0.5, logprobs=2)
+    reqs = {"a": (FIRST, sp), "b": (FIRST[:17] + [60, 61], sp), "c": (FIRST + [62], sp), "other": (OTHER, sp)}
+    engine = new_engine()
+    admitted, seqs = {}, {}  # a's final positions when each was admitted
+    admit = engine.sched._admit
+
+    def spy():
+        done = admit()
+        for s in engine.running:
+            seqs.setdefault(s.request_id, s)
+            admitted.setdefault(s.request_id, seqs["a"].num_done)
+        return done
+
+    engine.sched._admit = spy
+    got, ref = drive(engine, mc, reqs), drive(new_engine(enable_prefix_caching=False), mc, reqs)
+    assert_same(got, ref, "ouro")
+    assert {r: c for r, (_, c) in got.items()} == {"a": 0, "b": 16, "c": 16, "other": 0}
+    # b and c came in once a's first 16 positions were final; `other`, behind them, not before
+    assert admitted["a"] == 0 and admitted["b"] >= 16 and admitted["c"] >= 16 and admitted["other"] >= 16

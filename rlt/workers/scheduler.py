@@ -10,6 +10,7 @@ recompute. A pass that preempted admits nobody (it would only take the blocks ba
 With the prefix cache, a request is admitted onto the longest cached prefix of the positions it
 knows that need no sampling (a new prompt's all but its last, a resumed request's all but the one
 its last token is fed at): it shares those blocks and computes from the first position after them.
+While a running request is computing the next block of that prefix, it waits for it instead.
 """
 
 from rlt.config import EngineConfig
@@ -64,10 +65,23 @@ class Scheduler:
                 hits = self._hits(s)
                 planes = self.pool.num_planes
                 need = self.pool.blocks_needed(s.admit_positions) - planes * sum(c.refs > 0 for c in hits)
-                if need <= self.pool.num_free:
+                if need <= self.pool.num_free and not self._computed_by_another(s, len(hits)):
                     return s, hits
             head = False
         return None
+
+    def _computed_by_another(self, s: Sequence, m: int) -> bool:
+        """Is its first uncached block, m, one that a running request is computing now (the same
+        tokens at the same depths in its prompt)? Then it waits for that block to be cached rather
+        than compute it again (a burst of requests sharing a new system prompt computes it once;
+        SGLang's in-batch prefix sharing)."""
+        bs = self.pool.block_size
+        if self.pool.prefix is None or (m + 1) * bs > s.replay_end:
+            return False
+        key = s.keys[m]
+        return any(
+            not r.decoding and r.num_done < (m + 1) * bs and len(r.keys) > m and r.keys[m] == key for r in self.running
+        )
 
     def _hits(self, s: Sequence) -> list[CachedBlock]:
         """Its longest cached prefix (looked up again only when the cache's keys have changed: a
