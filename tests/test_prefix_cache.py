@@ -27,15 +27,14 @@ def drive(engine, mc, requests: dict) -> dict:
     outputs [(token, depth, logprobs, finish)], cached: the first output's num_cached_tokens."""
     for rid, (prompt, sp) in requests.items():
         engine.add_request(rid, prompt, resolve_params(mc, len(prompt), sp))
-    got = {rid: ([], None) for rid in requests}
+    outs, cached = {rid: [] for rid in requests}, {}
     for _ in range(2000):
         if not engine.has_work():
-            return got
+            return {rid: (outs[rid], cached.get(rid)) for rid in requests}
         for o in engine.step():
-            outs, cached = got[o.request_id]
-            got[o.request_id] = (outs + [(o.token_id, o.exit_depth, o.logprobs, o.finish_reason)], cached)
-            if len(outs) == 0:
-                got[o.request_id] = (got[o.request_id][0], o.num_cached_tokens)
+            outs[o.request_id].append((o.token_id, o.exit_depth, o.logprobs, o.finish_reason))
+            if o.num_cached_tokens is not None:  # (the first output's)
+                cached[o.request_id] = o.num_cached_tokens
     raise AssertionError("did not finish")
 
 
