@@ -190,13 +190,13 @@ class EngineConfig(msgspec.Struct, kw_only=True, frozen=True):
         bool, _doc("reuse the KV blocks of a cached prefix whose tokens and loop depths match the request's")
     ] = True
     max_num_seqs: Annotated[PositiveInt, _doc("requests running at once per worker")] = 64
-    prefill_chunk: Annotated[PositiveInt, _doc("prompt rows per request per pass")] = 256
+    prefill_chunk: Annotated[
+        PositiveInt, _doc("prompt rows per request per pass (a lone prompt may take the whole pass, as in vLLM)")
+    ] = 2048
     max_num_batched_tokens: Annotated[PositiveInt, _doc("rows per core pass")] = 2048
     kernels: Annotated[
         Literal["triton", "reference"],
-        _doc(
-            "CUDA: the Triton kernels and CUDA graphs, or the plain torch reference (the CPU always runs the reference)"
-        ),
+        _doc("CUDA: the Triton kernels and CUDA graphs, or the plain torch reference (the CPU always runs it)"),
     ] = "triton"
     batch_invariant: Annotated[
         bool, _doc("CUDA: kernels whose per-row result does not depend on the batch (PD equal to single, bit for bit)")
