@@ -13,15 +13,16 @@ are drawn from (or --vocab-size), and the served model is the server's first (or
 
 Requests arrive as a Poisson process at each rate for --duration seconds, prompts cycling through
 --prompt-lens (random token ids, after --shared-prefix-len tokens every prompt shares), greedy, EOS
-ignored, exactly --output-len tokens each. Reported
-per rate, as a table and JSON: TTFT, TPOT, ITL and E2EL in ms (mean, median, p95, p99), output
-tokens/s and requests/s (completed requests over the time from the first arrival to the last
-completion), and whether the rate is past capacity (`saturated`); the JSON also keeps each
-request's prompt length, TTFT and TPOT. `--sweep-rates 2,4,6,...` then runs those rates in order
-(each for `--sweep-duration` seconds, default `--duration`) and stops after the first one past
-capacity: the configuration's capacity lies between it and the rate before. `--max-concurrency 1,64`
-then runs closed loops (--num-prompts requests, that many in flight; vLLM's option of that name). Runs of two
-configurations over the same rates compare rate by rate (scripts/compare_serving.py).
+ignored, exactly --output-len tokens each. Reported per rate, as a table and JSON: TTFT, TPOT, ITL
+and E2EL in ms (mean, median, p95, p99), output tokens/s and requests/s (completed requests over
+the time from the first arrival to the last completion), and whether the rate is past capacity
+(`saturated`); the JSON also keeps each request's prompt length, TTFT and TPOT. `--sweep-rates
+2,4,6,...` then runs those rates in order (each for `--sweep-duration` seconds, default
+`--duration`) and stops after the first one past capacity: the configuration's capacity lies
+between it and the rate before. `--max-concurrency 1,64` then runs closed loops (--num-prompts
+requests, that many in flight; vLLM's option of that name). Runs of two configurations over the
+same rates compare rate by rate (scripts/compare_serving.py). `--no-prefix-caching` turns the
+prefix cache off (A/B against the default).
 """
 
 import asyncio
