@@ -266,8 +266,8 @@ async def test_replicas_route_a_prompt_to_the_worker_holding_its_prefix(checkpoi
 
 def test_a_burst_sharing_a_new_prefix_computes_it_once(checkpoints):
     """Requests arriving together with the same uncached prompt head: the first computes it, the
-    others wait until its blocks are cached and start after them (and one behind them waits its
-    turn); every stream equals the cache-off run's."""
+    others wait until its blocks are cached and start after them (one behind them sharing nothing
+    does not wait); every stream equals the cache-off run's."""
     mc, new_engine = make(checkpoints["ouro"], "ouro")
     sp = SamplingParams(max_tokens=5, temperature=0, ignore_eos=True, exit_threshold=0.5, logprobs=2)
     reqs = {"a": (FIRST, sp), "b": (FIRST[:17] + [60, 61], sp), "c": (FIRST + [62], sp), "other": (OTHER, sp)}
@@ -286,5 +286,30 @@ def test_a_burst_sharing_a_new_prefix_computes_it_once(checkpoints):
     got, ref = drive(engine, mc, reqs), drive(new_engine(enable_prefix_caching=False), mc, reqs)
     assert_same(got, ref, "ouro")
     assert {r: c for r, (_, c) in got.items()} == {"a": 0, "b": 16, "c": 16, "other": 0}
-    # b and c came in once a's first 16 positions were final; `other`, behind them, not before
-    assert admitted["a"] == 0 and admitted["b"] >= 16 and admitted["c"] >= 16 and admitted["other"] >= 16
+    # b and c came in once a's first 16 positions were final; `other`, behind them, at once
+    assert admitted["a"] == admitted["other"] == 0 and admitted["b"] >= 16 and admitted["c"] >= 16
+
+
+def test_routing_prefers_the_prefix_holder_unless_it_is_much_busier_or_unusable():
+    from types import SimpleNamespace
+
+    from rlt.control import router
+    from rlt.control.worker_proc import Credits, PrefixIndex
+
+    def worker(name, slots):
+        ready = SimpleNamespace(kv_blocks_total=400, kv_planes=4)
+        return SimpleNamespace(identity=name, ready=ready, credits=Credits(0, slots), prefixes=PrefixIndex())
+
+    keys = [b"k0", b"k1", b"k2"]
+    holder, idle = worker("holder", 5), worker("idle", 0)
+    router.remember(holder, keys[:2])
+    assert router.by_prefix([holder, idle], keys) is holder
+    assert router.by_prefix([holder, idle], [b"other"]) is idle  # nothing cached anywhere: least loaded
+    assert router.by_prefix([holder, idle], keys, usable=lambda w: w is idle) is idle  # (its queue is full)
+    holder.credits.slots = 60  # over 32 more in flight than the least loaded, and over 1.5x
+    assert router.by_prefix([holder, idle], keys) is idle
+    idle.credits.slots = 30
+    assert router.by_prefix([holder, idle], keys) is holder
+    small = PrefixIndex()
+    small.add([b"a", b"b", b"c"], capacity=2)  # the head is kept, as the worker keeps it
+    assert small.match([b"a", b"b"]) == 2 and small.match([b"c"]) == 0

@@ -117,23 +117,25 @@ class Engine:
         r = self._admit(prompt, params if params is not None else SamplingParams(), request_id, priority)
         return RequestStream(self._lifecycle, r, self.tokenizer)
 
-    def _pick(self, role: str, prompt: list[int] | None = None, p: ResolvedParams | None = None) -> WorkerProc:
-        """The worker of `role` for a request: by its prompt's cached prefix where it runs the prompt."""
+    def _pick(self, role: str, keys: list[bytes] | None = None, usable=None) -> WorkerProc:
+        """The worker of `role` for a request: the one holding its prompt's cached prefix (`keys`:
+        where the role runs prompts and there is a choice), else the least loaded."""
         if self._supervisor.closing:
             raise EngineDeadError("the engine was shut down")
         workers = self._supervisor.ready(role)
-        if prompt is None or not self.engine_config.enable_prefix_caching:
-            w = router.least_loaded(workers)
-        else:
-            w = router.by_prefix(workers, lambda: self._prompt_keys(prompt, p, workers[0].ready.block_size))
+        w = router.by_prefix(workers, keys, usable) if keys else router.least_loaded(workers)
         if w is None:
             raise EngineDeadError(self._supervisor.dead_reason or f"no {role} worker is ready")
         return w
 
-    def _prompt_keys(self, prompt: list[int], p: ResolvedParams, block_size: int) -> list[bytes]:
+    def _prompt_keys(self, prompt: list[int], p: ResolvedParams, role: str) -> list[bytes] | None:
+        """Prefix-cache keys of the prompt's full blocks, for routing among several workers of `role`."""
+        workers = self._supervisor.ready(role)
+        if not self.engine_config.enable_prefix_caching or len(workers) < 2:
+            return None
         mc = self.model_config
         root = root_key(mc.family_config.random_initial_state, p.state_seed)
-        return prompt_keys(root, prompt, mc.depth, block_size)
+        return prompt_keys(root, prompt, mc.depth, workers[0].ready.block_size)
 
     def _admit(self, prompt, params: SamplingParams, request_id, priority) -> Request:
         ids = self.tokenize(prompt)
@@ -149,17 +151,23 @@ class Engine:
         if request_id in self._lifecycle.live:
             raise RequestError(f"request_id {request_id!r} is already live")
         pd = self._supervisor.slots[0][0] == "prefill"  # (the topology, parsed once)
-        d = self._pick("decode") if pd else self._pick("unified", ids, p)
-        prefill = self._pick("prefill", ids, p) if pd else None
-        if prefill is not None and router.prefill_locally(self.launch_config, len(ids), prefill):
-            prefill = None
-            self._lifecycle.prefilled_locally()
+        keys = self._prompt_keys(ids, p, "prefill" if pd else "unified")
+        d = self._pick("decode") if pd else self._pick("unified", keys)
+        prefill = None
+        if pd:  # the prefill worker, unless the decode worker prefills it (a short prompt, or full queues)
+            remote = lambda w: not router.prefill_locally(self.launch_config, len(ids), w)  # noqa: E731
+            prefill = self._pick("prefill", keys, remote)
+            prefill = prefill if remote(prefill) else None
         need = router.blocks_for(d.ready, len(ids) + p.max_tokens)
         if need > d.ready.kv_blocks_total:
             raise RequestError(
                 f"prompt {len(ids)} + max_tokens {p.max_tokens} needs {need} KV blocks, "
                 f"the worker has {d.ready.kv_blocks_total}: it can never fit"
             )
+        if pd and prefill is None:
+            self._lifecycle.prefilled_locally()
+        if keys and (prefill or not pd):  # the worker that computes the prompt will hold its blocks
+            router.remember(prefill or d, keys)
         out = RequestOutput(request_id, ids, logprobs=[] if p.logprobs else None)
         return self._lifecycle.admit(
             request_id,

@@ -19,22 +19,26 @@ def least_loaded(workers: list[WorkerProc]) -> WorkerProc | None:
     return max(workers, key=lambda w: (w.ready.kv_blocks_total - w.credits.blocks, -w.credits.slots), default=None)
 
 
-def by_prefix(workers: list[WorkerProc], keys) -> WorkerProc | None:
-    """The worker for a prompt whose full blocks have prefix-cache keys `keys()` (computed only
-    when there is a choice); records the prompt as cached there."""
+def by_prefix(workers: list[WorkerProc], keys: list[bytes], usable=None) -> WorkerProc | None:
+    """The worker for a prompt whose full blocks have prefix-cache keys `keys`: the usable one
+    holding the longest prefix of them, unless it is much busier than the least loaded."""
     least = least_loaded(workers)
-    if len(workers) < 2:
+    candidates = [w for w in workers if usable is None or usable(w)]
+    if not candidates:
         return least
-    keys = keys()
     matched = {w.identity: w.prefixes.match(keys) for w in workers}
-    best = max(workers, key=lambda w: matched[w.identity])
+    best = max(candidates, key=lambda w: matched[w.identity])
     busy, idle = best.credits.slots, least.credits.slots
     if matched[best.identity] > matched[least.identity] and not (
         busy - idle > BALANCE_ABS and busy > BALANCE_REL * idle
     ):
-        least = best
-    least.prefixes.add(keys, least.ready.kv_blocks_total // least.ready.kv_planes)
+        return best
     return least
+
+
+def remember(w: WorkerProc, keys: list[bytes]) -> None:
+    """The prompt was sent to `w`: its blocks will be cached there."""
+    w.prefixes.add(keys, w.ready.kv_blocks_total // w.ready.kv_planes)
 
 
 def prefill_locally(launch: LaunchConfig, prompt_len: int, prefill: WorkerProc) -> bool:

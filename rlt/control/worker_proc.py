@@ -44,8 +44,9 @@ class PrefixIndex:
         return n
 
     def add(self, keys: list[bytes], capacity: int) -> None:
-        """capacity: the logical blocks (every plane) the worker's pool holds."""
-        for k in keys:
+        """capacity: the logical blocks (every plane) the worker's pool holds. The head of a prompt
+        is touched last: forgotten last, as the worker evicts a prefix's tail first."""
+        for k in reversed(keys):
             self._keys[k] = None
             self._keys.move_to_end(k)
         while len(self._keys) > capacity:

@@ -54,7 +54,7 @@ class Scheduler:
         """The next request to admit and its prefix hit: the first waiting one whose blocks are
         free, in order (the head waits for its blocks; later ones wait behind it), or before it any
         that already holds its blocks (a PD decode reservation): it needs none, and the head may be
-        waiting for them."""
+        waiting for them. One waiting for a running request to cache its next block holds nobody up."""
         if len(self.running) >= self.cfg.max_num_seqs:
             return None
         head = True
@@ -65,8 +65,10 @@ class Scheduler:
                 hits = self._hits(s)
                 planes = self.pool.num_planes
                 need = self.pool.blocks_needed(s.admit_positions) - planes * sum(c.refs > 0 for c in hits)
-                if need <= self.pool.num_free and not self._computed_by_another(s, len(hits)):
-                    return s, hits
+                if need <= self.pool.num_free:
+                    if not self._computed_by_another(s, len(hits)):
+                        return s, hits
+                    continue
             head = False
         return None
 
