@@ -163,6 +163,15 @@ class LoopEngine:
         s.group, s.replay = None, []
         del self._live[s.request_id]
 
+    def device_mark(self):
+        """On CUDA, an event recorded after the work launched so far (None on the CPU: each step's
+        work is done when step() returns)."""
+        if not self.pool.cache.is_cuda:
+            return None
+        event = torch.cuda.Event()
+        event.record()
+        return event
+
     @property
     def num_free_blocks(self) -> int:
         return self.pool.num_free

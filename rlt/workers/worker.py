@@ -21,6 +21,7 @@ class _Outgoing:
     dst_gen: int  # the generation the decode worker knows it by (its notifications name it)
     seq: int = 0
     pending: list = field(default_factory=list)  # (handle, posted_at)
+    unposted: int = 0  # chunks final on the host whose pass the device has not finished yet
     prompt_done: bool = False
     bytes: int = 0
     started: float = field(default_factory=time.monotonic)
@@ -43,6 +44,9 @@ class Worker:
         self.draining: dict[int, tuple[_Outgoing, list]] = {}  # retired: writes in flight, replies after
         self.incoming: dict[int, _Incoming] = {}
         self.pending_reserves: list[pr.Reserve] = []
+        # Prefill: each step's chunk events with a device event recorded after its pass; a write
+        # is posted once its pass is done (NIXL copies outside the compute stream).
+        self.unposted: list[tuple[object | None, list]] = []
         self.started: list[int] = []
         self.changed = False
         self.first_use_at_ready = (FirstUse.captures, FirstUse.compiles)  # (built when READY is sent)
@@ -174,12 +178,26 @@ class Worker:
     def _fail(self, gen: int, error: str) -> None:
         self._retire(gen, pr.Failed(gen, error))
 
+    def _queue_chunks(self) -> None:
+        """This step's chunk events, to be written once the device has run the step's pass."""
+        events, self.engine.chunk_events = self.engine.chunk_events, []
+        if events:
+            self.unposted.append((self.engine.device_mark(), events))
+            for gen, _, _ in events:
+                if gen in self.outgoing:
+                    self.outgoing[gen].unposted += 1
+        while self.unposted and (self.unposted[0][0] is None or self.unposted[0][0].query()):
+            self._post_chunks(self.unposted.pop(0)[1])
+
     def _post_chunks(self, events) -> None:
         bs = self.engine.pool.block_size
         for gen, start, end in events:
             o = self.outgoing.get(gen)
+            if o is None:  # retired meanwhile
+                continue
+            o.unposted -= 1
             tables = self.engine.tables_of(gen)
-            if o is None or tables is None:
+            if tables is None:
                 continue
             planes = tables.core + ([tables.boundary] if tables.boundary is not None else [])
             b0, b1 = start // bs, (end - 1) // bs + 1
@@ -217,7 +235,7 @@ class Worker:
             except TransferError as err:
                 self._fail(gen, str(err))
                 continue
-            if o.prompt_done and not o.pending:
+            if o.prompt_done and not o.pending and not o.unposted:
                 del self.outgoing[gen]
                 self.engine.release_held(gen)
                 self.send(pr.TransferDone(gen, o.seq, o.bytes, time.monotonic() - o.started))
@@ -260,8 +278,7 @@ class Worker:
                 self.started = []
             self.changed = False
             if self.role == "prefill":
-                self._post_chunks(self.engine.chunk_events)
-                self.engine.chunk_events = []
+                self._queue_chunks()
                 self._prefill_progress()
             elif self.role == "decode":
                 self._decode_progress()
