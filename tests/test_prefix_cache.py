@@ -313,3 +313,24 @@ def test_routing_prefers_the_prefix_holder_unless_it_is_much_busier_or_unusable(
     small = PrefixIndex()
     small.add([b"a", b"b", b"c"], capacity=2)  # the head is kept, as the worker keeps it
     assert small.match([b"a", b"b"]) == 2 and small.match([b"c"]) == 0
+
+
+def test_keys_chain_tokens_and_depths_block_by_block():
+    """Position P + i is keyed by the token fed there (output[i]) and the depth of the token sampled
+    from it (depths[i + 1]); prompt positions by full depth; the root by the state seed only where
+    the initial latent is drawn from it."""
+    from rlt.workers.prefix_cache import chain, root_key
+    from rlt.workers.sequence import Sequence
+
+    root = root_key(False, 0)
+    s = Sequence(1, list(range(10)), None, (0, 0), root=root, output=[50, 51, 52, 53], depths=[4, 2, 4, 1])
+    assert s.known_positions == 13  # position 13 (fed 53) has not run: its depth is unknown
+    tokens, depths = list(range(10)) + [50, 51, 52], [4] * 10 + [2, 4, 1]
+    want, parent = [], root
+    for b in range(3):
+        parent = chain(parent, tokens[4 * b : 4 * b + 4], depths[4 * b : 4 * b + 4])
+        want.append(parent)
+    assert s.block_keys(9, 4, 4) == want[:2] and s.block_keys(13, 4, 4) == want
+    other = Sequence(1, list(range(10)), None, (0, 0), root=root, output=[50, 51, 52], depths=[4, 3, 4])
+    assert other.block_keys(12, 4, 4) == want[:2] + [chain(want[1], tokens[8:12], [4, 4, 3, 4])]
+    assert root_key(True, 1) != root_key(True, 2) and root_key(False, 1) == root_key(False, 2) == root

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 from rlt.sampling_params import ResolvedParams
 from rlt.workers.kv_pool import BlockTables
-from rlt.workers.prefix_cache import chain
+from rlt.workers.prefix_cache import chain, prompt_keys
 from rlt.workers.runner import Group
 
 
@@ -76,6 +76,9 @@ class Sequence:
         """Prefix-cache keys of its full blocks within the first `positions` (<= known_positions):
         prompt positions ran at `depth`, generated position P + i to depths[i + 1]."""
         P = len(self.prompt)
+        if len(self.keys) < min(positions, P) // block_size:  # whole prompt blocks: at once
+            parent = self.keys[-1] if self.keys else self.root
+            self.keys += prompt_keys(parent, self.prompt[:positions], depth, block_size, len(self.keys))
         while (len(self.keys) + 1) * block_size <= positions:
             lo, hi = len(self.keys) * block_size, (len(self.keys) + 1) * block_size
             tokens = [self.prompt[i] if i < P else self.output[i - P] for i in range(lo, hi)]
