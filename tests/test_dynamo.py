@@ -240,6 +240,9 @@ def test_completions_through_dynamo_equal_single(checkpoints, stack, family, nod
             s.wait_model(w, "decode")
         client = openai.OpenAI(base_url=s.url, api_key="none", max_retries=0)
         got = [client.completions.create(model=s.model, prompt=prompt, logprobs=1, **r) for r in requests]
+        # the prompt again: found in the prefix cache (Huginn's like-init KV depends on each one's seed)
+        cached = [g.usage.prompt_tokens_details.cached_tokens for g in got]
+        assert cached[0] == 0 and (family == "huginn" or cached[1:] == [32] * (len(got) - 1)), cached
         if nodes != "aggregated":
             _stop(w)
             _stop(p)

@@ -82,6 +82,8 @@ def chunk(index: int, out, sent: int, top: int | None) -> dict:
         c["finish_reason"] = FINISH.get(out.finish_reason, "error")
         prompt, done = len(out.prompt_token_ids), len(out.token_ids)
         c["completion_usage"] = {"prompt_tokens": prompt, "completion_tokens": done, "total_tokens": prompt + done}
+        if out.num_cached_tokens is not None:  # what the prefix cache held (OpenAI's usage field)
+            c["completion_usage"]["prompt_tokens_details"] = {"cached_tokens": out.num_cached_tokens}
     return c
 
 
