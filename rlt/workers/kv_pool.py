@@ -4,7 +4,9 @@ Physical blocks hold `block_size` positions of every layer of one storage plane:
 cache[block, layer, k|v, offset, kv_head, head_dim], so one block of one plane is contiguous across
 layers (a prompt's KV moves in a few large transfers). A request owns one block table per plane:
 core planes (one per loop depth under LAST_EXITED, one shared plane under SHARED) and, for
-families with boundary layers (Huginn's prelude and coda), one boundary plane.
+families with boundary layers (Huginn's prelude and coda), one boundary plane. With the prefix
+cache (rlt/workers/prefix_cache.py) a logical block of final positions, every plane together, may
+be shared by several requests' tables and outlive them; its cached copies nobody holds count as free.
 """
 
 from dataclasses import dataclass
