@@ -303,17 +303,21 @@ def test_a_killed_worker_fails_its_requests_and_a_new_one_rejoins(checkpoints, s
                     os.killpg(w.pid, signal.SIGKILL)  # the worker and its rlt worker process
         assert got >= 3
         w2 = s.worker(checkpoints["ouro"], "worker2")
-        deadline = time.monotonic() + 90
-        while True:  # until the frontend routes to the new worker (the dead one leaves discovery)
-            try:
-                r = client.completions.create(model=s.model, prompt=[5, 6, 7], max_tokens=5, temperature=0)
-                break
-            except openai.APIError:
-                assert time.monotonic() < deadline and w2.poll() is None, open(s.log("worker2")).read()[-3000:]
-                time.sleep(0.5)
+        r = _served_once_up(client, s, [5, 6, 7], w2, "worker2")  # (the dead one leaves discovery)
         assert r.usage.completion_tokens == 5 and r.choices[0].finish_reason == "length"
         _stop(w2)
         assert not _group_alive(w2.pid)  # no rlt worker process outlives its Dynamo worker
+
+
+def _served_once_up(client, s, prompt, proc, name: str, timeout: float = 90.0):
+    """A 5-token completion, retried until a node just started (`proc`, its log `name`) serves it."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return client.completions.create(model=s.model, prompt=prompt, max_tokens=5, temperature=0)
+        except openai.APIError:
+            assert time.monotonic() < deadline and proc.poll() is None, open(s.log(name)).read()[-3000:]
+            time.sleep(0.5)
 
 
 def test_a_killed_prefill_node_fails_only_what_it_holds_and_a_new_one_rejoins(checkpoints, stack):
@@ -342,14 +346,7 @@ def test_a_killed_prefill_node_fails_only_what_it_holds_and_a_new_one_rejoins(ch
         with open(s.log("decode")) as f:
             assert "prefill node" in f.read()  # (no instance, or the dead one still listed)
         p2 = s.worker(checkpoints["ouro"], "prefill2", "--role", "prefill")
-        deadline = time.monotonic() + 90
-        while True:
-            try:
-                r = client.completions.create(model=s.model, prompt=[9, 10, 11], max_tokens=5, temperature=0)
-                break
-            except openai.APIError:
-                assert time.monotonic() < deadline and p2.poll() is None, open(s.log("prefill2")).read()[-3000:]
-                time.sleep(0.5)
+        r = _served_once_up(client, s, [9, 10, 11], p2, "prefill2")
         assert r.usage.completion_tokens == 5
         time.sleep(2.5)  # past the transfer deadline of the requests whose stream broke
         _stop(d)

@@ -24,6 +24,11 @@ class BlockTables:
     core: list[list[int]]  # [plane][logical block] -> physical block
     boundary: list[int] | None
 
+    @property
+    def planes(self) -> list[list[int]]:
+        """Every plane's table: the core planes, then the boundary plane if any."""
+        return self.core + ([self.boundary] if self.boundary is not None else [])
+
 
 class KVPool:
     def __init__(
@@ -68,17 +73,13 @@ class KVPool:
     def blocks_needed(self, num_positions: int) -> int:
         return -(-num_positions // self.block_size) * self.num_planes
 
-    @staticmethod
-    def _planes(tables: BlockTables) -> list[list[int]]:
-        return tables.core + ([tables.boundary] if tables.boundary is not None else [])
-
     def allocate(self, num_positions: int, shared: list[CachedBlock] = ()) -> BlockTables:
         """Tables for the first `num_positions` positions on every plane, starting with the cached
         blocks `shared` (a prefix hit)."""
         tables = BlockTables([[] for _ in range(self.num_core_planes)], [] if self.has_boundary else None)
         for c in shared:
             self.prefix.acquire(c)
-            for t, b in zip(self._planes(tables), c.blocks):
+            for t, b in zip(tables.planes, c.blocks):
                 t.append(b)
         if not self.grow(tables, num_positions):
             self.free(tables)
@@ -87,7 +88,7 @@ class KVPool:
 
     def grow(self, tables: BlockTables, num_positions: int) -> bool:
         """Extend every plane's table to hold `num_positions` positions: all or nothing."""
-        planes = self._planes(tables)
+        planes = tables.planes
         more = -(-num_positions // self.block_size) - len(planes[0])
         if more <= 0:
             return True
@@ -106,11 +107,11 @@ class KVPool:
     def cache_block(self, tables: BlockTables, index: int, key: bytes) -> None:
         """Keep logical block `index` (final on every plane) in the prefix cache under `key`."""
         if self.prefix is not None:
-            self.prefix.insert(key, tuple(t[index] for t in self._planes(tables)))
+            self.prefix.insert(key, tuple(t[index] for t in tables.planes))
 
     def free(self, tables: BlockTables) -> None:
         """Every block back, last to first: cached ones stay cached (unused once nobody holds them)."""
-        planes = self._planes(tables)
+        planes = tables.planes
         for i in range(len(planes[0]) - 1, -1, -1):
             if self.prefix is None or not self.prefix.release(planes[0][i]):
                 self._free.extend(t[i] for t in planes)

@@ -89,15 +89,12 @@ class PrefixCache:
             del self._unused[c.key]
         c.refs += 1
 
-    def insert(self, key: bytes, blocks: tuple[int, ...]) -> bool:
-        """Cache a request's block (it holds the reference); False if that key is cached already
-        (the request's copy stays its own)."""
-        if key in self._by_key:
-            return False
-        c = CachedBlock(key, blocks, 1)
-        self._by_key[key] = self._by_block[blocks[0]] = c
-        self.version += 1
-        return True
+    def insert(self, key: bytes, blocks: tuple[int, ...]) -> None:
+        """Cache a request's block (it holds the reference), unless that key is cached already (then
+        the request's copy stays its own)."""
+        if key not in self._by_key:
+            self._by_key[key] = self._by_block[blocks[0]] = CachedBlock(key, blocks, 1)
+            self.version += 1
 
     def release(self, first_block: int) -> bool:
         """Drop a reference to the cached block whose first plane is `first_block`; False if that

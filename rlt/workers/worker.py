@@ -125,8 +125,7 @@ class Worker:
                 return  # FCFS: wait for blocks
             self.pending_reserves.pop(0)
             self.incoming[r.gen] = _Incoming()
-            planes = tables.core + ([tables.boundary] if tables.boundary is not None else [])
-            self.send(pr.Reserved(r.gen, planes))
+            self.send(pr.Reserved(r.gen, tables.planes))
             self.changed = True
 
     def _try_activate(self, gen: int) -> None:
@@ -199,9 +198,8 @@ class Worker:
             tables = self.engine.tables_of(gen)
             if tables is None:
                 continue
-            planes = tables.core + ([tables.boundary] if tables.boundary is not None else [])
             b0, b1 = start // bs, (end - 1) // bs + 1
-            src = [b for t in planes for b in t[b0:b1]]
+            src = [b for t in tables.planes for b in t[b0:b1]]
             dst = [b for t in o.dst_tables for b in t[b0:b1]]
             try:
                 h = self.transport.write(o.dst_agent, src, dst, f"{o.dst_gen}:{o.seq}".encode())
