@@ -1,4 +1,5 @@
 import os
+import tempfile
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # (as rlt's workers: no spinning threads on 2 shared cores)
 
@@ -7,7 +8,14 @@ import torch  # noqa: E402
 
 from rlt.models.family import BY_NAME
 
-os.environ.setdefault("RLT_CACHE_DIR", os.path.join(os.path.dirname(__file__), "..", ".pytest_cache", "rlt"))
+# pytest-xdist runs the suite in several processes (pyproject: -n auto): each has its own temp dir
+# and cache dir, so a test that checks what is left in them, or prunes old launch logs, sees only
+# its own process's.
+_worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
+os.environ.setdefault("RLT_CACHE_DIR", os.path.join(os.path.dirname(__file__), "..", ".pytest_cache", "rlt", _worker))
+os.environ["TMPDIR"] = os.path.join(tempfile.gettempdir(), f"pytest-tmp-{_worker}")
+os.makedirs(os.environ["TMPDIR"], exist_ok=True)
+tempfile.tempdir = None  # (gettempdir() reads TMPDIR again)
 torch.set_num_threads(2)
 
 FAMILIES = tuple(BY_NAME)  # short names: ouro, nanbeige, huginn

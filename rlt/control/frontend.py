@@ -35,15 +35,27 @@ class _Launch:
         return self._start().__await__()
 
     async def _start(self) -> "Engine":
-        # The tokenizer (transformers' import, the tokenizer.json parse) loads in a thread: the
-        # caller's loop keeps running while the engine starts. The heap is frozen before and after
-        # (as vLLM's server does): a full collection then scans only objects made since, instead
-        # of stalling the loop for the whole heap (~100 ms with torch loaded) at random moments.
+        # The tokenizer (transformers' import, the tokenizer.json parse: ~1 s of CPU) loads in a
+        # thread while the workers start, and the caller's loop keeps running. A tokenizer that does
+        # not load fails the launch once the workers are up, and they are stopped. The heap is
+        # frozen before and after (as vLLM's server does): a full collection then scans only
+        # objects made since, instead of stalling the loop for the whole heap (~100 ms with torch
+        # loaded) at random moments.
+        engine = self.engine
         gc.freeze()
-        await asyncio.to_thread(self.engine.load_tokenizer)
-        await self.engine._supervisor.start()
+        tokenizer = asyncio.ensure_future(asyncio.to_thread(engine.load_tokenizer))
+        try:
+            await engine._supervisor.start()
+        except BaseException:
+            await asyncio.gather(tokenizer, return_exceptions=True)
+            raise
+        try:
+            await tokenizer
+        except BaseException:
+            await engine.shutdown()
+            raise
         gc.freeze()
-        return self.engine
+        return engine
 
     async def __aenter__(self) -> "Engine":
         return await self._start()

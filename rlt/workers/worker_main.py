@@ -172,4 +172,9 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    rc = main()
+    # Everything the worker owns is closed by now (sockets, NIXL agent); its log only needs a flush.
+    # Skipping the interpreter's teardown of torch's modules saves ~0.4 s of CPU per stop or restart.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(rc)
