@@ -192,8 +192,8 @@ class EngineConfig(msgspec.Struct, kw_only=True, frozen=True):
     max_num_seqs: Annotated[PositiveInt, _doc("requests running at once per worker")] = 64
     prefill_chunk: Annotated[
         PositiveInt, _doc("prompt rows per request per pass (a lone prompt may take the whole pass, as in vLLM)")
-    ] = 2048
-    max_num_batched_tokens: Annotated[PositiveInt, _doc("rows per core pass")] = 2048
+    ] = 8192
+    max_num_batched_tokens: Annotated[PositiveInt, _doc("rows per core pass")] = 8192
     kernels: Annotated[
         Literal["triton", "reference"],
         _doc("CUDA: the Triton kernels and CUDA graphs, or the plain torch reference (the CPU always runs it)"),

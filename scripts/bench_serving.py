@@ -72,6 +72,7 @@ def add_arguments(group) -> None:
     group.add_argument("--shared-prefix-len", type=int, default=0, help="tokens every prompt starts with")
     group.add_argument("--no-prefix-caching", action="store_true", help="enable_prefix_caching=False")
     group.add_argument("--prefill-chunk", type=int, help="(default: the engine's)")
+    group.add_argument("--max-num-batched-tokens", type=int, help="(default: the engine's)")
     group.add_argument("--max-num-seqs", type=int, help="(default: the engine's)")
     group.add_argument("--seed", type=int, default=0)
     group.add_argument(
@@ -155,7 +156,7 @@ def main(args):
         options["kv_memory_bytes"] = int(args.kv_gib * 2**30)
     if args.no_prefix_caching:
         options["enable_prefix_caching"] = False
-    for name in ("prefill_chunk", "max_num_seqs", *PD_OPTIONS):
+    for name in ("prefill_chunk", "max_num_batched_tokens", "max_num_seqs", *PD_OPTIONS):
         if getattr(args, name) is not None:
             options[name] = getattr(args, name)
     meta = {

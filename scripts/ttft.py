@@ -4,6 +4,7 @@
 
 For each (max_tokens, prompt length): 8 requests one after another (random token ids, greedy, EOS
 ignored), the median, min and max TTFT and the median submission-to-last-token time.
+`--prefill-chunk N` sets the rows a prompt takes per pass (PD's prefill worker: prefill_worker_chunk).
 """
 
 import argparse
@@ -21,7 +22,8 @@ from rlt import SamplingParams  # noqa: E402
 
 
 async def main(args):
-    async with rlt.Engine.launch(args.model, device=args.device, startup_timeout=900) as engine:
+    chunk = {"prefill_chunk": args.prefill_chunk} if args.prefill_chunk else {}
+    async with rlt.Engine.launch(args.model, device=args.device, startup_timeout=900, **chunk) as engine:
         rng = random.Random(0)
         vocab = engine.model_config.vocab_size
 
@@ -51,4 +53,5 @@ if __name__ == "__main__":
     ap.add_argument("--prompt-lens", default="128,1024")
     ap.add_argument("--max-tokens", default="1,256")
     ap.add_argument("--repeat", type=int, default=8)
+    ap.add_argument("--prefill-chunk", type=int, help="rows a prompt takes per pass (default: the engine's)")
     asyncio.run(main(ap.parse_args()))

@@ -136,9 +136,10 @@ def prefill_ms(mc, model, dtype, device: str, n: int, reps: int = 3, **options) 
     )
     engine = LoopEngine(mc, model, cfg, dtype, device)
     sp = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True)
-    prompt = torch.randint(0, mc.vocab_size, (n,), generator=torch.Generator().manual_seed(n)).tolist()
+    g = torch.Generator().manual_seed(n)
     times = []
     for i in range(reps + 1):  # the first is warm-up (compilation)
+        prompt = torch.randint(0, mc.vocab_size, (n,), generator=g).tolist()  # a new one: no prefix cache hit
         engine.add_request(str(i), prompt, resolve_params(mc, n, sp))
         t0 = time.perf_counter()
         while not engine.step():
