@@ -12,7 +12,7 @@ from rlt.models.family import BY_NAME
 # and cache dir, so a test that checks what is left in them, or prunes old launch logs, sees only
 # its own process's.
 _worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
-os.environ.setdefault("RLT_CACHE_DIR", os.path.join(os.path.dirname(__file__), "..", ".pytest_cache", "rlt", _worker))
+os.environ["RLT_CACHE_DIR"] = os.path.join(os.path.dirname(__file__), "..", ".pytest_cache", "rlt", _worker)
 os.environ["TMPDIR"] = os.path.join(tempfile.gettempdir(), f"pytest-tmp-{_worker}")
 os.makedirs(os.environ["TMPDIR"], exist_ok=True)
 tempfile.tempdir = None  # (gettempdir() reads TMPDIR again)

@@ -4,6 +4,7 @@ import asyncio
 import os
 import random
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -361,6 +362,24 @@ async def test_stuck_main_loop_is_detected(checkpoints):
         assert time.monotonic() - t0 < FAST["heartbeat_timeout"] + 3.0
         assert (await wait_restart(engine, pid)).finished
         await all_blocks_free(engine)
+
+
+async def test_a_paused_machine_kills_no_healthy_worker(checkpoints):
+    """The whole machine paused past the heartbeat deadline (a VM descheduled, a laptop suspended):
+    the worker and the caller's loop stop and resume together, a stream open. The coordinator's
+    heartbeat watch wakes late too; it does not declare the worker dead for a silence it shared."""
+    async with rlt.Engine.launch(checkpoints["ouro"], **FAST) as engine:
+        pid = engine.stats()["workers"][0]["pid"]
+        stream = engine.generate([5, 6, 7], SamplingParams(max_tokens=40, ignore_eos=True))
+        await anext(stream)
+        os.kill(pid, signal.SIGSTOP)
+        await asyncio.sleep(0.1)  # (what it sent before it stopped is read)
+        time.sleep(FAST["heartbeat_timeout"] + 1.0)  # (the loop stopped too)
+        os.kill(pid, signal.SIGCONT)
+        outs = [o async for o in stream]
+        assert outs[-1].finished and len(outs[-1].token_ids) == 40
+        await asyncio.sleep(4 * FAST["heartbeat_interval"])
+        assert [(w["pid"], w["state"]) for w in engine.stats()["workers"]] == [(pid, "ready")] and alive(pid)
 
 
 async def test_replicas_topology_spreads_requests_and_matches_single(checkpoints):

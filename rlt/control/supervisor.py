@@ -289,9 +289,15 @@ class Supervisor:
     async def _heartbeat_watch(self) -> None:
         limit = self.launch.heartbeat_timeout
         beating = max(limit / 2, 2 * self.launch.heartbeat_interval)  # a heartbeat this recent: still beating
+        tick = time.monotonic()
         while True:
             await asyncio.sleep(self.launch.heartbeat_interval)
             now = time.monotonic()
+            late, tick = now - tick - self.launch.heartbeat_interval, now
+            if late > beating / 2:
+                # The caller's loop was held up (this task woke late): heartbeats that arrived
+                # meanwhile are still unread. Judge on the next tick, after the receive loop has run.
+                continue
             for w in self.workers:
                 if not isinstance(w, WorkerProc) or w.ready is None or self.closing or not w.alive:
                     continue  # (a remote proxy's liveness is its own)
