@@ -10,12 +10,14 @@ from rlt.models.family import BY_NAME
 
 # pytest-xdist runs the suite in several processes (pyproject: -n auto): each has its own temp dir
 # and cache dir, so a test that checks what is left in them, or prunes old launch logs, sees only
-# its own process's.
-_worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
-os.environ["RLT_CACHE_DIR"] = os.path.join(os.path.dirname(__file__), "..", ".pytest_cache", "rlt", _worker)
-os.environ["TMPDIR"] = os.path.join(tempfile.gettempdir(), f"pytest-tmp-{_worker}")
-os.makedirs(os.environ["TMPDIR"], exist_ok=True)
-tempfile.tempdir = None  # (gettempdir() reads TMPDIR again)
+# its own process's. (pytest's tmp_path comes from the controlling process, whose TMPDIR is left
+# alone: a coordinator's socket path under it must stay within the 107 characters of AF_UNIX.)
+_worker = os.environ.get("PYTEST_XDIST_WORKER")
+os.environ["RLT_CACHE_DIR"] = os.path.join(os.path.dirname(__file__), "..", ".pytest_cache", "rlt", _worker or "main")
+if _worker is not None:
+    os.environ["TMPDIR"] = os.path.join(tempfile.gettempdir(), f"pytest-tmp-{_worker}")
+    os.makedirs(os.environ["TMPDIR"], exist_ok=True)
+    tempfile.tempdir = None  # (gettempdir() reads TMPDIR again)
 torch.set_num_threads(2)
 
 FAMILIES = tuple(BY_NAME)  # short names: ouro, nanbeige, huginn

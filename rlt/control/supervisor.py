@@ -294,10 +294,8 @@ class Supervisor:
             await asyncio.sleep(self.launch.heartbeat_interval)
             now = time.monotonic()
             late, tick = now - tick - self.launch.heartbeat_interval, now
-            if late > beating / 2:
-                # The caller's loop was held up (this task woke late): heartbeats that arrived
-                # meanwhile are still unread. Judge on the next tick, after the receive loop has run.
-                continue
+            if late > beating / 2:  # the caller's loop was held up: heartbeats sent meanwhile are
+                continue  # still unread; judge on the next tick, once the receive loop has run
             for w in self.workers:
                 if not isinstance(w, WorkerProc) or w.ready is None or self.closing or not w.alive:
                     continue  # (a remote proxy's liveness is its own)
