@@ -219,12 +219,14 @@ async def test_engine_never_stalls_the_callers_loop(checkpoints):
         async def one(i):
             sp = SamplingParams(max_tokens=24, temperature=0.8, seed=i, ignore_eos=True)
             async for out in engine.generate("the quick brown fox " * (1 + i % 7), sp):
-                if i % 5 == 0 and len(out.token_ids) == 3:
-                    break  # an abort
+                if i % 5 == 0 and len(out.token_ids) >= 3:
+                    break  # an abort (tokens that arrived while the consumer was busy come in one output)
             return out
 
         finals = await asyncio.gather(*(one(i) for i in range(32)))
-        assert [len(o.token_ids) for o in finals] == [3 if i % 5 == 0 else 24 for i in range(32)]
+        aborted = [(3 <= len(o.token_ids) < 24, o.finished) for o in finals[::5]]
+        assert aborted == [(True, False)] * len(aborted)
+        assert all(len(o.token_ids) == 24 and o.finished for i, o in enumerate(finals) if i % 5)
         assert all(o.text for o in finals)
     tick.cancel()
     assert launched > 50 and len(lags) > launched + 50  # the probe ran throughout
