@@ -1,5 +1,4 @@
 import os
-import tempfile
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # (as rlt's workers: no spinning threads on 2 shared cores)
 
@@ -8,16 +7,7 @@ import torch  # noqa: E402
 
 from rlt.models.family import BY_NAME
 
-# pytest-xdist runs the suite in several processes (pyproject: -n auto): each has its own temp dir
-# and cache dir, so a test that checks what is left in them, or prunes old launch logs, sees only
-# its own process's. (pytest's tmp_path comes from the controlling process, whose TMPDIR is left
-# alone: a coordinator's socket path under it must stay within the 107 characters of AF_UNIX.)
-_worker = os.environ.get("PYTEST_XDIST_WORKER")
-os.environ["RLT_CACHE_DIR"] = os.path.join(os.path.dirname(__file__), "..", ".pytest_cache", "rlt", _worker or "main")
-if _worker is not None:
-    os.environ["TMPDIR"] = os.path.join(tempfile.gettempdir(), f"pytest-tmp-{_worker}")
-    os.makedirs(os.environ["TMPDIR"], exist_ok=True)
-    tempfile.tempdir = None  # (gettempdir() reads TMPDIR again)
+os.environ.setdefault("RLT_CACHE_DIR", os.path.join(os.path.dirname(__file__), "..", ".pytest_cache", "rlt"))
 torch.set_num_threads(2)
 
 FAMILIES = tuple(BY_NAME)  # short names: ouro, nanbeige, huginn
