@@ -21,7 +21,6 @@ class _Outgoing:
     dst_gen: int  # the generation the decode worker knows it by (its notifications name it)
     seq: int = 0
     pending: list = field(default_factory=list)  # (handle, posted_at)
-    unposted: int = 0  # chunks final on the host whose pass the device has not finished yet
     prompt_done: bool = False
     bytes: int = 0
     started: float = field(default_factory=time.monotonic)
@@ -182,21 +181,19 @@ class Worker:
         events, self.engine.chunk_events = self.engine.chunk_events, []
         if events:
             self.unposted.append((self.engine.device_mark(), events))
-            for gen, _, _ in events:
-                if gen in self.outgoing:
-                    self.outgoing[gen].unposted += 1
         while self.unposted and (self.unposted[0][0] is None or self.unposted[0][0].query()):
             self._post_chunks(self.unposted.pop(0)[1])
+
+    def _awaits_device(self, gen: int) -> bool:
+        """A chunk of `gen` is queued behind a pass the device has not finished."""
+        return any(g == gen for _, events in self.unposted for g, _, _ in events)
 
     def _post_chunks(self, events) -> None:
         bs = self.engine.pool.block_size
         for gen, start, end in events:
             o = self.outgoing.get(gen)
-            if o is None:  # retired meanwhile
-                continue
-            o.unposted -= 1
             tables = self.engine.tables_of(gen)
-            if tables is None:
+            if o is None or tables is None:  # retired meanwhile
                 continue
             b0, b1 = start // bs, (end - 1) // bs + 1
             src = [b for t in tables.planes for b in t[b0:b1]]
@@ -233,7 +230,7 @@ class Worker:
             except TransferError as err:
                 self._fail(gen, str(err))
                 continue
-            if o.prompt_done and not o.pending and not o.unposted:
+            if o.prompt_done and not o.pending and not self._awaits_device(gen):
                 del self.outgoing[gen]
                 self.engine.release_held(gen)
                 self.send(pr.TransferDone(gen, o.seq, o.bytes, time.monotonic() - o.started))
