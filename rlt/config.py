@@ -249,6 +249,13 @@ class LaunchConfig(msgspec.Struct, kw_only=True, frozen=True):
     restart_attempts: Annotated[
         PositiveInt, _doc("attempts to restart a dead worker, with exponential backoff from 0.5 s up to 30 s")
     ] = 10
+    max_queued_requests: Annotated[
+        Count,
+        _doc(
+            "requests that may wait in the coordinator while every worker holds its share (2 x max_num_seqs); "
+            "past it a request is refused at the call (EngineOverloadedError; HTTP 503 with Retry-After)"
+        ),
+    ] = 4096
     transfer_timeout: Annotated[Seconds, _doc("PD: seconds a KV transfer may take before its request fails")] = 30.0
     max_local_prefill_length: Annotated[
         Count, _doc("PD: prompts up to this many tokens are prefilled by the decode worker itself (0: off)")

@@ -15,3 +15,8 @@ class RequestError(ValueError):
 
 class EngineDeadError(RuntimeError):
     """A worker died or stopped answering; carries the worker's own error text."""
+
+
+class EngineOverloadedError(RuntimeError):
+    """The engine holds as many requests as it queues (max_queued_requests): refused at the call,
+    before anything is queued. Retry later (HTTP 503 with Retry-After)."""

@@ -19,10 +19,12 @@ from rlt.control.stream import RequestStream
 from rlt.control.supervisor import Supervisor
 from rlt.control.validation import resolve_params, validate_priority, validate_prompt
 from rlt.control.worker_proc import WorkerProc
-from rlt.errors import EngineDeadError, RequestError
+from rlt.errors import EngineDeadError, EngineOverloadedError, RequestError
 from rlt.outputs import RequestOutput
 from rlt.sampling_params import ResolvedParams, SamplingParams
 from rlt.workers.prefix_cache import prompt_keys, root_key
+
+WORKER_DEPTH = 2  # requests a worker holds, in units of max_num_seqs (Engine._has_room)
 
 
 class _Launch:
@@ -71,6 +73,8 @@ class Engine:
         self._tokenizer_loaded = False
         self._supervisor = Supervisor(mc, engine, launch)
         self._lifecycle = self._supervisor.lifecycle
+        self._pump_scheduled = False
+        self._lifecycle.freed = self._supervisor.on_worker_ready = self._schedule_pump
 
     @classmethod
     def launch(cls, model: str | None = None, *, hf_overrides: dict | None = None, **options) -> _Launch:
@@ -129,20 +133,21 @@ class Engine:
         r = self._admit(prompt, params if params is not None else SamplingParams(), request_id, priority)
         return RequestStream(self._lifecycle, r, self.tokenizer)
 
-    def _pick(self, role: str, keys: list[bytes] | None = None, usable=None) -> WorkerProc:
-        """The worker of `role` for a request: the one holding its prompt's cached prefix (`keys`:
-        where the role runs prompts and there is a choice), else the least loaded."""
+    def _ready(self, role: str) -> list[WorkerProc]:
         if self._supervisor.closing:
             raise EngineDeadError("the engine was shut down")
         workers = self._supervisor.ready(role)
-        w = router.by_prefix(workers, keys, usable) if keys else router.least_loaded(workers)
-        if w is None:
+        if not workers:
             raise EngineDeadError(self._supervisor.dead_reason or f"no {role} worker is ready")
-        return w
+        return workers
 
-    def _prompt_keys(self, prompt: list[int], p: ResolvedParams, role: str) -> list[bytes] | None:
-        """Prefix-cache keys of the prompt's full blocks, for routing among several workers of `role`."""
-        workers = self._supervisor.ready(role)
+    def _has_room(self, w: WorkerProc) -> bool:
+        """A worker holds up to max_num_seqs running and as many waiting (so a slot that frees is
+        refilled at its next step, without a round trip); further requests wait in the coordinator."""
+        return w.credits.slots < WORKER_DEPTH * self.engine_config.max_num_seqs
+
+    def _prompt_keys(self, prompt: list[int], p: ResolvedParams, workers: list[WorkerProc]) -> list[bytes] | None:
+        """Prefix-cache keys of the prompt's full blocks, for routing among several workers."""
         if not self.engine_config.enable_prefix_caching or len(workers) < 2:
             return None
         mc = self.model_config
@@ -157,41 +162,90 @@ class Engine:
             request_id = uuid.uuid4().hex
         elif not isinstance(request_id, str) or not request_id:
             raise RequestError(f"request_id must be a non-empty string, got {request_id!r}")
-        old = self._lifecycle.live.get(request_id)
+        lc = self._lifecycle
+        old = lc.live.get(request_id)
         if old is not None and old.abandoned:  # its stream was dropped (e.g. `break`): abort it now
-            self._lifecycle.cancel(old)
-        if request_id in self._lifecycle.live:
+            lc.cancel(old)
+        if request_id in lc.live:
             raise RequestError(f"request_id {request_id!r} is already live")
-        pd = self._supervisor.slots[0][0] == "prefill"  # (the topology, parsed once)
-        keys = self._prompt_keys(ids, p, "prefill" if pd else "unified")
-        d = self._pick("decode") if pd else self._pick("unified", keys)
-        prefill = None
-        if pd:  # the prefill worker, unless the decode worker prefills it (a short prompt, or full queues)
-            remote = lambda w: not router.prefill_locally(self.launch_config, len(ids), w)  # noqa: E731
-            prefill = self._pick("prefill", keys, remote)
-            prefill = prefill if remote(prefill) else None
+        if self._decode_role == "decode" and self._supervisor.remote_prefill is None:
+            self._ready("prefill")  # (a request admitted while none is ready waits for the restart)
+        d = max(self._ready(self._decode_role), key=lambda w: w.ready.kv_blocks_total)
         need = router.blocks_for(d.ready, len(ids) + p.max_tokens)
         if need > d.ready.kv_blocks_total:
             raise RequestError(
                 f"prompt {len(ids)} + max_tokens {p.max_tokens} needs {need} KV blocks, "
                 f"the worker has {d.ready.kv_blocks_total}: it can never fit"
             )
-        if pd and prefill is None:
-            self._lifecycle.prefilled_locally()
+        out = RequestOutput(request_id, ids, logprobs=[] if p.logprobs else None)
+        r = lc.queue(request_id, ids, p, priority, Collector(out))
+        self._pump()
+        if r.phase == Phase.QUEUED and lc.num_queued > self.launch_config.max_queued_requests:
+            lc.cancel(r)
+            raise EngineOverloadedError(
+                f"the engine is full: its workers hold their share and max_queued_requests "
+                f"({self.launch_config.max_queued_requests}) more wait; retry later"
+            )
+        return r
+
+    @property
+    def _decode_role(self) -> str:
+        return "decode" if self._supervisor.slots[0][0] == "prefill" else "unified"  # (the topology, parsed once)
+
+    def _pump(self) -> None:
+        """Admit queued requests, first the lowest priority value, while a worker has room. A request
+        whose role has no ready worker waits while one restarts, else fails."""
+        self._pump_scheduled = False
+        lc = self._lifecycle
+        while (r := lc.next_queued()) is not None:
+            try:
+                if not self._dispatch(r):
+                    return
+            except EngineDeadError as e:
+                if self._supervisor.restarting and not self._supervisor.closing:
+                    return  # pumped again when the worker is back
+                lc.fail_queued(r, e)
+
+    def _schedule_pump(self) -> None:
+        """A worker's slot came back: admit at the next loop turn (not inside the event that freed it)."""
+        if not self._pump_scheduled:
+            self._pump_scheduled = True
+            asyncio.get_running_loop().call_soon(self._pump)
+
+    def _dispatch(self, r: Request) -> bool:
+        """Send a queued request to its workers, if one has room: the decode (or unified) worker most
+        likely to hold its prompt's prefix, else the least loaded; in PD, a prefill worker too unless
+        the decode worker prefills it (a short prompt, or full prefill queues)."""
+        ids, pd = r.prompt, self._decode_role == "decode"
+        workers = [w for w in self._ready(self._decode_role) if self._has_room(w)]
+        if not workers:
+            return False
+        keys = self._prompt_keys(ids, r.params, self._supervisor.ready("prefill") if pd else workers)
+        d = router.least_loaded(workers) if pd or not keys else router.by_prefix(workers, keys)
+        prefill = None
+        if pd:
+            remote = lambda w: not router.prefill_locally(self.launch_config, len(ids), w)  # noqa: E731
+            prefills = self._ready("prefill")
+            prefill = router.by_prefix(prefills, keys, remote) if keys else router.least_loaded(prefills)
+            prefill = prefill if remote(prefill) else None
+            if prefill is None:
+                self._lifecycle.prefilled_locally()
         if keys and (prefill or not pd):  # the worker that computes the prompt will hold its blocks
             router.remember(prefill or d, keys)
-        out = RequestOutput(request_id, ids, logprobs=[] if p.logprobs else None)
-        return self._lifecycle.admit(
-            request_id,
-            ids,
-            p,
-            priority,
-            Collector(out),
+        self._lifecycle.admit(
+            r,
             d,
             router.blocks_for(d.ready, len(ids) + 1),  # what it holds at first: it grows as it decodes
             prefill,
             router.blocks_for(prefill.ready, len(ids)) if prefill else 0,
         )
+        return True
+
+    async def wait_failed(self) -> str:
+        """Returns, with the reason, once the engine can no longer serve: a worker the topology needs
+        died and will not be restarted (restart off, or its attempts ran out). A server exits on it."""
+        await self._supervisor.gave_up.wait()
+        return self._supervisor.dead_reason
 
     async def abort(self, request_id: str) -> bool:
         """End the request's stream with finish_reason 'abort'. Idempotent: False if not live."""

@@ -1,12 +1,14 @@
 """A request's lifecycle: the one place its states are named and every phase change is made.
 
-single:  WAITING -> DECODING (the unified worker prefills and decodes) -> finished
-PD:      WAITING (decode worker reserving blocks) -> RESERVED (blocks granted, Prefill sent) ->
+Every request starts QUEUED: validated and live, waiting in the coordinator (in priority, then
+arrival order) until a worker it can go to has room (rlt/control/frontend.py).
+single:  QUEUED -> DECODING (the unified worker prefills and decodes) -> finished
+PD:      QUEUED -> WAITING (decode worker reserving blocks) -> RESERVED (blocks granted, Prefill sent) ->
          PREFILLING (the prefill worker computes and writes each chunk into the decode worker's
          blocks) -> TRANSFERRING (first token streamed; last writes in flight) -> DECODING (the
          decode worker owns it) -> finished
 PD, prefilled locally (conditional disaggregation: a short prompt, or a busy prefill worker):
-         WAITING -> DECODING on the decode worker, as single
+         QUEUED -> DECODING on the decode worker, as single
 
 A request leaves the user's view (its id reusable) at once on finish, abort or failure; its
 resources are released in writer-before-reader order: a decode worker's reserved blocks are freed
@@ -15,6 +17,7 @@ Drained, or its death). Credits (blocks and slots assigned to a worker) return e
 """
 
 import enum
+import heapq
 import itertools
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -27,6 +30,7 @@ from rlt.sampling_params import ResolvedParams
 
 
 class Phase(enum.Enum):
+    QUEUED = "queued"
     WAITING = "waiting"
     RESERVED = "reserved"
     PREFILLING = "prefilling"
@@ -56,9 +60,9 @@ class Request:
     prompt: list[int]
     params: ResolvedParams
     priority: int
-    decode: Holding  # the unified or decode worker
+    decode: Holding | None = None  # the unified or decode worker (None while QUEUED)
     prefill: Holding | None = None  # PD, prefilled on a prefill worker
-    phase: Phase = Phase.WAITING
+    phase: Phase = Phase.QUEUED
     retired: bool = False  # gone from the user's view; resources may still be returning
     abandoned: bool = False  # its stream was dropped unfinished: an abort is queued (control/stream.py)
     first_token: int | None = None
@@ -71,10 +75,14 @@ class Request:
 
 class Lifecycle:
     """Every live request, by user id and by generation, and the transitions between phases.
-    `post(worker, msg)` queues a message for a worker (in order, without waiting)."""
+    `post(worker, msg)` queues a message for a worker (in order, without waiting); `freed()` is
+    called whenever a request gives a worker's slot back (queued requests may go)."""
 
     def __init__(self, post: Callable[[WorkerProc, object], None]):
         self.post = post
+        self.freed: Callable[[], None] = lambda: None
+        self._queued: list[tuple[int, int, Request]] = []  # (priority, gen, request): QUEUED, cancelled ones too
+        self.num_queued = 0  # QUEUED and not cancelled
         self.live: dict[str, Request] = {}  # user-visible requests, by request id
         self.gens: dict[int, Request] = {}  # every request still holding resources, by generation
         self._gen_ids = itertools.count(1)
@@ -83,32 +91,43 @@ class Lifecycle:
         self.kv_bytes, self.kv_seconds = 0, 0.0  # PD KV handed off, and the time from Prefill to written
 
     # ---- admission ----------------------------------------------------------------------------------
+    def queue(self, request_id: str, prompt: list[int], params: ResolvedParams, priority: int, collector) -> Request:
+        """A validated request, live (its id taken, its stream open) but on no worker yet."""
+        r = Request(request_id, next(self._gen_ids), collector, prompt, params, priority)
+        self.live[request_id] = r
+        heapq.heappush(self._queued, (priority, r.gen, r))
+        self.num_queued += 1
+        return r
+
+    def next_queued(self) -> Request | None:
+        """The queued request to admit next: lowest priority value, then first come."""
+        while self._queued and self._queued[0][2].retired:  # cancelled or failed while queued
+            heapq.heappop(self._queued)
+        return self._queued[0][2] if self._queued else None
+
     def admit(
         self,
-        request_id: str,
-        prompt: list[int],
-        params: ResolvedParams,
-        priority: int,
-        collector: Collector,
+        r: Request,
         decode: WorkerProc,
         decode_blocks: int,
         prefill: WorkerProc | None,
         prefill_blocks: int,
-    ) -> Request:
-        """Take the credits and tell the workers: Add (single, or prefilled locally) or Reserve (PD)."""
-        gen = next(self._gen_ids)
-        r = Request(request_id, gen, collector, prompt, params, priority, decode=Holding(decode, decode_blocks))
+    ) -> None:
+        """Take the credits and tell the workers: Add (single, or prefilled locally) or Reserve (PD).
+        `r` is next_queued()'s."""
+        heapq.heappop(self._queued)
+        self.num_queued -= 1
+        r.decode = Holding(decode, decode_blocks)
         decode.credits.take(decode_blocks)
-        self.live[request_id] = r
-        self.gens[gen] = r
+        self.gens[r.gen] = r
         if prefill is None:
             r.phase = Phase.DECODING
-            self.post(decode, pr.Add(gen=gen, prompt=prompt, params=params, priority=priority))
+            self.post(decode, pr.Add(gen=r.gen, prompt=r.prompt, params=r.params, priority=r.priority))
         else:
+            r.phase = Phase.WAITING
             r.prefill = Holding(prefill, prefill_blocks)
             prefill.credits.take(prefill_blocks)
-            self.post(decode, pr.Reserve(gen, len(prompt), params.max_tokens))
-        return r
+            self.post(decode, pr.Reserve(r.gen, len(r.prompt), r.params.max_tokens))
 
     def prefilled_locally(self) -> None:
         self.local_prefills += 1
@@ -120,14 +139,25 @@ class Lifecycle:
         if self.live.get(r.request_id) is r:
             del self.live[r.request_id]
 
+    def fail_queued(self, r: Request, err: Exception) -> None:
+        """A queued request that can no longer be admitted (no worker of its role will come back)."""
+        self._retire(r)
+        self.num_queued -= 1
+        r.collector.fail(err)
+
     def _forget(self, r: Request) -> None:
         self._retire(r)
         self.gens.pop(r.gen, None)
 
+    def _free_decode(self, r: Request) -> None:
+        if not r.decode.released:
+            r.decode.release()
+            self.freed()
+
     def _release_decode(self, r: Request) -> None:
         """Free the decode (or unified) worker's side: only once no write into it can land."""
         if not r.decode.released:
-            r.decode.release()
+            self._free_decode(r)
             self.post(r.decode.worker, pr.Abort([r.gen]))
         if r.writer_done:
             self._forget(r)
@@ -143,6 +173,9 @@ class Lifecycle:
         """User abort / cancellation, at whatever phase the request is in."""
         self._retire(r)
         r.collector.finish("abort")
+        if r.phase == Phase.QUEUED:  # on no worker: next_queued() skips it
+            self.num_queued -= 1
+            return
         if r.writer_done:  # single, or PD after the handoff
             self._release_decode(r)
         elif r.phase == Phase.WAITING:  # P not told yet: D drops a queued or granted reservation
@@ -171,7 +204,7 @@ class Lifecycle:
         if t.finish is not None:
             self._retire(r)
             if w is r.decode.worker:  # the decode side finished and freed its blocks itself
-                r.decode.release()
+                self._free_decode(r)
                 if r.writer_done:
                     self._forget(r)
             # finished on the prefill worker's first token: the decode side is freed after TransferDone
@@ -181,7 +214,7 @@ class Lifecycle:
         if r is None or r.retired or r.decode.worker is not d:
             self.post(d, pr.Abort([msg.gen]))  # aborted while reserving: no writer was ever told
             if r is not None and r.decode.worker is d:
-                r.decode.release()
+                self._free_decode(r)
                 self._forget(r)
             return
         r.phase = Phase.RESERVED
@@ -242,7 +275,7 @@ class Lifecycle:
             r.prefill.release()
             self._release_decode(r)
         elif w is r.decode.worker:  # D freed its side before reporting
-            r.decode.release()
+            self._free_decode(r)
             self._stop_writer(r)
 
     def on_writer_lost(self, p, gen: int, error: str) -> None:
@@ -268,7 +301,7 @@ class Lifecycle:
                 r.prefill.release()
                 self._release_decode(r)
             if on_d:
-                r.decode.release()
+                self._free_decode(r)
                 self._stop_writer(r)
 
     def fail_all(self, err: EngineDeadError) -> None:
@@ -277,3 +310,5 @@ class Lifecycle:
             r.collector.fail(err)
         self.live.clear()
         self.gens.clear()
+        self._queued.clear()
+        self.num_queued = 0

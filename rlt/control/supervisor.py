@@ -26,6 +26,8 @@ from rlt.control.worker_proc import WorkerProc
 log = logging.getLogger("rlt")
 RESTART_BACKOFF_S, RESTART_BACKOFF_MAX_S = 0.5, 30.0
 PEER_DEATH_GRACE_S = 1.0  # how long a prefill worker's failure waits for its decode peer's death
+SEND_RETRY_S, SEND_RETRY_MAX_S = 0.001, 0.02  # a full worker queue is retried at these intervals
+SHUTDOWN_SEND_S = 2.0  # how long shutdown waits to hand a worker its last messages before killing it
 
 
 class Supervisor:
@@ -42,6 +44,8 @@ class Supervisor:
         self.lifecycle = Lifecycle(self.post)
         self.closing = False
         self.dead_reason: str | None = None  # why no worker of some role is ready, while restarting
+        self.gave_up = asyncio.Event()  # set once a role the topology needs has no worker and none restarting
+        self.on_worker_ready = lambda: None  # called when a worker is back (or given up on): queued requests
         self.restarting: dict[int, int] = {}  # slot -> restart attempt under way
         self._by_identity: dict[str, WorkerProc] = {}
         self._incarnations = itertools.count()
@@ -59,13 +63,13 @@ class Supervisor:
         return [w for w in self.workers if w is not None and w.role == role and w.ready is not None]
 
     @property
-    def _local_slots(self) -> int:
-        """Slots that run a process here (a remote prefill slot takes no device)."""
-        return sum(1 for role, _ in self.slots if role != "prefill" or self.remote_prefill is None)
+    def _local(self) -> list[tuple[str, int]]:
+        """Slots that run a process here (a remote prefill slot takes no device; its liveness is its proxy's)."""
+        return [(role, i) for role, i in self.slots if role != "prefill" or self.remote_prefill is None]
 
     def _device_for(self, slot: int) -> str:
         """One device per worker on GPU (cuda:0, cuda:1, ... in slot order); all on CPU otherwise."""
-        device, local = self.launch.device, self._local_slots
+        device, local = self.launch.device, len(self._local)
         if device == "cpu" or (local == 1 and device != "cuda"):
             return device
         return f"cuda:{slot - (len(self.slots) - local)}"  # (remote slots come first and take no device)
@@ -77,7 +81,7 @@ class Supervisor:
         device = self.launch.device
         if device == "cpu":
             return
-        local = self._local_slots
+        local = len(self._local)
         need = local if local > 1 else int(device.partition(":")[2] or 0) + 1
         probe = await asyncio.create_subprocess_exec(
             sys.executable,
@@ -165,11 +169,18 @@ class Supervisor:
         if self.closing:
             return
         self.closing = True
+
+        async def last_words(w: WorkerProc) -> None:
+            while not w.outbox.empty():  # what is queued (aborts) goes first
+                await self._send(w, w.outbox.get_nowait())
+            await self._send(w, pr.Shutdown())
+
         for w in self.workers:
             if w is not None and w.alive:
-                while not w.outbox.empty():  # what is queued (aborts) goes first
-                    await self._send(w, w.outbox.get_nowait())
-                await self._send(w, pr.Shutdown())
+                try:
+                    await asyncio.wait_for(last_words(w), SHUTDOWN_SEND_S)
+                except TimeoutError:  # it reads nothing: it is killed
+                    w.kill()
         await asyncio.gather(*(w.stop() for w in self.workers if w is not None))
         for t in list(self._tasks):
             t.cancel()
@@ -187,13 +198,22 @@ class Supervisor:
 
     # ---- transport --------------------------------------------------------------------------------
     async def _send(self, w: WorkerProc, msg) -> bool:
+        """Send, waiting while the worker's queue is full (backpressure: the message is kept, never
+        dropped). False only once the worker is gone, which its death handler reports."""
         if not isinstance(w, WorkerProc):  # a remote prefill proxy
             return await w.send(msg)
-        try:
-            await self._sock.send_multipart([w.identity.encode(), pr.encoder.encode(msg)])
-            return True
-        except zmq.ZMQError:  # unroutable: the worker is gone; its death handler reports it
-            return False
+        frames, delay = [w.identity.encode(), pr.encoder.encode(msg)], SEND_RETRY_S
+        while True:
+            try:
+                # NOBLOCK: the ROUTER is writable while any peer's pipe has room (the worker's own
+                # heartbeat socket is another), so waiting for POLLOUT says nothing about this pipe
+                await self._sock.send_multipart(frames, flags=zmq.NOBLOCK)
+                return True
+            except zmq.ZMQError:  # EAGAIN: its pipe is full; EHOSTUNREACH: not connected (yet, or any more)
+                if not w.alive:
+                    return False
+            await asyncio.sleep(delay)
+            delay = min(2 * delay, SEND_RETRY_MAX_S)
 
     def post(self, w: WorkerProc, msg) -> None:
         """Queue a message for a live worker without waiting."""
@@ -314,6 +334,16 @@ class Supervisor:
         await self._remove(w)
         if self.launch.restart and not self.closing:
             await self._restart(w.slot, err)
+        if not self.closing and not self.gave_up.is_set():
+            missing = [role for role, _ in self._local if not self.ready(role) and not self._restarting(role)]
+            if missing:  # (e.g. restarts ran out, or restart is off): the engine cannot serve
+                self.dead_reason = f"no {missing[0]} worker and no restart left: {self.dead_reason}"
+                log.error("%s", self.dead_reason)
+                self.gave_up.set()
+        self.on_worker_ready()
+
+    def _restarting(self, role: str) -> bool:
+        return any(self.slots[slot][0] == role for slot in self.restarting)
 
     async def _remove(self, w: WorkerProc) -> None:
         """Forget a dead (or failed) worker: its slot, its messages, its process."""
