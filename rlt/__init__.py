@@ -2,7 +2,7 @@
 
 from rlt.config import KVGeometry, ModelConfig
 from rlt.control.frontend import Engine
-from rlt.errors import CheckpointError, ConfigError, EngineDeadError, RequestError
+from rlt.errors import CheckpointError, ConfigError, EngineDeadError, EngineOverloadedError, RequestError
 from rlt.outputs import RequestOutput
 from rlt.sampling_params import SamplingParams
 
@@ -16,4 +16,5 @@ __all__ = [
     "ConfigError",
     "CheckpointError",
     "EngineDeadError",
+    "EngineOverloadedError",
 ]

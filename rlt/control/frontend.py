@@ -241,6 +241,12 @@ class Engine:
         )
         return True
 
+    async def check_health(self) -> None:
+        """Raises EngineDeadError (why) unless every role the topology needs has a ready worker (as
+        vLLM's check_health): false while a needed worker is dead, restarting or not yet READY."""
+        for role in dict.fromkeys(role for role, _ in self._supervisor.local_slots):
+            self._ready(role)
+
     async def wait_failed(self) -> str:
         """Returns, with the reason, once the engine can no longer serve: a worker the topology needs
         died and will not be restarted (restart off, or its attempts ran out). A server exits on it."""
@@ -292,6 +298,7 @@ class Engine:
         return {
             "log_dir": sup.log_dir,
             "live_requests": len(lc.live),
+            "queued_requests": lc.num_queued,  # waiting in the coordinator for a worker with room
             # slots whose worker died: restart attempt under way, and why the last one failed
             "restarting": {"{}{}".format(*sup.slots[slot]): attempt for slot, attempt in sup.restarting.items()},
             "last_error": sup.dead_reason,

@@ -63,13 +63,14 @@ class Supervisor:
         return [w for w in self.workers if w is not None and w.role == role and w.ready is not None]
 
     @property
-    def _local(self) -> list[tuple[str, int]]:
-        """Slots that run a process here (a remote prefill slot takes no device; its liveness is its proxy's)."""
+    def local_slots(self) -> list[tuple[str, int]]:
+        """The slots (role, index) run here (a remote prefill slot takes no device; its liveness is its
+        proxy's)."""
         return [(role, i) for role, i in self.slots if role != "prefill" or self.remote_prefill is None]
 
     def _device_for(self, slot: int) -> str:
         """One device per worker on GPU (cuda:0, cuda:1, ... in slot order); all on CPU otherwise."""
-        device, local = self.launch.device, len(self._local)
+        device, local = self.launch.device, len(self.local_slots)
         if device == "cpu" or (local == 1 and device != "cuda"):
             return device
         return f"cuda:{slot - (len(self.slots) - local)}"  # (remote slots come first and take no device)
@@ -81,7 +82,7 @@ class Supervisor:
         device = self.launch.device
         if device == "cpu":
             return
-        local = len(self._local)
+        local = len(self.local_slots)
         need = local if local > 1 else int(device.partition(":")[2] or 0) + 1
         probe = await asyncio.create_subprocess_exec(
             sys.executable,
@@ -335,7 +336,7 @@ class Supervisor:
         if self.launch.restart and not self.closing:
             await self._restart(w.slot, err)
         if not self.closing and not self.gave_up.is_set():
-            missing = [role for role, _ in self._local if not self.ready(role) and not self._restarting(role)]
+            missing = [role for role, _ in self.local_slots if not self.ready(role) and not self._restarting(role)]
             if missing:  # (e.g. restarts ran out, or restart is off): the engine cannot serve
                 self.dead_reason = f"no {missing[0]} worker and no restart left: {self.dead_reason}"
                 log.error("%s", self.dead_reason)
