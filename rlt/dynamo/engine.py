@@ -19,7 +19,7 @@ from dynamo.common.backend.engine import EngineConfig, LLMEngine, LlmRegistratio
 from dynamo.llm.exceptions import EngineShutdown, InvalidArgument
 
 import rlt
-from rlt.errors import EngineDeadError, RequestError
+from rlt.errors import EngineDeadError, EngineOverloadedError, RequestError
 from rlt.sampling_params import SamplingParams, choices
 
 log = logging.getLogger("rlt.dynamo")
@@ -152,13 +152,16 @@ class RltEngine(LLMEngine):
         )
 
     async def generate(self, request: dict, context):
+        streams = []
         try:
-            params = sampling_params(request)
-            streams = [self.engine.generate(list(request["token_ids"]), sp) for sp in params]
-        except RequestError as e:
-            raise InvalidArgument(str(e)) from None
-        except EngineDeadError as e:
-            raise EngineShutdown(str(e)) from None
+            for sp in sampling_params(request):
+                streams.append(self.engine.generate(list(request["token_ids"]), sp))
+        except (RequestError, EngineDeadError, EngineOverloadedError) as e:
+            for s in streams:  # (the choices admitted before one was refused)
+                await s.aclose()
+            if isinstance(e, RequestError):
+                raise InvalidArgument(str(e)) from None
+            raise EngineShutdown(str(e)) from None  # a 503: full (retry later) or no worker ready
         top = (request.get("output_options") or {}).get("logprobs")
         queue: asyncio.Queue = asyncio.Queue()
 
