@@ -241,7 +241,11 @@ class LaunchConfig(msgspec.Struct, kw_only=True, frozen=True):
         _doc("weights and KV (default: float32 on CPU, the checkpoint's half type on GPU)"),
     ] = None
     startup_timeout: Annotated[Seconds, _doc("seconds a worker may take to load and warm up")] = 300.0
-    heartbeat_interval: Annotated[Seconds, _doc("seconds between worker heartbeats")] = 0.5
+    heartbeat_interval: Annotated[
+        float,
+        msgspec.Meta(ge=0.01),
+        _doc("seconds between worker heartbeats (at least 0.01: a busier beat only burns CPU)"),
+    ] = 0.5
     heartbeat_timeout: Annotated[
         Seconds, _doc("seconds of silence, or of a stuck main loop with work, before a worker is killed and restarted")
     ] = 10.0

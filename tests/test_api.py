@@ -258,8 +258,9 @@ async def test_launch_rejects_bad_options_before_spawning(checkpoints):
         (dict(heartbeat_timeout="2"), "heartbeat_timeout must be a number > 0, got '2'"),
         (dict(heartbeat_timeout=0), "heartbeat_timeout must be a number > 0, got 0"),
         (dict(heartbeat_timeout=-1), "heartbeat_timeout must be a number > 0, got -1"),
-        (dict(heartbeat_interval=0), "heartbeat_interval must be a number > 0, got 0"),
-        (dict(heartbeat_interval=-1), "heartbeat_interval must be a number > 0, got -1"),
+        (dict(heartbeat_interval=0), "heartbeat_interval must be a number >= 0.01, got 0"),
+        (dict(heartbeat_interval=-1), "heartbeat_interval must be a number >= 0.01, got -1"),
+        (dict(heartbeat_interval=1e-9), "heartbeat_interval must be a number >= 0.01, got 1e-09"),
         (
             dict(heartbeat_interval=3, heartbeat_timeout=2),
             "heartbeat_interval 3 must be < heartbeat_timeout 2 .a worker would be declared dead between two",

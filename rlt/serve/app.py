@@ -4,48 +4,59 @@ at the call (400 naming it), streams are server-sent events ending in `data: [DO
 that goes away aborts its requests (the response task is cancelled: the streams close)."""
 
 import asyncio
+import hmac
+from contextlib import contextmanager
 
 import msgspec
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from rlt.errors import EngineDeadError, RequestError
+from rlt.errors import EngineDeadError, EngineOverloadedError, RequestError
+from rlt.serve import errors
 from rlt.serve import openai_api as oa
+from rlt.serve.errors import HTTPError
+from rlt.serve.flags import Limits
+from rlt.serve.limits import Pool, check_prompts, decode, read_body, token_ids
 from rlt.serve.metrics import Metrics
 
 _json = msgspec.json.Encoder()  # server-sent events: several times json.dumps's speed
 
 
-class _HTTPError(Exception):
-    def __init__(self, status: int, message: str, kind: str, param: str | None = None):
-        self.status, self.message, self.kind, self.param = status, message, kind, param
+@contextmanager
+def _bad_request():
+    """A RequestError (it names the field first) as a 400 naming it."""
+    try:
+        yield
+    except RequestError as e:
+        raise HTTPError(400, str(e), "invalid_request_error", oa.field_named(str(e))) from None
 
 
-def build_app(engine_factory, served_name: str, api_key: str | None, defaults: dict, on_ready=None) -> FastAPI:
+def build_app(engine_factory, served_name: str, api_key: str | None, defaults: dict, limits: Limits | None = None):
     """engine_factory(): an `async with` rlt.Engine launch, entered at start-up; defaults: sampling
-    defaults for fields a request leaves out (generation_config.json's, overridden by flags)."""
+    defaults for fields a request leaves out (generation_config.json's, overridden by flags); limits:
+    what one request may ask (rlt/serve/limits.py)."""
+    limits, pool = limits or Limits(), Pool()
 
     async def lifespan(app: FastAPI):
         async with engine_factory() as engine:
             app.state.engine = engine
             app.state.metrics = Metrics(engine, engine.model_config.depth)
             app.state.defaults = defaults
-            if on_ready is not None:
-                on_ready(engine)
             yield
 
     app = FastAPI(lifespan=lifespan)
 
-    @app.exception_handler(_HTTPError)
-    async def _http_error(_, e: _HTTPError):
-        return JSONResponse(oa.error_body(e.message, e.kind, e.status, e.param), status_code=e.status)
-
+    errors.install(app)
     if api_key is not None:
         app.add_middleware(_APIKey, key=api_key)
 
     @app.get("/health")
-    async def health():
+    async def health(request: Request):
+        try:  # 503 unless every role the topology needs has a ready worker (as vLLM's /health)
+            await request.app.state.engine.check_health()
+        except EngineDeadError as e:
+            raise HTTPError(503, str(e)) from None
         return JSONResponse({})
 
     @app.get("/version")
@@ -63,93 +74,80 @@ def build_app(engine_factory, served_name: str, api_key: str | None, defaults: d
         return {"object": "list", "data": [{"id": served_name, "object": "model", "created": 0, "owned_by": "rlt"}]}
 
     async def body_of(request: Request) -> dict:
-        try:
-            body = msgspec.json.decode(await request.body())
-        except msgspec.DecodeError as e:
-            raise _HTTPError(400, f"the request body is not JSON: {e}", "invalid_request_error") from None
-        if not isinstance(body, dict):
-            raise _HTTPError(400, "the request body must be a JSON object", "invalid_request_error")
-        if body.get("model") not in (None, served_name):
-            raise _HTTPError(404, f"the model {body.get('model')!r} does not exist", "not_found_error", "model")
+        body = decode(await read_body(request, limits))
+        model = body.get("model")
+        if model is not None and not isinstance(model, str):
+            raise HTTPError(400, f"model must be a string, got {errors.short(model)}", param="model")
+        if model not in (None, served_name):
+            raise HTTPError(404, f"the model {errors.short(model)} does not exist", param="model")
         return body
 
     @app.post("/v1/completions")
     async def completions(request: Request):
-        body = await body_of(request)
-        prompts = body.get("prompt")
-        if isinstance(prompts, str) or (isinstance(prompts, list) and prompts and isinstance(prompts[0], int)):
-            prompts = [prompts]
-        if not isinstance(prompts, list) or not prompts:
-            raise _HTTPError(400, "prompt must be a string, token ids, or a list of them", "invalid_request_error")
-        return await _respond(request.app.state, body, prompts, chat=False, name=served_name)
+        state, body = request.app.state, await body_of(request)
+        with _bad_request():
+            parsed = oa.parse(body, False, state.defaults)
+            n, max_positions = len(parsed.params), state.engine.model_config.max_positions
+            prompts = check_prompts(body.get("prompt"), n, max_positions, limits)
+            ids = await pool.run(lambda: [token_ids(state.engine, p) for p in prompts])
+        return await _respond(request, parsed, ids, chat=False, name=served_name)
 
     @app.post("/v1/chat/completions")
     async def chat(request: Request):
-        body = await body_of(request)
-        prompt = _render_chat(request.app.state.engine, body.get("messages"))
-        return await _respond(request.app.state, body, [prompt], chat=True, name=served_name)
+        state, body = request.app.state, await body_of(request)
+        with _bad_request():
+            parsed = oa.parse(body, True, state.defaults)
+            ids = await pool.run(oa.render_chat, state.engine, body.get("messages"))
+        return await _respond(request, parsed, [ids], chat=True, name=served_name)
 
     return app
 
 
 class _APIKey:
-    """/v1 routes need `Authorization: Bearer KEY`. Plain ASGI (a decorator middleware would relay
-    every streamed chunk through another task and queue)."""
+    """/v1 routes need `Authorization: Bearer KEY` (the scheme in any case; the key compared in
+    constant time). Plain ASGI (a decorator middleware would relay every streamed chunk through
+    another task and queue)."""
 
     def __init__(self, app, key: str):
-        self.app, self.expected = app, f"Bearer {key}".encode()
+        self.app, self.key = app, key.encode()
 
     async def __call__(self, scope, receive, send):
         if scope["type"] == "http" and scope["path"].startswith("/v1/"):
-            if dict(scope["headers"]).get(b"authorization") != self.expected:
-                body = oa.error_body("invalid API key", "authentication_error", 401)
+            scheme, _, key = dict(scope["headers"]).get(b"authorization", b"").partition(b" ")
+            same = hmac.compare_digest(key.strip(), self.key)
+            if scheme.lower() != b"bearer" or not same:
+                body = errors.body("invalid API key", "authentication_error", 401)
                 return await JSONResponse(body, status_code=401)(scope, receive, send)
         await self.app(scope, receive, send)
 
 
-def _render_chat(engine, messages) -> list[int]:
-    """The conversation through the checkpoint's own chat template, ending in the assistant's turn;
-    a template that writes the BOS itself does not get a second one from the tokenizer."""
-    if not isinstance(messages, list) or not messages or not all(isinstance(m, dict) for m in messages):
-        raise _HTTPError(400, "messages must be a non-empty list of objects", "invalid_request_error", "messages")
-    tok = engine.tokenizer
-    if tok is None or not getattr(tok, "chat_template", None):
-        raise _HTTPError(400, "this model has no chat template: use /v1/completions", "invalid_request_error")
-    try:
-        text = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-    except Exception as e:  # noqa: BLE001 - a template error is the request's
-        raise _HTTPError(400, f"messages cannot be rendered: {e}", "invalid_request_error", "messages") from None
-    ids = tok(text).input_ids
-    bos = engine.model_config.bos_token_id
-    if bos is not None and len(ids) > 1 and ids[0] == ids[1] == bos:
-        ids = ids[1:]
-    return ids
-
-
-async def _respond(state, body: dict, prompts: list, chat: bool, name: str):
+async def _respond(request: Request, parsed: oa.Parsed, prompts: list[list[int]], chat: bool, name: str):
+    """prompts: token ids, checked (tokenized in the pool)."""
+    state = request.app.state
     engine, streams = state.engine, []
     try:
-        parsed = oa.parse(body, chat, state.defaults)
-        for p, prompt in enumerate(prompts):
-            ids = engine.tokenize(prompt)
+        for p, ids in enumerate(prompts):
             for i, sp in enumerate(parsed.params):
                 if sp.max_tokens is None:  # chat: up to the context; completions: 16, as OpenAI
                     sp = msgspec.structs.replace(sp, max_tokens=max(1, engine.model_config.max_positions - len(ids)))
                 streams.append((len(parsed.params) * p + i, ids, engine.generate(ids, sp)))
-    except (RequestError, EngineDeadError) as e:
+    except (RequestError, EngineDeadError, EngineOverloadedError) as e:
         for *_, s in streams:  # those already admitted go
             await s.aclose()
+        if isinstance(e, EngineOverloadedError):  # (a call's prompts and choices are admitted whole or not at all)
+            raise HTTPError(503, str(e), public=True) from None
         if isinstance(e, EngineDeadError):
-            raise _HTTPError(503, str(e), "service_unavailable") from None
-        raise _HTTPError(400, str(e), "invalid_request_error", oa.field_named(str(e))) from None
+            raise HTTPError(503, str(e), "service_unavailable") from None
+        raise HTTPError(400, str(e), "invalid_request_error", oa.field_named(str(e))) from None
     rid, kind = oa.new_id("chatcmpl" if chat else "cmpl"), "chat.completion" if chat else "text_completion"
     choices = [_Choice(index, ids, s, parsed, state.metrics.request(), engine.tokenizer) for index, ids, s in streams]
     if parsed.stream:
         return StreamingResponse(_events(choices, rid, kind, name, chat, parsed), media_type="text/event-stream")
     try:
-        await asyncio.gather(*(c.run(None) for c in choices))
+        if not await _unless_disconnected(request, asyncio.gather(*(c.run(None) for c in choices))):
+            return Response(status_code=499)  # (nobody reads it: the client went away, its requests are aborted)
     except EngineDeadError as e:  # a worker died under it (a restart is under way)
-        raise _HTTPError(503, str(e), "service_unavailable") from None
+        raise HTTPError(503, str(e), "service_unavailable") from None
     finally:
         for c in choices:
             await c.stream.aclose()
@@ -166,6 +164,28 @@ async def _respond(state, body: dict, prompts: list, chat: bool, name: str):
     if chat and parsed.return_token_ids:
         response["prompt_token_ids"] = choices[0].prompt_ids
     return Response(_json.encode(response), media_type="application/json")
+
+
+async def _unless_disconnected(request: Request, work) -> bool:
+    """Run `work` until it ends (True) or the client disconnects (False: it is cancelled). A streamed
+    response learns of a disconnect from Starlette, which cancels it; a whole one waits here."""
+
+    async def disconnected() -> None:
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+
+    work, gone = asyncio.ensure_future(work), asyncio.ensure_future(disconnected())
+    try:
+        await asyncio.wait((work, gone), return_when=asyncio.FIRST_COMPLETED)
+        if work.done():
+            work.result()  # (its error, if it failed)
+            return True
+        return False
+    finally:
+        gone.cancel()
+        if not work.done():
+            work.cancel()
+            await asyncio.gather(work, return_exceptions=True)
 
 
 class _Choice:
@@ -272,7 +292,7 @@ async def _events(choices: list[_Choice], rid: str, kind: str, name: str, chat: 
         try:
             await c.run(emit)
         except Exception as e:  # noqa: BLE001 - reported in the stream, which has started
-            await queue.put(b"data: " + _json.encode(oa.error_body(str(e), "internal_error", 500)) + b"\n\n")
+            await queue.put(b"data: " + _json.encode(errors.in_stream(e)) + b"\n\n")
         finally:
             queue.put_nowait(None)  # this choice is over
 

@@ -26,7 +26,11 @@ class _EngineState:
         total, free = sum(w["kv_blocks_total"] for w in ws), sum(w["kv_blocks_free"] for w in ws)
         for name, doc, value in (
             ("rlt:num_requests_running", "requests running on the workers", sum(w["running"] for w in ws)),
-            ("rlt:num_requests_waiting", "requests waiting on the workers", sum(w["waiting"] for w in ws)),
+            (
+                "rlt:num_requests_waiting",
+                "requests waiting: on the workers, or in the coordinator for a worker with room",
+                sum(w["waiting"] for w in ws) + st["queued_requests"],
+            ),
             ("rlt:kv_cache_usage_perc", "share of KV blocks in use (1 = full)", (total - free) / total if total else 0),
             (
                 "rlt:prefix_cache_blocks",

@@ -1,10 +1,13 @@
 """`rlt serve [MODEL] --host H --port P [engine options]`: launch the engine (options checked, one
 line on error, before anything starts), then serve it with uvicorn on uvloop; the URL is printed
-once every worker is READY. Ctrl-C shuts the engine down (no worker outlives the server)."""
+once every worker is READY and the port is listening.
+SIGTERM or SIGINT shuts it down with a deadline (rlt/serve/shutdown.py)."""
 
 import argparse
 import json
 import os
+
+from rlt.serve.flags import add_flags as add_http_flags
 
 
 def add_parser(sub, add_option_flags) -> None:
@@ -22,6 +25,7 @@ def add_parser(sub, add_option_flags) -> None:
         help="auto: requests default to generation_config.json's temperature, top_p, top_k, max_new_tokens",
     )
     s.add_argument("--override-generation-config", type=json.loads, default={}, help="JSON object over those defaults")
+    add_http_flags(s)
     add_option_flags(s)
 
 
@@ -43,6 +47,8 @@ def serve(args: argparse.Namespace, options: dict) -> int:
 
     from rlt.control.frontend import Engine
     from rlt.serve.app import build_app
+    from rlt.serve.flags import limits_of, uvicorn_options
+    from rlt.serve.shutdown import Server
 
     launch = Engine.launch(args.model, hf_overrides=args.hf_overrides, **options)  # checks every option
     launch.engine.load_tokenizer()
@@ -51,10 +57,14 @@ def serve(args: argparse.Namespace, options: dict) -> int:
     )
     name = args.served_model_name or args.model or "default"
 
-    def ready(engine) -> None:
-        print(f"rlt serve: {name} ready at http://{args.host}:{args.port}/v1", flush=True)
+    app = build_app(lambda: launch, name, args.api_key, defaults, limits_of(args))
+    config = uvicorn.Config(
+        app, host=args.host, port=args.port, loop="uvloop", log_level="warning", **uvicorn_options(args)
+    )
+    server = Server(config, launch.engine, args.shutdown_timeout, f"rlt serve: {name} ready at {url(args)}")
+    server.run()
+    return server.exit_code
 
-    app = build_app(lambda: launch, name, args.api_key, defaults, ready)
-    config = uvicorn.Config(app, host=args.host, port=args.port, loop="uvloop", log_level="warning")
-    uvicorn.Server(config).run()
-    return 0
+
+def url(args) -> str:
+    return f"http://{args.host}:{args.port}/v1"

@@ -1,0 +1,71 @@
+"""What uvicorn (0.54) leaves open on a connection, on its httptools protocol: a request's headers
+must arrive within header_timeout seconds (from the connection's start, or from a kept-alive
+request's first byte) or the connection is closed; and past max_connections open at once, a new
+connection's request gets a JSON 503 with Retry-After (uvicorn's limit_concurrency answers plain
+text) and the connection closes. Connections that came first are served. A request HTTP cannot
+parse gets a JSON 400."""
+
+import msgspec
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+from rlt.serve.errors import body
+
+_BUSY = msgspec.json.encode(body("the server holds too many connections: retry later", "service_unavailable", 503))
+
+
+async def _busy(scope, receive, send) -> None:
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(_BUSY)).encode())]
+    headers += [(b"retry-after", b"1"), (b"connection", b"close")]
+    await send({"type": "http.response.start", "status": 503, "headers": headers})
+    await send({"type": "http.response.body", "body": _BUSY})
+
+
+def protocol(header_timeout: float, max_connections: int) -> type:
+    """uvicorn.Config(http=...)'s protocol class with these bounds."""
+    return type("BoundedHttpToolsProtocol", (_Bounded,), {"header_timeout": header_timeout, "cap": max_connections})
+
+
+class _Bounded(HttpToolsProtocol):
+    header_timeout: float
+    cap: int
+
+    def connection_made(self, transport) -> None:
+        super().connection_made(transport)
+        self.over_cap = len(self.connections) > self.cap  # (this one counted)
+        self.header_timer = None
+        self._arm()
+
+    def _arm(self) -> None:
+        if self.header_timer is None:
+            self.header_timer = self.loop.call_later(self.header_timeout, self._headers_late)
+
+    def _disarm(self) -> None:
+        if self.header_timer is not None:
+            self.header_timer.cancel()
+            self.header_timer = None
+
+    def _headers_late(self) -> None:
+        self.header_timer = None
+        if not self.transport.is_closing():
+            self.transport.close()
+
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        self._arm()
+
+    def on_headers_complete(self) -> None:
+        self._disarm()
+        if self.over_cap:
+            self.app = _busy
+        super().on_headers_complete()
+
+    def connection_lost(self, exc) -> None:
+        self._disarm()
+        super().connection_lost(exc)
+
+    def send_400_response(self, msg: str) -> None:  # what HTTP cannot parse: JSON too (uvicorn's is text)
+        content = msgspec.json.encode(body(msg, "invalid_request_error", 400))
+        head = [k + b": " + v + b"\r\n" for k, v in self.server_state.default_headers]
+        head += [b"content-type: application/json\r\n", b"content-length: %d\r\n" % len(content)]
+        self.transport.write(b"HTTP/1.1 400 Bad Request\r\n" + b"".join(head) + b"connection: close\r\n\r\n" + content)
+        self.transport.close()

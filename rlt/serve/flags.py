@@ -1,0 +1,57 @@
+"""`rlt serve`'s HTTP flags and the Limits they make (imported by the CLI: nothing heavy here)."""
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What one request may ask (rlt/serve/limits.py checks them)."""
+
+    max_body_bytes: int = 4 << 20  # (why 4 MiB: limits.decode())
+    body_timeout: float = 30.0
+    max_prompts: int = 4096  # choices of one /v1/completions call: prompts x n
+
+
+def _positive(kind):
+    def parse(text: str):
+        v = kind(text)
+        if not v > 0:
+            raise ValueError(text)
+        return v
+
+    parse.__name__ = f"positive {kind.__name__}"  # (argparse names the type in its error)
+    return parse
+
+
+def add_flags(parser) -> None:
+    """`rlt serve`'s HTTP bounds. Defaults: keep-alive as uvicorn's and vLLM's; a client sends its
+    headers at once, so 10 s only bounds silent or trickling sockets (nginx waits 60 s, Apache 20-40);
+    30 s for a 4 MiB body asks ~140 KB/s; 4096 connections is far past what one engine serves at once
+    (64 running requests per worker by default) and keeps a flood from exhausting file descriptors
+    (raise `ulimit -n` past it); the body limit: limits.decode()."""
+    g = parser.add_argument_group("HTTP limits")
+    add = lambda flag, kind, default, text: g.add_argument(  # noqa: E731
+        flag, type=_positive(kind), default=default, help=f"{text} (default: {default})"
+    )
+    add("--max-body-bytes", int, Limits.max_body_bytes, "a larger request body is refused (413)")
+    add("--body-timeout", float, Limits.body_timeout, "seconds a request body may take to arrive (then 408)")
+    add("--max-prompts", int, Limits.max_prompts, "choices one /v1/completions call may ask for: prompts x n (400)")
+    add("--timeout-keep-alive", float, 5.0, "seconds an idle kept-alive connection stays open")
+    add("--header-timeout", float, 10.0, "seconds a request's headers may take to arrive before the connection closes")
+    add("--max-connections", int, 4096, "connections open at once; past it a request gets a 503 with Retry-After")
+    add(
+        "--shutdown-timeout",
+        float,
+        5.0,
+        "seconds requests in flight may take to finish after SIGTERM/SIGINT before they are failed",
+    )
+
+
+def limits_of(args) -> Limits:
+    return Limits(max_body_bytes=args.max_body_bytes, body_timeout=args.body_timeout, max_prompts=args.max_prompts)
+
+
+def uvicorn_options(args) -> dict:
+    from rlt.serve.connections import protocol
+
+    return {"http": protocol(args.header_timeout, args.max_connections), "timeout_keep_alive": args.timeout_keep_alive}
