@@ -101,6 +101,8 @@ BAD = [
     ([], SamplingParams(), "prompt must be a non-empty"),
     ([1, 512], SamplingParams(), "outside the vocabulary [0, 512)"),
     ([1, -1], SamplingParams(), "outside the vocabulary"),
+    ([1, True], SamplingParams(), "token id True at index 1 is outside the vocabulary"),
+    ([1, 2.0], SamplingParams(), "token id 2.0 at index 1 is outside the vocabulary"),
     ([1], SamplingParams(max_tokens=0), "max_tokens must be >= 1"),
     ([1], SamplingParams(max_tokens=70000), "exceeds the model's max positions 65536"),
     ([1], SamplingParams(temperature=-0.5), "temperature must be >= 0"),
@@ -130,6 +132,11 @@ async def test_bad_input_raises_and_engine_keeps_serving(checkpoints):
             assert isinstance(e.value, ValueError)
         with pytest.raises(RequestError, match="request_id 'keep' is already live"):
             engine.generate([1], sp, request_id="keep")
+        shared = [5, 6, 7]  # one prompt list for several requests is checked once, and again once changed
+        await engine.generate(shared, sp).aclose()
+        shared[1] = True
+        with pytest.raises(RequestError, match="token id True at index 1"):
+            engine.generate(shared, sp)
         # values that once passed validation and then broke a worker or the coordinator's sender
         for kwargs, message in [
             (dict(priority="high"), "priority must be an integer, got 'high'"),

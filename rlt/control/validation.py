@@ -29,11 +29,13 @@ def _float(name, v):
 def validate_prompt(mc: ModelConfig, prompt_token_ids) -> list[int]:
     if not isinstance(prompt_token_ids, (list, tuple)) or len(prompt_token_ids) == 0:
         raise RequestError("prompt must be a non-empty text or list of token ids")
-    V = mc.vocab_size
-    for i, t in enumerate(prompt_token_ids):
+    V, ids = mc.vocab_size, list(prompt_token_ids)
+    if set(map(type, ids)) == {int} and 0 <= min(ids) and max(ids) < V:  # (C loops: ~20x the loop below)
+        return ids
+    for i, t in enumerate(ids):
         if not isinstance(t, int) or isinstance(t, bool) or not 0 <= t < V:
             raise RequestError(f"prompt token id {t!r} at index {i} is outside the vocabulary [0, {V})")
-    return list(prompt_token_ids)
+    return ids
 
 
 def validate_priority(priority) -> int:
