@@ -1,152 +1,16 @@
-"""The configuration: ModelConfig (what the checkpoint is), EngineConfig (how a worker runs it) and
-LaunchConfig (how the coordinator runs the workers).
-
-ModelConfig is built once by the entry point from config.json: the family's own config object and
-the family-neutral facts the coordinator (validation, credits) and the workers (KV pool, runner)
-need. Workers receive it; they never re-read config.json.
+"""The configuration: ModelConfig (what the checkpoint is: rlt/model_config.py), EngineConfig (how a
+worker runs it) and LaunchConfig (how the coordinator runs the workers).
 """
 
-import json
-import os
 import re
-from dataclasses import dataclass
-from typing import Annotated, Any, Literal
+from typing import Annotated, Literal
 
 import msgspec
 
-from rlt.errors import ConfigError
 from rlt.fields import field_names, validate
-from rlt.models.configs import FamilyConfig
-from rlt.models.family import FAMILIES
+from rlt.model_config import KVGeometry, ModelConfig, read_json_object
 
-
-@dataclass(frozen=True)
-class KVGeometry:
-    """What one token position stores. Core layers keep one plane per loop depth (LAST_EXITED) or
-    one shared plane; boundary layers (Huginn's prelude and coda) are stored once."""
-
-    num_core_layers: int
-    num_boundary_layers: int
-    num_kv_heads: int
-    head_dim: int
-
-    def bytes_per_token(self, planes: int, dtype_bytes: int) -> int:
-        layers = self.num_core_layers * planes + self.num_boundary_layers
-        return 2 * layers * self.num_kv_heads * self.head_dim * dtype_bytes
-
-    def block_bytes(self, block_size: int, dtype_bytes: int) -> int:
-        """One physical block: block_size positions of every layer of one plane (core or boundary)."""
-        layers = max(self.num_core_layers, self.num_boundary_layers)
-        return 2 * layers * self.num_kv_heads * self.head_dim * dtype_bytes * block_size
-
-
-def read_json_object(file: str) -> dict:
-    """A checkpoint's JSON file; an error names the file and what is wrong with it."""
-    try:
-        with open(file, encoding="utf-8") as f:
-            obj = json.load(f)
-    except (OSError, ValueError) as e:  # unreadable, not UTF-8, not JSON
-        raise ConfigError(f"{file} cannot be read as JSON: {e}") from None
-    if not isinstance(obj, dict):
-        raise ConfigError(f"{file} is not a JSON object")
-    return obj
-
-
-@dataclass(frozen=True)
-class ModelConfig:
-    path: str
-    model_type: str  # config.json's model_type: a key of rlt.models.family.FAMILIES
-    family_config: FamilyConfig  # config.json parsed by the family's own config class (its config_cls)
-    raw: dict[str, Any]  # config.json after hf_overrides (what a worker rebuilds this from)
-    torch_dtype: str  # the checkpoint's declared dtype
-
-    @classmethod
-    def from_pretrained(cls, path: str, hf_overrides: dict | None = None) -> "ModelConfig":
-        if not isinstance(path, (str, os.PathLike)):
-            raise ConfigError(f"model must be a checkpoint directory's path, got {path!r}")
-        path = os.path.abspath(os.fspath(path))
-        if not os.path.isdir(path):
-            raise ConfigError(
-                f"model path {path} is not a directory" if os.path.exists(path) else f"model path {path} does not exist"
-            )
-        if not os.path.isfile(os.path.join(path, "config.json")):
-            raise ConfigError(f"model path {path} has no config.json (not a checkpoint directory?)")
-        raw = read_json_object(os.path.join(path, "config.json"))
-        if hf_overrides is not None:
-            if not isinstance(hf_overrides, dict):
-                raise ConfigError(f"hf_overrides must be a dict of config.json fields, got {hf_overrides!r}")
-            raw = {**raw, **hf_overrides}
-        gen = os.path.join(path, "generation_config.json")
-        if os.path.isfile(gen):  # generate() stops on generation_config.json's eos ids too
-            gen_eos = read_json_object(gen).get("eos_token_id")
-            if gen_eos is not None:
-                ids = lambda v: v if isinstance(v, list) else [] if v is None else [v]  # noqa: E731
-                merged = list(dict.fromkeys(ids(raw.get("eos_token_id")) + ids(gen_eos)))
-                raw = {**raw, "eos_token_id": merged[0] if len(merged) == 1 else merged}
-        return cls.from_dict(raw, path)
-
-    @classmethod
-    def from_dict(cls, raw: dict, path: str = "") -> "ModelConfig":
-        model_type = raw.get("model_type")
-        if model_type not in FAMILIES:
-            raise ConfigError(
-                f"config.json field 'model_type': {model_type!r} is not supported "
-                f"(supported: {', '.join(map(repr, FAMILIES))})"
-            )
-        fc = FAMILIES[model_type].config_cls.from_dict(raw)
-        return cls(
-            path=path,
-            model_type=model_type,
-            family_config=fc,
-            raw=raw,
-            torch_dtype=str(raw.get("torch_dtype") or raw.get("dtype") or "float32"),
-        )
-
-    # ---- family-neutral facts -------------------------------------------------------------
-    @property
-    def family(self) -> str:
-        return FAMILIES[self.model_type].name
-
-    @property
-    def vocab_size(self) -> int:
-        return self.family_config.vocab_size
-
-    @property
-    def hidden_size(self) -> int:
-        """Width of the loop state (what a row hands over between loops or workers)."""
-        return self.family_config.hidden_size
-
-    @property
-    def depth(self) -> int:
-        """Loop depth a prompt runs at (and the most a decode token may run)."""
-        return self.family_config.depth
-
-    @property
-    def has_exit_gate(self) -> bool:
-        return self.family_config.has_exit_gate
-
-    @property
-    def default_exit_threshold(self) -> float:
-        return self.family_config.default_exit_threshold
-
-    @property
-    def max_positions(self) -> int:
-        return self.family_config.max_position_embeddings
-
-    @property
-    def bos_token_id(self) -> int | None:
-        return self.family_config.bos_token_id
-
-    @property
-    def eos_token_ids(self) -> tuple[int, ...]:
-        return self.family_config.eos_token_ids
-
-    @property
-    def kv(self) -> KVGeometry:
-        fc = self.family_config
-        core, boundary = fc.kv_layers
-        return KVGeometry(core, boundary, fc.num_key_value_heads, fc.head_dim)
-
+__all__ = ["KVGeometry", "ModelConfig", "read_json_object", "EngineConfig", "LaunchConfig", "Faults"]
 
 # ---- engine and launch options ----------------------------------------------------------------
 # Each option is a typed field with its default and help in one place: Engine.launch(**options)

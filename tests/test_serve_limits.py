@@ -9,6 +9,8 @@ import json
 import os
 import signal
 import socket
+import subprocess
+import sys
 import time
 import urllib.parse
 
@@ -29,15 +31,7 @@ def server(checkpoints):
     with open(os.path.join(checkpoints["ouro"], "config.json")) as f:
         max_positions = json.load(f)["max_position_embeddings"]
     with serving(checkpoints["ouro"], "--api-key", KEY, *LIMITS) as url:
-        deadline = time.monotonic() + 10
-        while True:  # (the ready line comes as uvicorn starts listening)
-            try:
-                request(url, "GET", "/health")
-                break
-            except ConnectionRefusedError:
-                assert time.monotonic() < deadline
-                time.sleep(0.05)
-        yield url, max_positions
+        yield url, max_positions  # (the ready line comes once the port listens)
 
 
 def address(url: str) -> tuple[str, int]:
@@ -94,6 +88,19 @@ def test_past_the_connection_cap_a_request_gets_a_json_503(server):
     while request(url, "GET", "/health")[0] != 200:  # (the closed ones are let go)
         assert time.monotonic() < deadline
         time.sleep(0.1)
+
+
+@pytest.mark.parametrize("limits, cap, soft", [((300, 1000), 1000 - 256, 1000), ((300, 300), 300 - 256, 300)])
+def test_the_connection_cap_follows_the_open_file_limit(limits, cap, soft):
+    """The soft open-file limit is raised to the hard one, and the cap lowered to what it allows
+    (past it a flood would meet EMFILE instead of the cap's 503)."""
+    code = (
+        "import resource; from rlt.serve.connections import connection_cap; "
+        f"resource.setrlimit(resource.RLIMIT_NOFILE, {limits}); "
+        "print(connection_cap(4096), resource.getrlimit(resource.RLIMIT_NOFILE)[0])"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.split() == [str(cap), str(soft)]
 
 
 def test_header_timeout_closes_silent_and_trickling_connections(server):
@@ -211,14 +218,17 @@ async def test_huge_prompts_are_refused_while_a_stream_flows(server):
             status, _, body = await asyncio.to_thread(request, url, "POST", "/v1/completions", big)
             t1 = time.monotonic()
             assert status == 400 and "tokens, more than" in openai_error(body, 400, "prompt")["message"]
-            await asyncio.sleep(0.1)
+            deadline = time.monotonic() + 60  # (a chunk after it, however busy the machine)
+            while stamps[-1] <= t1:
+                assert time.monotonic() < deadline
+                await asyncio.sleep(0.01)
         finally:
             reader.cancel()
             await stream.close()
     during = [t for t in stamps if t0 <= t <= t1]
     around = [max(t for t in stamps if t < t0), *during, min(t for t in stamps if t > t1)]
     gap = max(b - a for a, b in zip(around, around[1:]))
-    assert len(during) >= 2 and gap < max(1.0, (t1 - t0) / 3), (gap, t1 - t0, len(during))
+    assert len(during) >= 2 and gap < max(1.0, (t1 - t0) / 2), (gap, t1 - t0, len(during))
 
 
 def test_500_and_stream_errors_are_generic():

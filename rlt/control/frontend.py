@@ -44,6 +44,7 @@ class _Launch:
         # objects made since, instead of stalling the loop for the whole heap (~100 ms with torch
         # loaded) at random moments.
         engine = self.engine
+        engine._loop = asyncio.get_running_loop()
         gc.freeze()
         tokenizer = asyncio.ensure_future(asyncio.to_thread(engine.load_tokenizer))
         try:
@@ -73,6 +74,7 @@ class Engine:
         self._tokenizer_loaded = False
         self._supervisor = Supervisor(mc, engine, launch)
         self._lifecycle = self._supervisor.lifecycle
+        self._loop: asyncio.AbstractEventLoop | None = None  # the caller's, once launched
         self._pump_scheduled = False
         self._last_prompt: tuple = (None, None)  # the last prompt tokenize() checked, and its checked copy
         self._lifecycle.freed = self._supervisor.on_worker_ready = self._schedule_pump
@@ -214,10 +216,11 @@ class Engine:
                 lc.fail_queued(r, e)
 
     def _schedule_pump(self) -> None:
-        """A worker's slot came back: admit at the next loop turn (not inside the event that freed it)."""
+        """A worker's slot came back: admit at the next loop turn (not inside the event that freed it).
+        (The loop as launch found it: Dynamo's runtime closes a stream where no loop is running.)"""
         if not self._pump_scheduled:
             self._pump_scheduled = True
-            asyncio.get_running_loop().call_soon(self._pump)
+            self._loop.call_soon_threadsafe(self._pump)
 
     def _dispatch(self, r: Request) -> bool:
         """Send a queued request to its workers, if one has room: the decode (or unified) worker most

@@ -1,32 +1,28 @@
-"""The worker processes: spawn and handshake, the ZeroMQ transport to them, liveness (exit, heartbeat,
-a main loop stuck with work) and restart. Request events go to the Lifecycle.
+"""The worker processes: spawn and handshake, messages to and from them (rlt/control/transport.py),
+liveness (exit, heartbeat, a main loop stuck with work) and restart. Request events go to the
+Lifecycle.
 
-One ROUTER socket (ROUTER_MANDATORY: an unroutable send raises, never drops silently) talks to a
-DEALER per worker over ipc://. Messages to one worker go through its outbox, so they keep their
-order (Reserve before Abort, Prefill before Cancel) without the caller waiting.
+Messages to one worker go through its outbox, so they keep their order (Reserve before Abort,
+Prefill before Cancel) without the caller waiting. The receive loop never waits on a send (a worker
+blocked sending its outputs would never read, and the two would wait on each other).
 """
 
 import asyncio
 import itertools
 import logging
-import shutil
-import sys
-import tempfile
 import time
-
-import zmq
-import zmq.asyncio
 
 from rlt import protocol as pr
 from rlt.config import EngineConfig, LaunchConfig, ModelConfig, parse_topology
+from rlt.control.devices import check_devices, device_for
 from rlt.control.lifecycle import Lifecycle
 from rlt.control.log_dir import new_run_dir
+from rlt.control.transport import Transport
 from rlt.control.worker_proc import WorkerProc
 
 log = logging.getLogger("rlt")
 RESTART_BACKOFF_S, RESTART_BACKOFF_MAX_S = 0.5, 30.0
 PEER_DEATH_GRACE_S = 1.0  # how long a prefill worker's failure waits for its decode peer's death
-SEND_RETRY_S, SEND_RETRY_MAX_S = 0.001, 0.02  # a full worker queue is retried at these intervals
 SHUTDOWN_SEND_S = 2.0  # how long shutdown waits to hand a worker its last messages before killing it
 
 
@@ -51,7 +47,7 @@ class Supervisor:
         self._incarnations = itertools.count()
         self._tasks: set[asyncio.Task] = set()
         self._fingerprint: str | None = None
-        self._sock: zmq.asyncio.Socket | None = None
+        self._transport: Transport | None = None
         self.log_dir: str | None = None
 
     @property
@@ -68,47 +64,11 @@ class Supervisor:
         proxy's)."""
         return [(role, i) for role, i in self.slots if role != "prefill" or self.remote_prefill is None]
 
-    def _device_for(self, slot: int) -> str:
-        """One device per worker on GPU (cuda:0, cuda:1, ... in slot order); all on CPU otherwise."""
-        device, local = self.launch.device, len(self.local_slots)
-        if device == "cpu" or (local == 1 and device != "cuda"):
-            return device
-        return f"cuda:{slot - (len(self.slots) - local)}"  # (remote slots come first and take no device)
-
     # ---- start / stop -----------------------------------------------------------------------------
-    async def _check_devices(self) -> None:
-        """CUDA present, and a device for every worker: asked of a probe process (the coordinator
-        imports no torch), before anything else starts."""
-        device = self.launch.device
-        if device == "cpu":
-            return
-        local = len(self.local_slots)
-        need = local if local > 1 else int(device.partition(":")[2] or 0) + 1
-        probe = await asyncio.create_subprocess_exec(
-            sys.executable,
-            "-c",
-            "import torch; print(torch.cuda.device_count())",
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.DEVNULL,
-        )
-        out, _ = await probe.communicate()
-        have = int(out) if out.strip().isdigit() else 0
-        if have < need:
-            raise ValueError(
-                f"device {device!r} with topology {self.launch.topology!r} needs {need} CUDA "
-                f"device(s); this machine has {have}"
-            )
-
     async def start(self) -> None:
-        await self._check_devices()
-        self._dir = tempfile.mkdtemp(prefix="rlt-")  # the control socket (removed at shutdown)
+        await check_devices(self.launch.device, self.launch.topology, len(self.local_slots))
+        self._transport = Transport()
         self.log_dir = new_run_dir(self.launch.log_dir)  # the workers' logs (kept)
-        self._ctx = zmq.asyncio.Context()
-        self._sock = self._ctx.socket(zmq.ROUTER)
-        self._sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
-        self._sock.setsockopt(zmq.LINGER, 0)
-        self._addr = f"ipc://{self._dir}/control"
-        self._sock.bind(self._addr)
         self._spawn(self._recv_loop())
         self._spawn(self._heartbeat_watch())
         try:
@@ -125,7 +85,13 @@ class Supervisor:
             w = await self.remote_prefill(slot, index)
         else:
             w = WorkerProc(
-                slot, index, role, self._device_for(slot), next(self._incarnations), self._addr, self.log_dir
+                slot,
+                index,
+                role,
+                device_for(self.launch.device, slot, len(self.slots), len(self.local_slots)),
+                next(self._incarnations),
+                self._transport.addr,
+                self.log_dir,
             )
             self._by_identity[w.identity] = w
         self.workers[slot] = w
@@ -186,10 +152,8 @@ class Supervisor:
         for t in list(self._tasks):
             t.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
-        if self._sock is not None:  # (None: start() stopped at its device check)
-            self._sock.close(0)
-            self._ctx.term()
-            shutil.rmtree(self._dir, ignore_errors=True)
+        if self._transport is not None:  # (None: start() stopped at its device check)
+            self._transport.close()
 
     def _spawn(self, coro) -> asyncio.Task:
         t = asyncio.ensure_future(coro)
@@ -199,22 +163,11 @@ class Supervisor:
 
     # ---- transport --------------------------------------------------------------------------------
     async def _send(self, w: WorkerProc, msg) -> bool:
-        """Send, waiting while the worker's queue is full (backpressure: the message is kept, never
-        dropped). False only once the worker is gone, which its death handler reports."""
+        """Send, waiting while the worker's queue is full; False only once the worker is gone (its
+        death handler reports it)."""
         if not isinstance(w, WorkerProc):  # a remote prefill proxy
             return await w.send(msg)
-        frames, delay = [w.identity.encode(), pr.encoder.encode(msg)], SEND_RETRY_S
-        while True:
-            try:
-                # NOBLOCK: the ROUTER is writable while any peer's pipe has room (the worker's own
-                # heartbeat socket is another), so waiting for POLLOUT says nothing about this pipe
-                await self._sock.send_multipart(frames, flags=zmq.NOBLOCK)
-                return True
-            except zmq.ZMQError:  # EAGAIN: its pipe is full; EHOSTUNREACH: not connected (yet, or any more)
-                if not w.alive:
-                    return False
-            await asyncio.sleep(delay)
-            delay = min(2 * delay, SEND_RETRY_MAX_S)
+        return await self._transport.send(w, msg)
 
     def post(self, w: WorkerProc, msg) -> None:
         """Queue a message for a live worker without waiting."""
@@ -233,12 +186,12 @@ class Supervisor:
 
     async def _recv_loop(self) -> None:
         while True:
-            identity, payload = await self._sock.recv_multipart()
-            w = self._by_identity.get(identity.decode().split("/")[0])
+            identity, msg = await self._transport.recv()
+            w = self._by_identity.get(identity.split("/")[0])
             if w is None:
                 continue  # an earlier incarnation: drop
             w.last_seen = time.monotonic()
-            await self.dispatch(w, pr.from_worker.decode(payload))
+            await self.dispatch(w, msg)
 
     async def dispatch(self, w: WorkerProc, msg) -> None:
         """A message from a worker (or a remote prefill proxy) into the lifecycle."""

@@ -21,6 +21,7 @@ from rlt.serve.limits import Pool, check_prompts, decode, read_body, token_ids
 from rlt.serve.metrics import Metrics
 
 _json = msgspec.json.Encoder()  # server-sent events: several times json.dumps's speed
+PENDING_CHUNKS = 8  # a stream's chunks waiting for its client beyond one per choice (then its choices wait)
 
 
 @contextmanager
@@ -260,7 +261,17 @@ class _Choice:
 
 
 async def _events(choices: list[_Choice], rid: str, kind: str, name: str, chat: bool, parsed: oa.Parsed):
-    queue: asyncio.Queue = asyncio.Queue()
+    queue: asyncio.Queue = asyncio.Queue()  # chunks to send, and None as each choice ends
+    room, most = asyncio.Event(), len(choices) + PENDING_CHUNKS
+
+    async def put(item: bytes) -> None:
+        """A client that reads slower than tokens come makes its choices wait here: their tokens
+        gather in one output each (memory bounded), and go out together once it reads."""
+        while queue.qsize() >= most:
+            room.clear()
+            await room.wait()
+        queue.put_nowait(item)
+
     chunk_kind = "chat.completion.chunk" if chat else "text_completion"
 
     def chunk(choice_list, usage=None, prompt_token_ids=None) -> str:
@@ -286,13 +297,13 @@ async def _events(choices: list[_Choice], rid: str, kind: str, name: str, chat: 
             entry["token_ids"] = ids
             if not chat and len(ids) == c.tokens_sent:  # a choice's first chunk carries its prompt's
                 entry["prompt_token_ids"] = c.prompt_ids
-        await queue.put(chunk([entry]))
+        await put(chunk([entry]))
 
     async def run(c: _Choice) -> None:
         try:
             await c.run(emit)
         except Exception as e:  # noqa: BLE001 - reported in the stream, which has started
-            await queue.put(b"data: " + _json.encode(errors.in_stream(e)) + b"\n\n")
+            await put(b"data: " + _json.encode(errors.in_stream(e)) + b"\n\n")
         finally:
             queue.put_nowait(None)  # this choice is over
 
@@ -303,7 +314,9 @@ async def _events(choices: list[_Choice], rid: str, kind: str, name: str, chat: 
             yield chunk(first, prompt_token_ids=choices[0].prompt_ids if parsed.return_token_ids else None)
         running = len(tasks)
         while running:
-            if (item := await queue.get()) is None:
+            item = await queue.get()
+            room.set()
+            if item is None:
                 running -= 1
             else:
                 yield item

@@ -5,6 +5,9 @@ connection's request gets a JSON 503 with Retry-After (uvicorn's limit_concurren
 text) and the connection closes. Connections that came first are served. A request HTTP cannot
 parse gets a JSON 400."""
 
+import logging
+import resource
+
 import msgspec
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
@@ -18,6 +21,27 @@ async def _busy(scope, receive, send) -> None:
     headers += [(b"retry-after", b"1"), (b"connection", b"close")]
     await send({"type": "http.response.start", "status": 503, "headers": headers})
     await send({"type": "http.response.body", "body": _BUSY})
+
+
+FD_RESERVE = 256  # open files the server keeps besides its connections (sockets to workers, logs, libraries)
+log = logging.getLogger("rlt")
+
+
+def connection_cap(max_connections: int) -> int:
+    """max_connections, within what the open-file limit allows: the soft limit is raised to the hard
+    one first (up to 65,536, as vLLM does), so a flood meets the cap's 503, never EMFILE."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = 65536 if hard == resource.RLIM_INFINITY else min(65536, hard)
+    if soft < want:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
+            soft = want
+        except (ValueError, OSError):
+            pass
+    cap = min(max_connections, max(1, soft - FD_RESERVE))
+    if cap < max_connections:
+        log.warning("rlt serve: at most %d connections (open-file limit %d); raise `ulimit -n` for more", cap, soft)
+    return cap
 
 
 def protocol(header_timeout: float, max_connections: int) -> type:

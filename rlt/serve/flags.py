@@ -28,7 +28,7 @@ def add_flags(parser) -> None:
     headers at once, so 10 s only bounds silent or trickling sockets (nginx waits 60 s, Apache 20-40);
     30 s for a 4 MiB body asks ~140 KB/s; 4096 connections is far past what one engine serves at once
     (64 running requests per worker by default) and keeps a flood from exhausting file descriptors
-    (raise `ulimit -n` past it); the body limit: limits.decode()."""
+    (the cap is lowered to what `ulimit -n` allows: connections.connection_cap); the body limit: limits.decode()."""
     g = parser.add_argument_group("HTTP limits")
     add = lambda flag, kind, default, text: g.add_argument(  # noqa: E731
         flag, type=_positive(kind), default=default, help=f"{text} (default: {default})"
@@ -52,6 +52,7 @@ def limits_of(args) -> Limits:
 
 
 def uvicorn_options(args) -> dict:
-    from rlt.serve.connections import protocol
+    from rlt.serve.connections import connection_cap, protocol
 
-    return {"http": protocol(args.header_timeout, args.max_connections), "timeout_keep_alive": args.timeout_keep_alive}
+    http = protocol(args.header_timeout, connection_cap(args.max_connections))
+    return {"http": http, "timeout_keep_alive": args.timeout_keep_alive}
