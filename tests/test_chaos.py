@@ -128,7 +128,7 @@ async def settled(engine, expected, gone=(), timeout=60.0):
     await wait_clean(engine, timeout)
     pids = {w["pid"] for w in engine.stats()["workers"]}
     assert not [p for p in gone if alive(p)], "a killed worker is still there"
-    assert set(processes_mentioning(engine._supervisor._dir)) == pids, "stray worker processes"
+    assert set(processes_mentioning(engine._supervisor._transport.dir)) == pids, "stray worker processes"
     outs = await asyncio.wait_for(asyncio.gather(*(collect(engine, p, sp, rid) for rid, (p, sp) in PROBES.items())), 60)
     for out in outs:
         assert (out.token_ids, out.exit_depths) == expected[out.request_id], out.request_id

@@ -21,12 +21,12 @@ SEND_RETRY_S, SEND_RETRY_MAX_S = 0.001, 0.02  # a full worker queue is retried a
 
 class Transport:
     def __init__(self):
-        self._dir = tempfile.mkdtemp(prefix="rlt-")  # the control socket (removed by close)
+        self.dir = tempfile.mkdtemp(prefix="rlt-")  # the control socket (removed by close)
         self._ctx = zmq.asyncio.Context()
         self._sock = self._ctx.socket(zmq.ROUTER)
         self._sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
         self._sock.setsockopt(zmq.LINGER, 0)
-        self.addr = f"ipc://{self._dir}/control"
+        self.addr = f"ipc://{self.dir}/control"
         self._sock.bind(self.addr)
 
     async def send(self, w, msg) -> bool:
@@ -50,4 +50,4 @@ class Transport:
     def close(self) -> None:
         self._sock.close(0)
         self._ctx.term()
-        shutil.rmtree(self._dir, ignore_errors=True)
+        shutil.rmtree(self.dir, ignore_errors=True)
