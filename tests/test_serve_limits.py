@@ -117,6 +117,22 @@ def test_header_timeout_closes_silent_and_trickling_connections(server):
         assert s.recv(1) == b""
 
 
+def test_headers_past_64_kib_get_a_json_431_and_a_large_body_is_no_header(server):
+    """httptools bounds no header: past 64 KiB the server answers 431 in OpenAI's shape."""
+    url, _ = server
+    with socket.create_connection(address(url), timeout=30) as s:
+        s.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * (65 << 10))
+        status, headers, payload = raw_response(s)
+        assert status == 431 and headers["content-type"] == "application/json"
+        openai_error(json.loads(payload), 431)
+    body = json.dumps({"prompt": [5] * 100_000, "max_tokens": 1}).encode()  # 300 KB in the headers' read
+    with socket.create_connection(address(url), timeout=30) as s:
+        head = f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {KEY}\r\n"
+        s.sendall(head.encode() + f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
+        status, _, payload = raw_response(s)  # (its body arrives with its headers: it is read as a body)
+        assert status == 400 and "max positions" in openai_error(json.loads(payload), 400, "prompt")["message"]
+
+
 def test_body_size_and_time_limits(server):
     url, _ = server
     head = b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " + KEY.encode() + b"\r\n"

@@ -178,7 +178,7 @@ class Engine:
         if request_id in lc.live:
             raise RequestError(f"request_id {request_id!r} is already live")
         if self._decode_role == "decode" and self._supervisor.remote_prefill is None:
-            self._ready("prefill")  # (a request admitted while none is ready waits for the restart)
+            self._ready("prefill")  # none ready: refused at the call (one already queued waits for the restart)
         d = max(self._ready(self._decode_role), key=lambda w: w.ready.kv_blocks_total)
         need = router.blocks_for(d.ready, len(ids) + p.max_tokens)
         if need > d.ready.kv_blocks_total:

@@ -23,6 +23,7 @@ async def _busy(scope, receive, send) -> None:
     await send({"type": "http.response.body", "body": _BUSY})
 
 
+MAX_HEADER_BYTES = 64 << 10  # a request line and headers longer than this get a 431 (nginx's large buffers: 32 KiB)
 FD_RESERVE = 256  # open files the server keeps besides its connections (sockets to workers, logs, libraries)
 log = logging.getLogger("rlt")
 
@@ -62,6 +63,18 @@ class _Bounded(HttpToolsProtocol):
     def _arm(self) -> None:
         if self.header_timer is None:
             self.header_timer = self.loop.call_later(self.header_timeout, self._headers_late)
+            self.header_bytes, self.header_tail = 0, b""
+
+    def data_received(self, data: bytes) -> None:
+        if self.header_timer is not None:  # (armed: this request's headers are not complete yet)
+            seen = self.header_tail + data  # (the blank line ending them may be split between reads)
+            end = seen.find(b"\r\n\r\n")
+            self.header_bytes += len(data) if end < 0 else max(0, end + 4 - len(self.header_tail))
+            self.header_tail = seen[-3:]
+            if self.header_bytes > MAX_HEADER_BYTES:  # (httptools has no bound of its own)
+                self._disarm()
+                return self._send_json(431, b"Request Header Fields Too Large", "the request's headers are too long")
+        super().data_received(data)
 
     def _disarm(self) -> None:
         if self.header_timer is not None:
@@ -88,8 +101,12 @@ class _Bounded(HttpToolsProtocol):
         super().connection_lost(exc)
 
     def send_400_response(self, msg: str) -> None:  # what HTTP cannot parse: JSON too (uvicorn's is text)
-        content = msgspec.json.encode(body(msg, "invalid_request_error", 400))
+        self._send_json(400, b"Bad Request", msg)
+
+    def _send_json(self, status: int, reason: bytes, msg: str) -> None:
+        content = msgspec.json.encode(body(msg, "invalid_request_error", status))
         head = [k + b": " + v + b"\r\n" for k, v in self.server_state.default_headers]
         head += [b"content-type: application/json\r\n", b"content-length: %d\r\n" % len(content)]
-        self.transport.write(b"HTTP/1.1 400 Bad Request\r\n" + b"".join(head) + b"connection: close\r\n\r\n" + content)
+        status_line = b"HTTP/1.1 %d %s\r\n" % (status, reason)
+        self.transport.write(status_line + b"".join(head) + b"connection: close\r\n\r\n" + content)
         self.transport.close()
