@@ -100,6 +100,7 @@ def generate(args) -> int:
     import asyncio
 
     from rlt.control.frontend import Engine
+    from rlt.control.run import run_command
     from rlt.sampling_params import SamplingParams
 
     if not args.prompts:
@@ -151,12 +152,7 @@ def generate(args) -> int:
 
             return await asyncio.gather(*(one(rid, ids) for rid, ids in requests))
 
-    try:
-        import uvloop
-
-        outs = uvloop.run(run())
-    except ImportError:
-        outs = asyncio.run(run())
+    outs = run_command(run())
     for out in outs:
         if args.json:
             print(json.dumps(out.to_json()), flush=True)

@@ -18,6 +18,7 @@ import time
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 import rlt  # noqa: E402
+from rlt.control.run import run_command  # noqa: E402
 
 
 def option(text: str) -> tuple[str, object]:
@@ -103,12 +104,7 @@ async def main() -> int:
 
 if __name__ == "__main__":
     try:
-        try:
-            import uvloop
-
-            sys.exit(uvloop.run(main()))
-        except ImportError:
-            sys.exit(asyncio.run(main()))
+        sys.exit(run_command(main()))
     except KeyboardInterrupt:  # the engine was shut down on the way out: workers and temp files gone
         print("launch_1p1d: interrupted", file=sys.stderr)
         sys.exit(130)

@@ -241,10 +241,11 @@ def test_make_checkpoint_cli(tmp_path):
     assert len(out) == 1
 
 
-def test_ctrl_c_exits_with_one_line_and_leaves_nothing(checkpoints, tmp_path):
-    """SIGINT to `rlt generate` mid-generation: exit 130 with one line on stderr, no worker process
-    and no temporary directory left (workers run in their own process group: only the coordinator
-    takes a terminal's Ctrl-C)."""
+@pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM", "SIGHUP"])
+def test_ctrl_c_exits_with_one_line_and_leaves_nothing(checkpoints, tmp_path, sig):
+    """SIGINT (or SIGTERM, SIGHUP: handled alike) to `rlt generate` mid-generation: exit 130 with one
+    line on stderr, no worker process and no temporary directory left (workers run in their own
+    process group: only the coordinator takes a terminal's Ctrl-C)."""
     import signal
     import time
 
@@ -278,7 +279,7 @@ def test_ctrl_c_exits_with_one_line_and_leaves_nothing(checkpoints, tmp_path):
             time.sleep(0.1)
         time.sleep(3)
         assert worker_pgid is not None and worker_pgid != os.getpgid(p.pid)
-        p.send_signal(signal.SIGINT)
+        p.send_signal(getattr(signal, sig))
         out, err = p.communicate(timeout=60)
         assert p.returncode == 130 and err.strip() == "rlt: interrupted", err
         assert not any(tmp_path.glob("rlt-*"))

@@ -254,16 +254,17 @@ async def _until(condition) -> None:
         await asyncio.sleep(0.05)
 
 
-async def test_sigterm_under_load_fails_what_is_left_after_the_deadline(server):
-    """SIGTERM with streams running: new connections are refused, the streams run on until
-    --shutdown-timeout, then each ends with an error event; the server exits with no worker and no
-    temp dir left."""
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP])
+async def test_sigterm_under_load_fails_what_is_left_after_the_deadline(server, sig):
+    """SIGTERM (or SIGHUP) with streams running: new connections are refused, the streams run on
+    until --shutdown-timeout, then each ends with an error event; the server exits with no worker
+    and no temp dir left."""
     s = server("--shutdown-timeout", "1.5")
     body = {"prompt": [5, 6, 7], "max_tokens": 50_000, "temperature": 0, "ignore_eos": True}
     events = [[] for _ in range(8)]
     tasks = [asyncio.ensure_future(_stream_events(s.port, body, ev)) for ev in events]
     await _until(lambda: all(events))
-    s.proc.send_signal(signal.SIGTERM)
+    s.proc.send_signal(sig)
     await asyncio.sleep(0.5)
     with pytest.raises(OSError):
         await asyncio.open_connection("127.0.0.1", s.port)
@@ -271,7 +272,7 @@ async def test_sigterm_under_load_fails_what_is_left_after_the_deadline(server):
     await asyncio.wait_for(asyncio.gather(*tasks), HANG_GUARD_S)
     for ev in events:
         assert b'"error"' in ev[-2] and ev[-1] == b"[DONE]", ev[-3:]
-    assert s.proc.wait(HANG_GUARD_S) == -signal.SIGTERM
+    assert s.proc.wait(HANG_GUARD_S) == -sig
     assert s.leftovers() == ([], [])
 
 

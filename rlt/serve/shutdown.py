@@ -1,4 +1,4 @@
-"""uvicorn's server with rlt's shutdown. SIGTERM or SIGINT stops accepting, lets requests in flight
+"""uvicorn's server with rlt's shutdown. SIGTERM, SIGINT or SIGHUP stops accepting, lets requests in flight
 finish for --shutdown-timeout seconds, then fails those left (a stream gets an error event, a whole
 response a 503) and stops the engine; any second signal (uvicorn: only SIGINT) stops at once, and
 the engine stops even then (uvicorn skips the app's shutdown on a forced exit): no worker or temp
@@ -6,7 +6,10 @@ dir outlives the server. A server whose engine can no longer serve (a worker tha
 restarted) stops and exits with status 1, as vLLM's does."""
 
 import asyncio
+import contextlib
 import logging
+import signal
+import threading
 
 import uvicorn
 
@@ -26,6 +29,19 @@ class Server(uvicorn.Server):
         if self.started and not self.should_exit:
             print(self.ready_line, flush=True)
             self._watch = asyncio.ensure_future(self._exit_when_failed())
+
+    @contextlib.contextmanager
+    def capture_signals(self):
+        """uvicorn's (SIGINT, SIGTERM), and SIGHUP (a closed terminal) the same way."""
+        with super().capture_signals():
+            if threading.current_thread() is not threading.main_thread():
+                yield
+                return
+            previous = signal.signal(signal.SIGHUP, self.handle_exit)
+            try:
+                yield
+            finally:
+                signal.signal(signal.SIGHUP, previous)
 
     def handle_exit(self, sig, frame) -> None:
         if self.should_exit:
