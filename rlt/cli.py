@@ -7,7 +7,7 @@ import time
 
 from rlt.config import EngineConfig, LaunchConfig
 from rlt.errors import CheckpointError, ConfigError, EngineDeadError, RequestError
-from rlt.fields import option_fields
+from rlt.fields import field_names, option_fields
 
 LONG_PROMPT_TOKENS = 2048  # a prompt this long gets a line on stderr when its prefill starts and ends
 
@@ -39,20 +39,29 @@ def _add_generate(sub):
         type=_token_ids,
         help="a prompt as comma-separated token ids (repeatable)",
     )
-    g.add_argument("--max-tokens", type=int, default=16)
-    g.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (the default here)")
-    g.add_argument("--top-k", type=int, default=-1)
-    g.add_argument("--top-p", type=float, default=1.0)
-    g.add_argument("--seed", type=int)
-    g.add_argument("--min-loops", type=int)
-    g.add_argument("--max-loops", type=int)
-    g.add_argument("--exit-threshold", type=float)
-    g.add_argument("--logprobs", type=int)
-    g.add_argument("--ignore-eos", action="store_true")
-    g.add_argument("--stop-token-ids", type=_token_ids, default=[])
     g.add_argument("--hf-overrides", type=json.loads, help="JSON object replacing config.json fields")
     g.add_argument("--json", action="store_true", help="one JSON object per prompt, one per line")
+    _add_sampling_flags(g.add_argument_group("sampling (rlt.SamplingParams)"))
     add_option_flags(g)
+
+
+# rlt generate's own defaults where they differ from SamplingParams' (a command line is read by a person: greedy)
+GENERATE_DEFAULTS = {"temperature": 0.0, "stop_token_ids": []}
+
+
+def _add_sampling_flags(group) -> None:
+    """One flag per SamplingParams field, its help the field's description."""
+    from rlt.sampling_params import SamplingParams
+
+    for name, kind, default, doc in option_fields(SamplingParams):
+        flag, default = "--" + name.replace("_", "-"), GENERATE_DEFAULTS.get(name, default)
+        text = doc if default is None or "default" in doc else f"{doc} (default: {default})"
+        if kind is bool:
+            group.add_argument(flag, action="store_true", help=text)
+        elif name == "stop_token_ids":
+            group.add_argument(flag, type=_token_ids, default=default, help=f"{doc} (comma-separated)")
+        else:
+            group.add_argument(flag, type=kind, default=default, help=text)
 
 
 def add_option_flags(parser: argparse.ArgumentParser) -> None:
@@ -83,17 +92,22 @@ def _add_make_checkpoint(sub):
     from rlt.models.family import BY_NAME
 
     m = sub.add_parser("make-checkpoint", help="write a random-weight checkpoint in an official schema")
-    m.add_argument("--family", required=True, choices=list(BY_NAME))
-    m.add_argument("--out", required=True)
+    m.add_argument("--family", required=True, choices=list(BY_NAME), help="the model family")
+    m.add_argument("--out", required=True, help="the directory to write (created)")
     m.add_argument(
-        "--preset", default="tiny", choices=["tiny", "full"], help="tiny: a few MB for tests; full: the official shapes"
+        "--preset",
+        default="tiny",
+        choices=["tiny", "full"],
+        help="tiny: a few MB for tests; full: the official shapes (default: tiny)",
     )
-    m.add_argument("--seed", type=int, default=0)
+    m.add_argument("--seed", type=int, default=0, help="seed of the random weights (default: 0)")
     m.add_argument(
         "--dtype", choices=["float32", "bfloat16", "float16"], help="default: float32 for tiny, bfloat16 for full"
     )
     m.add_argument("--shards", type=int, help="number of safetensors shards (default: ~4 GB each)")
-    m.add_argument("--device", default="cpu", help="where to draw the random weights (cuda: fast for full)")
+    m.add_argument(
+        "--device", default="cpu", help="where to draw the random weights (cuda: fast for full; default: cpu)"
+    )
 
 
 def generate(args) -> int:
@@ -105,19 +119,7 @@ def generate(args) -> int:
 
     if not args.prompts:
         raise RequestError("give at least one --prompt or --prompt-token-ids")
-    sp = SamplingParams(
-        max_tokens=args.max_tokens,
-        temperature=args.temperature,
-        top_k=args.top_k,
-        top_p=args.top_p,
-        seed=args.seed,
-        min_loops=args.min_loops,
-        max_loops=args.max_loops,
-        exit_threshold=args.exit_threshold,
-        stop_token_ids=args.stop_token_ids,
-        ignore_eos=args.ignore_eos,
-        logprobs=args.logprobs,
-    )
+    sp = SamplingParams(**{name: getattr(args, name) for name in field_names(SamplingParams)})
     try:
         launch = Engine.launch(args.model, hf_overrides=args.hf_overrides, **option_values(args))
     except ValueError as e:
@@ -184,15 +186,24 @@ def make_checkpoint_cmd(args) -> int:
     return 0
 
 
-def main(argv=None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    from importlib.metadata import version
+
+    from rlt.serve.server import add_parser
+
     parser = argparse.ArgumentParser(prog="rlt", description="serving engine for looped language models")
+    parser.add_argument("--version", action="version", version=f"rlt {version('rlt')}")
     sub = parser.add_subparsers(dest="command", required=True)
     _add_generate(sub)
-    from rlt.serve.server import add_parser, serve
-
     add_parser(sub, add_option_flags)
     _add_make_checkpoint(sub)
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv=None) -> int:
+    from rlt.serve.server import serve
+
+    args = build_parser().parse_args(argv)
     try:
         if args.command == "serve":
             return serve(args, option_values(args))

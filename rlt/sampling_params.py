@@ -1,23 +1,36 @@
 """SamplingParams: what a request asks for (defaults follow vLLM: temperature 1.0, max_tokens 16), and
 ResolvedParams: the same with every default filled in, as the coordinator validated it."""
 
+from typing import Annotated
+
 import msgspec
 
 from rlt.errors import RequestError
 
 
+def _doc(text: str) -> msgspec.Meta:
+    return msgspec.Meta(description=text)
+
+
 class SamplingParams(msgspec.Struct, kw_only=True, omit_defaults=True):
-    max_tokens: int = 16
-    temperature: float = 1.0  # 0 = greedy
-    top_k: int = -1  # -1 or 0 = off
-    top_p: float = 1.0
-    seed: int | None = None
-    min_loops: int | None = None  # None = 1
-    max_loops: int | None = None  # None = the model's depth
-    exit_threshold: float | None = None  # None = config.json's early_exit_threshold (Ouro); fixed depth otherwise
-    stop_token_ids: list[int] = []
-    ignore_eos: bool = False
-    logprobs: int | None = None  # top-K logprobs per output position (and the sampled token's)
+    """Each field's help is its description (the CLI's flags are made from them)."""
+
+    max_tokens: Annotated[int, _doc("tokens to generate at most")] = 16
+    temperature: Annotated[float, _doc("sampling temperature; 0 = greedy")] = 1.0
+    top_k: Annotated[int, _doc("sample among the k most likely tokens; -1 or 0 = off")] = -1
+    top_p: Annotated[float, _doc("sample within this probability mass (nucleus); 1 = off")] = 1.0
+    seed: Annotated[int | None, _doc("seed of the sampling noise (default: a random one)")] = None
+    min_loops: Annotated[int | None, _doc("loops a token runs at least before it may exit (default: 1)")] = None
+    max_loops: Annotated[int | None, _doc("loops a token runs at most (default: the model's depth)")] = None
+    exit_threshold: Annotated[
+        float | None,
+        _doc("Ouro: exit once the gate's cumulative exit probability reaches this (default: config.json's)"),
+    ] = None
+    stop_token_ids: Annotated[list[int], _doc("token ids that end the output, besides the model's EOS")] = []
+    ignore_eos: Annotated[bool, _doc("go on past EOS")] = False
+    logprobs: Annotated[
+        int | None, _doc("top-K logprobs per output position, with the sampled token's (default: none)")
+    ] = None
 
 
 MAX_CHOICES = 128

@@ -284,3 +284,23 @@ def test_ctrl_c_exits_with_one_line_and_leaves_nothing(checkpoints, tmp_path, si
         assert p.returncode == 130 and err.strip() == "rlt: interrupted", err
         assert not any(tmp_path.glob("rlt-*"))
         assert not processes_mentioning(str(run_dir))
+
+
+def test_every_flag_has_help_naming_its_default_and_there_is_a_version():
+    """Each flag of each command says what it does and, where it has a default, what it is."""
+    import argparse
+    from importlib.metadata import version
+
+    from rlt.cli import build_parser
+
+    parser = build_parser()
+    (sub,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    for name, command in sub.choices.items():
+        for a in command._actions:
+            if isinstance(a, argparse._HelpAction) or not a.option_strings:
+                continue
+            assert a.help, (name, a.option_strings)
+            if a.default not in (None, False, [], {}, argparse.SUPPRESS):
+                assert "default" in a.help or a.choices is not None and str(a.default) in a.help, (name, a.dest, a.help)
+    out = subprocess.run([sys.executable, "-m", "rlt", "--version"], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == f"rlt {version('rlt')}"

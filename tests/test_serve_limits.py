@@ -269,7 +269,8 @@ def test_500_and_stream_errors_are_generic():
 
 
 def test_a_dead_worker_is_a_generic_503(server):
-    """(Last: the worker restarts.) Its 503 names no pid or path and says when to retry."""
+    """(Last: the worker restarts.) Its 503 names no pid or path and says when to retry; /health is
+    503 until the worker is back, then 200."""
     url, _ = server
     port = address(url)[1]
     [server_pid] = processes_mentioning(f"--port {port} ")
@@ -277,8 +278,9 @@ def test_a_dead_worker_is_a_generic_503(server):
     assert workers
     for pid in workers:
         os.kill(pid, signal.SIGKILL)
-    deadline, seen = time.monotonic() + 30, None
+    deadline, seen, health = time.monotonic() + 30, None, set()
     while True:
+        health.add(request(url, "GET", "/health")[0])
         status, headers, body = request(url, "POST", "/v1/completions", {"prompt": "x", "max_tokens": 1})
         if status == 503:
             seen = seen or (headers, body)
@@ -289,3 +291,4 @@ def test_a_dead_worker_is_a_generic_503(server):
     headers, body = seen
     message = openai_error(body, 503)["message"]
     assert headers["retry-after"] == "1" and "pid" not in message and "/" not in message
+    assert 503 in health and request(url, "GET", "/health")[0] == 200

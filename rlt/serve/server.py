@@ -13,18 +13,23 @@ from rlt.serve.flags import add_flags as add_http_flags
 def add_parser(sub, add_option_flags) -> None:
     s = sub.add_parser("serve", help="serve a model over OpenAI's HTTP API")
     s.add_argument("model", nargs="?", help="checkpoint directory (default: the embedded tiny Ouro)")
-    s.add_argument("--host", default="127.0.0.1")
-    s.add_argument("--port", type=int, default=8000)
-    s.add_argument("--api-key", help="require `Authorization: Bearer KEY` on /v1 routes")
-    s.add_argument("--served-model-name", help="the model name clients use (default: MODEL as given)")
-    s.add_argument("--hf-overrides", type=json.loads, help="JSON object replacing config.json fields")
-    s.add_argument(
+    g = s.add_argument_group("server")
+    g.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1; 0.0.0.0: every one)")
+    g.add_argument("--port", type=int, default=8000, help="port to listen on (default: 8000)")
+    g.add_argument("--api-key", help="require `Authorization: Bearer KEY` on /v1 routes (default: none)")
+    g.add_argument(
+        "--served-model-name",
+        help="the model name clients use (default: MODEL as given; 'default' for the embedded model)",
+    )
+    g.add_argument("--hf-overrides", type=json.loads, help="JSON object replacing config.json fields")
+    g.add_argument(
         "--generation-config",
         choices=["auto", "none"],
         default="auto",
-        help="auto: requests default to generation_config.json's temperature, top_p, top_k, max_new_tokens",
+        help="auto: requests default to generation_config.json's temperature, top_p, top_k, max_new_tokens "
+        "(default: auto)",
     )
-    s.add_argument("--override-generation-config", type=json.loads, default={}, help="JSON object over those defaults")
+    g.add_argument("--override-generation-config", type=json.loads, default={}, help="JSON object over those defaults")
     add_http_flags(s)
     add_option_flags(s)
 
