@@ -90,7 +90,7 @@ def test_past_the_connection_cap_a_request_gets_a_json_503(server):
         time.sleep(0.1)
 
 
-@pytest.mark.parametrize("limits, cap, soft", [((300, 1000), 1000 - 256, 1000), ((300, 300), 300 - 256, 300)])
+@pytest.mark.parametrize("limits, cap, soft", [((300, 2000), 2000 - 256, 2000), ((256, 256), 256 - 64, 256)])
 def test_the_connection_cap_follows_the_open_file_limit(limits, cap, soft):
     """The soft open-file limit is raised to the hard one, and the cap lowered to what it allows
     (past it a flood would meet EMFILE instead of the cap's 503)."""

@@ -24,7 +24,7 @@ async def _busy(scope, receive, send) -> None:
 
 
 MAX_HEADER_BYTES = 64 << 10  # a request line and headers longer than this get a 431 (nginx's large buffers: 32 KiB)
-FD_RESERVE = 256  # open files the server keeps besides its connections (sockets to workers, logs, libraries)
+FD_RESERVE = 256  # files kept open for other than connections (worker sockets, logs): this, or a quarter of the limit
 log = logging.getLogger("rlt")
 
 
@@ -39,7 +39,7 @@ def connection_cap(max_connections: int) -> int:
             soft = want
         except (ValueError, OSError):
             pass
-    cap = min(max_connections, max(1, soft - FD_RESERVE))
+    cap = min(max_connections, max(1, soft - min(FD_RESERVE, soft // 4)))
     if cap < max_connections:
         log.warning("rlt serve: at most %d connections (open-file limit %d); raise `ulimit -n` for more", cap, soft)
     return cap
