@@ -24,6 +24,7 @@ async def _busy(scope, receive, send) -> None:
 
 
 MAX_HEADER_BYTES = 64 << 10  # a request line and headers longer than this get a 431 (nginx's large buffers: 32 KiB)
+OVER_CAP_HEADER_TIMEOUT_S = 1.0
 FD_RESERVE = 256  # files kept open for other than connections (worker sockets, logs): this, or a quarter of the limit
 log = logging.getLogger("rlt")
 
@@ -61,8 +62,9 @@ class _Bounded(HttpToolsProtocol):
         self._arm()
 
     def _arm(self) -> None:
-        if self.header_timer is None:
-            self.header_timer = self.loop.call_later(self.header_timeout, self._headers_late)
+        if self.header_timer is None:  # (past the cap, a silent connection holds a file for 1 s at most)
+            timeout = min(self.header_timeout, OVER_CAP_HEADER_TIMEOUT_S) if self.over_cap else self.header_timeout
+            self.header_timer = self.loop.call_later(timeout, self._headers_late)
             self.header_bytes, self.header_tail = 0, b""
 
     def data_received(self, data: bytes) -> None:
