@@ -136,7 +136,13 @@ def generate(args) -> int:
         resolve_params(engine.model_config, len(ids), sp)
 
     async def run():
+        t0, terminal = time.monotonic(), sys.stderr.isatty()
+        if terminal:  # (a full-size checkpoint takes a while to load and warm up on a CPU)
+            lc = engine.launch_config
+            print(f"rlt: starting {lc.topology} on {lc.device}", file=sys.stderr)
         async with launch:
+            if terminal:
+                print(f"rlt: ready after {time.monotonic() - t0:.1f} s", file=sys.stderr, flush=True)
 
             async def one(rid, ids):
                 final, long, t0 = None, len(ids) >= LONG_PROMPT_TOKENS, time.monotonic()

@@ -122,3 +122,26 @@ def test_index_naming_a_missing_shard(sharded, tmp_path):
     os.remove(d / "model-00002-of-00003.safetensors")
     with pytest.raises(CheckpointError, match="model-00002-of-00003.safetensors"):
         load_weights(ModelConfig.from_pretrained(str(d)), torch.float32)
+
+
+@pytest.mark.parametrize("family", ["ouro", "nanbeige", "huginn"])
+def test_the_tokenizer_covers_every_id_of_the_preset(tmp_path, family):
+    """make-checkpoint's tokenizer has exactly the config's vocabulary, at the official sizes too:
+    every id a model can sample decodes to text (the corpus teaches ~700 merges; fillers cover the
+    rest, before the family's trailing special tokens)."""
+    from rlt.models.family import BY_NAME
+    from rlt.models.tokenizer import load_tokenizer, train_tokenizer
+
+    f = BY_NAME[family]
+    for preset in ("tiny", "full"):
+        vocab = f.presets[preset]["vocab_size"]
+        out = tmp_path / preset
+        out.mkdir()
+        ids = train_tokenizer(f.tokenizer, vocab, str(out))
+        tok = load_tokenizer(str(out))
+        assert len(tok) == vocab and all(0 <= i < vocab for i in ids.values())
+        specials = set(ids.values())
+        assert all(
+            tok.decode([i]) for i in (vocab // 2, vocab - 1 - len(f.tokenizer.back_specials)) if i not in specials
+        )
+        assert tok.decode(tok("The river runs").input_ids, skip_special_tokens=True) == "The river runs"

@@ -28,8 +28,11 @@ def random_weights(mc: ModelConfig, seed: int, device: str = "cpu") -> dict[str,
     g = torch.Generator(device=device).manual_seed(seed)
     randn = lambda shape, generator: torch.randn(shape, generator=generator, device=device)  # noqa: E731
     family = FAMILIES[mc.model_type]
+    from tqdm import tqdm
+
     out = {}
-    for name, shape in family.expected_tensors(mc).items():
+    tensors = family.expected_tensors(mc).items()
+    for name, shape in tqdm(tensors, desc="rlt: drawing weights", unit="tensor", leave=False, disable=None):
         if name.endswith(("norm.weight", "layernorm.weight", "layernorm_2.weight", "ln_f.weight")) or ".norm_" in name:
             t = 1.0 + 0.1 * randn(shape, g)
         elif name == "model.early_exit_gate.weight":
@@ -97,7 +100,7 @@ def make_checkpoint(
         raise ValueError(f"preset must be one of {', '.join(map(repr, f.presets))}, got {preset!r}")
     dtype = dtype or ("float32" if preset == "tiny" else "bfloat16")
     os.makedirs(out_dir, exist_ok=True)
-    ids = train_tokenizer(f.tokenizer, min(f.presets[preset]["vocab_size"], 1024), out_dir)
+    ids = train_tokenizer(f.tokenizer, f.presets[preset]["vocab_size"], out_dir)
     cfg = f.config_json(f.presets[preset], ids, dtype)
     with open(os.path.join(out_dir, "config.json"), "w") as f:
         json.dump(cfg, f, indent=2)

@@ -26,21 +26,32 @@ class TokenizerSpec:
     chat_template: str
 
 
+TRAINED_MAX = 1024  # merges the embedded corpus can teach; past it, filler tokens cover the vocabulary
+
+
 def train_tokenizer(spec: TokenizerSpec, vocab_size: int, out_dir: str) -> dict[str, int]:
-    """Write tokenizer.json + tokenizer_config.json; return the special token ids by role."""
+    """Write tokenizer.json + tokenizer_config.json covering exactly `vocab_size` ids (BPE merges
+    learned from the embedded corpus, then fillers `<|fill_N|>`, then the family's trailing special
+    tokens: every id a model can sample has text); return the special token ids by role."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size - len(spec.back_specials),
+        vocab_size=min(vocab_size, TRAINED_MAX) - len(spec.back_specials),
         special_tokens=list(spec.front_specials),
         min_frequency=2,
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
     tok.train_from_iterator(CORPUS.read_text().splitlines(), trainer)
+    # Filler ids go into the BPE vocabulary (no merge makes them: they only decode), not as added
+    # tokens, which transformers loads one by one (seconds for a 166K vocabulary).
+    model = json.loads(tok.to_str())
+    vocab, first = model["model"]["vocab"], tok.get_vocab_size()
+    vocab.update({f"<|fill_{i}|>": i for i in range(first, vocab_size - len(spec.back_specials))})
+    tok = Tokenizer.from_str(json.dumps(model))
     tok.add_special_tokens(list(spec.back_specials))
     ids = {role: tok.token_to_id(t) for role, t in (("bos", spec.bos), ("eos", spec.eos), ("pad", spec.pad)) if t}
     if spec.prepend_bos:
@@ -49,7 +60,7 @@ def train_tokenizer(spec: TokenizerSpec, vocab_size: int, out_dir: str) -> dict[
         )
     else:
         tok.post_processor = processors.ByteLevel(trim_offsets=False)
-    assert tok.get_vocab_size() <= vocab_size
+    assert tok.get_vocab_size() == vocab_size, (tok.get_vocab_size(), vocab_size)
     tok.save(os.path.join(out_dir, "tokenizer.json"))
     cfg = {
         "tokenizer_class": "PreTrainedTokenizerFast",
