@@ -30,7 +30,8 @@ class _PromptAction(argparse.Action):
 
 def _add_generate(sub):
     g = sub.add_parser("generate", help="generate continuations of prompts")
-    g.add_argument("--model", help="checkpoint directory (default: the embedded tiny Ouro)")
+    g.add_argument("--model", help="checkpoint directory or Hugging Face Hub id (default: the embedded tiny Ouro)")
+    g.add_argument("--revision", help="the hub id's branch, tag or commit (default: main)")
     g.add_argument("--prompt", action=_PromptAction, dest="prompts", type=str, help="a text prompt (repeatable)")
     g.add_argument(
         "--prompt-token-ids",
@@ -121,7 +122,9 @@ def generate(args) -> int:
         raise RequestError("give at least one --prompt or --prompt-token-ids")
     sp = SamplingParams(**{name: getattr(args, name) for name in field_names(SamplingParams)})
     try:
-        launch = Engine.launch(args.model, hf_overrides=args.hf_overrides, **option_values(args))
+        launch = Engine.launch(
+            args.model, hf_overrides=args.hf_overrides, revision=args.revision, **option_values(args)
+        )
     except ValueError as e:
         if isinstance(e, (RequestError, ConfigError, CheckpointError)):
             raise

@@ -12,6 +12,7 @@ ENVIRONMENT = {
     "OMP_WAIT_POLICY": "workers default it to PASSIVE (see worker_environ)",
     "UCX_TLS": "UCX's own (read by NIXL); repeated in the worker log beside its NIXL agent's name",
     "UCX_NET_DEVICES": "UCX's own (read by NIXL); repeated in the worker log beside its NIXL agent's name",
+    "HF_HOME, HF_HUB_CACHE, HF_TOKEN, HF_HUB_OFFLINE": "huggingface_hub's own, when a model is a hub id",
 }
 
 

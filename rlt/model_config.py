@@ -54,10 +54,14 @@ class ModelConfig:
     torch_dtype: str  # the checkpoint's declared dtype
 
     @classmethod
-    def from_pretrained(cls, path: str, hf_overrides: dict | None = None) -> "ModelConfig":
+    def from_pretrained(cls, path: str, hf_overrides: dict | None = None, revision: str | None = None) -> "ModelConfig":
+        """path: a checkpoint directory, or a Hugging Face Hub id (rlt/models/hub.py; revision: its
+        branch, tag or commit)."""
         if not isinstance(path, (str, os.PathLike)):
-            raise ConfigError(f"model must be a checkpoint directory's path, got {path!r}")
-        path = os.path.abspath(os.fspath(path))
+            raise ConfigError(f"model must be a checkpoint directory's path or a hub id, got {path!r}")
+        from rlt.models.hub import resolve
+
+        path = os.path.abspath(resolve(os.fspath(path), revision))
         if not os.path.isdir(path):
             raise ConfigError(
                 f"model path {path} is not a directory" if os.path.exists(path) else f"model path {path} does not exist"

@@ -304,3 +304,57 @@ def test_every_flag_has_help_naming_its_default_and_there_is_a_version():
                 assert "default" in a.help or a.choices is not None and str(a.default) in a.help, (name, a.dest, a.help)
     out = subprocess.run([sys.executable, "-m", "rlt", "--version"], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == f"rlt {version('rlt')}"
+
+
+def _hub_cache(root, checkpoint: str, repo: str) -> str:
+    """A Hugging Face cache as huggingface_hub lays it out: refs/main names a snapshot's commit."""
+    import shutil
+
+    commit = "0123456789abcdef0123456789abcdef01234567"
+    base = os.path.join(root, "models--" + repo.replace("/", "--"))
+    shutil.copytree(checkpoint, os.path.join(base, "snapshots", commit))
+    os.makedirs(os.path.join(base, "refs"))
+    with open(os.path.join(base, "refs", "main"), "w") as f:
+        f.write(commit)
+    return str(root)
+
+
+def test_a_hub_id_resolves_offline_from_the_cache(checkpoints, tmp_path):
+    """`rlt generate --model ORG/NAME` and `rlt serve ORG/NAME` find the snapshot in the hub cache
+    (HF_HUB_OFFLINE=1: no network), with the same tokens as the directory; an id that is not cached
+    says how to download it."""
+    import json
+    import signal
+    import urllib.request
+
+    from test_serve import FAST, free_port
+
+    env = {**os.environ, "HF_HUB_CACHE": _hub_cache(tmp_path / "hub", checkpoints["ouro"], "acme/ouro-tiny")}
+    env["HF_HUB_OFFLINE"] = "1"
+    argv = ["--prompt-token-ids", "5,6,7", "--max-tokens", "4", "--json"]
+    outs = [
+        subprocess.run([sys.executable, "-m", "rlt", "generate", "--model", m, *argv], env=env, capture_output=True)
+        for m in ("acme/ouro-tiny", checkpoints["ouro"])
+    ]
+    assert outs[0].returncode == 0 and outs[0].stdout == outs[1].stdout, outs[0].stderr
+    missing = subprocess.run(
+        [sys.executable, "-m", "rlt", "generate", "--model", "acme/missing", *argv],
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    assert missing.returncode == 2 and "hf download acme/missing" in missing.stderr, missing.stderr
+    port = free_port()
+    serve = [sys.executable, "-m", "rlt", "serve", "acme/ouro-tiny", "--port", str(port), *FAST]
+    p = subprocess.Popen(serve, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        assert "acme/ouro-tiny ready at" in p.stdout.readline()
+        body = json.dumps({"model": "acme/ouro-tiny", "prompt": [5, 6, 7], "max_tokens": 4, "temperature": 0})
+        req = urllib.request.Request(
+            f"http://127.0.0.1:{port}/v1/completions", body.encode(), {"Content-Type": "application/json"}
+        )
+        with urllib.request.urlopen(req, timeout=60) as r:
+            assert json.loads(r.read())["usage"]["completion_tokens"] == 4
+    finally:
+        p.send_signal(signal.SIGINT)
+        p.wait(30)

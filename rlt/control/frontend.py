@@ -80,9 +80,12 @@ class Engine:
         self._lifecycle.freed = self._supervisor.on_worker_ready = self._schedule_pump
 
     @classmethod
-    def launch(cls, model: str | None = None, *, hf_overrides: dict | None = None, **options) -> _Launch:
+    def launch(
+        cls, model: str | None = None, *, hf_overrides: dict | None = None, revision: str | None = None, **options
+    ) -> _Launch:
         """Build the ModelConfig and check every option (rlt.config.EngineConfig and LaunchConfig
-        fields) before any process is spawned; await the result, or use it with `async with`."""
+        fields) before any process is spawned; await the result, or use it with `async with`. model:
+        a checkpoint directory, a Hugging Face Hub id (at `revision`), or None (the embedded default)."""
         engine, launch = split_options(options)
         if launch.disaggregated and importlib.util.find_spec("nixl") is None:
             raise ValueError(
@@ -93,7 +96,7 @@ class Engine:
             from rlt.default_model import default_model_path
 
             model = default_model_path()
-        mc = ModelConfig.from_pretrained(model, hf_overrides=hf_overrides)
+        mc = ModelConfig.from_pretrained(model, hf_overrides=hf_overrides, revision=revision)
         launch.check_with(mc, engine)
         return _Launch(cls(mc, engine, launch))
 

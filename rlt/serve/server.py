@@ -12,10 +12,13 @@ from rlt.serve.flags import add_flags as add_http_flags
 
 def add_parser(sub, add_option_flags) -> None:
     s = sub.add_parser("serve", help="serve a model over OpenAI's HTTP API")
-    s.add_argument("model", nargs="?", help="checkpoint directory (default: the embedded tiny Ouro)")
+    s.add_argument(
+        "model", nargs="?", help="checkpoint directory or Hugging Face Hub id (default: the embedded tiny Ouro)"
+    )
     g = s.add_argument_group("server")
     g.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1; 0.0.0.0: every one)")
     g.add_argument("--port", type=int, default=8000, help="port to listen on (default: 8000)")
+    g.add_argument("--revision", help="the hub id's branch, tag or commit (default: main)")
     g.add_argument("--api-key", help="require `Authorization: Bearer KEY` on /v1 routes (default: none)")
     g.add_argument(
         "--served-model-name",
@@ -55,7 +58,9 @@ def serve(args: argparse.Namespace, options: dict) -> int:
     from rlt.serve.flags import limits_of, uvicorn_options
     from rlt.serve.shutdown import Server
 
-    launch = Engine.launch(args.model, hf_overrides=args.hf_overrides, **options)  # checks every option
+    launch = Engine.launch(
+        args.model, hf_overrides=args.hf_overrides, revision=args.revision, **options
+    )  # checks every option
     launch.engine.load_tokenizer()
     defaults = sampling_defaults(
         launch.engine.model_config.path, args.generation_config, args.override_generation_config
