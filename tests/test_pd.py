@@ -395,7 +395,9 @@ def test_launch_1p1d_script(checkpoints):
     assert bad.returncode == 2 and "prefill_worker_chunk must be an integer >= 1, got 0" in bad.stderr
 
 
-def test_launch_1p1d_ctrl_c_exits_with_one_line_and_leaves_nothing(checkpoints, tmp_path):
+@pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM"])
+def test_launch_1p1d_ctrl_c_exits_with_one_line_and_leaves_nothing(checkpoints, tmp_path, sig):
+    """Ctrl-C (or SIGTERM, handled alike; SIGHUP too, rlt/control/run.py) stops both workers."""
     import sys
 
     script = os.path.join(os.path.dirname(__file__), "..", "scripts", "launch_1p1d.py")
@@ -408,7 +410,7 @@ def test_launch_1p1d_ctrl_c_exits_with_one_line_and_leaves_nothing(checkpoints, 
             time.sleep(0.1)
         time.sleep(8)  # both workers up and decoding
         run_dir = str(next(tmp_path.glob("rlt-*")))
-        p.send_signal(signal.SIGINT)
+        p.send_signal(getattr(signal, sig))
         _, err = p.communicate(timeout=60)
         assert p.returncode == 130 and err.strip().splitlines()[-1] == "launch_1p1d: interrupted", err
         assert "Traceback" not in err, err
