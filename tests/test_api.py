@@ -287,7 +287,7 @@ async def test_launch_rejects_bad_options_before_spawning(checkpoints):
             rlt.Engine.launch(checkpoints["ouro"], **kwargs)
     with pytest.raises(rlt.ConfigError, match="'total_ut_steps'"):
         rlt.Engine.launch(checkpoints["ouro"], hf_overrides={"total_ut_steps": 0})
-    with pytest.raises(rlt.ConfigError, match="model must be a checkpoint directory's path, got 123"):
+    with pytest.raises(rlt.ConfigError, match="model must be a checkpoint directory's path or a hub id, got 123"):
         rlt.Engine.launch(123)
     assert set(children()) == before and temp_dirs() == dirs
 
