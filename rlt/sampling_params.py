@@ -31,6 +31,24 @@ class SamplingParams(msgspec.Struct, kw_only=True, omit_defaults=True):
     logprobs: Annotated[
         int | None, _doc("top-K logprobs per output position, with the sampled token's (default: none)")
     ] = None
+    prompt_logprobs: Annotated[
+        int | None,
+        _doc("top-K logprobs per prompt position, with the prompt token's; the first is None (default: none)"),
+    ] = None
+    repetition_penalty: Annotated[
+        float, _doc("divide positive logits (multiply negative ones) of prompt and output tokens by this; 1 = off")
+    ] = 1.0
+    presence_penalty: Annotated[float, _doc("subtract this from the logit of every token already output; 0 = off")] = 0.0
+    frequency_penalty: Annotated[
+        float, _doc("subtract this times its count in the output from each token's logit; 0 = off")
+    ] = 0.0
+    min_p: Annotated[float, _doc("drop tokens less likely than min_p times the most likely one; 0 = off")] = 0.0
+    logit_bias: Annotated[dict[int, float], _doc("token id -> a bias added to its logit, in [-100, 100]")] = {}
+    min_tokens: Annotated[int, _doc("tokens to generate before EOS, stop_token_ids or stop may end the output")] = 0
+    stop: Annotated[list[str], _doc("strings that end the output (the text stops before them)")] = []
+    include_stop_str_in_output: Annotated[bool, _doc("keep the stop string that ended the output in its text")] = False
+    skip_special_tokens: Annotated[bool, _doc("leave special tokens out of the text")] = True
+    n: Annotated[int, _doc("outputs of the prompt, choice i sampled with seed + i")] = 1
 
 
 MAX_CHOICES = 128
@@ -60,3 +78,16 @@ class ResolvedParams(msgspec.Struct, frozen=True, kw_only=True):
     stop_token_ids: tuple[int, ...]
     ignore_eos: bool
     logprobs: int  # 0 = none
+    prompt_logprobs: int | None = None  # None = none; 0 = the prompt token's own only
+    # logits processing (as vLLM's sampler, before temperature): 1.0 / 0.0 / {} / 0 = off
+    repetition_penalty: float = 1.0  # prompt and output tokens
+    presence_penalty: float = 0.0  # output tokens
+    frequency_penalty: float = 0.0  # output tokens, times their count
+    min_p: float = 0.0  # after temperature
+    logit_bias: dict[int, float] = {}
+    min_tokens: int = 0  # EOS and stop_token_ids are masked before this many outputs
+
+    @property
+    def penalized(self) -> bool:
+        """Does a token's logit depend on the request's prompt and output so far?"""
+        return self.repetition_penalty != 1.0 or self.presence_penalty != 0.0 or self.frequency_penalty != 0.0

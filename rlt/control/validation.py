@@ -8,6 +8,10 @@ from rlt.errors import RequestError
 from rlt.sampling_params import ResolvedParams, SamplingParams
 
 INT64 = (-(2**63), 2**63 - 1)  # what msgpack and the workers' int64 tensors carry
+MAX_LOGPROBS = 20  # prompt_logprobs' top-K (vLLM's default max_logprobs)
+MAX_LOGIT_BIAS = 1024  # logit_bias entries
+MAX_STOP = 16  # stop strings
+MAX_CHOICES = 128  # n
 
 
 def _int(name, v, lo=None, hi=None, lo_text=None, hi_text=None):
@@ -83,6 +87,7 @@ def resolve_params(mc: ModelConfig, prompt_len: int, p: SamplingParams) -> Resol
     if not isinstance(p.ignore_eos, bool):
         raise RequestError(f"ignore_eos must be a bool, got {p.ignore_eos!r}")
     logprobs = 0 if p.logprobs is None else _int("logprobs", p.logprobs, lo=0, hi=V, hi_text=f"vocab size ({V})")
+    prompt_logprobs = None if p.prompt_logprobs is None else _int("prompt_logprobs", p.prompt_logprobs, 0, MAX_LOGPROBS)
     return ResolvedParams(
         max_tokens=max_tokens,
         temperature=temperature,
@@ -96,4 +101,45 @@ def resolve_params(mc: ModelConfig, prompt_len: int, p: SamplingParams) -> Resol
         stop_token_ids=tuple(p.stop_token_ids),
         ignore_eos=p.ignore_eos,
         logprobs=logprobs,
+        prompt_logprobs=prompt_logprobs,
+        repetition_penalty=_in("repetition_penalty", p.repetition_penalty, 0, None, low_open=True),
+        presence_penalty=_in("presence_penalty", p.presence_penalty, -2, 2),
+        frequency_penalty=_in("frequency_penalty", p.frequency_penalty, -2, 2),
+        min_p=_in("min_p", p.min_p, 0, 1),
+        logit_bias=_logit_bias(p.logit_bias, V),
+        min_tokens=_int("min_tokens", p.min_tokens, lo=0, hi=max_tokens, hi_text=f"max_tokens ({max_tokens})"),
     )
+
+
+def _in(name, v, lo, hi, low_open=False) -> float:
+    v = _float(name, v)
+    if (v <= lo if low_open else v < lo) or (hi is not None and v > hi):
+        limit = f"> {lo}" if hi is None else f"in [{lo}, {hi}]"
+        raise RequestError(f"{name} must be {limit}, got {v}")
+    return v
+
+
+def _logit_bias(bias, V: int) -> dict[int, float]:
+    if not isinstance(bias, dict):
+        raise RequestError(f"logit_bias must be a mapping of token id to bias, got {type(bias).__name__}")
+    if len(bias) > MAX_LOGIT_BIAS:
+        raise RequestError(f"logit_bias has {len(bias)} entries, more than {MAX_LOGIT_BIAS}")
+    out = {}
+    for t, b in bias.items():
+        _int("logit_bias token id", t, lo=0, hi=V - 1, hi_text=f"vocab size - 1 ({V - 1})")
+        out[t] = _in(f"logit_bias[{t}]", b, -100, 100)
+    return dict(sorted(out.items()))
+
+
+def output_options(p: SamplingParams) -> tuple[int, list[str]]:
+    """What the coordinator does with a request's outputs, checked: (n, stop strings)."""
+    n = _int("n", p.n, lo=1, hi=MAX_CHOICES)
+    stop = [p.stop] if isinstance(p.stop, str) else p.stop
+    if not isinstance(stop, (list, tuple)) or not all(isinstance(s, str) and s for s in stop):
+        raise RequestError(f"stop must be a non-empty string or a list of them, got {p.stop!r}")
+    if len(stop) > MAX_STOP:
+        raise RequestError(f"stop has {len(stop)} strings, more than {MAX_STOP}")
+    for name in ("include_stop_str_in_output", "skip_special_tokens"):
+        if not isinstance(getattr(p, name), bool):
+            raise RequestError(f"{name} must be a bool, got {getattr(p, name)!r}")
+    return n, list(stop)
