@@ -46,8 +46,18 @@ def _add_generate(sub):
     add_option_flags(g)
 
 
+def _logit_bias(text: str) -> dict[int, float]:
+    try:
+        bias = json.loads(text)
+        return {int(k): v for k, v in bias.items()}
+    except (ValueError, AttributeError):
+        raise argparse.ArgumentTypeError(f"expected a JSON object of token id -> bias, got {text!r}") from None
+
+
 # rlt generate's own defaults where they differ from SamplingParams' (a command line is read by a person: greedy)
-GENERATE_DEFAULTS = {"temperature": 0.0, "stop_token_ids": []}
+GENERATE_DEFAULTS = {"temperature": 0.0, "stop_token_ids": [], "stop": [], "logit_bias": {}}
+# fields whose values are not one scalar: (type, how the help shows it)
+_COMPOUND = {"stop_token_ids": (_token_ids, "comma-separated"), "logit_bias": (_logit_bias, 'JSON, e.g. {"42": -5}')}
 
 
 def _add_sampling_flags(group) -> None:
@@ -58,9 +68,13 @@ def _add_sampling_flags(group) -> None:
         flag, default = "--" + name.replace("_", "-"), GENERATE_DEFAULTS.get(name, default)
         text = doc if default is None or "default" in doc else f"{doc} (default: {default})"
         if kind is bool:
-            group.add_argument(flag, action="store_true", help=text)
-        elif name == "stop_token_ids":
-            group.add_argument(flag, type=_token_ids, default=default, help=f"{doc} (comma-separated)")
+            action = argparse.BooleanOptionalAction if default else "store_true"
+            group.add_argument(flag, action=action, default=default, help=text)
+        elif name in _COMPOUND:
+            kind, how = _COMPOUND[name]
+            group.add_argument(flag, type=kind, default=default, help=f"{doc} ({how})")
+        elif name == "stop":
+            group.add_argument(flag, action="append", default=[], help=f"{doc} (repeatable)")
         else:
             group.add_argument(flag, type=kind, default=default, help=text)
 
@@ -133,8 +147,9 @@ def generate(args) -> int:
     engine.load_tokenizer()
     # Every prompt is validated before any process is spawned.
     requests = [(str(i), engine.tokenize(p)) for i, p in enumerate(args.prompts)]
-    from rlt.control.validation import resolve_params
+    from rlt.control.validation import output_options, resolve_params
 
+    output_options(sp)
     for _, ids in requests:
         resolve_params(engine.model_config, len(ids), sp)
 
@@ -148,22 +163,22 @@ def generate(args) -> int:
                 print(f"rlt: ready after {time.monotonic() - t0:.1f} s", file=sys.stderr, flush=True)
 
             async def one(rid, ids):
-                final, long, t0 = None, len(ids) >= LONG_PROMPT_TOKENS, time.monotonic()
+                finals, long, t0 = {}, len(ids) >= LONG_PROMPT_TOKENS, time.monotonic()
                 if long:
                     print(f"rlt: prompt {rid}: prefilling {len(ids):,} tokens", file=sys.stderr, flush=True)
                 async for out in engine.generate(ids, sp, request_id=rid):
-                    if long and final is None:
+                    if long and not finals:
                         print(
                             f"rlt: prompt {rid}: first token after {time.monotonic() - t0:.1f} s",
                             file=sys.stderr,
                             flush=True,
                         )
-                    final = out
-                return final
+                    finals[out.index] = out
+                return [finals[i] for i in sorted(finals)]
 
             return await asyncio.gather(*(one(rid, ids) for rid, ids in requests))
 
-    outs = run_command(run())
+    outs = [out for choices in run_command(run()) for out in choices]
     for out in outs:
         if args.json:
             print(json.dumps(out.to_json()), flush=True)

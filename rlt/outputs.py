@@ -1,4 +1,6 @@
-"""RequestOutput: what a request's stream yields. token_ids and exit_depths are cumulative."""
+"""RequestOutput: what a request's stream yields, one choice at a time. token_ids, exit_depths and
+text are cumulative; text grows only (a character still forming, or what may become a stop string,
+is held back until it is settled)."""
 
 from dataclasses import dataclass, field
 
@@ -10,24 +12,35 @@ class RequestOutput:
     token_ids: list[int] = field(default_factory=list)
     exit_depths: list[int] = field(default_factory=list)  # loop depth each output token exited at
     text: str = ""
-    finished: bool = False
+    finished: bool = False  # this choice is done (a call with n > 1 ends when all are)
     finish_reason: str | None = None  # "stop" | "length" | "abort" | "error"
     logprobs: list[dict[int, float]] | None = None  # per output position: top-K and the sampled token {id: logprob}
     error: str | None = None
     num_cached_tokens: int | None = None  # prompt positions whose KV the prefix cache held (set with the first token)
+    index: int = 0  # which of the call's n choices
+    # what ended it with finish_reason "stop": the stop string, or the stop token id (None: EOS)
+    stop_reason: str | int | None = None
+    # per prompt position: top-K and the prompt token {id: logprob}; the first is None (prompt_logprobs)
+    prompt_logprobs: list[dict[int, float] | None] | None = None
 
     def to_json(self) -> dict:
         d = {
             "request_id": self.request_id,
+            "index": self.index,
             "prompt_token_ids": self.prompt_token_ids,
             "token_ids": self.token_ids,
             "exit_depths": self.exit_depths,
             "finish_reason": self.finish_reason,
+            "stop_reason": self.stop_reason,
             "text": self.text,
             "num_cached_tokens": self.num_cached_tokens,
         }
         if self.logprobs is not None:
             d["logprobs"] = [{str(t): lp for t, lp in pos.items()} for pos in self.logprobs]
+        if self.prompt_logprobs is not None:
+            d["prompt_logprobs"] = [
+                None if pos is None else {str(t): lp for t, lp in pos.items()} for pos in self.prompt_logprobs
+            ]
         if self.error is not None:
             d["error"] = self.error
         return d

@@ -5,8 +5,6 @@ from typing import Annotated
 
 import msgspec
 
-from rlt.errors import RequestError
-
 
 def _doc(text: str) -> msgspec.Meta:
     return msgspec.Meta(description=text)
@@ -38,7 +36,7 @@ class SamplingParams(msgspec.Struct, kw_only=True, omit_defaults=True):
     repetition_penalty: Annotated[
         float, _doc("divide positive logits (multiply negative ones) of prompt and output tokens by this; 1 = off")
     ] = 1.0
-    presence_penalty: Annotated[float, _doc("subtract this from the logit of every token already output; 0 = off")] = 0.0
+    presence_penalty: Annotated[float, _doc("subtract this from the logit of each token already output; 0 = off")] = 0.0
     frequency_penalty: Annotated[
         float, _doc("subtract this times its count in the output from each token's logit; 0 = off")
     ] = 0.0
@@ -49,18 +47,6 @@ class SamplingParams(msgspec.Struct, kw_only=True, omit_defaults=True):
     include_stop_str_in_output: Annotated[bool, _doc("keep the stop string that ended the output in its text")] = False
     skip_special_tokens: Annotated[bool, _doc("leave special tokens out of the text")] = True
     n: Annotated[int, _doc("outputs of the prompt, choice i sampled with seed + i")] = 1
-
-
-MAX_CHOICES = 128
-
-
-def choices(n, **fields) -> list[SamplingParams]:
-    """n choices of one request (OpenAI's `n`): choice i samples with seed + i, so each is its own
-    seed stream and equals a separate request with that seed."""
-    if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_CHOICES:
-        raise RequestError(f"n must be in [1, {MAX_CHOICES}], got {n!r}")
-    seed = fields.get("seed")
-    return [SamplingParams(**(fields | ({"seed": seed + i} if seed is not None and i else {}))) for i in range(n)]
 
 
 class ResolvedParams(msgspec.Struct, frozen=True, kw_only=True):

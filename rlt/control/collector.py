@@ -1,7 +1,8 @@
 """Per-request output collector: one slot + an event (never an unbounded queue).
 
 The worker's tokens are merged into the request's cumulative lists as they arrive; a slow consumer
-just sees a bigger step next time. An exception (engine death) replaces whatever is pending.
+just sees a bigger step next time. An exception (engine death) replaces whatever is pending. The
+n choices of one call share the stream's event: `dirty` says which of them moved.
 """
 
 import asyncio
@@ -10,9 +11,10 @@ from rlt.outputs import RequestOutput
 
 
 class Collector:
-    def __init__(self, out: RequestOutput):
+    def __init__(self, out: RequestOutput, wake: asyncio.Event):
         self.out = out
-        self._event = asyncio.Event()
+        self.dirty = False  # something new since the last take()
+        self._wake = wake
         self._error: BaseException | None = None
 
     def push(self, token: int, depth: int, logprobs, finish: str | None) -> None:
@@ -23,22 +25,25 @@ class Collector:
             o.logprobs.append(logprobs)
         if finish is not None:
             o.finished, o.finish_reason = True, finish
-        self._event.set()
+        self._notify()
 
     def finish(self, reason: str, error: str | None = None) -> None:
         if not self.out.finished:
             self.out.finished, self.out.finish_reason, self.out.error = True, reason, error
-            self._event.set()
+            self._notify()
 
     def fail(self, exc: BaseException) -> None:
         self._error = exc
-        self._event.set()
+        self._notify()
 
-    async def get(self) -> RequestOutput:
-        """The next state: the last one is the collector's own, earlier ones are snapshots (shallow
-        copies: the consumer may keep them while the lists grow)."""
-        await self._event.wait()
-        self._event.clear()
+    def _notify(self) -> None:
+        self.dirty = True
+        self._wake.set()
+
+    def take(self) -> RequestOutput:
+        """The current state (dirty): the last one is the collector's own, earlier ones are
+        snapshots (shallow copies: the consumer may keep them while the lists grow)."""
+        self.dirty = False
         if self._error is not None:
             raise self._error
         o = self.out
@@ -51,4 +56,6 @@ class Collector:
             list(o.exit_depths),
             o.text,
             logprobs=None if o.logprobs is None else list(o.logprobs),
+            index=o.index,
+            prompt_logprobs=o.prompt_logprobs,
         )

@@ -10,6 +10,9 @@ import asyncio
 import gc
 import importlib.util
 import uuid
+import weakref
+
+import msgspec
 
 from rlt.config import EngineConfig, LaunchConfig, ModelConfig, split_options
 from rlt.control import router
@@ -17,7 +20,7 @@ from rlt.control.collector import Collector
 from rlt.control.lifecycle import Phase, Request
 from rlt.control.stream import RequestStream
 from rlt.control.supervisor import Supervisor
-from rlt.control.validation import resolve_params, validate_priority, validate_prompt
+from rlt.control.validation import output_options, resolve_params, validate_priority, validate_prompt
 from rlt.control.worker_proc import WorkerProc
 from rlt.errors import EngineDeadError, EngineOverloadedError, RequestError
 from rlt.outputs import RequestOutput
@@ -76,6 +79,7 @@ class Engine:
         self._lifecycle = self._supervisor.lifecycle
         self._loop: asyncio.AbstractEventLoop | None = None  # the caller's, once launched
         self._pump_scheduled = False
+        self._calls = weakref.WeakValueDictionary()  # calls with n > 1, by request id (their choices: "{id}-{i}")
         self._last_prompt: tuple = (None, None)  # the last prompt tokenize() checked, and its checked copy
         self._lifecycle.freed = self._supervisor.on_worker_ready = self._schedule_pump
 
@@ -115,13 +119,14 @@ class Engine:
             self._tokenizer_loaded = True
 
     # ---- requests ---------------------------------------------------------------------------------
-    def tokenize(self, prompt: str | list[int]) -> list[int]:
-        """A prompt's token ids, checked against the vocabulary (RequestError)."""
+    def tokenize(self, prompt: str | list[int], add_special_tokens: bool = True) -> list[int]:
+        """A prompt's token ids, checked against the vocabulary (RequestError); a text's with the
+        tokenizer's special tokens (e.g. BOS) unless add_special_tokens is False."""
         if isinstance(prompt, str):
             if self.tokenizer is None:
                 raise RequestError(f"{self.model_config.path} has no tokenizer.json: give token ids, not text")
             try:
-                prompt = self.tokenizer(prompt).input_ids
+                prompt = self.tokenizer(prompt, add_special_tokens=add_special_tokens).input_ids
             except Exception as e:  # e.g. a lone surrogate: not encodable text
                 raise RequestError(f"prompt text cannot be tokenized: {type(e).__name__}: {e}") from None
         else:  # n choices of one prompt list: checked once (a compare is ~20x cheaper). One read of the
@@ -138,12 +143,26 @@ class Engine:
         params: SamplingParams | None = None,
         request_id: str | None = None,
         priority: int = 0,
-    ):
-        """Async iterator of cumulative RequestOutputs; the last has finished=True. The request is
-        validated (RequestError) and submitted at the call; cancelling the consuming task or closing
-        the iterator aborts it."""
-        r = self._admit(prompt, params if params is not None else SamplingParams(), request_id, priority)
-        return RequestStream(self._lifecycle, r, self.tokenizer)
+    ) -> RequestStream:
+        """Async iterator of cumulative RequestOutputs, one choice's at a time (`index`; n > 1:
+        choice i samples with seed + i, as a separate call with that seed would); each choice's last
+        has finished=True. The call is validated (RequestError) and submitted at the call, its
+        choices admitted together or not at all; cancelling the consuming task or closing the
+        iterator aborts them."""
+        p = params if params is not None else SamplingParams()
+        n, stop = output_options(p) if isinstance(p, SamplingParams) else (1, [])
+        if stop and self.tokenizer is None:
+            raise RequestError(f"stop strings need text: {self.model_config.path} has no tokenizer.json")
+        if request_id is None:
+            request_id = uuid.uuid4().hex
+        elif not isinstance(request_id, str) or not request_id:
+            raise RequestError(f"request_id must be a non-empty string, got {request_id!r}")
+        wake = asyncio.Event()
+        requests = self._admit(prompt, p, request_id, priority, n, wake)
+        stream = RequestStream(self._lifecycle, request_id, requests, self.tokenizer, p, stop, wake)
+        if n > 1:
+            self._calls[request_id] = stream
+        return stream
 
     def _ready(self, role: str) -> list[WorkerProc]:
         if self._supervisor.closing:
@@ -166,39 +185,44 @@ class Engine:
         root = root_key(mc.family_config.random_initial_state, p.state_seed)
         return prompt_keys(root, prompt, mc.depth, workers[0].ready.block_size)
 
-    def _admit(self, prompt, params: SamplingParams, request_id, priority) -> Request:
+    def _admit(self, prompt, params: SamplingParams, request_id, priority, n, wake) -> list[Request]:
         ids = self.tokenize(prompt)
-        p = resolve_params(self.model_config, len(ids), params)
+        ps = [resolve_params(self.model_config, len(ids), params)]
+        for i in range(1, n):  # choice i: seed + i (one past int64 is refused by name), or its own random seed
+            seeded = params if params.seed is None else msgspec.structs.replace(params, seed=params.seed + i)
+            ps.append(resolve_params(self.model_config, len(ids), seeded))
         priority = validate_priority(priority)
-        if request_id is None:
-            request_id = uuid.uuid4().hex
-        elif not isinstance(request_id, str) or not request_id:
-            raise RequestError(f"request_id must be a non-empty string, got {request_id!r}")
+        names = [request_id] if n == 1 else [f"{request_id}-{i}" for i in range(n)]
         lc = self._lifecycle
-        old = lc.live.get(request_id)
-        if old is not None and old.abandoned:  # its stream was dropped (e.g. `break`): abort it now
-            lc.cancel(old)
-        if request_id in lc.live:
+        for name in names:
+            old = lc.live.get(name)
+            if old is not None and old.abandoned:  # its stream was dropped (e.g. `break`): abort it now
+                lc.cancel(old)
+        call = self._calls.get(request_id)
+        if any(name in lc.live for name in names) or (call is not None and not call.finished):
             raise RequestError(f"request_id {request_id!r} is already live")
         if self._decode_role == "decode" and self._supervisor.remote_prefill is None:
             self._ready("prefill")  # none ready: refused at the call (one already queued waits for the restart)
         d = max(self._ready(self._decode_role), key=lambda w: w.ready.kv_blocks_total)
-        need = router.blocks_for(d.ready, len(ids) + p.max_tokens)
+        need = router.blocks_for(d.ready, len(ids) + ps[0].max_tokens)
         if need > d.ready.kv_blocks_total:
             raise RequestError(
-                f"prompt {len(ids)} + max_tokens {p.max_tokens} needs {need} KV blocks, "
+                f"prompt {len(ids)} + max_tokens {ps[0].max_tokens} needs {need} KV blocks, "
                 f"the worker has {d.ready.kv_blocks_total}: it can never fit"
             )
-        out = RequestOutput(request_id, ids, logprobs=[] if p.logprobs else None)
-        r = lc.queue(request_id, ids, p, priority, Collector(out))
+        requests = []
+        for i, (name, p) in enumerate(zip(names, ps)):
+            out = RequestOutput(name, ids, logprobs=[] if p.logprobs else None, index=i)
+            requests.append(lc.queue(name, ids, p, priority, Collector(out, wake)))
         self._pump()
-        if r.phase == Phase.QUEUED and lc.num_queued > self.launch_config.max_queued_requests:
-            lc.cancel(r)
+        if any(r.phase == Phase.QUEUED for r in requests) and lc.num_queued > self.launch_config.max_queued_requests:
+            for r in requests:
+                lc.cancel(r)
             raise EngineOverloadedError(
                 f"the engine is full: its workers hold their share and max_queued_requests "
                 f"({self.launch_config.max_queued_requests}) more wait; retry later"
             )
-        return r
+        return requests
 
     @property
     def _decode_role(self) -> str:
@@ -267,7 +291,11 @@ class Engine:
         return self._supervisor.dead_reason
 
     async def abort(self, request_id: str) -> bool:
-        """End the request's stream with finish_reason 'abort'. Idempotent: False if not live."""
+        """End the call's choices with finish_reason 'abort'. Idempotent: False if not live."""
+        call = self._calls.get(request_id)
+        if call is not None and not call.finished:
+            await call.aclose()
+            return True
         r = self._lifecycle.live.get(request_id)
         if r is None:
             return False

@@ -20,7 +20,7 @@ from dynamo.llm.exceptions import EngineShutdown, InvalidArgument
 
 import rlt
 from rlt.errors import EngineDeadError, EngineOverloadedError, RequestError
-from rlt.sampling_params import SamplingParams, choices
+from rlt.sampling_params import SamplingParams
 
 log = logging.getLogger("rlt.dynamo")
 
@@ -29,25 +29,27 @@ FINISH = {"stop": "stop", "length": "length", "abort": "cancelled", "error": "er
 LOOP_OPTIONS = ("exit_threshold", "min_loops", "max_loops")
 
 
-def sampling_params(request: dict) -> list[SamplingParams]:
-    """One SamplingParams per choice (n; choice i seeded seed + i, as `rlt serve`)."""
+_SAMPLING = ("temperature", "top_p", "top_k", "min_p", "seed", "n")
+_SAMPLING += ("repetition_penalty", "presence_penalty", "frequency_penalty")
+
+
+def sampling_params(request: dict) -> SamplingParams:
+    """The request's SamplingParams (n choices: choice i seeded seed + i, as `rlt serve`)."""
     so, sc = request.get("sampling_options") or {}, request.get("stop_conditions") or {}
     oo = request.get("output_options") or {}
-    if sc.get("min_tokens"):
-        raise RequestError(f"min_tokens is not supported by rlt, got {sc['min_tokens']}")
-    kw: dict[str, Any] = {k: so[k] for k in ("temperature", "top_p", "top_k", "seed") if so.get(k) is not None}
+    kw: dict[str, Any] = {k: so[k] for k in _SAMPLING if so.get(k) is not None}
     if kw.get("top_k") == -1:
         kw["top_k"] = 0
     stop = [*(sc.get("stop_token_ids_hidden") or []), *(sc.get("stop_token_ids") or [])]
     if stop:
         kw["stop_token_ids"] = sorted(set(stop))
-    for name in ("max_tokens", "ignore_eos"):
+    for name in ("max_tokens", "min_tokens", "ignore_eos"):
         if sc.get(name) is not None:
             kw[name] = sc[name]
     if oo.get("logprobs") is not None:
         kw["logprobs"] = max(1, int(oo["logprobs"]))  # (rlt's also carry the sampled token's)
     kw |= loop_options(request.get("annotations") or [])
-    return choices(so.get("n") or 1, **kw)
+    return SamplingParams(**kw)
 
 
 def loop_options(annotations: list[str]) -> dict:
@@ -152,49 +154,25 @@ class RltEngine(LLMEngine):
         )
 
     async def generate(self, request: dict, context):
-        streams = []
         try:
-            for sp in sampling_params(request):
-                streams.append(self.engine.generate(list(request["token_ids"]), sp))
+            stream = self.engine.generate(list(request["token_ids"]), sampling_params(request))
         except (RequestError, EngineDeadError, EngineOverloadedError) as e:
-            for s in streams:  # (the choices admitted before one was refused)
-                await s.aclose()
             if isinstance(e, RequestError):
                 raise InvalidArgument(str(e)) from None
             raise EngineShutdown(str(e)) from None  # a 503: full (retry later) or no worker ready
         top = (request.get("output_options") or {}).get("logprobs")
-        queue: asyncio.Queue = asyncio.Queue()
-
-        async def pump(index, stream):
-            sent = 0
-            try:
-                async for out in stream:
-                    if out.finish_reason == "error":  # failed in a worker (e.g. its KV handoff): a 503
-                        log.warning("request %s failed: %s", context.id(), out.error)  # (the 503 hides why)
-                        raise EngineShutdown(out.error or "the request failed in an rlt worker")
-                    await queue.put(chunk(index, out, sent, top))
-                    sent = len(out.token_ids)
-            except Exception as e:  # noqa: BLE001 - handed to the consumer, which raises it
-                await queue.put(e)
-            finally:
-                queue.put_nowait(None)
-
-        tasks = [asyncio.ensure_future(pump(i, s)) for i, s in enumerate(streams)]
+        sent: dict[int, int] = {}  # tokens sent, per choice
         try:
-            running = len(tasks)
-            while running:
-                item = await queue.get()
-                if item is None:
-                    running -= 1
-                elif isinstance(item, Exception):
-                    raise EngineShutdown(str(item)) if isinstance(item, EngineDeadError) else item
-                else:
-                    yield item
-        finally:  # finished, failed or cancelled: every stream closes (an unfinished one aborts)
-            for t in tasks:
-                t.cancel()
-            for s in streams:
-                await s.aclose()
+            async for out in stream:
+                if out.finish_reason == "error":  # failed in a worker (e.g. its KV handoff): a 503
+                    log.warning("request %s failed: %s", context.id(), out.error)  # (the 503 hides why)
+                    raise EngineShutdown(out.error or "the request failed in an rlt worker")
+                yield chunk(out.index, out, sent.get(out.index, 0), top)
+                sent[out.index] = len(out.token_ids)
+        except EngineDeadError as e:
+            raise EngineShutdown(str(e)) from None
+        finally:  # finished, failed or cancelled: the stream closes (unfinished choices abort)
+            await stream.aclose()
 
     async def cleanup(self) -> None:
         if self.engine is not None:

@@ -1,6 +1,7 @@
-"""A response's choices: each one's stream of engine outputs turned into text (stop strings checked
-on the incremental text, held back while one may be forming), and the server-sent events of a
-streamed response, bounded per client."""
+"""A response's choices: each prompt's engine stream (its n choices, tagged by index) routed to the
+choices, what each has sent, and the server-sent events of a streamed response, bounded per client.
+The engine's text only grows (stop strings and characters still forming are held back there), so
+a chunk is what is new: one per engine output, even when its text is empty."""
 
 import asyncio
 
@@ -8,85 +9,126 @@ import msgspec
 
 from rlt.serve import errors
 from rlt.serve import openai_api as oa
+from rlt.serve.requests import Options
 
 _json = msgspec.json.Encoder()  # server-sent events: several times json.dumps's speed
 PENDING_CHUNKS = 8  # a stream's chunks waiting for its client beyond one per choice (then its choices wait)
 
 
 class Choice:
-    """One choice's stream: text with stop strings checked on the incremental text and trimmed."""
+    """One choice: the engine's latest output for it, and how much of it was sent."""
 
-    def __init__(self, index: int, prompt_ids: list[int], stream, parsed: oa.Parsed, timing, tokenizer):
-        self.index, self.prompt_ids, self.stream = index, prompt_ids, stream
-        self.parsed, self.timing, self.tokenizer = parsed, timing, tokenizer
-        self.out, self.text, self.finish, self.sent, self.tokens_sent = None, "", None, 0, 0
-        self.lp_sent, self.lp_offset = 0, 0  # streamed logprobs: positions and characters
-        self.hold = max((len(s) for s in parsed.stop), default=1) - 1  # a stop string may still be forming
+    def __init__(self, index: int, prompt_ids: list[int], echo: str, opts: Options, timing, text_of):
+        self.index, self.prompt_ids, self.echo, self.opts = index, prompt_ids, echo, opts
+        self.timing, self.text_of = timing, text_of
+        self.out, self.started, self.text_sent, self.tokens_sent, self.lp_offset = None, False, 0, 0, 0
 
-    async def run(self, emit) -> None:
-        try:
-            await self._run(emit)
-        finally:  # finished, stopped, or its client went away (cancelled): observed once
-            self.timing.finished(self.finish)
+    def take(self, out) -> None:
+        self.timing.output(out)
+        self.out = out
 
-    async def _run(self, emit) -> None:
-        checked = 0
-        async for out in self.stream:
-            self.timing.output(out)
-            self.out, text = out, out.text
-            cut = oa.find_stop(text, self.parsed.stop, checked) if self.parsed.stop else None
-            checked = len(text)
-            if cut is not None:
-                self.text, self.finish = text[:cut], "stop"
-                await self.stream.aclose()  # the rest is not wanted: abort
-            else:
-                self.text, self.finish = text, out.finish_reason
-            if emit is not None:
-                await emit(self)
-            if self.finish is not None:
-                return
+    @property
+    def finish(self) -> str | None:
+        return self.out.finish_reason if self.out is not None and self.out.finished else None
 
-    def delta(self) -> tuple[str, list[int], list[int]]:
-        """Text (holding back what may become a stop string), and the token ids and their exit
-        depths, not sent yet."""
-        end = len(self.text) if self.finish is not None else max(self.sent, len(self.text) - self.hold)
-        text, self.sent = self.text[self.sent : end], end
-        if self.out is None:
-            return text, [], []
-        ids, depths = self.out.token_ids[self.tokens_sent :], self.out.exit_depths[self.tokens_sent :]
-        self.tokens_sent += len(ids)
-        return text, ids, depths
+    @property
+    def ids(self) -> list[int]:
+        """The generated token ids (none for echo with max_tokens 0: its one token only ran the prompt)."""
+        return [] if self.out is None or self.opts.zero_tokens else self.out.token_ids
 
-    def logprobs(self, chat: bool) -> dict | None:
-        """Logprobs of the tokens not sent yet (None unless asked for)."""
-        top, out = self.parsed.top_logprobs, self.out
+    def _text(self) -> str:
+        return "" if self.out is None or self.opts.zero_tokens else self.out.text
+
+    def _logprobs(self, chat: bool, start: int, echo: bool) -> dict | None:
+        top, out = self.opts.top_logprobs, self.out
         if top is None or out is None:
             return None
-        ids, positions = out.token_ids[self.lp_sent :], out.logprobs[self.lp_sent :]
-        piece = oa.logprobs(self.tokenizer, ids, positions, top, chat, self.lp_offset)
-        self.lp_sent += len(ids)
+        ids, positions = self.ids[start:], out.logprobs[start : len(self.ids)]
+        if echo and out.prompt_logprobs is not None:  # the prompt's first, its first position None
+            ids, positions = self.prompt_ids + ids, out.prompt_logprobs + positions
+        piece = oa.logprobs(self.text_of, ids, positions, top, chat, self.lp_offset)
         if not chat and piece["tokens"]:
             self.lp_offset = piece["text_offset"][-1] + len(piece["tokens"][-1])
         return piece
 
-    def final(self, chat: bool) -> dict:
-        c = {"index": self.index, "finish_reason": self.finish, "logprobs": self.logprobs(chat)}
-        if chat:
-            c["message"] = {"role": "assistant", "content": self.text}
-        else:
-            c["text"] = self.text
-        if self.parsed.return_exit_depths:
-            c["exit_depths"] = self.out.exit_depths if self.out is not None else []
-        if self.parsed.return_token_ids:
-            c["token_ids"] = self.out.token_ids if self.out is not None else []
-            if not chat:  # chat has the prompt's once, beside the choices (as vLLM)
+    def _extras(self, c: dict, ids: list[int], depths: list[int], chat: bool, first: bool) -> dict:
+        o = self.opts
+        if o.return_exit_depths:
+            c["exit_depths"] = depths
+        if o.return_token_ids:
+            c["token_ids"] = ids
+            if not chat and first:  # chat has the prompt's once, beside the choices (as vLLM)
                 c["prompt_token_ids"] = self.prompt_ids
+        if not chat and first and o.prompt_logprobs is not None:  # (chat: beside the choices, as vLLM)
+            c["prompt_logprobs"] = self.prompt_logprobs()
         return c
 
+    def prompt_logprobs(self) -> list | None:
+        """vLLM's prompt_logprobs, as the request asked for them."""
+        out, k = self.out, self.opts.prompt_logprobs
+        return None if out is None else oa.prompt_logprobs(self.text_of, self.prompt_ids, out.prompt_logprobs, k)
 
-async def events(choices: list[Choice], rid: str, kind: str, name: str, chat: bool, parsed: oa.Parsed):
-    queue: asyncio.Queue = asyncio.Queue()  # chunks to send, and None as each choice ends
-    room, most = asyncio.Event(), len(choices) + PENDING_CHUNKS
+    def delta(self, chat: bool) -> dict | None:
+        """What is new since the last chunk; None when nothing is (no token, no finish)."""
+        first, ids = not self.started, self.ids[self.tokens_sent :]
+        if not first and not ids and self.finish is None and len(self._text()) == self.text_sent:
+            return None
+        text = self._text()[self.text_sent :]
+        self.text_sent += len(text)
+        echo = first and self.opts.echo
+        c = {
+            "index": self.index,
+            "finish_reason": self.finish,
+            "logprobs": self._logprobs(chat, self.tokens_sent, echo),
+        }
+        text = self.echo + text if echo else text
+        if chat:
+            c["delta"] = {"content": text}
+        else:
+            c["text"] = text
+        depths = self.out.exit_depths[self.tokens_sent : len(self.ids)] if self.out is not None else []
+        self.tokens_sent += len(ids)
+        self.started = True
+        return self._extras(c, ids, depths, chat, first)
+
+    def final(self, chat: bool) -> dict:
+        text = (self.echo if self.opts.echo else "") + self._text()
+        c = {"index": self.index, "finish_reason": self.finish, "logprobs": self._logprobs(chat, 0, self.opts.echo)}
+        if chat:
+            c["message"] = {"role": "assistant", "content": text}
+        else:
+            c["text"] = text
+        if self.out is not None and self.out.stop_reason is not None:
+            c["stop_reason"] = self.out.stop_reason
+        depths = self.out.exit_depths[: len(self.ids)] if self.out is not None else []
+        return self._extras(c, self.ids, depths, chat, True)
+
+
+async def run(stream, choices: list[Choice], emit=None) -> None:
+    """A prompt's engine stream: each output to its choice (then `emit(choice)`), until all end."""
+    try:
+        async for out in stream:
+            c = choices[out.index]
+            c.take(out)
+            if emit is not None:
+                await emit(c)
+    finally:  # finished, stopped, or its client went away (cancelled): observed once
+        for c in choices:
+            c.timing.finished(c.finish)
+
+
+def usage(prompts: list[list[Choice]]) -> dict:
+    """Prompt tokens once per prompt, the generated ones of every choice."""
+    prompt_tokens = sum(len(cs[0].prompt_ids) for cs in prompts)
+    cached = sum(cs[0].out.num_cached_tokens or 0 for cs in prompts if cs[0].out is not None)
+    return oa.usage(prompt_tokens, sum(len(c.ids) for cs in prompts for c in cs), cached)
+
+
+async def events(prompts: list[tuple], rid: str, kind: str, name: str, chat: bool, opts: Options):
+    """prompts: (engine stream, its choices) per prompt."""
+    queue: asyncio.Queue = asyncio.Queue()  # chunks to send, and None as each prompt ends
+    every = [c for _, cs in prompts for c in cs]
+    room, most = asyncio.Event(), len(every) + PENDING_CHUNKS
 
     async def put(item: bytes) -> None:
         """A client that reads slower than tokens come makes its choices wait here: their tokens
@@ -98,44 +140,36 @@ async def events(choices: list[Choice], rid: str, kind: str, name: str, chat: bo
 
     chunk_kind = "chat.completion.chunk" if chat else "text_completion"
 
-    def chunk(choice_list, usage=None, prompt_token_ids=None) -> str:
+    def chunk(choice_list, usage=None, prompt_token_ids=None) -> bytes:
         d = {"id": rid, "object": chunk_kind, "created": oa.created(), "model": name, "choices": choice_list}
         if prompt_token_ids is not None:
             d["prompt_token_ids"] = prompt_token_ids
-        if parsed.include_usage:
+        if opts.include_usage or opts.continuous_usage:
             d["usage"] = usage
         return b"data: " + _json.encode(d) + b"\n\n"
 
     async def emit(c: Choice) -> None:
-        text, ids, depths = c.delta()
-        if not text and c.finish is None and not (ids and parsed.return_token_ids):
-            return
-        entry = {"index": c.index, "finish_reason": c.finish, "logprobs": c.logprobs(chat)}
-        if chat:
-            entry["delta"] = {"content": text}
-        else:
-            entry["text"] = text
-        if parsed.return_exit_depths:
-            entry["exit_depths"] = depths
-        if parsed.return_token_ids:
-            entry["token_ids"] = ids
-            if not chat and len(ids) == c.tokens_sent:  # a choice's first chunk carries its prompt's
-                entry["prompt_token_ids"] = c.prompt_ids
-        await put(chunk([entry]))
+        entry = c.delta(chat)
+        if entry is not None:
+            await put(chunk([entry], _usage() if opts.continuous_usage else None))
 
-    async def run(c: Choice) -> None:
+    def _usage() -> dict:
+        return usage([cs for _, cs in prompts])
+
+    async def run_prompt(stream, cs) -> None:
         try:
-            await c.run(emit)
+            await run(stream, cs, emit)
         except Exception as e:  # noqa: BLE001 - reported in the stream, which has started
             await put(b"data: " + _json.encode(errors.in_stream(e)) + b"\n\n")
         finally:
-            queue.put_nowait(None)  # this choice is over
+            queue.put_nowait(None)  # this prompt is over
 
-    tasks = [asyncio.ensure_future(run(c)) for c in choices]
+    tasks = [asyncio.ensure_future(run_prompt(s, cs)) for s, cs in prompts]
     try:
         if chat:
-            first = [{"index": c.index, "delta": {"role": "assistant", "content": ""}} for c in choices]
-            yield chunk(first, prompt_token_ids=choices[0].prompt_ids if parsed.return_token_ids else None)
+            first = [{"index": c.index, "delta": {"role": "assistant", "content": ""}} for c in every]
+            ids = every[0].prompt_ids if opts.return_token_ids else None
+            yield chunk(first, _usage() if opts.continuous_usage else None, prompt_token_ids=ids)
         running = len(tasks)
         while running:
             item = await queue.get()
@@ -144,15 +178,11 @@ async def events(choices: list[Choice], rid: str, kind: str, name: str, chat: bo
                 running -= 1
             else:
                 yield item
-        if parsed.include_usage:
-            firsts = choices[:: len(parsed.params)]  # one choice per prompt
-            prompt_tokens = sum(len(c.prompt_ids) for c in firsts)
-            cached = sum(c.out.num_cached_tokens or 0 for c in firsts if c.out)
-            out_tokens = sum(len(c.out.token_ids) for c in choices if c.out)
-            yield chunk([], oa.usage(prompt_tokens, out_tokens, cached))
+        if opts.include_usage:
+            yield chunk([], _usage())
         yield b"data: [DONE]\n\n"
     finally:  # finished, or the client went away: every stream closes (an unfinished one aborts)
         for t in tasks:
             t.cancel()
-        for c in choices:
-            await c.stream.aclose()
+        for s, _ in prompts:
+            await s.aclose()

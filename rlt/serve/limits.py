@@ -86,14 +86,14 @@ def check_text(text: str, field: str, max_positions: int) -> None:
         )
 
 
-def token_ids(engine, prompt) -> list[int]:
+def token_ids(engine, prompt, add_special_tokens: bool = True) -> list[int]:
     """A checked prompt's token ids (in the pool: tokenizing a long text takes a while)."""
     if isinstance(prompt, str) and engine.tokenizer is None:
         raise RequestError("prompt must be token ids: this model has no tokenizer")
     if isinstance(prompt, list) and not all(type(t) is int for t in prompt):  # (the engine's message echoes it)
         bad = next(t for t in prompt if type(t) is not int)
         raise RequestError(f"prompt token ids must be integers, got {short(bad)}")
-    ids = engine.tokenize(prompt)
+    ids = engine.tokenize(prompt, add_special_tokens)
     check_ids(ids, "prompt", engine.model_config.max_positions)
     return ids
 

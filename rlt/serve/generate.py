@@ -1,0 +1,211 @@
+"""The generating routes: /v1/completions and /v1/chat/completions (a typed body -> SamplingParams
+-> one engine call per prompt, its n choices together), and vLLM's /tokenize and /detokenize.
+A client that goes away aborts its requests (a stream's response is cancelled by Starlette; a whole
+one watches for the disconnect while it waits)."""
+
+import asyncio
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import msgspec
+from fastapi import Request
+from fastapi.responses import Response, StreamingResponse
+
+from rlt.errors import EngineDeadError, EngineOverloadedError, RequestError
+from rlt.serve import chat as chat_template
+from rlt.serve import openai_api as oa
+from rlt.serve import requests as rq
+from rlt.serve.choices import Choice, events, run, usage
+from rlt.serve.errors import HTTPError, short
+from rlt.serve.flags import Limits
+from rlt.serve.limits import Pool, check_prompts, token_ids
+
+_json = msgspec.json.Encoder()
+
+
+@dataclass
+class Served:
+    """What the routes share: the request bounds, the tokenizing pool, --chat-template's text."""
+
+    limits: Limits
+    pool: Pool
+    chat_template: str | None = None
+
+
+@contextmanager
+def bad_request():
+    """A RequestError (it names the field first) as a 400 naming it."""
+    try:
+        yield
+    except RequestError as e:
+        raise HTTPError(400, str(e), "invalid_request_error", rq.field_named(str(e))) from None
+
+
+def _truncate(ids: list[int], k: int | None) -> list[int]:
+    return ids if k is None else ids[-k:]
+
+
+async def completion(request: Request, body: dict, served: Served, name: str):
+    state = request.app.state
+    engine = state.engine
+    with bad_request():
+        req = rq.parse(body, rq.CompletionRequest)
+        params, opts = rq.to_sampling_params(req, False, state.defaults)
+        prompts = check_prompts(req.prompt, params.n, engine.model_config.max_positions, served.limits)
+
+        def tokenize():
+            ids = [
+                _truncate(token_ids(engine, p, opts.add_special_tokens), opts.truncate_prompt_tokens) for p in prompts
+            ]
+            echo = [
+                p if isinstance(p, str) and opts.truncate_prompt_tokens is None else _decode(engine, i)
+                for p, i in zip(prompts, ids)
+            ]
+            return ids, echo if opts.echo else [""] * len(ids)
+
+        ids, echoes = await served.pool.run(tokenize)
+    return await _respond(request, params, opts, ids, echoes, False, name)
+
+
+async def chat(request: Request, body: dict, served: Served, name: str):
+    state = request.app.state
+    with bad_request():
+        req = rq.parse(body, rq.ChatRequest)
+        params, opts = rq.to_sampling_params(req, True, state.defaults)
+        ids, _ = await served.pool.run(
+            chat_template.render, state.engine, req, served.chat_template, opts.add_special_tokens
+        )
+        ids = _truncate(ids, opts.truncate_prompt_tokens)
+        last = req.messages[-1] if isinstance(req.messages, list) else {}
+        echo = chat_template.messages_of([last])[0]["content"] if opts.echo and last.get("role") == "assistant" else ""
+    return await _respond(request, params, opts, [ids], [echo], True, name)
+
+
+def _decode(engine, ids: list[int]) -> str:
+    return engine.tokenizer.decode(ids) if engine.tokenizer is not None else ""
+
+
+async def _respond(request: Request, params, opts: rq.Options, prompts: list, echoes: list, chat: bool, name: str):
+    """prompts: token ids, checked (tokenized in the pool); one engine call per prompt (its n choices)."""
+    state = request.app.state
+    engine, n, streams = state.engine, params.n, []
+    try:
+        for ids in prompts:
+            p = params
+            if p.max_tokens is None:  # chat: up to the context; completions: 16, as OpenAI
+                p = msgspec.structs.replace(p, max_tokens=max(1, engine.model_config.max_positions - len(ids)))
+            streams.append(engine.generate(ids, p, priority=opts.priority))
+    except (RequestError, EngineDeadError, EngineOverloadedError) as e:
+        for s in streams:  # those already admitted go
+            await s.aclose()
+        if isinstance(e, EngineOverloadedError):  # (a call's prompts and choices are admitted whole or not at all)
+            raise HTTPError(503, str(e), public=True) from None
+        if isinstance(e, EngineDeadError):
+            raise HTTPError(503, str(e), "service_unavailable") from None
+        raise HTTPError(400, str(e), "invalid_request_error", rq.field_named(str(e))) from None
+    rid = f"{'chatcmpl' if chat else 'cmpl'}-{opts.id}" if opts.id else oa.new_id("chatcmpl" if chat else "cmpl")
+    kind = "chat.completion" if chat else "text_completion"
+    text_of = oa.token_text(engine.tokenizer, opts.tokens_as_ids)
+    per_prompt = [
+        (s, [Choice(n * p + i, ids, echo, opts, state.metrics.request(), text_of) for i in range(n)])
+        for p, (s, ids, echo) in enumerate(zip(streams, prompts, echoes))
+    ]
+    if opts.stream:
+        return StreamingResponse(events(per_prompt, rid, kind, name, chat, opts), media_type="text/event-stream")
+    try:
+        if not await _unless_disconnected(request, asyncio.gather(*(run(s, cs) for s, cs in per_prompt))):
+            return Response(status_code=499)  # (nobody reads it: the client went away, its requests are aborted)
+    except EngineDeadError as e:  # a worker died under it (a restart is under way)
+        raise HTTPError(503, str(e), "service_unavailable") from None
+    finally:
+        for s, _ in per_prompt:
+            await s.aclose()
+    choices = [c for _, cs in per_prompt for c in cs]
+    response = {
+        "id": rid,
+        "object": kind,
+        "created": oa.created(),
+        "model": name,
+        "choices": [c.final(chat) for c in choices],
+        "usage": usage([cs for _, cs in per_prompt]),
+    }
+    if chat and opts.return_token_ids:
+        response["prompt_token_ids"] = choices[0].prompt_ids
+    if chat and opts.prompt_logprobs is not None:
+        response["prompt_logprobs"] = choices[0].prompt_logprobs()
+    return Response(_json.encode(response), media_type="application/json")
+
+
+async def _unless_disconnected(request: Request, work) -> bool:
+    """Run `work` until it ends (True) or the client disconnects (False: it is cancelled). A streamed
+    response learns of a disconnect from Starlette, which cancels it; a whole one waits here."""
+
+    async def disconnected() -> None:
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+
+    work, gone = asyncio.ensure_future(work), asyncio.ensure_future(disconnected())
+    try:
+        await asyncio.wait((work, gone), return_when=asyncio.FIRST_COMPLETED)
+        if work.done():
+            work.result()  # (its error, if it failed)
+            return True
+        return False
+    finally:
+        gone.cancel()
+        if not work.done():
+            work.cancel()
+            await asyncio.gather(work, return_exceptions=True)
+
+
+class TokenizeRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """vLLM's /tokenize: a prompt, or a chat's messages (through its template)."""
+
+    model: str | None = None
+    prompt: str | None = None
+    messages: list | None = None
+    add_special_tokens: bool | None = None
+    add_generation_prompt: bool | None = None
+    continue_final_message: bool | None = None
+    chat_template: str | None = None
+    chat_template_kwargs: dict | None = None
+    documents: list[dict] | None = None
+    return_token_strs: bool | None = None
+
+
+class DetokenizeRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    model: str | None = None
+    tokens: list[rq.Int]
+
+
+async def tokenize(request: Request, body: dict, served: Served) -> dict:
+    engine = request.app.state.engine
+    with bad_request():
+        req = rq.parse(body, TokenizeRequest)
+        if (req.prompt is None) == (req.messages is None):
+            raise RequestError("prompt: give either prompt or messages")
+        if engine.tokenizer is None:
+            raise RequestError("prompt: this model has no tokenizer")
+        if req.messages is not None:
+            add = req.add_special_tokens if req.add_special_tokens is not None else True
+            ids, _ = await served.pool.run(chat_template.render, engine, req, served.chat_template, add)
+        else:
+            add = req.add_special_tokens if req.add_special_tokens is not None else True
+            ids = await served.pool.run(token_ids, engine, req.prompt, add)
+    out = {"count": len(ids), "max_model_len": engine.model_config.max_positions, "tokens": ids}
+    if req.return_token_strs:
+        out["token_strs"] = engine.tokenizer.convert_ids_to_tokens(ids)
+    return out
+
+
+async def detokenize(request: Request, body: dict, served: Served) -> dict:
+    engine = request.app.state.engine
+    with bad_request():
+        req = rq.parse(body, DetokenizeRequest)
+        if engine.tokenizer is None:
+            raise RequestError("tokens: this model has no tokenizer")
+        engine.tokenize(req.tokens)  # (ids outside the vocabulary: a 400 naming them)
+        text = await served.pool.run(engine.tokenizer.decode, req.tokens)
+    if not isinstance(text, str):
+        raise HTTPError(500, f"tokens {short(req.tokens)} did not decode")
+    return {"prompt": text}
