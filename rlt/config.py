@@ -53,6 +53,13 @@ class EngineConfig(msgspec.Struct, kw_only=True, frozen=True):
     enable_prefix_caching: Annotated[
         bool, _doc("reuse the KV blocks of a cached prefix whose tokens and loop depths match the request's")
     ] = True
+    max_model_len: Annotated[
+        PositiveInt | None,
+        _doc(
+            "the context a request may use, prompt and generated tokens, at most the model's max positions "
+            "(default: the model's, config.json's max_position_embeddings)"
+        ),
+    ] = None
     max_num_seqs: Annotated[PositiveInt, _doc("requests running at once per worker")] = 64
     prefill_chunk: Annotated[
         PositiveInt, _doc("prompt rows per request per pass (a lone prompt may take the whole pass, as in vLLM)")
@@ -162,7 +169,11 @@ class LaunchConfig(msgspec.Struct, kw_only=True, frozen=True):
                     raise ValueError(f"{name} applies to prefill/decode topologies (XpYd), not {self.topology!r}")
 
     def check_with(self, mc: ModelConfig, engine: EngineConfig) -> None:
-        """What the options say together with the model: a KV budget that holds no block."""
+        """What the options say together with the model: a context cap past the model's, a KV budget
+        that holds no block. max_model_len caps the ModelConfig itself, here (Engine.launch built it
+        just before, nothing holds it yet): its raw carries the cap to every worker."""
+        if engine.max_model_len is not None:
+            object.__setattr__(mc, "raw", mc.with_max_model_len(engine.max_model_len).raw)
         if engine.num_blocks is None and engine.kv_memory_bytes is not None:
             dtype = dtype_name(self.dtype, self.device, mc.torch_dtype)
             per_block = mc.kv.block_bytes(engine.block_size, DTYPE_BYTES[dtype])

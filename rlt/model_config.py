@@ -12,6 +12,10 @@ from rlt.errors import ConfigError
 from rlt.models.configs import FamilyConfig
 from rlt.models.family import FAMILIES
 
+# raw's key for the engine's context cap (EngineConfig.max_model_len): in raw, so a worker rebuilding
+# the ModelConfig from the handshake's config dict gets the same max_positions as the coordinator
+MAX_MODEL_LEN_KEY = "rlt_max_model_len"
+
 
 @dataclass(frozen=True)
 class KVGeometry:
@@ -50,7 +54,7 @@ class ModelConfig:
     path: str
     model_type: str  # config.json's model_type: a key of rlt.models.family.FAMILIES
     family_config: FamilyConfig  # config.json parsed by the family's own config class (its config_cls)
-    raw: dict[str, Any]  # config.json after hf_overrides (what a worker rebuilds this from)
+    raw: dict[str, Any]  # config.json after hf_overrides, and the context cap (what a worker rebuilds this from)
     torch_dtype: str  # the checkpoint's declared dtype
 
     @classmethod
@@ -91,6 +95,14 @@ class ModelConfig:
                 f"(supported: {', '.join(map(repr, FAMILIES))})"
             )
         fc = FAMILIES[model_type].config_cls.from_dict(raw)
+        cap = raw.get(MAX_MODEL_LEN_KEY)
+        if cap is not None and (not isinstance(cap, int) or isinstance(cap, bool) or cap < 1):
+            raise ConfigError(f"max_model_len must be an integer >= 1, got {cap!r}")
+        if cap is not None and cap > fc.max_position_embeddings:
+            raise ConfigError(
+                f"max_model_len {cap} is more than the model's max positions {fc.max_position_embeddings} "
+                "(config.json's max_position_embeddings)"
+            )
         return cls(
             path=path,
             model_type=model_type,
@@ -128,7 +140,26 @@ class ModelConfig:
 
     @property
     def max_positions(self) -> int:
+        """Positions a request may use, prompt and output: max_model_len where the engine caps it,
+        else the model's own (every check, on the coordinator and the workers, reads this)."""
+        return self.raw.get(MAX_MODEL_LEN_KEY) or self.model_max_positions
+
+    @property
+    def model_max_positions(self) -> int:
+        """The checkpoint's max_position_embeddings, whatever the cap."""
         return self.family_config.max_position_embeddings
+
+    @property
+    def max_model_len(self) -> int | None:
+        """The engine's cap on max_positions (EngineConfig.max_model_len), if any."""
+        return self.raw.get(MAX_MODEL_LEN_KEY)
+
+    def with_max_model_len(self, max_model_len: int | None) -> "ModelConfig":
+        """This model with its context capped at max_model_len positions (None: as it is; larger than
+        the model's: ConfigError naming both)."""
+        if max_model_len is None:
+            return self
+        return ModelConfig.from_dict({**self.raw, MAX_MODEL_LEN_KEY: max_model_len}, self.path)
 
     @property
     def bos_token_id(self) -> int | None:
