@@ -1,5 +1,7 @@
-"""`rlt serve`'s HTTP flags and the Limits they make (imported by the CLI: nothing heavy here)."""
+"""`rlt serve`'s HTTP flags and the Limits and ServerOptions they make (imported by the CLI: nothing
+heavy here)."""
 
+import json
 from dataclasses import dataclass
 
 
@@ -10,6 +12,28 @@ class Limits:
     max_body_bytes: int = 4 << 20  # (why 4 MiB: limits.decode())
     body_timeout: float = 30.0
     max_prompts: int = 4096  # choices of one /v1/completions call: prompts x n
+
+
+@dataclass(frozen=True)
+class ServerOptions:
+    """What wraps every request (rlt/serve/middleware.py): CORS (none unless an origin is allowed;
+    the rest as vLLM's defaults) and the per-request log line."""
+
+    allowed_origins: tuple[str, ...] = ()
+    allowed_methods: tuple[str, ...] = ("*",)
+    allowed_headers: tuple[str, ...] = ("*",)
+    allow_credentials: bool = False
+    log_requests: bool = True
+
+
+def _json_list(text: str) -> tuple[str, ...]:
+    v = json.loads(text)
+    if not isinstance(v, list) or not all(isinstance(x, str) for x in v):
+        raise ValueError(text)
+    return tuple(v)
+
+
+_json_list.__name__ = "JSON list of strings"  # (argparse names the type in its error)
 
 
 def _positive(kind):
@@ -44,6 +68,38 @@ def add_flags(parser) -> None:
         float,
         5.0,
         "seconds requests in flight may take to finish after SIGTERM/SIGINT before they are failed",
+    )
+
+
+def add_server_flags(parser) -> None:
+    """CORS (vLLM's flags; no origin allowed by default) and the request log."""
+    g = parser.add_argument_group("CORS and logging")
+    g.add_argument(
+        "--allowed-origins",
+        type=_json_list,
+        default=(),
+        help="origins a browser may call from, a JSON list such as '[\"https://a.example\"]' or '[\"*\"]' "
+        "(default: none, no CORS headers)",
+    )
+    for flag, text in (("--allowed-methods", "methods"), ("--allowed-headers", "request headers")):
+        g.add_argument(
+            flag, type=_json_list, default=("*",), help=f'CORS: the {text} allowed, a JSON list (default: ["*"])'
+        )
+    g.add_argument("--allow-credentials", action="store_true", help="CORS: allow cookies and credentials")
+    g.add_argument(
+        "--disable-log-requests",
+        action="store_true",
+        help="no INFO line per request on stderr (5xx responses are logged at WARNING still)",
+    )
+
+
+def server_options_of(args) -> ServerOptions:
+    return ServerOptions(
+        allowed_origins=args.allowed_origins,
+        allowed_methods=args.allowed_methods,
+        allowed_headers=args.allowed_headers,
+        allow_credentials=args.allow_credentials,
+        log_requests=not args.disable_log_requests,
     )
 
 

@@ -1,13 +1,20 @@
-"""`rlt serve [MODEL] --host H --port P [engine options]`: launch the engine (options checked, one
-line on error, before anything starts), then serve it with uvicorn on uvloop; the URL is printed
-once every worker is READY and the port is listening.
+"""`rlt serve [MODEL] --host H --port P [engine options]`: bind and listen on the port first (a busy
+one: one line and exit 2 before anything loads), launch the engine (options checked, one line on
+error, before any worker starts), then serve it with uvicorn on uvloop on that socket; the URL is
+printed once every worker is READY. rlt's log (a line per request, warnings) goes to stderr.
 SIGTERM or SIGINT shuts it down with a deadline (rlt/serve/shutdown.py)."""
 
 import argparse
 import json
+import logging
 import os
+import socket
+import sys
 
 from rlt.serve.flags import add_flags as add_http_flags
+from rlt.serve.flags import add_server_flags
+
+BACKLOG = 2048  # uvicorn's default: connections the kernel holds before the server accepts them
 
 
 def add_parser(sub, add_option_flags) -> None:
@@ -17,12 +24,14 @@ def add_parser(sub, add_option_flags) -> None:
     )
     g = s.add_argument_group("server")
     g.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1; 0.0.0.0: every one)")
-    g.add_argument("--port", type=int, default=8000, help="port to listen on (default: 8000)")
+    g.add_argument("--port", type=_port, default=8000, help="port to listen on (default: 8000; 0: any free one)")
     g.add_argument("--revision", help="the hub id's branch, tag or commit (default: main)")
     g.add_argument("--api-key", help="require `Authorization: Bearer KEY` on /v1 routes (default: none)")
     g.add_argument(
         "--served-model-name",
-        help="the model name clients use (default: MODEL as given; 'default' for the embedded model)",
+        nargs="+",
+        help="the model names clients may use; responses and metrics name the first (default: MODEL as given; "
+        "'default' for the embedded model)",
     )
     g.add_argument("--hf-overrides", type=json.loads, help="JSON object replacing config.json fields")
     g.add_argument(
@@ -34,7 +43,18 @@ def add_parser(sub, add_option_flags) -> None:
     )
     g.add_argument("--override-generation-config", type=json.loads, default={}, help="JSON object over those defaults")
     add_http_flags(s)
+    add_server_flags(s)
     add_option_flags(s)
+
+
+def _port(text: str) -> int:
+    v = int(text)
+    if not 0 <= v <= 65535:
+        raise ValueError(text)
+    return v
+
+
+_port.__name__ = "port (0 to 65535)"
 
 
 def sampling_defaults(path: str, source: str, overrides: dict) -> dict:
@@ -51,13 +71,29 @@ def sampling_defaults(path: str, source: str, overrides: dict) -> dict:
 
 
 def serve(args: argparse.Namespace, options: dict) -> int:
+    try:
+        sock = listen(args.host, args.port)
+    except (OSError, OverflowError) as e:  # in use, not this host's address, a privileged port, ...
+        print(
+            f"rlt: error: cannot listen on {address(args.host, args.port)}: {getattr(e, 'strerror', None) or e}",
+            file=sys.stderr,
+        )
+        return 2
+    try:
+        return _serve(args, options, sock)
+    finally:
+        sock.close()
+
+
+def _serve(args: argparse.Namespace, options: dict, sock: socket.socket) -> int:
     import uvicorn
 
     from rlt.control.frontend import Engine
     from rlt.serve.app import build_app
-    from rlt.serve.flags import limits_of, uvicorn_options
+    from rlt.serve.flags import limits_of, server_options_of, uvicorn_options
     from rlt.serve.shutdown import Server
 
+    _log_to_stderr()
     launch = Engine.launch(
         args.model, hf_overrides=args.hf_overrides, revision=args.revision, **options
     )  # checks every option
@@ -65,16 +101,41 @@ def serve(args: argparse.Namespace, options: dict) -> int:
     defaults = sampling_defaults(
         launch.engine.model_config.path, args.generation_config, args.override_generation_config
     )
-    name = args.served_model_name or args.model or "default"
+    names = args.served_model_name or [args.model or "default"]
 
-    app = build_app(lambda: launch, name, args.api_key, defaults, limits_of(args))
+    app = build_app(lambda: launch, names, args.api_key, defaults, limits_of(args), options=server_options_of(args))
     config = uvicorn.Config(
-        app, host=args.host, port=args.port, loop="uvloop", log_level="warning", **uvicorn_options(args)
+        app, loop="uvloop", log_level="warning", access_log=False, backlog=BACKLOG, **uvicorn_options(args)
     )
-    server = Server(config, launch.engine, args.shutdown_timeout, f"rlt serve: {name} ready at {url(args)}")
-    server.run()
+    url = f"http://{address(args.host, sock.getsockname()[1])}/v1"
+    server = Server(config, launch.engine, args.shutdown_timeout, f"rlt serve: {names[0]} ready at {url}")
+    server.run(sockets=[sock])
     return server.exit_code
 
 
-def url(args) -> str:
-    return f"http://{args.host}:{args.port}/v1"
+def listen(host: str, port: int) -> socket.socket:
+    """The server's socket, bound and listening before the model loads: a port in use is found at
+    once, and connections made while the workers start wait in the backlog (as vLLM's)."""
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # (as uvicorn: a port in TIME_WAIT is free)
+        sock.bind((host, port))
+        sock.listen(BACKLOG)
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
+def address(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def _log_to_stderr() -> None:
+    """rlt's loggers at INFO to stderr: a line per request (rlt.serve), the engine's warnings."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(levelname)s %(asctime)s %(name)s: %(message)s", "%Y-%m-%d %H:%M:%S"))
+    log = logging.getLogger("rlt")
+    log.addHandler(handler)
+    log.setLevel(logging.INFO)
+    log.propagate = False

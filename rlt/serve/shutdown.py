@@ -24,7 +24,8 @@ class Server(uvicorn.Server):
         self._watch: asyncio.Task | None = None  # exits when the engine cannot serve
 
     async def startup(self, sockets=None) -> None:
-        """(The app's start-up launches the engine; then the port is bound.)"""
+        """(The app's start-up launches the engine; then uvicorn accepts on the socket rlt serve bound
+        and listened on before anything loaded: the ready line comes once every worker is READY.)"""
         await super().startup(sockets)
         if self.started and not self.should_exit:
             print(self.ready_line, flush=True)
