@@ -2,9 +2,17 @@
 `rlt:` prefix, and what only rlt has: the exit depth of every generated token and, in PD, the KV
 handed from prefill to decode workers.
 
-Per-request latencies are measured here, on each stream as the client sees it (TTFT, TPOT, ITL,
-E2E); engine state (requests running and waiting, KV blocks in use, preemptions, prefix cache, KV handoff) is
-read from engine.stats() at each scrape.
+Every metric carries the label model_name (the first served name), as vLLM's. Per-request latencies
+are measured here, on each stream as the client sees it (TTFT, TPOT, ITL, E2E); engine state
+(requests running and waiting, KV blocks in use, preemptions, prefix cache, KV handoff) is read from
+engine.stats() at each scrape.
+
+A request's phases, vLLM's queue / prefill / decode histograms: queue = from its arrival at the
+engine until a worker was given it, prefill = from then to its first token, decode = from its first
+token to its end. Only the engine sees the first two apart: they come from the engine's own times
+(`out.metrics`, rlt.outputs.RequestMetrics: arrival_time, scheduled_time, first_token_time,
+finished_time, time.monotonic() seconds) where a RequestOutput carries them, else they are not
+observed; decode then falls back to what the server sees (its first token here to its end).
 """
 
 import time
@@ -13,12 +21,13 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 _LATENCY = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0)
+LABELS = ["model_name"]
 _REQUEST = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0)
 
 
 class _EngineState:
-    def __init__(self, engine):
-        self.engine = engine
+    def __init__(self, engine, model_name: str):
+        self.engine, self.model_name = engine, model_name
 
     def collect(self):
         st = self.engine.stats()
@@ -38,7 +47,7 @@ class _EngineState:
                 sum(w["prefix_cached_blocks"] for w in ws),
             ),
         ):
-            yield GaugeMetricFamily(name, doc, value=value)
+            yield self._one(GaugeMetricFamily(name, doc, labels=LABELS), value)
         for name, doc, value in (
             ("rlt:num_preemptions", "requests preempted (resumed by recompute)", sum(w["preemptions"] for w in ws)),
             (
@@ -58,42 +67,77 @@ class _EngineState:
                 st["kv_seconds"],
             ),
         ):
-            yield CounterMetricFamily(name, doc, value=value)
+            yield self._one(CounterMetricFamily(name, doc, labels=LABELS), value)
+
+    def _one(self, family, value):
+        family.add_metric([self.model_name], value)
+        return family
 
 
 class Metrics:
-    def __init__(self, engine, depth: int):
+    def __init__(self, engine, depth: int, model_name: str = "default"):
         r = self.registry = CollectorRegistry()
-        self.prompt_tokens = Counter("rlt:prompt_tokens", "prompt tokens", registry=r)
-        self.generation_tokens = Counter("rlt:generation_tokens", "generated tokens", registry=r)
-        self.success = Counter("rlt:request_success", "finished requests", ["finished_reason"], registry=r)
-        self.ttft = Histogram("rlt:time_to_first_token_seconds", "TTFT", buckets=_LATENCY, registry=r)
-        self.tpot = Histogram("rlt:time_per_output_token_seconds", "TPOT", buckets=_LATENCY, registry=r)
-        self.itl = Histogram("rlt:inter_token_latency_seconds", "ITL", buckets=_LATENCY, registry=r)
-        self.e2e = Histogram("rlt:e2e_request_latency_seconds", "E2E latency", buckets=_REQUEST, registry=r)
-        self.depth = Histogram(
-            "rlt:exit_depth", "loop depth each generated token exited at", buckets=range(1, depth + 1), registry=r
-        )
-        r.register(_EngineState(engine))
+        self.model_name = model_name
 
-    def request(self) -> "_Timing":
-        return _Timing(self)
+        def one(kind, name, doc, **kw):  # the metric's only child: this model's
+            return kind(name, doc, LABELS, registry=r, **kw).labels(model_name)
+
+        self.prompt_tokens = one(Counter, "rlt:prompt_tokens", "prompt tokens")
+        self.generation_tokens = one(Counter, "rlt:generation_tokens", "generated tokens")
+        self._success = Counter("rlt:request_success", "finished requests", [*LABELS, "finished_reason"], registry=r)
+        self.ttft = one(Histogram, "rlt:time_to_first_token_seconds", "TTFT", buckets=_LATENCY)
+        self.tpot = one(Histogram, "rlt:time_per_output_token_seconds", "TPOT", buckets=_LATENCY)
+        self.itl = one(Histogram, "rlt:inter_token_latency_seconds", "ITL", buckets=_LATENCY)
+        self.e2e = one(Histogram, "rlt:e2e_request_latency_seconds", "E2E latency", buckets=_REQUEST)
+        self.queue = one(
+            Histogram,
+            "rlt:request_queue_time_seconds",
+            "seconds waiting for a worker (engine's times)",
+            buckets=_REQUEST,
+        )
+        self.prefill = one(
+            Histogram,
+            "rlt:request_prefill_time_seconds",
+            "seconds from a worker taking the request to its first token (engine's times)",
+            buckets=_REQUEST,
+        )
+        self.decode = one(
+            Histogram, "rlt:request_decode_time_seconds", "seconds from the first token to the end", buckets=_REQUEST
+        )
+        self.depth = one(
+            Histogram, "rlt:exit_depth", "loop depth each generated token exited at", buckets=range(1, depth + 1)
+        )
+        r.register(_EngineState(engine, model_name))
+
+    def success(self, reason: str):
+        return self._success.labels(self.model_name, reason)
+
+    def request(self, record=None) -> "_Timing":
+        """record: the HTTP request's RequestRecord (rlt/serve/middleware.py), given TTFT and
+        completion tokens as they come (None: only the metrics)."""
+        return _Timing(self, record)
 
 
 class _Timing:
     """One request's stream, observed as its outputs arrive."""
 
-    def __init__(self, m: Metrics):
-        self.m, self.start, self.last, self.first, self.tokens = m, time.monotonic(), None, None, 0
+    def __init__(self, m: Metrics, record=None):
+        self.m, self.record, self.start, self.last, self.first, self.tokens = m, record, time.monotonic(), None, None, 0
+        self.out = None
 
     def output(self, out) -> None:
+        self.out = out
         now, new = time.monotonic(), len(out.token_ids) - self.tokens
         if new <= 0:
             return
+        if self.record is not None:
+            self.record.completion_tokens = (self.record.completion_tokens or 0) + new
         if self.first is None:
             self.first = now
             self.m.ttft.observe(now - self.start)
             self.m.prompt_tokens.inc(len(out.prompt_token_ids))
+            if self.record is not None and self.record.ttft is None:  # (a call's first choice to get one)
+                self.record.ttft = now - self.record.start
         elif self.last is not None:
             for _ in range(new):
                 self.m.itl.observe((now - self.last) / new)
@@ -107,4 +151,15 @@ class _Timing:
         self.m.e2e.observe(now - self.start)
         if self.first is not None and self.tokens > 1:
             self.m.tpot.observe((now - self.first) / (self.tokens - 1))
-        self.m.success.labels(finished_reason=reason or "abort").inc()
+        self.m.success(reason or "abort").inc()
+        t = getattr(self.out, "metrics", None)  # the engine's phase times, where it gives them
+        if t is not None:
+            for histogram, begin, end in (
+                (self.m.queue, t.arrival_time, t.scheduled_time),
+                (self.m.prefill, t.scheduled_time, t.first_token_time),
+                (self.m.decode, t.first_token_time, t.finished_time),
+            ):
+                if begin is not None and end is not None:
+                    histogram.observe(end - begin)
+        elif self.first is not None:
+            self.m.decode.observe(now - self.first)
