@@ -14,7 +14,7 @@ import time
 
 import pytest
 from processes import processes_mentioning
-from test_serve import FAST, free_port, scrape
+from test_serve import FAST, drain, free_port, scrape
 
 import rlt
 from rlt import EngineOverloadedError, SamplingParams
@@ -112,6 +112,13 @@ class Server:
         while "ready at" not in (line := self.proc.stdout.readline()):
             lines.append(line)
             assert line and time.monotonic() < deadline, "".join(lines)
+        self.lines: list[str] = []
+        self.reader = drain(self.proc, self.lines)
+
+    def output(self) -> str:
+        """What it wrote after its ready line, once it has exited."""
+        self.reader.join(HANG_GUARD_S)
+        return "".join(self.lines)
 
     def leftovers(self) -> tuple[list[str], list[int]]:
         """The server's temp dirs and worker processes still there."""
@@ -297,6 +304,6 @@ def test_a_server_whose_worker_will_not_restart_exits_non_zero(server):
     (worker,) = [p for p in processes_mentioning(f"--parent-pid {s.proc.pid}")]
     os.kill(worker, signal.SIGKILL)
     assert s.proc.wait(HANG_GUARD_S) == 1
-    out = s.proc.stdout.read()
+    out = s.output()
     assert "the engine cannot serve any more" in out and "was killed by SIGKILL" in out
     assert s.leftovers() == ([], [])

@@ -5,10 +5,12 @@ errors in OpenAI's shape."""
 import asyncio
 import contextlib
 import os
+import re
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 
@@ -29,9 +31,18 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def drain(proc: subprocess.Popen, lines: list) -> threading.Thread:
+    """Read the server's output into `lines` as it comes (its log goes on: a pipe nobody reads
+    fills, and the server would block on it)."""
+    t = threading.Thread(target=lines.extend, args=(proc.stdout,), daemon=True)
+    t.start()
+    return t
+
+
 @contextlib.contextmanager
-def serving(model: str, *flags: str):
-    """`rlt serve MODEL` until its ready line -> base URL; SIGINT (as Ctrl-C) and wait on exit."""
+def serving(model: str, *flags: str, output: list | None = None):
+    """`rlt serve MODEL` until its ready line -> base URL; SIGINT (as Ctrl-C) and wait on exit.
+    output: gets every line the server writes (stdout and stderr)."""
     port = free_port()
     argv = [sys.executable, "-m", "rlt", "serve", model, "--port", str(port), "--served-model-name", "m", *FAST, *flags]
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
@@ -43,6 +54,7 @@ def serving(model: str, *flags: str):
             if "ready at" in line:
                 break
             assert line and time.monotonic() < deadline, "".join(lines)
+        drain(proc, output if output is not None else [])
         yield f"http://127.0.0.1:{port}/v1"
     finally:
         proc.send_signal(signal.SIGINT)
@@ -177,9 +189,16 @@ def test_bad_options_fail_before_serving(checkpoints):
 
 
 def scrape(url: str) -> dict[str, float]:
+    """Each sample by name and labels, less the model_name label every rlt: metric has."""
     with urllib.request.urlopen(url.removesuffix("/v1") + "/metrics") as r:
         text = r.read().decode()
-    return {k: float(v) for k, v in (line.rsplit(" ", 1) for line in text.splitlines() if line and line[0] != "#")}
+    samples = (line.rsplit(" ", 1) for line in text.splitlines() if line and line[0] != "#")
+    return {_unlabelled(k): float(v) for k, v in samples}
+
+
+def _unlabelled(sample: str) -> str:
+    s = re.sub(r'model_name="[^"]*"', "", sample)
+    return s.replace(",,", ",").replace("{,", "{").replace(",}", "}").replace("{}", "")
 
 
 async def test_disconnected_clients_abort_and_metrics_count(ouro):
