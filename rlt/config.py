@@ -169,11 +169,8 @@ class LaunchConfig(msgspec.Struct, kw_only=True, frozen=True):
                     raise ValueError(f"{name} applies to prefill/decode topologies (XpYd), not {self.topology!r}")
 
     def check_with(self, mc: ModelConfig, engine: EngineConfig) -> None:
-        """What the options say together with the model: a context cap past the model's, a KV budget
-        that holds no block. max_model_len caps the ModelConfig itself, here (Engine.launch built it
-        just before, nothing holds it yet): its raw carries the cap to every worker."""
-        if engine.max_model_len is not None:
-            object.__setattr__(mc, "raw", mc.with_max_model_len(engine.max_model_len).raw)
+        """What the options say together with the model (capped at max_model_len): a KV budget that
+        holds no block."""
         if engine.num_blocks is None and engine.kv_memory_bytes is not None:
             dtype = dtype_name(self.dtype, self.device, mc.torch_dtype)
             per_block = mc.kv.block_bytes(engine.block_size, DTYPE_BYTES[dtype])

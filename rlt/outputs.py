@@ -2,7 +2,19 @@
 text are cumulative; text grows only (a character still forming, or what may become a stop string,
 is held back until it is settled)."""
 
+import time
 from dataclasses import dataclass, field
+
+
+@dataclass
+class RequestMetrics:
+    """When a choice reached each phase (time.monotonic() seconds; None: not yet): queued in the
+    coordinator, admitted to a worker, its first token, finished."""
+
+    arrival_time: float = field(default_factory=time.monotonic)
+    scheduled_time: float | None = None
+    first_token_time: float | None = None
+    finished_time: float | None = None
 
 
 @dataclass
@@ -22,6 +34,7 @@ class RequestOutput:
     stop_reason: str | int | None = None
     # per prompt position: top-K and the prompt token {id: logprob}; the first is None (prompt_logprobs)
     prompt_logprobs: list[dict[int, float] | None] | None = None
+    metrics: RequestMetrics = field(default_factory=RequestMetrics)
 
     def to_json(self) -> dict:
         d = {

@@ -13,7 +13,6 @@ import socket
 import subprocess
 import sys
 import time
-import types
 import urllib.parse
 import urllib.request
 
@@ -199,8 +198,10 @@ def test_request_ids_are_echoed_and_each_request_logged(server):
     for rid, status in (("whole-1", 200), ("stream-1", 200), ("bad-1", 400)):
         method, path, got, fields, e2e = log_line(lines, rid)
         assert (method, path, got) == ("POST", "/v1/completions", status) and 0 <= e2e < 60
-        known = r"(prompt_tokens|completion_tokens)=\d+|ttft=\d+\.\d{3}s"  # (where the handler recorded them)
-        assert all(re.fullmatch(known, f) for f in fields.split()), fields
+        if status == 200:  # what the handler recorded: the call's tokens and its first token's time
+            assert re.fullmatch(r"prompt_tokens=3 completion_tokens=3 ttft=\d+\.\d{3}s", fields), fields
+        else:
+            assert fields == "", fields
     assert log_line(lines, fresh)[:3] == ("GET", "/v1/models", 200)
 
 
@@ -293,48 +294,6 @@ def test_every_metric_is_labelled_with_the_first_served_name(server):
     assert grew["rlt:exit_depth"] == 3  # each token
 
 
-def test_phase_histograms_from_the_engines_times():
-    """With RequestOutput.metrics (monotonic times), queue / prefill / decode are the engine's
-    intervals; without, decode is the server's own first token to end, and queue and prefill are
-    not observed."""
-    from prometheus_client import generate_latest
-
-    from rlt.serve.metrics import Metrics
-
-    engine = types.SimpleNamespace(stats=lambda: {"workers": [], "queued_requests": 0, "kv_bytes": 0, "kv_seconds": 0})
-    m = Metrics(engine, 4, "x")
-    t = m.request()
-    times = types.SimpleNamespace(arrival_time=10.0, scheduled_time=10.25, first_token_time=11.0, finished_time=13.0)
-    out = types.SimpleNamespace(token_ids=[1, 2], prompt_token_ids=[5], exit_depths=[4, 4], metrics=times)
-    t.output(out)
-    t.finished("length")
-    text = generate_latest(m.registry).decode()
-    for name, value in (("queue", 0.25), ("prefill", 0.75), ("decode", 2.0)):
-        assert f'rlt:request_{name}_time_seconds_sum{{model_name="x"}} {value}' in text
-    t = m.request()
-    t.output(types.SimpleNamespace(token_ids=[1], prompt_token_ids=[5], exit_depths=[4]))
-    t.finished("length")
-    text = generate_latest(m.registry).decode()
-    assert 'rlt:request_queue_time_seconds_count{model_name="x"} 1.0' in text
-    assert 'rlt:request_decode_time_seconds_count{model_name="x"} 2.0' in text
-
-
-def test_a_request_record_gets_ttft_and_completion_tokens_from_its_streams():
-    """Metrics.request(record): what a handler passes so the log line has TTFT and tokens."""
-    from rlt.serve.metrics import Metrics
-    from rlt.serve.middleware import RequestRecord
-
-    engine = types.SimpleNamespace(stats=lambda: {})
-    m, record = Metrics(engine, 4, "x"), RequestRecord("r1", start=time.monotonic() - 1.0)
-    a, b = m.request(record), m.request(record)  # two choices of one call
-    a.output(types.SimpleNamespace(token_ids=[1, 2], prompt_token_ids=[5], exit_depths=[4, 4]))
-    ttft = record.ttft
-    b.output(types.SimpleNamespace(token_ids=[3], prompt_token_ids=[5], exit_depths=[4]))
-    a.output(types.SimpleNamespace(token_ids=[1, 2, 6], prompt_token_ids=[5], exit_depths=[4, 4, 4]))
-    assert record.ttft == ttft and 1.0 <= ttft < 60 and record.completion_tokens == 4
-
-
-# ---- 8. /health -------------------------------------------------------------------------------------
 def test_health_is_503_once_a_needed_worker_is_dead_and_not_restarted(checkpoints):
     """--no-restart: the only worker killed, /health answers 503 (in OpenAI's shape, Retry-After)
     for as long as the app runs (`rlt serve` then exits 1: tests/test_load.py)."""

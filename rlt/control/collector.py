@@ -6,6 +6,7 @@ n choices of one call share the stream's event: `dirty` says which of them moved
 """
 
 import asyncio
+import time
 
 from rlt.outputs import RequestOutput
 
@@ -19,17 +20,21 @@ class Collector:
 
     def push(self, token: int, depth: int, logprobs, finish: str | None) -> None:
         o = self.out
+        if not o.token_ids:
+            o.metrics.first_token_time = time.monotonic()
         o.token_ids.append(token)
         o.exit_depths.append(depth)
         if o.logprobs is not None:
             o.logprobs.append(logprobs)
         if finish is not None:
             o.finished, o.finish_reason = True, finish
+            o.metrics.finished_time = time.monotonic()
         self._notify()
 
     def finish(self, reason: str, error: str | None = None) -> None:
         if not self.out.finished:
             self.out.finished, self.out.finish_reason, self.out.error = True, reason, error
+            self.out.metrics.finished_time = time.monotonic()
             self._notify()
 
     def fail(self, exc: BaseException) -> None:
@@ -58,4 +63,5 @@ class Collector:
             logprobs=None if o.logprobs is None else list(o.logprobs),
             index=o.index,
             prompt_logprobs=o.prompt_logprobs,
+            metrics=o.metrics,
         )

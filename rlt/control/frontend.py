@@ -102,6 +102,7 @@ class Engine:
 
             model = default_model_path()
         mc = ModelConfig.from_pretrained(model, hf_overrides=hf_overrides, revision=revision)
+        mc = mc.with_max_model_len(engine.max_model_len)  # (its raw carries the cap to every worker)
         launch.check_with(mc, engine)
         return _Launch(cls(mc, engine, launch))
 

@@ -19,6 +19,7 @@ Drained, or its death). Credits (blocks and slots assigned to a worker) return e
 import enum
 import heapq
 import itertools
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -117,6 +118,7 @@ class Lifecycle:
         `r` is next_queued()'s."""
         heapq.heappop(self._queued)
         self.num_queued -= 1
+        r.collector.out.metrics.scheduled_time = time.monotonic()
         r.decode = Holding(decode, decode_blocks)
         decode.credits.take(decode_blocks)
         self.gens[r.gen] = r

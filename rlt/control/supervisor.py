@@ -284,6 +284,8 @@ class Supervisor:
     async def _worker_dead(self, w: WorkerProc) -> None:
         err = w.dead_error()
         self.dead_reason = str(err)
+        if not self.closing:
+            log.warning("%s%d %s%s", *self.slots[w.slot], err, "; restarting it" if self.launch.restart else "")
         self.lifecycle.on_worker_dead(w, err)
         await self._remove(w)
         if self.launch.restart and not self.closing:
@@ -320,6 +322,7 @@ class Supervisor:
                 await self._introduce_peers(new)
                 self.dead_reason = None
                 del self.restarting[slot]
+                log.warning("%s%d restarted (pid %s, attempt %d)", *self.slots[slot], new.pid, attempt)
                 return
             except Exception as e:  # noqa: BLE001
                 if self.workers[slot] is not None:

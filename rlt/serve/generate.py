@@ -4,6 +4,7 @@ A client that goes away aborts its requests (a stream's response is cancelled by
 one watches for the disconnect while it waits)."""
 
 import asyncio
+import uuid
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -87,14 +88,18 @@ def _decode(engine, ids: list[int]) -> str:
 
 async def _respond(request: Request, params, opts: rq.Options, prompts: list, echoes: list, chat: bool, name: str):
     """prompts: token ids, checked (tokenized in the pool); one engine call per prompt (its n choices)."""
-    state = request.app.state
+    state, record = request.app.state, request.state.rlt
     engine, n, streams = state.engine, params.n, []
+    # the body's request_id (vLLM's), else X-Request-Id's (rlt/serve/middleware.py: the client's or a fresh one)
+    base = opts.id or request.state.request_id
+    rid = f"{'chatcmpl' if chat else 'cmpl'}-{base}"
     try:
-        for ids in prompts:
+        for i, ids in enumerate(prompts):
             p = params
             if p.max_tokens is None:  # chat: up to the context; completions: 16, as OpenAI
                 p = msgspec.structs.replace(p, max_tokens=max(1, engine.model_config.max_positions - len(ids)))
-            streams.append(engine.generate(ids, p, priority=opts.priority))
+            # (the engine's id names the HTTP request in worker logs; a client may reuse its ids)
+            streams.append(engine.generate(ids, p, f"{rid}-{i}-{uuid.uuid4().hex[:8]}", opts.priority))
     except (RequestError, EngineDeadError, EngineOverloadedError) as e:
         for s in streams:  # those already admitted go
             await s.aclose()
@@ -103,11 +108,11 @@ async def _respond(request: Request, params, opts: rq.Options, prompts: list, ec
         if isinstance(e, EngineDeadError):
             raise HTTPError(503, str(e), "service_unavailable") from None
         raise HTTPError(400, str(e), "invalid_request_error", rq.field_named(str(e))) from None
-    rid = f"{'chatcmpl' if chat else 'cmpl'}-{opts.id}" if opts.id else oa.new_id("chatcmpl" if chat else "cmpl")
+    record.prompt_tokens = sum(map(len, prompts))
     kind = "chat.completion" if chat else "text_completion"
     text_of = oa.token_text(engine.tokenizer, opts.tokens_as_ids)
     per_prompt = [
-        (s, [Choice(n * p + i, ids, echo, opts, state.metrics.request(), text_of) for i in range(n)])
+        (s, [Choice(n * p + i, ids, echo, opts, state.metrics.request(record), text_of) for i in range(n)])
         for p, (s, ids, echo) in enumerate(zip(streams, prompts, echoes))
     ]
     if opts.stream:

@@ -152,14 +152,11 @@ class _Timing:
         if self.first is not None and self.tokens > 1:
             self.m.tpot.observe((now - self.first) / (self.tokens - 1))
         self.m.success(reason or "abort").inc()
-        t = getattr(self.out, "metrics", None)  # the engine's phase times, where it gives them
-        if t is not None:
-            for histogram, begin, end in (
-                (self.m.queue, t.arrival_time, t.scheduled_time),
-                (self.m.prefill, t.scheduled_time, t.first_token_time),
-                (self.m.decode, t.first_token_time, t.finished_time),
-            ):
-                if begin is not None and end is not None:
-                    histogram.observe(end - begin)
-        elif self.first is not None:
-            self.m.decode.observe(now - self.first)
+        t = self.out.metrics if self.out is not None else None  # the engine's phase times
+        for histogram, begin, end in (
+            (self.m.queue, t and t.arrival_time, t and t.scheduled_time),
+            (self.m.prefill, t and t.scheduled_time, t and t.first_token_time),
+            (self.m.decode, t and t.first_token_time, t and t.finished_time),
+        ):
+            if begin is not None and end is not None:
+                histogram.observe(end - begin)

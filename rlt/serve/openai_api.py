@@ -3,7 +3,6 @@ tokens / token_logprobs / top_logprobs / text_offset), vLLM's `prompt_logprobs`,
 (Request bodies -> SamplingParams: rlt/serve/requests.py.)"""
 
 import time
-import uuid
 
 from rlt.serve.requests import GENERATION_DEFAULTS  # noqa: F401 - (rlt serve reads it from here)
 
@@ -68,10 +67,6 @@ def prompt_logprobs(text, ids: list[int], positions: list | None, top: int) -> l
             }
         )
     return out
-
-
-def new_id(prefix: str) -> str:
-    return f"{prefix}-{uuid.uuid4().hex}"
 
 
 def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> dict:
