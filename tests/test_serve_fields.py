@@ -263,3 +263,32 @@ def test_tokenize_and_detokenize_in_vllms_shapes(server):
     assert status == 400 and openai_error(answer, 400, "prompt")
     status, answer = post(server, "/tokenize", {"prompt": "x", "bogus": 1})
     assert status == 400 and openai_error(answer, 400, "bogus")
+
+
+def test_prompt_and_output_options(server):
+    tok = _TOKENIZER[0]
+    client = openai.OpenAI(base_url=server, api_key="none")
+    prompt = list(range(5, 25))
+    extra = {"return_token_ids": True, "truncate_prompt_tokens": 6}
+    r = client.completions.create(model="m", prompt=prompt, max_tokens=2, temperature=0, extra_body=extra)
+    assert r.choices[0].model_extra["prompt_token_ids"] == prompt[-6:] and r.usage.prompt_tokens == 6
+    eos = tok.eos_token_id
+    special = {"logit_bias": {str(eos): 100}, "ignore_eos": True, "skip_special_tokens": False}
+    r = client.completions.create(model="m", prompt="Hi", max_tokens=2, temperature=0, extra_body=special)
+    assert r.choices[0].text == tok.decode([eos, eos], skip_special_tokens=False) != ""
+    r = client.completions.create(
+        model="m", prompt="Hi", max_tokens=2, temperature=0, extra_body=special | {"skip_special_tokens": True}
+    )
+    assert r.choices[0].text == "" and r.usage.completion_tokens == 2
+    assert client.completions.create(model="m", prompt="Hi", max_tokens=1, extra_body={"priority": -3}).usage
+    status, answer = post(server, "/v1/completions", {"prompt": "Hi", "priority": "high"})
+    assert status == 400 and openai_error(answer, 400, "priority")
+    r = client.completions.create(
+        model="m",
+        prompt=[5, 6],
+        max_tokens=2,
+        logprobs=2,
+        temperature=0,
+        extra_body={"return_tokens_as_token_ids": True},
+    )
+    assert all(t.startswith("token_id:") for t in r.choices[0].logprobs.tokens)
