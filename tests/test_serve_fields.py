@@ -32,9 +32,12 @@ _TOKENIZER = []  # the checkpoint's (the server's) tokenizer
 
 
 @pytest.fixture(scope="module")
-def server(checkpoints):
+def server(checkpoints, tmp_path_factory):
+    """The tiny Ouro with --chat-template: a file holding TOOL_TEMPLATE."""
     _TOKENIZER[:] = [load_tokenizer(checkpoints["ouro"])]
-    with serving(checkpoints["ouro"]) as url:
+    template = tmp_path_factory.mktemp("template") / "tools.jinja"
+    template.write_text(TOOL_TEMPLATE)
+    with serving(checkpoints["ouro"], "--chat-template", str(template)) as url:
         yield url
 
 
@@ -221,8 +224,8 @@ def test_chat_content_parts_tool_calls_templates_and_kwargs(server):
         },
         {"role": "tool", "tool_call_id": "c1", "content": "rain"},
     ]
-    body = {"messages": tools, "chat_template": TOOL_TEMPLATE}
-    assert rendered(body) == (
+    body = {"messages": tools}  # (the server's --chat-template; a request's own is the same text here)
+    assert rendered(body) == rendered(body | {"chat_template": TOOL_TEMPLATE}) == (
         "<|im_start|>user\nWeather?<|im_end|>\n<|im_start|>assistant\n<call>weather(Oslo)</call><|im_end|>\n"
         "<|im_start|>tool\nrain<|im_end|>\n<|im_start|>assistant\n"
     )

@@ -4,8 +4,6 @@ tokens / token_logprobs / top_logprobs / text_offset), vLLM's `prompt_logprobs`,
 
 import time
 
-from rlt.serve.requests import GENERATION_DEFAULTS  # noqa: F401 - (rlt serve reads it from here)
-
 
 def token_text(tokenizer, as_ids: bool):
     """A token id's text in logprobs: its own decode, or "token_id:N" (vLLM's

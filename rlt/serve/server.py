@@ -42,6 +42,10 @@ def add_parser(sub, add_option_flags) -> None:
         "(default: auto)",
     )
     g.add_argument("--override-generation-config", type=json.loads, default={}, help="JSON object over those defaults")
+    g.add_argument(
+        "--chat-template",
+        help="a Jinja chat template, or the file holding one, for requests that give none (default: the checkpoint's)",
+    )
     add_http_flags(s)
     add_server_flags(s)
     add_option_flags(s)
@@ -61,7 +65,7 @@ def sampling_defaults(path: str, source: str, overrides: dict) -> dict:
     """generation_config.json's sampling fields (source "auto"), then the overrides."""
     from rlt.config import read_json_object
     from rlt.errors import ConfigError
-    from rlt.serve.openai_api import GENERATION_DEFAULTS
+    from rlt.serve.requests import GENERATION_DEFAULTS
 
     if not isinstance(overrides, dict) or set(overrides) - set(GENERATION_DEFAULTS):
         raise ConfigError(f"--override-generation-config takes an object of {', '.join(GENERATION_DEFAULTS)}")
@@ -102,8 +106,10 @@ def _serve(args: argparse.Namespace, options: dict, sock: socket.socket) -> int:
         launch.engine.model_config.path, args.generation_config, args.override_generation_config
     )
     names = args.served_model_name or [args.model or "default"]
-
-    app = build_app(lambda: launch, names, args.api_key, defaults, limits_of(args), options=server_options_of(args))
+    template = chat_template(args.chat_template)
+    app = build_app(
+        lambda: launch, names, args.api_key, defaults, limits_of(args), template, server_options_of(args)
+    )
     config = uvicorn.Config(
         app, loop="uvloop", log_level="warning", access_log=False, backlog=BACKLOG, **uvicorn_options(args)
     )
@@ -111,6 +117,14 @@ def _serve(args: argparse.Namespace, options: dict, sock: socket.socket) -> int:
     server = Server(config, launch.engine, args.shutdown_timeout, f"rlt serve: {names[0]} ready at {url}")
     server.run(sockets=[sock])
     return server.exit_code
+
+
+def chat_template(value: str | None) -> str | None:
+    """--chat-template: a file's text, else the value itself (as vLLM: a path, or the template inline)."""
+    if value is None or not os.path.isfile(value):
+        return value
+    with open(value) as f:
+        return f.read()
 
 
 def listen(host: str, port: int) -> socket.socket:
