@@ -71,6 +71,12 @@ def main():
         default="adaptive",
         help="device-side decode lanes: where a request can exit early (the default), always, never",
     )
+    ap.add_argument(
+        "--penalties",
+        action="store_true",
+        help="each decode row twice: unpenalized, then every request penalized (repetition 1.1, presence "
+        "0.5, frequency 0.5), with the penalized/unpenalized ratio of decode tok/s",
+    )
     ap.add_argument("--prefill-lens", default="", help="e.g. 512,1024,4096: prefill latency by prompt length")
     ap.add_argument("--floors", action="store_true", help="CUDA: measure ceilings and floors in the same run")
     ap.add_argument("--commit", default=None, help="recorded in the JSON (default: git rev-parse --short HEAD)")
@@ -104,7 +110,8 @@ def main():
     if concs:
         engine = LoopEngine(mc, model, cfg, dtype, args.device)
         try:
-            rows = offline.decode_rows(engine, mc, concs, thresholds, args.prompt_len, args.max_tokens)
+            variants = (False, True) if args.penalties else (False,)
+            rows = offline.decode_rows(engine, mc, concs, thresholds, args.prompt_len, args.max_tokens, variants)
         except offline.PoolTooSmall as e:
             raise SystemExit(f"{e}: raise --kv-gib (or lower --concurrency)") from None
         del engine
@@ -133,15 +140,24 @@ def main():
     }
     print(json.dumps(meta))
     print(
-        f"{'conc':>5} {'thr':>5} {'tok/s':>9} {'decode tok/s':>13} {'at full conc':>13} {'its depth':>10} "
+        f"{'conc':>5} {'thr':>5} {'pen':>4} {'tok/s':>9} {'decode tok/s':>13} {'at full conc':>13} {'its depth':>10} "
         f"{'mean depth':>11} {'total s':>8} {'roofline':>9} {'of roof':>8}"
     )
     for r in rows:
         print(
-            f"{r['concurrency']:>5} {r['threshold']:>5} {r['tok_per_s']:>9} {str(r['decode_tok_per_s']):>13} "
+            f"{r['concurrency']:>5} {r['threshold']:>5} {'yes' if r['penalized'] else 'no':>4} {r['tok_per_s']:>9} "
+            f"{str(r['decode_tok_per_s']):>13} "
             f"{str(r['full_conc_tok_per_s']):>13} {str(r['full_conc_mean_depth']):>10} "
             f"{str(r['mean_decode_depth']):>11} {r['total_s']:>8} "
             f"{str(r.get('roofline_tok_per_s', '')):>9} {str(r.get('of_roofline', '')):>8}"
+        )
+    for plain, pen in zip(rows[::2], rows[1::2]) if args.penalties else ():
+        ratios = [
+            pen[k] / plain[k] if pen[k] and plain[k] else None for k in ("decode_tok_per_s", "full_conc_tok_per_s")
+        ]
+        print(
+            f"penalized / unpenalized, conc {plain['concurrency']} thr {plain['threshold']}: decode tok/s "
+            + ", at full conc ".join("-" if x is None else f"{x:.3f}" for x in ratios)
         )
     for p in prefill:
         print(

@@ -171,6 +171,46 @@ def check_norms() -> bool:
     return err <= 1e-5
 
 
+def check_penalty_slots() -> bool:
+    """The penalty kernels against their torch references on the same slots: penalizing rows (long
+    lists past one block, a one-token list, rows not in order), then appending sampled tokens,
+    kept everywhere or only where a lane exited (new tokens listed, known ones counted)."""
+    from rlt.kernels import penalties as ref
+    from rlt.kernels import penalties_triton as tri
+
+    g = torch.Generator().manual_seed(5)
+    S, V, L = 4, 700, 600
+    counts = torch.zeros(S, V, dtype=torch.int32)
+    tokens = torch.zeros(S, L, dtype=torch.int32)
+    length = torch.tensor([300, 1, 2, 17], dtype=torch.int32)  # (>= 1: a prompt lists a token)
+    for s, n in enumerate(length.tolist()):
+        listed = torch.randperm(V, generator=g)[:n]
+        tokens[s, :n] = listed.to(torch.int32)
+        own = torch.randint(0, 4, (n,), generator=g) + ref.PROMPT * (listed % 2)
+        counts[s, listed] = torch.where(own == 0, 1, own).to(torch.int32)  # (listed: in the prompt or output)
+    rows, slots = torch.tensor([2, 0, 1]), torch.tensor([0, 3, 2])
+    r, f, p = torch.tensor([1.3, 0.8, 2.0]), torch.tensor([0.5, -0.3, 0.0]), torch.tensor([0.25, 1.0, -0.5])
+    x = 3 * torch.randn(3, V, generator=g)
+    want, got = x.clone(), x.clone()
+    ref.penalize_slots(want, rows, slots, r, f, p, tokens, counts, length, L)
+    tri.penalize_slots(got, rows, slots, r, f, p, tokens, counts, length)
+    err = (got - want).abs().max().item()
+    print(f"penalize_slots: max error {err:.2e}")
+    ok = err == 0 and not torch.equal(got, x)
+    worst = 0
+    for keep in (None, torch.tensor([True, False, True])):
+        sampled = torch.stack([tokens[0, 5].long(), torch.tensor(3), torch.tensor(699)])  # listed, -, new
+        state = [(t.clone(), c.clone(), n.clone()) for t, c, n in [(tokens, counts, length)] * 2]
+        ref.append_slots(sampled, keep, rows, slots, *state[0])
+        tri.append_slots(sampled, keep, rows, slots, *state[1])
+        (t0, c0, n0), (t1, c1, n1) = state
+        worst = max(worst, (c0 - c1).abs().max().item(), (n0 - n1).abs().max().item())
+        worst = max(worst, max((t0[s, : n0[s]] - t1[s, : n1[s]]).abs().max().item() for s in range(S) if n0[s]))
+        ok &= not torch.equal(c0, counts)
+    print(f"append_slots: max error {worst:.2e}")
+    return ok and worst == 0
+
+
 if __name__ == "__main__":
     checks = (
         check_decode_attention,
@@ -179,5 +219,6 @@ if __name__ == "__main__":
         check_gemv_epilogues,
         check_rope_write_kv,
         check_norms,
+        check_penalty_slots,
     )
     sys.exit(0 if all([check() for check in checks]) else 1)

@@ -1,12 +1,14 @@
 """The offline benchmark: one in-process LoopEngine, every request submitted at once (random
-prompts, greedy, EOS ignored); decode throughput and mean exit depth, prefill latency, and both
-against their floors (rlt/bench/floors.py).
+prompts, greedy, EOS ignored; optionally every request penalized, beside the same unpenalized);
+decode throughput and mean exit depth, prefill latency, and both against their floors
+(rlt/bench/floors.py).
 """
 
 import os
 import platform
 import time
 
+import msgspec
 import torch
 
 from rlt import envs
@@ -61,15 +63,17 @@ def submit(engine, mc, concurrency: int, prompt_len: int, sp: SamplingParams, lo
         engine.add_request(str(i), prompt, resolve_params(mc, prompt_len, sp))
 
 
-def decode_run(engine, mc, concurrency: int, threshold: float, prompt_len: int, max_tokens: int) -> dict:
-    """One row: `concurrency` requests at once, each `max_tokens` tokens at this exit threshold."""
-    submit(
-        engine,
-        mc,
-        concurrency,
-        prompt_len,
-        SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True, exit_threshold=threshold),
-    )
+# every request penalized (--penalties): what the penalty state and logit edits cost in decode
+PENALTIES = dict(repetition_penalty=1.1, presence_penalty=0.5, frequency_penalty=0.5)
+
+
+def decode_run(
+    engine, mc, concurrency: int, threshold: float, prompt_len: int, max_tokens: int, penalized: bool = False
+) -> dict:
+    """One row: `concurrency` requests at once, each `max_tokens` tokens at this exit threshold
+    (penalized: with PENALTIES)."""
+    sp = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True, exit_threshold=threshold)
+    submit(engine, mc, concurrency, prompt_len, msgspec.structs.replace(sp, **PENALTIES) if penalized else sp)
     t0 = time.perf_counter()
     seen, tokens, depths, decode_t0, full_t1, full_depths = set(), 0, [], None, None, []
     while engine.has_work():
@@ -95,6 +99,7 @@ def decode_run(engine, mc, concurrency: int, threshold: float, prompt_len: int, 
     return {
         "concurrency": concurrency,
         "threshold": threshold,
+        "penalized": penalized,
         "output_tokens": tokens,
         "total_s": round(t1 - t0, 3),
         "tok_per_s": round(tokens / (t1 - t0), 2),
@@ -109,17 +114,23 @@ def decode_run(engine, mc, concurrency: int, threshold: float, prompt_len: int, 
 
 
 def decode_rows(
-    engine, mc, concurrencies: list[int], thresholds: list[float], prompt_len: int, max_tokens: int
+    engine,
+    mc,
+    concurrencies: list[int],
+    thresholds: list[float],
+    prompt_len: int,
+    max_tokens: int,
+    penalized: tuple[bool, ...] = (False,),
 ) -> list[dict]:
-    """A row per (concurrency, threshold), after a warm-up of every row on the same engine
-    (Triton compilation, CUDA-graph capture per batch size and block-table width and allocator
-    growth stay out of the timed runs). The pool must hold the largest concurrency at once."""
+    """A row per (concurrency, threshold, penalized), after a warm-up of every row on the same
+    engine (Triton compilation, CUDA-graph capture per batch size and block-table width and
+    allocator growth stay out of the timed runs). The pool must hold the largest concurrency at once."""
     for c in concurrencies:  # before any work: every row must run at its full concurrency
         check_pool(engine.pool, c, prompt_len + max_tokens)
-    for c in concurrencies:
-        for t in thresholds:
-            decode_run(engine, mc, c, t, prompt_len, 8)
-    return [decode_run(engine, mc, c, t, prompt_len, max_tokens) for c in concurrencies for t in thresholds]
+    rows = [(c, t, p) for c in concurrencies for t in thresholds for p in penalized]
+    for c, t, p in rows:
+        decode_run(engine, mc, c, t, prompt_len, 8, p)
+    return [decode_run(engine, mc, c, t, prompt_len, max_tokens, p) for c, t, p in rows]
 
 
 def prefill_ms(mc, model, dtype, device: str, n: int, reps: int = 3, **options) -> float:

@@ -1,10 +1,15 @@
-"""Batched sampling: greedy, temperature, top-k, top-p, per-request seed; no per-row Python loop.
+"""Batched sampling: logit edits, greedy, temperature, min-p, top-k, top-p, per-request seed; no
+per-row Python loop.
 
-Sampling is Gumbel-max over counter-based noise: the noise for output position i of a request is
-a pure function of (seed, i, token id), so a request's tokens never depend on its batch-mates or
-on which worker samples it.
+In vLLM's order: the edits (logit_bias, min_tokens' ban on EOS and stop ids, then the repetition,
+frequency and presence penalties) change float32 logits; greedy rows take their argmax; the others
+are divided by their temperature, lose the tokens under min_p times the most likely one, then
+those outside top-k and top-p. Sampling is Gumbel-max over counter-based noise: the noise for
+output position i of a request is a pure function of (seed, i, token id), so a request's tokens
+never depend on its batch-mates or on which worker samples it. Logprobs are of the raw logits.
 """
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -21,10 +26,67 @@ class SamplingTensors:
     top_p: torch.Tensor  # float32 in (0, 1]
     seed: torch.Tensor  # int64
     output_index: torch.Tensor  # int64: which output token of its request this row samples
+    min_p: torch.Tensor | None = None  # float32, 0 means off; None: no row uses it
+
+
+@dataclass
+class Penalties:
+    """Repetition, frequency and presence penalties of some rows. `tokens` lists a row's distinct
+    prompt tokens, then its outputs so far (a token may repeat); `counts` is each entry's count
+    among those outputs. Entries from `length` on are ignored."""
+
+    rows: torch.Tensor  # [P] int64: rows of the batch
+    tokens: torch.Tensor  # [P, n] int64
+    counts: torch.Tensor  # [P, n] int32
+    length: torch.Tensor  # [P] int64, >= 1
+    repetition: torch.Tensor  # [P] float32, 1 = off
+    frequency: torch.Tensor  # [P] float32, 0 = off
+    presence: torch.Tensor  # [P] float32, 0 = off
+
+
+@dataclass
+class LogitEdits:
+    """What changes rows' logits before sampling; None: no row has it."""
+
+    bias: tuple | None = None  # (row [N], token [N], value [N] float32): logit_bias entries
+    banned: tuple | None = None  # (row [M], token [M], until [M]): -inf while the row's output index < until
+    # the penalties, in place on the logits: penalize() on Penalties, or the workers' slot kernels
+    penalize: Callable[[torch.Tensor], None] | None = None
+
+
+def edit(logits: torch.Tensor, e: LogitEdits, output_index: torch.Tensor, inplace: bool = False) -> torch.Tensor:
+    """logits [B, V] float32 -> the edited logits (in place if asked: the caller no longer needs
+    the raw ones). output_index [B]: which output token each row samples."""
+    x = logits if inplace else logits.clone()
+    if e.bias is not None:
+        row, tok, value = e.bias
+        x.index_put_((row, tok), value, accumulate=True)
+    if e.banned is not None:  # (a token listed twice writes the same value twice)
+        row, tok, until = e.banned
+        x[row, tok] = torch.where(output_index[row] < until, float("-inf"), x[row, tok])
+    if e.penalize is not None:
+        e.penalize(x)
+    return x
+
+
+def penalize(x: torch.Tensor, p: Penalties) -> None:
+    """In place on x [B, V]: each listed token's logit l -> (l / r if l > 0 else l * r) - f * count
+    - pr * (count > 0). Only the listed columns are touched: O(P x n), not O(P x V). A token listed
+    twice (in the prompt and the outputs, or output twice) and the ignored entries (pointed at
+    the first) write the same value each time."""
+    valid = torch.arange(p.tokens.shape[1], device=x.device) < p.length.unsqueeze(1)
+    tokens = torch.where(valid, p.tokens, p.tokens[:, :1])
+    counts = torch.where(valid, p.counts, p.counts[:, :1])
+    rows = p.rows.unsqueeze(1)
+    raw = x[rows, tokens]
+    r = p.repetition.unsqueeze(1)
+    value = torch.where(raw > 0, raw / r, raw * r)
+    value = value - p.frequency.unsqueeze(1) * counts - p.presence.unsqueeze(1) * (counts > 0)
+    x[rows, tokens] = value
 
 
 def sample(logits: torch.Tensor, p: SamplingTensors, greedy: bool | None = None, filtered: bool = True) -> torch.Tensor:
-    """logits [B, V] -> token ids [B] (int64). What the caller knows saves device work and
+    """logits [B, V] (edited) -> token ids [B] (int64). What the caller knows saves device work and
     read-backs: greedy, every temperature is 0; filtered=False, no row uses top-k or top-p (no sort)."""
     logits = logits.float()
     if greedy is None:
@@ -35,6 +97,9 @@ def sample(logits: torch.Tensor, p: SamplingTensors, greedy: bool | None = None,
     scaled = logits / torch.where(p.temperature > 0, p.temperature, 1.0).unsqueeze(1)
     rank = torch.arange(logits.shape[1], device=logits.device).unsqueeze(0)
     noise = gumbel(p.seed.unsqueeze(1), p.output_index.unsqueeze(1), rank)
+    if p.min_p is not None:  # p < min_p * p_max, in log space (log 0 = -inf: off)
+        floor = scaled.amax(dim=-1, keepdim=True) + p.min_p.log().unsqueeze(1)
+        scaled = scaled.masked_fill(scaled < floor, float("-inf"))
     if filtered:
         scaled = scaled.masked_fill(dropped(scaled, p.top_k, p.top_p), float("-inf"))
     return torch.where(p.temperature > 0, (scaled + noise).argmax(dim=-1), greedy)

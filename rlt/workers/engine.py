@@ -47,7 +47,7 @@ class LoopEngine:
         num_blocks, self.pool_sizing = pool_blocks(mc, model, cfg, dtype, device)
         self.pool = KVPool(mc, cfg.kv_layout, cfg.block_size, num_blocks, dtype, device, cfg.enable_prefix_caching)
         self.runner = Runner(mc, model, self.pool, device, cfg)
-        self.sched = Scheduler(cfg, self.pool, mc.depth)
+        self.sched = Scheduler(cfg, self.pool, mc.depth, self.runner.penalties)
         self._arrival = itertools.count()
         self._live: dict[int, Sequence] = {}
         # Disaggregation: a prefill worker keeps a finished prompt's blocks until their transfer is
@@ -156,6 +156,7 @@ class LoopEngine:
         return True
 
     def _release(self, s: Sequence) -> None:
+        self.runner.penalties.give(s)  # (a prefill-only one handed off leaves running here)
         self.sched.cache_final(s)
         if s.tables is not None:
             self.pool.free(s.tables)
@@ -315,6 +316,7 @@ class LoopEngine:
                     inject=st["inject"],
                     state=st["state"],
                     survival=st["survival"],
+                    **s.penalty,
                 )
         self._steady, self._steady_seqs = None, []
         return outputs

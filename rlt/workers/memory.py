@@ -16,6 +16,10 @@ from rlt.workers.kv_pool import KVPool
 
 MAX_BLOCKS = 65536
 GIB = 2**30
+# logit edits and penalties (vLLM's), on: what the profile and the warm-up run through
+EDITS = dict(
+    repetition_penalty=1.1, presence_penalty=0.5, frequency_penalty=0.5, min_p=0.05, logit_bias={1: 1.0}, min_tokens=1
+)
 
 
 def pool_blocks(mc: ModelConfig, model, cfg: EngineConfig, dtype: torch.dtype, device: str) -> tuple[int, str]:
@@ -47,7 +51,9 @@ def _left_for_kv(mc, model, cfg: EngineConfig, dtype, device) -> tuple[int, str]
     engine = LoopEngine(mc, model, msgspec.structs.replace(probe, num_blocks=blocks), dtype, device)
     first = resolve_params(mc, rows, SamplingParams(max_tokens=1, temperature=0, ignore_eos=True))
     engine.add_request(-1, [0] * min(rows, mc.max_positions - 1), first)
-    every = resolve_params(mc, 1, SamplingParams(max_tokens=2, temperature=1.0, top_k=5, logprobs=20))
+    # every sampling control at once: the most temporaries a sampled row makes (penalty state and
+    # logit edits included; the penalty slots themselves were allocated with the engine)
+    every = resolve_params(mc, 1, SamplingParams(max_tokens=2, temperature=1.0, top_k=5, logprobs=20, **EDITS))
     for i in range(seqs):
         engine.add_request(i, [i % mc.vocab_size], every)
     while engine.has_work():

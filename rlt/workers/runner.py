@@ -19,14 +19,17 @@ import torch
 from rlt.config import EngineConfig, ModelConfig
 from rlt.kernels import mode
 from rlt.kernels.paged_attention import PagedMetadata, kernel_fields, paged_attention, plan_kernel, write_kv
-from rlt.kernels.sampler import SamplingTensors, sample, top_dict, top_logprobs
+from rlt.kernels.sampler import top_dict, top_logprobs
 from rlt.models.base import Rotary
 from rlt.models.layers import EmbeddingInput, rope
 from rlt.sampling_params import ResolvedParams
 from rlt.workers.cuda_graphs import table_width
 from rlt.workers.exit_policy import exits_early, should_exit, update_survival
 from rlt.workers.kv_pool import BlockTables, KVPool
+from rlt.workers.penalties import PenaltyState
 from rlt.workers.progress import Progress
+from rlt.workers.sampling import fields as sampling_fields
+from rlt.workers.sampling import sample_groups
 from rlt.workers.step_buffers import DeviceReadback, StepBuffers
 
 
@@ -48,6 +51,8 @@ class Group:
     # A decode token sampled by the previous step and not read back yet: (its PendingTokens, index)
     feed: "tuple[PendingTokens, int] | None" = None
     exit_depth: int | None = None  # a generated position recomputed after preemption: runs to this depth
+    slot: int | None = None  # penalized: its request's slot of PenaltyState (rlt/workers/penalties.py)
+    listed: int = 0  # ... and the distinct prompt tokens that open that slot's token list
 
     @property
     def gated(self) -> bool:
@@ -139,6 +144,7 @@ class Runner:
     def __init__(self, mc: ModelConfig, model, pool: KVPool, device: str, cfg: EngineConfig):
         self.mc, self.model, self.pool, self.device = mc, model, pool, device
         self.buffers = StepBuffers(device)
+        self.penalties = PenaltyState(cfg.max_num_seqs, mc.vocab_size, mc.max_positions, device)
         self.one = torch.ones(1, device=device)  # survival before the first loop (read-only)
         self.use_kernels = mode.triton  # the Triton attention and CUDA graphs (else the torch reference)
         # Steady decode (rlt/workers/steady.py) needs the loop input to be the token embedding.
@@ -240,7 +246,9 @@ class Runner:
                 }
             if boundary:
                 f |= self._plane_fields("new_bnd_", new, rn, [g.tables.boundary for g in new])
+        f |= self.penalties.pending()  # slots of requests admitted since the last pass
         t = self.buffers.pack(f)
+        self.penalties.load(t)
 
         # ---- embed (Huginn: prelude, boundary KV) and initial state of new rows ---------------------
         if new:
@@ -303,13 +311,7 @@ class Runner:
             if src:
                 f |= {"fin_src": np.array(src, dtype=np.int64), "fin_dst": np.array(dst, dtype=np.int64)}
         if sampling:
-            f |= {
-                "temperature": np.array([g.params.temperature for g in sampling], dtype=np.float32),
-                "top_k": np.array([g.params.top_k for g in sampling]),
-                "top_p": np.array([g.params.top_p for g in sampling], dtype=np.float32),
-                "seed": np.array([g.params.sampling_seed for g in sampling]),
-                "output_index": np.array([g.output_index for g in sampling]),
-            }
+            f |= sampling_fields(sampling, self.mc.eos_token_ids)
         re = _row_starts(exited)
         if pool.has_boundary:
             f |= self._plane_fields("bnd_", exited, re, [g.tables.boundary for g in exited])
@@ -334,12 +336,6 @@ class Runner:
             logits = self.model.head(torch.cat([g.state[-1:] for g in sampling]), None, None)
         if not sampling:
             return
-        st = SamplingTensors(t["temperature"], t["top_k"], t["top_p"], t["seed"], t["output_index"])
-        tokens = sample(
-            logits,
-            st,
-            greedy=all(g.params.temperature == 0 for g in sampling),
-            filtered=any(g.params.top_k > 0 or g.params.top_p < 1.0 for g in sampling),
-        )
         k = max(g.params.logprobs for g in sampling)
+        tokens = sample_groups(logits, t, sampling, self.penalties, keep_raw=k > 0)
         result.sampled = PendingTokens(sampling, tokens, top_logprobs(logits, k, tokens) if k else None)

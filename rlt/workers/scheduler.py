@@ -15,13 +15,15 @@ While a running request is computing the next block of that prefix, it waits for
 
 from rlt.config import EngineConfig
 from rlt.workers.kv_pool import KVPool
+from rlt.workers.penalties import PenaltyState
 from rlt.workers.prefix_cache import CachedBlock
 from rlt.workers.sequence import Sequence
 
 
 class Scheduler:
-    def __init__(self, cfg: EngineConfig, pool: KVPool, depth: int):
+    def __init__(self, cfg: EngineConfig, pool: KVPool, depth: int, penalties: PenaltyState):
         self.cfg, self.pool, self.depth = cfg, pool, depth  # depth: the model's, every prompt position's
+        self.penalties = penalties  # a slot for each running request that is penalized
         self.cached_events: list[tuple[int, int, int]] = []  # (request, 0, end): prompt positions found cached
         self.waiting: list[Sequence] = []
         self.running: list[Sequence] = []
@@ -37,6 +39,7 @@ class Scheduler:
     def remove(self, s: Sequence) -> None:
         if s in self.running:
             self.running.remove(s)
+            self.penalties.give(s)
             self.freed_in_flight = True  # its last pass may still be computing (the host runs ahead)
         else:
             self.waiting.remove(s)
@@ -115,6 +118,7 @@ class Scheduler:
                     if s.num_done:
                         self.cached_events.append((s.request_id, 0, s.num_done))
             self.running.append(s)
+            self.penalties.take(s)
             admitted = True
         return admitted
 

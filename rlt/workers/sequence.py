@@ -38,6 +38,8 @@ class Sequence:
     num_cached_blocks: int = 0  # leading blocks of its tables that the prefix cache has seen
     num_cached_tokens: int | None = None  # prompt positions found cached at its first admission
     hits: tuple | None = None  # its last prefix lookup: ((cache version, positions), cached blocks)
+    slot: int | None = None  # while running, penalized: its slot of penalty state (rlt/workers/penalties.py)
+    listed: int = 0  # its prompt's distinct tokens (the first entries of that slot's token list)
 
     @property
     def in_flight(self) -> list[Group]:
@@ -93,7 +95,9 @@ class Sequence:
         if not s.decoding:
             ids = s.prompt[s.num_done : s.num_done + min(chunk, budget)]
             last = s.num_done + len(ids) == len(s.prompt)
-            return [Group(ids, s.num_done, s.tables, p, False, samples=last and not s.output, output_index=0)]
+            return [
+                Group(ids, s.num_done, s.tables, p, False, samples=last and not s.output, output_index=0, **s.penalty)
+            ]
         if s.num_done < s.replay_end:  # resumed: generated position P + i took output[i] and ran to depths[i + 1]
             # at most `chunk` positions in flight: under SHARED (chunk 1) each position must be final
             # before the next reads it, as when it was first computed
@@ -116,8 +120,14 @@ class Sequence:
                 samples=True,
                 output_index=len(s.output) + (s.feed is not None),
                 feed=s.feed,
+                **s.penalty,
             )
         ]
+
+    @property
+    def penalty(self) -> dict:
+        """Its groups' view of its penalty state."""
+        return {"slot": self.slot, "listed": self.listed}
 
     def replayed(self, g: Group) -> None:
         """A recomputed position is final; once all are, decoding goes on."""

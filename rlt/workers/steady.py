@@ -20,9 +20,10 @@ import numpy as np
 import torch
 
 from rlt.kernels.paged_attention import PagedMetadata
-from rlt.kernels.sampler import SamplingTensors, sample, top_logprobs
+from rlt.kernels.sampler import top_logprobs
 from rlt.workers.cuda_graphs import table_width
 from rlt.workers.exit_policy import exits_early, should_exit, update_survival
+from rlt.workers.sampling import LaneSampling
 from rlt.workers.step_buffers import DeviceReadback
 
 
@@ -56,15 +57,10 @@ class SteadyDecode:
         self.min_loops, self.max_loops = t([p.min_loops for p in ps]), t([p.max_loops for p in ps])
         self.threshold = t([p.exit_threshold for p in ps], torch.float32)
         self.max_tokens = t([p.max_tokens for p in ps])
-        self.sampling = SamplingTensors(
-            t([p.temperature for p in ps], torch.float32),
-            t([p.top_k for p in ps]),
-            t([p.top_p for p in ps], torch.float32),
-            t([p.sampling_seed for p in ps]),
-            self.out_idx,
-        )
-        self.greedy = all(p.temperature == 0 for p in ps)
-        self.filtered = any(p.top_k > 0 or p.top_p < 1.0 for p in ps)
+        pen = runner.penalties
+        if loads := pen.pending():  # slots of requests admitted just now
+            pen.load(runner.buffers.pack(loads))
+        self.sampling = LaneSampling(groups, self.out_idx, pen, runner.mc.eos_token_ids)  # (reads out_idx)
         self.top_k = max(p.logprobs for p in ps)
         self.scratch_slot = pool.scratch_block * bs
         # Fixed depth everywhere: the host knows on which loops a lane can exit and skips the head,
@@ -132,7 +128,8 @@ class SteadyDecode:
         surv = update_survival(self.surv, gate)
         done = should_exit(depth, surv, self.min_loops, self.max_loops, self.threshold) & self.active
         logits = self.model.head(x, None, None)
-        tokens = sample(logits, self.sampling, greedy=self.greedy, filtered=self.filtered)
+        tokens = self.sampling.sample(logits, keep_raw=bool(self.top_k))
+        self.sampling.commit(tokens, done)
         top = top_logprobs(logits, self.top_k, tokens) if self.top_k else ()
         if pool.layout == "last_exited":  # exited at depth e < D: its K/V into planes e+1..D, masked
             c = pool.cache
@@ -147,7 +144,7 @@ class SteadyDecode:
         self.depth = torch.where(done | ~self.active, 0, depth)  # (an ended lane idles at depth 0)
         self.pos = self.pos + done
         self.surv = torch.where(done, 1.0, surv)
-        self.out_idx += done  # in place: the sampling parameters hold this tensor
+        self.out_idx += done  # in place: the lanes' sampling holds this tensor
         return DeviceReadback((done, tokens, depth) + tuple(top))
 
     def _core(self, slot: torch.Tensor, table: torch.Tensor):

@@ -9,8 +9,8 @@ on the worker: first-use work is counted per worker in stats()).
 2. Passes: synthetic requests through the engine itself (its pool, its scheduler): prompts of
    lengths that give every row-count and table-width class a pass can have (one row, a few, a tile,
    a dense chunk, chunks after a prefix, a full pass), alone and all together with decode rows in
-   the same passes, greedy and sampled, fixed depth and adaptive exit (steady decode). Everything
-   they take is returned.
+   the same passes, greedy and sampled, with and without logit edits and penalties, fixed depth
+   and adaptive exit (steady decode). Everything they take is returned.
 On CPU (the torch reference kernels) there is nothing to warm.
 """
 
@@ -20,6 +20,7 @@ from rlt.control.validation import resolve_params
 from rlt.sampling_params import SamplingParams
 from rlt.workers.cuda_graphs import BUCKETS
 from rlt.workers.first_use import FirstUse
+from rlt.workers.memory import EDITS
 
 
 def _prompt_lengths(engine) -> list[int]:
@@ -39,6 +40,11 @@ def _params(engine) -> list:
     ]
     if gated:
         kinds.append(SamplingParams(max_tokens=6, temperature=0, ignore_eos=True, exit_threshold=0.5, min_loops=2))
+    # logit edits, penalties and min_p, in the regular path and steady decode (adaptive, if gated)
+    exits = dict(exit_threshold=0.5, min_loops=2) if gated else {}
+    edits = EDITS | dict(min_tokens=4, stop_token_ids=[0])  # (held back to the end: runs every pass)
+    kinds.append(SamplingParams(max_tokens=4, temperature=0.8, seed=1, ignore_eos=True, logprobs=2, **edits, **exits))
+    kinds.append(SamplingParams(max_tokens=4, temperature=0, ignore_eos=True, **edits))
     return kinds
 
 
