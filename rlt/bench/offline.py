@@ -124,12 +124,13 @@ def decode_rows(
 ) -> list[dict]:
     """A row per (concurrency, threshold, penalized), after a warm-up of every row on the same
     engine (Triton compilation, CUDA-graph capture per batch size and block-table width and
-    allocator growth stay out of the timed runs). The pool must hold the largest concurrency at once."""
+    allocator growth stay out of the timed runs: the first variant of each row runs its full
+    length, since tables widen as outputs grow). The pool must hold the largest concurrency at once."""
     for c in concurrencies:  # before any work: every row must run at its full concurrency
         check_pool(engine.pool, c, prompt_len + max_tokens)
     rows = [(c, t, p) for c in concurrencies for t in thresholds for p in penalized]
     for c, t, p in rows:
-        decode_run(engine, mc, c, t, prompt_len, 8, p)
+        decode_run(engine, mc, c, t, prompt_len, max_tokens if p == penalized[0] else 8, p)
     return [decode_run(engine, mc, c, t, prompt_len, max_tokens, p) for c, t, p in rows]
 
 
