@@ -163,6 +163,9 @@ class Token(msgspec.Struct, array_like=True):
     logprobs: dict[int, float] | None
     finish: str | None  # "stop" | "length" | None while running
     num_cached_tokens: int | None = None  # a request's first token: its prompt positions found in the prefix cache
+    # a request's first token, if asked: per prompt position, top-K and the prompt token {id: logprob}
+    # (the first None). Last: Token is array_like
+    prompt_logprobs: list[dict[int, float] | None] | None = None
 
 
 class Outputs(msgspec.Struct, tag="outputs"):

@@ -626,8 +626,8 @@ def test_prefix_cache_hits_equal_the_cache_off_run_on_the_gpu(checkpoints):
 def test_nothing_compiles_or_captures_after_ready(checkpoints):
     """Default options: the pool is sized from the device's memory and the worker warms up before
     READY; a mixed run (prompt lengths from 1 to 3,000, decode batches up to 64, greedy, sampled
-    with logprobs, adaptive exit, logit edits and penalties) then builds no CUDA graph and no Triton
-    specialization."""
+    with logprobs, adaptive exit, logit edits, penalties and prompt logprobs) then builds no CUDA
+    graph and no Triton specialization."""
     from rlt.workers.memory import EDITS
 
     kinds = [
@@ -636,7 +636,7 @@ def test_nothing_compiles_or_captures_after_ready(checkpoints):
         SamplingParams(max_tokens=24, temperature=0, ignore_eos=True, exit_threshold=0.6, min_loops=2),
         SamplingParams(max_tokens=24, temperature=0, ignore_eos=True, max_loops=3),
         SamplingParams(max_tokens=24, temperature=0.9, seed=2, exit_threshold=0.6, logprobs=2, **EDITS),
-        SamplingParams(max_tokens=24, temperature=0, ignore_eos=True, **EDITS),
+        SamplingParams(max_tokens=24, temperature=0, ignore_eos=True, prompt_logprobs=5, **EDITS),
     ]
     lengths = [1, 5, 16, 17, 31, 64, 100, 255, 300, 700, 1500, 3000]
 

@@ -202,6 +202,8 @@ class Lifecycle:
             r.phase = Phase.TRANSFERRING
         if t.num_cached_tokens is not None:
             r.collector.out.num_cached_tokens = t.num_cached_tokens
+        if t.prompt_logprobs is not None:
+            r.collector.out.prompt_logprobs = t.prompt_logprobs
         r.collector.push(t.token, t.depth, t.logprobs, t.finish)
         if t.finish is not None:
             self._retire(r)

@@ -7,6 +7,7 @@ engine and the GPU kernels:
     state  = initial_state(inject, positions, seeds) # Huginn draws its initial latent here
     state, gate = loop(state, inject, positions, attn)   # one application of the shared core
     logits = head(state, positions, attn, select)   # Huginn: ln_f, coda, ln_f, tied head
+           = project(after_loop(state, positions, attn)[select])
 
 Tokens are flattened: every tensor is [T, ...] for T rows (of one or many requests). Attention goes
 through an `Attention` object that owns the KV cache; it knows which request, position and loop
@@ -50,4 +51,11 @@ class LoopedModel(Protocol):
         self, state: torch.Tensor, positions: torch.Tensor, attn: Attention, select: torch.Tensor | None = None
     ) -> torch.Tensor:
         """float32 logits of the rows in `select` (all rows if None). Boundary layers (Huginn's coda)
-        run on every row, since later positions attend to them."""
+        run on every row, since later positions attend to them: project(after_loop(...)[select])."""
+
+    def after_loop(self, state: torch.Tensor, positions: torch.Tensor, attn: Attention) -> torch.Tensor:
+        """The layers between the loop and the head (Huginn: ln_f and the coda, over every row,
+        storing boundary K/V; the others: none), so rows can be projected a few at a time."""
+
+    def project(self, x: torch.Tensor) -> torch.Tensor:
+        """float32 logits of rows out of after_loop()."""

@@ -121,10 +121,16 @@ class HuginnModel:
         return x, None
 
     def head(self, s, positions, attn: Attention, select=None):
+        x = self.after_loop(s, positions, attn)
+        return self.project(x if select is None else x[select])
+
+    def after_loop(self, s, positions, attn: Attention):
         x = rms_norm(s, self.ln_f, self.fc.rms_norm_eps)
         P = self.fc.n_layers_in_prelude
         for j, B in enumerate(self.coda):
             x = self._block(B, x, positions, lambda q, k, v, r, j=j: attn.boundary(P + j, q, k, v, r))
-        x = x if select is None else x[select]
+        return x
+
+    def project(self, x):
         x = rms_norm(x, self.ln_f, self.fc.rms_norm_eps)
         return linear(x, self.wte).float()

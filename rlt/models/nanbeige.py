@@ -72,7 +72,12 @@ class NanbeigeModel(EmbeddingInput):
         return x, None
 
     def head(self, x, positions, attn: Attention, select=None):
-        x = x if select is None else x[select]
+        return self.project(x if select is None else x[select])
+
+    def after_loop(self, x, positions, attn: Attention):
+        return x
+
+    def project(self, x):
         if self.fc.skip_loop_final_norm:
             x = rms_norm(x, self.norm_w, self.fc.rms_norm_eps)
         return linear(x, self.lm_head).float()

@@ -104,5 +104,10 @@ class OuroModel(EmbeddingInput):
         return linear_add_norm(g, L["down"], x, L["n_post2"], next_norm, eps, exit_gate)
 
     def head(self, x, positions, attn: Attention, select=None):
-        x = x if select is None else x[select]
+        return self.project(x if select is None else x[select])
+
+    def after_loop(self, x, positions, attn: Attention):
+        return x
+
+    def project(self, x):
         return linear(x, self.lm_head).float()

@@ -38,6 +38,7 @@ class StepOutput:
     logprobs: dict[int, float] | None
     finish_reason: str | None  # None while running (or, prefill-only, handed off for decoding elsewhere)
     num_cached_tokens: int | None = None  # with a request's first token: prompt positions the prefix cache held
+    prompt_logprobs: list | None = None  # with a request's first token, if asked: per prompt position
 
 
 class LoopEngine:
@@ -85,6 +86,7 @@ class LoopEngine:
             (priority, next(self._arrival)),
             prefill_only=prefill_only,
             root=self._root(params),
+            prompt_logprobs=None if params.prompt_logprobs is None else [None],  # (position 0 has none)
         )
         self._check_fits(request_id, len(prompt), 0 if prefill_only else params.max_tokens)
         self._live[request_id] = s
@@ -234,6 +236,9 @@ class LoopEngine:
                     self.chunk_events.append((s.request_id, g.start, g.start + g.n))
                     self.sched.cache_final(s)  # (requests running now may share it)
                 s.group = None
+            if (plp := result.prompt_logprobs) is not None:  # (read back before the step's tokens)
+                asking = [owner[id(g)] for g in plp.groups]
+                self._pending.append(lambda: self._resolve_prompt_logprobs(plp, asking))
             if (sampled := result.sampled) is not None:
                 seqs = [owner[id(g)] for g in sampled.groups]
                 for i, s in enumerate(seqs):
@@ -253,6 +258,13 @@ class LoopEngine:
             if self._live.get(s.request_id) is s:  # not aborted or finished meanwhile
                 outputs.append(self._append_token(s, smp.token, smp.group.depth, smp.logprobs))
         return outputs
+
+    def _resolve_prompt_logprobs(self, plp, seqs: list[Sequence]) -> list[StepOutput]:
+        for s, entries in zip(seqs, plp.resolve()):
+            for position, logprobs in entries:
+                if position == len(s.prompt_logprobs):  # (positions recomputed after preemption: known)
+                    s.prompt_logprobs.append(logprobs)
+        return []
 
     # ---- steady decode ------------------------------------------------------------------------
     def _steady_possible(self) -> bool:
@@ -338,4 +350,13 @@ class LoopEngine:
         elif reason is not None:
             self.sched.remove(s)  # (a preempted one waits: its token was on its way back)
             self._release(s)
-        return StepOutput(s.request_id, tok, depth, top, reason, s.num_cached_tokens if len(s.output) == 1 else None)
+        first = len(s.output) == 1
+        return StepOutput(
+            s.request_id,
+            tok,
+            depth,
+            top,
+            reason,
+            s.num_cached_tokens if first else None,
+            s.prompt_logprobs if first else None,
+        )

@@ -2,9 +2,10 @@
 
 num_blocks wins, then kv_memory_bytes. Otherwise, on CUDA, the pool takes what
 gpu_memory_utilization leaves of the device once the weights, the largest pass's activations
-(measured by running it: max_num_batched_tokens prompt rows, then max_num_seqs sampled rows) and
-memory outside torch's allocator (the CUDA context, library workspaces) are counted, as vLLM sizes
-its pool. On CPU a fixed 1 GiB.
+(measured by running it: max_num_batched_tokens prompt rows with their prompt logprobs, then
+max_num_seqs sampled rows with every sampling control), the penalty state and memory outside
+torch's allocator (the CUDA context, library workspaces) are counted, as vLLM sizes its pool. On
+CPU a fixed 1 GiB.
 """
 
 import msgspec
@@ -37,7 +38,7 @@ def pool_blocks(mc: ModelConfig, model, cfg: EngineConfig, dtype: torch.dtype, d
 
 
 def _left_for_kv(mc, model, cfg: EngineConfig, dtype, device) -> tuple[int, str]:
-    from rlt.control.validation import resolve_params
+    from rlt.control.validation import MAX_LOGPROBS, resolve_params
     from rlt.workers.engine import LoopEngine
 
     torch.cuda.empty_cache()
@@ -49,7 +50,9 @@ def _left_for_kv(mc, model, cfg: EngineConfig, dtype, device) -> tuple[int, str]
     planes = KVPool.planes(mc, cfg.kv_layout)
     blocks = planes * (-(-(rows + 1) // cfg.block_size) + seqs * -(-2 // cfg.block_size))
     engine = LoopEngine(mc, model, msgspec.structs.replace(probe, num_blocks=blocks), dtype, device)
-    first = resolve_params(mc, rows, SamplingParams(max_tokens=1, temperature=0, ignore_eos=True))
+    # (its prompt logprobs: every row projected, max_num_seqs rows at a time)
+    first = SamplingParams(max_tokens=1, temperature=0, ignore_eos=True, prompt_logprobs=MAX_LOGPROBS)
+    first = resolve_params(mc, rows, first)
     engine.add_request(-1, [0] * min(rows, mc.max_positions - 1), first)
     # every sampling control at once: the most temporaries a sampled row makes (penalty state and
     # logit edits included; the penalty slots themselves were allocated with the engine)

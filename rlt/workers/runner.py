@@ -28,6 +28,7 @@ from rlt.workers.exit_policy import exits_early, should_exit, update_survival
 from rlt.workers.kv_pool import BlockTables, KVPool
 from rlt.workers.penalties import PenaltyState
 from rlt.workers.progress import Progress
+from rlt.workers.prompt_logprobs import PromptLogprobs
 from rlt.workers.sampling import fields as sampling_fields
 from rlt.workers.sampling import sample_groups
 from rlt.workers.step_buffers import DeviceReadback, StepBuffers
@@ -53,6 +54,7 @@ class Group:
     exit_depth: int | None = None  # a generated position recomputed after preemption: runs to this depth
     slot: int | None = None  # penalized: its request's slot of PenaltyState (rlt/workers/penalties.py)
     listed: int = 0  # ... and the distinct prompt tokens that open that slot's token list
+    prompt_targets: list[int] | None = None  # prompt_logprobs asked: the prompt tokens its rows predict
 
     @property
     def gated(self) -> bool:
@@ -90,6 +92,7 @@ class PendingTokens:
 class StepResult:
     exited: list[Group] = field(default_factory=list)
     sampled: PendingTokens | None = None
+    prompt_logprobs: PromptLogprobs | None = None
 
 
 class _Attention:
@@ -145,6 +148,7 @@ class Runner:
         self.mc, self.model, self.pool, self.device = mc, model, pool, device
         self.buffers = StepBuffers(device)
         self.penalties = PenaltyState(cfg.max_num_seqs, mc.vocab_size, mc.max_positions, device)
+        self.max_rows = cfg.max_num_seqs  # rows projected at once: decode sampling's most
         self.one = torch.ones(1, device=device)  # survival before the first loop (read-only)
         self.use_kernels = mode.triton  # the Triton attention and CUDA graphs (else the torch reference)
         # Steady decode (rlt/workers/steady.py) needs the loop input to be the token embedding.
@@ -295,7 +299,8 @@ class Runner:
 
     def _exit(self, result: StepResult) -> None:
         """Exited groups: LAST_EXITED finalize copies, heads (Huginn: the coda for every row, writing
-        boundary KV) and batched sampling. Selected on the host: one small copy, no device masks."""
+        boundary KV), batched sampling and prompt logprobs. Selected on the host: one small copy, no
+        device masks."""
         pool, bs, D = self.pool, self.pool.block_size, self.mc.depth
         exited = result.exited
         sampling = [g for g in exited if g.samples]
@@ -319,23 +324,28 @@ class Runner:
                 "bnd_pos": _positions(exited, re),
                 "select": np.array([r1 - 1 for g, r1 in zip(exited, re[1:]) if g.samples], dtype=np.int64),
             }
+        asking = [g for g in exited if g.prompt_targets]  # prompt chunks whose logprobs are asked for
+        if asking:
+            f |= PromptLogprobs.fields(exited, re, pool.has_boundary)
         if not f:
             return
         t = self.buffers.pack(f, append=True)
         if "fin_src" in t:
             c, s, d = pool.cache, t["fin_src"], t["fin_dst"]
             c[d // bs, :, :, d % bs] = c[s // bs, :, :, s % bs]
+        model, hidden = self.model, None
         if pool.has_boundary:
-            logits = self.model.head(
-                torch.cat([g.state for g in exited]),
-                t["bnd_pos"],
-                _Attention(pool.cache, None, self._meta(t, "bnd_", exited, re)),
-                t["select"],
-            )
-        elif sampling:
-            logits = self.model.head(torch.cat([g.state[-1:] for g in sampling]), None, None)
-        if not sampling:
-            return
-        k = max(g.params.logprobs for g in sampling)
-        tokens = sample_groups(logits, t, sampling, self.penalties, keep_raw=k > 0)
-        result.sampled = PendingTokens(sampling, tokens, top_logprobs(logits, k, tokens) if k else None)
+            attn = _Attention(pool.cache, None, self._meta(t, "bnd_", exited, re))
+            x = model.after_loop(torch.cat([g.state for g in exited]), t["bnd_pos"], attn)
+            logits = model.project(x[t["select"]]) if sampling else None
+            hidden = x[t["plp_row"]] if asking else None
+        else:
+            logits = model.head(torch.cat([g.state[-1:] for g in sampling]), None, None) if sampling else None
+            hidden = torch.cat([g.state[: len(g.prompt_targets)] for g in asking]) if asking else None
+        if sampling:
+            k = max(g.params.logprobs for g in sampling)
+            tokens = sample_groups(logits, t, sampling, self.penalties, keep_raw=k > 0)
+            result.sampled = PendingTokens(sampling, tokens, top_logprobs(logits, k, tokens) if k else None)
+            del logits  # (before the prompt logprobs' own)
+        if asking:
+            result.prompt_logprobs = PromptLogprobs(model.project, hidden, t["plp_target"], asking, self.max_rows)

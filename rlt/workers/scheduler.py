@@ -81,7 +81,7 @@ class Scheduler:
         than compute it again (a burst of requests sharing a new system prompt computes it once;
         SGLang's in-batch prefix sharing)."""
         bs = self.pool.block_size
-        if self.pool.prefix is None or (m + 1) * bs > s.replay_end:
+        if self.pool.prefix is None or (m + 1) * bs > s.replay_end or s.needs_whole_prompt:
             return False
         key = s.keys[m]
         return any(
@@ -92,7 +92,7 @@ class Scheduler:
         """Its longest cached prefix (looked up again only when the cache's keys have changed: a
         head waiting for blocks is asked every pass)."""
         prefix = self.pool.prefix
-        if prefix is None:
+        if prefix is None or s.needs_whole_prompt:
             return []
         if s.hits is None or s.hits[0] != (prefix.version, s.replay_end):
             s.hits = (

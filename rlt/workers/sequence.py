@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from rlt.sampling_params import ResolvedParams
 from rlt.workers.kv_pool import BlockTables
 from rlt.workers.prefix_cache import chain, prompt_keys
+from rlt.workers.prompt_logprobs import targets
 from rlt.workers.runner import Group
 
 
@@ -40,6 +41,7 @@ class Sequence:
     hits: tuple | None = None  # its last prefix lookup: ((cache version, positions), cached blocks)
     slot: int | None = None  # while running, penalized: its slot of penalty state (rlt/workers/penalties.py)
     listed: int = 0  # its prompt's distinct tokens (the first entries of that slot's token list)
+    prompt_logprobs: list | None = None  # asked for: per prompt position so far (rlt/workers/prompt_logprobs.py)
 
     @property
     def in_flight(self) -> list[Group]:
@@ -95,8 +97,19 @@ class Sequence:
         if not s.decoding:
             ids = s.prompt[s.num_done : s.num_done + min(chunk, budget)]
             last = s.num_done + len(ids) == len(s.prompt)
+            asks = s.needs_whole_prompt  # its prompt logprobs: the tokens its rows predict
             return [
-                Group(ids, s.num_done, s.tables, p, False, samples=last and not s.output, output_index=0, **s.penalty)
+                Group(
+                    ids,
+                    s.num_done,
+                    s.tables,
+                    p,
+                    False,
+                    samples=last and not s.output,
+                    output_index=0,
+                    prompt_targets=targets(s.prompt, s.num_done, len(ids)) if asks else None,
+                    **s.penalty,
+                )
             ]
         if s.num_done < s.replay_end:  # resumed: generated position P + i took output[i] and ran to depths[i + 1]
             # at most `chunk` positions in flight: under SHARED (chunk 1) each position must be final
@@ -123,6 +136,12 @@ class Sequence:
                 **s.penalty,
             )
         ]
+
+    @property
+    def needs_whole_prompt(self) -> bool:
+        """Its prompt logprobs are asked for and not out yet (they go with its first token): every
+        prompt position must run, no prefix-cache hit (as vLLM)."""
+        return self.prompt_logprobs is not None and not self.output
 
     @property
     def penalty(self) -> dict:

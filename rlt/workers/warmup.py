@@ -9,8 +9,8 @@ on the worker: first-use work is counted per worker in stats()).
 2. Passes: synthetic requests through the engine itself (its pool, its scheduler): prompts of
    lengths that give every row-count and table-width class a pass can have (one row, a few, a tile,
    a dense chunk, chunks after a prefix, a full pass), alone and all together with decode rows in
-   the same passes, greedy and sampled, with and without logit edits and penalties, fixed depth
-   and adaptive exit (steady decode). Everything they take is returned.
+   the same passes, greedy and sampled, with and without logit edits, penalties and prompt
+   logprobs, fixed depth and adaptive exit (steady decode). Everything they take is returned.
 On CPU (the torch reference kernels) there is nothing to warm.
 """
 
@@ -44,7 +44,7 @@ def _params(engine) -> list:
     exits = dict(exit_threshold=0.5, min_loops=2) if gated else {}
     edits = EDITS | dict(min_tokens=4, stop_token_ids=[0])  # (held back to the end: runs every pass)
     kinds.append(SamplingParams(max_tokens=4, temperature=0.8, seed=1, ignore_eos=True, logprobs=2, **edits, **exits))
-    kinds.append(SamplingParams(max_tokens=4, temperature=0, ignore_eos=True, **edits))
+    kinds.append(SamplingParams(max_tokens=4, temperature=0, ignore_eos=True, prompt_logprobs=3, **edits))
     return kinds
 
 

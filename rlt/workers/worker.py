@@ -261,7 +261,15 @@ class Worker:
             if self.engine.has_work():
                 outs = self.engine.step()
                 tokens = [
-                    pr.Token(o.request_id, o.token_id, o.exit_depth, o.logprobs, o.finish_reason, o.num_cached_tokens)
+                    pr.Token(
+                        o.request_id,
+                        o.token_id,
+                        o.exit_depth,
+                        o.logprobs,
+                        o.finish_reason,
+                        o.num_cached_tokens,
+                        o.prompt_logprobs,
+                    )
                     for o in outs
                 ]
                 if self.role == "prefill":
