@@ -238,7 +238,7 @@ class LoopEngine:
                 s.group = None
             if (plp := result.prompt_logprobs) is not None:  # (read back before the step's tokens)
                 asking = [owner[id(g)] for g in plp.groups]
-                self._pending.append(lambda: self._resolve_prompt_logprobs(plp, asking))
+                self._pending.append(lambda: plp.resolve_into(asking))
             if (sampled := result.sampled) is not None:
                 seqs = [owner[id(g)] for g in sampled.groups]
                 for i, s in enumerate(seqs):
@@ -258,13 +258,6 @@ class LoopEngine:
             if self._live.get(s.request_id) is s:  # not aborted or finished meanwhile
                 outputs.append(self._append_token(s, smp.token, smp.group.depth, smp.logprobs))
         return outputs
-
-    def _resolve_prompt_logprobs(self, plp, seqs: list[Sequence]) -> list[StepOutput]:
-        for s, entries in zip(seqs, plp.resolve()):
-            for position, logprobs in entries:
-                if position == len(s.prompt_logprobs):  # (positions recomputed after preemption: known)
-                    s.prompt_logprobs.append(logprobs)
-        return []
 
     # ---- steady decode ------------------------------------------------------------------------
     def _steady_possible(self) -> bool:
@@ -350,13 +343,5 @@ class LoopEngine:
         elif reason is not None:
             self.sched.remove(s)  # (a preempted one waits: its token was on its way back)
             self._release(s)
-        first = len(s.output) == 1
-        return StepOutput(
-            s.request_id,
-            tok,
-            depth,
-            top,
-            reason,
-            s.num_cached_tokens if first else None,
-            s.prompt_logprobs if first else None,
-        )
+        first = (s.num_cached_tokens, s.prompt_logprobs) if len(s.output) == 1 else (None, None)
+        return StepOutput(s.request_id, tok, depth, top, reason, *first)

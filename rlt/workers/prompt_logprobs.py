@@ -45,14 +45,16 @@ class PromptLogprobs:
             ids.append(i)
         self._readback = DeviceReadback((torch.cat(values), torch.cat(ids)))
 
-    def resolve(self) -> list[list[tuple[int, dict[int, float]]]]:
-        """Per group: (prompt position, {id: logprob} of its top-K and its own token)."""
+    def resolve_into(self, seqs: list) -> list:
+        """Read back; each group's positions go to its Sequence's list ({id: logprob} of the top-K
+        and the prompt token), those it has already skipped (recomputed after preemption). -> []:
+        no step outputs (a drop-in for the engine's pending read-backs)."""
         values, ids = self._readback.resolve()
-        out, r = [], 0
-        for g in self.groups:
-            k, entries = g.params.prompt_logprobs, []
+        r = 0
+        for g, s in zip(self.groups, seqs):
+            k = g.params.prompt_logprobs
             for j in range(g.start + 1, g.start + 1 + len(g.prompt_targets)):
-                entries.append((j, dict(zip(ids[r][:k] + ids[r][-1:], values[r][:k] + values[r][-1:]))))
+                if j == len(s.prompt_logprobs):
+                    s.prompt_logprobs.append(dict(zip(ids[r][:k] + ids[r][-1:], values[r][:k] + values[r][-1:])))
                 r += 1
-            out.append(entries)
-        return out
+        return []
