@@ -298,9 +298,8 @@ class Runner:
         return result
 
     def _exit(self, result: StepResult) -> None:
-        """Exited groups: LAST_EXITED finalize copies, heads (Huginn: the coda for every row, writing
-        boundary KV), batched sampling and prompt logprobs. Selected on the host: one small copy, no
-        device masks."""
+        """Exited groups: LAST_EXITED finalize copies, heads (Huginn: the coda over every row, writing
+        boundary KV), batched sampling, prompt logprobs. Selected on the host: one small copy."""
         pool, bs, D = self.pool, self.pool.block_size, self.mc.depth
         exited = result.exited
         sampling = [g for g in exited if g.samples]
