@@ -225,9 +225,13 @@ def test_chat_content_parts_tool_calls_templates_and_kwargs(server):
         {"role": "tool", "tool_call_id": "c1", "content": "rain"},
     ]
     body = {"messages": tools}  # (the server's --chat-template; a request's own is the same text here)
-    assert rendered(body) == rendered(body | {"chat_template": TOOL_TEMPLATE}) == (
-        "<|im_start|>user\nWeather?<|im_end|>\n<|im_start|>assistant\n<call>weather(Oslo)</call><|im_end|>\n"
-        "<|im_start|>tool\nrain<|im_end|>\n<|im_start|>assistant\n"
+    assert (
+        rendered(body)
+        == rendered(body | {"chat_template": TOOL_TEMPLATE})
+        == (
+            "<|im_start|>user\nWeather?<|im_end|>\n<|im_start|>assistant\n<call>weather(Oslo)</call><|im_end|>\n"
+            "<|im_start|>tool\nrain<|im_end|>\n<|im_start|>assistant\n"
+        )
     )
     thinking = body | {"chat_template_kwargs": {"enable_thinking": True}}
     assert rendered(thinking).endswith("<|im_start|>assistant\n<think>\n")
@@ -295,3 +299,24 @@ def test_prompt_and_output_options(server):
         extra_body={"return_tokens_as_token_ids": True},
     )
     assert all(t.startswith("token_id:") for t in r.choices[0].logprobs.tokens)
+
+
+def test_echo_with_logprobs_gives_every_prompt_token_first_null(server):
+    """lm-eval's loglikelihood request: echo, max_tokens 1, logprobs 1 (and max_tokens 0: the prompt alone)."""
+    tok = _TOKENIZER[0]
+    ids = tok("The river runs").input_ids
+    body = {"prompt": "The river runs", "max_tokens": 1, "logprobs": 1, "echo": True, "temperature": 0}
+    status, r = post(server, "/v1/completions", body)
+    c = r["choices"][0]
+    assert status == 200 and c["text"].startswith("The river runs") and len(c["text"]) > len("The river runs")
+    lp = c["logprobs"]
+    assert lp["tokens"][: len(ids)] == [tok.decode([i]) for i in ids] and len(lp["tokens"]) == len(ids) + 1
+    assert lp["token_logprobs"][0] is None and lp["top_logprobs"][0] is None
+    assert all(x < 0 for x in lp["token_logprobs"][1:]) and all(len(t) == 1 for t in lp["top_logprobs"][1:])
+    status, zero = post(server, "/v1/completions", body | {"max_tokens": 0})
+    z = zero["choices"][0]
+    assert (z["text"], z["logprobs"]["token_logprobs"], zero["usage"]["completion_tokens"]) == (
+        "The river runs",
+        lp["token_logprobs"][:-1],
+        0,
+    )
