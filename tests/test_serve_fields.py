@@ -58,7 +58,7 @@ def test_unknown_and_unimplemented_fields_are_400s_naming_them(server):
         ("/v1/completions", ok | {"response_format": {"type": "json_object"}}, "response_format"),
         ("/v1/completions", ok | {"guided_json": {"type": "object"}}, "guided_json"),
         ("/v1/completions", ok | {"allowed_token_ids": [1, 2]}, "allowed_token_ids"),
-        ("/v1/chat/completions", chat | {"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
+        ("/v1/chat/completions", chat | {"tools": [{"type": "function", "function": {"nom": "f"}}]}, "tools"),
         ("/v1/chat/completions", chat | {"tool_choice": "required"}, "tool_choice"),
         ("/v1/chat/completions", chat | {"response_format": {"type": "json_schema"}}, "response_format"),
         ("/v1/chat/completions", chat | {"modalities": ["audio"]}, "modalities"),
@@ -88,6 +88,7 @@ def test_unknown_and_unimplemented_fields_are_400s_naming_them(server):
         ("/v1/completions", ok | {"best_of": 1, "use_beam_search": False, "suffix": "", "echo": False}),
         ("/v1/chat/completions", chat | {"tools": [], "tool_choice": "none", "response_format": {"type": "text"}}),
         ("/v1/chat/completions", chat | {"parallel_tool_calls": True, "modalities": ["text"]}),
+        ("/v1/chat/completions", chat | {"tools": [{"type": "function", "function": {"name": "f"}}]}),
     ]
     for path, body in accepted:
         status, answer = post(server, path, body)

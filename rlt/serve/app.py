@@ -25,16 +25,18 @@ def build_app(
     limits: Limits | None = None,
     chat_template: str | None = None,
     options: ServerOptions | None = None,
+    parsers: tuple[str | None, str | None] = (None, None),
 ):
     """engine_factory(): an `async with` rlt.Engine launch, entered at start-up; defaults: sampling
     defaults for fields a request leaves out (generation_config.json's, overridden by flags); limits:
     what one request may ask (rlt/serve/limits.py); chat_template: --chat-template's text; served_name:
     the model's name, or its names (a request may give any; metrics and a request that gives none
-    name the first); options: CORS and the request log (rlt/serve/middleware.py)."""
+    name the first); options: CORS and the request log (rlt/serve/middleware.py); parsers: the
+    reasoning and tool-call parsers of chat responses (rlt/serve/parsers.py; None: none)."""
     names = [served_name] if isinstance(served_name, str) else list(served_name)
     served_name = names[0]
     limits = limits or Limits()
-    served = generate.Served(limits, Pool(), chat_template)
+    served = generate.Served(limits, Pool(), chat_template, *parsers)
 
     async def lifespan(app: FastAPI):
         async with engine_factory() as engine:

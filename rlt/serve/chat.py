@@ -2,7 +2,8 @@
 else `--chat-template`, else the checkpoint's. Messages are normalized as vLLM hands them to
 Hugging Face templates: text content parts joined by newlines, an assistant turn's `content: null`
 (beside its `tool_calls`) as "", tool-call arguments parsed from their JSON text, `tool` turns as
-they come. Runs in the pool (rendering and tokenizing a long chat takes a while)."""
+they come; the request's `tools` go to the template (whatever its tool_choice: "none" only stops the
+parsing). Runs in the pool (rendering and tokenizing a long chat takes a while)."""
 
 import json
 
@@ -64,6 +65,17 @@ def messages_of(messages) -> list[dict]:
     return out
 
 
+def tools_of(tools) -> list[dict] | None:
+    """The request's tools as templates take them (OpenAI's {"type": "function", "function": {...}})."""
+    if not tools:
+        return None
+    for i, t in enumerate(tools):
+        fn = t.get("function") if isinstance(t, dict) and t.get("type") == "function" else None
+        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
+            raise RequestError(f"tools[{i}] must be a function tool with a name, got {short(t)}")
+    return tools
+
+
 def render(engine, req, default_template: str | None, add_special_tokens: bool) -> tuple[list[int], str]:
     """(prompt token ids, the rendered text); a template that writes the BOS itself does not get a
     second one from the tokenizer."""
@@ -86,10 +98,12 @@ def render(engine, req, default_template: str | None, add_special_tokens: bool) 
         raise RequestError("add_generation_prompt and continue_final_message cannot both be true")
     if cont and messages[-1]["role"] != "assistant":
         raise RequestError("continue_final_message needs the last message to be the assistant's")
+    tools = tools_of(getattr(req, "tools", None))
     try:
         text = tok.apply_chat_template(
             messages,
             documents=req.documents,
+            tools=tools,
             chat_template=template,
             add_generation_prompt=generation,
             continue_final_message=cont,

@@ -9,6 +9,7 @@ import msgspec
 
 from rlt.serve import errors
 from rlt.serve import openai_api as oa
+from rlt.serve.parsers import assemble
 from rlt.serve.requests import Options
 
 _json = msgspec.json.Encoder()  # server-sent events: several times json.dumps's speed
@@ -22,6 +23,7 @@ class Choice:
         self.index, self.prompt_ids, self.echo, self.opts = index, prompt_ids, echo, opts
         self.timing, self.text_of = timing, text_of
         self.out, self.started, self.text_sent, self.tokens_sent, self.lp_offset = None, False, 0, 0, 0
+        self.split = opts.parsing.new() if opts.parsing is not None else None  # (a stream's parsers)
 
     def take(self, out) -> None:
         self.timing.output(out)
@@ -30,6 +32,32 @@ class Choice:
     @property
     def finish(self) -> str | None:
         return self.out.finish_reason if self.out is not None and self.out.finished else None
+
+    def _finish(self, split) -> str | None:
+        """The finish reason a response gives: a stop after tool calls is "tool_calls" (as OpenAI)."""
+        f = self.finish
+        return "tool_calls" if f == "stop" and split is not None and split.any_call else f
+
+    def _message(self, split, text: str, echo: str, final: bool, whole: bool) -> dict:
+        """A chat message (whole) or delta: the text through the parsers, if any."""
+        if split is None:
+            return {"role": "assistant", "content": echo + text} if whole else {"content": echo + text}
+        p = split.feed(text, final)
+        m, content = {"role": "assistant"} if whole else {}, echo + p.content
+        if whole:
+            m["content"] = content if content or not p.calls else None
+            if self.opts.parsing.reasoning and self.opts.parsing.include_reasoning:
+                m["reasoning_content"] = p.reasoning or None
+            if p.calls:
+                m["tool_calls"] = assemble(p.calls)
+            return m
+        if p.reasoning:
+            m["reasoning_content"] = p.reasoning
+        if p.calls:
+            m["tool_calls"] = p.calls
+        if content or not m:
+            m["content"] = content
+        return m
 
     @property
     def ids(self) -> list[int]:
@@ -76,28 +104,26 @@ class Choice:
         text = self._text()[self.text_sent :]
         self.text_sent += len(text)
         echo = first and self.opts.echo
-        c = {
-            "index": self.index,
-            "finish_reason": self.finish,
-            "logprobs": self._logprobs(chat, self.tokens_sent, echo),
-        }
-        text = self.echo + text if echo else text
+        c = {"index": self.index, "finish_reason": None, "logprobs": self._logprobs(chat, self.tokens_sent, echo)}
         if chat:
-            c["delta"] = {"content": text}
+            c["delta"] = self._message(self.split, text, self.echo if echo else "", self.finish is not None, False)
         else:
-            c["text"] = text
+            c["text"] = self.echo + text if echo else text
+        c["finish_reason"] = self._finish(self.split)
         depths = self.out.exit_depths[self.tokens_sent : len(self.ids)] if self.out is not None else []
         self.tokens_sent += len(ids)
         self.started = True
         return self._extras(c, ids, depths, chat, first)
 
     def final(self, chat: bool) -> dict:
-        text = (self.echo if self.opts.echo else "") + self._text()
-        c = {"index": self.index, "finish_reason": self.finish, "logprobs": self._logprobs(chat, 0, self.opts.echo)}
+        echo = self.echo if self.opts.echo else ""
+        c = {"index": self.index, "finish_reason": None, "logprobs": self._logprobs(chat, 0, self.opts.echo)}
+        split = self.opts.parsing.new() if self.opts.parsing is not None else None
         if chat:
-            c["message"] = {"role": "assistant", "content": text}
+            c["message"] = self._message(split, self._text(), echo, True, True)
         else:
-            c["text"] = text
+            c["text"] = echo + self._text()
+        c["finish_reason"] = self._finish(split)
         if self.out is not None and self.out.stop_reason is not None:
             c["stop_reason"] = self.out.stop_reason
         depths = self.out.exit_depths[: len(self.ids)] if self.out is not None else []

@@ -20,6 +20,7 @@ from rlt.serve.choices import Choice, events, run, usage
 from rlt.serve.errors import HTTPError, short
 from rlt.serve.flags import Limits
 from rlt.serve.limits import Pool, check_prompts, token_ids
+from rlt.serve.parsers import CALL, END_CALL, END_THINK, THINK, Parsing
 
 _json = msgspec.json.Encoder()
 
@@ -31,6 +32,8 @@ class Served:
     limits: Limits
     pool: Pool
     chat_template: str | None = None
+    reasoning_parser: str | None = None  # --reasoning-parser (rlt/serve/parsers.py)
+    tool_parser: str | None = None  # --tool-call-parser
 
 
 @contextmanager
@@ -73,13 +76,35 @@ async def chat(request: Request, body: dict, served: Served, name: str):
     with bad_request():
         req = rq.parse(body, rq.ChatRequest)
         params, opts = rq.to_sampling_params(req, True, state.defaults)
-        ids, _ = await served.pool.run(
+        ids, text = await served.pool.run(
             chat_template.render, state.engine, req, served.chat_template, opts.add_special_tokens
         )
         ids = _truncate(ids, opts.truncate_prompt_tokens)
+        opts.parsing, params = parsing(req, text, served, state.engine.tokenizer, params)
         last = req.messages[-1] if isinstance(req.messages, list) else {}
         echo = chat_template.messages_of([last])[0]["content"] if opts.echo and last.get("role") == "assistant" else ""
     return await _respond(request, params, opts, [ids], [echo], True, name)
+
+
+def parsing(req, prompt_text: str, served: Served, tok, params):
+    """The request's reasoning and tool-call parsing (None: none) and its params: markers that are
+    special tokens stay in the engine's text (skip_special_tokens false, as vLLM's tool parsers ask)
+    and the server drops the other special tokens itself."""
+    tools = bool(req.tools) and req.tool_choice != "none"
+    if tools and served.tool_parser is None:
+        raise RequestError("tools: this server parses no tool calls (start it with --tool-call-parser hermes)")
+    reasoning = served.reasoning_parser is not None
+    if not (tools or reasoning):
+        return None, params
+    markers = {THINK, END_THINK} if reasoning else set()
+    markers |= {CALL, END_CALL} if tools else set()
+    specials = {t.content for t in tok.backend_tokenizer.get_added_tokens_decoder().values() if t.special}
+    strip = drop = ()
+    if params.skip_special_tokens and markers & specials:
+        params = msgspec.structs.replace(params, skip_special_tokens=False)
+        strip, drop = tuple(sorted(specials - markers)), tuple(sorted(markers & specials))
+    include = req.include_reasoning is not False
+    return Parsing(reasoning, prompt_text, tools, include, strip, drop), params
 
 
 def _decode(engine, ids: list[int]) -> str:
@@ -175,6 +200,7 @@ class TokenizeRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     chat_template: str | None = None
     chat_template_kwargs: dict | None = None
     documents: list[dict] | None = None
+    tools: list | None = None
     return_token_strs: bool | None = None
 
 

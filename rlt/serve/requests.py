@@ -3,10 +3,10 @@ converting to rlt.SamplingParams (as vLLM's to_sampling_params).
 
 Every field of OpenAI's and vLLM's request schemas is implemented, accepted because it never
 changes the output (`user`, `metadata`, `store`, `service_tier`, ...), or refused with a 400 naming
-it unless its value asks for nothing (`best_of: 1`, `tools: []`, `response_format: {"type":
-"text"}`); a field neither defines is a 400 naming it, as OpenAI answers. Types are strict (no "1"
-for 1, no true for 1; null is the default); values are then checked by the engine, whose errors
-name the field and the limit.
+it unless its value asks for nothing (`best_of: 1`, `response_format: {"type": "text"}`,
+`tool_choice: "auto"`); a field neither defines is a 400 naming it, as OpenAI answers. Types are
+strict (no "1" for 1, no true for 1; null is the default); values are then checked by the engine,
+whose errors name the field and the limit.
 """
 
 from dataclasses import dataclass
@@ -17,6 +17,7 @@ import msgspec
 from rlt.errors import RequestError
 from rlt.sampling_params import SamplingParams
 from rlt.serve.errors import HTTPError, short
+from rlt.serve.parsers import Parsing
 
 Int = Annotated[int, msgspec.Meta(ge=-(2**63), le=2**63 - 1)]  # what the engine carries
 
@@ -145,11 +146,12 @@ REFUSED: dict[str, tuple] = {  # field: (does this value ask for nothing?, why i
     "vllm_xargs": (lambda v, r: not v, "vllm_xargs is not supported"),
     "suffix": (lambda v, r: v == "", "suffix (fill-in-the-middle) is not supported"),
     "prompt_embeds": (_NOTHING, "prompt_embeds is not supported: give text or token ids"),
-    "tools": (lambda v, r: not v, "tool calling is not supported"),
-    "tool_choice": (lambda v, r: v in ("none", "auto"), "tool calling is not supported"),
+    "tool_choice": (
+        lambda v, r: v in ("none", "auto"),
+        "only none and auto are supported: required and a named function need grammar-constrained decoding",
+    ),
     "functions": (lambda v, r: not v, "function calling is not supported"),
     "function_call": (lambda v, r: v in ("none", "auto"), "function calling is not supported"),
-    "include_reasoning": (lambda v, r: v, "false is not supported: this server does not separate reasoning"),
     "reasoning_effort": (_NOTHING, "reasoning_effort is not supported"),
     "audio": (_NOTHING, "audio output is not supported"),
     "modalities": (lambda v, r: v == ["text"], "only the text modality is supported"),
@@ -188,6 +190,7 @@ class Options:
     truncate_prompt_tokens: int | None
     add_special_tokens: bool
     id: str | None
+    parsing: Parsing | None = None  # a chat's reasoning and tool-call parsing (rlt/serve/parsers.py)
 
 
 def parse(body: dict, cls: type[_Request]) -> _Request:

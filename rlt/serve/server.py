@@ -46,6 +46,18 @@ def add_parser(sub, add_option_flags) -> None:
         "--chat-template",
         help="a Jinja chat template, or the file holding one, for requests that give none (default: the checkpoint's)",
     )
+    from rlt.serve.parsers import REASONING_PARSERS, TOOL_PARSERS
+
+    for flag, names, what in (
+        ("--reasoning-parser", REASONING_PARSERS, "<think> blocks into reasoning_content"),
+        ("--tool-call-parser", TOOL_PARSERS, "tool calls into tool_calls"),
+    ):
+        g.add_argument(
+            flag,
+            choices=["auto", "none", *names],
+            default="auto",
+            help=f"split chat responses' {what} (default: auto, the family's: see README)",
+        )
     add_http_flags(s)
     add_server_flags(s)
     add_option_flags(s)
@@ -107,8 +119,9 @@ def _serve(args: argparse.Namespace, options: dict, sock: socket.socket) -> int:
     )
     names = args.served_model_name or [args.model or "default"]
     template = chat_template(args.chat_template)
+    parsers = parsers_of(args, launch.engine, template)
     app = build_app(
-        lambda: launch, names, args.api_key, defaults, limits_of(args), template, server_options_of(args)
+        lambda: launch, names, args.api_key, defaults, limits_of(args), template, server_options_of(args), parsers
     )
     config = uvicorn.Config(
         app, loop="uvloop", log_level="warning", access_log=False, backlog=BACKLOG, **uvicorn_options(args)
@@ -117,6 +130,19 @@ def _serve(args: argparse.Namespace, options: dict, sock: socket.socket) -> int:
     server = Server(config, launch.engine, args.shutdown_timeout, f"rlt serve: {names[0]} ready at {url}")
     server.run(sockets=[sock])
     return server.exit_code
+
+
+def parsers_of(args, engine, template: str | None) -> tuple[str | None, str | None]:
+    """--reasoning-parser and --tool-call-parser: auto is the family's default for its template."""
+    from rlt.models.family import FAMILIES
+    from rlt.serve.parsers import default_parsers
+
+    tok = engine.tokenizer
+    template = template or getattr(tok, "chat_template", None)
+    family = FAMILIES[engine.model_config.model_type].name
+    auto = default_parsers(family, template if isinstance(template, str) else None, tok.get_vocab() if tok else None)
+    chosen = (args.reasoning_parser, args.tool_call_parser)
+    return tuple(a if c == "auto" else None if c == "none" else c for c, a in zip(chosen, auto))
 
 
 def chat_template(value: str | None) -> str | None:
