@@ -169,3 +169,47 @@ def load_text(url: str, ids: list[int]) -> str:
     status, answer = post(url, "/detokenize", {"tokens": ids})
     assert status == 200
     return answer["prompt"]
+
+
+class _Timing:  # (what Choice reports to the metrics: nothing here)
+    def output(self, out):
+        pass
+
+    def finished(self, reason):
+        pass
+
+
+def test_choice_streams_tool_call_deltas_that_assemble_into_the_whole_message(checkpoints):
+    """rlt/serve/choices.py on the engine's outputs of the tiny Nanbeige's tokens of TEXT (one token
+    each, the engine's text as its detokenizer makes it, EOS last): the chunks' deltas add up to the
+    whole message, and both finish with tool_calls."""
+    from rlt.outputs import RequestOutput
+    from rlt.serve import openai_api as oa
+    from rlt.serve.choices import Choice
+    from rlt.serve.requests import Options
+
+    tok = load_tokenizer(checkpoints["nanbeige"])
+    ids = tok(TEXT, add_special_tokens=False).input_ids + [tok.eos_token_id]
+    strip = ("<|im_end|>", "<|im_start|>", "<|endoftext|>", "<unk>")
+    parsing = Parsing(reasoning=True, prompt_text=OPEN, tools=True, strip=strip, drop=("<think>", "</think>"))
+    opts = Options(False, False, False, False, False, None, None, False, False, False, 0, None, False, None, parsing)
+    choice = Choice(0, [1, 2], "", opts, _Timing(), oa.token_text(tok, False))
+    detok, deltas = IncrementalDetokenizer(tok, skip_special_tokens=False), []
+    for k in range(1, len(ids) + 1):
+        detok.push(ids[k - 1 : k])
+        last = k == len(ids)
+        out = RequestOutput("r", [1, 2], ids[:k], [1] * k, detok.text, last, "stop" if last else None)
+        choice.take(out)
+        if (d := choice.delta(True)) is not None:
+            deltas.append(d)
+    whole = choice.final(True)
+    m = whole["message"]
+    assert (m["reasoning_content"], m["content"]) == WANT[:2] and whole["finish_reason"] == "tool_calls"
+    assert [(c["function"]["name"], c["function"]["arguments"]) for c in m["tool_calls"]] == WANT[2]
+    d = [x["delta"] for x in deltas]
+    assert "".join(x.get("reasoning_content", "") for x in d) == m["reasoning_content"]
+    assert "".join(x.get("content") or "" for x in d) == m["content"]
+    streamed = assemble([e for x in d for e in x.get("tool_calls", [])])
+    assert [c["function"] for c in streamed] == [c["function"] for c in m["tool_calls"]]
+    assert [x["finish_reason"] for x in deltas] == [None] * (len(deltas) - 1) + ["tool_calls"]
+    assert len([x for x in d if "tool_calls" in x]) > 5  # (arguments streamed in fragments)
