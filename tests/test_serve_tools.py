@@ -70,6 +70,7 @@ def test_parsers_give_the_same_split_however_the_text_is_cut():
         (Parsing(tools=True), 'a <tool_call>{"name": "f", "arguments": {"k": 1', ("", "a", [("f", '{"k": 1')])),
         (Parsing(tools=True), "a <tool_call>{", ("", "a <tool_call>{", [])),
         (Parsing(tools=True), "no calls\n", ("", "no calls\n", [])),
+        (Parsing(tools=True, one_call=True), CALL1 + CALL2 + " x", ("", "x", WANT[2][:1])),  # parallel_tool_calls
         # special tokens the engine kept for the markers go; a marker left over too
         (
             Parsing(reasoning=True, prompt_text=OPEN, tools=True, strip=("<|im_end|>",), drop=("</think>",)),

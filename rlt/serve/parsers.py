@@ -13,6 +13,7 @@ whole response's string); a call whose head is not `{"name": "...", "arguments":
 its end (then its arguments re-encoded), and one that is not JSON stays content.
 """
 
+import functools
 import json
 import re
 import uuid
@@ -25,10 +26,17 @@ CALL, END_CALL = "<tool_call>", "</tool_call>"
 _HEAD = re.compile(r'\s*\{\s*"name"\s*:\s*("(?:[^"\\]|\\.)*")\s*,\s*"arguments"\s*:\s*(?=\S)')
 
 
-def _held(text: str, words) -> int:
+@functools.lru_cache(maxsize=64)
+def _prefixes(words: tuple[str, ...]) -> tuple[frozenset, int]:
+    """The words' proper prefixes, and the longest word's length (a per-token check is a few lookups)."""
+    return frozenset(w[:k] for w in words for k in range(1, len(w))), max(map(len, words), default=1)
+
+
+def _held(text: str, words: tuple[str, ...], prefixes: tuple | None = None) -> int:
     """How many last characters of text may still begin one of words (held back until they settle)."""
-    for k in range(min(len(text), max(map(len, words), default=1) - 1), 0, -1):
-        if any(w.startswith(text[-k:]) for w in words):
+    starts, longest = prefixes or _prefixes(words)
+    for k in range(min(len(text), longest - 1), 0, -1):
+        if text[-k:] in starts:
             return k
     return 0
 
@@ -176,6 +184,7 @@ class Parsing:
     tools: bool = False
     include_reasoning: bool = True
     strip: tuple[str, ...] = ()
+    one_call: bool = False  # parallel_tool_calls false: the first call only (as vLLM)
     drop: tuple[str, ...] = ()  # special markers left over in the text once parsed (skip_special_tokens drops them)
 
     def new(self) -> "Split":
@@ -193,14 +202,14 @@ class _Strip:
     """Removes these words from a text fed in pieces (a suffix that may begin one is held back)."""
 
     def __init__(self, words: tuple[str, ...]):
-        self.words, self.held = words, ""
+        self.words, self.held, self.prefixes = words, "", _prefixes(words)
         self.re = re.compile("|".join(map(re.escape, sorted(words, key=len, reverse=True))))
 
     def feed(self, text: str, final: bool) -> str:
         if not self.words:
             return text
         text = self.held + text
-        keep = 0 if final else _held(text, self.words)
+        keep = 0 if final else _held(text, self.words, self.prefixes)
         self.held = text[len(text) - keep :]
         return self.re.sub("", text[: len(text) - keep])
 
@@ -234,6 +243,8 @@ class Split:
 
     def _calls(self, events: list, out: Pieces) -> None:
         for kind, v in events:
+            if kind != "content" and self.p.one_call and v[0] > 0:
+                continue
             if kind == "content":
                 out.content += v
             elif kind == "call":

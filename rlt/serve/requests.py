@@ -108,7 +108,7 @@ class ChatRequest(_Request):
     add_generation_prompt: bool | None = None
     continue_final_message: bool | None = None
     documents: list[dict[str, Any]] | None = None
-    parallel_tool_calls: bool | None = None  # (accepted: it only matters with tools)
+    parallel_tool_calls: bool | None = None  # false: the first tool call only
     tools: list[Any] | None = None
     tool_choice: Any = None
     functions: list[Any] | None = None
@@ -201,8 +201,9 @@ def parse(body: dict, cls: type[_Request]) -> _Request:
         text = str(e)
         message, _, where = text.partition(" - at `$.")
         field = where.split("`")[0].split("[")[0] if where else None  # ("stream_options.include_usage")
-        if field is None and "`" in message:  # "Object contains unknown field `x`", "... missing required field `x`"
-            field = message.split("`")[1]
+        named = message.split("`")[1] if "`" in message else None  # "... unknown field `x`", "... required field `x`"
+        if named is not None and message.startswith("Object"):  # (inside an object: its path first)
+            field, where = f"{field}.{named}" if field else named, ""
         if message.startswith("Object contains unknown field"):
             message = f"{field} is not a field of this endpoint"
         raise HTTPError(400, f"{where.rstrip('`')}: {message}" if where else message, param=field) from None
