@@ -19,6 +19,7 @@ from rlt.models.tokenizer import load_tokenizer
 JSON = {"Content-Type": "application/json"}
 replace = msgspec.structs.replace
 USER = [{"role": "user", "content": "Where does the river run?"}]
+BAD_CALL = {"role": "assistant", "tool_calls": [{"function": {"name": "f", "arguments": "{not json"}}]}
 # a template that renders tool calls and tool results, and thinks when asked (as Qwen's and Nanbeige's do)
 TOOL_TEMPLATE = (
     "{% for m in messages %}<|im_start|>{{ m.role }}\n"
@@ -63,7 +64,7 @@ def test_unknown_and_unimplemented_fields_are_400s_naming_them(server):
         ("/v1/chat/completions", chat | {"response_format": {"type": "json_schema"}}, "response_format"),
         ("/v1/chat/completions", chat | {"modalities": ["audio"]}, "modalities"),
         ("/v1/chat/completions", chat | {"stream_options": {"include_usage": True}}, "stream_options"),
-        ("/v1/completions", ok | {"stream": True, "stream_options": {"bogus": 1}}, "stream_options"),
+        ("/v1/completions", ok | {"stream": True, "stream_options": {"bogus": 1}}, "stream_options.bogus"),
         ("/v1/completions", ok | {"logit_bias": {"x": 1}}, "logit_bias"),
         ("/v1/completions", ok | {"logit_bias": {"1": 101}}, "logit_bias"),
         ("/v1/completions", ok | {"repetition_penalty": 0}, "repetition_penalty"),
@@ -77,6 +78,7 @@ def test_unknown_and_unimplemented_fields_are_400s_naming_them(server):
             "add_generation_prompt",
         ),
         ("/v1/chat/completions", chat | {"chat_template_kwargs": {"tokenize": True}}, "chat_template_kwargs"),
+        ("/v1/chat/completions", chat | {"messages": USER + [BAD_CALL]}, None),
     ]
     for path, body, param in refused:
         status, answer = post(server, path, body)
@@ -269,6 +271,9 @@ def test_tokenize_and_detokenize_in_vllms_shapes(server):
     assert post(server, "/detokenize", {"tokens": ids}) == (200, {"prompt": tok.decode(ids)})
     status, answer = post(server, "/detokenize", {"tokens": [10**9]})
     assert status == 400 and openai_error(answer, 400, "prompt")
+    assert post(server, "/detokenize", {"tokens": []}) == (200, {"prompt": ""})
+    status, answer = post(server, "/v1/completions", {"prompt": "x", "stream": True, "stream_options": {"frob": 1}})
+    assert status == 400 and "stream_options.frob" in openai_error(answer, 400, "stream_options.frob")["message"]
     status, answer = post(server, "/tokenize", {"prompt": "x", "bogus": 1})
     assert status == 400 and openai_error(answer, 400, "bogus")
 

@@ -36,7 +36,7 @@ def _tool_calls(i: int, calls) -> list:
     if not isinstance(calls, list):
         raise RequestError(f"messages[{i}].tool_calls must be a list, got {short(calls)}")
     out = []
-    for call in calls:
+    for j, call in enumerate(calls):
         fn = call.get("function") if isinstance(call, dict) else None
         if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
             raise RequestError(f"messages[{i}].tool_calls entries need a function with a name, got {short(call)}")
@@ -45,7 +45,9 @@ def _tool_calls(i: int, calls) -> list:
             try:
                 args = json.loads(args)
             except ValueError:
-                pass
+                raise RequestError(
+                    f"messages[{i}].tool_calls[{j}].function.arguments must be JSON text, got {short(args)}"
+                ) from None
         out.append(call | {"function": fn | {"arguments": args}})
     return out
 
