@@ -227,9 +227,9 @@ async def tokenize(request: Request, body: dict, served: Served) -> dict:
         if req.messages is not None:
             add = req.add_special_tokens if req.add_special_tokens is not None else True
             ids, _ = await served.pool.run(chat_template.render, engine, req, served.chat_template, add)
-        else:
+        else:  # (any length, as vLLM: only generating needs the prompt to fit)
             add = req.add_special_tokens if req.add_special_tokens is not None else True
-            ids = await served.pool.run(token_ids, engine, req.prompt, add)
+            ids = (await served.pool.run(lambda: engine.tokenizer(req.prompt, add_special_tokens=add))).input_ids
     out = {"count": len(ids), "max_model_len": engine.model_config.max_positions, "tokens": ids}
     if req.return_token_strs:
         out["token_strs"] = engine.tokenizer.convert_ids_to_tokens(ids)
@@ -242,7 +242,8 @@ async def detokenize(request: Request, body: dict, served: Served) -> dict:
         req = rq.parse(body, DetokenizeRequest)
         if engine.tokenizer is None:
             raise RequestError("tokens: this model has no tokenizer")
-        engine.tokenize(req.tokens)  # (ids outside the vocabulary: a 400 naming them)
+        if req.tokens:  # (ids outside the vocabulary: a 400 naming them; none: "")
+            engine.tokenize(req.tokens)
         text = await served.pool.run(engine.tokenizer.decode, req.tokens)
     if not isinstance(text, str):
         raise HTTPError(500, f"tokens {short(req.tokens)} did not decode")

@@ -201,8 +201,9 @@ def parse(body: dict, cls: type[_Request]) -> _Request:
         text = str(e)
         message, _, where = text.partition(" - at `$.")
         field = where.split("`")[0].split("[")[0] if where else None  # ("stream_options.include_usage")
-        if field is None and "`" in message:  # "Object contains unknown field `x`", "... missing required field `x`"
-            field = message.split("`")[1]
+        named = message.split("`")[1] if "`" in message else None  # "... unknown field `x`", "... required field `x`"
+        if named is not None and message.startswith("Object"):  # (inside an object: its path first)
+            field, where = f"{field}.{named}" if field else named, ""
         if message.startswith("Object contains unknown field"):
             message = f"{field} is not a field of this endpoint"
         raise HTTPError(400, f"{where.rstrip('`')}: {message}" if where else message, param=field) from None
