@@ -54,10 +54,25 @@ def _logit_bias(text: str) -> dict[int, float]:
         raise argparse.ArgumentTypeError(f"expected a JSON object of token id -> bias, got {text!r}") from None
 
 
+def _structured_output(text: str):
+    import msgspec
+
+    from rlt.sampling_params import StructuredOutput
+
+    try:
+        return msgspec.json.decode(text, type=StructuredOutput)
+    except msgspec.DecodeError as e:
+        raise argparse.ArgumentTypeError(f"expected a JSON structured output, got {text!r}: {e}") from None
+
+
 # rlt generate's own defaults where they differ from SamplingParams' (a command line is read by a person: greedy)
 GENERATE_DEFAULTS = {"temperature": 0.0, "stop_token_ids": [], "stop": [], "logit_bias": {}}
 # fields whose values are not one scalar: (type, how the help shows it)
-_COMPOUND = {"stop_token_ids": (_token_ids, "comma-separated"), "logit_bias": (_logit_bias, 'JSON, e.g. {"42": -5}')}
+_COMPOUND = {
+    "stop_token_ids": (_token_ids, "comma-separated"),
+    "logit_bias": (_logit_bias, 'JSON, e.g. {"42": -5}'),
+    "structured_output": (_structured_output, 'JSON, e.g. {"regex": "[0-9]+"} or {"json": {...}}'),
+}
 
 
 def _add_sampling_flags(group) -> None:

@@ -10,6 +10,16 @@ def _doc(text: str) -> msgspec.Meta:
     return msgspec.Meta(description=text)
 
 
+class StructuredOutput(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """Output constrained by a grammar (vLLM's StructuredOutputsParams); exactly one field set."""
+
+    json: dict | str | None = None  # a JSON schema (a dict, or its JSON text)
+    regex: str | None = None  # the whole output matches this regular expression
+    choice: list[str] | None = None  # the output is one of these strings
+    grammar: str | None = None  # an EBNF (GBNF) grammar with a `root` rule
+    json_object: bool | None = None  # True: any JSON object
+
+
 class SamplingParams(msgspec.Struct, kw_only=True, omit_defaults=True):
     """Each field's help is its description (the CLI's flags are made from them)."""
 
@@ -47,6 +57,9 @@ class SamplingParams(msgspec.Struct, kw_only=True, omit_defaults=True):
     include_stop_str_in_output: Annotated[bool, _doc("keep the stop string that ended the output in its text")] = False
     skip_special_tokens: Annotated[bool, _doc("leave special tokens out of the text")] = True
     n: Annotated[int, _doc("outputs of the prompt, choice i sampled with seed + i")] = 1
+    structured_output: Annotated[
+        StructuredOutput | None, _doc("constrain the output to a JSON schema, regex, choice or grammar")
+    ] = None
 
 
 class ResolvedParams(msgspec.Struct, frozen=True, kw_only=True):
@@ -72,6 +85,7 @@ class ResolvedParams(msgspec.Struct, frozen=True, kw_only=True):
     min_p: float = 0.0  # after temperature
     logit_bias: dict[int, float] = {}
     min_tokens: int = 0  # EOS and stop_token_ids are masked before this many outputs
+    structured_output: tuple[str, str] | None = None  # (kind, spec text): rlt/grammar.py spec_of
 
     @property
     def penalized(self) -> bool:

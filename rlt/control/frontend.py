@@ -76,6 +76,7 @@ class Engine:
         self.model_config, self.engine_config, self.launch_config = mc, engine, launch
         self.tokenizer = None  # the checkpoint's, once launch has loaded it (None: it ships none)
         self._tokenizer_loaded = False
+        self._grammars = None  # rlt/grammar.py, with the tokenizer: checks requests' structured output
         self._supervisor = Supervisor(mc, engine, launch)
         self._lifecycle = self._supervisor.lifecycle
         self._loop: asyncio.AbstractEventLoop | None = None  # the caller's, once launched
@@ -118,6 +119,11 @@ class Engine:
             from rlt.models.tokenizer import load_tokenizer
 
             self.tokenizer = load_tokenizer(self.model_config.path)
+            if self.tokenizer is not None:  # structured output's checks (xgrammar's tokenizer info: ~0.3 s at 64K)
+                from rlt.grammar import Grammars
+
+                mc = self.model_config
+                self._grammars = Grammars(self.tokenizer, mc.vocab_size, mc.eos_token_ids)
             self._tokenizer_loaded = True
 
     # ---- requests ---------------------------------------------------------------------------------
@@ -194,6 +200,10 @@ class Engine:
             seeded = params if params.seed is None else msgspec.structs.replace(params, seed=params.seed + i)
             ps.append(resolve_params(self.model_config, len(ids), seeded))
         priority = validate_priority(priority)
+        if (spec := ps[0].structured_output) is not None:  # compiled (ms; then cached) before any worker sees it
+            if self._grammars is None:
+                raise RequestError(f"structured_output needs text: {self.model_config.path} has no tokenizer.json")
+            self._grammars.check(spec)
         names = [request_id] if n == 1 else [f"{request_id}-{i}" for i in range(n)]
         lc = self._lifecycle
         for name in names:

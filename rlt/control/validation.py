@@ -5,6 +5,7 @@ import secrets
 
 from rlt.config import ModelConfig
 from rlt.errors import RequestError
+from rlt.grammar import spec_of
 from rlt.sampling_params import ResolvedParams, SamplingParams
 
 INT64 = (-(2**63), 2**63 - 1)  # what msgpack and the workers' int64 tensors carry
@@ -108,6 +109,7 @@ def resolve_params(mc: ModelConfig, prompt_len: int, p: SamplingParams) -> Resol
         min_p=_in("min_p", p.min_p, 0, 1),
         logit_bias=_logit_bias(p.logit_bias, V),
         min_tokens=_int("min_tokens", p.min_tokens, lo=0, hi=max_tokens, hi_text=f"max_tokens ({max_tokens})"),
+        structured_output=spec_of(p.structured_output),  # (compiled against the tokenizer by the caller)
     )
 
 

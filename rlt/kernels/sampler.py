@@ -52,6 +52,15 @@ class LogitEdits:
     banned: tuple | None = None  # (row [M], token [M], until [M]): -inf while the row's output index < until
     # the penalties, in place on the logits: penalize() on Penalties, or the workers' slot kernels
     penalize: Callable[[torch.Tensor], None] | None = None
+    # grammars: (row [C], bitmask [C, ceil(V / 32)] int32 or int64 words): -inf where a bit is 0
+    allowed: tuple | None = None
+
+
+def allowed_mask(bits: torch.Tensor, V: int) -> torch.Tensor:
+    """Bitmask words [C, W] (bit t % 32 of word t // 32: token t allowed) -> [C, V] bool."""
+    bits = bits.to(torch.int32)  # (int64 words from the step buffer hold int32 values: half the temporaries)
+    shifts = torch.arange(32, device=bits.device, dtype=torch.int32)
+    return ((bits.unsqueeze(-1) >> shifts) & 1).bool().flatten(1)[:, :V]
 
 
 def edit(logits: torch.Tensor, e: LogitEdits, output_index: torch.Tensor, inplace: bool = False) -> torch.Tensor:
@@ -66,6 +75,9 @@ def edit(logits: torch.Tensor, e: LogitEdits, output_index: torch.Tensor, inplac
         x[row, tok] = torch.where(output_index[row] < until, float("-inf"), x[row, tok])
     if e.penalize is not None:
         e.penalize(x)
+    if e.allowed is not None:  # last: nothing above can lift a token out of -inf
+        row, bits = e.allowed
+        x[row] = x[row].masked_fill(~allowed_mask(bits, x.shape[1]), float("-inf"))
     return x
 
 

@@ -21,6 +21,7 @@ from rlt.kernels import mode
 from rlt.kernels.sampler import top_dict
 from rlt.sampling_params import ResolvedParams
 from rlt.workers.exit_policy import exits_early
+from rlt.workers.grammar import WorkerGrammars
 from rlt.workers.kv_pool import BlockTables, KVPool
 from rlt.workers.memory import pool_blocks
 from rlt.workers.prefix_cache import root_key
@@ -48,7 +49,8 @@ class LoopEngine:
         num_blocks, self.pool_sizing = pool_blocks(mc, model, cfg, dtype, device)
         self.pool = KVPool(mc, cfg.kv_layout, cfg.block_size, num_blocks, dtype, device, cfg.enable_prefix_caching)
         self.runner = Runner(mc, model, self.pool, device, cfg)
-        self.sched = Scheduler(cfg, self.pool, mc.depth, self.runner.penalties)
+        self.grammars = WorkerGrammars(mc)  # structured output (rlt/workers/grammar.py)
+        self.sched = Scheduler(cfg, self.pool, mc.depth, self.runner.penalties, self.grammars)
         self._arrival = itertools.count()
         self._live: dict[int, Sequence] = {}
         # Disaggregation: a prefill worker keeps a finished prompt's blocks until their transfer is
@@ -267,7 +269,8 @@ class LoopEngine:
             and bool(self.running)
             and not self.sched.admissible()
             and all(
-                s.group is not None and s.group.decoding and s.group.n == 1 and not s.prefill_only for s in self.running
+                s.group is not None and s.group.decoding and s.group.n == 1 and not s.prefill_only and s.matcher is None
+                for s in self.running
             )
             and (self.cfg.steady_decode == "always" or any(exits_early(s.group.params) for s in self.running))
         )
@@ -330,8 +333,8 @@ class LoopEngine:
         s.output.append(tok)
         s.depths.append(depth)
         p = s.params
-        reason = None
-        if (not p.ignore_eos and tok in self.mc.eos_token_ids) or tok in p.stop_token_ids:
+        reason, ended = None, self.grammars.accept(s, tok)  # (a grammar ends at a stop token it took)
+        if ended or (not p.ignore_eos and tok in self.mc.eos_token_ids) or tok in p.stop_token_ids:
             reason = "stop"
         elif len(s.output) >= p.max_tokens:
             reason = "length"

@@ -3,16 +3,18 @@
 num_blocks wins, then kv_memory_bytes. Otherwise, on CUDA, the pool takes what
 gpu_memory_utilization leaves of the device once the weights, the largest pass's activations
 (measured by running it: max_num_batched_tokens prompt rows with their prompt logprobs, then
-max_num_seqs sampled rows with every sampling control), the penalty state and memory outside
+max_num_seqs sampled rows with every sampling control and a grammar), the penalty state and memory outside
 torch's allocator (the CUDA context, library workspaces) are counted, as vLLM sizes its pool. On
 CPU a fixed 1 GiB.
 """
+
+import os
 
 import msgspec
 import torch
 
 from rlt.config import CPU_KV_BYTES, EngineConfig, ModelConfig
-from rlt.sampling_params import SamplingParams
+from rlt.sampling_params import SamplingParams, StructuredOutput
 from rlt.workers.kv_pool import KVPool
 
 MAX_BLOCKS = 65536
@@ -21,6 +23,14 @@ GIB = 2**30
 EDITS = dict(
     repetition_penalty=1.1, presence_penalty=0.5, frequency_penalty=0.5, min_p=0.05, logit_bias={1: 1.0}, min_tokens=1
 )
+
+
+def grammar(mc) -> dict:
+    """A structured output (its bitmask in the sampler) for the profile and the warm-up, where the
+    checkpoint has a tokenizer (without one, no request can have a grammar)."""
+    if not os.path.exists(os.path.join(mc.path, "tokenizer.json")):
+        return {}
+    return dict(structured_output=StructuredOutput(regex="[a-z ]{1,40}"))
 
 
 def pool_blocks(mc: ModelConfig, model, cfg: EngineConfig, dtype: torch.dtype, device: str) -> tuple[int, str]:
@@ -55,8 +65,9 @@ def _left_for_kv(mc, model, cfg: EngineConfig, dtype, device) -> tuple[int, str]
     first = resolve_params(mc, rows, first)
     engine.add_request(-1, [0] * min(rows, mc.max_positions - 1), first)
     # every sampling control at once: the most temporaries a sampled row makes (penalty state and
-    # logit edits included; the penalty slots themselves were allocated with the engine)
-    every = resolve_params(mc, 1, SamplingParams(max_tokens=2, temperature=1.0, top_k=5, logprobs=20, **EDITS))
+    # logit edits and a grammar's bitmask included; the penalty slots were allocated with the engine)
+    every = SamplingParams(max_tokens=2, temperature=1.0, top_k=5, logprobs=20, **EDITS, **grammar(mc))
+    every = resolve_params(mc, 1, every)
     for i in range(seqs):
         engine.add_request(i, [i % mc.vocab_size], every)
     while engine.has_work():

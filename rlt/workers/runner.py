@@ -1,6 +1,5 @@
-"""Executes one engine step on the device: embed new rows, one core pass over every active row
-(each at its own depth, on its own KV plane), exit decisions, LAST_EXITED finalize copies, heads
-and batched sampling.
+"""Executes one engine step on the device: embed new rows, one core pass over every active row (each
+at its own depth, on its own KV plane), exit decisions, LAST_EXITED finalize copies, heads, sampling.
 
 Everything the step needs from the host is packed into one buffer and sent in one copy before the
 pass. The host reads the exit mask back only when some row's exit depends on its gate at this
@@ -55,6 +54,7 @@ class Group:
     slot: int | None = None  # penalized: its request's slot of PenaltyState (rlt/workers/penalties.py)
     listed: int = 0  # ... and the distinct prompt tokens that open that slot's token list
     prompt_targets: list[int] | None = None  # prompt_logprobs asked: the prompt tokens its rows predict
+    matcher: object | None = None  # structured output: its request's Constraint (rlt/workers/grammar.py)
 
     @property
     def gated(self) -> bool:

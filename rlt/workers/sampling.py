@@ -10,6 +10,7 @@ import numpy as np
 import torch
 
 from rlt.kernels.sampler import LogitEdits, SamplingTensors, edit, sample
+from rlt.workers.grammar import mask_fields
 from rlt.workers.penalties import PenaltyState
 
 
@@ -50,13 +51,14 @@ def _edit_fields(params: list, index: list[int], eos, slots: list) -> dict:
 def _edits(t: dict, state: PenaltyState, n: int) -> LogitEdits | None:
     """The packed edit fields as the sampler's LogitEdits (None: no row has any); n bounds the
     penalized rows' list lengths."""
-    if not any(k in t for k in ("bias_row", "ban_row", "pen_row")):
+    if not any(k in t for k in ("bias_row", "ban_row", "pen_row", "gm_row")):
         return None
     pen = (t["pen_row"], t["pen_slot"], n, t["pen_rep"], t["pen_freq"], t["pen_pres"]) if "pen_row" in t else None
     return LogitEdits(
         bias=(t["bias_row"], t["bias_tok"], t["bias_val"]) if "bias_row" in t else None,
         banned=(t["ban_row"], t["ban_tok"], t["ban_until"]) if "ban_row" in t else None,
         penalize=state.penalize(*pen) if pen else None,
+        allowed=(t["gm_row"], t["gm_mask"]) if "gm_row" in t else None,
     )
 
 
@@ -73,7 +75,8 @@ def fields(groups: list, eos: tuple[int, ...]) -> dict:
     }
     if any(p.min_p > 0 for p in params):
         f["min_p"] = np.array([p.min_p for p in params], dtype=np.float32)
-    return f | _edit_fields(params, index, eos, [(g.slot, g.listed) if g.slot is not None else None for g in groups])
+    slots = [(g.slot, g.listed) if g.slot is not None else None for g in groups]
+    return f | _edit_fields(params, index, eos, slots) | mask_fields(groups)
 
 
 def sample_groups(logits: torch.Tensor, t: dict, groups: list, state: PenaltyState, keep_raw: bool) -> torch.Tensor:

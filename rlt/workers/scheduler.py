@@ -21,9 +21,10 @@ from rlt.workers.sequence import Sequence
 
 
 class Scheduler:
-    def __init__(self, cfg: EngineConfig, pool: KVPool, depth: int, penalties: PenaltyState):
+    def __init__(self, cfg: EngineConfig, pool: KVPool, depth: int, penalties: PenaltyState, grammars=None):
         self.cfg, self.pool, self.depth = cfg, pool, depth  # depth: the model's, every prompt position's
         self.penalties = penalties  # a slot for each running request that is penalized
+        self.grammars = grammars  # WorkerGrammars: a constrained request waits for its grammar's compile
         self.cached_events: list[tuple[int, int, int]] = []  # (request, 0, end): prompt positions found cached
         self.waiting: list[Sequence] = []
         self.running: list[Sequence] = []
@@ -46,6 +47,8 @@ class Scheduler:
 
     def step(self) -> None:
         """Rows and blocks for the next pass; then admission, unless that preempted."""
+        if not self.running and self.waiting and self.grammars is not None:
+            self.grammars.wait(0.005)  # (only while a grammar compiles)
         if self._schedule() and self._admit():
             self._schedule()
 
@@ -62,6 +65,8 @@ class Scheduler:
             return None
         head = True
         for s in self.waiting:
+            if self.grammars is not None and not self.grammars.ready(s):
+                continue  # compiling (off the loop): it holds nobody up
             if s.tables is not None:
                 return s, []
             if head and s.feed is None:  # (a preempted one with a token on its way back: resumed once it is read)

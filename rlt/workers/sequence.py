@@ -42,6 +42,7 @@ class Sequence:
     slot: int | None = None  # while running, penalized: its slot of penalty state (rlt/workers/penalties.py)
     listed: int = 0  # its prompt's distinct tokens (the first entries of that slot's token list)
     prompt_logprobs: list | None = None  # asked for: per prompt position so far (rlt/workers/prompt_logprobs.py)
+    matcher: object | None = None  # structured output: its Constraint, once its grammar is compiled
 
     @property
     def in_flight(self) -> list[Group]:
@@ -108,6 +109,7 @@ class Sequence:
                     samples=last and not s.output,
                     output_index=0,
                     prompt_targets=targets(s.prompt, s.num_done, len(ids)) if asks else None,
+                    matcher=s.matcher,
                     **s.penalty,
                 )
             ]
@@ -121,8 +123,10 @@ class Sequence:
                 Group([s.output[i - P]], i, s.tables, p, True, False, 0, exit_depth=s.depths[i - P + 1])
                 for i in range(start, end)
             ]
-        if s.replay or (s.feed is not None and (s.prefill_only or len(s.output) + 1 >= p.max_tokens)):
-            return []  # still recomputing; or that token ends it (or hands it off): nothing to decode here
+        if s.replay or (
+            s.feed is not None and (s.prefill_only or len(s.output) + 1 >= p.max_tokens or s.matcher is not None)
+        ):  # still recomputing; or that token ends it (or hands it off) or its grammar's next mask needs it
+            return []
         return [
             Group(
                 [0] if s.feed is not None else [s.output[-1]],
@@ -133,6 +137,7 @@ class Sequence:
                 samples=True,
                 output_index=len(s.output) + (s.feed is not None),
                 feed=s.feed,
+                matcher=s.matcher,
                 **s.penalty,
             )
         ]

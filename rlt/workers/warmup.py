@@ -9,7 +9,7 @@ on the worker: first-use work is counted per worker in stats()).
 2. Passes: synthetic requests through the engine itself (its pool, its scheduler): prompts of
    lengths that give every row-count and table-width class a pass can have (one row, a few, a tile,
    a dense chunk, chunks after a prefix, a full pass), alone and all together with decode rows in
-   the same passes, greedy and sampled, with and without logit edits, penalties and prompt
+   the same passes, greedy and sampled, with and without logit edits, penalties, a grammar and prompt
    logprobs, fixed depth and adaptive exit (steady decode). Everything they take is returned.
 On CPU (the torch reference kernels) there is nothing to warm.
 """
@@ -20,7 +20,7 @@ from rlt.control.validation import resolve_params
 from rlt.sampling_params import SamplingParams
 from rlt.workers.cuda_graphs import BUCKETS
 from rlt.workers.first_use import FirstUse
-from rlt.workers.memory import EDITS
+from rlt.workers.memory import EDITS, grammar
 
 
 def _prompt_lengths(engine) -> list[int]:
@@ -90,6 +90,9 @@ def warm_up(engine, decodes: bool = True, log=print) -> str:
     _run(engine, mixed[: engine.cfg.max_num_seqs])  # prompt chunks and decode rows sharing passes
     many = [(prompt(1 + k % 5, k), kinds[k % len(kinds)]) for k in range(engine.cfg.max_num_seqs)]
     _run(engine, many)  # a full batch of decode rows (steady decode where a request can exit early)
+    if grammar(engine.mc):  # structured output (regular path only): the bitmask in the sampler, beside other rows
+        sp = SamplingParams(max_tokens=4, temperature=0.7, seed=2, logprobs=1, **grammar(engine.mc))
+        _run(engine, [(prompt(1 + k, k), sp if k % 2 else kinds[1]) for k in range(min(8, engine.cfg.max_num_seqs))])
     log(f"warm-up: mixed passes ({time.monotonic() - t0:.1f} s)")
     return (
         f"warm-up: {FirstUse.captures - captures} CUDA graphs, {FirstUse.compiles - compiles} Triton "

@@ -1,0 +1,82 @@
+"""Grammar-constrained decoding with xgrammar (chosen by measurement: scripts/grammar_bench.py), shared
+by the coordinator (checks a request's grammar at the call) and the workers (compile and match).
+
+A request's StructuredOutput becomes a spec, (kind, text), that travels in ResolvedParams and keys
+the compiled-grammar caches. The tokenizer info covers the model's whole vocabulary: ids past the
+tokenizer's are never allowed; the model's EOS ids are the grammar's stop tokens.
+"""
+
+import json
+import re
+
+from rlt.errors import RequestError
+
+KINDS = ("json", "regex", "choice", "grammar", "json_object")
+
+
+def spec_of(so) -> tuple[str, str] | None:
+    """A StructuredOutput (or None) -> its spec, shape-checked (RequestError naming the field)."""
+    if so is None:
+        return None
+    from rlt.sampling_params import StructuredOutput
+
+    if not isinstance(so, StructuredOutput):
+        raise RequestError(f"structured_output must be rlt.StructuredOutput, got {type(so).__name__}")
+    given = [k for k in KINDS if getattr(so, k) not in (None, False)]
+    if len(given) != 1:
+        raise RequestError(f"structured_output must set exactly one of {', '.join(KINDS)}; got {given or 'none'}")
+    kind, v = given[0], getattr(so, given[0])
+    if kind == "json":
+        if isinstance(v, str):
+            try:
+                v = json.loads(v)
+            except ValueError as e:
+                raise RequestError(f"structured_output.json: not JSON: {e}") from None
+        if not isinstance(v, dict):
+            raise RequestError(f"structured_output.json must be a JSON schema object, got {type(v).__name__}")
+        return kind, json.dumps(v)  # (its property order is the output's)
+    if kind == "json_object":
+        if v is not True:
+            raise RequestError(f"structured_output.json_object must be true, got {v!r}")
+        return kind, ""
+    if kind == "choice":
+        if not isinstance(v, list) or not v or not all(isinstance(c, str) and c for c in v):
+            raise RequestError(f"structured_output.choice must be a non-empty list of non-empty strings, got {v!r}")
+        return kind, json.dumps(v)
+    if not isinstance(v, str) or not v:
+        raise RequestError(f"structured_output.{kind} must be a non-empty string, got {v!r}")
+    return kind, v
+
+
+class Grammars:
+    """Compiles specs against one tokenizer (xgrammar's compiler caches them by text)."""
+
+    def __init__(self, tokenizer, vocab_size: int, eos_token_ids):
+        import xgrammar as xgr
+
+        self.info = xgr.TokenizerInfo.from_huggingface(
+            tokenizer, vocab_size=vocab_size, stop_token_ids=list(eos_token_ids)
+        )
+        self.compiler = xgr.GrammarCompiler(self.info, max_threads=1, cache_limit_bytes=256 << 20)
+
+    def compile(self, spec: tuple[str, str]):
+        kind, text = spec
+        c = self.compiler
+        # JSON compact (no free whitespace: a weak model's whitespace could otherwise run to max_tokens)
+        if kind == "json":
+            return c.compile_json_schema(text, any_whitespace=False)
+        if kind == "json_object":  # any object (not strict: any properties)
+            return c.compile_json_schema('{"type": "object"}', any_whitespace=False, strict_mode=False)
+        if kind == "regex":
+            return c.compile_regex(text)
+        if kind == "choice":  # (JSON's string escapes are EBNF's)
+            return c.compile_grammar("root ::= " + " | ".join(json.dumps(s) for s in json.loads(text)))
+        return c.compile_grammar(text)
+
+    def check(self, spec: tuple[str, str]) -> None:
+        """RequestError naming the field if the spec does not compile."""
+        try:
+            self.compile(spec)
+        except Exception as e:  # xgrammar raises RuntimeError("[time] file.cc:line: message")
+            msg = re.sub(r"^\[[^\]]*\]\s*\S+:\d+:\s*", "", str(e).strip())
+            raise RequestError(f"structured_output.{spec[0]}: {msg}") from None

@@ -1,0 +1,94 @@
+"""A worker's side of structured output (rlt/grammar.py): grammars compile off the worker's loop, in
+one thread, cached by spec; a request waits in the scheduler until its grammar is ready (as vLLM).
+Each constrained request then has a matcher (Constraint) that has accepted every output token the
+host knows. Its decode rows are scheduled only once its last token is read back (the mask of the
+next one depends on it), so they never run ahead of the host, nor in steady decode. A PD decode
+worker's matcher starts by accepting the prefill worker's first token; a preempted request keeps
+its matcher (its outputs do not change), and prefix-cache hits do not touch it (outputs only).
+"""
+
+from collections import OrderedDict
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+
+import numpy as np
+
+MAX_CACHED = 512  # compiled grammars a worker keeps (least recently used out)
+
+
+class Constraint:
+    """One request's matcher over the model's whole vocabulary."""
+
+    def __init__(self, compiled, outputs: list[int]):
+        import xgrammar as xgr
+
+        self.matcher = xgr.GrammarMatcher(compiled)
+        self.mask = xgr.allocate_token_bitmask(1, compiled.tokenizer_info.vocab_size)  # [1, ceil(V / 32)] int32
+        self.ended = False
+        for t in outputs:
+            self.accept(t)
+
+    def fill(self) -> np.ndarray:
+        """The bitmask of the tokens the next output may be (bit t % 32 of word t // 32)."""
+        self.matcher.fill_next_token_bitmask(self.mask, 0)
+        return self.mask.numpy()[0]
+
+    def accept(self, token: int) -> bool:
+        """Advance by a sampled token; -> whether the grammar has ended (terminated: it took a stop
+        token; or it refused the token, which its mask did not allow: never, unless the mask was off)."""
+        if not self.ended:
+            self.ended = not self.matcher.accept_token(token) or self.matcher.is_terminated()
+        return self.ended
+
+
+class WorkerGrammars:
+    def __init__(self, mc):
+        self.mc = mc
+        self._grammars = None  # rlt.grammar.Grammars, built in the thread at the first request
+        self._pool: ThreadPoolExecutor | None = None
+        self._compiled: OrderedDict[tuple[str, str], Future] = OrderedDict()
+
+    def ready(self, s) -> bool:
+        """Can the request run (its matcher built, or it has no grammar)? Starts its compile."""
+        spec = s.params.structured_output
+        if spec is None or s.matcher is not None:
+            return True
+        future = self._compiled.get(spec)
+        if future is None:
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(1, thread_name_prefix="rlt-grammar")
+            future = self._compiled[spec] = self._pool.submit(self._compile, spec)
+            while len(self._compiled) > MAX_CACHED:
+                self._compiled.popitem(last=False)
+        self._compiled.move_to_end(spec)
+        if not future.done():
+            return False
+        s.matcher = Constraint(future.result(), s.output)  # (the coordinator compiled it: it compiles here)
+        return True
+
+    def wait(self, seconds: float) -> None:
+        """Nothing else to run: let a compile finish (rather than spin against its thread)."""
+        compiling = [f for f in self._compiled.values() if not f.done()]
+        if compiling:
+            wait(compiling, seconds, return_when=FIRST_COMPLETED)
+
+    def _compile(self, spec):
+        if self._grammars is None:
+            from rlt.grammar import Grammars
+            from rlt.models.tokenizer import load_tokenizer
+
+            mc = self.mc
+            self._grammars = Grammars(load_tokenizer(mc.path), mc.vocab_size, mc.eos_token_ids)
+        return self._grammars.compile(spec)
+
+    @staticmethod
+    def accept(s, token: int) -> bool:
+        """A request's token read back: -> whether its grammar has ended."""
+        return s.matcher is not None and s.matcher.accept(token)
+
+
+def mask_fields(groups: list) -> dict:
+    """The constrained sampled rows' bitmasks, as step fields (empty: no row is constrained)."""
+    rows = [i for i, g in enumerate(groups) if g.matcher is not None]
+    if not rows:
+        return {}
+    return {"gm_row": np.array(rows), "gm_mask": np.stack([groups[i].matcher.fill() for i in rows])}

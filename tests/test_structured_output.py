@@ -1,0 +1,195 @@
+"""Grammar-constrained decoding (rlt/grammar.py, rlt/workers/grammar.py): with random weights only the
+grammar can make the output valid. Every family's seeded JSON-schema samples validate, regex and
+choice outputs match; the same tokens on every path (steady decode allowed for the others, chunked,
+preempted, prefix-cache hits) and in 1p1d as in single; bad specs are refused at the call, by name;
+the sampler's mask against a dense reference."""
+
+import json
+import re
+
+import jsonschema
+import msgspec
+import pytest
+import torch
+from test_engine import make, run
+from test_pd import run_all
+from test_preemption import spy_preemptions
+
+import rlt
+from rlt import SamplingParams, StructuredOutput
+from rlt.errors import RequestError
+from rlt.kernels.sampler import LogitEdits, allowed_mask, edit
+from rlt.models.tokenizer import load_tokenizer
+
+SCHEMA = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "maxLength": 6},
+        "age": {"type": "integer", "minimum": 0, "maximum": 120},
+        "tags": {"type": "array", "items": {"enum": ["x", "yz"]}, "maxItems": 3},
+        "ok": {"type": "boolean"},
+        "kind": {"enum": ["a", "b"]},
+        "score": {"type": "number", "minimum": 0, "maximum": 10},
+    },
+    "required": ["name", "age", "tags", "ok", "kind", "score"],
+    "additionalProperties": False,
+}
+REGEX = r"[a-c]{2,4}-[0-9]{3}( ok)?"
+CHOICES = ["yes", "no", "maybe so"]
+GRAMMAR = 'root ::= "x" ("y" | "zz") [0-9] [0-9]? "!"'
+
+
+def workload(tok) -> dict:
+    """Constrained (seeded and greedy) and unconstrained requests together."""
+    so = StructuredOutput
+    close, obj = tok.convert_tokens_to_ids("}"), so(json_object=True)
+    seeded = [
+        SamplingParams(max_tokens=120, temperature=1.0, seed=s, structured_output=so(json=SCHEMA)) for s in (1, 2)
+    ]
+    return {
+        "j1": ([5, 6, 7, 8, 9, 10, 11], seeded[0]),
+        "j2": ([3, 4], seeded[1]),
+        "r": ([3, 9, 27], SamplingParams(max_tokens=40, temperature=0.9, seed=4, structured_output=so(regex=REGEX))),
+        "c": ([8] * 9, SamplingParams(max_tokens=20, temperature=1.0, seed=5, structured_output=so(choice=CHOICES))),
+        # (the bias would take "}" first; the grammar makes it wait for "{")
+        "o": ([4, 4], SamplingParams(max_tokens=9, temperature=0, logit_bias={close: 100.0}, structured_output=obj)),
+        "g": ([4, 5], SamplingParams(max_tokens=20, temperature=0, structured_output=so(grammar=GRAMMAR))),
+        "free": ([5, 6, 7], SamplingParams(max_tokens=12, temperature=1.0, seed=6, ignore_eos=True)),
+    }
+
+
+def check_valid(tok, got: dict) -> None:
+    """Every constrained output is complete (finish "stop") and obeys its grammar."""
+    text = {r: tok.decode([o[0] for o in v], skip_special_tokens=True) for r, v in got.items()}
+    for r in ("j1", "j2", "r", "c", "o", "g"):
+        assert got[r][-1][3] == "stop", (r, text[r])
+    for r in ("j1", "j2"):  # (strict=False: xgrammar 0.2.9 lets maxLength strings hold raw control characters)
+        jsonschema.validate(json.loads(text[r], strict=False), SCHEMA)
+    assert re.fullmatch(REGEX, text["r"]), text["r"]
+    assert text["c"] in CHOICES
+    assert json.loads(text["o"]) == {}
+    assert re.fullmatch(r"x(y|zz)[0-9][0-9]?!", text["g"]), text["g"]
+
+
+@pytest.mark.parametrize("family", ["ouro", "nanbeige", "huginn"])
+def test_outputs_obey_their_grammars_on_every_path(checkpoints, family):
+    """Valid outputs; the same tokens, depths and finish reasons with steady decode on (the others
+    may use it; constrained ones stay on the regular path), other chunkings, preemption (resumed
+    mid-decode: the matcher keeps its accepted outputs) and prefix-cache hits; an unconstrained
+    request beside them samples what it samples alone."""
+    mc, new_engine = make(checkpoints[family], family)
+    tok = load_tokenizer(mc.path)
+    reqs = workload(tok)
+
+    def same(got):
+        return {r: [(o[0], o[1], o[3]) for o in v] for r, v in got.items()}
+
+    base = run(new_engine(steady_decode="never"), mc, reqs)
+    check_valid(tok, base)
+    base = same(base)
+    assert same(run(new_engine(), mc, {"free": reqs["free"]}))["free"] == base["free"]
+    for cfg in (dict(steady_decode="always"), dict(prefill_chunk=2), dict(prefill_chunk=64)):
+        assert same(run(new_engine(**cfg), mc, reqs, arrivals={"r": 3, "o": 9})) == base, cfg
+    small = new_engine(num_blocks=1)
+    engine = new_engine(num_blocks=(small.pool.num_core_planes + int(small.pool.has_boundary)) * 33)
+    seen = spy_preemptions(engine)
+    assert same(run(engine, mc, reqs, arrivals={"c": 2, "o": 5, "free": 6})) == base
+    assert engine.preemptions >= 1 and max(seen) >= 3  # resumed mid-decode
+    engine = new_engine()
+    run(engine, mc, reqs)
+    hits = engine.pool.prefix.hit_tokens
+    assert same(run(engine, mc, {r + "'": v for r, v in reqs.items()})) == {r + "'": v for r, v in base.items()}
+    assert engine.pool.prefix.hit_tokens > hits
+
+
+def test_unconstrained_rows_never_reach_the_mask(checkpoints, monkeypatch):
+    """A pass without a constrained row builds no mask (and a run without any takes steady decode)."""
+    from rlt.workers import grammar
+
+    mc, new_engine = make(checkpoints["ouro"], "ouro")
+    calls = []
+    monkeypatch.setattr(grammar.Constraint, "fill", lambda self: calls.append(1))
+    engine = new_engine(steady_decode="always")
+    run(engine, mc, {"free": workload(load_tokenizer(mc.path))["free"]})
+    assert calls == [] and engine.steady_steps > 0
+
+
+def test_mask_against_a_dense_reference():
+    """allowed_mask unpacks bit t % 32 of word t // 32; edit puts -inf exactly on disallowed tokens of
+    the constrained rows, after the other edits, and leaves other rows alone."""
+    g = torch.Generator().manual_seed(0)
+    B, V = 5, 77
+    dense = torch.rand(3, V, generator=g) < 0.3
+    words = torch.zeros(3, -(-V // 32), dtype=torch.int64)
+    for r in range(3):
+        for t in range(V):
+            if dense[r, t]:
+                words[r, t // 32] |= 1 << (t % 32)
+    words = torch.where(words >= 2**31, words - 2**32, words)  # as int32 words (xgrammar's), widened
+    assert torch.equal(allowed_mask(words, V), dense)
+    logits = torch.randn(B, V, generator=g)
+    rows = torch.tensor([0, 2, 4])
+    e = LogitEdits(bias=(torch.tensor([2]), torch.tensor([5]), torch.tensor([100.0])), allowed=(rows, words))
+    got = edit(logits, e, torch.zeros(B, dtype=torch.int64))
+    want = logits.clone()
+    want[2, 5] += 100.0
+    for i, r in enumerate(rows.tolist()):
+        want[r][~dense[i]] = float("-inf")
+    assert torch.equal(got, want)
+
+
+def test_ids_past_the_tokenizer_are_never_allowed(checkpoints):
+    """A model vocabulary wider than the tokenizer's: the extra ids are never in a mask."""
+    from rlt.grammar import Grammars, spec_of
+    from rlt.workers.grammar import Constraint
+
+    mc, _ = make(checkpoints["ouro"], "ouro")
+    tok = load_tokenizer(mc.path)
+    V = len(tok) + 70
+    grammars = Grammars(tok, V, mc.eos_token_ids)
+    for so in (
+        StructuredOutput(json_object=True),
+        StructuredOutput(regex=".*"),
+        StructuredOutput(grammar='root ::= [^"]*'),
+    ):
+        c = Constraint(grammars.compile(spec_of(so)), [])
+        allowed = allowed_mask(torch.from_numpy(c.fill().astype("int64"))[None], V)[0]
+        assert allowed[: len(tok)].any() and not allowed[len(tok) :].any(), so
+
+
+async def test_through_the_engine_single_equals_1p1d(checkpoints):
+    """Real workers: valid outputs; the prefill worker's first token is constrained and the decode
+    worker's matcher starts after it, so 1p1d equals single token for token (also when the decode
+    worker preempts)."""
+    tok = load_tokenizer(checkpoints["ouro"])
+    names, reqs = zip(*workload(tok).items())
+    single = await run_all(checkpoints["ouro"], "single", "last_exited", "ouro", list(reqs))
+    check_valid(tok, {r: [(t, 0, None, f) for t in toks] for r, (toks, _, _, f) in zip(names, single)})
+    stats = {}
+    for opts in (dict(), dict(num_blocks=4 * 33)):
+        got = await run_all(checkpoints["ouro"], "1p1d", "last_exited", "ouro", list(reqs), stats, **opts)
+        assert [(t, d, f) for t, d, _, f in got] == [(t, d, f) for t, d, _, f in single], opts
+    assert next(w for w in stats["workers"] if w["role"] == "decode")["preemptions"] > 0
+
+
+async def test_bad_specs_are_refused_at_the_call(checkpoints):
+    """A bad schema, regex, grammar or choice, or not exactly one field, is a RequestError naming the
+    field, raised by generate() itself; the engine serves on."""
+    bad = {
+        "structured_output.json: ": StructuredOutput(json={"type": "foo"}),
+        "structured_output.json: not JSON": StructuredOutput(json="{nope"),
+        "structured_output.regex: ": StructuredOutput(regex="(ab"),
+        "structured_output.grammar: ": StructuredOutput(grammar="root ::= undefined_rule"),
+        "structured_output.choice must": StructuredOutput(choice=[]),
+        "structured_output must set exactly one": StructuredOutput(regex="a", choice=["a"]),
+    }
+    async with rlt.Engine.launch(checkpoints["ouro"], heartbeat_interval=0.2, startup_timeout=60.0) as engine:
+        for start, so in bad.items():
+            with pytest.raises(RequestError) as e:
+                engine.generate([5, 6], SamplingParams(max_tokens=4, structured_output=so))
+            assert str(e.value).startswith(start), str(e.value)
+        sp = SamplingParams(max_tokens=20, temperature=1.0, seed=1, structured_output=StructuredOutput(choice=CHOICES))
+        outs = [o async for o in engine.generate([5, 6], sp)]
+        assert outs[-1].text in CHOICES and outs[-1].finish_reason == "stop"
+        sp = msgspec.structs.replace(sp, structured_output=None, max_tokens=3)
+        assert len([o async for o in engine.generate([5, 6], sp)][-1].token_ids) <= 3
