@@ -10,7 +10,7 @@ def _doc(text: str) -> msgspec.Meta:
     return msgspec.Meta(description=text)
 
 
-class StructuredOutput(msgspec.Struct, kw_only=True, omit_defaults=True):
+class StructuredOutput(msgspec.Struct, kw_only=True, omit_defaults=True, forbid_unknown_fields=True):
     """Output constrained by a grammar (vLLM's StructuredOutputsParams); exactly one field set."""
 
     json: dict | str | None = None  # a JSON schema (a dict, or its JSON text)

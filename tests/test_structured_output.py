@@ -193,3 +193,17 @@ async def test_bad_specs_are_refused_at_the_call(checkpoints):
         assert outs[-1].text in CHOICES and outs[-1].finish_reason == "stop"
         sp = msgspec.structs.replace(sp, structured_output=None, max_tokens=3)
         assert len([o async for o in engine.generate([5, 6], sp)][-1].token_ids) <= 3
+
+
+def test_spec_shapes():
+    """A schema as a dict or as its JSON text is one spec (one cache entry); unknown keys and a
+    json_object of false are refused."""
+    from rlt.grammar import spec_of
+
+    assert spec_of(StructuredOutput(json=SCHEMA)) == spec_of(StructuredOutput(json=json.dumps(SCHEMA)))
+    assert spec_of(StructuredOutput(choice=["a", 'b"'])) == ("choice", '["a", "b\\""]')
+    assert spec_of(None) is None
+    with pytest.raises(msgspec.ValidationError, match="unknown field"):
+        msgspec.convert({"regexp": "a"}, StructuredOutput)
+    with pytest.raises(RequestError, match="exactly one"):
+        spec_of(StructuredOutput(json_object=False))

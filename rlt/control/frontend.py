@@ -3,7 +3,9 @@
 It owns the ModelConfig, validates every request before any worker sees it, routes it
 (rlt/control/router.py), hands it to the Lifecycle (every phase change) and streams its outputs
 from a per-request collector, detokenized incrementally. Worker processes, transport and liveness
-are the Supervisor's. It never blocks the event loop and imports no torch.
+are the Supervisor's. It never blocks the event loop and imports no torch itself (xgrammar, which
+does, loads with the tokenizer in a thread at launch; a new grammar's check compiles it on the loop:
+1-11 ms for a 6-field JSON schema at 512-65K vocabularies, ~10 us once cached).
 """
 
 import asyncio
