@@ -56,8 +56,8 @@ def test_unknown_and_unimplemented_fields_are_400s_naming_them(server):
         ("/v1/completions", ok | {"suffix": "the end"}, "suffix"),
         ("/v1/completions", ok | {"best_of": 3}, "best_of"),
         ("/v1/completions", ok | {"use_beam_search": True}, "use_beam_search"),
-        ("/v1/completions", ok | {"response_format": {"type": "json_object"}}, "response_format"),
-        ("/v1/completions", ok | {"guided_json": {"type": "object"}}, "guided_json"),
+        ("/v1/completions", ok | {"response_format": {"type": "json_schema"}}, "response_format"),  # no schema
+        ("/v1/completions", ok | {"guided_json": {"type": "foo"}}, "guided_json"),
         ("/v1/completions", ok | {"allowed_token_ids": [1, 2]}, "allowed_token_ids"),
         ("/v1/chat/completions", chat | {"tools": [{"type": "function", "function": {"nom": "f"}}]}, "tools"),
         ("/v1/chat/completions", chat | {"tool_choice": "required"}, "tool_choice"),

@@ -16,11 +16,12 @@ from rlt.errors import EngineDeadError, EngineOverloadedError, RequestError
 from rlt.serve import chat as chat_template
 from rlt.serve import openai_api as oa
 from rlt.serve import requests as rq
+from rlt.serve import structured
 from rlt.serve.choices import Choice, events, run, usage
 from rlt.serve.errors import HTTPError, short
 from rlt.serve.flags import Limits
 from rlt.serve.limits import Pool, check_prompts, token_ids
-from rlt.serve.parsers import CALL, END_CALL, END_THINK, THINK, Parsing
+from rlt.serve.parsers import CALL, END_CALL, END_THINK, THINK, Parsing, Think
 
 _json = msgspec.json.Encoder()
 
@@ -80,21 +81,32 @@ async def chat(request: Request, body: dict, served: Served, name: str):
             chat_template.render, state.engine, req, served.chat_template, opts.add_special_tokens
         )
         ids = _truncate(ids, opts.truncate_prompt_tokens)
-        opts.parsing, params = parsing(req, text, served, state.engine.tokenizer, params)
+        opts.parsing, params = parsing(req, text, served, state.engine.tokenizer, params, opts.grammar_field)
         last = req.messages[-1] if isinstance(req.messages, list) else {}
         echo = chat_template.messages_of([last])[0]["content"] if opts.echo and last.get("role") == "assistant" else ""
     return await _respond(request, params, opts, [ids], [echo], True, name)
 
 
-def parsing(req, prompt_text: str, served: Served, tok, params):
-    """The request's reasoning and tool-call parsing (None: none) and its params: markers that are
+def parsing(req, prompt_text: str, served: Served, tok, params, field: str | None = None):
+    """The request's reasoning and tool-call parsing (None: none) and its params (field: where its
+    grammar came from; a grammar cannot yet wait for an open reasoning block's end): markers that are
     special tokens stay in the engine's text (skip_special_tokens false, as vLLM's tool parsers ask)
     and the server drops the other special tokens itself."""
-    tools = bool(req.tools) and req.tool_choice != "none"
+    forced = structured.forced(req)  # (the grammar makes the calls: no tool parser needed)
+    tools = bool(req.tools) and req.tool_choice != "none" and forced is None
     if tools and served.tool_parser is None:
         raise RequestError("tools: this server parses no tool calls (start it with --tool-call-parser hermes)")
     reasoning = served.reasoning_parser is not None
-    if not (tools or reasoning):
+    if reasoning and params.structured_output is not None and Think(prompt_text).state == "reasoning":
+        raise HTTPError(
+            400,
+            f"{field}: the prompt opens a reasoning block ({THINK}) and the engine cannot yet start a grammar "
+            'where the reasoning ends: turn thinking off (chat_template_kwargs: {"enable_thinking": false}) '
+            "or serve with --reasoning-parser none",
+            "invalid_request_error",
+            field,
+        )
+    if not (tools or reasoning or forced):
         return None, params
     markers = {THINK, END_THINK} if reasoning else set()
     markers |= {CALL, END_CALL} if tools else set()
@@ -111,6 +123,7 @@ def parsing(req, prompt_text: str, served: Served, tok, params):
         strip=strip,
         one_call=req.parallel_tool_calls is False,
         drop=drop,
+        forced=forced,
     ), params
 
 
@@ -139,7 +152,9 @@ async def _respond(request: Request, params, opts: rq.Options, prompts: list, ec
             raise HTTPError(503, str(e), public=True) from None
         if isinstance(e, EngineDeadError):
             raise HTTPError(503, str(e), "service_unavailable") from None
-        raise HTTPError(400, str(e), "invalid_request_error", rq.field_named(str(e))) from None
+        raise structured.rename(e, opts.grammar_field) or HTTPError(
+            400, str(e), "invalid_request_error", rq.field_named(str(e))
+        ) from None
     record.prompt_tokens = sum(map(len, prompts))
     kind = "chat.completion" if chat else "text_completion"
     text_of = oa.token_text(engine.tokenizer, opts.tokens_as_ids)

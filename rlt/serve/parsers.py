@@ -19,6 +19,8 @@ import re
 import uuid
 from dataclasses import dataclass, field
 
+from rlt.serve.forced import Forced
+
 REASONING_PARSERS = ("deepseek_r1", "qwen3")
 TOOL_PARSERS = ("hermes",)
 THINK, END_THINK = "<think>", "</think>"
@@ -186,6 +188,7 @@ class Parsing:
     strip: tuple[str, ...] = ()
     one_call: bool = False  # parallel_tool_calls false: the first call only (as vLLM)
     drop: tuple[str, ...] = ()  # special markers left over in the text once parsed (skip_special_tokens drops them)
+    forced: str | None = None  # tool_choice "required" or the named function: plain JSON (rlt/serve/forced.py)
 
     def new(self) -> "Split":
         return Split(self)
@@ -220,7 +223,7 @@ class Split:
     def __init__(self, p: Parsing):
         self.p = p
         self.think = Think(p.prompt_text) if p.reasoning else None
-        self.hermes = Hermes() if p.tools else None
+        self.hermes = Forced(p.forced) if p.forced else Hermes() if p.tools else None
         self.strip = _Strip(p.strip)  # special tokens the engine kept (for the markers' sake)
         self.drop = (_Strip(p.drop), _Strip(p.drop))  # markers left in the reasoning, the content
         self.any_call = False

@@ -3,10 +3,10 @@ converting to rlt.SamplingParams (as vLLM's to_sampling_params).
 
 Every field of OpenAI's and vLLM's request schemas is implemented, accepted because it never
 changes the output (`user`, `metadata`, `store`, `service_tier`, ...), or refused with a 400 naming
-it unless its value asks for nothing (`best_of: 1`, `response_format: {"type": "text"}`,
-`tool_choice: "auto"`); a field neither defines is a 400 naming it, as OpenAI answers. Types are
-strict (no "1" for 1, no true for 1; null is the default); values are then checked by the engine,
-whose errors name the field and the limit.
+it unless its value asks for nothing (`best_of: 1`, `use_beam_search: false`); a grammar's fields
+become SamplingParams.structured_output (rlt/serve/structured.py); a field neither defines is a 400
+naming it, as OpenAI answers. Types are strict (no "1" for 1, no true for 1; null is the default);
+values are then checked by the engine, whose errors name the field and the limit.
 """
 
 from dataclasses import dataclass
@@ -16,6 +16,7 @@ import msgspec
 
 from rlt.errors import RequestError
 from rlt.sampling_params import SamplingParams
+from rlt.serve import structured
 from rlt.serve.errors import HTTPError, short
 from rlt.serve.parsers import Parsing
 
@@ -70,6 +71,15 @@ class _Request(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     service_tier: str | None = None
     safety_identifier: str | None = None
     prompt_cache_key: str | None = None
+    # ---- a grammar (rlt/serve/structured.py: one source at most) ----
+    response_format: dict[str, Any] | None = None
+    structured_outputs: dict[str, Any] | None = None
+    guided_json: Any = None
+    guided_regex: Any = None
+    guided_choice: Any = None
+    guided_grammar: Any = None
+    guided_decoding_backend: Any = None  # the engine's (xgrammar) or auto
+    guided_whitespace_pattern: Any = None  # refused: the engine's JSON is compact
     # ---- refused unless they ask for nothing (REFUSED) ----
     best_of: Int | None = None
     use_beam_search: bool | None = None
@@ -77,14 +87,6 @@ class _Request(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     allowed_token_ids: list[Int] | None = None
     bad_words: list[str] | None = None
     spaces_between_special_tokens: bool | None = None
-    response_format: dict[str, Any] | None = None
-    structured_outputs: dict[str, Any] | None = None
-    guided_json: Any = None
-    guided_regex: Any = None
-    guided_choice: Any = None
-    guided_grammar: Any = None
-    guided_decoding_backend: Any = None
-    guided_whitespace_pattern: Any = None
     logits_processors: Any = None
     cache_salt: Any = None
     kv_transfer_params: Any = None
@@ -124,7 +126,6 @@ class ChatRequest(_Request):
 
 
 _NOTHING = lambda v, r: False  # noqa: E731 - any value asks for something
-_STRUCTURED = "structured output is not supported"
 REFUSED: dict[str, tuple] = {  # field: (does this value ask for nothing?, why it is refused)
     "best_of": (lambda v, r: v == (r.n or 1), "best_of (ranking more candidates than n) is not supported: use n"),
     "use_beam_search": (lambda v, r: not v, "beam search is not supported"),
@@ -132,24 +133,12 @@ REFUSED: dict[str, tuple] = {  # field: (does this value ask for nothing?, why i
     "allowed_token_ids": (_NOTHING, "allowed_token_ids is not supported: use logit_bias"),
     "bad_words": (lambda v, r: not v, "bad_words is not supported: use logit_bias"),
     "spaces_between_special_tokens": (lambda v, r: v, "false is not supported (fast tokenizers put no spaces)"),
-    "response_format": (lambda v, r: v == {"type": "text"}, _STRUCTURED),
-    "structured_outputs": (_NOTHING, _STRUCTURED),
-    "guided_json": (_NOTHING, _STRUCTURED),
-    "guided_regex": (_NOTHING, _STRUCTURED),
-    "guided_choice": (_NOTHING, _STRUCTURED),
-    "guided_grammar": (_NOTHING, _STRUCTURED),
-    "guided_decoding_backend": (_NOTHING, _STRUCTURED),
-    "guided_whitespace_pattern": (_NOTHING, _STRUCTURED),
     "logits_processors": (lambda v, r: not v, "custom logits processors are not supported"),
     "cache_salt": (_NOTHING, "cache_salt (prefix cache isolation) is not supported"),
     "kv_transfer_params": (_NOTHING, "kv_transfer_params is not supported: rlt moves KV itself (--topology)"),
     "vllm_xargs": (lambda v, r: not v, "vllm_xargs is not supported"),
     "suffix": (lambda v, r: v == "", "suffix (fill-in-the-middle) is not supported"),
     "prompt_embeds": (_NOTHING, "prompt_embeds is not supported: give text or token ids"),
-    "tool_choice": (
-        lambda v, r: v in ("none", "auto"),
-        "only none and auto are supported: required and a named function need grammar-constrained decoding",
-    ),
     "functions": (lambda v, r: not v, "function calling is not supported"),
     "function_call": (lambda v, r: v in ("none", "auto"), "function calling is not supported"),
     "reasoning_effort": (_NOTHING, "reasoning_effort is not supported"),
@@ -191,6 +180,7 @@ class Options:
     add_special_tokens: bool
     id: str | None
     parsing: Parsing | None = None  # a chat's reasoning and tool-call parsing (rlt/serve/parsers.py)
+    grammar_field: str | None = None  # the field the request's grammar came from (its errors name it)
 
 
 def parse(body: dict, cls: type[_Request]) -> _Request:
@@ -247,6 +237,7 @@ def to_sampling_params(req: _Request, chat: bool, defaults: dict) -> tuple[Sampl
         kw["logprobs"] = max(top, 1)  # (the engine's logprobs also carry the sampled token's)
         if echo and not chat:  # the prompt's logprobs too, first None (lm-eval's loglikelihood)
             kw["prompt_logprobs"] = max(top, kw.get("prompt_logprobs") or 0)
+    kw["structured_output"], source = structured.of(req, chat)
     so = req.stream_options or StreamOptions()
     if req.stream_options is not None and not req.stream:
         raise RequestError("stream_options needs stream: true")
@@ -267,6 +258,7 @@ def to_sampling_params(req: _Request, chat: bool, defaults: dict) -> tuple[Sampl
         truncate_prompt_tokens=req.truncate_prompt_tokens,
         add_special_tokens=req.add_special_tokens if req.add_special_tokens is not None else not chat,
         id=req.request_id,
+        grammar_field=source,
     )
     return SamplingParams(**kw), options
 
