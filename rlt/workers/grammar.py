@@ -1,10 +1,13 @@
 """A worker's side of structured output (rlt/grammar.py): grammars compile off the worker's loop, in
 one thread, cached by spec; a request waits in the scheduler until its grammar is ready (as vLLM).
-Each constrained request then has a matcher (Constraint) that has accepted every output token the
-host knows. Its decode rows are scheduled only once its last token is read back (the mask of the
-next one depends on it), so they never run ahead of the host, nor in steady decode. A PD decode
-worker's matcher starts by accepting the prefill worker's first token; a preempted request keeps
-its matcher (its outputs do not change), and prefix-cache hits do not touch it (outputs only).
+Each constrained request then has a matcher (Constraint) that accepts its output tokens in order.
+Its next decode row starts before its last token is read back, like any other (the row's loops
+need only the token on the device); its mask is needed only when the row leaves the loop, by which
+time the engine has read that token back, unless the row exits in its first pass: then that one
+token is read at once (mask_fields). Constrained requests keep the regular path, not steady decode
+(the host fills each mask). A PD decode worker's matcher starts by accepting the prefill worker's
+first token; a preempted request keeps its matcher (its outputs do not change), and prefix-cache
+hits do not touch it (outputs only).
 """
 
 from collections import OrderedDict
@@ -24,20 +27,35 @@ class Constraint:
         self.matcher = xgr.GrammarMatcher(compiled)
         self.mask = xgr.allocate_token_bitmask(1, compiled.tokenizer_info.vocab_size)  # [1, ceil(V / 32)] int32
         self.ended = False
-        for t in outputs:
-            self.accept(t)
+        self.accepted = 0  # output tokens accepted
+        for i, t in enumerate(outputs):
+            self.accept(t, i)
 
     def fill(self) -> np.ndarray:
-        """The bitmask of the tokens the next output may be (bit t % 32 of word t // 32)."""
-        self.matcher.fill_next_token_bitmask(self.mask, 0)
+        """The bitmask of the tokens the next output may be (bit t % 32 of word t // 32). Once the
+        grammar has ended, any (the request ends with the token already read: this one is dropped)."""
+        if self.ended:
+            self.mask.fill_(-1)
+        else:
+            self.matcher.fill_next_token_bitmask(self.mask, 0)
         return self.mask.numpy()[0]
 
-    def accept(self, token: int) -> bool:
-        """Advance by a sampled token; -> whether the grammar has ended (terminated: it took a stop
-        token; or it refused the token, which its mask did not allow: never, unless the mask was off)."""
-        if not self.ended:
+    def accept(self, token: int, index: int) -> bool:
+        """Advance by output `index` (once: a token read early for a mask comes again when the engine
+        reads it); -> whether the grammar has ended (terminated: it took a stop token; or it refused
+        the token, which its mask did not allow: never, unless the mask was off)."""
+        if index == self.accepted and not self.ended:
+            self.accepted += 1
             self.ended = not self.matcher.accept_token(token) or self.matcher.is_terminated()
         return self.ended
+
+    def catch_up(self, g) -> None:
+        """A row sampling output g.output_index while the token before it is still on the device
+        (its row exits in its first pass): read that token now."""
+        if self.accepted < g.output_index:
+            assert g.feed is not None and self.accepted == g.output_index - 1, "one token unread at most"
+            pending, i = g.feed
+            self.accept(int(pending.tokens[i]), g.output_index - 1)
 
 
 class WorkerGrammars:
@@ -82,8 +100,8 @@ class WorkerGrammars:
 
     @staticmethod
     def accept(s, token: int) -> bool:
-        """A request's token read back: -> whether its grammar has ended."""
-        return s.matcher is not None and s.matcher.accept(token)
+        """A request's token read back (already appended to its output): -> whether its grammar has ended."""
+        return s.matcher is not None and s.matcher.accept(token, len(s.output) - 1)
 
 
 def mask_fields(groups: list) -> dict:
@@ -91,4 +109,6 @@ def mask_fields(groups: list) -> dict:
     rows = [i for i, g in enumerate(groups) if g.matcher is not None]
     if not rows:
         return {}
+    for i in rows:
+        groups[i].matcher.catch_up(groups[i])
     return {"gm_row": np.array(rows), "gm_mask": np.stack([groups[i].matcher.fill() for i in rows])}

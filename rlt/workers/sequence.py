@@ -123,10 +123,8 @@ class Sequence:
                 Group([s.output[i - P]], i, s.tables, p, True, False, 0, exit_depth=s.depths[i - P + 1])
                 for i in range(start, end)
             ]
-        if s.replay or (
-            s.feed is not None and (s.prefill_only or len(s.output) + 1 >= p.max_tokens or s.matcher is not None)
-        ):  # still recomputing; or that token ends it (or hands it off) or its grammar's next mask needs it
-            return []
+        if s.replay or (s.feed is not None and (s.prefill_only or len(s.output) + 1 >= p.max_tokens)):
+            return []  # still recomputing; or that token ends it (or hands it off): nothing to decode here
         return [
             Group(
                 [0] if s.feed is not None else [s.output[-1]],
