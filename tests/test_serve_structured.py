@@ -148,6 +148,33 @@ def test_forced_parser_splits_the_same_however_the_text_is_cut():
         assert [tuple(c) for c in calls] == want, k
 
 
+class Args(pydantic.BaseModel):
+    answer: Answer
+
+
+DEFS_TOOLS = [{"type": "function", "function": {"name": "f", "parameters": Args.model_json_schema()}}]
+
+
+def test_required_lifts_the_tools_defs_to_the_root():
+    """A pydantic tool's parameters refer to "#/$defs/...": under `required` they go to the list's root."""
+    from rlt.serve.requests import ChatRequest
+    from rlt.serve.structured import of
+
+    tools = DEFS_TOOLS
+    so, field = of(ChatRequest(messages=USER, tools=tools, tool_choice="required"), True)
+    assert field == "tool_choice" and "Answer" in so.json["$defs"]
+    assert "$defs" not in so.json["items"]["anyOf"][0]["properties"]["parameters"]
+    jsonschema.validate([{"name": "f", "parameters": {"answer": {"kind": "a", "ok": True}}}], so.json)
+
+
+def test_a_tool_with_defs_compiles(client):
+    body = {"messages": USER, "max_tokens": 4, "tools": DEFS_TOOLS}
+    assert (
+        post(str(client.base_url).removesuffix("/"), "/v1/chat/completions", body | {"tool_choice": "required"})[0]
+        == 200
+    )
+
+
 def test_bad_grammars_and_two_sources_are_400s_naming_the_field(client):
     url = str(client.base_url).removesuffix("/")
     chat, comp = {"messages": USER, "max_tokens": 4}, {"prompt": "A", "max_tokens": 4}

@@ -59,14 +59,19 @@ def _tool_choice(req, tools: list) -> StructuredOutput | None:
     if choice == "required":
         if not fns:
             raise _bad("tool_choice", "required needs tools")
-        items = [
-            {
-                "properties": {"name": {"type": "string", "enum": [n]}, "parameters": _params(f)},
-                "required": ["name", "parameters"],
-            }
-            for n, f in fns.items()
-        ]
+        items, defs = [], {}
+        for n, f in fns.items():  # ("#/$defs/..." refs resolve at the root: the tools' $defs go there, as vLLM)
+            params = dict(_params(f))
+            defs |= params.pop("$defs", {})
+            items.append(
+                {
+                    "properties": {"name": {"type": "string", "enum": [n]}, "parameters": params},
+                    "required": ["name", "parameters"],
+                }
+            )
         schema = {"type": "array", "minItems": 1, "items": {"type": "object", "anyOf": items}}
+        if defs:
+            schema["$defs"] = defs
         if req.parallel_tool_calls is False:
             schema["maxItems"] = 1
         return StructuredOutput(json=schema)
