@@ -341,7 +341,8 @@ async def test_the_serving_benchmark_over_http_counts_what_the_python_api_genera
     assert rows[0]["concurrency"] == 3 and sorted(n for n, *_ in rows[0]["requests"]) == [5] * 4 + [40] * 3
     for row, out_len in zip(rows, (6, 4)):  # every token counted once: ignore_eos, token ids per chunk
         assert row["total_output_tokens"] == row["completed"] * out_len
-        assert all(ttft > 0 and tpot > 0 for _, ttft, tpot in row["requests"])
+        # (tpot is 0 when a busy machine delivers a request's later tokens with its first: one output)
+        assert all(ttft > 0 and tpot >= 0 for _, ttft, tpot in row["requests"])
     async with rlt.Engine.launch(checkpoints["ouro"], heartbeat_timeout=3.0) as engine:
         local = await closed_loop(EngineTarget(engine), 3, 7, [5, 40], 6, seed=1)
     assert local.keys() == rows[0].keys() and local["completed"] == 7
