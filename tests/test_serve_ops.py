@@ -82,12 +82,10 @@ def test_a_busy_port_or_a_foreign_address_fails_before_anything_loads(checkpoint
         busy.listen()
         port = busy.getsockname()[1]
         logs = tmp_path / "logs"
-        t0 = time.monotonic()
         r = rlt("serve", checkpoints["ouro"], "--port", str(port), "--log-dir", str(logs))
-        took = time.monotonic() - t0
     assert (r.returncode, r.stdout) == (2, "")
     assert r.stderr == f"rlt: error: cannot listen on 127.0.0.1:{port}: Address already in use\n"
-    assert not logs.exists() and took < 10  # (a generous bound: the model never loads)
+    assert not logs.exists()  # (no worker was started: the model never loads)
     r = rlt("serve", checkpoints["ouro"], "--host", "192.0.2.1", "--port", "8000", "--log-dir", str(logs))
     assert (
         r.returncode == 2
@@ -197,7 +195,7 @@ def test_request_ids_are_echoed_and_each_request_logged(server):
     assert status == 400 and headers["x-request-id"] == "bad-1"
     for rid, status in (("whole-1", 200), ("stream-1", 200), ("bad-1", 400)):
         method, path, got, fields, e2e = log_line(lines, rid)
-        assert (method, path, got) == ("POST", "/v1/completions", status) and 0 <= e2e < 60
+        assert (method, path, got) == ("POST", "/v1/completions", status) and e2e >= 0
         if status == 200:  # what the handler recorded: the call's tokens and its first token's time
             assert re.fullmatch(r"prompt_tokens=3 completion_tokens=3 ttft=\d+\.\d{3}s", fields), fields
         else:

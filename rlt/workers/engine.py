@@ -18,9 +18,7 @@ import torch
 from rlt.config import EngineConfig, ModelConfig
 from rlt.errors import RequestError
 from rlt.kernels import mode
-from rlt.kernels.sampler import top_dict
 from rlt.sampling_params import ResolvedParams
-from rlt.workers.exit_policy import exits_early
 from rlt.workers.grammar import WorkerGrammars
 from rlt.workers.kv_pool import BlockTables, KVPool
 from rlt.workers.memory import pool_blocks
@@ -29,6 +27,7 @@ from rlt.workers.runner import Group, Runner
 from rlt.workers.scheduler import Scheduler
 from rlt.workers.sequence import Sequence
 from rlt.workers.steady import SteadyDecode
+from rlt.workers.steady_stretch import SteadyStretches
 
 
 @dataclass
@@ -42,7 +41,7 @@ class StepOutput:
     prompt_logprobs: list | None = None  # with a request's first token, if asked: per prompt position
 
 
-class LoopEngine:
+class LoopEngine(SteadyStretches):
     def __init__(self, mc: ModelConfig, model, cfg: EngineConfig, dtype: torch.dtype, device: str = "cpu"):
         self.mc, self.cfg = mc, cfg
         mode.configure(device, cfg.kernels, cfg.batch_invariant)  # this worker's kernel set
@@ -259,74 +258,6 @@ class LoopEngine:
                 s.feed = None
             if self._live.get(s.request_id) is s:  # not aborted or finished meanwhile
                 outputs.append(self._append_token(s, smp.token, smp.group.depth, smp.logprobs))
-        return outputs
-
-    # ---- steady decode ------------------------------------------------------------------------
-    def _steady_possible(self) -> bool:
-        return (
-            self.cfg.steady_decode != "never"
-            and self.runner.supports_steady
-            and bool(self.running)
-            and not self.sched.admissible()
-            and all(
-                s.group is not None and s.group.decoding and s.group.n == 1 and not s.prefill_only and s.matcher is None
-                for s in self.running
-            )
-            and (self.cfg.steady_decode == "always" or any(exits_early(s.group.params) for s in self.running))
-        )
-
-    def _steady_must_end(self) -> bool:
-        """A request could be admitted, over a quarter of the lanes ended (they would keep computing
-        on the scratch block), or a lane needs a block it cannot have here: back to the regular path
-        (which re-enters compacted, or preempts)."""
-        dead = sum(self._live.get(s.request_id) is not s for s in self._steady_seqs)
-        return self.sched.admissible() or dead > len(self._steady_seqs) // 4 or not self._grow_lanes()
-
-    def _grow_lanes(self) -> bool:
-        """Blocks for the position each live lane may write in the next pass: the host knows the
-        lanes' positions up to the pass still unread, and a lane moves at most one position per pass."""
-        for lane, s in enumerate(self._steady_seqs):
-            need = min(s.num_done + 2, s.max_positions)
-            if self._live.get(s.request_id) is not s or self.pool.capacity(s.tables) >= need:
-                continue
-            if not self._steady.holds(need) or not self.pool.grow(s.tables, need):
-                return False
-            self._steady.set_tables(lane, s.tables)
-        return True
-
-    def _resolve_steady(self, handle, seqs: list[Sequence]) -> list[StepOutput]:
-        done, tokens, depths, *top = handle.resolve()
-        outputs = []
-        for lane, s in enumerate(seqs):
-            if not done[lane] or self._live.get(s.request_id) is not s:
-                continue
-            s.num_done += 1
-            outputs.append(self._append_token(s, tokens[lane], depths[lane], top_dict(top, lane, s.params.logprobs)))
-            if self._live.get(s.request_id) is not s:  # finished: its lane stops writing
-                self._steady.deactivate(lane)
-        return outputs
-
-    def _end_steady(self) -> list[StepOutput]:
-        """Back to the regular path: read everything back, give each live lane its group again."""
-        outputs = [o for resolve in self._pending for o in resolve()]
-        self._pending = []
-        for s, st in zip(self._steady_seqs, self._steady.lane_states()):
-            if self._live.get(s.request_id) is s:
-                s.group = Group(
-                    [s.output[-1]],
-                    st["start"],
-                    s.tables,
-                    s.params,
-                    True,
-                    samples=True,
-                    output_index=st["output_index"],
-                    depth=st["depth"],
-                    inject=st["inject"],
-                    state=st["state"],
-                    survival=st["survival"],
-                    **s.penalty,
-                )
-        self._steady, self._steady_seqs = None, []
         return outputs
 
     def _append_token(self, s: Sequence, tok: int, depth: int, top) -> StepOutput:

@@ -17,16 +17,15 @@ import torch
 
 from rlt.config import EngineConfig, ModelConfig
 from rlt.kernels import mode
-from rlt.kernels.paged_attention import PagedMetadata, kernel_fields, paged_attention, plan_kernel, write_kv
+from rlt.kernels.paged_attention import PagedMetadata, kernel_fields, plan_kernel
 from rlt.kernels.sampler import top_dict, top_logprobs
-from rlt.models.base import Rotary
-from rlt.models.layers import EmbeddingInput, rope
+from rlt.models.layers import EmbeddingInput
 from rlt.sampling_params import ResolvedParams
 from rlt.workers.cuda_graphs import table_width
 from rlt.workers.exit_policy import exits_early, should_exit, update_survival
 from rlt.workers.kv_pool import BlockTables, KVPool
+from rlt.workers.pass_rows import Attention, kv_slots, padded, positions, row_starts
 from rlt.workers.penalties import PenaltyState
-from rlt.workers.progress import Progress
 from rlt.workers.prompt_logprobs import PromptLogprobs
 from rlt.workers.sampling import fields as sampling_fields
 from rlt.workers.sampling import sample_groups
@@ -95,54 +94,6 @@ class StepResult:
     prompt_logprobs: PromptLogprobs | None = None
 
 
-class _Attention:
-    """The models' Attention interface over the paged pool, for one pass."""
-
-    def __init__(self, cache, core: PagedMetadata | None, boundary: PagedMetadata | None):
-        self.cache, self.core_meta, self.boundary_meta = cache, core, boundary
-
-    def core(self, layer, q, k, v, rotary: Rotary):
-        return self._attend(self.core_meta, layer, q, k, v, rotary)
-
-    def boundary(self, layer, q, k, v, rotary: Rotary):
-        return self._attend(self.boundary_meta, layer, q, k, v, rotary)
-
-    def _attend(self, meta: PagedMetadata, layer, q, k, v, rotary: Rotary):
-        Progress.count += 1  # a layer of the pass: a long step is not a stuck one
-        if meta.kernel is not None:  # CUDA kernels: RoPE and the K/V store in one launch
-            from rlt.kernels.rope import rope_write_kv
-
-            rope_write_kv(q, k, v, *rotary, self.cache, layer, meta.slot_mapping, meta.block_size)
-        else:
-            q, k = rope(q, k, *rotary)
-            write_kv(self.cache, layer, meta, k, v)
-        return paged_attention(self.cache, layer, meta, q, k, v)
-
-
-def _slots(table: list[int], start: int, n: int, bs: int) -> list[int]:
-    return [table[p // bs] * bs + p % bs for p in range(start, start + n)]
-
-
-def _row_starts(groups: list[Group]) -> list[int]:
-    return np.cumsum([0] + [g.n for g in groups]).tolist()
-
-
-def _positions(groups: list[Group], row_starts: list[int]) -> np.ndarray:
-    """Every row's position, in pass order (groups are runs of consecutive positions)."""
-    starts = np.fromiter((g.start for g in groups), np.int64, len(groups))
-    if row_starts[-1] == len(groups):  # one row each (decode): no per-group ranges
-        return starts
-    offsets = np.arange(row_starts[-1]) - np.repeat(row_starts[:-1], np.diff(row_starts))
-    return np.repeat(starts, np.diff(row_starts)) + offsets
-
-
-def _padded(tables: list[list[int]]) -> np.ndarray:
-    out = np.zeros((len(tables), max(1, max(len(t) for t in tables))), dtype=np.int64)
-    for i, t in enumerate(tables):
-        out[i, : len(t)] = t
-    return out
-
-
 class Runner:
     def __init__(self, mc: ModelConfig, model, pool: KVPool, device: str, cfg: EngineConfig):
         self.mc, self.model, self.pool, self.device = mc, model, pool, device
@@ -158,8 +109,8 @@ class Runner:
             from rlt.workers.cuda_graphs import DecodeGraphs, PassGraphs
 
             shape = (model, pool, mc.hidden_size, pool.cache.dtype, device)
-            self.graphs = DecodeGraphs(*shape, cfg.cuda_graph_max_batch, _Attention)
-            self.pass_graphs = PassGraphs(*shape, cfg.max_num_batched_tokens, _Attention, mode.batch_invariant)
+            self.graphs = DecodeGraphs(*shape, cfg.cuda_graph_max_batch, Attention)
+            self.pass_graphs = PassGraphs(*shape, cfg.max_num_batched_tokens, Attention, mode.batch_invariant)
 
     @property
     def max_table_width(self) -> int:
@@ -168,9 +119,9 @@ class Runner:
         longest = -(-self.mc.max_positions // pool.block_size)
         return table_width(max(1, min(longest, pool.num_blocks // pool.planes(self.mc, pool.layout))))
 
-    def attention(self, core: PagedMetadata) -> "_Attention":
+    def attention(self, core: PagedMetadata) -> "Attention":
         """The models' Attention interface over the pool for a core pass with this metadata."""
-        return _Attention(self.pool.cache, core, None)
+        return Attention(self.pool.cache, core, None)
 
     def _attention_fields(self, prefix: str, groups, row_starts) -> dict:
         """On CUDA, the Triton attention's integer metadata, packed with the rest of the step."""
@@ -200,9 +151,9 @@ class Runner:
         bs = self.pool.block_size
         return {
             prefix + "slot": np.array(
-                sum((_slots(t, g.start, g.n, bs) for g, t in zip(groups, tables)), []), dtype=np.int64
+                sum((kv_slots(t, g.start, g.n, bs) for g, t in zip(groups, tables)), []), dtype=np.int64
             ),
-            prefix + "table": _padded(tables),
+            prefix + "table": padded(tables),
             **self._attention_fields(prefix + "k_", groups, row_starts),
         }
 
@@ -211,7 +162,7 @@ class Runner:
         pool, D = self.pool, self.mc.depth
         new = [g for g in active if g.state is None]
         boundary = pool.has_boundary
-        ra, rn = _row_starts(active), _row_starts(new)  # row offsets of each group in the pass / among new
+        ra, rn = row_starts(active), row_starts(new)  # row offsets of each group in the pass / among new
         core_tables = [g.tables.core[pool.plane_of(g.depth + 1)] for g in active]
         graphed = self.graphs is not None and all(g.decoding for g in active) and self.graphs.fits(len(active))
         pass_graphed = not graphed and self.pass_graphs is not None and self.pass_graphs.fits(ra[-1], len(active))
@@ -219,7 +170,7 @@ class Runner:
         adaptive = any(g.gated for g in active)
 
         # ---- pack the step's metadata: one host-to-device copy ----------------------------------
-        f = {"pos": _positions(active, ra)}
+        f = {"pos": positions(active, ra)}
         if graphed:
             f["graph_in"] = self.graphs.inputs(f["pos"], core_tables, [g.start for g in active], pool.block_size)
         elif pass_graphed:
@@ -239,7 +190,7 @@ class Runner:
         if new:
             f |= {
                 "new_ids": np.fromiter(itertools.chain.from_iterable(g.ids for g in new), np.int64, rn[-1]),
-                "new_pos": _positions(new, rn),
+                "new_pos": positions(new, rn),
                 "new_seed": np.repeat([g.params.state_seed for g in new], [g.n for g in new]),
             }
             if fed is not None:  # decode rows whose token is still on the device (one row each)
@@ -260,7 +211,7 @@ class Runner:
             ids = t["new_ids"]
             if "fed_row" in t:  # tokens not read back yet are taken from the device
                 ids = ids.index_put((t["fed_row"],), fed.tokens[t["fed_src"]])
-            inject = self.model.embed(ids, t["new_pos"], _Attention(pool.cache, None, meta))
+            inject = self.model.embed(ids, t["new_pos"], Attention(pool.cache, None, meta))
             state = self.model.initial_state(inject, t["new_pos"], t["new_seed"])
             for g, r0, r1 in zip(new, rn, rn[1:]):
                 g.inject, g.state = inject[r0:r1], state[r0:r1]
@@ -275,7 +226,7 @@ class Runner:
                 torch.cat([g.state for g in active]),
                 torch.cat([g.inject for g in active]),
                 t["pos"],
-                _Attention(pool.cache, self._meta(t, "core_", active, ra), None),
+                Attention(pool.cache, self._meta(t, "core_", active, ra), None),
             )
         for g, r0, r1 in zip(active, ra, ra[1:]):
             g.state, g.depth = x[r0:r1], g.depth + 1
@@ -308,19 +259,19 @@ class Runner:
             src, dst = [], []
             for g in exited:
                 if g.decoding and g.depth < D:
-                    s = _slots(g.tables.core[g.depth - 1], g.start, 1, bs)
+                    s = kv_slots(g.tables.core[g.depth - 1], g.start, 1, bs)
                     for plane in range(g.depth, D):
                         src += s
-                        dst += _slots(g.tables.core[plane], g.start, 1, bs)
+                        dst += kv_slots(g.tables.core[plane], g.start, 1, bs)
             if src:
                 f |= {"fin_src": np.array(src, dtype=np.int64), "fin_dst": np.array(dst, dtype=np.int64)}
         if sampling:
             f |= sampling_fields(sampling, self.mc.eos_token_ids)
-        re = _row_starts(exited)
+        re = row_starts(exited)
         if pool.has_boundary:
             f |= self._plane_fields("bnd_", exited, re, [g.tables.boundary for g in exited])
             f |= {
-                "bnd_pos": _positions(exited, re),
+                "bnd_pos": positions(exited, re),
                 "select": np.array([r1 - 1 for g, r1 in zip(exited, re[1:]) if g.samples], dtype=np.int64),
             }
         asking = [g for g in exited if g.prompt_targets]  # prompt chunks whose logprobs are asked for
@@ -334,7 +285,7 @@ class Runner:
             c[d // bs, :, :, d % bs] = c[s // bs, :, :, s % bs]
         model, hidden = self.model, None
         if pool.has_boundary:
-            attn = _Attention(pool.cache, None, self._meta(t, "bnd_", exited, re))
+            attn = Attention(pool.cache, None, self._meta(t, "bnd_", exited, re))
             x = model.after_loop(torch.cat([g.state for g in exited]), t["bnd_pos"], attn)
             logits = model.project(x[t["select"]]) if sampling else None
             hidden = x[t["plp_row"]] if asking else None
