@@ -225,13 +225,20 @@ def make_checkpoint_cmd(args) -> int:
     return 0
 
 
-def build_parser() -> argparse.ArgumentParser:
-    from importlib.metadata import version
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
 
+    try:
+        return version("rlt")
+    except PackageNotFoundError:  # a source tree on PYTHONPATH, not installed
+        return "(source tree, not installed)"
+
+
+def build_parser() -> argparse.ArgumentParser:
     from rlt.serve.server import add_parser
 
     parser = argparse.ArgumentParser(prog="rlt", description="serving engine for looped language models")
-    parser.add_argument("--version", action="version", version=f"rlt {version('rlt')}")
+    parser.add_argument("--version", action="version", version=f"rlt {_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
     _add_generate(sub)
     add_parser(sub, add_option_flags)
