@@ -4,8 +4,8 @@ It owns the ModelConfig, validates every request before any worker sees it, rout
 (rlt/control/router.py), hands it to the Lifecycle (every phase change) and streams its outputs
 from a per-request collector, detokenized incrementally. Worker processes, transport and liveness
 are the Supervisor's. It never blocks the event loop and imports no torch itself (xgrammar, which
-does, loads with the tokenizer in a thread at launch; a new grammar's check compiles it on the loop:
-1-11 ms for a 6-field JSON schema at 512-65K vocabularies, ~10 us once cached).
+does, loads with the tokenizer in a thread at launch; a grammar's check reads its structure only, well
+under a millisecond, and the workers compile it).
 """
 
 import asyncio
@@ -16,6 +16,7 @@ import weakref
 
 import msgspec
 
+from rlt import grammar
 from rlt.config import EngineConfig, LaunchConfig, ModelConfig, split_options
 from rlt.control import router
 from rlt.control.collector import Collector
@@ -78,7 +79,6 @@ class Engine:
         self.model_config, self.engine_config, self.launch_config = mc, engine, launch
         self.tokenizer = None  # the checkpoint's, once launch has loaded it (None: it ships none)
         self._tokenizer_loaded = False
-        self._grammars = None  # rlt/grammar.py, with the tokenizer: checks requests' structured output
         self._supervisor = Supervisor(mc, engine, launch)
         self._lifecycle = self._supervisor.lifecycle
         self._loop: asyncio.AbstractEventLoop | None = None  # the caller's, once launched
@@ -121,11 +121,8 @@ class Engine:
             from rlt.models.tokenizer import load_tokenizer
 
             self.tokenizer = load_tokenizer(self.model_config.path)
-            if self.tokenizer is not None:  # structured output's checks (xgrammar's tokenizer info: ~0.3 s at 64K)
-                from rlt.grammar import Grammars
-
-                mc = self.model_config
-                self._grammars = Grammars(self.tokenizer, mc.vocab_size, mc.eos_token_ids)
+            if self.tokenizer is not None:  # structured output's checks: xgrammar (it imports torch) loads here
+                import xgrammar  # noqa: F401
             self._tokenizer_loaded = True
 
     # ---- requests ---------------------------------------------------------------------------------
@@ -203,9 +200,9 @@ class Engine:
             ps.append(resolve_params(self.model_config, len(ids), seeded))
         priority = validate_priority(priority)
         if (spec := ps[0].structured_output) is not None:  # compiled (ms; then cached) before any worker sees it
-            if self._grammars is None:
+            if self.tokenizer is None:
                 raise RequestError(f"structured_output needs text: {self.model_config.path} has no tokenizer.json")
-            self._grammars.check(spec)
+            grammar.check(spec)
         names = [request_id] if n == 1 else [f"{request_id}-{i}" for i in range(n)]
         lc = self._lifecycle
         for name in names:

@@ -15,6 +15,8 @@ from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 
 import numpy as np
 
+from rlt.grammar import error_text
+
 MAX_CACHED = 512  # compiled grammars a worker keeps (least recently used out)
 
 
@@ -64,6 +66,7 @@ class WorkerGrammars:
         self._grammars = None  # rlt.grammar.Grammars, built in the thread at the first request
         self._pool: ThreadPoolExecutor | None = None
         self._compiled: OrderedDict[tuple[str, str], Future] = OrderedDict()
+        self.failed: dict[int, str] = {}  # requests whose grammar did not compile -> error (the worker fails them)
 
     def ready(self, s) -> bool:
         """Can the request run (its matcher built, or it has no grammar)? Starts its compile."""
@@ -80,8 +83,16 @@ class WorkerGrammars:
         self._compiled.move_to_end(spec)
         if not future.done():
             return False
-        s.matcher = Constraint(future.result(), s.output)  # (the coordinator compiled it: it compiles here)
+        if future.exception() is not None:  # (the coordinator checked its structure; the compile failed)
+            self.failed.setdefault(s.request_id, error_text(spec, future.exception()))
+            return False
+        s.matcher = Constraint(future.result(), s.output)
         return True
+
+    def take_failed(self) -> list[tuple[int, str]]:
+        """(request, error) of each request whose grammar did not compile, once."""
+        failed, self.failed = list(self.failed.items()), {}
+        return failed
 
     def wait(self, seconds: float) -> None:
         """Nothing else to run: let a compile finish (rather than spin against its thread)."""

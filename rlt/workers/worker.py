@@ -276,6 +276,8 @@ class Worker:
                     for o in outs:
                         if o.request_id in self.outgoing:
                             self.outgoing[o.request_id].prompt_done = True
+                for gen, error in self.engine.grammars.take_failed():
+                    self._fail(gen, error)
             if tokens or self.changed:  # the first token streams before its KV moves
                 self.send(pr.Outputs(tokens, self.stats(), self.started))
                 self.started = []
