@@ -66,7 +66,7 @@ class Reserve(msgspec.Struct, tag="reserve"):
 
 
 class Prefill(msgspec.Struct, tag="prefill", kw_only=True):
-    """Prefill worker: run the prompt at full depth, write each finished chunk into the decode
+    """Prefill worker: run the prompt at its max_loops, write each finished chunk into the decode
     worker's blocks, sample the first token."""
 
     gen: int

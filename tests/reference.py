@@ -198,12 +198,13 @@ class Ref:
 
 
 def ref_generate(ref: Ref, prompt, max_tokens, min_loops=1, max_loops=None, threshold=1.0, noise_fn=None):
-    """Greedy generation: exit depth of each new token by the CDF rule on its own gate values."""
+    """Greedy generation: exit depth of each new token by the CDF rule on its own gate values. The
+    prompt runs at max_loops (as the families' references run it at a given depth)."""
     D = ref.depth
     max_loops = max_loops or D
-    tokens, exits = list(prompt), [D] * len(prompt)
+    tokens, exits = list(prompt), [max_loops] * len(prompt)
     out, depths, logps = [], [], []
-    depth_of_next = D
+    depth_of_next = max_loops
     while len(out) < max_tokens:
         noise = noise_fn(len(tokens)) if noise_fn else None
         # The newest position's states up to its exit do not depend on its own exit depth.
@@ -231,7 +232,8 @@ def ref_generate(ref: Ref, prompt, max_tokens, min_loops=1, max_loops=None, thre
 
 def shared_generate(ref: Ref, prompt, max_tokens, min_loops=1, max_loops=None, threshold=1.0, noise_fn=None):
     """SHARED layout reference, position by position: a position's loop d attends to its own
-    loop-d K/V and to every earlier position's final (exit-depth) K/V, at every depth."""
+    loop-d K/V and to every earlier position's final (exit-depth) K/V, at every depth. The prompt
+    runs at max_loops."""
     D = ref.depth
     max_loops = max_loops or D
     final = {}  # core layer -> list of (k, v) [1, Hkv, D] per position, at that position's exit
@@ -262,7 +264,7 @@ def shared_generate(ref: Ref, prompt, max_tokens, min_loops=1, max_loops=None, t
 
         noise = noise_fn(q + 1)[q:] if noise_fn else None
         states, gates = ref.run([tok], [D], noise, start=q, core_hook=core_hook, boundary_hook=boundary_hook)
-        e = D
+        e = max_loops
         if decode:
             surv, e = 1.0, max_loops
             for d in range(1, max_loops + 1):

@@ -438,8 +438,8 @@ async def test_fuzzed_requests_fail_at_the_call_or_finish(single, request):
         if final.finish_reason == "length"
         else final.token_ids[-1] in (set(p.stop_token_ids) | (set() if p.ignore_eos else set(mc.eos_token_ids)))
     )
-    assert len(final.exit_depths) == n and final.exit_depths[0] == mc.depth  # prompts run at full depth
     hi = p.max_loops or mc.depth
+    assert len(final.exit_depths) == n and final.exit_depths[0] == hi  # prompts run at max_loops
     lo = p.min_loops or 1
     thr = mc.default_exit_threshold if p.exit_threshold is None else p.exit_threshold
     for d in final.exit_depths[1:]:

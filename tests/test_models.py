@@ -117,7 +117,7 @@ def test_ouro_adaptive_exit_matches_last_exited_reference(checkpoints, threshold
     g = greedy(mc, engine, PROMPT, 10, exit_threshold=threshold, min_loops=min_loops, max_loops=max_loops)
     tokens, depths, logps = ref_generate(Ref(checkpoints["ouro"]), PROMPT, 10, min_loops, max_loops, threshold)
     assert_matches(g, tokens, depths, logps)
-    assert depths[0] == 4  # sampled from the prompt: full depth
+    assert depths[0] == max_loops  # sampled from the prompt, which runs at max_loops
     assert all(min_loops <= d <= max_loops for d in depths[1:])
 
 
@@ -136,7 +136,7 @@ def test_max_loops_lowers_decode_depth(checkpoints, family):
     g = greedy(mc, engine, PROMPT, 6, max_loops=1)
     tokens, depths, logps = ref_generate(Ref(checkpoints[family], ov), PROMPT, 6, max_loops=1)
     assert_matches(g, tokens, depths, logps)
-    assert depths == [mc.depth] + [1] * 5
+    assert depths == [1] * 6  # the prompt too runs at max_loops
 
 
 def test_nanbeige_skip_loop_final_norm(checkpoints):

@@ -190,7 +190,7 @@ class Engine:
             return None
         mc = self.model_config
         root = root_key(mc.family_config.random_initial_state, p.state_seed)
-        return prompt_keys(root, prompt, mc.depth, workers[0].ready.block_size)
+        return prompt_keys(root, prompt, p.max_loops, workers[0].ready.block_size)
 
     def _admit(self, prompt, params: SamplingParams, request_id, priority, n, wake) -> list[Request]:
         ids = self.tokenize(prompt)

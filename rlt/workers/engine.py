@@ -1,8 +1,8 @@
 """The loop-level continuous-batching engine every worker runs.
 
 A row is (request, position, depth). Each step runs one pass of the shared core over every active
-row, each at its own depth and reading its own KV plane: prompt chunks (full depth, chunked) and
-decode tokens (until their exit) share the pass. A row group that leaves the loop gets its head
+row, each at its own depth and reading its own KV plane: prompt chunks (chunked, to their request's
+max_loops) and decode tokens (until their exit) share the pass. A row group that leaves the loop gets its head
 and, where it ends a prompt or is a decode token, is sampled; its request's next group joins the
 next pass. Sampled tokens are read back one step late: the next pass (whose new decode rows take
 those tokens on the device) is launched first, so the device never waits for the host's
@@ -49,7 +49,7 @@ class LoopEngine(SteadyStretches):
         self.pool = KVPool(mc, cfg.kv_layout, cfg.block_size, num_blocks, dtype, device, cfg.enable_prefix_caching)
         self.runner = Runner(mc, model, self.pool, device, cfg)
         self.grammars = WorkerGrammars(mc)  # structured output (rlt/workers/grammar.py)
-        self.sched = Scheduler(cfg, self.pool, mc.depth, self.runner.penalties, self.grammars)
+        self.sched = Scheduler(cfg, self.pool, self.runner.penalties, self.grammars)
         self._arrival = itertools.count()
         self._live: dict[int, Sequence] = {}
         # Disaggregation: a prefill worker keeps a finished prompt's blocks until their transfer is
@@ -118,7 +118,7 @@ class LoopEngine(SteadyStretches):
             (priority, next(self._arrival)),
             tables=self.reserved.pop(request_id),
             output=[first_token],
-            depths=[self.mc.depth],
+            depths=[params.max_loops],  # (its prompt ran, and its first token came, at max_loops)
             num_done=len(prompt),
             root=self._root(params),
         )

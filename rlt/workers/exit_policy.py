@@ -3,7 +3,8 @@
 Ouro: hazard lambda_t = sigmoid(g_t); CDF_t = 1 - prod_{i<=t}(1 - lambda_i); exit at the first
 t >= min_loops with CDF_t >= threshold, else at max_loops. Threshold >= 1 means fixed depth
 (max_loops), even where float rounding would make CDF_t reach 1.0. Families without a gate
-have hazard 0: they always run max_loops. Prompts always run at the model's full depth.
+have hazard 0: they always run max_loops. Prompts run at max_loops (the model's depth by
+default), as the references run them at a given depth.
 """
 
 import torch

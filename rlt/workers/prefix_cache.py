@@ -2,7 +2,7 @@
 go, found again by what their KV depends on.
 
 A position's KV on every plane is a function of the tokens up to it and the depth each of those
-positions ran at (prompt positions: the model's full depth; generated positions: the depth their
+positions ran at (prompt positions: their request's max_loops; generated positions: the depth their
 token exited at), and, for a family that draws its initial latent at random (Huginn's like-init),
 of the request's state seed. Within one worker the weights and the KV layout are fixed. So a block
 is keyed by a hash chain over (tokens, depths) block by block, rooted in the state seed where it
@@ -45,7 +45,7 @@ def _chain(parent: bytes, tokens: bytes, depths: bytes) -> bytes:
 
 
 def prompt_keys(parent: bytes, prompt: list[int], depth: int, block_size: int, first: int = 0) -> list[bytes]:
-    """Keys of a prompt's full blocks from block `first` on (every position at full depth), the
+    """Keys of a prompt's full blocks from block `first` on (every position at `depth`), the
     chain continuing from `parent` (the root for block 0). One encoding of the tokens, sliced per
     block: a long prompt's keys cost well under a millisecond per 4K tokens."""
     tokens = np.asarray(prompt[first * block_size : len(prompt) // block_size * block_size], dtype=np.int64).tobytes()

@@ -1,5 +1,5 @@
 """prompt_logprobs (vLLM's): for each prompt position j >= 1, the log-softmax of the model's raw
-logits at position j - 1 (the prompt runs at full depth) of prompt token j, with the top-K; position
+logits at position j - 1 (the prompt runs at max_loops) of prompt token j, with the top-K; position
 0 is None.
 
 Computed in the pass where a prompt chunk leaves the loop, for every row of the chunk that predicts

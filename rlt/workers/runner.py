@@ -159,7 +159,7 @@ class Runner:
 
     @torch.inference_mode()
     def step(self, active: list[Group]) -> StepResult:
-        pool, D = self.pool, self.mc.depth
+        pool = self.pool
         new = [g for g in active if g.state is None]
         boundary = pool.has_boundary
         ra, rn = row_starts(active), row_starts(new)  # row offsets of each group in the pass / among new
@@ -230,7 +230,9 @@ class Runner:
             )
         for g, r0, r1 in zip(active, ra, ra[1:]):
             g.state, g.depth = x[r0:r1], g.depth + 1
-        done_host = [g.depth >= (g.exit_depth or (g.params.max_loops if g.decoding else D)) for g in active]
+        # Prompt chunks and decode tokens alike run to their request's max_loops at most (a prompt
+        # at a fixed depth k below the model's is computed at k, as the references compute it).
+        done_host = [g.depth >= (g.exit_depth or g.params.max_loops) for g in active]
         if adaptive:
             surv = torch.cat([self.one if g.survival is None else g.survival for g in active])
             if gate is not None:
@@ -255,7 +257,10 @@ class Runner:
         exited = result.exited
         sampling = [g for g in exited if g.samples]
         f = {}
-        if pool.layout == "last_exited":  # copy each early-exited token's depth-e K/V into planes e+1..D
+        # LAST_EXITED: copy each early-exited decode token's depth-e K/V into planes e+1..D. A prompt
+        # run at max_loops k < D needs none: whoever reads its positions (its request, or one sharing
+        # its cached blocks, whose keys fix the same prompt depth) runs at most k loops.
+        if pool.layout == "last_exited":
             src, dst = [], []
             for g in exited:
                 if g.decoding and g.depth < D:

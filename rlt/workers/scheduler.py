@@ -21,8 +21,8 @@ from rlt.workers.sequence import Sequence
 
 
 class Scheduler:
-    def __init__(self, cfg: EngineConfig, pool: KVPool, depth: int, penalties: PenaltyState, grammars=None):
-        self.cfg, self.pool, self.depth = cfg, pool, depth  # depth: the model's, every prompt position's
+    def __init__(self, cfg: EngineConfig, pool: KVPool, penalties: PenaltyState, grammars=None):
+        self.cfg, self.pool = cfg, pool
         self.penalties = penalties  # a slot for each running request that is penalized
         self.grammars = grammars  # WorkerGrammars: a constrained request waits for its grammar's compile
         self.cached_events: list[tuple[int, int, int]] = []  # (request, 0, end): prompt positions found cached
@@ -102,7 +102,7 @@ class Scheduler:
         if s.hits is None or s.hits[0] != (prefix.version, s.replay_end):
             s.hits = (
                 (prefix.version, s.replay_end),
-                prefix.match(s.block_keys(s.replay_end, self.depth, self.pool.block_size)),
+                prefix.match(s.block_keys(s.replay_end, s.params.max_loops, self.pool.block_size)),
             )
         return s.hits[1]
 
@@ -131,7 +131,7 @@ class Scheduler:
         """Its full blocks of final positions whose depths are known go to the prefix cache."""
         if self.pool.prefix is None or s.tables is None:
             return
-        keys = s.block_keys(min(s.num_done, s.known_positions), self.depth, self.pool.block_size)
+        keys = s.block_keys(min(s.num_done, s.known_positions), s.params.max_loops, self.pool.block_size)
         for i in range(s.num_cached_blocks, len(keys)):
             self.pool.cache_block(s.tables, i, keys[i])
         s.num_cached_blocks = max(s.num_cached_blocks, len(keys))

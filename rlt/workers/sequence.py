@@ -3,7 +3,7 @@ has in flight, and what it needs next.
 
 A request holds blocks for the positions it has reached, not for prompt + max_tokens. When the pool
 runs out the engine preempts one (sequence.preempt) and frees its blocks; resumed, it recomputes
-its KV: the prompt at full depth, then each generated position at the depth its token exited at
+its KV: the prompt at max_loops, then each generated position at the depth its token exited at
 (`replay` groups: single rows, no sampling), so every plane holds what it held before and the
 stream goes on exactly as if nothing had happened. Its full blocks of final positions go to the
 prefix cache (rlt/workers/prefix_cache.py) under keys of their tokens and depths; admitted or
