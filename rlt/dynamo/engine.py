@@ -3,7 +3,9 @@
 Dynamo's frontend applies the checkpoint's chat template, tokenizes, detokenizes and checks stop
 strings; the request that reaches generate() is token ids with sampling options and stop
 conditions (Dynamo's PreprocessedRequest). They become rlt SamplingParams — checked by rlt
-itself, so a bad field is refused before any worker sees it, naming the field and the limit — and
+itself, so a bad field is refused before any worker sees it, naming the field and the limit (a 400
+at the client); the frontend's guided decoding (response_format, guided_*, tool_choice required or
+named) becomes a StructuredOutput; an option rlt cannot honour is refused, never dropped — and
 the stream goes back as token-id deltas, each chunk with its tokens' exit depths in `engine_data`
 (`exit_depths`; the last chunk also `request_exit_depths`, every token's), which a client gets
 with `nvext.extra_fields: ["engine_data"]`. Loop options come as the request's
@@ -20,7 +22,7 @@ from dynamo.llm.exceptions import EngineShutdown, InvalidArgument
 
 import rlt
 from rlt.errors import EngineDeadError, EngineOverloadedError, RequestError
-from rlt.sampling_params import SamplingParams
+from rlt.sampling_params import SamplingParams, StructuredOutput
 
 log = logging.getLogger("rlt.dynamo")
 
@@ -31,25 +33,68 @@ LOOP_OPTIONS = ("exit_threshold", "min_loops", "max_loops")
 
 _SAMPLING = ("temperature", "top_p", "top_k", "min_p", "seed", "n")
 _SAMPLING += ("repetition_penalty", "presence_penalty", "frequency_penalty")
+_GUIDED = ("json", "regex", "choice", "grammar")
+# options a Dynamo request may carry that rlt cannot honour: refused, never dropped (-> the client's
+# name for each; the frontend refuses most of them itself, other routers may not)
+_REFUSED = {
+    "best_of": "best_of",
+    "use_beam_search": "use_beam_search",
+    "length_penalty": "length_penalty",
+    "allowed_token_ids": "allowed_token_ids",
+    "bad_words_token_ids": "bad_words",
+}
 
 
 def sampling_params(request: dict) -> SamplingParams:
-    """The request's SamplingParams (n choices: choice i seeded seed + i, as `rlt serve`)."""
+    """The request's SamplingParams (n choices: choice i seeded seed + i, as `rlt serve`). Stop
+    strings stay with Dynamo's frontend (it detokenizes, finds them and ends the stream); a sampling
+    option rlt cannot honour is a RequestError naming it."""
     so, sc = request.get("sampling_options") or {}, request.get("stop_conditions") or {}
     oo = request.get("output_options") or {}
+    extra = (request.get("extra_args") or {}).get("sampling_options") or {}  # (the frontend's passthrough)
+    for k, name in _REFUSED.items():
+        if so.get(k) not in (None, False) or extra.get(k) not in (None, False):
+            raise RequestError(f"{name}: not supported by rlt")
+    if sc.get("max_thinking_tokens") is not None:
+        raise RequestError("max_thinking_tokens: not supported by rlt")
     kw: dict[str, Any] = {k: so[k] for k in _SAMPLING if so.get(k) is not None}
     if kw.get("top_k") == -1:
         kw["top_k"] = 0
-    stop = [*(sc.get("stop_token_ids_hidden") or []), *(sc.get("stop_token_ids") or [])]
-    if stop:
-        kw["stop_token_ids"] = sorted(set(stop))
+    stop = {t for k in ("stop_token_ids_hidden", "stop_token_ids", "stop_token_ids_visible") for t in sc.get(k) or []}
+    if stop:  # (which of them the text shows is the frontend's concern)
+        kw["stop_token_ids"] = sorted(stop)
     for name in ("max_tokens", "min_tokens", "ignore_eos"):
         if sc.get(name) is not None:
             kw[name] = sc[name]
     if oo.get("logprobs") is not None:
         kw["logprobs"] = max(1, int(oo["logprobs"]))  # (rlt's also carry the sampled token's)
+    if oo.get("prompt_logprobs") is not None:
+        kw["prompt_logprobs"] = int(oo["prompt_logprobs"])
+    if (guided := structured_output(so.get("guided_decoding"))) is not None:
+        kw["structured_output"] = guided
     kw |= loop_options(request.get("annotations") or [])
     return SamplingParams(**kw)
+
+
+def structured_output(g: dict | None) -> StructuredOutput | None:
+    """Dynamo's guided_decoding (from response_format, guided_json/regex/choice/grammar or
+    tool_choice required / named) -> rlt's StructuredOutput; what rlt's grammar engine (xgrammar)
+    cannot do is refused: another backend, a whitespace pattern (rlt's JSON is always compact),
+    SGLang's structural tags."""
+    if not g:
+        return None
+    if g.get("backend") not in (None, "", "auto", "xgrammar"):
+        raise RequestError(f"guided_decoding_backend: {g['backend']!r} is not rlt's (xgrammar)")
+    if g.get("whitespace_pattern") is not None:
+        raise RequestError("guided_whitespace_pattern: not supported (rlt's JSON is always compact: no whitespace)")
+    if g.get("structural_tag") is not None:
+        raise RequestError("structural_tag: not supported by rlt")
+    given = {k: g[k] for k in _GUIDED if g.get(k) not in (None, [])}
+    if not given:
+        return None
+    if len(given) > 1:  # (the frontend refuses this itself)
+        raise RequestError(f"guided decoding: set one of json, regex, choice, grammar; got {sorted(given)}")
+    return StructuredOutput(**given)
 
 
 def loop_options(annotations: list[str]) -> dict:
@@ -66,7 +111,26 @@ def loop_options(annotations: list[str]) -> dict:
     return out
 
 
-def chunk(index: int, out, sent: int, top: int | None) -> dict:
+def prompt_logprobs(out, top: int) -> list:
+    """rlt's prompt logprobs as Dynamo's engine_data carries them: per position None (the first) or
+    {"token id": {"logprob", "rank"}}, ranked among the top `top` (the prompt token past them
+    unranked)."""
+    positions = []
+    for tok, pos in zip(out.prompt_token_ids, out.prompt_logprobs):
+        if pos is None:
+            positions.append(None)
+            continue
+        ranked = sorted(pos.items(), key=lambda x: -x[1])
+        positions.append(
+            {
+                str(t): {"logprob": lp} | ({"rank": r + 1} if r < top or t != tok else {})
+                for r, (t, lp) in enumerate(ranked)
+            }
+        )
+    return positions
+
+
+def chunk(index: int, out, sent: int, top: int | None, prompt_top: int | None = None) -> dict:
     """The tokens of `out` after the first `sent`, as a Dynamo response chunk."""
     c = {"index": index, "token_ids": out.token_ids[sent:], "engine_data": {"exit_depths": out.exit_depths[sent:]}}
     if top is not None and out.logprobs is not None:
@@ -81,6 +145,8 @@ def chunk(index: int, out, sent: int, top: int | None) -> dict:
         ]
     if out.finished:  # (a non-streamed response keeps only the last chunk's engine_data)
         c["engine_data"]["request_exit_depths"] = out.exit_depths
+        if prompt_top is not None and out.prompt_logprobs is not None:
+            c["engine_data"]["prompt_logprobs"] = prompt_logprobs(out, prompt_top)
         c["finish_reason"] = FINISH.get(out.finish_reason, "error")
         prompt, done = len(out.prompt_token_ids), len(out.token_ids)
         c["completion_usage"] = {"prompt_tokens": prompt, "completion_tokens": done, "total_tokens": prompt + done}
@@ -160,14 +226,15 @@ class RltEngine(LLMEngine):
             if isinstance(e, RequestError):
                 raise InvalidArgument(str(e)) from None
             raise EngineShutdown(str(e)) from None  # a 503: full (retry later) or no worker ready
-        top = (request.get("output_options") or {}).get("logprobs")
+        oo = request.get("output_options") or {}
+        top, prompt_top = oo.get("logprobs"), oo.get("prompt_logprobs")
         sent: dict[int, int] = {}  # tokens sent, per choice
         try:
             async for out in stream:
                 if out.finish_reason == "error":  # failed in a worker (e.g. its KV handoff): a 503
                     log.warning("request %s failed: %s", context.id(), out.error)  # (the 503 hides why)
                     raise EngineShutdown(out.error or "the request failed in an rlt worker")
-                yield chunk(out.index, out, sent.get(out.index, 0), top)
+                yield chunk(out.index, out, sent.get(out.index, 0), top, prompt_top)
                 sent[out.index] = len(out.token_ids)
         except EngineDeadError as e:
             raise EngineShutdown(str(e)) from None

@@ -9,6 +9,7 @@ anything starts: a bad one is one line on stderr and exit status 2."""
 import argparse
 import asyncio
 import json
+import os
 import signal
 import sys
 
@@ -36,6 +37,23 @@ def parser() -> argparse.ArgumentParser:
     d.add_argument("--discovery-backend", default="etcd", choices=["etcd", "kubernetes", "file", "mem"])
     d.add_argument("--request-plane", default="tcp", choices=["tcp", "nats"])
     d.add_argument("--event-plane", choices=["zmq", "nats"], help="(default: Dynamo's)")
+    from dynamo._core import get_reasoning_parser_names, get_tool_parser_names
+
+    for flag, names, what in (
+        ("--dyn-tool-call-parser", get_tool_parser_names(), "tool calls in chat responses into tool_calls"),
+        ("--dyn-reasoning-parser", get_reasoning_parser_names(), "<think> blocks into reasoning_content"),
+    ):
+        d.add_argument(
+            flag,
+            choices=["auto", "none", *sorted(names)],
+            default="auto",
+            metavar="{auto,none,<Dynamo's parsers>}",
+            help=f"Dynamo's frontend splits {what} (auto: the family's, as rlt serve's: see docs/deploy.md)",
+        )
+    d.add_argument(
+        "--custom-jinja-template",
+        help="a Jinja chat template file the frontend renders chat requests with (default: the checkpoint's)",
+    )
     add_option_flags(p)
     return p
 
@@ -51,6 +69,9 @@ def parse(argv=None):
     from rlt.dynamo.engine import RltEngine
 
     args = parser().parse_args(argv)
+    template = args.custom_jinja_template
+    if template is not None and not os.path.isfile(template := os.path.abspath(os.path.expanduser(template))):
+        raise ValueError(f"--custom-jinja-template: no file {template}")
     options = option_values(args)
     if "topology" in options:
         raise ValueError("--topology: a Dynamo worker runs one rlt worker; choose its part with --role")
@@ -60,6 +81,7 @@ def parse(argv=None):
     launch = rlt.Engine.launch(model, hf_overrides=args.hf_overrides, topology="1p1d" if split else "single", **options)
     if args.role == "prefill":
         return launch, args
+    reasoning, tools = parsers(launch.engine, args, template)
     runtime_args = (args.discovery_backend, args.request_plane)
     prefill = f"{args.namespace}.prefill.generate" if args.role == "decode" else None
     engine = RltEngine(launch, name, prefill, runtime_args)
@@ -73,8 +95,33 @@ def parse(argv=None):
         request_plane=args.request_plane,
         event_plane=args.event_plane,
         enable_kv_routing=False,  # rlt publishes no KV events (yet): routing is by load
+        custom_jinja_template=template,
+        tool_call_parser=tools,
+        reasoning_parser=reasoning,
     )
     return engine, config
+
+
+def parsers(engine, args, template: str | None) -> tuple[str | None, str | None]:
+    """(reasoning parser, tool-call parser) the node registers for Dynamo's frontend to run: auto is
+    the family's default for its chat template, as `rlt serve`'s (rlt/serve/parsers.py)."""
+    from rlt.models.family import FAMILIES
+    from rlt.serve.parsers import default_parsers
+
+    chosen = (args.dyn_reasoning_parser, args.dyn_tool_call_parser)
+    auto = (None, None)
+    if "auto" in chosen:
+        engine.load_tokenizer()  # (idempotent: the launch does not load it again)
+        tok = engine.tokenizer
+        if template is not None:
+            with open(template) as f:
+                template = f.read()
+        else:
+            template = getattr(tok, "chat_template", None)
+        family = FAMILIES[engine.model_config.model_type].name
+        vocab = tok.get_vocab() if tok is not None else None
+        auto = default_parsers(family, template if isinstance(template, str) else None, vocab)
+    return tuple(a if c == "auto" else None if c == "none" else c for c, a in zip(chosen, auto))
 
 
 def main(argv=None) -> int:

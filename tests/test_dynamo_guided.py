@@ -1,0 +1,148 @@
+"""Guided decoding and tools through Dynamo's frontend to an rlt node (rlt/dynamo/engine.py,
+rlt/dynamo/main.py), with the official `openai` client on the tiny Ouro's random weights: only the
+grammar can make an output valid. The frontend turns response_format, guided_* and tool_choice
+required / named into its request's guided_decoding, which the node gives rlt's engine as a
+StructuredOutput; it renders `tools` with the node's chat template and parses tool calls with the
+parser the node registers (hermes: Ouro's default). What rlt cannot honour is a 400 naming it."""
+
+import json
+import re
+
+import jinja2
+import jsonschema
+import openai
+import pytest
+from test_dynamo import Stack, _tests, infra  # noqa: F401 (infra: the module's etcd and frontend)
+
+from rlt.models.tokenizer import load_tokenizer
+
+pytestmark = pytest.mark.slow
+
+SCHEMA = {
+    "type": "object",
+    "properties": {"kind": {"enum": ["a", "b"]}, "ok": {"type": "boolean"}, "n": {"type": "integer", "maximum": 99}},
+    "required": ["kind", "ok", "n"],
+    "additionalProperties": False,
+}
+WEATHER = {
+    "type": "object",
+    "properties": {"city": {"enum": ["Oslo", "Rome"]}, "days": {"type": "integer", "minimum": 1, "maximum": 3}},
+    "required": ["city", "days"],
+    "additionalProperties": False,
+}
+SEARCH = {"type": "object", "properties": {"q": {"type": "boolean"}}, "required": ["q"], "additionalProperties": False}
+TOOLS = [
+    {"type": "function", "function": {"name": "get_weather", "parameters": WEATHER}},
+    {"type": "function", "function": {"name": "search", "parameters": SEARCH}},
+]
+PARAMS = {"get_weather": WEATHER, "search": SEARCH}
+USER = [{"role": "user", "content": "Weather?"}]
+REGEX, CHOICES = r"[a-c]{2,4}-[0-9]{2}", ["yes", "no", "maybe so"]
+# the tiny Ouro's ChatML template, with each tool's name written into the prompt
+TEMPLATE = (
+    "{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\\n' + (m['content'] or '') + '<|im_end|>\\n' }}"
+    "{% endfor %}{% for t in tools or [] %}<tool>{{ t.function.name }}</tool>{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+
+
+@pytest.fixture(scope="module")
+def node(checkpoints, infra, tmp_path_factory):  # noqa: F811
+    """One aggregated node of the tiny Ouro, its chat template the one above: (client, model name)."""
+    template = tmp_path_factory.mktemp("template") / "tools.jinja"
+    template.write_text(TEMPLATE)
+    s = Stack(infra, next(_tests))
+    s.env = s.env | {"DYN_GRACEFUL_SHUTDOWN_GRACE_PERIOD_SECS": "0"}  # (nothing in flight at its end: no 5 s wait)
+    try:
+        w = s.worker(checkpoints["ouro"], "worker", "--custom-jinja-template", str(template))
+        s.wait_model(w)
+        yield openai.OpenAI(base_url=s.url, api_key="none", max_retries=0, timeout=60), s.model
+    finally:
+        s.close()
+
+
+def test_response_format_and_guided_options_constrain_the_output(node):
+    client, model = node
+    kw = dict(model=model, messages=USER, max_tokens=60, temperature=1.0)
+    fmt = {"type": "json_schema", "json_schema": {"name": "x", "schema": SCHEMA, "strict": True}}
+    for seed in range(3):
+        r = client.chat.completions.create(**kw, seed=seed, response_format=fmt)
+        jsonschema.validate(json.loads(r.choices[0].message.content), SCHEMA)
+        assert r.choices[0].finish_reason == "stop"
+        r = client.chat.completions.create(**kw, seed=seed, extra_body={"guided_regex": REGEX})
+        assert re.fullmatch(REGEX, r.choices[0].message.content), r.choices[0].message.content
+        r = client.chat.completions.create(**kw, seed=seed, extra_body={"guided_choice": CHOICES})
+        assert r.choices[0].message.content in CHOICES
+    r = client.chat.completions.create(**(kw | {"max_tokens": 8}), response_format={"type": "json_object"})
+    assert r.choices[0].message.content.startswith("{")  # (any object: its keys and strings run long)
+    r = client.completions.create(
+        model=model, prompt=[5, 6, 7], max_tokens=9, extra_body={"guided_grammar": 'root ::= "x" [0-9]'}
+    )
+    assert re.fullmatch("x[0-9]", r.choices[0].text)
+    refused = [
+        ({"guided_regex": "[a-"}, "structured_output.regex"),
+        ({"guided_json": SCHEMA, "guided_whitespace_pattern": " "}, "guided_whitespace_pattern"),
+        ({"guided_json": SCHEMA, "guided_decoding_backend": "outlines"}, "guided_decoding_backend"),
+        ({"allowed_token_ids": [5, 6]}, "allowed_token_ids"),
+    ]
+    for extra, name in refused:
+        with pytest.raises(openai.BadRequestError) as e:
+            client.chat.completions.create(**kw, extra_body=extra)
+        assert name in e.value.message, e.value.message
+
+
+def test_tools_reach_the_template_and_calls_come_back_as_tool_calls(checkpoints, node):
+    """The node's template renders the request's tools (the prompt the node got is exactly it);
+    tool_choice required and named are grammars whose calls the frontend returns as tool_calls with
+    valid arguments; with tool_choice auto the frontend's hermes parser (the node registered it)
+    finds <tool_call> JSON in the text, whole and streamed."""
+    client, model = node
+    tok = load_tokenizer(checkpoints["ouro"])
+    kw = dict(model=model, messages=USER, tools=TOOLS, max_tokens=150, temperature=1.0)
+    for choice, tools in (("auto", TOOLS), ("none", None)):  # (none: the template gets no tools, as vLLM's)
+        r = client.chat.completions.create(**(kw | {"max_tokens": 1}), tool_choice=choice)
+        prompt = jinja2.Template(TEMPLATE).render(messages=USER, tools=tools, add_generation_prompt=True)
+        assert r.usage.prompt_tokens == len(tok(prompt).input_ids)
+    named = {"type": "function", "function": {"name": "get_weather"}}
+    for seed in range(3):
+        r = client.chat.completions.create(**kw, seed=seed, tool_choice="required", parallel_tool_calls=False)
+        (call,) = _calls(r.choices[0].message)  # (one call at most: maxItems 1)
+        jsonschema.validate(call[1], PARAMS[call[0]])
+        assert r.choices[0].finish_reason == "tool_calls"
+        r = client.chat.completions.create(**kw, seed=seed, tool_choice=named)
+        ((name, args),) = _calls(r.choices[0].message)
+        assert name == "get_weather" and r.choices[0].finish_reason == "tool_calls"
+        jsonschema.validate(args, WEATHER)
+    # the model's own hermes syntax (here forced by a regex: random weights write no tool call)
+    text = 'Sure. <tool_call>{"name": "search", "arguments": {"q": true}}</tool_call>'
+    extra = {"guided_regex": re.escape(text)}
+    r = client.chat.completions.create(**kw, tool_choice="auto", extra_body=extra)
+    m = r.choices[0].message
+    assert (m.content, _calls(m), r.choices[0].finish_reason) == ("Sure. ", [("search", {"q": True})], "tool_calls")
+    stream = client.chat.completions.create(**kw, tool_choice="auto", extra_body=extra, stream=True)
+    content, args, names, ends = "", "", [], []
+    for chunk in stream:
+        for c in chunk.choices:
+            content += c.delta.content or ""
+            for d in c.delta.tool_calls or []:
+                names += [d.function.name] if d.function.name else []
+                args += d.function.arguments or ""
+            ends += [c.finish_reason] if c.finish_reason else []
+    assert (content, names, json.loads(args), ends) == ("Sure. ", ["search"], {"q": True}, ["tool_calls"])
+
+
+def test_prompt_logprobs_come_back(node):
+    """prompt_logprobs (chat's top-level field): None for the first prompt token, then the prompt
+    token's logprob with the top ones, ranked."""
+    client, model = node
+    r = client.chat.completions.create(model=model, messages=USER, max_tokens=1, extra_body={"prompt_logprobs": 2})
+    pls = r.model_extra["prompt_logprobs"]
+    assert len(pls) == r.usage.prompt_tokens and pls[0] is None
+    for pos in pls[1:]:
+        ranked = sorted((e["rank"], e["logprob"]) for e in pos.values() if "rank" in e)
+        assert [k for k, _ in ranked] == [1, 2] and ranked[0][1] >= ranked[1][1]
+        assert 2 <= len(pos) <= 3 and all(e["logprob"] <= ranked[0][1] for e in pos.values())
+
+
+def _calls(message) -> list[tuple[str, dict]]:
+    return [(c.function.name, json.loads(c.function.arguments)) for c in message.tool_calls or []]
