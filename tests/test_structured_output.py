@@ -209,3 +209,30 @@ def test_spec_shapes():
         msgspec.convert({"regexp": "a"}, StructuredOutput)
     with pytest.raises(RequestError, match="exactly one"):
         spec_of(StructuredOutput(json_object=False))
+
+
+def test_a_grammar_that_fails_to_compile_fails_its_request_alone(checkpoints, monkeypatch):
+    """The coordinator checks a grammar's structure only; a compile that still fails in the worker
+    (injected) is reported for that request, naming the field, and holds nobody up (the worker then
+    fails it, as here)."""
+    from rlt.control.validation import resolve_params
+    from rlt.grammar import Grammars
+
+    def compile_fails(self, spec):
+        raise RuntimeError("[07:00:00] /project/cpp/grammar_compiler.cc:1: injected")
+
+    monkeypatch.setattr(Grammars, "compile", compile_fails)
+    mc, new_engine = make(checkpoints["ouro"], "ouro")
+    engine = new_engine()
+    free = SamplingParams(max_tokens=3, temperature=0, ignore_eos=True)
+    bad = msgspec.structs.replace(free, structured_output=StructuredOutput(regex="a+"))
+    engine.add_request(1, [5, 6], resolve_params(mc, 2, bad))
+    engine.add_request(2, [5, 6], resolve_params(mc, 2, free))
+    outs, failed = [], []
+    while engine.has_work():
+        outs += [o.request_id for o in engine.step()]
+        for gen, error in engine.grammars.take_failed():
+            failed.append((gen, error))
+            assert engine.abort(gen)
+        engine.grammars.wait(0.01)
+    assert outs == [2, 2, 2] and failed == [(1, "structured_output.regex: injected")]
