@@ -3,7 +3,8 @@ by the coordinator (checks a request's grammar at the call) and the workers (com
 
 A request's StructuredOutput becomes a spec, (kind, text), that travels in ResolvedParams and keys
 the compiled-grammar caches. The tokenizer info covers the model's whole vocabulary: ids past the
-tokenizer's are never allowed; the model's EOS ids are the grammar's stop tokens.
+tokenizer's are never allowed; the model's EOS ids are the grammar's stop tokens. A grammar may wait
+for a token sequence in the output (`after`, e.g. the end of the reasoning) and start after it.
 """
 
 import functools
@@ -47,6 +48,18 @@ def spec_of(so) -> tuple[str, str] | None:
     if not isinstance(v, str) or not v:
         raise RequestError(f"structured_output.{kind} must be a non-empty string, got {v!r}")
     return kind, v
+
+
+def after_of(so, vocab_size: int) -> tuple[int, ...]:
+    """StructuredOutput.after (a shape-checked spec's), checked: the token ids the grammar waits for."""
+    v = None if so is None else so.after
+    if v is None:
+        return ()
+    if not isinstance(v, (list, tuple)) or not v or not all(type(t) is int and 0 <= t < vocab_size for t in v):
+        raise RequestError(
+            f"structured_output.after must be a non-empty list of token ids in [0, {vocab_size}), got {v!r}"
+        )
+    return tuple(v)
 
 
 def grammar_of(spec: tuple[str, str]):

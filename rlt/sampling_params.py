@@ -18,6 +18,9 @@ class StructuredOutput(msgspec.Struct, kw_only=True, omit_defaults=True, forbid_
     choice: list[str] | None = None  # the output is one of these strings
     grammar: str | None = None  # an EBNF (GBNF) grammar with a `root` rule
     json_object: bool | None = None  # True: any JSON object
+    # the grammar starts after these token ids first appear in the output (e.g. `</think>`'s: the
+    # reasoning before them is free, as vLLM's reasoning parsers); None: from the first token
+    after: list[int] | None = None
 
 
 class SamplingParams(msgspec.Struct, kw_only=True, omit_defaults=True):
@@ -86,6 +89,7 @@ class ResolvedParams(msgspec.Struct, frozen=True, kw_only=True):
     logit_bias: dict[int, float] = {}
     min_tokens: int = 0  # EOS and stop_token_ids are masked before this many outputs
     structured_output: tuple[str, str] | None = None  # (kind, spec text): rlt/grammar.py spec_of
+    grammar_after: tuple[int, ...] = ()  # StructuredOutput.after (empty: the grammar starts at once)
 
     @property
     def penalized(self) -> bool:

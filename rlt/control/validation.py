@@ -5,7 +5,7 @@ import secrets
 
 from rlt.config import ModelConfig
 from rlt.errors import RequestError
-from rlt.grammar import spec_of
+from rlt.grammar import after_of, spec_of
 from rlt.sampling_params import ResolvedParams, SamplingParams
 
 INT64 = (-(2**63), 2**63 - 1)  # what msgpack and the workers' int64 tensors carry
@@ -110,6 +110,7 @@ def resolve_params(mc: ModelConfig, prompt_len: int, p: SamplingParams) -> Resol
         logit_bias=_logit_bias(p.logit_bias, V),
         min_tokens=_int("min_tokens", p.min_tokens, lo=0, hi=max_tokens, hi_text=f"max_tokens ({max_tokens})"),
         structured_output=spec_of(p.structured_output),  # (compiled against the tokenizer by the caller)
+        grammar_after=after_of(p.structured_output, V),
     )
 
 

@@ -81,15 +81,15 @@ async def chat(request: Request, body: dict, served: Served, name: str):
             chat_template.render, state.engine, req, served.chat_template, opts.add_special_tokens
         )
         ids = _truncate(ids, opts.truncate_prompt_tokens)
-        opts.parsing, params = parsing(req, text, served, state.engine.tokenizer, params, opts.grammar_field)
+        opts.parsing, params = parsing(req, text, served, state.engine.tokenizer, params)
         last = req.messages[-1] if isinstance(req.messages, list) else {}
         echo = chat_template.messages_of([last])[0]["content"] if opts.echo and last.get("role") == "assistant" else ""
     return await _respond(request, params, opts, [ids], [echo], True, name)
 
 
-def parsing(req, prompt_text: str, served: Served, tok, params, field: str | None = None):
-    """The request's reasoning and tool-call parsing (None: none) and its params (field: where its
-    grammar came from; a grammar cannot yet wait for an open reasoning block's end): markers that are
+def parsing(req, prompt_text: str, served: Served, tok, params):
+    """The request's reasoning and tool-call parsing (None: none) and its params: a grammar under a
+    prompt that opens a reasoning block starts where the block ends (as vLLM), markers that are
     special tokens stay in the engine's text (skip_special_tokens false, as vLLM's tool parsers ask)
     and the server drops the other special tokens itself."""
     forced = structured.forced(req)  # (the grammar makes the calls: no tool parser needed)
@@ -97,15 +97,11 @@ def parsing(req, prompt_text: str, served: Served, tok, params, field: str | Non
     if tools and served.tool_parser is None:
         raise RequestError("tools: this server parses no tool calls (start it with --tool-call-parser hermes)")
     reasoning = served.reasoning_parser is not None
-    if reasoning and params.structured_output is not None and Think(prompt_text).state == "reasoning":
-        raise HTTPError(
-            400,
-            f"{field}: the prompt opens a reasoning block ({THINK}) and the engine cannot yet start a grammar "
-            'where the reasoning ends: turn thinking off (chat_template_kwargs: {"enable_thinking": false}) '
-            "or serve with --reasoning-parser none",
-            "invalid_request_error",
-            field,
-        )
+    so = params.structured_output
+    if reasoning and so is not None and Think(prompt_text).state == "reasoning":
+        # the engine starts the grammar after </think>'s ids in the output: the content is the grammar's
+        after = tok(END_THINK, add_special_tokens=False).input_ids
+        params = msgspec.structs.replace(params, structured_output=msgspec.structs.replace(so, after=after))
     if not (tools or reasoning or forced):
         return None, params
     markers = {THINK, END_THINK} if reasoning else set()

@@ -7,7 +7,10 @@ time the engine has read that token back, unless the row exits in its first pass
 token is read at once (mask_fields). Constrained requests keep the regular path, not steady decode
 (the host fills each mask). A PD decode worker's matcher starts by accepting the prefill worker's
 first token; a preempted request keeps its matcher (its outputs do not change), and prefix-cache
-hits do not touch it (outputs only).
+hits do not touch it (outputs only). A grammar that waits for a token sequence (`after`: the end of
+the reasoning) masks nothing until the outputs hold it; the outputs after it go through the matcher
+(as vLLM's structured-output manager, which starts the matcher once the reasoning has ended). The
+matcher replays outputs, so a decode worker, or a prefill worker's first token, finds the same state.
 """
 
 from collections import OrderedDict
@@ -23,13 +26,15 @@ MAX_CACHED = 512  # compiled grammars a worker keeps (least recently used out)
 class Constraint:
     """One request's matcher over the model's whole vocabulary."""
 
-    def __init__(self, compiled, outputs: list[int]):
+    def __init__(self, compiled, outputs: list[int], after: tuple[int, ...] = ()):
         import xgrammar as xgr
 
         self.matcher = xgr.GrammarMatcher(compiled)
         self.mask = xgr.allocate_token_bitmask(1, compiled.tokenizer_info.vocab_size)  # [1, ceil(V / 32)] int32
         self.ended = False
         self.accepted = 0  # output tokens accepted
+        self.after, self.tail = tuple(after), ()  # the ids the grammar waits for; the last outputs before
+        self.started = not after  # the grammar constrains the outputs after `after` (none yet: any token)
         for i, t in enumerate(outputs):
             self.accept(t, i)
 
@@ -48,7 +53,11 @@ class Constraint:
         the token, which its mask did not allow: never, unless the mask was off)."""
         if index == self.accepted and not self.ended:
             self.accepted += 1
-            self.ended = not self.matcher.accept_token(token) or self.matcher.is_terminated()
+            if not self.started:  # (the token that completes `after` is no grammar's)
+                self.tail = (self.tail + (token,))[-len(self.after) :]
+                self.started = self.tail == self.after
+            else:
+                self.ended = not self.matcher.accept_token(token) or self.matcher.is_terminated()
         return self.ended
 
     def catch_up(self, g) -> None:
@@ -86,7 +95,7 @@ class WorkerGrammars:
         if future.exception() is not None:  # (the coordinator checked its structure; the compile failed)
             self.failed.setdefault(s.request_id, error_text(spec, future.exception()))
             return False
-        s.matcher = Constraint(future.result(), s.output)
+        s.matcher = Constraint(future.result(), s.output, s.params.grammar_after)
         return True
 
     def take_failed(self) -> list[tuple[int, str]]:
@@ -116,10 +125,12 @@ class WorkerGrammars:
 
 
 def mask_fields(groups: list) -> dict:
-    """The constrained sampled rows' bitmasks, as step fields (empty: no row is constrained)."""
+    """The constrained sampled rows' bitmasks, as step fields (empty: no row is constrained). A row
+    whose grammar waits for `after` has no mask (its token before may have completed it: read first)."""
     rows = [i for i, g in enumerate(groups) if g.matcher is not None]
-    if not rows:
-        return {}
     for i in rows:
         groups[i].matcher.catch_up(groups[i])
+    rows = [i for i in rows if groups[i].matcher.started]
+    if not rows:
+        return {}
     return {"gm_row": np.array(rows), "gm_mask": np.stack([groups[i].matcher.fill() for i in rows])}
