@@ -6,6 +6,7 @@ StructuredOutput; it renders `tools` with the node's chat template and parses to
 parser the node registers (hermes: Ouro's default). What rlt cannot honour is a 400 naming it."""
 
 import json
+import os
 import re
 
 import jinja2
@@ -13,31 +14,12 @@ import jsonschema
 import openai
 import pytest
 from test_dynamo import Stack, _tests, infra  # noqa: F401 (infra: the module's etcd and frontend)
+from test_serve_structured import CHOICES, PARAMS, REGEX, SCHEMA, TOOLS, USER, WEATHER
 
 from rlt.models.tokenizer import load_tokenizer
 
 pytestmark = pytest.mark.slow
 
-SCHEMA = {
-    "type": "object",
-    "properties": {"kind": {"enum": ["a", "b"]}, "ok": {"type": "boolean"}, "n": {"type": "integer", "maximum": 99}},
-    "required": ["kind", "ok", "n"],
-    "additionalProperties": False,
-}
-WEATHER = {
-    "type": "object",
-    "properties": {"city": {"enum": ["Oslo", "Rome"]}, "days": {"type": "integer", "minimum": 1, "maximum": 3}},
-    "required": ["city", "days"],
-    "additionalProperties": False,
-}
-SEARCH = {"type": "object", "properties": {"q": {"type": "boolean"}}, "required": ["q"], "additionalProperties": False}
-TOOLS = [
-    {"type": "function", "function": {"name": "get_weather", "parameters": WEATHER}},
-    {"type": "function", "function": {"name": "search", "parameters": SEARCH}},
-]
-PARAMS = {"get_weather": WEATHER, "search": SEARCH}
-USER = [{"role": "user", "content": "Weather?"}]
-REGEX, CHOICES = r"[a-c]{2,4}-[0-9]{2}", ["yes", "no", "maybe so"]
 # the tiny Ouro's ChatML template, with each tool's name written into the prompt
 TEMPLATE = (
     "{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\\n' + (m['content'] or '') + '<|im_end|>\\n' }}"
@@ -46,19 +28,55 @@ TEMPLATE = (
 )
 
 
+# fault injection in the nodes' processes (their rlt workers too): this regex passes the
+# coordinator's check and fails its compile in the worker
+INJECTED = "injected-compile-failure"
+SITECUSTOMIZE = f"""
+import rlt.grammar
+
+_compile = rlt.grammar.Grammars.compile
+
+
+def compile(self, spec):
+    if spec == ("regex", {INJECTED!r}):
+        raise RuntimeError("[07:00:00] /project/cpp/grammar_compiler.cc:1: injected")
+    return _compile(self, spec)
+
+
+rlt.grammar.Grammars.compile = compile
+"""
+
+
 @pytest.fixture(scope="module")
-def node(checkpoints, infra, tmp_path_factory):  # noqa: F811
-    """One aggregated node of the tiny Ouro, its chat template the one above: (client, model name)."""
-    template = tmp_path_factory.mktemp("template") / "tools.jinja"
-    template.write_text(TEMPLATE)
-    s = Stack(infra, next(_tests))
-    s.env = s.env | {"DYN_GRACEFUL_SHUTDOWN_GRACE_PERIOD_SECS": "0"}  # (nothing in flight at its end: no 5 s wait)
+def nodes(checkpoints, infra, tmp_path_factory):  # noqa: F811
+    """Two aggregated nodes, started together: the tiny Ouro with the chat template above (parsers
+    auto: hermes), the tiny Nanbeige with its own (auto: deepseek_r1 and hermes; it opens <think>).
+    {family: (client, model name)}."""
+    tmp = tmp_path_factory.mktemp("dynamo-guided")
+    (tmp / "tools.jinja").write_text(TEMPLATE)
+    (tmp / "sitecustomize.py").write_text(SITECUSTOMIZE)
+    path = os.pathsep.join(p for p in (str(tmp), os.environ.get("PYTHONPATH")) if p)
+    stacks, procs = {f: Stack(infra, next(_tests)) for f in ("ouro", "nanbeige")}, {}
     try:
-        w = s.worker(checkpoints["ouro"], "worker", "--custom-jinja-template", str(template))
-        s.wait_model(w)
-        yield openai.OpenAI(base_url=s.url, api_key="none", max_retries=0, timeout=60), s.model
+        for family, s in stacks.items():
+            # (nothing in flight at the end: no 5 s grace period)
+            s.env = s.env | {"DYN_GRACEFUL_SHUTDOWN_GRACE_PERIOD_SECS": "0", "PYTHONPATH": path}
+            flags = ["--custom-jinja-template", str(tmp / "tools.jinja")] if family == "ouro" else []
+            procs[family] = s.worker(checkpoints[family], "worker", *flags)
+        for family, s in stacks.items():
+            s.wait_model(procs[family])
+        yield {
+            f: (openai.OpenAI(base_url=s.url, api_key="none", max_retries=0, timeout=60), s.model)
+            for f, s in stacks.items()
+        }
     finally:
-        s.close()
+        for s in stacks.values():
+            s.close()
+
+
+@pytest.fixture(scope="module")
+def node(nodes):
+    return nodes["ouro"]
 
 
 def test_response_format_and_guided_options_constrain_the_output(node):
@@ -84,6 +102,7 @@ def test_response_format_and_guided_options_constrain_the_output(node):
         ({"guided_json": SCHEMA, "guided_whitespace_pattern": " "}, "guided_whitespace_pattern"),
         ({"guided_json": SCHEMA, "guided_decoding_backend": "outlines"}, "guided_decoding_backend"),
         ({"allowed_token_ids": [5, 6]}, "allowed_token_ids"),
+        ({"guided_regex": INJECTED}, "structured_output.regex: injected"),  # (its compile failed in the worker)
     ]
     for extra, name in refused:
         with pytest.raises(openai.BadRequestError) as e:
@@ -146,3 +165,29 @@ def test_prompt_logprobs_come_back(node):
 
 def _calls(message) -> list[tuple[str, dict]]:
     return [(c.function.name, json.loads(c.function.arguments)) for c in message.tool_calls or []]
+
+
+def test_a_grammar_under_reasoning_starts_where_the_reasoning_ends(nodes, checkpoints):
+    """The Nanbeige node registers deepseek_r1 (its template opens <think>): the frontend takes the
+    text before </think> as reasoning_content, so the node's grammar waits for </think> (as vLLM's
+    with a reasoning parser): the reasoning is the unconstrained request's, token for token, and
+    the content after it validates. (</think> is a special token of the tiny Nanbeige: the frontend
+    sees it with skip_special_tokens false.)"""
+    client, model = nodes["nanbeige"]
+    end = load_tokenizer(checkpoints["nanbeige"]).convert_tokens_to_ids("</think>")
+    fmt = {"type": "json_schema", "json_schema": {"name": "x", "schema": SCHEMA}}
+    kw = dict(model=model, messages=USER, temperature=1.0)
+    extra = {"skip_special_tokens": False, "nvext": {"extra_fields": ["completion_token_ids"]}}
+    ids = lambda r: r.model_extra["nvext"]["completion_token_ids"]  # noqa: E731
+    free = [
+        (seed, ids(client.chat.completions.create(**kw, seed=seed, max_tokens=24, extra_body=extra)))
+        for seed in range(16)
+    ]
+    closed = [(seed, out[: out.index(end) + 1]) for seed, out in free if end in out][:2]
+    assert len(closed) == 2, free  # (seeds whose reasoning ends early)
+    for seed, reasoning in closed:
+        r = client.chat.completions.create(**kw, seed=seed, max_tokens=80, response_format=fmt, extra_body=extra)
+        m = r.choices[0].message
+        assert ids(r)[: len(reasoning)] == reasoning and r.choices[0].finish_reason == "stop"
+        jsonschema.validate(json.loads(m.content), SCHEMA)
+        assert m.model_extra["reasoning_content"]  # (the frontend's split: the text before </think>)

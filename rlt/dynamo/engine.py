@@ -17,12 +17,14 @@ import asyncio
 import logging
 from typing import Any
 
+import msgspec
 from dynamo.common.backend.engine import EngineConfig, LLMEngine, LlmRegistration
 from dynamo.llm.exceptions import EngineShutdown, InvalidArgument
 
 import rlt
 from rlt.errors import EngineDeadError, EngineOverloadedError, RequestError
 from rlt.sampling_params import SamplingParams, StructuredOutput
+from rlt.serve.parsers import END_THINK, REASONING_PARSERS, Think
 
 log = logging.getLogger("rlt.dynamo")
 
@@ -173,9 +175,12 @@ class RltEngine(LLMEngine):
     (rlt/dynamo/remote.py) — the decode worker reserves, a prefill node writes every depth plane
     into its blocks over NIXL and gives the first token, the decode worker continues."""
 
-    def __init__(self, launch, served_name: str, prefill_endpoint: str | None = None, runtime_args=()):
-        """launch: rlt.Engine.launch(...) (options checked); prefill_endpoint: a decode node's."""
-        self.launch, self.served_name = launch, served_name
+    def __init__(
+        self, launch, served_name: str, prefill_endpoint: str | None = None, runtime_args=(), reasoning_parser=None
+    ):
+        """launch: rlt.Engine.launch(...) (options checked); prefill_endpoint: a decode node's;
+        reasoning_parser: the one the node registers for Dynamo's frontend to run."""
+        self.launch, self.served_name, self.reasoning_parser = launch, served_name, reasoning_parser
         self.engine_path = launch.engine.model_config.path  # the checkpoint directory, absolute
         self.engine: rlt.Engine | None = None
         self.runtime = None  # a decode node's own Dynamo runtime, for its prefill client
@@ -221,7 +226,10 @@ class RltEngine(LLMEngine):
 
     async def generate(self, request: dict, context):
         try:
-            stream = self.engine.generate(list(request["token_ids"]), sampling_params(request))
+            params = sampling_params(request)
+            if params.structured_output is not None and self.reasoning_parser in REASONING_PARSERS:
+                params = self.grammar_after_reasoning(request["token_ids"], params)
+            stream = self.engine.generate(list(request["token_ids"]), params)
         except (RequestError, EngineDeadError, EngineOverloadedError) as e:
             if isinstance(e, RequestError):
                 raise InvalidArgument(str(e)) from None
@@ -232,6 +240,8 @@ class RltEngine(LLMEngine):
         try:
             async for out in stream:
                 if out.finish_reason == "error":  # failed in a worker (e.g. its KV handoff): a 503
+                    if not sent and (out.error or "").startswith("structured_output."):
+                        raise InvalidArgument(out.error)  # its grammar did not compile in the worker: a 400
                     log.warning("request %s failed: %s", context.id(), out.error)  # (the 503 hides why)
                     raise EngineShutdown(out.error or "the request failed in an rlt worker")
                 yield chunk(out.index, out, sent.get(out.index, 0), top, prompt_top)
@@ -240,6 +250,20 @@ class RltEngine(LLMEngine):
             raise EngineShutdown(str(e)) from None
         finally:  # finished, failed or cancelled: the stream closes (unfinished choices abort)
             await stream.aclose()
+
+    def grammar_after_reasoning(self, prompt: list[int], params: SamplingParams) -> SamplingParams:
+        """Under a <think> reasoning parser, Dynamo's frontend takes the text before </think> as
+        reasoning_content, so the grammar starts where the reasoning ends (as vLLM's with a reasoning
+        parser) when the output begins inside the block: the prompt opens it (Nanbeige's template
+        writes <think>), or the parser is deepseek_r1, which Dynamo runs as reasoning from the first
+        token whatever the prompt."""
+        tok = self.engine.tokenizer
+        if tok is None:
+            return params
+        if self.reasoning_parser != "deepseek_r1" and Think(tok.decode(prompt[-8:])).state != "reasoning":
+            return params
+        so = msgspec.structs.replace(params.structured_output, after=tok(END_THINK, add_special_tokens=False).input_ids)
+        return msgspec.structs.replace(params, structured_output=so)
 
     async def cleanup(self) -> None:
         if self.engine is not None:

@@ -84,7 +84,7 @@ def parse(argv=None):
     reasoning, tools = parsers(launch.engine, args, template)
     runtime_args = (args.discovery_backend, args.request_plane)
     prefill = f"{args.namespace}.prefill.generate" if args.role == "decode" else None
-    engine = RltEngine(launch, name, prefill, runtime_args)
+    engine = RltEngine(launch, name, prefill, runtime_args, reasoning)
     config = WorkerConfig(
         namespace=args.namespace,
         component=args.component,
