@@ -75,11 +75,16 @@ def check_valid(tok, got: dict) -> None:
 
 @pytest.mark.parametrize("family", ["ouro", "nanbeige", "huginn"])
 def test_outputs_obey_their_grammars_on_every_path(checkpoints, family):
-    """Valid outputs; the same tokens, depths and finish reasons with steady decode on (the others
-    may use it; constrained ones stay on the regular path), other chunkings, preemption (resumed
-    mid-decode: the matcher keeps its accepted outputs) and prefix-cache hits; an unconstrained
-    request beside them samples what it samples alone."""
-    mc, new_engine = make(checkpoints[family], family)
+    """Valid outputs through each family's tokenizer; an unconstrained request beside them samples
+    what it samples alone (with steady decode on). Then, for Ouro, the same tokens, depths and
+    finish reasons with steady decode on (the others may use it; constrained ones stay on the
+    regular path), other chunkings, preemption (resumed mid-decode: the matcher keeps its accepted
+    outputs) and prefix-cache hits. (Those paths are the scheduler's and the matcher's, alike for
+    every family: each family's own chunking, preemption and prefix cache are checked without a
+    grammar in test_engine, test_preemption and test_prefix_cache; Ouro's adaptive exit is the one
+    that reads a token back before its last loop.)"""
+    # (Huginn at 2 loops, not test_engine's 6: its recurrence is not what a grammar constrains)
+    mc, new_engine = make(checkpoints[family], family, overrides={"mean_recurrence": 2} if family == "huginn" else None)
     tok = load_tokenizer(mc.path)
     reqs = workload(tok)
 
@@ -90,6 +95,8 @@ def test_outputs_obey_their_grammars_on_every_path(checkpoints, family):
     check_valid(tok, base)
     base = same(base)
     assert same(run(new_engine(), mc, {"free": reqs["free"]}))["free"] == base["free"]
+    if family != "ouro":
+        return
     for cfg in (dict(steady_decode="always"), dict(prefill_chunk=2), dict(prefill_chunk=64)):
         assert same(run(new_engine(**cfg), mc, reqs, arrivals={"r": 3, "o": 9})) == base, cfg
     small = new_engine(num_blocks=1)
