@@ -159,14 +159,20 @@ def generate(args) -> int:
             raise
         raise RequestError(str(e)) from e
     engine = launch.engine
-    engine.load_tokenizer()
-    # Every prompt is validated before any process is spawned.
-    requests = [(str(i), engine.tokenize(p)) for i, p in enumerate(args.prompts)]
     from rlt.control.validation import output_options, resolve_params
 
+    # Every prompt is validated before any process is spawned: the options and token ids before the
+    # tokenizer loads (a bad flag is refused without transformers' import), text prompts after.
     output_options(sp)
-    for _, ids in requests:
+
+    def checked(prompt) -> list[int]:
+        ids = engine.tokenize(prompt)
         resolve_params(engine.model_config, len(ids), sp)
+        return ids
+
+    given = [None if isinstance(p, str) else checked(p) for p in args.prompts]
+    engine.load_tokenizer(grammars=sp.structured_output is not None)
+    requests = [(str(i), checked(p) if ids is None else ids) for i, (p, ids) in enumerate(zip(args.prompts, given))]
 
     async def run():
         t0, terminal = time.monotonic(), sys.stderr.isatty()

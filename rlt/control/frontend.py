@@ -114,14 +114,16 @@ class Engine:
         await self._supervisor.shutdown()
         self._lifecycle.fail_all(EngineDeadError("the engine was shut down"))
 
-    def load_tokenizer(self) -> None:
+    def load_tokenizer(self, grammars: bool = True) -> None:
         """Load the checkpoint's tokenizer (idempotent; blocking: launch runs it in a thread, a
-        command line may call it first to check its prompts before any process starts)."""
+        command line may call it first to check its prompts before any process starts). grammars:
+        False for a caller none of whose requests has a structured output (`rlt generate` without
+        one): xgrammar's import (~1 s of CPU) is skipped; the first call decides."""
         if not self._tokenizer_loaded:
             from rlt.models.tokenizer import load_tokenizer
 
             self.tokenizer = load_tokenizer(self.model_config.path)
-            if self.tokenizer is not None:  # structured output's checks: xgrammar (it imports torch) loads here
+            if self.tokenizer is not None and grammars:  # structured output's checks: xgrammar (it imports torch)
                 import xgrammar  # noqa: F401
             self._tokenizer_loaded = True
 
