@@ -30,12 +30,12 @@ def generate_json(*args):
     return [json.loads(line) for line in r.stdout.splitlines()]
 
 
+# One run per family, through --hf-overrides where it has one to take (each family's depths and
+# overrides against the references, in-process: test_engine's CASES, test_models; Ouro at its full
+# depth through the CLI: test_adaptive_exit_through_cli).
 CASES = [
-    ("ouro", {}),
     ("ouro", {"total_ut_steps": 2}),
     ("nanbeige", {}),
-    ("nanbeige", {"num_loops": 1}),
-    ("huginn", {"state_init": "zero"}),
     ("huginn", {"state_init": "zero", "mean_recurrence": 8}),
 ]
 
@@ -91,7 +91,7 @@ def test_text_prompts_and_order(checkpoints):
 
 def test_stops_on_eos_and_stop_token_ids(checkpoints):
     base = ["--model", checkpoints["ouro"], "--prompt-token-ids", "11,42,7", "--max-tokens", 8]
-    first = generate_json(*base, "--ignore-eos")[0]["token_ids"]
+    first = ref_generate(Ref(checkpoints["ouro"]), [11, 42, 7], 8)[0]  # (the CLI's greedy tokens: as above)
     second = first[1]
     out = generate_json(*base, "--stop-token-ids", f"{second},500")[0]
     assert out["token_ids"] == first[:2] and out["finish_reason"] == "stop"
