@@ -1,6 +1,7 @@
 """Prefill/decode disaggregation: real worker processes, real NIXL (UCX, DRAM to DRAM)."""
 
 import asyncio
+import copy
 import os
 import re
 import signal
@@ -62,11 +63,23 @@ async def run_all(path, topology, layout, family, reqs, stats=None, **opts):
         return [(o.token_ids, o.exit_depths, o.logprobs, o.finish_reason) for o in outs]
 
 
+_SINGLE: dict = {}
+
+
+async def single_reference(path, layout, family, reqs):
+    """run_all's outputs in the single topology (default options), run once per session for the
+    same requests: the reference several tests compare their topologies' outputs with."""
+    key = (path, layout, family, repr(reqs))
+    if key not in _SINGLE:
+        _SINGLE[key] = await run_all(path, "single", layout, family, reqs)
+    return copy.deepcopy(_SINGLE[key])
+
+
 @pytest.mark.parametrize("layout", ["last_exited", "shared"])
 @pytest.mark.parametrize("family", ["ouro", "nanbeige", "huginn"])
 async def test_pd_equals_single(checkpoints, family, layout):
     reqs = requests(family)
-    single = await run_all(checkpoints[family], "single", layout, family, reqs)
+    single = await single_reference(checkpoints[family], layout, family, reqs)
     tol = 1e-3 if family == "huginn" else 1e-4  # float32 GEMMs over different batches (see test_engine)
     for topology in ("1p1d", "2p2d") if family == "ouro" else ("1p1d",):  # (routing is the same for every family)
         got = await run_all(checkpoints[family], topology, layout, family, reqs)
@@ -93,7 +106,7 @@ async def test_conditional_disaggregation_equals_single(checkpoints, opts, local
     or the prefill worker takes whole (prefill_worker_chunk), give the same tokens, depths and
     logprobs as single, and every block and credit comes back."""
     reqs = requests("ouro")
-    single = await run_all(checkpoints["ouro"], "single", "last_exited", "ouro", reqs)
+    single = await single_reference(checkpoints["ouro"], "last_exited", "ouro", reqs)
     stats = {}
     got = await run_all(checkpoints["ouro"], "1p1d", "last_exited", "ouro", reqs, stats, **opts)
     assert stats["local_prefills"] == local
