@@ -218,14 +218,15 @@ def assert_equal(got, want) -> None:
 
 
 @pytest.mark.parametrize(
-    "family,nodes",
-    [("ouro", "aggregated"), ("ouro", "prefill+decode"), ("nanbeige", "prefill+decode"), ("huginn", "prefill+decode")],
+    "family,nodes", [("ouro", "aggregated"), ("ouro", "prefill+decode"), ("huginn", "prefill+decode")]
 )
 def test_completions_through_dynamo_equal_single(checkpoints, stack, family, nodes):
     """One aggregated worker; or a prefill node and a decode node (separate processes, separate
     NIXL agents, KV over UCX: the decode node reserves, the prefill node computes every depth plane
     of a prompt of several blocks and writes it into the decode node's blocks, the first token comes
-    from it). Either way the outputs equal rlt's single topology."""
+    from it). Either way the outputs equal rlt's single topology. (Huginn: its boundary planes and
+    seeded initial state, --hf-overrides; Nanbeige's planes are Ouro's without the gate, and every
+    family's KV handoff is checked in tests/test_pd.py.)"""
     ov = HUGINN if family == "huginn" else None
     prompt = [5 + (7 * j) % 300 for j in range(40)]
     requests, sps = cases(family)
