@@ -1,6 +1,7 @@
-"""RequestOutput: what a request's stream yields, one choice at a time. token_ids, exit_depths and
-text are cumulative; text grows only (a character still forming, or what may become a stop string,
-is held back until it is settled)."""
+"""RequestOutput: what a request's stream yields, one choice at a time. token_ids, exit_depths,
+logprobs and text are cumulative, or what is new since the choice's last output when the call asked
+for output_kind "delta"; text grows only (a character still forming, or what may become a stop
+string, is held back until it is settled)."""
 
 import time
 from dataclasses import dataclass, field

@@ -5,8 +5,9 @@ engine's default options in both.
     python scripts/serve_overhead.py --model DIR --device cuda --concurrency 1,64 \\
         --prompt-len 1024 --output-len 256 --json-out serve_overhead.json
 
-Prints a row per concurrency and path (scripts/bench.py --mode serve's metrics), then HTTP over in
-process: output tok/s as a ratio and p50 TTFT as milliseconds added. The server's own log goes
+Prints the server process's CPU time per streamed token (its workers are other processes), then a
+row per concurrency and path (scripts/bench.py --mode serve's metrics), then HTTP over in process:
+output tok/s as a ratio and p50 TTFT as milliseconds added. The server's own log goes
 beside --json-out.
 """
 
@@ -18,6 +19,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.request
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -55,6 +57,22 @@ def bench(args, out: str, *extra: str) -> list[dict]:
         return json.load(f)["rows"]
 
 
+def server_cpu_s(pid: int) -> float:
+    """The server process's own CPU seconds (user + system; its workers are other processes)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def generated_tokens(url: str) -> float:
+    """rlt:generation_tokens_total from the server's /metrics."""
+    with urllib.request.urlopen(url + "/metrics") as r:
+        text = r.read().decode()
+    return sum(
+        float(line.rpartition(" ")[2]) for line in text.splitlines() if line.startswith("rlt:generation_tokens_total")
+    )
+
+
 def serve_and_bench(args, out: str) -> list[dict]:
     port = free_port()
     log = open(os.path.splitext(args.json_out)[0] + "_server.log", "w")
@@ -65,7 +83,12 @@ def serve_and_bench(args, out: str) -> list[dict]:
         while "ready at" not in (line := server.stdout.readline()):
             if not line or time.monotonic() > deadline:
                 raise SystemExit(f"rlt serve did not start (exit {server.poll()}): see {log.name}")
-        return bench(args, out, "--base-url", f"http://127.0.0.1:{port}/v1")
+        url = f"http://127.0.0.1:{port}"
+        cpu0, tokens0 = server_cpu_s(server.pid), generated_tokens(url)
+        rows = bench(args, out, "--base-url", url + "/v1")
+        cpu, tokens = server_cpu_s(server.pid) - cpu0, generated_tokens(url) - tokens0
+        rows[0]["server_cpu_us_per_token"] = round(cpu / tokens * 1e6, 1)  # (warm-up's tokens included)
+        return rows
     finally:
         server.send_signal(signal.SIGINT)
         try:
@@ -92,6 +115,7 @@ def main():
         f"{'in flight':>9} {'HTTP tok/s':>11} {'in-proc tok/s':>14} {'ratio':>6} {'HTTP p50 TTFT':>14} "
         f"{'in-proc p50 TTFT':>17} {'added ms':>9}"
     )
+    print(f"server CPU per streamed token: {http[0]['server_cpu_us_per_token']} us")
     for h, p in zip(http, local):
         row = {
             "concurrency": h["concurrency"],
@@ -105,7 +129,8 @@ def main():
         rows.append(row)
         print(" ".join(f"{v:>{w}}" for v, w in zip(row.values(), (9, 11, 14, 6, 14, 17, 9))))
     with open(args.json_out, "w") as f:
-        json.dump({"command": " ".join(sys.argv), "rows": rows}, f, indent=2)
+        cpu = http[0]["server_cpu_us_per_token"]
+        json.dump({"command": " ".join(sys.argv), "server_cpu_us_per_token": cpu, "rows": rows}, f, indent=2)
 
 
 if __name__ == "__main__":

@@ -57,6 +57,28 @@ async def test_n_choices_stop_strings_and_growing_text():
         special = SamplingParams(max_tokens=3, temperature=0, stop_token_ids=[], logit_bias={eos: 100}, ignore_eos=True)
         with_special = (await run(engine, "Hello", replace(special, skip_special_tokens=False)))[0][-1]
         assert with_special.text == tok.decode([eos] * 3, skip_special_tokens=False) != ""
+        # output kinds: the deltas add up to the cumulative outputs; final_only gives the last alone
+        kinds = replace(sp, n=2, stop=[stop], prompt_logprobs=1)
+        whole = await run(engine, "Hello", kinds)
+        deltas = await run(engine, "Hello", kinds, output_kind="delta")
+        final = await run(engine, "Hello", kinds, output_kind="final_only")
+        for i, outs in whole.items():
+            last, ds, (only,) = outs[-1], deltas[i], final[i]
+            joined = [sum((getattr(d, f) for d in ds), []) for f in ("token_ids", "exit_depths", "logprobs")]
+            assert joined == [last.token_ids, last.exit_depths, last.logprobs] and len(last.token_ids) > 1
+            assert "".join(d.text for d in ds) == last.text
+            assert ds[0].prompt_logprobs == last.prompt_logprobs != None and all(not d.prompt_logprobs for d in ds[1:])  # noqa: E711
+            assert [d.finished for d in ds] == [False] * (len(ds) - 1) + [True]
+            assert (ds[-1].finish_reason, ds[-1].stop_reason) == (last.finish_reason, last.stop_reason)
+            assert (only.token_ids, only.text, only.stop_reason, only.finished) == (
+                last.token_ids,
+                last.text,
+                last.stop_reason,
+                True,
+            )
+        assert whole[0][-1].stop_reason == stop
+        with pytest.raises(RequestError, match="output_kind must be one of cumulative, delta, final_only"):
+            engine.generate("Hello", sp, output_kind="deltas")
         # abort by the call's id ends every choice
         stream = engine.generate("Hello", replace(sp, n=2, max_tokens=200), request_id="long")
         first = await anext(stream)

@@ -186,8 +186,8 @@ class _Timing:  # (what Choice reports to the metrics: nothing here)
 
 
 def test_choice_streams_tool_call_deltas_that_assemble_into_the_whole_message(checkpoints):
-    """rlt/serve/choices.py on the engine's outputs of the tiny Nanbeige's tokens of TEXT (one token
-    each, the engine's text as its detokenizer makes it, EOS last): the chunks' deltas add up to the
+    """rlt/serve/choices.py on the engine's delta outputs of the tiny Nanbeige's tokens of TEXT (one
+    token each, the text its detokenizer makes final, EOS last): the chunks' deltas add up to the
     whole message, and both finish with tool_calls."""
     from rlt.outputs import RequestOutput
     from rlt.serve import openai_api as oa
@@ -202,9 +202,9 @@ def test_choice_streams_tool_call_deltas_that_assemble_into_the_whole_message(ch
     choice = Choice(0, [1, 2], "", opts, _Timing(), oa.token_text(tok, False))
     detok, deltas = IncrementalDetokenizer(tok, skip_special_tokens=False), []
     for k in range(1, len(ids) + 1):
-        detok.push(ids[k - 1 : k])
         last = k == len(ids)
-        out = RequestOutput("r", [1, 2], ids[:k], [1] * k, detok.text, last, "stop" if last else None)
+        piece = detok.push(ids[k - 1 : k], final=last)
+        out = RequestOutput("r", [1, 2], ids[k - 1 : k], [1], piece, last, "stop" if last else None)
         choice.take(out)
         if (d := choice.delta(True)) is not None:
             deltas.append(d)

@@ -45,14 +45,15 @@ class Collector:
         self.dirty = True
         self._wake.set()
 
-    def take(self) -> RequestOutput:
-        """The current state (dirty): the last one is the collector's own, earlier ones are
-        snapshots (shallow copies: the consumer may keep them while the lists grow)."""
+    def take(self, snapshot: bool = True) -> RequestOutput:
+        """The current state (dirty): with `snapshot`, a shallow copy the consumer may keep while
+        the lists grow (the last one is the collector's own); else the collector's own (a consumer
+        that takes what is new from it at once: O(new) a take, not O(all))."""
         self.dirty = False
         if self._error is not None:
             raise self._error
         o = self.out
-        if o.finished:
+        if o.finished or not snapshot:
             return o
         return RequestOutput(
             o.request_id,

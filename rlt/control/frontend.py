@@ -22,7 +22,7 @@ from rlt.control import router
 from rlt.control.collector import Collector
 from rlt.control.lifecycle import Phase, Request
 from rlt.control.stats import engine_stats
-from rlt.control.stream import RequestStream
+from rlt.control.stream import OUTPUT_KINDS, RequestStream
 from rlt.control.supervisor import Supervisor
 from rlt.control.validation import output_options, resolve_params, validate_priority, validate_prompt
 from rlt.control.worker_proc import WorkerProc
@@ -152,23 +152,27 @@ class Engine:
         params: SamplingParams | None = None,
         request_id: str | None = None,
         priority: int = 0,
+        output_kind: str = "cumulative",
     ) -> RequestStream:
-        """Async iterator of cumulative RequestOutputs, one choice's at a time (`index`; n > 1:
-        choice i samples with seed + i, as a separate call with that seed would); each choice's last
-        has finished=True. The call is validated (RequestError) and submitted at the call, its
-        choices admitted together or not at all; cancelling the consuming task or closing the
-        iterator aborts them."""
+        """Async iterator of RequestOutputs, one choice's at a time (`index`; n > 1: choice i samples
+        with seed + i, as a separate call with that seed would); each choice's last has
+        finished=True. output_kind (vLLM's RequestOutputKind): "cumulative" (each output holds all so
+        far), "delta" (what is new since the choice's last output) or "final_only" (its last alone).
+        The call is validated (RequestError) and submitted at the call, its choices admitted together
+        or not at all; cancelling the consuming task or closing the iterator aborts them."""
         p = params if params is not None else SamplingParams()
         n, stop = output_options(p) if isinstance(p, SamplingParams) else (1, [])
         if stop and self.tokenizer is None:
             raise RequestError(f"stop strings need text: {self.model_config.path} has no tokenizer.json")
+        if output_kind not in OUTPUT_KINDS:
+            raise RequestError(f"output_kind must be one of {', '.join(OUTPUT_KINDS)}, got {output_kind!r}")
         if request_id is None:
             request_id = uuid.uuid4().hex
         elif not isinstance(request_id, str) or not request_id:
             raise RequestError(f"request_id must be a non-empty string, got {request_id!r}")
         wake = asyncio.Event()
         requests = self._admit(prompt, p, request_id, priority, n, wake)
-        stream = RequestStream(self._lifecycle, request_id, requests, self.tokenizer, p, stop, wake)
+        stream = RequestStream(self._lifecycle, request_id, requests, self.tokenizer, p, stop, wake, output_kind)
         if n > 1:
             self._calls[request_id] = stream
         return stream

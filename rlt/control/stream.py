@@ -1,5 +1,8 @@
 """RequestStream: what Engine.generate returns, an async iterator of one call's outputs (its n
-choices, each output tagged with its index).
+choices, each output tagged with its index), in the call's output kind (vLLM's RequestOutputKind):
+"cumulative" (each output holds everything so far), "delta" (only what is new since the choice's
+last output: ids, depths, logprobs, text; prompt logprobs in its first) or "final_only" (one
+output per choice, when it ends).
 
 Each choice's output ids are detokenized incrementally and checked for the call's stop strings: the
 text grows only (a character still forming, and the last characters that may begin a stop string,
@@ -20,6 +23,8 @@ from rlt.detokenizer import IncrementalDetokenizer
 from rlt.outputs import RequestOutput
 from rlt.sampling_params import SamplingParams
 
+OUTPUT_KINDS = ("cumulative", "delta", "final_only")
+
 
 class _Choice:
     """One choice: its request, its text, and the stop strings checked on the text as it becomes final."""
@@ -31,6 +36,28 @@ class _Choice:
         self.hold = 0 if self.include_stop else self.span  # (with the stop kept, nothing sent is ever cut)
         self.recent, self.final_len = "", 0  # the final text's last `span` characters, and its length
         self.done = False
+        self.sent_tokens, self.sent_text, self.started = 0, 0, False  # what went out ("delta")
+
+    def delta(self, out: RequestOutput) -> RequestOutput:
+        """What is new in `out` (the collector's own, cumulative) since this choice's last delta."""
+        t, c, first = self.sent_tokens, self.sent_text, not self.started
+        self.sent_tokens, self.sent_text, self.started = len(out.token_ids), len(out.text), True
+        return RequestOutput(
+            out.request_id,
+            out.prompt_token_ids,
+            out.token_ids[t:],
+            out.exit_depths[t:],
+            out.text[c:],
+            out.finished,
+            out.finish_reason,
+            None if out.logprobs is None else out.logprobs[t:],
+            out.error,
+            out.num_cached_tokens,
+            out.index,
+            out.stop_reason,
+            out.prompt_logprobs if first else None,
+            out.metrics,
+        )
 
     def process(self, out: RequestOutput, lifecycle: Lifecycle) -> RequestOutput:
         detok, p = self.detok, self.r.params
@@ -77,9 +104,10 @@ class _Choice:
 
 
 class RequestStream:
-    def __init__(self, lifecycle: Lifecycle, request_id: str, requests: list[Request], tokenizer, p, stop, wake):
-        """requests: the call's choices, in index order, their collectors sharing `wake`."""
-        self._lifecycle, self.request_id, self._wake = lifecycle, request_id, wake
+    def __init__(self, lifecycle: Lifecycle, request_id: str, requests: list[Request], tokenizer, p, stop, wake, kind):
+        """requests: the call's choices, in index order, their collectors sharing `wake`; kind: the
+        output kind (OUTPUT_KINDS)."""
+        self._lifecycle, self.request_id, self._wake, self._kind = lifecycle, request_id, wake, kind
         self._choices = [_Choice(r, tokenizer, p, stop) for r in requests]
         self._ready: deque[RequestOutput] = deque()
         self._open = len(requests)  # choices not finished
@@ -101,9 +129,12 @@ class RequestStream:
                 self._wake.clear()
                 for c in self._choices:
                     if c.r.collector.dirty and not c.done:
-                        out = c.process(c.r.collector.take(), self._lifecycle)
+                        out = c.process(c.r.collector.take(self._kind == "cumulative"), self._lifecycle)
                         self._open -= out.finished
-                        self._ready.append(out)
+                        if self._kind == "delta":
+                            self._ready.append(c.delta(out))
+                        elif out.finished or self._kind == "cumulative":
+                            self._ready.append(out)
             except BaseException:  # cancelled, or the engine died: nothing more comes
                 self._open = 0
                 self._abort()

@@ -1,7 +1,8 @@
 """A response's choices: each prompt's engine stream (its n choices, tagged by index) routed to the
 choices, what each has sent, and the server-sent events of a streamed response, bounded per client.
-The engine's text only grows (stop strings and characters still forming are held back there), so
-a chunk is what is new: one per engine output, even when its text is empty."""
+The engine streams deltas (output_kind "delta": what is new, its text final, stop strings and
+characters still forming held back there), so a chunk is one engine output, even when its text is
+empty."""
 
 import asyncio
 
@@ -17,17 +18,31 @@ PENDING_CHUNKS = 8  # a stream's chunks waiting for its client beyond one per ch
 
 
 class Choice:
-    """One choice: the engine's latest output for it, and how much of it was sent."""
+    """One choice: the engine's outputs for it ("delta" outputs: what is new each time), gathered for
+    the whole response, and what its next chunk sends."""
 
     def __init__(self, index: int, prompt_ids: list[int], echo: str, opts: Options, timing, text_of):
         self.index, self.prompt_ids, self.echo, self.opts = index, prompt_ids, echo, opts
         self.timing, self.text_of = timing, text_of
-        self.out, self.started, self.text_sent, self.tokens_sent, self.lp_offset = None, False, 0, 0, 0
+        self.out, self.started = None, False  # the engine's latest output; a chunk went out
+        self.ids, self.depths, self.positions, self.pieces = [], [], [], []  # everything generated so far
+        self.prompt_positions, self.lp_offset = None, 0
         self.split = opts.parsing.new() if opts.parsing is not None else None  # (a stream's parsers)
 
     def take(self, out) -> None:
+        """The engine's next delta (echo with max_tokens 0 shows none of its one token: it only ran
+        the prompt)."""
         self.timing.output(out)
         self.out = out
+        if out.prompt_logprobs is not None:
+            self.prompt_positions = out.prompt_logprobs
+        if self.opts.zero_tokens:
+            out.token_ids, out.exit_depths, out.logprobs, out.text = [], [], [], ""
+        self.ids += out.token_ids
+        self.depths += out.exit_depths
+        if out.logprobs is not None:
+            self.positions += out.logprobs
+        self.pieces.append(out.text)
 
     @property
     def finish(self) -> str | None:
@@ -59,22 +74,12 @@ class Choice:
             m["content"] = content
         return m
 
-    @property
-    def ids(self) -> list[int]:
-        """The generated token ids (none for echo with max_tokens 0: its one token only ran the prompt)."""
-        return [] if self.out is None or self.opts.zero_tokens else self.out.token_ids
-
-    def _text(self) -> str:
-        return "" if self.out is None or self.opts.zero_tokens else self.out.text
-
-    def _logprobs(self, chat: bool, start: int, echo: bool) -> dict | None:
-        top, out = self.opts.top_logprobs, self.out
-        if top is None or out is None:
+    def _logprobs(self, chat: bool, ids: list[int], positions: list, echo: bool) -> dict | None:
+        if self.opts.top_logprobs is None or self.out is None:
             return None
-        ids, positions = self.ids[start:], out.logprobs[start : len(self.ids)]
-        if echo and out.prompt_logprobs is not None:  # the prompt's first, its first position None
-            ids, positions = self.prompt_ids + ids, out.prompt_logprobs + positions
-        piece = oa.logprobs(self.text_of, ids, positions, top, chat, self.lp_offset)
+        if echo and self.prompt_positions is not None:  # the prompt's first, its first position None
+            ids, positions = self.prompt_ids + ids, self.prompt_positions + positions
+        piece = oa.logprobs(self.text_of, ids, positions, self.opts.top_logprobs, chat, self.lp_offset)
         if not chat and piece["tokens"]:
             self.lp_offset = piece["text_offset"][-1] + len(piece["tokens"][-1])
         return piece
@@ -93,41 +98,42 @@ class Choice:
 
     def prompt_logprobs(self) -> list | None:
         """vLLM's prompt_logprobs, as the request asked for them."""
-        out, k = self.out, self.opts.prompt_logprobs
-        return None if out is None else oa.prompt_logprobs(self.text_of, self.prompt_ids, out.prompt_logprobs, k)
+        if self.out is None:
+            return None
+        return oa.prompt_logprobs(self.text_of, self.prompt_ids, self.prompt_positions, self.opts.prompt_logprobs)
 
     def delta(self, chat: bool) -> dict | None:
-        """What is new since the last chunk; None when nothing is (no token, no finish)."""
-        first, ids = not self.started, self.ids[self.tokens_sent :]
-        if not first and not ids and self.finish is None and len(self._text()) == self.text_sent:
+        """The chunk of the engine's latest output; None when it holds nothing (no token, text or finish)."""
+        out, first = self.out, not self.started
+        if not first and not out.token_ids and not out.text and self.finish is None:
             return None
-        text = self._text()[self.text_sent :]
-        self.text_sent += len(text)
         echo = first and self.opts.echo
-        c = {"index": self.index, "finish_reason": None, "logprobs": self._logprobs(chat, self.tokens_sent, echo)}
+        lps = self._logprobs(chat, out.token_ids, out.logprobs or [], echo)
+        c = {"index": self.index, "finish_reason": None, "logprobs": lps}
         if chat:
-            c["delta"] = self._message(self.split, text, self.echo if echo else "", self.finish is not None, False)
+            c["delta"] = self._message(self.split, out.text, self.echo if echo else "", self.finish is not None, False)
         else:
-            c["text"] = self.echo + text if echo else text
+            c["text"] = self.echo + out.text if echo else out.text
         c["finish_reason"] = self._finish(self.split)
-        depths = self.out.exit_depths[self.tokens_sent : len(self.ids)] if self.out is not None else []
-        self.tokens_sent += len(ids)
         self.started = True
-        return self._extras(c, ids, depths, chat, first)
+        return self._extras(c, out.token_ids, out.exit_depths, chat, first)
 
     def final(self, chat: bool) -> dict:
-        echo = self.echo if self.opts.echo else ""
-        c = {"index": self.index, "finish_reason": None, "logprobs": self._logprobs(chat, 0, self.opts.echo)}
+        echo, text = self.echo if self.opts.echo else "", "".join(self.pieces)
+        c = {
+            "index": self.index,
+            "finish_reason": None,
+            "logprobs": self._logprobs(chat, self.ids, self.positions, self.opts.echo),
+        }
         split = self.opts.parsing.new() if self.opts.parsing is not None else None
         if chat:
-            c["message"] = self._message(split, self._text(), echo, True, True)
+            c["message"] = self._message(split, text, echo, True, True)
         else:
-            c["text"] = echo + self._text()
+            c["text"] = echo + text
         c["finish_reason"] = self._finish(split)
         if self.out is not None and self.out.stop_reason is not None:
             c["stop_reason"] = self.out.stop_reason
-        depths = self.out.exit_depths[: len(self.ids)] if self.out is not None else []
-        return self._extras(c, self.ids, depths, chat, True)
+        return self._extras(c, self.ids, self.depths, chat, True)
 
 
 async def run(stream, choices: list[Choice], emit=None) -> None:

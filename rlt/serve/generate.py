@@ -140,7 +140,7 @@ async def _respond(request: Request, params, opts: rq.Options, prompts: list, ec
             if p.max_tokens is None:  # chat: up to the context; completions: 16, as OpenAI
                 p = msgspec.structs.replace(p, max_tokens=max(1, engine.model_config.max_positions - len(ids)))
             # (the engine's id names the HTTP request in worker logs; a client may reuse its ids)
-            streams.append(engine.generate(ids, p, f"{rid}-{i}-{uuid.uuid4().hex[:8]}", opts.priority))
+            streams.append(engine.generate(ids, p, f"{rid}-{i}-{uuid.uuid4().hex[:8]}", opts.priority, "delta"))
     except (RequestError, EngineDeadError, EngineOverloadedError) as e:
         for s in streams:  # those already admitted go
             await s.aclose()

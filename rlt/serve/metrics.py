@@ -126,8 +126,9 @@ class _Timing:
         self.out = None
 
     def output(self, out) -> None:
+        """The engine's next delta output."""
         self.out = out
-        now, new = time.monotonic(), len(out.token_ids) - self.tokens
+        now, new = time.monotonic(), len(out.token_ids)
         if new <= 0:
             return
         if self.record is not None:
@@ -141,10 +142,10 @@ class _Timing:
         elif self.last is not None:
             for _ in range(new):
                 self.m.itl.observe((now - self.last) / new)
-        for d in out.exit_depths[self.tokens :]:
+        for d in out.exit_depths:
             self.m.depth.observe(d)
         self.m.generation_tokens.inc(new)
-        self.tokens, self.last = len(out.token_ids), now
+        self.tokens, self.last = self.tokens + new, now
 
     def finished(self, reason: str | None) -> None:
         now = time.monotonic()
