@@ -22,6 +22,7 @@ class Handshake(msgspec.Struct, tag="handshake", kw_only=True):
     role: str  # "unified" | "prefill" | "decode"
     engine: EngineConfig
     launch: LaunchConfig
+    cache_events: bool = False  # report the prefix cache's inserts and evictions (Outputs.cache)
 
 
 class Add(msgspec.Struct, tag="add", kw_only=True):
@@ -168,12 +169,23 @@ class Token(msgspec.Struct, array_like=True):
     prompt_logprobs: list[dict[int, float] | None] | None = None
 
 
+class CacheEvents(msgspec.Struct, array_like=True):
+    """What changed in a worker's prefix cache since its last Outputs (when the Handshake asks): the
+    blocks inserted, as (generation, logical block index, key id: the key's first 8 bytes as a
+    signed int, rlt/workers/prefix_cache.py key_id), and the key ids evicted. Tokens travel only
+    the other way: the coordinator has them."""
+
+    stored: list[tuple[int, int, int]]
+    removed: list[int]
+
+
 class Outputs(msgspec.Struct, tag="outputs"):
     """Everything one worker step produced (one message per step, not per token), plus stats."""
 
     tokens: list[Token]
     stats: Stats
     started: list[int] = []  # prefill worker: generations it accepted since the last message
+    cache: CacheEvents | None = None  # prefix-cache changes, when the Handshake asked for them
 
 
 class Failed(msgspec.Struct, tag="failed"):

@@ -19,6 +19,7 @@ import msgspec
 from rlt import grammar
 from rlt.config import EngineConfig, LaunchConfig, ModelConfig, split_options
 from rlt.control import router
+from rlt.control.cache_events import CacheListener, CacheRelay
 from rlt.control.collector import Collector
 from rlt.control.lifecycle import Phase, Request
 from rlt.control.stats import engine_stats
@@ -326,3 +327,12 @@ class Engine:
     def stats(self) -> dict:
         """Workers, requests, the prefix cache and the KV handoff, now (rlt/control/stats.py)."""
         return engine_stats(self._supervisor, self._lifecycle)
+
+    def watch_prefix_cache(self, listener: CacheListener) -> None:
+        """Have the workers report their prefix caches to `listener`: the blocks a request with the
+        default loop options would hit, stored and removed, with their tokens (for a KV-aware router
+        outside rlt, such as NVIDIA Dynamo's: rlt/control/cache_events.py). Call it before the
+        launch is awaited; a dead worker's blocks are reported removed."""
+        if self._loop is not None:
+            raise RuntimeError("watch_prefix_cache: call it before the engine is launched")
+        self._supervisor.cache_relay = CacheRelay(self.model_config, self.engine_config.block_size, listener)

@@ -193,6 +193,11 @@ class Lifecycle:
             if r is not None and r.phase == Phase.RESERVED:
                 r.phase = Phase.PREFILLING
 
+    def tokens_of(self, gen: int) -> list[int] | None:
+        """A request's tokens so far (its prompt, then its output), or None once it is forgotten."""
+        r = self.gens.get(gen)
+        return None if r is None else r.prompt + r.collector.out.token_ids
+
     def on_token(self, w: WorkerProc, t: pr.Token) -> None:
         r = self.gens.get(t.gen)
         if r is None or r.retired:

@@ -14,6 +14,7 @@ def engine_stats(sup, lc) -> dict:
                 "pid": w.pid,
                 "state": "ready" if rd else "restarting" if w.slot in sup.restarting else "starting",
                 "kv_blocks_total": rd.kv_blocks_total if rd else 0,
+                "kv_planes": rd.kv_planes if rd else 1,  # physical blocks per logical block (one per plane)
                 "kv_blocks_free": s.kv_blocks_free,
                 "running": s.running,
                 "preemptions": s.preemptions,

@@ -36,6 +36,7 @@ class Supervisor:
         self.mc, self.engine, self.launch = mc, engine, launch
         self.slots = slots if slots is not None else parse_topology(launch.topology)
         self.remote_prefill = None
+        self.cache_relay = None  # set before start to have workers report their prefix caches (CacheRelay)
         self.workers: list[WorkerProc | None] = [None] * len(self.slots)
         self.lifecycle = Lifecycle(self.post)
         self.closing = False
@@ -204,6 +205,8 @@ class Supervisor:
         lc = self.lifecycle
         if isinstance(msg, pr.Outputs):
             w.stats = msg.stats
+            if msg.cache is not None and self.cache_relay is not None:  # (before the tokens: a finish retires)
+                self.cache_relay.on_events("{}{}".format(*self.slots[w.slot]), msg.cache, lc.tokens_of)
             lc.on_started(msg.started)
             for t in msg.tokens:
                 lc.on_token(w, t)
@@ -232,6 +235,7 @@ class Supervisor:
                     role=w.role,
                     engine=self.launch.engine_for(w.role, self.engine),
                     launch=self.launch,
+                    cache_events=self.cache_relay is not None,
                 ),
             )
         elif isinstance(msg, pr.Ready):
@@ -287,6 +291,8 @@ class Supervisor:
         if not self.closing:
             log.warning("%s%d %s%s", *self.slots[w.slot], err, "; restarting it" if self.launch.restart else "")
         self.lifecycle.on_worker_dead(w, err)
+        if self.cache_relay is not None:
+            self.cache_relay.forget("{}{}".format(*self.slots[w.slot]))
         await self._remove(w)
         if self.launch.restart and not self.closing:
             await self._restart(w.slot, err)

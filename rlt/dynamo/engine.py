@@ -11,6 +11,7 @@ the stream goes back as token-id deltas, each chunk with its tokens' exit depths
 with `nvext.extra_fields: ["engine_data"]`. Loop options come as the request's
 `nvext.annotations` ("exit_threshold=0.5", "min_loops=2", "max_loops=3": Dynamo's frontend
 rejects unknown body fields). Cancellation closes the rlt stream, which aborts the request.
+For Dynamo's KV-aware router, load signal, health canary and /metrics: rlt/dynamo/router_state.py.
 """
 
 import asyncio
@@ -19,9 +20,11 @@ from typing import Any
 
 import msgspec
 from dynamo.common.backend.engine import EngineConfig, LLMEngine, LlmRegistration
+from dynamo.common.backend.health_check import is_probe
 from dynamo.llm.exceptions import EngineShutdown, InvalidArgument
 
 import rlt
+from rlt.dynamo.router_state import KvEvents, NodeWatch, RouterHooks
 from rlt.errors import EngineDeadError, EngineOverloadedError, RequestError
 from rlt.sampling_params import SamplingParams, StructuredOutput
 from rlt.serve.parsers import END_THINK, REASONING_PARSERS, Think
@@ -169,7 +172,7 @@ def exit_line(stats: dict) -> str:
     )
 
 
-class RltEngine(LLMEngine):
+class RltEngine(RouterHooks, LLMEngine):
     """An rlt.Engine: its coordinator in this process, its worker as a subprocess. Aggregated: the
     `single` topology. Decode: 1p1d whose prefill slot is the prefill nodes found through Dynamo
     (rlt/dynamo/remote.py) — the decode worker reserves, a prefill node writes every depth plane
@@ -187,6 +190,9 @@ class RltEngine(LLMEngine):
         if prefill_endpoint is not None:
             launch.engine._supervisor.remote_prefill = self._remote_prefill
         self.prefill_endpoint, self.runtime_args = prefill_endpoint, runtime_args
+        self.kv_events = KvEvents()  # the worker's prefix cache, to Dynamo's KV router
+        launch.engine.watch_prefix_cache(self.kv_events)
+        self.snapshots = self.endpoint = self.watch = self.metrics = None  # (Dynamo's, once handed over)
 
     async def _remote_prefill(self, slot: int, index: int):
         from dynamo.runtime import DistributedRuntime
@@ -211,14 +217,15 @@ class RltEngine(LLMEngine):
         self.engine = await self.launch
         print(f"rlt node ready: worker logs in {self.engine.stats()['log_dir']}", flush=True)
         mc, cfg = self.engine.model_config, self.engine.engine_config
-        stats = self.engine.stats()
+        w = next(w for w in self.engine.stats()["workers"] if w["pid"] is not None)
+        self.watch = NodeWatch(self)
         return EngineConfig(
             model=self.engine_path,
             served_model_name=self.served_name,
             llm=LlmRegistration(
                 context_length=mc.max_positions,
                 kv_cache_block_size=cfg.block_size,
-                total_kv_blocks=stats.get("kv_blocks_total"),
+                total_kv_blocks=w["kv_blocks_total"] // w["kv_planes"],  # (blocks of every plane)
                 max_num_seqs=cfg.max_num_seqs,
                 max_num_batched_tokens=cfg.max_num_batched_tokens,
             ),
@@ -226,6 +233,8 @@ class RltEngine(LLMEngine):
 
     async def generate(self, request: dict, context):
         try:
+            if is_probe(request):  # the canary: a node that cannot serve fails it at once
+                await self.engine.check_health()
             params = sampling_params(request)
             if params.structured_output is not None and self.reasoning_parser in REASONING_PARSERS:
                 params = self.grammar_after_reasoning(request["token_ids"], params)
@@ -245,6 +254,8 @@ class RltEngine(LLMEngine):
                     log.warning("request %s failed: %s", context.id(), out.error)  # (the 503 hides why)
                     raise EngineShutdown(out.error or "the request failed in an rlt worker")
                 yield chunk(out.index, out, sent.get(out.index, 0), top, prompt_top)
+                if self.metrics is not None and not is_probe(request):
+                    self.observe(out, sent.get(out.index, 0))
                 sent[out.index] = len(out.token_ids)
         except EngineDeadError as e:
             raise EngineShutdown(str(e)) from None
@@ -266,6 +277,8 @@ class RltEngine(LLMEngine):
         return msgspec.structs.replace(params, structured_output=so)
 
     async def cleanup(self) -> None:
+        if self.watch is not None:
+            await self.watch.stop()
         if self.engine is not None:
             print(exit_line(self.engine.stats()), flush=True)
             await self.engine.shutdown()

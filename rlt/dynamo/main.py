@@ -14,6 +14,7 @@ import signal
 import sys
 
 ROLES = ("aggregated", "prefill", "decode")
+DRAIN_TIMEOUT_S = 60.0  # how long a stopping prefill node waits for the prefills it holds
 
 
 def parser() -> argparse.ArgumentParser:
@@ -94,7 +95,7 @@ def parse(argv=None):
         discovery_backend=args.discovery_backend,
         request_plane=args.request_plane,
         event_plane=args.event_plane,
-        enable_kv_routing=False,  # rlt publishes no KV events (yet): routing is by load
+        enable_kv_routing=True,  # KV events and load for Dynamo's KV router (rlt/dynamo/router_state.py)
         custom_jinja_template=template,
         tool_call_parser=tools,
         reasoning_parser=reasoning,
@@ -152,7 +153,8 @@ def main(argv=None) -> int:
 
 async def serve_prefill(launch, args) -> None:
     """A prefill node: its worker READY, then NAMESPACE.prefill.generate served until SIGINT or
-    SIGTERM; then the endpoint leaves discovery and the worker stops."""
+    SIGTERM; then the endpoint leaves discovery, the prefills it holds finish (their KV written,
+    their streams ended) and the worker stops."""
     from dynamo.runtime import DistributedRuntime
 
     from rlt.dynamo.prefill import PrefillNode
@@ -170,6 +172,10 @@ async def serve_prefill(launch, args) -> None:
     print(f"rlt prefill node ready at {args.namespace}.prefill.generate", flush=True)
     try:
         await asyncio.wait([serving, asyncio.ensure_future(stop.wait())], return_when=asyncio.FIRST_COMPLETED)
+        if stop.is_set():  # drain: out of discovery (decode nodes send no more), then what it holds finishes
+            await endpoint.unregister_endpoint_instance()
+            held = await node.drain(DRAIN_TIMEOUT_S)
+            print(f"rlt prefill node: left discovery, {held} prefills still held after the drain", flush=True)
     finally:
         runtime.shutdown()
         serving.cancel()

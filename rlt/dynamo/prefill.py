@@ -82,6 +82,13 @@ class PrefillNode:
     async def shutdown(self) -> None:
         await self.supervisor.shutdown()
 
+    async def drain(self, timeout: float) -> int:
+        """Wait (up to timeout) until no prefill is held: -> how many still are."""
+        deadline = asyncio.get_running_loop().time() + timeout
+        while self.relay.queues and asyncio.get_running_loop().time() < deadline:
+            await asyncio.sleep(0.05)
+        return len(self.relay.queues)
+
     @property
     def worker(self):
         w = self.supervisor.workers[0]

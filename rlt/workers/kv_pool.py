@@ -104,10 +104,11 @@ class KVPool:
         """Positions the tables hold."""
         return len(tables.core[0]) * self.block_size
 
-    def cache_block(self, tables: BlockTables, index: int, key: bytes) -> None:
-        """Keep logical block `index` (final on every plane) in the prefix cache under `key`."""
+    def cache_block(self, tables: BlockTables, index: int, key: bytes, gen: int = 0) -> None:
+        """Keep logical block `index` (final on every plane) of request `gen` in the prefix cache
+        under `key`."""
         if self.prefix is not None:
-            self.prefix.insert(key, tuple(t[index] for t in tables.planes))
+            self.prefix.insert(key, tuple(t[index] for t in tables.planes), (gen, index))
 
     def free(self, tables: BlockTables) -> None:
         """Every block back, last to first: cached ones stay cached (unused once nobody holds them)."""

@@ -13,6 +13,9 @@ plane). A request sharing it holds a reference; at zero references it stays cach
 free, and is evicted least recently released first (a request releases its blocks last to first,
 so a prefix's tail goes before its head). A block is never written while cached: a request's hits
 end before its first computed position, and only final positions are cached.
+
+Watched (watch()), it also logs what it inserts and evicts, for the worker to report to the
+coordinator (an external KV-aware router's events: rlt/control/cache_events.py).
 """
 
 import hashlib
@@ -33,6 +36,11 @@ def root_key(random_initial_state: bool, state_seed: int) -> bytes:
     """The chain's root: the state seed where the initial latent is drawn from it."""
     seed = state_seed.to_bytes(8, "little", signed=True) if random_initial_state else b""
     return hashlib.sha256(b"rlt-kv" + seed).digest()
+
+
+def key_id(key: bytes) -> int:
+    """A key as the 64-bit signed block id KV events carry."""
+    return int.from_bytes(key[:8], "little", signed=True)
 
 
 def chain(parent: bytes, tokens, depths) -> bytes:
@@ -64,6 +72,20 @@ class PrefixCache:
         self._unused: OrderedDict[bytes, CachedBlock] = OrderedDict()  # no references: evictable, LRU first
         self.queried_tokens = self.hit_tokens = 0  # prompts looked up, and their positions found
         self.version = 0  # changes whenever a key comes or goes (a match found before may differ)
+        self.stored: list[tuple[int, int, int]] | None = None  # watched: (tag..., key id) inserted
+        self.removed: list[int] | None = None  # watched: key ids evicted
+
+    def watch(self) -> None:
+        """Log inserts and evictions from now on (take_events)."""
+        self.stored, self.removed = [], []
+
+    def take_events(self) -> tuple[list, list] | None:
+        """(inserted, evicted) since the last call, or None if nothing changed (or not watched)."""
+        if not self.stored and not self.removed:
+            return None
+        out = self.stored, self.removed
+        self.stored, self.removed = [], []
+        return out
 
     @property
     def size(self) -> int:
@@ -89,12 +111,14 @@ class PrefixCache:
             del self._unused[c.key]
         c.refs += 1
 
-    def insert(self, key: bytes, blocks: tuple[int, ...]) -> None:
+    def insert(self, key: bytes, blocks: tuple[int, ...], tag: tuple[int, int] = (0, 0)) -> None:
         """Cache a request's block (it holds the reference), unless that key is cached already (then
-        the request's copy stays its own)."""
+        the request's copy stays its own). tag: (generation, block index), what a watched cache logs."""
         if key not in self._by_key:
             self._by_key[key] = self._by_block[blocks[0]] = CachedBlock(key, blocks, 1)
             self.version += 1
+            if self.stored is not None:
+                self.stored.append((*tag, key_id(key)))
 
     def release(self, first_block: int) -> bool:
         """Drop a reference to the cached block whose first plane is `first_block`; False if that
@@ -112,6 +136,8 @@ class PrefixCache:
         _, c = self._unused.popitem(last=False)
         del self._by_key[c.key], self._by_block[c.blocks[0]]
         self.version += 1
+        if self.removed is not None:
+            self.removed.append(key_id(c.key))
         return c.blocks
 
     def clear(self) -> list[int]:

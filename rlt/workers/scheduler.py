@@ -133,7 +133,7 @@ class Scheduler:
             return
         keys = s.block_keys(min(s.num_done, s.known_positions), s.params.max_loops, self.pool.block_size)
         for i in range(s.num_cached_blocks, len(keys)):
-            self.pool.cache_block(s.tables, i, keys[i])
+            self.pool.cache_block(s.tables, i, keys[i], s.request_id)
         s.num_cached_blocks = max(s.num_cached_blocks, len(keys))
 
     def _schedule(self) -> bool:

@@ -68,6 +68,13 @@ class Worker:
             e.pool.num_cached,
         )
 
+    def cache_events(self) -> pr.CacheEvents | None:
+        """The prefix cache's inserts and evictions since the last message, if watched (a few bytes
+        a block: the coordinator has the tokens)."""
+        prefix = self.engine.pool.prefix
+        events = prefix.take_events() if prefix is not None and prefix.stored is not None else None
+        return pr.CacheEvents(*events) if events is not None else None
+
     def busy(self) -> bool:
         return self.engine.has_work() or bool(self.outgoing or self.draining or self.incoming or self.pending_reserves)
 
@@ -278,8 +285,9 @@ class Worker:
                             self.outgoing[o.request_id].prompt_done = True
                 for gen, error in self.engine.grammars.take_failed():
                     self._fail(gen, error)
-            if tokens or self.changed:  # the first token streams before its KV moves
-                self.send(pr.Outputs(tokens, self.stats(), self.started))
+            cache = self.cache_events()
+            if tokens or self.changed or cache:  # the first token streams before its KV moves
+                self.send(pr.Outputs(tokens, self.stats(), self.started, cache))
                 self.started = []
             self.changed = False
             if self.role == "prefill":
@@ -287,5 +295,5 @@ class Worker:
                 self._prefill_progress()
             elif self.role == "decode":
                 self._decode_progress()
-            if self.changed:
-                self.send(pr.Outputs([], self.stats()))
+            if self.changed or (cache := self.cache_events()):
+                self.send(pr.Outputs([], self.stats(), cache=cache))

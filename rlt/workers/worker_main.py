@@ -132,6 +132,8 @@ def main(argv=None) -> int:
                 f"KV transport: NIXL agent {transport.name} over UCX, {envs.ucx_settings()}; UCX_PROTO_INFO=y logs the "
                 "transports UCX picks for each peer (RDMA: rc_/dc_/ud_ ..., or tcp)"
             )
+        if h.cache_events and p.prefix is not None:  # (after warm-up, which leaves the cache empty)
+            p.prefix.watch()
         worker = Worker(sock, engine, h.role, transport, h.launch.transfer_timeout)
         if h.launch.faults is not None:  # tests only: the one place faults are read
             from rlt.workers.faults import inject
