@@ -22,6 +22,16 @@ def checkpoints(tmp_path_factory):
     return {f: make_checkpoint(f, str(root / f), preset="tiny", seed=1) for f in FAMILIES}
 
 
+@pytest.fixture(scope="session")
+def ouro_server(checkpoints):
+    """`rlt serve` of the tiny Ouro with test_serve's default flags (its base URL), started once for
+    the tests that only send it requests (test_serve, test_serve_structured, test_lm_eval)."""
+    from test_serve import serving
+
+    with serving(checkpoints["ouro"]) as url:
+        yield url
+
+
 def pytest_asyncio_loop_factories(config, item):
     """Async tests run on uvloop (the loop users embed rlt in); pytest-asyncio 1.x hook."""
     import uvloop

@@ -7,7 +7,6 @@ import json
 import os
 
 import pytest
-from test_serve import serving
 
 import rlt
 from rlt import SamplingParams
@@ -51,30 +50,29 @@ async def _reference(model: str, requests: list[list[int]], generations: list[li
         return sums, texts
 
 
-def test_lm_eval_harness_loglikelihoods_and_generations(checkpoints, tmp_path):
+def test_lm_eval_harness_loglikelihoods_and_generations(checkpoints, ouro_server, tmp_path):
     lm_eval = pytest.importorskip("lm_eval")
     from lm_eval.tasks import TaskManager
 
     model = checkpoints["ouro"]
     with open(os.path.join(model, "config.json")) as f:
         max_length = json.load(f)["max_position_embeddings"] - 8
-    with serving(model) as url:
-        results = lm_eval.simple_evaluate(
-            model="local-completions",
-            model_args={
-                "base_url": f"{url}/completions",
-                "model": "m",
-                "tokenizer": model,
-                "tokenizer_backend": "huggingface",
-                "max_length": max_length,
-                "batch_size": 4,
-                "max_retries": 1,
-            },
-            tasks=["rlt_mc", "rlt_gen"],
-            # (only these tasks: indexing lm-eval's own 14,000 takes ~8 s)
-            task_manager=TaskManager(include_path=_tasks(tmp_path), include_defaults=False),
-            log_samples=True,
-        )
+    results = lm_eval.simple_evaluate(
+        model="local-completions",
+        model_args={
+            "base_url": f"{ouro_server}/completions",
+            "model": "m",
+            "tokenizer": model,
+            "tokenizer_backend": "huggingface",
+            "max_length": max_length,
+            "batch_size": 4,
+            "max_retries": 1,
+        },
+        tasks=["rlt_mc", "rlt_gen"],
+        # (only these tasks: indexing lm-eval's own 14,000 takes ~8 s)
+        task_manager=TaskManager(include_path=_tasks(tmp_path), include_defaults=False),
+        log_samples=True,
+    )
     tok = load_tokenizer(model)
     requests, got = [], []
     for sample in results["samples"]["rlt_mc"]:

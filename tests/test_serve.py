@@ -65,10 +65,9 @@ def serving(model: str, *flags: str, output: list | None = None):
             raise
 
 
-@pytest.fixture(scope="module")
-def ouro(checkpoints):
-    with serving(checkpoints["ouro"]) as url:
-        yield url
+@pytest.fixture
+def ouro(ouro_server):
+    return ouro_server  # (conftest.py: one server for the session)
 
 
 async def python_api(model, prompt, sp, hf_overrides=None):

@@ -13,7 +13,6 @@ import jsonschema
 import openai
 import pydantic
 import pytest
-from test_serve import serving
 from test_serve_fields import post
 
 from rlt.serve.forced import Forced
@@ -49,10 +48,9 @@ class Answer(pydantic.BaseModel):
     ok: bool
 
 
-@pytest.fixture(scope="module")
-def client(checkpoints):
-    with serving(checkpoints["ouro"]) as url:
-        yield openai.OpenAI(base_url=url, api_key="none")
+@pytest.fixture
+def client(ouro_server):
+    return openai.OpenAI(base_url=ouro_server, api_key="none")  # (conftest.py: one server for the session)
 
 
 def test_json_schema_and_json_object(client):
