@@ -67,7 +67,7 @@ class Infra:
     """etcd + Dynamo's frontend, shared by the module's tests (each test its own namespace and
     model name: nothing of one test is visible to another's workers)."""
 
-    def __init__(self, tmp: str):
+    def __init__(self, tmp: str, *frontend_flags: str):
         self.tmp = tmp
         port, peer, http = free_port(), free_port(), free_port()
         # UCX_TLS=tcp: KV moves over TCP on the loopback, as between hosts without RDMA (not through
@@ -83,6 +83,7 @@ class Infra:
         self.etcd = _start(etcd, os.path.join(tmp, "etcd.log"), self.env)
         _wait(lambda: _get(f"http://127.0.0.1:{port}/health") is not None, "etcd", self.etcd, f"{tmp}/etcd.log")
         front = [sys.executable, "-m", "dynamo.frontend", "--http-port", str(http), "--discovery-backend", "etcd"]
+        front += frontend_flags
         self.frontend = _start(front, os.path.join(tmp, "frontend.log"), self.env)
         self.url = f"http://127.0.0.1:{http}/v1"
 
