@@ -1,3 +1,5 @@
+import contextlib
+import json
 import os
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # (as rlt's workers: no spinning threads on 2 shared cores)
@@ -23,13 +25,28 @@ def checkpoints(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
-def ouro_server(checkpoints):
-    """`rlt serve` of the tiny Ouro with test_serve's default flags (its base URL), started once for
-    the tests that only send it requests (test_serve, test_serve_structured, test_lm_eval)."""
+def served(checkpoints):
+    """family -> the base URL of `rlt serve` of its tiny checkpoint with test_serve's default flags
+    (Huginn at test_engine's 6 loops), started when first asked for and kept for the session: for
+    the tests that only send requests (test_serve, test_serve_structured, test_lm_eval)."""
+    from test_engine import HUGINN
     from test_serve import serving
 
-    with serving(checkpoints["ouro"]) as url:
+    urls = {}
+    with contextlib.ExitStack() as servers:
+
+        def url(family: str) -> str:
+            if family not in urls:
+                flags = ["--hf-overrides", json.dumps(HUGINN)] if family == "huginn" else []
+                urls[family] = servers.enter_context(serving(checkpoints[family], *flags))
+            return urls[family]
+
         yield url
+
+
+@pytest.fixture(scope="session")
+def ouro_server(served):
+    return served("ouro")
 
 
 def pytest_asyncio_loop_factories(config, item):

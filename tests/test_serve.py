@@ -99,7 +99,7 @@ def test_completion_equals_the_python_api(checkpoints, ouro):
 
 
 @pytest.mark.parametrize("family", ["ouro", "nanbeige", "huginn"])
-def test_chat_equals_generate_on_the_rendered_conversation(checkpoints, family):
+def test_chat_equals_generate_on_the_rendered_conversation(checkpoints, served, family):
     """The checkpoint's own template with the assistant's turn opened, one BOS at most."""
     messages = [
         {"role": "system", "content": "Be brief."},
@@ -107,12 +107,10 @@ def test_chat_equals_generate_on_the_rendered_conversation(checkpoints, family):
         {"role": "assistant", "content": "To the sea."},
         {"role": "user", "content": "And then?"},
     ]
-    ov = HUGINN if family == "huginn" else None
-    flags = ["--hf-overrides", '{"mean_recurrence": 6}'] if ov else []
-    with serving(checkpoints[family], *flags) as url:
-        r = openai.OpenAI(base_url=url, api_key="none").chat.completions.create(
-            model="m", messages=messages, max_completion_tokens=12, temperature=0, extra_body={"return_token_ids": True}
-        )
+    ov = HUGINN if family == "huginn" else None  # (as its server: conftest.served)
+    r = openai.OpenAI(base_url=served(family), api_key="none").chat.completions.create(
+        model="m", messages=messages, max_completion_tokens=12, temperature=0, extra_body={"return_token_ids": True}
+    )
     tok = load_tokenizer(checkpoints[family])
     raw = tok(tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)).input_ids
     bos = tok.bos_token_id

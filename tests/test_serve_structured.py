@@ -216,27 +216,24 @@ def test_bad_grammars_and_two_sources_are_400s_naming_the_field(client):
 
 
 @pytest.mark.parametrize("family", ["nanbeige", "huginn"])
-def test_the_other_families_through_the_client(checkpoints, family):
+def test_the_other_families_through_the_client(served, family):
     """The tiny Nanbeige and Huginn too (Ouro: the tests above): seeded json_schema samples validate
     (streamed as whole), a regex matches (Huginn at 2 loops a token: the grammar is the point)."""
-    from test_serve import serving
-
     fmt = {"type": "json_schema", "json_schema": {"name": "a", "schema": SCHEMA, "strict": True}}
     loops = {"max_loops": 2} if family == "huginn" else {}
-    with serving(checkpoints[family]) as url:
-        client = openai.OpenAI(base_url=url, api_key="none")
-        for seed in range(2):
-            kw = dict(model="m", prompt="A", max_tokens=48, seed=seed, temperature=1.0)
-            body = {"structured_outputs": {"json": SCHEMA}} | loops
-            r = client.completions.create(**kw, extra_body=body)
-            assert r.choices[0].finish_reason == "stop", r.choices[0].text
-            jsonschema.validate(json.loads(r.choices[0].text, strict=False), SCHEMA)
-            chunks = client.completions.create(**kw, extra_body=body, stream=True)
-            assert "".join(c.choices[0].text for c in chunks if c.choices) == r.choices[0].text
-            r = client.completions.create(**kw, extra_body={"guided_regex": REGEX} | loops)
-            assert re.fullmatch(REGEX, r.choices[0].text), r.choices[0].text
-        if family == "huginn":  # (Nanbeige's chat opens a reasoning block: tests/test_grammar_after_reasoning.py)
-            r = client.chat.completions.create(
-                model="m", messages=USER, max_tokens=48, seed=5, response_format=fmt, extra_body=loops
-            )
-            jsonschema.validate(json.loads(r.choices[0].message.content, strict=False), SCHEMA)
+    client = openai.OpenAI(base_url=served(family), api_key="none")  # (conftest.served: the session's)
+    for seed in range(2):
+        kw = dict(model="m", prompt="A", max_tokens=48, seed=seed, temperature=1.0)
+        body = {"structured_outputs": {"json": SCHEMA}} | loops
+        r = client.completions.create(**kw, extra_body=body)
+        assert r.choices[0].finish_reason == "stop", r.choices[0].text
+        jsonschema.validate(json.loads(r.choices[0].text, strict=False), SCHEMA)
+        chunks = client.completions.create(**kw, extra_body=body, stream=True)
+        assert "".join(c.choices[0].text for c in chunks if c.choices) == r.choices[0].text
+        r = client.completions.create(**kw, extra_body={"guided_regex": REGEX} | loops)
+        assert re.fullmatch(REGEX, r.choices[0].text), r.choices[0].text
+    if family == "huginn":  # (Nanbeige's chat opens a reasoning block: tests/test_grammar_after_reasoning.py)
+        r = client.chat.completions.create(
+            model="m", messages=USER, max_tokens=48, seed=5, response_format=fmt, extra_body=loops
+        )
+        jsonschema.validate(json.loads(r.choices[0].message.content, strict=False), SCHEMA)
