@@ -14,7 +14,6 @@ import pytest
 from test_engine import make, run
 from test_pd import run_all
 from test_preemption import spy_preemptions
-from test_serve import serving
 
 from rlt import SamplingParams, StructuredOutput
 from rlt.control.validation import resolve_params
@@ -158,7 +157,7 @@ async def test_1p1d_equals_single(checkpoints, ouro):
     check(load_tokenizer(mc.path), free, reqs, got)
 
 
-def test_served_content_after_the_reasoning_obeys_the_grammar(checkpoints):
+def test_served_content_after_the_reasoning_obeys_the_grammar(checkpoints, served):
     """The tiny Nanbeige's template opens <think>; a bias on </think> makes the model close it at a
     seeded place. reasoning_content is the text before </think> (the grammar's tokens are not in it);
     the content after it is the schema's JSON, whole, streamed and with include_reasoning false; a
@@ -168,39 +167,36 @@ def test_served_content_after_the_reasoning_obeys_the_grammar(checkpoints):
     tools = [{"type": "function", "function": {"name": "pick", "parameters": SCHEMA}}]
     rf = {"type": "json_schema", "json_schema": {"name": "pick", "schema": SCHEMA}}
     extra = {"return_token_ids": True, "logit_bias": {str(end): 4.0}}
-    with serving(checkpoints["nanbeige"]) as url:
-        client = openai.OpenAI(base_url=url, api_key="none")
-        kw = dict(model="m", messages=[{"role": "user", "content": "Why?"}], max_tokens=80, temperature=1.0)
-        closed = 0
-        for seed in range(4):
-            c = client.chat.completions.create(**kw, seed=seed, response_format=rf, extra_body=extra).choices[0]
-            ids, m = c.model_extra["token_ids"], c.message
-            if end not in ids:  # (the reasoning ran to max_tokens: no content)
-                assert (c.finish_reason, m.content) == ("length", "")
-                continue
-            closed += 1
-            k = ids.index(end)
-            assert m.model_extra["reasoning_content"] == (tok.decode(ids[:k], skip_special_tokens=True) or None)
-            assert m.content == tok.decode(ids[k + 1 :], skip_special_tokens=True) and c.finish_reason == "stop"
-            jsonschema.validate(json.loads(m.content), SCHEMA)
-            stream = client.chat.completions.create(**kw, seed=seed, response_format=rf, stream=True, extra_body=extra)
-            deltas = [ch.choices[0].delta for ch in stream if ch.choices]
-            assert "".join(d.content or "" for d in deltas) == m.content
-            assert "".join(d.model_extra.get("reasoning_content") or "" for d in deltas) == (
-                m.model_extra["reasoning_content"] or ""
-            )
-            dropped = client.chat.completions.create(
-                **kw, seed=seed, response_format=rf, extra_body=extra | {"include_reasoning": False}
+    client = openai.OpenAI(base_url=served("nanbeige"), api_key="none")  # (conftest.served: the session's)
+    kw = dict(model="m", messages=[{"role": "user", "content": "Why?"}], max_tokens=80, temperature=1.0)
+    closed = 0
+    for seed in range(4):
+        c = client.chat.completions.create(**kw, seed=seed, response_format=rf, extra_body=extra).choices[0]
+        ids, m = c.model_extra["token_ids"], c.message
+        if end not in ids:  # (the reasoning ran to max_tokens: no content)
+            assert (c.finish_reason, m.content) == ("length", "")
+            continue
+        closed += 1
+        k = ids.index(end)
+        assert m.model_extra["reasoning_content"] == (tok.decode(ids[:k], skip_special_tokens=True) or None)
+        assert m.content == tok.decode(ids[k + 1 :], skip_special_tokens=True) and c.finish_reason == "stop"
+        jsonschema.validate(json.loads(m.content), SCHEMA)
+        stream = client.chat.completions.create(**kw, seed=seed, response_format=rf, stream=True, extra_body=extra)
+        deltas = [ch.choices[0].delta for ch in stream if ch.choices]
+        assert "".join(d.content or "" for d in deltas) == m.content
+        assert "".join(d.model_extra.get("reasoning_content") or "" for d in deltas) == (
+            m.model_extra["reasoning_content"] or ""
+        )
+        dropped = client.chat.completions.create(
+            **kw, seed=seed, response_format=rf, extra_body=extra | {"include_reasoning": False}
+        ).choices[0]
+        assert dropped.message.content == m.content and "reasoning_content" not in (dropped.message.model_extra or {})
+        for choice in ("required", {"type": "function", "function": {"name": "pick"}}):
+            c = client.chat.completions.create(
+                **kw, seed=seed, tools=tools, tool_choice=choice, parallel_tool_calls=False, extra_body=extra
             ).choices[0]
-            assert dropped.message.content == m.content and "reasoning_content" not in (
-                dropped.message.model_extra or {}
-            )
-            for choice in ("required", {"type": "function", "function": {"name": "pick"}}):
-                c = client.chat.completions.create(
-                    **kw, seed=seed, tools=tools, tool_choice=choice, parallel_tool_calls=False, extra_body=extra
-                ).choices[0]
-                if end in c.model_extra["token_ids"]:
-                    [call] = c.message.tool_calls
-                    assert call.function.name == "pick" and c.finish_reason == "tool_calls"
-                    jsonschema.validate(json.loads(call.function.arguments), SCHEMA)
-        assert closed >= 2  # (the case this checks happened)
+            if end in c.model_extra["token_ids"]:
+                [call] = c.message.tool_calls
+                assert call.function.name == "pick" and c.finish_reason == "tool_calls"
+                jsonschema.validate(json.loads(call.function.arguments), SCHEMA)
+    assert closed >= 2  # (the case this checks happened)

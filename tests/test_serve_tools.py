@@ -8,7 +8,6 @@ import json
 
 import openai
 import pytest
-from test_serve import serving
 from test_serve_fields import post
 
 from rlt.detokenizer import IncrementalDetokenizer
@@ -105,10 +104,9 @@ def test_default_parsers_per_family():
     assert default_parsers("huginn", "<tool_call>", {"</think>": 5}) == ("deepseek_r1", "hermes")
 
 
-@pytest.fixture(scope="module")
-def nanbeige(checkpoints):
-    with serving(checkpoints["nanbeige"]) as url:
-        yield url
+@pytest.fixture
+def nanbeige(served):
+    return served("nanbeige")  # (conftest.served: the session's)
 
 
 def test_reasoning_content_from_the_real_tokens(checkpoints, nanbeige):
