@@ -1,4 +1,4 @@
-"""The `rlt` command: `rlt generate`, `rlt serve` and `rlt make-checkpoint`."""
+"""The `rlt` command: `rlt generate`, `rlt serve`, `rlt make-checkpoint` and `rlt bench` (rlt/bench/cli.py)."""
 
 import argparse
 import json
@@ -241,6 +241,7 @@ def _version() -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from rlt.bench.cli import add_parser as add_bench
     from rlt.serve.server import add_parser
 
     parser = argparse.ArgumentParser(prog="rlt", description="serving engine for looped language models")
@@ -249,6 +250,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_generate(sub)
     add_parser(sub, add_option_flags)
     _add_make_checkpoint(sub)
+    add_bench(sub)
     return parser
 
 
@@ -259,6 +261,10 @@ def main(argv=None) -> int:
     try:
         if args.command == "serve":
             return serve(args, option_values(args))
+        if args.command == "bench":
+            from rlt.bench.cli import run
+
+            return run(args)
         return generate(args) if args.command == "generate" else make_checkpoint_cmd(args)
     except (RequestError, ConfigError, CheckpointError) as e:
         print(f"rlt: error: {e}", file=sys.stderr)

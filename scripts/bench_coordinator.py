@@ -14,10 +14,8 @@ import subprocess
 import sys
 import time
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
-
-from rlt.bench.coordinator import direct, through_engine  # noqa: E402
-from rlt.default_model import default_model_path  # noqa: E402
+from rlt.bench.coordinator import direct, through_engine
+from rlt.default_model import default_model_path
 
 
 def main():

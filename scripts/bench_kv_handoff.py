@@ -13,13 +13,10 @@ rlt/bench/kv_handoff.py.
 import argparse
 import dataclasses
 import json
-import os
 import sys
 import time
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
-
-from rlt.bench.kv_handoff import Handoff, measure  # noqa: E402
+from rlt.bench.kv_handoff import Handoff, measure
 
 
 def main():

@@ -1,4 +1,4 @@
-"""Issue #6's P4 verdict from two serving-benchmark JSON files (bench.py --mode serve --json-out):
+"""Issue #6's P4 verdict from two serving-benchmark JSON files (`rlt bench serve --json-out`):
 
     python scripts/compare_serving.py serve_1p1d.json serve_2x.json
 
@@ -10,12 +10,9 @@ passes. (Which rates were past capacity is the benchmark's `saturated`, rlt/benc
 """
 
 import json
-import os
 import sys
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-
-from rlt.bench.serving import percentile  # noqa: E402
+from rlt.bench.serving import percentile
 
 LIMITS = {"throughput": 0.97, "ttft": 1.2, "tpot": 0.5}
 

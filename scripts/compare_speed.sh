@@ -15,13 +15,14 @@ PYTHONPATH=/tmp/site:$NEW python3 -m rlt make-checkpoint --family ouro --preset 
 PYTHONPATH=/tmp/site:$NEW python3 -m rlt make-checkpoint --family nanbeige --preset full --out /tmp/nb-full --device cuda >/dev/null
 wait
 run() {  # tree label round
-  local tree=$1 label=$2 n=$3
+  local tree=$1 label=$2 n=$3 bench="python3 -m rlt bench offline"
+  [ -f "$tree/scripts/bench.py" ] && bench="python3 scripts/bench.py"  # a base from before `rlt bench`
   echo "=== $label decode, round $n ($(date +%T))"
-  (cd "$tree" && PYTHONPATH=/tmp/site:$tree timeout ${BENCH_TIMEOUT:-200} python3 scripts/bench.py --model /tmp/ouro-full \
+  (cd "$tree" && PYTHONPATH=/tmp/site:$tree timeout ${BENCH_TIMEOUT:-200} $bench --model /tmp/ouro-full \
     --device cuda --concurrency 1,128 --threshold 1.0 --prompt-len 1024 --max-tokens 64 --kv-gib 120 \
     --json-out "$OUT/decode_${label}_$n.json" 2>&1 | tail -3)
   echo "=== $label prefill, round $n ($(date +%T))"
-  (cd "$tree" && PYTHONPATH=/tmp/site:$tree timeout 120 python3 scripts/bench.py --model /tmp/nb-full --device cuda \
+  (cd "$tree" && PYTHONPATH=/tmp/site:$tree timeout 120 $bench --model /tmp/nb-full --device cuda \
     --concurrency "" --prefill-lens 4096 --json-out "$OUT/prefill_${label}_$n.json" 2>&1 | tail -2)
 }
 for n in $(seq 1 ${ROUNDS:-2}); do

@@ -10,15 +10,11 @@ Needs only triton (its bundled ptxas); the logic is rlt/kernels/occupancy.py.
 """
 
 import argparse
-import os
-import sys
 
 import triton
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
-
-from rlt.kernels import gemv  # noqa: E402
-from rlt.kernels.occupancy import SMS, gemv_registers, resident  # noqa: E402
+from rlt.kernels import gemv
+from rlt.kernels.occupancy import SMS, gemv_registers, resident
 
 
 def main():

@@ -5,7 +5,7 @@
 # (docs/performance.md). Logs and JSON go to $OUT. Everything at once runs past one device call (10 min):
 # split it, e.g. PROFILE=0 first, then SKIP_TESTS=1 BENCH=0 NB=0 for the profiles.
 # Switches: SKIP_TESTS PYTEST_K TEST_TIMEOUT TEST_PDL (GPU tests with RLT_PDL, default 1); OURO NB
-# BENCH CONC THR KV_GIB CONC4K PREFILL_LENS BENCH_TIMEOUT BENCH_ARGS (more bench.py arguments, e.g.
+# BENCH CONC THR KV_GIB CONC4K PREFILL_LENS BENCH_TIMEOUT BENCH_ARGS (more `rlt bench offline` arguments, e.g.
 # "--kernels reference"); PROFILE PROFILE_CONC PROFILE_THR PROFILE_STEADY (adaptive, always, never;
 # several compare; default adaptive) PROFILE_PDL ("0 1" compares; default 1); SERVE_TOPOS RATES
 # SWEEP_RATES DURATION SWEEP_DURATION SERVE_TIMEOUT SERVE_ARGS (e.g. "--max-local-prefill-length 256");
@@ -31,20 +31,20 @@ step "checkpoints (random bf16 weights at the official shapes, drawn on cuda)"
 wait
 if [ "${OURO:-1}" = 1 ] && [ "${BENCH:-1}" = 1 ]; then
   step "offline decode, Ouro-1.4B shapes, 1K context, with ceilings"
-  timeout ${BENCH_TIMEOUT:-240} python3 scripts/bench.py --model /tmp/ouro-full --device cuda --concurrency ${CONC:-1,16,64,128} \
+  timeout ${BENCH_TIMEOUT:-240} python3 -m rlt bench offline --model /tmp/ouro-full --device cuda --concurrency ${CONC:-1,16,64,128} \
     --threshold ${THR:-1.0,0.5} --prompt-len 1024 --max-tokens 64 --kv-gib ${KV_GIB:-120} --floors --json-out "$OUT/bench_ouro.json" \
     $COMMIT_ARG ${BENCH_ARGS:-} \
     2>&1 | tee "$OUT/bench_ouro.log" | tail -12
   if [ -n "${CONC4K-1,16,32}" ]; then
     step "offline decode, Ouro-1.4B shapes, 4K context"
-    timeout ${BENCH_TIMEOUT:-240} python3 scripts/bench.py --model /tmp/ouro-full --device cuda --concurrency ${CONC4K-1,16,32} \
+    timeout ${BENCH_TIMEOUT:-240} python3 -m rlt bench offline --model /tmp/ouro-full --device cuda --concurrency ${CONC4K-1,16,32} \
       --threshold ${THR:-1.0,0.5} --prompt-len 4096 --max-tokens 64 --kv-gib ${KV_GIB:-120} --floors \
       --json-out "$OUT/bench_ouro_4k.json" $COMMIT_ARG ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench_ouro_4k.log" | tail -8
   fi
 fi
 if [ "${NB:-1}" = 1 ] && [ -n "${PREFILL_LENS-1024,4096}" ]; then  # PREFILL_LENS="": checkpoint only (serving)
   step "prefill, Nanbeige4.2-3B shapes, with the dense floor"
-  timeout 150 python3 scripts/bench.py --model /tmp/nb-full --device cuda --concurrency "" --prefill-lens ${PREFILL_LENS-1024,4096} \
+  timeout 150 python3 -m rlt bench offline --model /tmp/nb-full --device cuda --concurrency "" --prefill-lens ${PREFILL_LENS-1024,4096} \
     --floors --json-out "$OUT/bench_nb_prefill.json" $COMMIT_ARG ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench_nb_prefill.log" | tail -4
 fi
 if [ "${PROFILE:-1}" = 1 ] && [ "${OURO:-1}" = 1 ]; then
@@ -65,7 +65,7 @@ for topo in ${SERVE_TOPOS:-}; do
   # P4: prompts alternating 128 and 4096 tokens, 64 output tokens, greedy, EOS ignored, Poisson
   # arrivals; 1P1D against two single-GPU replicas with the same per-worker KV pool.
   step "serving $topo, Nanbeige4.2-3B shapes, rates ${RATES:-0.25,0.5,1} x ${DURATION:-60} s"
-  timeout ${SERVE_TIMEOUT:-400} python3 scripts/bench.py --mode serve --model /tmp/nb-full --device cuda --topology $topo \
+  timeout ${SERVE_TIMEOUT:-400} python3 -m rlt bench serve --model /tmp/nb-full --device cuda --topology $topo \
     --rates ${RATES:-0.25,0.5,1} --sweep-rates "${SWEEP_RATES:-}" --duration ${DURATION:-60} --sweep-duration ${SWEEP_DURATION:-${DURATION:-60}} \
     --prompt-lens 128,4096 --output-len 64 \
     --kv-gib 40 $COMMIT_ARG ${SERVE_ARGS:-} --json-out "$OUT/serve_$topo.json" 2>&1 | grep -v "NIXL INFO" | tee "$OUT/serve_$topo.log" | tail -16

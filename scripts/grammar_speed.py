@@ -16,16 +16,12 @@ constrained outputs long (the grammar, not the weights, decides their length).
 import argparse
 import asyncio
 import json
-import os
 import random
 import statistics
-import sys
 import time
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
-
-import rlt  # noqa: E402
-from rlt import SamplingParams, StructuredOutput  # noqa: E402
+import rlt
+from rlt import SamplingParams, StructuredOutput
 
 
 def schema(tag: str = "") -> dict:

@@ -11,14 +11,11 @@ passes any rlt.Engine.launch option (README "Python API"); VALUE is read as JSON
 import argparse
 import asyncio
 import json
-import os
 import sys
 import time
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
-
-import rlt  # noqa: E402
-from rlt.control.run import run_command  # noqa: E402
+import rlt
+from rlt.control.run import run_command
 
 
 def option(text: str) -> tuple[str, object]:

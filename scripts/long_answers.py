@@ -7,14 +7,10 @@ requests grow they all run from the start; reserving prompt + max_tokens would a
 
 import argparse
 import asyncio
-import os
-import sys
 import time
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
-
-import rlt  # noqa: E402
-from rlt import SamplingParams  # noqa: E402
+import rlt
+from rlt import SamplingParams
 
 
 async def main(args):

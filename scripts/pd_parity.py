@@ -9,15 +9,12 @@ depth, and the first divergence of any that do not. The comparison is rlt/bench/
 
 import argparse
 import json
-import os
 import random
 import sys
 import time
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
-
-import rlt  # noqa: E402
-from rlt.bench.parity import parity  # noqa: E402
+import rlt
+from rlt.bench.parity import parity
 
 
 def main():

@@ -14,19 +14,15 @@ measurement is rlt/bench/profile.py.
 
 import argparse
 import json
-import os
-import sys
 
 import msgspec
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
-
-from rlt import envs  # noqa: E402
-from rlt.bench import offline  # noqa: E402
-from rlt.bench.profile import gpu_profile  # noqa: E402
-from rlt.config import EngineConfig  # noqa: E402
-from rlt.sampling_params import SamplingParams  # noqa: E402
-from rlt.workers.engine import LoopEngine  # noqa: E402
+from rlt import envs
+from rlt.bench import offline
+from rlt.bench.profile import gpu_profile
+from rlt.config import EngineConfig
+from rlt.sampling_params import SamplingParams
+from rlt.workers.engine import LoopEngine
 
 
 def main():

@@ -4,16 +4,12 @@ python scripts/profile_step.py --model DIR --device cuda --concurrency 1 --steps
 """
 
 import argparse
-import os
-import sys
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
-
-from rlt.bench import offline  # noqa: E402
-from rlt.bench.profile import host_profile  # noqa: E402
-from rlt.config import EngineConfig  # noqa: E402
-from rlt.sampling_params import SamplingParams  # noqa: E402
-from rlt.workers.engine import LoopEngine  # noqa: E402
+from rlt.bench import offline
+from rlt.bench.profile import host_profile
+from rlt.config import EngineConfig
+from rlt.sampling_params import SamplingParams
+from rlt.workers.engine import LoopEngine
 
 
 def main():

@@ -6,7 +6,7 @@ engine's default options in both.
         --prompt-len 1024 --output-len 256 --json-out serve_overhead.json
 
 Prints the server process's CPU time per streamed token (its workers are other processes), then a
-row per concurrency and path (scripts/bench.py --mode serve's metrics), then HTTP over in process:
+row per concurrency and path (`rlt bench serve`'s metrics), then HTTP over in process:
 output tok/s as a ratio and p50 TTFT as milliseconds added. The server's own log goes
 beside --json-out.
 """
@@ -21,8 +21,6 @@ import sys
 import time
 import urllib.request
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-
 
 def free_port() -> int:
     with socket.socket() as s:
@@ -33,8 +31,9 @@ def free_port() -> int:
 def bench(args, out: str, *extra: str) -> list[dict]:
     cmd = [
         sys.executable,
-        os.path.join(HERE, "bench.py"),
-        "--mode",
+        "-m",
+        "rlt",
+        "bench",
         "serve",
         "--model",
         args.model,

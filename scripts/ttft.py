@@ -9,16 +9,12 @@ ignored), the median, min and max TTFT and the median submission-to-last-token t
 
 import argparse
 import asyncio
-import os
 import random
 import statistics
-import sys
 import time
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
-
-import rlt  # noqa: E402
-from rlt import SamplingParams  # noqa: E402
+import rlt
+from rlt import SamplingParams
 
 
 async def main(args):

@@ -1,1 +1,1 @@
-"""Benchmark measurement (offline decode/prefill, serving, floors, profiles); the CLIs are in scripts/."""
+"""Benchmark measurement (offline decode/prefill, serving, floors, profiles) and `rlt bench` (cli.py)."""

@@ -1,0 +1,121 @@
+"""`rlt bench`: offline, serve, prefix and first-use (as `vllm bench`). The parsers only: each
+command's run is in rlt/bench/commands.py (offline, serve) or rlt/bench/phases.py (prefix, first-use),
+imported when it runs (`rlt --help` loads no torch)."""
+
+import argparse
+
+DESCRIPTION = {
+    "offline": "decode throughput and exit depth of one in-process worker engine (every request at once; random "
+    "prompts, greedy, EOS ignored), prefill latency by prompt length, and on CUDA both against floors measured "
+    "in the same run (--floors)",
+    "serve": "Poisson arrivals or closed loops into rlt.Engine in process, or over HTTP into any "
+    "OpenAI-compatible server (--base-url), with vLLM's metric names (TTFT, TPOT, ITL, E2EL)",
+    "prefix": "a second chat turn's time to first token on a cached prefix against a cold prompt of the same "
+    "length (rlt.Engine, default options)",
+    "first-use": "CUDA-graph captures and Triton compilations after READY, per phase of a mixed workload "
+    "(rlt.Engine; all zero when warm-up covered them)",
+}
+
+
+def add_parser(sub) -> None:
+    b = sub.add_parser("bench", help="benchmarks: offline, serve, prefix, first-use", description=__doc__)
+    cmds = b.add_subparsers(dest="bench_command", required=True, metavar="{offline,serve,prefix,first-use}")
+    for name, add in (("offline", _offline), ("serve", _serve), ("prefix", _prefix), ("first-use", _first_use)):
+        p = cmds.add_parser(name, help=DESCRIPTION[name].split(",")[0], description=DESCRIPTION[name])
+        add(p)
+
+
+def _common(p, device="cpu", model_help="checkpoint directory (default: the embedded tiny Ouro)") -> None:
+    p.add_argument("--model", help=model_help)
+    p.add_argument("--device", default=device, help=f"cpu, cuda or cuda:N (default: {device})")
+
+
+def _record(p) -> None:
+    p.add_argument("--dtype", help="default: the engine's (bf16 on CUDA)")
+    p.add_argument("--kv-gib", type=float, help="KV pool size in GiB per worker")
+    p.add_argument(
+        "--kernels",
+        choices=("triton", "reference"),
+        default="triton",
+        help="CUDA: the Triton kernels and CUDA graphs, or the plain torch reference (default: triton)",
+    )
+    p.add_argument("--commit", help="recorded in the JSON (default: git rev-parse --short HEAD)")
+    p.add_argument("--json-out", help="write the results as JSON here")
+
+
+def _offline(p) -> None:
+    _common(p, model_help="checkpoint directory (default: a random one of --family and --preset, made once)")
+    p.add_argument("--family", default="ouro", help="without --model (default: ouro)")
+    p.add_argument("--preset", default="tiny", choices=("tiny", "full"), help="without --model (default: tiny)")
+    p.add_argument("--concurrency", default="1,16", help="requests at once, one row each (default: 1,16)")
+    p.add_argument("--threshold", default="1.0,0.5", help="Ouro's exit thresholds, one row each (default: 1.0,0.5)")
+    p.add_argument("--prompt-len", type=int, default=32, help="default: 32")
+    p.add_argument("--max-tokens", type=int, default=32, help="default: 32")
+    p.add_argument("--kv-layout", default="last_exited", help="default: last_exited")
+    _record(p)
+    p.add_argument("--cuda-graph-max-batch", type=int, default=256, help="0: eager decode (default: 256)")
+    p.add_argument(
+        "--steady-decode",
+        choices=("adaptive", "always", "never"),
+        default="adaptive",
+        help="device-side decode lanes: where a request can exit early (the default), always, never",
+    )
+    p.add_argument(
+        "--penalties",
+        action="store_true",
+        help="each row twice: unpenalized, then every request penalized (repetition 1.1, presence 0.5, "
+        "frequency 0.5), with the penalized/unpenalized ratio of decode tok/s",
+    )
+    p.add_argument("--prefill-lens", default="", help="e.g. 1024,4096: prefill latency by prompt length")
+    p.add_argument("--floors", action="store_true", help="CUDA: measure ceilings and floors in the same run")
+
+
+def _serve(p) -> None:
+    _common(p)
+    _record(p)
+    p.add_argument("--base-url", help="an OpenAI-compatible server's /v1 URL (default: rlt.Engine in process)")
+    p.add_argument("--served-model-name", help="HTTP: the model name to send (default: the server's first)")
+    p.add_argument("--api-key", help="HTTP: sent as `Authorization: Bearer KEY`")
+    p.add_argument("--vocab-size", type=int, help="HTTP: prompt token ids lie below it (default: --model's)")
+    p.add_argument("--topology", default="single", help="in process: single, Nx or XpYd (default: single)")
+    p.add_argument("--rates", default="0.25,0.5,1", help="Poisson arrival rates, req/s (default: 0.25,0.5,1)")
+    p.add_argument("--duration", type=float, default=60.0, help="seconds of arrivals per rate (default: 60)")
+    p.add_argument(
+        "--sweep-rates", default="", help="e.g. 2,4,8: after --rates, these in order until one is past capacity"
+    )
+    p.add_argument("--sweep-duration", type=float, help="seconds of arrivals per sweep rate (default: --duration)")
+    p.add_argument("--max-concurrency", default="", help="e.g. 1,64: closed loops after the rates")
+    p.add_argument("--num-prompts", type=int, help="requests per closed loop (default: 4 per slot, at least 16)")
+    p.add_argument("--prompt-lens", default="128,4096", help="prompts cycle through these (default: 128,4096)")
+    p.add_argument("--output-len", type=int, default=64, help="tokens per request, EOS ignored (default: 64)")
+    p.add_argument("--shared-prefix-len", type=int, default=0, help="tokens every prompt starts with (default: 0)")
+    p.add_argument("--seed", type=int, default=0, help="default: 0")
+    g = p.add_argument_group("engine options (in process; default: the engine's)")
+    g.add_argument("--no-prefix-caching", action="store_true", help="enable_prefix_caching=False")
+    for flag in ("--prefill-chunk", "--max-num-batched-tokens", "--max-num-seqs"):
+        g.add_argument(flag, type=int)
+    g.add_argument("--max-local-prefill-length", type=int, help="PD: prompts up to this prefill on the decode worker")
+    g.add_argument("--max-prefill-queue-size", type=int, help="PD: past this queue the decode worker prefills")
+    g.add_argument("--prefill-worker-chunk", type=int, help="PD: prompt rows per chunk on prefill workers")
+
+
+def _prefix(p) -> None:
+    _common(p)
+    p.add_argument("--prefix-len", type=int, default=4096, help="the first turn's prompt (default: 4096)")
+    p.add_argument("--new-len", type=int, default=128, help="new tokens of the second turn (default: 128)")
+    p.add_argument("--first-output", type=int, default=64, help="the first turn's output tokens (default: 64)")
+    p.add_argument("--repeat", type=int, default=8, help="repetitions, each a fresh first turn (default: 8)")
+
+
+def _first_use(p) -> None:
+    _common(p)
+    p.add_argument("--topology", default="single", help="single, Nx or XpYd (default: single)")
+    p.add_argument("--kv-gib", type=float, help="KV pool per worker in GiB (default: the engine's)")
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.bench_command in ("offline", "serve"):
+        from rlt.bench import commands as module
+    else:
+        from rlt.bench import phases as module
+    return getattr(module, args.bench_command.replace("-", "_"))(args) or 0
