@@ -56,7 +56,7 @@ def add_parser(sub, add_option_flags) -> None:
             flag,
             choices=["auto", "none", *names],
             default="auto",
-            help=f"split chat responses' {what} (default: auto, the family's: see README)",
+            help=f"split chat responses' {what} (default: auto, the family's: see docs/serve.md)",
         )
     add_http_flags(s)
     add_server_flags(s)
