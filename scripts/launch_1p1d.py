@@ -73,7 +73,7 @@ async def main() -> int:
     except (ValueError, TypeError) as err:  # a bad option (or one given twice): nothing was started
         ap.error(str(err))
     async with launch as engine:
-        roles = ", ".join(f"{w['role']} pid {w['pid']}" for w in engine.stats()["workers"])
+        roles = ", ".join(f"{w.role} pid {w.pid}" for w in engine.stats().workers)
         print(f"ready in {time.perf_counter() - t0:.1f} s on {device}: {roles}", file=sys.stderr)
         sp = rlt.SamplingParams(
             max_tokens=args.max_tokens, temperature=args.temperature, exit_threshold=args.exit_threshold

@@ -15,9 +15,9 @@ from rlt import SamplingParams
 
 async def main(args):
     async with rlt.Engine.launch(args.model, device=args.device, startup_timeout=900) as engine:
-        w = engine.stats()["workers"][0]
+        w = engine.stats().workers[0]
         sp = SamplingParams(max_tokens=args.max_tokens, temperature=0, ignore_eos=True)
-        print(f"KV pool: {w['kv_blocks_total']} blocks", flush=True)
+        print(f"KV pool: {w.kv_blocks_total} blocks", flush=True)
         running_max, first = 0, []
         t0 = time.perf_counter()
 
@@ -35,7 +35,7 @@ async def main(args):
         async def watch():
             nonlocal running_max
             while True:
-                running_max = max(running_max, engine.stats()["workers"][0]["running"])
+                running_max = max(running_max, engine.stats().workers[0].running)
                 await asyncio.sleep(0.05)
 
         watcher = asyncio.ensure_future(watch())
@@ -43,15 +43,15 @@ async def main(args):
         dt = time.perf_counter() - t0
         watcher.cancel()
         await asyncio.sleep(0.5)
-        w = engine.stats()["workers"][0]
+        w = engine.stats().workers[0]
         first.sort()
         print(
             f"{args.requests} requests x {args.prompt_len}-token prompts, max_tokens {args.max_tokens}, stopped "
             f"after {args.stop_after}: {dt:.1f} s, {sum(counts) / dt:.0f} output tok/s, running at once up to "
-            f"{running_max}, last first token at {first[-1]:.2f} s, preemptions {w['preemptions']}, "
-            f"afterwards live {engine.stats()['live_requests']}, free blocks {w['kv_blocks_free']}/"
-            f"{w['kv_blocks_total']}, captures/compiles after READY {w['captures_after_ready']}/"
-            f"{w['compiles_after_ready']}",
+            f"{running_max}, last first token at {first[-1]:.2f} s, preemptions {w.preemptions}, "
+            f"afterwards live {engine.stats().live_requests}, free blocks {w.kv_blocks_free}/"
+            f"{w.kv_blocks_total}, captures/compiles after READY {w.captures_after_ready}/"
+            f"{w.compiles_after_ready}",
             flush=True,
         )
 

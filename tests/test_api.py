@@ -1,6 +1,7 @@
 """rlt.Engine with real worker subprocesses and real ZeroMQ sockets."""
 
 import asyncio
+import json
 import os
 import random
 import re
@@ -9,6 +10,7 @@ import subprocess
 import sys
 import time
 
+import msgspec
 import pytest
 import torch
 
@@ -35,9 +37,8 @@ async def all_blocks_free(engine, timeout=5.0):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         st = engine.stats()
-        if st["live_requests"] == 0 and all(
-            w["kv_blocks_free"] == w["kv_blocks_total"] and w["running"] == 0 and w["waiting"] == 0
-            for w in st["workers"]
+        if st.live_requests == 0 and all(
+            w.kv_blocks_free == w.kv_blocks_total and w.running == 0 and w.waiting == 0 for w in st.workers
         ):
             return True
         await asyncio.sleep(0.05)
@@ -84,7 +85,7 @@ async def test_concurrent_streams_match_direct_engine(checkpoints):
     path = checkpoints["ouro"]
     reqs = workload(40)
     async with rlt.Engine.launch(path, **FAST) as engine:
-        pid = engine.stats()["workers"][0]["pid"]
+        pid = engine.stats().workers[0].pid
         finals = await asyncio.gather(*(collect(engine, p, sp, rid) for rid, (p, sp) in reqs.items()))
         expected = direct(path, reqs)
         for out in finals:
@@ -92,8 +93,10 @@ async def test_concurrent_streams_match_direct_engine(checkpoints):
             assert out.finish_reason == "length"
         assert len({tuple(o.exit_depths) for o in finals}) > 1
         await all_blocks_free(engine)
-        w = engine.stats()["workers"][0]  # the CPU compiles and captures nothing, ever
-        assert w["captures_after_ready"] == w["compiles_after_ready"] == 0
+        w = engine.stats().workers[0]  # the CPU compiles and captures nothing, ever
+        assert w.captures_after_ready == w.compiles_after_ready == 0
+        plain = msgspec.to_builtins(engine.stats())  # typed structs; plain dicts for JSON
+        assert json.loads(json.dumps(plain))["workers"][0]["pid"] == pid
     assert not alive(pid)
 
 
@@ -155,8 +158,8 @@ async def test_bad_input_raises_and_engine_keeps_serving(checkpoints):
 async def wait_restart(engine, old_pid, timeout=30.0):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        ws = engine.stats()["workers"]
-        if ws and ws[0]["pid"] != old_pid:
+        ws = engine.stats().workers
+        if ws and ws[0].pid != old_pid:
             try:
                 return await collect(engine, [1, 2], SamplingParams(max_tokens=2, temperature=0), "probe")
             except EngineDeadError:
@@ -172,9 +175,9 @@ async def test_a_long_prompt_chunk_is_not_a_hung_worker(checkpoints):
     ids = [3 + i % 500 for i in range(8000)]
     options = FAST | dict(heartbeat_timeout=2.0, prefill_chunk=8192, max_num_batched_tokens=8192)
     async with rlt.Engine.launch(checkpoints["ouro"], **options) as engine:
-        pid = engine.stats()["workers"][0]["pid"]
+        pid = engine.stats().workers[0].pid
         out = await collect(engine, ids, SamplingParams(max_tokens=4, temperature=0, ignore_eos=True))
-        assert out.finish_reason == "length" and engine.stats()["workers"][0]["pid"] == pid
+        assert out.finish_reason == "length" and engine.stats().workers[0].pid == pid
 
 
 async def test_startup_failure_reports_cause_and_leaves_no_process(checkpoints, tmp_path):
@@ -366,7 +369,7 @@ def test_pd_without_nixl_names_the_extra(checkpoints, monkeypatch):
 async def test_stuck_main_loop_is_detected(checkpoints):
     """A worker whose heartbeat thread still beats but whose main loop hangs with work is killed."""
     async with rlt.Engine.launch(checkpoints["ouro"], faults=Faults(stall_first_token=77), **FAST) as engine:
-        pid = engine.stats()["workers"][0]["pid"]
+        pid = engine.stats().workers[0].pid
         t0 = time.monotonic()
         with pytest.raises(EngineDeadError, match="main loop stuck"):
             async for _ in engine.generate([77, 1, 2], SamplingParams(max_tokens=5)):
@@ -381,7 +384,7 @@ async def test_a_paused_machine_kills_no_healthy_worker(checkpoints):
     the worker and the caller's loop stop and resume together, a stream open. The coordinator's
     heartbeat watch wakes late too; it does not declare the worker dead for a silence it shared."""
     async with rlt.Engine.launch(checkpoints["ouro"], **FAST) as engine:
-        pid = engine.stats()["workers"][0]["pid"]
+        pid = engine.stats().workers[0].pid
         stream = engine.generate([5, 6, 7], SamplingParams(max_tokens=40, ignore_eos=True))
         await anext(stream)
         os.kill(pid, signal.SIGSTOP)
@@ -391,14 +394,14 @@ async def test_a_paused_machine_kills_no_healthy_worker(checkpoints):
         outs = [o async for o in stream]
         assert outs[-1].finished and len(outs[-1].token_ids) == 40
         await asyncio.sleep(4 * FAST["heartbeat_interval"])
-        assert [(w["pid"], w["state"]) for w in engine.stats()["workers"]] == [(pid, "ready")] and alive(pid)
+        assert [(w.pid, w.state) for w in engine.stats().workers] == [(pid, "ready")] and alive(pid)
 
 
 async def test_replicas_topology_spreads_requests_and_matches_single(checkpoints):
     reqs = workload(12)
     expected = direct(checkpoints["ouro"], reqs)
     async with rlt.Engine.launch(checkpoints["ouro"], topology="2x", **FAST) as engine:
-        assert [w["role"] for w in engine.stats()["workers"]] == ["unified", "unified"]
+        assert [w.role for w in engine.stats().workers] == ["unified", "unified"]
         streams = [engine.generate(p, sp, rid) for rid, (p, sp) in reqs.items()]
         used = {engine._lifecycle.live[rid].decode.worker.pid for rid in reqs}
         finals = []
@@ -495,7 +498,7 @@ async def test_cpu_worker_keeps_its_speed_beside_busy_processes(checkpoints):
     spin = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2)]
     try:
         async with rlt.Engine.launch(checkpoints["ouro"], **FAST) as engine:
-            pid = engine.stats()["workers"][0]["pid"]
+            pid = engine.stats().workers[0].pid
             with open(f"/proc/{pid}/environ", "rb") as f:
                 assert b"OMP_WAIT_POLICY=PASSIVE" in f.read().split(b"\0")
             cpu = cpu_seconds(pid)
@@ -520,7 +523,7 @@ async def test_worker_logs_are_kept_in_a_directory_per_launch(checkpoints, tmp_p
         (tmp_path / f"20260101-0000{i:02d}-old").mkdir()
     (tmp_path / "mine").mkdir()  # not a launch's directory: never touched
     async with rlt.Engine.launch(checkpoints["ouro"], log_dir=str(tmp_path), **FAST) as engine:
-        run = engine.stats()["log_dir"]
+        run = engine.stats().log_dir
         await collect(engine, [1, 2, 3], SamplingParams(max_tokens=2))
     assert os.path.dirname(run) == str(tmp_path) and os.listdir(run) == ["unified0.0.log"]
     assert os.path.getsize(os.path.join(run, "unified0.0.log")) > 0

@@ -99,18 +99,18 @@ async def pd(checkpoints, expected):
 
 def clean(stats, slots):
     return (
-        len(stats["workers"]) == slots
-        and stats["restarting"] == {}
-        and stats["last_error"] is None
-        and stats["live_requests"] == 0
-        and stats["pending_cleanup"] == 0
+        len(stats.workers) == slots
+        and stats.restarting == {}
+        and stats.last_error is None
+        and stats.live_requests == 0
+        and stats.pending_cleanup == 0
         and all(
-            w["state"] == "ready"
-            and w["kv_blocks_total"] > 0
-            and w["kv_blocks_free"] == w["kv_blocks_total"]
-            and w["running"] == w["waiting"] == 0
-            and w["credit_blocks"] == w["credit_slots"] == 0
-            for w in stats["workers"]
+            w.state == "ready"
+            and w.kv_blocks_total > 0
+            and w.kv_blocks_free == w.kv_blocks_total
+            and w.running == w.waiting == 0
+            and w.credit_blocks == w.credit_slots == 0
+            for w in stats.workers
         )
     )
 
@@ -126,7 +126,7 @@ async def wait_clean(engine, timeout):
 async def settled(engine, expected, gone=(), timeout=60.0):
     """The end of every scenario: workers ready, nothing held, no stray process, exact probes."""
     await wait_clean(engine, timeout)
-    pids = {w["pid"] for w in engine.stats()["workers"]}
+    pids = {w.pid for w in engine.stats().workers}
     assert not [p for p in gone if alive(p)], "a killed worker is still there"
     assert set(processes_mentioning(engine._supervisor._transport.dir)) == pids, "stray worker processes"
     outs = await asyncio.wait_for(asyncio.gather(*(collect(engine, p, sp, rid) for rid, (p, sp) in PROBES.items())), 60)
@@ -244,7 +244,7 @@ async def test_abort_storm_then_immediate_id_reuse(single, expected):
 async def fail_all_streams(engine, sig, name, n=6):
     """n long streams on the worker `name` (its pid from stats); kill or freeze it: every stream
     fails with EngineDeadError naming it, within DETECT_S. -> the old pid."""
-    w = next(w for w in engine.stats()["workers"] if w["role"] == name)
+    w = next(w for w in engine.stats().workers if w.role == name)
     got, errors = {}, {}
 
     async def stream(i):
@@ -258,13 +258,13 @@ async def fail_all_streams(engine, sig, name, n=6):
     tasks = [asyncio.ensure_future(stream(i)) for i in range(n)]
     await wait_for(lambda: len(got) == n, 30)  # all streaming
     t0 = time.monotonic()
-    os.kill(w["pid"], sig)
+    os.kill(w.pid, sig)
     await asyncio.wait_for(asyncio.gather(*tasks), DETECT_S + 10)
     assert sorted(errors) == sorted(got)
     for t, e in errors.values():
-        assert re.fullmatch(rf"{name} worker 0 \(pid {w['pid']}\) {HOW[sig]}", e), e
+        assert re.fullmatch(rf"{name} worker 0 \(pid {w.pid}\) {HOW[sig]}", e), e
         assert t - t0 < DETECT_S
-    return w["pid"]
+    return w.pid
 
 
 @pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGSTOP], ids=lambda s: s.name)
@@ -284,7 +284,7 @@ async def test_a_freeze_under_the_heartbeat_deadline_is_not_a_death(single, expe
     finishes every one of them exactly."""
     engine = single
     await wait_clean(engine, 60)
-    pid = engine.stats()["workers"][0]["pid"]
+    pid = engine.stats().workers[0].pid
     rids = ["dec0", "dec1", "ok1", "ok3"]
     seen = {}
 
@@ -300,7 +300,7 @@ async def test_a_freeze_under_the_heartbeat_deadline_is_not_a_death(single, expe
     os.kill(pid, signal.SIGCONT)
     for out in await asyncio.wait_for(asyncio.gather(*tasks), 60):
         assert (out.token_ids, out.exit_depths) == expected[out.request_id], out.request_id
-    assert engine.stats()["workers"][0]["pid"] == pid
+    assert engine.stats().workers[0].pid == pid
     await settled(engine, expected)
 
 
@@ -313,11 +313,11 @@ async def test_restart_fails_while_the_checkpoint_is_unreadable_then_recovers(si
     try:
         old = await fail_all_streams(engine, signal.SIGKILL, "unified", n=3)
         deadline = time.monotonic() + 60
-        while "restart attempt 1 of 10 failed" not in (engine.stats()["last_error"] or ""):
+        while "restart attempt 1 of 10 failed" not in (engine.stats().last_error or ""):
             assert time.monotonic() < deadline, engine.stats()
             await asyncio.sleep(0.05)
-        assert "no model.safetensors" in engine.stats()["last_error"]
-        assert engine.stats()["restarting"]["unified0"] >= 1
+        assert "no model.safetensors" in engine.stats().last_error
+        assert engine.stats().restarting["unified0"] >= 1
         with pytest.raises(EngineDeadError, match="restart attempt .* no model.safetensors"):
             engine.generate([1, 2], SamplingParams(max_tokens=2))
     finally:
@@ -417,8 +417,8 @@ async def test_fuzzed_requests_fail_at_the_call_or_finish(single, request):
         except RequestError as e:
             assert isinstance(e, ValueError) and str(e)
             after = engine.stats()
-            assert after["live_requests"] == before["live_requests"] == 1
-            assert [w["credit_slots"] for w in after["workers"]] == [w["credit_slots"] for w in before["workers"]]
+            assert after.live_requests == before.live_requests == 1
+            assert [w.credit_slots for w in after.workers] == [w.credit_slots for w in before.workers]
             event(f"RequestError: {str(e).split()[0]}")
             return
         outs = await asyncio.wait_for(collect_all(stream), 60)
@@ -482,7 +482,7 @@ async def test_pd_worker_killed_or_frozen_under_load(pd, expected, victim, sig):
     tasks += [asyncio.ensure_future(run(rid)) for rid in rids[2:]]
     await wait_for(lambda: Phase.PREFILLING in {engine.request_phase(r) for r in rids[2:]}, 30)
     phases = {rid: engine.request_phase(rid) for rid in rids}
-    pid = next(w["pid"] for w in engine.stats()["workers"] if w["role"] == victim)
+    pid = next(w.pid for w in engine.stats().workers if w.role == victim)
     t0 = time.monotonic()
     os.kill(pid, sig)
     assert await engine.abort("dec1")  # racing the death: it ends as aborted, its blocks return once
@@ -558,7 +558,7 @@ async def main(path, topology, hold):
         Supervisor._introduce_peers = held
     engine = await rlt.Engine.launch(path, topology=topology, heartbeat_interval=0.2, block_size=4,
                                      prefill_chunk=5, num_blocks=2000)
-    print(*(w["pid"] for w in engine.stats()["workers"]), flush=True)
+    print(*(w.pid for w in engine.stats().workers), flush=True)
 
     async def stream(i):
         while True:

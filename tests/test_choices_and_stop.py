@@ -51,7 +51,7 @@ async def test_n_choices_stop_strings_and_growing_text():
         by_id = (await run(engine, "Hello", replace(sp, stop_token_ids=[tid])))[0][-1]
         assert (by_id.token_ids[-1], by_id.finish_reason, by_id.stop_reason) == (tid, "stop", tid)
         # every slot came back: the stopped choices were aborted in the workers
-        assert engine.stats()["live_requests"] == 0
+        assert engine.stats().live_requests == 0
         # special tokens in the text when asked
         eos = engine.model_config.eos_token_ids[0]
         special = SamplingParams(max_tokens=3, temperature=0, stop_token_ids=[], logit_bias={eos: 100}, ignore_eos=True)

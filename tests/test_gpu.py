@@ -102,7 +102,7 @@ def test_pd_on_two_gpus_equals_single(checkpoints):
                 async for out in engine.generate(p, sp, request_id=str(i)):
                     pass
                 outs.append((out.token_ids, out.exit_depths))
-            pids = [w["pid"] for w in engine.stats()["workers"]]
+            pids = [w.pid for w in engine.stats().workers]
             return outs, pids
 
     single, _ = asyncio.run(serve("single"))
@@ -642,8 +642,8 @@ def test_nothing_compiles_or_captures_after_ready(checkpoints):
 
     async def serve():
         async with rlt.Engine.launch(checkpoints["ouro"], device="cuda", startup_timeout=600) as engine:
-            w = engine.stats()["workers"][0]
-            assert w["kv_blocks_total"] >= 4096  # from free memory, not a fixed 1 GiB
+            w = engine.stats().workers[0]
+            assert w.kv_blocks_total >= 4096  # from free memory, not a fixed 1 GiB
 
             async def one(i, n):
                 async for _ in engine.generate([3 + (i * 7 + j) % 500 for j in range(n)], kinds[i % len(kinds)]):
@@ -651,7 +651,7 @@ def test_nothing_compiles_or_captures_after_ready(checkpoints):
 
             for wave in (1, 8, 64, 3):
                 await asyncio.gather(*(one(i, lengths[(i * 5) % len(lengths)]) for i in range(wave)))
-            return engine.stats()["workers"][0]
+            return engine.stats().workers[0]
 
     w = asyncio.run(serve())
-    assert (w["captures_after_ready"], w["compiles_after_ready"]) == (0, 0), w
+    assert (w.captures_after_ready, w.compiles_after_ready) == (0, 0), w

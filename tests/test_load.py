@@ -47,8 +47,8 @@ async def test_thousands_at_once_all_finish_or_are_refused(checkpoints):
             assert len(done) == ran  # (the worker holds 2 x max_num_seqs, the queue the rest)
             assert all(o.finish_reason == "length" and len(o.token_ids) == 3 for o in done)
             st = engine.stats()
-            assert (st["live_requests"], st["queued_requests"], st["pending_cleanup"]) == (0, 0, 0)
-            assert st["workers"][0]["credit_slots"] == 0
+            assert (st.live_requests, st.queued_requests, st.pending_cleanup) == (0, 0, 0)
+            assert st.workers[0].credit_slots == 0
 
 
 async def test_queued_requests_go_by_priority_and_abort_at_once(checkpoints):
@@ -67,14 +67,14 @@ async def test_queued_requests_go_by_priority_and_abort_at_once(checkpoints):
 
         tasks = [asyncio.ensure_future(one(f"p{p}-{i}", p)) for i, p in enumerate([3, 1, 2, 1])]
         await asyncio.sleep(0)
-        assert engine.stats()["queued_requests"] == 4 and engine.request_phase("p3-0").value == "queued"
+        assert engine.stats().queued_requests == 4 and engine.request_phase("p3-0").value == "queued"
         assert await engine.abort("p2-2")
-        assert engine.stats()["queued_requests"] == 3
+        assert engine.stats().queued_requests == 3
         for b in blockers:
             await b.aclose()
         await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), HANG_GUARD_S)
         assert order == [("p2-2", "abort"), ("p1-1", "length"), ("p1-3", "length"), ("p3-0", "length")]
-        assert engine.stats()["workers"][0]["credit_slots"] == 0
+        assert engine.stats().workers[0].credit_slots == 0
 
 
 async def test_abort_storm_of_thousands_frees_everything(checkpoints):
@@ -89,10 +89,10 @@ async def test_abort_storm_of_thousands_frees_everything(checkpoints):
         await asyncio.sleep(0.5)
         await asyncio.gather(*(s.aclose() for s in streams))
         deadline = time.monotonic() + HANG_GUARD_S
-        while (w := engine.stats()["workers"][0])["running"] or w["waiting"] or w["credit_slots"]:
+        while (w := engine.stats().workers[0]).running or w.waiting or w.credit_slots:
             assert time.monotonic() < deadline, w
             await asyncio.sleep(0.05)
-        assert w["kv_blocks_free"] == w["kv_blocks_total"]  # (cached prefixes count as free)
+        assert w.kv_blocks_free == w.kv_blocks_total  # (cached prefixes count as free)
         async for again in engine.generate([11, 12, 13], sp):
             pass
         assert again.token_ids == expected.token_ids

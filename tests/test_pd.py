@@ -24,8 +24,8 @@ OV = {"huginn": {"mean_recurrence": 6}}
 async def all_free(engine, timeout=10.0):
     await _all_free(engine, timeout)
     st = engine.stats()
-    assert st["pending_cleanup"] == 0
-    assert all(w["credit_blocks"] == 0 and w["credit_slots"] == 0 for w in st["workers"]), st
+    assert st.pending_cleanup == 0
+    assert all(w.credit_blocks == 0 and w.credit_slots == 0 for w in st.workers), st
 
 
 def requests(family):
@@ -45,8 +45,8 @@ def requests(family):
 
 
 async def run_all(path, topology, layout, family, reqs, stats=None, **opts):
-    """Every request at once -> (tokens, depths, logprobs, finish) each; stats: a dict to fill with
-    the engine's stats after the run."""
+    """Every request at once -> (tokens, depths, logprobs, finish) each; stats: a list to append
+    the engine's stats after the run to."""
     async with rlt.Engine.launch(
         path, topology=topology, kv_layout=layout, hf_overrides=OV.get(family), **(SMALL | FAST | opts)
     ) as engine:
@@ -59,7 +59,7 @@ async def run_all(path, topology, layout, family, reqs, stats=None, **opts):
         outs = await asyncio.gather(*(one(i, p, sp) for i, (p, sp) in enumerate(reqs)))
         await all_free(engine)
         if stats is not None:
-            stats.update(engine.stats())
+            stats.append(engine.stats())
         return [(o.token_ids, o.exit_depths, o.logprobs, o.finish_reason) for o in outs]
 
 
@@ -107,13 +107,13 @@ async def test_conditional_disaggregation_equals_single(checkpoints, opts, local
     logprobs as single, and every block and credit comes back."""
     reqs = requests("ouro")
     single = await single_reference(checkpoints["ouro"], "last_exited", "ouro", reqs)
-    stats = {}
+    stats = []
     got = await run_all(checkpoints["ouro"], "1p1d", "last_exited", "ouro", reqs, stats, **opts)
-    assert stats["local_prefills"] == local
+    assert stats[0].local_prefills == local
     if "prefill_worker_chunk" in opts:  # each prompt in one chunk on P, not ceil(len / 5)
-        assert stats["kv_chunks"] == len(reqs)
+        assert stats[0].kv_chunks == len(reqs)
     elif "max_local_prefill_length" in opts:  # the 17- and 23-token prompts, in chunks of 5
-        assert stats["kv_chunks"] == 4 + 5
+        assert stats[0].kv_chunks == 4 + 5
     for (t1, d1, lp1, f1), (t2, d2, lp2, f2) in zip(single, got):
         assert (t1, d1, f1) == (t2, d2, f2)
         assert (lp1 is None) == (lp2 is None)
@@ -128,11 +128,11 @@ async def test_pd_decode_worker_preempts_and_resumes_exactly(checkpoints, layout
     logprobs as single with a large pool, and every block and credit comes back."""
     reqs = requests("ouro") * 2
     single = await run_all(checkpoints["ouro"], "single", layout, "ouro", reqs)
-    stats = {}
+    stats = []
     planes = 4 if layout == "last_exited" else 1
     got = await run_all(checkpoints["ouro"], "1p1d", layout, "ouro", reqs, stats, num_blocks=planes * 10)
-    decode = next(w for w in stats["workers"] if w["role"] == "decode")
-    assert decode["preemptions"] > 0 and decode["kv_blocks_free"] == decode["kv_blocks_total"]
+    decode = next(w for w in stats[0].workers if w.role == "decode")
+    assert decode.preemptions > 0 and decode.kv_blocks_free == decode.kv_blocks_total
     for (t1, d1, lp1, f1), (t2, d2, lp2, f2) in zip(single, got):
         assert (t1, d1, f1) == (t2, d2, f2)
         for a, b in zip(lp1 or (), lp2 or ()):
@@ -260,7 +260,7 @@ async def test_cancel_with_writes_in_flight_does_not_stall_the_prefill_worker(ch
         outs = [o async for o in other]
         assert outs[-1].finish_reason == "length"
         # not behind the hung writes: the decode side still holds their destination (until their deadline)
-        assert engine.stats()["pending_cleanup"] == 1
+        assert engine.stats().pending_cleanup == 1
         await freed_then_reusable(engine, "hung")
         assert time.monotonic() - t0 >= 4.0
 

@@ -230,9 +230,9 @@ async def test_second_turns_through_single_and_1p1d_equal_the_cache_off_run(chec
         # every second turn reuses at least its first prompt's full blocks (all of them at fixed depth)
         assert all(o.num_cached_tokens >= len(p) // 4 * 4 for o, (p, _) in zip(two, pd_requests(family)))
         assert two[-1].num_cached_tokens == 8 and b.num_cached_tokens == 0
-        runs_prompts = [w for w in st["workers"] if w["role"] in ("unified", "prefill")]
-        assert sum(w["prefix_hit_tokens"] for w in runs_prompts) == sum(o.num_cached_tokens for o in two)
-        assert 0 < st["prefix_cache_hit_rate"] < 1
+        runs_prompts = [w for w in st.workers if w.role in ("unified", "prefill")]
+        assert sum(w.prefix_cache.hit_tokens for w in runs_prompts) == sum(o.num_cached_tokens for o in two)
+        assert 0 < st.prefix_cache.hit_rate < 1
 
 
 async def test_replicas_route_a_prompt_to_the_worker_holding_its_prefix(checkpoints):

@@ -119,7 +119,7 @@ async def test_prompt_logprobs_through_the_engine_single_and_pd(checkpoints, fam
             checkpoints[family], topology=topology, hf_overrides=OV.get(family), **(SMALL | FAST | opts)
         ) as engine:
             outs = [o async for o in engine.generate(full, asks)]
-            assert engine.stats()["local_prefills"] == 0  # 1p1d: the prefill worker computed them
+            assert engine.stats().local_prefills == 0  # 1p1d: the prefill worker computed them
         assert all(o.prompt_logprobs is not None for o in outs)  # from the first output on
         plp = outs[-1].prompt_logprobs
         assert len(plp) == len(full) and plp[0] is None and outs[-1].to_json()["prompt_logprobs"][0] is None

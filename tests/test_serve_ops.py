@@ -306,7 +306,7 @@ def test_health_is_503_once_a_needed_worker_is_dead_and_not_restarted(checkpoint
     with TestClient(build_app(launch, "m", None, {})) as client:
         assert client.get("/health").status_code == 200
         engine = client.app.state.engine
-        os.kill(engine.stats()["workers"][0]["pid"], signal.SIGKILL)
+        os.kill(engine.stats().workers[0].pid, signal.SIGKILL)
         deadline = time.monotonic() + 30
         while (r := client.get("/health")).status_code == 200:
             assert time.monotonic() < deadline

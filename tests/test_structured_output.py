@@ -174,11 +174,11 @@ async def test_through_the_engine_single_equals_1p1d(checkpoints):
     names, reqs = zip(*workload(tok).items())
     single = await run_all(checkpoints["ouro"], "single", "last_exited", "ouro", list(reqs))
     check_valid(tok, {r: [(t, 0, None, f) for t in toks] for r, (toks, _, _, f) in zip(names, single)})
-    stats = {}
+    stats = []
     for opts in (dict(), dict(num_blocks=4 * 33)):
         got = await run_all(checkpoints["ouro"], "1p1d", "last_exited", "ouro", list(reqs), stats, **opts)
         assert [(t, d, f) for t, d, _, f in got] == [(t, d, f) for t, d, _, f in single], opts
-    assert next(w for w in stats["workers"] if w["role"] == "decode")["preemptions"] > 0
+    assert next(w for w in stats[0].workers if w.role == "decode").preemptions > 0
 
 
 async def test_bad_specs_are_refused_at_the_call(checkpoints):

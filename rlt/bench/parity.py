@@ -7,6 +7,8 @@ of any that do not.
 import asyncio
 import time
 
+import msgspec
+
 import rlt
 from rlt.sampling_params import SamplingParams
 
@@ -33,7 +35,7 @@ async def serve(model: str, topology: str, prompts: list[list[int]], sp: Samplin
             "ready_s": ready,
             "sequential_s": t2 - t1,
             "concurrent_s": t3 - t2,
-            "stats": engine.stats(),
+            "stats": msgspec.to_builtins(engine.stats()),
         }
 
 

@@ -87,7 +87,7 @@ async def _first_use(args) -> None:
                     pass
 
             await asyncio.gather(*(one(n, i) for i, n in enumerate(lens)))
-            ws = engine.stats()["workers"]
-            captures = sum(w["captures_after_ready"] for w in ws)
-            compiles = sum(w["compiles_after_ready"] for w in ws)
+            ws = engine.stats().workers
+            captures = sum(w.captures_after_ready for w in ws)
+            compiles = sum(w.compiles_after_ready for w in ws)
             print(f"{name:<26} {time.perf_counter() - t0:>6.2f} {captures:>9} {compiles:>9}", flush=True)

@@ -53,7 +53,7 @@ class EngineTarget:
             yield len(out.token_ids)
 
     def local_prefills(self) -> int:
-        return self.engine.stats()["local_prefills"]
+        return self.engine.stats().local_prefills
 
 
 class HTTPTarget:

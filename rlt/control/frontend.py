@@ -22,7 +22,7 @@ from rlt.control import router
 from rlt.control.cache_events import CacheListener, CacheRelay
 from rlt.control.collector import Collector
 from rlt.control.lifecycle import Phase, Request
-from rlt.control.stats import engine_stats
+from rlt.control.stats import EngineStats, engine_stats
 from rlt.control.stream import OUTPUT_KINDS, RequestStream
 from rlt.control.supervisor import Supervisor
 from rlt.control.validation import output_options, resolve_params, validate_priority, validate_prompt
@@ -324,8 +324,9 @@ class Engine:
         r = self._lifecycle.live.get(request_id)
         return r.phase if r is not None else None
 
-    def stats(self) -> dict:
-        """Workers, requests, the prefix cache and the KV handoff, now (rlt/control/stats.py)."""
+    def stats(self) -> EngineStats:
+        """Workers, requests, the prefix cache and the KV handoff, now (rlt/control/stats.py): typed
+        structs; msgspec.to_builtins(stats) for JSON."""
         return engine_stats(self._supervisor, self._lifecycle)
 
     def watch_prefix_cache(self, listener: CacheListener) -> None:

@@ -24,6 +24,7 @@ from dynamo.common.backend.health_check import is_probe
 from dynamo.llm.exceptions import EngineShutdown, InvalidArgument
 
 import rlt
+from rlt.control.stats import EngineStats
 from rlt.dynamo.router_state import KvEvents, NodeWatch, RouterHooks
 from rlt.errors import EngineDeadError, EngineOverloadedError, RequestError
 from rlt.sampling_params import SamplingParams, StructuredOutput
@@ -160,16 +161,11 @@ def chunk(index: int, out, sent: int, top: int | None, prompt_top: int | None = 
     return c
 
 
-def exit_line(stats: dict) -> str:
+def exit_line(stats: EngineStats) -> str:
     """What the node leaves behind when it stops (nothing, unless requests were still running)."""
-    local = [w for w in stats["workers"] if w["pid"] is not None]
-    blocks = ", ".join(
-        f"{w['role']} worker {w['kv_blocks_free']} of {w['kv_blocks_total']} KV blocks free" for w in local
-    )
-    return (
-        f"rlt node at exit: {stats['live_requests']} live requests, {stats['pending_cleanup']} pending cleanup, "
-        f"{blocks}"
-    )
+    local = [w for w in stats.workers if w.pid is not None]
+    blocks = ", ".join(f"{w.role} worker {w.kv_blocks_free} of {w.kv_blocks_total} KV blocks free" for w in local)
+    return f"rlt node at exit: {stats.live_requests} live requests, {stats.pending_cleanup} pending cleanup, {blocks}"
 
 
 class RltEngine(RouterHooks, LLMEngine):
@@ -215,9 +211,9 @@ class RltEngine(RouterHooks, LLMEngine):
 
     async def start(self, worker_id: int) -> EngineConfig:
         self.engine = await self.launch
-        print(f"rlt node ready: worker logs in {self.engine.stats()['log_dir']}", flush=True)
+        print(f"rlt node ready: worker logs in {self.engine.stats().log_dir}", flush=True)
         mc, cfg = self.engine.model_config, self.engine.engine_config
-        w = next(w for w in self.engine.stats()["workers"] if w["pid"] is not None)
+        w = next(w for w in self.engine.stats().workers if w.pid is not None)
         self.watch = NodeWatch(self)
         return EngineConfig(
             model=self.engine_path,
@@ -225,7 +221,7 @@ class RltEngine(RouterHooks, LLMEngine):
             llm=LlmRegistration(
                 context_length=mc.max_positions,
                 kv_cache_block_size=cfg.block_size,
-                total_kv_blocks=w["kv_blocks_total"] // w["kv_planes"],  # (blocks of every plane)
+                total_kv_blocks=w.kv_blocks_total // w.kv_planes,  # (blocks of every plane)
                 max_num_seqs=cfg.max_num_seqs,
                 max_num_batched_tokens=cfg.max_num_batched_tokens,
             ),

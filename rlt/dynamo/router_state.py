@@ -23,6 +23,7 @@ from dynamo.common.backend.metrics import register_engine_registry
 from dynamo.common.backend.publisher import ComponentSnapshot, PushSource
 
 from rlt.control.cache_events import StoredBlock
+from rlt.control.stats import EngineStats
 from rlt.errors import EngineDeadError
 
 log = logging.getLogger("rlt.dynamo")
@@ -61,14 +62,13 @@ class KvEvents:
         self.removed_blocks += len(ids)
 
 
-def snapshot(stats: dict) -> ComponentSnapshot | None:
+def snapshot(stats: EngineStats) -> ComponentSnapshot | None:
     """The node's worker's load, in logical blocks (block_size positions on every plane)."""
-    w = next((w for w in stats["workers"] if w["pid"] is not None and w["state"] == "ready"), None)
-    if w is None or not w["kv_blocks_total"]:
+    w = next((w for w in stats.workers if w.pid is not None and w.state == "ready"), None)
+    if w is None or not w.kv_blocks_total:
         return None
-    planes = w["kv_planes"]
-    total, used = w["kv_blocks_total"] // planes, (w["kv_blocks_total"] - w["kv_blocks_free"]) // planes
-    rate = w["prefix_hit_tokens"] / w["prefix_queried_tokens"] if w["prefix_queried_tokens"] else None
+    total, used = w.kv_blocks_total // w.kv_planes, (w.kv_blocks_total - w.kv_blocks_free) // w.kv_planes
+    rate = w.prefix_cache.hit_rate if w.prefix_cache.queried_tokens else None
     return ComponentSnapshot(
         kv_used_blocks=used, kv_total_blocks=total, gpu_cache_usage=used / total, dp_rank=0, kv_cache_hit_rate=rate
     )

@@ -31,40 +31,40 @@ class _EngineState:
 
     def collect(self):
         st = self.engine.stats()
-        ws = st["workers"]
-        total, free = sum(w["kv_blocks_total"] for w in ws), sum(w["kv_blocks_free"] for w in ws)
+        ws = st.workers
+        total, free = sum(w.kv_blocks_total for w in ws), sum(w.kv_blocks_free for w in ws)
         for name, doc, value in (
-            ("rlt:num_requests_running", "requests running on the workers", sum(w["running"] for w in ws)),
+            ("rlt:num_requests_running", "requests running on the workers", sum(w.running for w in ws)),
             (
                 "rlt:num_requests_waiting",
                 "requests waiting: on the workers, or in the coordinator for a worker with room",
-                sum(w["waiting"] for w in ws) + st["queued_requests"],
+                sum(w.waiting for w in ws) + st.queued_requests,
             ),
             ("rlt:kv_cache_usage_perc", "share of KV blocks in use (1 = full)", (total - free) / total if total else 0),
             (
                 "rlt:prefix_cache_blocks",
                 "KV blocks holding cached prefixes (those no request uses count as free)",
-                sum(w["prefix_cached_blocks"] for w in ws),
+                st.prefix_cache.cached_blocks,
             ),
         ):
             yield self._one(GaugeMetricFamily(name, doc, labels=LABELS), value)
         for name, doc, value in (
-            ("rlt:num_preemptions", "requests preempted (resumed by recompute)", sum(w["preemptions"] for w in ws)),
+            ("rlt:num_preemptions", "requests preempted (resumed by recompute)", sum(w.preemptions for w in ws)),
             (
                 "rlt:prefix_cache_queries",
                 "prompt tokens looked up in the prefix cache",
-                sum(w["prefix_queried_tokens"] for w in ws),
+                st.prefix_cache.queried_tokens,
             ),
             (
                 "rlt:prefix_cache_hits",
                 "prompt tokens found in the prefix cache",
-                sum(w["prefix_hit_tokens"] for w in ws),
+                st.prefix_cache.hit_tokens,
             ),
-            ("rlt:kv_handoff_bytes", "PD: KV bytes written from prefill to decode workers", st["kv_bytes"]),
+            ("rlt:kv_handoff_bytes", "PD: KV bytes written from prefill to decode workers", st.kv_bytes),
             (
                 "rlt:kv_handoff_seconds",
                 "PD: seconds from a prompt's Prefill to its last KV write, summed",
-                st["kv_seconds"],
+                st.kv_seconds,
             ),
         ):
             yield self._one(CounterMetricFamily(name, doc, labels=LABELS), value)

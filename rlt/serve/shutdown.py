@@ -54,7 +54,7 @@ class Server(uvicorn.Server):
 
     async def _fail_late(self) -> None:
         await asyncio.sleep(self.shutdown_timeout)
-        left = self.engine.stats()["live_requests"]
+        left = self.engine.stats().live_requests
         if left:
             log.warning(
                 "rlt serve: %d request(s) still running after --shutdown-timeout %s s: failed",
