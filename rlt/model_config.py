@@ -135,6 +135,10 @@ class ModelConfig:
         return self.family_config.has_exit_gate
 
     @property
+    def has_exit_criteria(self) -> bool:
+        return self.family_config.has_exit_criteria
+
+    @property
     def default_exit_threshold(self) -> float:
         return self.family_config.default_exit_threshold
 

@@ -10,6 +10,18 @@ def _doc(text: str) -> msgspec.Meta:
     return msgspec.Meta(description=text)
 
 
+# Huginn's exit criteria (rlt/workers/exit_criteria.py) and their "auto" thresholds, the authors'
+# defaults; argmax-stability's is a count of checks. "gate" is Ouro's learned exit gate.
+EXIT_CRITERIA = {
+    "latent-diff": 0.03,
+    "cosine": 1e-3,
+    "kl": 1e-3,
+    "minp-kl": 1e-5,
+    "entropy-diff": 1e-3,
+    "argmax-stability": 5,
+}
+
+
 class StructuredOutput(msgspec.Struct, kw_only=True, omit_defaults=True, forbid_unknown_fields=True):
     """Output constrained by a grammar (vLLM's StructuredOutputsParams); exactly one field set."""
 
@@ -33,9 +45,20 @@ class SamplingParams(msgspec.Struct, kw_only=True, omit_defaults=True):
     seed: Annotated[int | None, _doc("seed of the sampling noise (default: a random one)")] = None
     min_loops: Annotated[int | None, _doc("loops a token runs at least before it may exit (default: 1)")] = None
     max_loops: Annotated[int | None, _doc("loops a token runs at most (default: the model's depth)")] = None
+    exit_criterion: Annotated[
+        str | None,
+        _doc(
+            "when a token leaves the loop: gate (Ouro's learned gate; the default), or Huginn's latent-diff, "
+            "cosine, kl, minp-kl, entropy-diff, argmax-stability"
+        ),
+    ] = None
     exit_threshold: Annotated[
         float | None,
-        _doc("Ouro: exit once the gate's cumulative exit probability reaches this (default: config.json's)"),
+        _doc(
+            "gate: exit once the gate's cumulative exit probability reaches this, in [0, 1] (default: "
+            "config.json's); Huginn's criteria: exit once the change is below this (argmax-stability: "
+            "once the argmax held for this many checks; default: the criterion's auto threshold)"
+        ),
     ] = None
     stop_token_ids: Annotated[list[int], _doc("token ids that end the output, besides the model's EOS")] = []
     ignore_eos: Annotated[bool, _doc("go on past EOS")] = False
@@ -76,7 +99,10 @@ class ResolvedParams(msgspec.Struct, frozen=True, kw_only=True):
     state_seed: int  # Huginn's initial latent: the request's seed, else 0 (deterministic by default)
     min_loops: int
     max_loops: int
-    exit_threshold: float  # >= 1.0 means fixed depth (max_loops); gate-less families never exit early
+    exit_threshold: float  # gate: >= 1.0 means fixed depth (max_loops); gate-less families never exit early
+    # "gate" (Ouro's gate by exit_threshold; gate-less families: fixed depth), or one of EXIT_CRITERIA
+    # (Huginn, with exit_threshold read per criterion)
+    exit_criterion: str = "gate"
     stop_token_ids: tuple[int, ...]
     ignore_eos: bool
     logprobs: int  # 0 = none

@@ -1,11 +1,10 @@
 """A request's depth options apply to its prompt as the families' references apply them (issue 33,
 item 3): max_loops = min_loops = k below the model's depth computes the prompt at depth k and the
 first token from depth k. Huginn: equal to the authors' `generate_with_adaptive_compute` with
-`num_steps=k` (tests/huginn_reference.json, made by scripts/huginn_reference.py); Ouro and
-Nanbeige: equal to the dense reference run at depth k (tests/reference.py). The prefix cache keys
-prompt blocks by that depth."""
+`num_steps=k` (tests/huginn_reference.json, made by scripts/huginn_reference.py; through 1p1d:
+tests/test_exit_criteria.py); Ouro and Nanbeige: equal to the dense reference run at depth k
+(tests/reference.py). The prefix cache keys prompt blocks by that depth."""
 
-import asyncio
 import json
 import os
 from types import SimpleNamespace
@@ -14,9 +13,7 @@ import pytest
 from reference import Ref, ref_generate
 from test_engine import make, run
 from test_models import Generated, assert_matches
-from test_pd import FAST, SMALL
 
-import rlt
 from rlt.control.validation import resolve_params
 from rlt.sampling_params import SamplingParams
 
@@ -89,20 +86,3 @@ def test_prefix_cache_keys_prompt_blocks_by_their_depth(checkpoints):
     assert first_cached("b", fixed(8)) == (0, full["tokens"], full["depths"])
     assert first_cached("c", fixed(3)) == (hit, case["tokens"], case["depths"])
     assert first_cached("d", fixed(8)) == (hit, full["tokens"], full["depths"])
-
-
-async def test_fixed_depth_through_1p1d_equals_the_authors_code(checkpoints):
-    """The prefill worker runs the prompt at depth k and samples the first token from it; the
-    decode worker goes on at k."""
-    async with rlt.Engine.launch(
-        checkpoints["huginn"], topology="1p1d", hf_overrides=FIXTURE["overrides"], **(SMALL | FAST)
-    ) as engine:
-
-        async def one(i, c):
-            async for out in engine.generate(c["prompt"], fixed(c["num_steps"]), request_id=f"f{i}"):
-                pass
-            return out
-
-        outs = await asyncio.gather(*(one(i, c) for i, c in enumerate(FIXED)))
-    for o, c in zip(outs, FIXED):
-        assert (o.token_ids, o.exit_depths) == (c["tokens"], c["depths"])

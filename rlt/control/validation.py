@@ -6,7 +6,7 @@ import secrets
 from rlt.config import ModelConfig
 from rlt.errors import RequestError
 from rlt.grammar import after_of, spec_of
-from rlt.sampling_params import ResolvedParams, SamplingParams
+from rlt.sampling_params import EXIT_CRITERIA, ResolvedParams, SamplingParams
 
 INT64 = (-(2**63), 2**63 - 1)  # what msgpack and the workers' int64 tensors carry
 MAX_LOGPROBS = 20  # prompt_logprobs' top-K (vLLM's default max_logprobs)
@@ -76,11 +76,7 @@ def resolve_params(mc: ModelConfig, prompt_len: int, p: SamplingParams) -> Resol
         if p.min_loops is None
         else _int("min_loops", p.min_loops, lo=1, hi=max_loops, hi_text=f"max_loops ({max_loops})")
     )
-    thr = mc.default_exit_threshold if p.exit_threshold is None else _float("exit_threshold", p.exit_threshold)
-    if not 0 <= thr <= 1:
-        raise RequestError(f"exit_threshold must be in [0, 1], got {thr}")
-    if not mc.has_exit_gate:
-        thr = 1.0  # no gate, no hazard: the family runs max_loops whatever the threshold
+    criterion, thr = _exit_rule(mc, p)
     if not isinstance(p.stop_token_ids, (list, tuple)):
         raise RequestError(f"stop_token_ids must be a list of token ids, got {p.stop_token_ids!r}")
     for t in p.stop_token_ids:
@@ -99,6 +95,7 @@ def resolve_params(mc: ModelConfig, prompt_len: int, p: SamplingParams) -> Resol
         min_loops=min_loops,
         max_loops=max_loops,
         exit_threshold=thr,
+        exit_criterion=criterion,
         stop_token_ids=tuple(p.stop_token_ids),
         ignore_eos=p.ignore_eos,
         logprobs=logprobs,
@@ -112,6 +109,29 @@ def resolve_params(mc: ModelConfig, prompt_len: int, p: SamplingParams) -> Resol
         structured_output=spec_of(p.structured_output),  # (compiled against the tokenizer by the caller)
         grammar_after=after_of(p.structured_output, V),
     )
+
+
+def _exit_rule(mc: ModelConfig, p: SamplingParams) -> tuple[str, float]:
+    """(exit_criterion, exit_threshold): the threshold is read per criterion."""
+    crit = "gate" if p.exit_criterion is None else p.exit_criterion
+    if crit == "gate":
+        thr = mc.default_exit_threshold if p.exit_threshold is None else _float("exit_threshold", p.exit_threshold)
+        if not 0 <= thr <= 1:
+            raise RequestError(f"exit_threshold must be in [0, 1], got {thr}")
+        # no gate, no hazard: the family runs max_loops whatever the threshold
+        return crit, thr if mc.has_exit_gate else 1.0
+    if not isinstance(crit, str) or crit not in EXIT_CRITERIA:
+        raise RequestError(f"exit_criterion must be one of gate, {', '.join(EXIT_CRITERIA)}; got {crit!r}")
+    if not mc.has_exit_criteria:
+        raise RequestError(f"exit_criterion {crit!r} is for Huginn models; this one ({mc.model_type}) exits by 'gate'")
+    if p.exit_threshold is None:
+        return crit, float(EXIT_CRITERIA[crit])
+    thr = _float("exit_threshold", p.exit_threshold)
+    if crit == "argmax-stability" and (thr != int(thr) or thr < 1):
+        raise RequestError(f"exit_threshold of argmax-stability counts checks: an integer >= 1, got {thr}")
+    if thr <= 0:
+        raise RequestError(f"exit_threshold of {crit} must be > 0, got {thr}")
+    return crit, thr
 
 
 def _in(name, v, lo, hi, low_open=False) -> float:

@@ -33,6 +33,7 @@ class FamilyConfig:
     eos_token_ids: tuple[int, ...]
 
     has_exit_gate: ClassVar[bool] = False  # a learned gate that may end a token's loops early (Ouro)
+    has_exit_criteria: ClassVar[bool] = False  # Huginn's convergence criteria (rlt/workers/exit_criteria.py)
 
     @property
     def random_initial_state(self) -> bool:
@@ -201,6 +202,7 @@ class NanbeigeConfig(FamilyConfig):
 
 @dataclass(frozen=True)
 class HuginnConfig(FamilyConfig):
+    has_exit_criteria: ClassVar[bool] = True
     n_layers_in_prelude: int
     n_layers_in_recurrent_block: int
     n_layers_in_coda: int

@@ -54,6 +54,7 @@ class _Request(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     min_loops: Int | None = None  # rlt's loop controls
     max_loops: Int | None = None
     exit_threshold: float | None = None
+    exit_criterion: str | None = None  # gate, or Huginn's latent-diff, cosine, kl, ... (SamplingParams)
     # ---- the request and its response ----
     priority: Int | None = None  # lower runs first
     truncate_prompt_tokens: Int | None = None  # keep the prompt's last k tokens
@@ -158,7 +159,7 @@ GENERATION_DEFAULTS = ("temperature", "top_p", "top_k", "min_p", "repetition_pen
 _SAME = (
     *("temperature", "top_p", "top_k", "min_p", "seed", "n", "stop_token_ids", "ignore_eos", "min_tokens"),
     *("repetition_penalty", "presence_penalty", "frequency_penalty", "include_stop_str_in_output"),
-    *("skip_special_tokens", "prompt_logprobs", "min_loops", "max_loops", "exit_threshold"),
+    *("skip_special_tokens", "prompt_logprobs", "min_loops", "max_loops", "exit_threshold", "exit_criterion"),
 )
 
 

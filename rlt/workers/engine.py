@@ -23,7 +23,8 @@ from rlt.workers.grammar import WorkerGrammars
 from rlt.workers.kv_pool import BlockTables, KVPool
 from rlt.workers.memory import pool_blocks
 from rlt.workers.prefix_cache import root_key
-from rlt.workers.runner import Group, Runner
+from rlt.workers.group import Group
+from rlt.workers.runner import Runner
 from rlt.workers.scheduler import Scheduler
 from rlt.workers.sequence import Sequence
 from rlt.workers.steady import SteadyDecode

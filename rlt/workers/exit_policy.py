@@ -1,18 +1,23 @@
-"""When a decode token leaves the loop.
+"""When a decode token leaves the loop, by the gate (exit_criterion "gate", the default).
 
 Ouro: hazard lambda_t = sigmoid(g_t); CDF_t = 1 - prod_{i<=t}(1 - lambda_i); exit at the first
 t >= min_loops with CDF_t >= threshold, else at max_loops. Threshold >= 1 means fixed depth
 (max_loops), even where float rounding would make CDF_t reach 1.0. Families without a gate
 have hazard 0: they always run max_loops. Prompts run at max_loops (the model's depth by
-default), as the references run them at a given depth.
+default), as the references run them at a given depth. Huginn's convergence criteria
+(exit_criterion "latent-diff", "kl", ...) are rlt/workers/exit_criteria.py's.
 """
 
 import torch
 
+from rlt.workers.exit_criteria import AUTO
+
 
 def exits_early(params) -> bool:
     """Can a request with these (resolved) parameters leave the loop before max_loops?"""
-    return params.exit_threshold < 1.0 and params.min_loops < params.max_loops
+    if params.min_loops >= params.max_loops:
+        return False
+    return params.exit_criterion in AUTO or (params.exit_criterion == "gate" and params.exit_threshold < 1.0)
 
 
 def update_survival(survival: torch.Tensor, gate_logit: torch.Tensor | None) -> torch.Tensor:

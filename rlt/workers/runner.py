@@ -3,14 +3,15 @@ at its own depth, on its own KV plane), exit decisions, LAST_EXITED finalize cop
 
 Everything the step needs from the host is packed into one buffer and sent in one copy before the
 pass. The host reads the exit mask back only when some row's exit depends on its gate at this
-depth; otherwise it knows the exits and runs ahead of the GPU. What exited groups need (finalize
-copies, sampling parameters, Huginn's coda metadata) is selected on the host and sent in one more
-copy. Sampled tokens come back asynchronously (PendingTokens): the engine launches the next step,
-whose new decode rows read those tokens on the device, before it reads them.
+depth, or on its exit criterion (Huginn: rlt/workers/exit_criteria.py, whose logit criteria run
+the coda and head for the rows they check); otherwise it knows the exits and runs ahead of the GPU.
+What exited groups need (finalize copies, sampling parameters, Huginn's coda metadata) is selected
+on the host and sent in one more copy. Sampled tokens come back asynchronously (PendingTokens): the
+engine launches the next step, whose new decode rows read those tokens on the device, before it
+reads them.
 """
 
 import itertools
-from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -18,80 +19,19 @@ import torch
 from rlt.config import EngineConfig, ModelConfig
 from rlt.kernels import mode
 from rlt.kernels.paged_attention import PagedMetadata, kernel_fields, plan_kernel
-from rlt.kernels.sampler import top_dict, top_logprobs
+from rlt.kernels.sampler import top_logprobs
 from rlt.models.layers import EmbeddingInput
-from rlt.sampling_params import ResolvedParams
 from rlt.workers.cuda_graphs import table_width
-from rlt.workers.exit_policy import exits_early, should_exit, update_survival
-from rlt.workers.kv_pool import BlockTables, KVPool
+from rlt.workers.exit_criteria import AUTO, CriterionChecks, checks_after, initial
+from rlt.workers.exit_policy import should_exit, update_survival
+from rlt.workers.group import Group, PendingTokens, StepResult
+from rlt.workers.kv_pool import KVPool
 from rlt.workers.pass_rows import Attention, kv_slots, padded, positions, row_starts
 from rlt.workers.penalties import PenaltyState
 from rlt.workers.prompt_logprobs import PromptLogprobs
 from rlt.workers.sampling import fields as sampling_fields
 from rlt.workers.sampling import sample_groups
-from rlt.workers.step_buffers import DeviceReadback, StepBuffers
-
-
-@dataclass
-class Group:
-    """Rows of one request moving through the loop together (a prompt chunk or a decode token)."""
-
-    ids: list[int]  # a decode group fed from the device holds [0] here
-    start: int  # position of the first row
-    tables: BlockTables
-    params: ResolvedParams
-    decoding: bool
-    samples: bool  # ends the prompt, or is a decode token
-    output_index: int  # index of the token this group samples
-    depth: int = 0  # loops done
-    inject: torch.Tensor | None = None
-    state: torch.Tensor | None = None
-    survival: torch.Tensor | None = None  # [1] prod(1 - hazard), decode groups
-    # A decode token sampled by the previous step and not read back yet: (its PendingTokens, index)
-    feed: "tuple[PendingTokens, int] | None" = None
-    exit_depth: int | None = None  # a generated position recomputed after preemption: runs to this depth
-    slot: int | None = None  # penalized: its request's slot of PenaltyState (rlt/workers/penalties.py)
-    listed: int = 0  # ... and the distinct prompt tokens that open that slot's token list
-    prompt_targets: list[int] | None = None  # prompt_logprobs asked: the prompt tokens its rows predict
-    matcher: object | None = None  # structured output: its request's Constraint (rlt/workers/grammar.py)
-
-    @property
-    def gated(self) -> bool:
-        """Its exit may depend on the gate (a decode token of a request that can exit early)."""
-        return self.decoding and self.exit_depth is None and exits_early(self.params)
-
-    @property
-    def n(self) -> int:
-        return len(self.ids)
-
-
-@dataclass
-class Sampled:
-    group: Group
-    token: int
-    logprobs: dict[int, float] | None
-
-
-class PendingTokens:
-    """Tokens sampled by one step, still on their way to the host: the host can launch the next
-    step (whose new decode rows read these tokens on the device) before it reads them."""
-
-    def __init__(self, groups: list[Group], tokens: torch.Tensor, top: tuple | None):
-        self.groups, self.tokens = groups, tokens  # tokens [S] int64 on the device
-        self._readback = DeviceReadback((tokens,) + (top or ()))
-
-    def resolve(self) -> list[Sampled]:
-        tokens, *top = self._readback.resolve()
-        return [
-            Sampled(g, tok, top_dict(top, i, g.params.logprobs)) for i, (g, tok) in enumerate(zip(self.groups, tokens))
-        ]
-
-
-@dataclass
-class StepResult:
-    exited: list[Group] = field(default_factory=list)
-    sampled: PendingTokens | None = None
-    prompt_logprobs: PromptLogprobs | None = None
+from rlt.workers.step_buffers import StepBuffers
 
 
 class Runner:
@@ -168,6 +108,9 @@ class Runner:
         pass_graphed = not graphed and self.pass_graphs is not None and self.pass_graphs.fits(ra[-1], len(active))
         # Survival and the exit test run on the device only while some row's exit depends on its gate.
         adaptive = any(g.gated for g in active)
+        # Rows an exit criterion is checked for after this pass (Huginn: exit_criteria.py).
+        checks = [g for g in active if checks_after(g, g.depth + 1)]
+        checks = CriterionChecks(self, checks) if checks else None
 
         # ---- pack the step's metadata: one host-to-device copy ----------------------------------
         f = {"pos": positions(active, ra)}
@@ -186,6 +129,8 @@ class Runner:
                 "threshold": np.array([g.params.exit_threshold for g in active], dtype=np.float32),
                 "last_row": np.array(ra[1:]) - 1,
             }
+        if checks is not None:
+            f |= checks.fields()
         fed = next((g.feed[0] for g in new if g.feed is not None), None)
         if new:
             f |= {
@@ -215,6 +160,8 @@ class Runner:
             state = self.model.initial_state(inject, t["new_pos"], t["new_seed"])
             for g, r0, r1 in zip(new, rn, rn[1:]):
                 g.inject, g.state = inject[r0:r1], state[r0:r1]
+                if g.decoding and g.exit_depth is None and g.params.exit_criterion in AUTO:
+                    g.criterion_prev = initial(g.params.exit_criterion, g.state, self.mc.vocab_size)
 
         # ---- one pass of the core over every active row ----------------------------------------------
         if graphed:
@@ -245,6 +192,9 @@ class Runner:
             # otherwise the host knows it and runs ahead to the next step while the GPU works.
             if any(g.gated and g.params.min_loops <= g.depth < g.params.max_loops for g in active):
                 done_host = [d if g.gated else h for g, d, h in zip(active, done.tolist(), done_host)]
+        if checks is not None:  # (reads the verdicts back: the host waits for this pass)
+            verdict = checks.verdicts(t)
+            done_host = [h or verdict.get(id(g), False) for g, h in zip(active, done_host)]
         result = StepResult(exited=[g for g, d in zip(active, done_host) if d])
         if result.exited:
             self._exit(result)

@@ -149,7 +149,7 @@ class Scheduler:
         for s in list(running):  # (this runs every pass: nothing here may cost O(requests))
             if s.tables is None:  # preempted meanwhile
                 continue
-            new = s.next_groups(budget, chunk) if s.group is None and budget > 0 else []
+            new = s.next_groups(budget, chunk, self.pool.has_boundary) if s.group is None and budget > 0 else []
             last = new[-1] if new else s.group or (s.replay[-1] if s.replay else None)  # its furthest row
             if last is None:
                 continue

@@ -13,10 +13,10 @@ resumed, it starts after the longest cached prefix of the positions it knows.
 from dataclasses import dataclass, field
 
 from rlt.sampling_params import ResolvedParams
+from rlt.workers.group import Group
 from rlt.workers.kv_pool import BlockTables
 from rlt.workers.prefix_cache import chain, prompt_keys
 from rlt.workers.prompt_logprobs import targets
-from rlt.workers.runner import Group
 
 
 @dataclass
@@ -91,9 +91,10 @@ class Sequence:
             self.keys.append(chain(self.keys[-1] if self.keys else self.root, tokens, depths))
         return self.keys[: positions // block_size]
 
-    def next_groups(self, budget: int, chunk: int) -> list[Group]:
+    def next_groups(self, budget: int, chunk: int, coda: bool = False) -> list[Group]:
         """Its rows for the next pass, at most `budget`: a prompt chunk (at most `chunk` rows),
-        positions to recompute, or its next decode token. Empty while it must wait."""
+        positions to recompute, or its next decode token. Empty while it must wait. coda: the
+        family runs a coda over boundary K/V after the loop (Huginn)."""
         s, p = self, self.params
         if not s.decoding:
             ids = s.prompt[s.num_done : s.num_done + min(chunk, budget)]
@@ -118,6 +119,13 @@ class Sequence:
             # before the next reads it, as when it was first computed
             P, start = len(s.prompt), max(s.replay_next, s.num_done)
             end = min(s.replay_end, start + budget, start + chunk - len(s.replay))
+            if coda:  # a position's coda reads every earlier one's coda K/V: no position may exit before an earlier one
+                last = max((g.exit_depth - g.depth for g in s.replay), default=0)  # passes to the last exit in flight
+                for i in range(start, end):
+                    if s.depths[i - P + 1] < last:
+                        end = i
+                        break
+                    last = s.depths[i - P + 1]
             s.replay_next = end
             return [
                 Group([s.output[i - P]], i, s.tables, p, True, False, 0, exit_depth=s.depths[i - P + 1])

@@ -4,7 +4,7 @@ regular path."""
 
 from rlt.kernels.sampler import top_dict
 from rlt.workers.exit_policy import exits_early
-from rlt.workers.runner import Group
+from rlt.workers.group import Group
 from rlt.workers.sequence import Sequence
 
 

@@ -40,6 +40,8 @@ def _params(engine) -> list:
     ]
     if gated:
         kinds.append(SamplingParams(max_tokens=6, temperature=0, ignore_eos=True, exit_threshold=0.5, min_loops=2))
+    if engine.mc.has_exit_criteria:  # the coda and head over the rows a logit criterion checks
+        kinds.append(SamplingParams(max_tokens=4, temperature=0, ignore_eos=True, exit_criterion="kl", min_loops=2))
     # logit edits, penalties and min_p, in the regular path and steady decode (adaptive, if gated)
     exits = dict(exit_threshold=0.5, min_loops=2) if gated else {}
     edits = EDITS | dict(min_tokens=4, stop_token_ids=[0])  # (held back to the end: runs every pass)

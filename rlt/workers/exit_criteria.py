@@ -1,0 +1,123 @@
+"""Huginn's exit criteria, per row after each loop, as the authors' `generate_with_adaptive_compute`
+evaluates them (recpre/raven_modeling_minimal.py, its *ExitEvaluator classes):
+
+  latent-diff       ||s_t - s_prev|| / ||s_t|| < threshold            (auto 0.03)
+  cosine            1 - cos(s_t, s_prev) < threshold                  (auto 1e-3)
+  kl                KL(p_prev || p_t) < threshold                     (auto 1e-3)
+  minp-kl           the same on min-p (0.1) filtered distributions    (auto 1e-5)
+  entropy-diff      |H(p_t) - H(p_prev)| < threshold                  (auto 1e-3)
+  argmax-stability  argmax unchanged for >= threshold checks          (auto 5)
+
+s is the loop state, p the next-token distribution of the head over it (logit criteria run the
+coda and head for the rows being checked). "prev" is the value at the row's previous check; before
+its first, the reference's initial one: the initial latent, uniform log-probs, entropy 100, argmax
+-1. A decode row is checked after loops min_loops .. max_loops - 1 (the reference's min_steps is
+min_loops - 1) and exits at the first check its criterion holds at, else at max_loops. Prompts run
+at max_loops unchecked (the reference's do_not_exit_in_prefill).
+"""
+
+import itertools
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from rlt.sampling_params import EXIT_CRITERIA
+from rlt.workers.pass_rows import Attention, positions, row_starts
+
+AUTO = EXIT_CRITERIA  # criterion -> its "auto" threshold
+LATENT = ("latent-diff", "cosine")  # need only the state
+MINP = 0.1  # minp-kl: probabilities under this share of the largest are set to 1/V
+
+
+def initial(criterion: str, state: torch.Tensor, vocab: int) -> tuple[torch.Tensor, ...]:
+    """A row's "previous" value before its first check; state [1, H] is its initial latent."""
+    dev = state.device
+    if criterion in LATENT:
+        return (state.to(torch.float32, copy=True),)  # (a copy: a graphed pass reuses its buffers)
+    if criterion in ("kl", "minp-kl"):
+        return (torch.full((1, vocab), 1.0 / vocab, device=dev).log(),)
+    if criterion == "entropy-diff":
+        return (torch.full((1,), 100.0, device=dev),)
+    return torch.full((1,), -1, dtype=torch.long, device=dev), torch.zeros(1, dtype=torch.long, device=dev)
+
+
+def _minp_log_probs(logits: torch.Tensor) -> torch.Tensor:
+    probs = F.softmax(logits, dim=-1)
+    probs = torch.where(probs < MINP * probs.max(dim=-1, keepdim=True)[0], 1.0 / logits.shape[-1], probs)
+    return (probs / probs.sum(dim=-1, keepdim=True)).log()
+
+
+def evaluate(criterion: str, x: torch.Tensor, prev: tuple, threshold: torch.Tensor):
+    """Rows [B] of one criterion: x their states [B, H] (latent) or logits [B, V]; prev their
+    previous values, stacked. -> (exit [B] bool, the new previous values)."""
+    if criterion == "latent-diff":  # (x is a fresh tensor: the rows' states, concatenated)
+        x = x.float()
+        return (x - prev[0]).norm(dim=-1) / x.norm(dim=-1) < threshold, (x,)
+    if criterion == "cosine":
+        x = x.float()
+        cos = (x * prev[0]).sum(dim=-1) / x.norm(dim=-1) / prev[0].norm(dim=-1)
+        return 1 - cos < threshold, (x,)  # (a zero previous state: NaN, never an exit)
+    if criterion in ("kl", "minp-kl"):
+        lp = F.log_softmax(x, dim=-1) if criterion == "kl" else _minp_log_probs(x)
+        kl = F.kl_div(lp, prev[0], reduction="none", log_target=True).sum(dim=-1)
+        return kl < threshold, (lp,)
+    if criterion == "entropy-diff":
+        p = F.softmax(x, dim=-1)
+        h = -torch.sum(p * torch.log(p + 1e-10), dim=-1)
+        return (h - prev[0]).abs() < threshold, (h,)
+    top = x.argmax(dim=-1)
+    stable = torch.where(top == prev[0], prev[1] + 1, torch.zeros_like(prev[1]))
+    return stable >= threshold, (top, stable)
+
+
+def checks_after(g, depth: int) -> bool:
+    """Is group g checked by its criterion after loop `depth`?"""
+    p = g.params
+    return g.decoding and g.exit_depth is None and p.exit_criterion in AUTO and p.min_loops <= depth < p.max_loops
+
+
+class CriterionChecks:
+    """The checks of one pass: metadata packed with the pass's (one copy), verdicts read back after
+    it (one read-back). Groups are single decode rows, ordered by criterion: each criterion's rows,
+    thresholds and logits are contiguous slices."""
+
+    def __init__(self, runner, groups: list):
+        order = {c: i for i, c in enumerate(AUTO)}
+        self.runner = runner
+        self.groups = sorted(groups, key=lambda g: order[g.params.exit_criterion])
+        self.logit = [g for g in self.groups if g.params.exit_criterion not in LATENT]
+
+    def fields(self) -> dict:
+        """Thresholds, and the coda's boundary-plane metadata for the rows whose criterion reads logits."""
+        f = {"chk_thr": np.array([g.params.exit_threshold for g in self.groups], dtype=np.float32)}
+        if self.logit:
+            rs = row_starts(self.logit)
+            f |= self.runner._plane_fields("chk_", self.logit, rs, [g.tables.boundary for g in self.logit])
+            f["chk_pos"] = positions(self.logit, rs)
+        return f
+
+    def verdicts(self, t: dict) -> dict[int, bool]:
+        """After the pass: id(group) -> its exit; each group's previous value updated."""
+        runner, logits = self.runner, None
+        if self.logit:
+            rs = row_starts(self.logit)
+            attn = Attention(runner.pool.cache, None, runner._meta(t, "chk_", self.logit, rs))
+            # The coda writes the rows' boundary K/V; the last write, at the exit, is the one kept.
+            x = runner.model.after_loop(torch.cat([g.state for g in self.logit]), t["chk_pos"], attn)
+            logits = runner.model.project(x)
+        done, row, lrow = [], 0, 0
+        for crit, rows in itertools.groupby(self.groups, key=lambda g: g.params.exit_criterion):
+            rows = list(rows)
+            n = len(rows)
+            if crit in LATENT:
+                x = torch.cat([g.state for g in rows])
+            else:
+                x, lrow = logits[lrow : lrow + n], lrow + n
+            prev = tuple(torch.cat(v) for v in zip(*(g.criterion_prev for g in rows)))
+            exits, new = evaluate(crit, x, prev, t["chk_thr"][row : row + n])
+            for i, g in enumerate(rows):
+                g.criterion_prev = tuple(v[i : i + 1] for v in new)
+            done.append(exits)
+            row += n
+        return dict(zip(map(id, self.groups), torch.cat(done).tolist()))

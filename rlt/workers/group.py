@@ -1,0 +1,82 @@
+"""A pass's row groups and what a step hands back: a Group is rows of one request moving through
+the loop together (a prompt chunk, a decode token, or a position recomputed after preemption);
+PendingTokens are a step's sampled tokens on their way to the host."""
+
+from dataclasses import dataclass, field
+
+import torch
+
+from rlt.kernels.sampler import top_dict
+from rlt.sampling_params import ResolvedParams
+from rlt.workers.exit_policy import exits_early
+from rlt.workers.kv_pool import BlockTables
+from rlt.workers.prompt_logprobs import PromptLogprobs
+from rlt.workers.step_buffers import DeviceReadback
+
+
+@dataclass
+class Group:
+    """Rows of one request moving through the loop together (a prompt chunk or a decode token)."""
+
+    ids: list[int]  # a decode group fed from the device holds [0] here
+    start: int  # position of the first row
+    tables: BlockTables
+    params: ResolvedParams
+    decoding: bool
+    samples: bool  # ends the prompt, or is a decode token
+    output_index: int  # index of the token this group samples
+    depth: int = 0  # loops done
+    inject: torch.Tensor | None = None
+    state: torch.Tensor | None = None
+    survival: torch.Tensor | None = None  # [1] prod(1 - hazard), decode groups
+    criterion_prev: tuple | None = None  # its exit criterion's value at its last check (exit_criteria.py)
+    # A decode token sampled by the previous step and not read back yet: (its PendingTokens, index)
+    feed: "tuple[PendingTokens, int] | None" = None
+    exit_depth: int | None = None  # a generated position recomputed after preemption: runs to this depth
+    slot: int | None = None  # penalized: its request's slot of PenaltyState (rlt/workers/penalties.py)
+    listed: int = 0  # ... and the distinct prompt tokens that open that slot's token list
+    prompt_targets: list[int] | None = None  # prompt_logprobs asked: the prompt tokens its rows predict
+    matcher: object | None = None  # structured output: its request's Constraint (rlt/workers/grammar.py)
+
+    @property
+    def gated(self) -> bool:
+        """Its exit may depend on the gate (a decode token of a request that can exit early by it)."""
+        return (
+            self.decoding
+            and self.exit_depth is None
+            and self.params.exit_criterion == "gate"
+            and exits_early(self.params)
+        )
+
+    @property
+    def n(self) -> int:
+        return len(self.ids)
+
+
+@dataclass
+class Sampled:
+    group: Group
+    token: int
+    logprobs: dict[int, float] | None
+
+
+class PendingTokens:
+    """Tokens sampled by one step, still on their way to the host: the host can launch the next
+    step (whose new decode rows read these tokens on the device) before it reads them."""
+
+    def __init__(self, groups: list[Group], tokens: torch.Tensor, top: tuple | None):
+        self.groups, self.tokens = groups, tokens  # tokens [S] int64 on the device
+        self._readback = DeviceReadback((tokens,) + (top or ()))
+
+    def resolve(self) -> list[Sampled]:
+        tokens, *top = self._readback.resolve()
+        return [
+            Sampled(g, tok, top_dict(top, i, g.params.logprobs)) for i, (g, tok) in enumerate(zip(self.groups, tokens))
+        ]
+
+
+@dataclass
+class StepResult:
+    exited: list[Group] = field(default_factory=list)
+    sampled: PendingTokens | None = None
+    prompt_logprobs: PromptLogprobs | None = None

@@ -1,0 +1,151 @@
+"""Huginn's exit criteria as request options (issue 33, items 1 and 2), exact against the authors'
+`generate_with_adaptive_compute` (tests/huginn_reference.json, made by scripts/huginn_reference.py:
+batch 1, greedy, zero initial state, latest-m4, the prompt at full depth): every criterion's tokens
+and per-token recurrence counts, alone and all at once (rows of six criteria and several depths in
+one pass), under preemption, with prefix caching, and through 1p1d."""
+
+import asyncio
+
+import pytest
+from test_depth_options import FIXTURE, N
+from test_engine import make, run
+from test_pd import FAST, SMALL
+
+import rlt
+from rlt import RequestError
+from rlt.config import ModelConfig
+from rlt.control.validation import resolve_params
+from rlt.sampling_params import EXIT_CRITERIA, SamplingParams
+from rlt.serve.requests import CompletionRequest, to_sampling_params
+
+CASES = [c for c in FIXTURE["cases"] if c["criterion"] != "none"]
+assert {c["criterion"] for c in CASES} == set(EXIT_CRITERIA)
+# Thresholds under which exits vary (the "auto" ones never exit on these random weights)
+VARIED = [c for c in CASES if c["threshold"] != "auto"]
+assert all(len(set(c["depths"][1:])) >= 2 for c in VARIED)
+
+
+def params(c: dict) -> SamplingParams:
+    """The fixture case's options: the reference's min_steps = m is min_loops = m + 1; fixed depth
+    num_steps = k is min_loops = max_loops = k."""
+    if c["criterion"] == "none":
+        return SamplingParams(
+            max_tokens=N, temperature=0, ignore_eos=True, min_loops=c["num_steps"], max_loops=c["num_steps"]
+        )
+    return SamplingParams(
+        max_tokens=N,
+        temperature=0,
+        ignore_eos=True,
+        exit_criterion=c["criterion"],
+        exit_threshold=None if c["threshold"] == "auto" else c["threshold"],
+        min_loops=c["min_steps"] + 1,
+    )
+
+
+def expect(out: dict, cases: list) -> None:
+    for i, c in enumerate(cases):
+        got = ([o[0] for o in out[i]], [o[1] for o in out[i]])
+        assert got == (c["tokens"], c["depths"]), (c["criterion"], c["threshold"], c.get("min_steps"))
+
+
+def engine_for(checkpoints, **cfg):
+    return make(checkpoints["huginn"], "huginn", overrides=FIXTURE["overrides"], **cfg)
+
+
+def test_every_criterion_all_at_once_equals_the_authors_code(checkpoints):
+    """Thirty requests, six criteria at auto and chosen thresholds, in the same passes."""
+    mc, engine = engine_for(checkpoints, enable_prefix_caching=False)
+    expect(run(engine(), mc, {i: (c["prompt"], params(c)) for i, c in enumerate(CASES)}), CASES)
+
+
+@pytest.mark.parametrize("criterion", ["latent-diff", "kl", "argmax-stability"])
+def test_a_criterion_alone_equals_the_authors_code(checkpoints, criterion):
+    mc, engine = engine_for(checkpoints, enable_prefix_caching=False)
+    cases = [c for c in VARIED if c["criterion"] == criterion and c["prompt"] == VARIED[-1]["prompt"]]
+    for c in cases:
+        expect(run(engine(), mc, {0: (c["prompt"], params(c))}), [c])
+
+
+def test_preempted_and_resumed_rows_keep_their_exits(checkpoints):
+    """A pool too small for all of them: requests are preempted and resume by recomputing each
+    generated position at its exit depth; tokens and depths are the authors'."""
+    mc, engine = engine_for(checkpoints, enable_prefix_caching=False, num_blocks=9 * 16)
+    cases = [c for c in VARIED if c["prompt"] == VARIED[-1]["prompt"]]
+    e = engine()
+    expect(run(e, mc, {i: (c["prompt"], params(c)) for i, c in enumerate(cases)}), cases)
+    assert e.preemptions > 0
+
+
+def test_resumed_positions_run_their_coda_in_order(checkpoints):
+    """Preempted requests resume onto each other's cached blocks (identical tokens and depths) and
+    recompute the rest: a recomputed position whose exit depth is below an earlier one's must not
+    run its coda before that one has written its coda K/V."""
+    mc, engine = engine_for(checkpoints, num_blocks=96, prefill_chunk=64)
+    cases = [c for c in VARIED if c["criterion"] in ("latent-diff", "cosine")] * 3
+    e = engine()
+    expect(run(e, mc, {i: (c["prompt"], params(c)) for i, c in enumerate(cases)}), cases)
+    assert e.preemptions > 0 and e.pool.prefix.hit_tokens > 0
+
+
+def test_prefix_cache_serves_a_repeated_prompt_with_the_same_exits(checkpoints):
+    mc, engine = engine_for(checkpoints)
+    e, c = engine(), next(c for c in VARIED if c["criterion"] == "kl")
+    sp = resolve_params(mc, len(c["prompt"]), params(c))
+    for hit in (0, len(c["prompt"]) // 4 * 4):
+        e.add_request("r", c["prompt"], sp)
+        outs = []
+        while e.has_work():
+            outs += e.step()
+        assert outs[0].num_cached_tokens == hit
+        assert ([o.token_id for o in outs], [o.exit_depth for o in outs]) == (c["tokens"], c["depths"])
+
+
+async def test_every_case_through_1p1d_equals_the_authors_code(checkpoints):
+    """The prefill worker runs the prompt at max_loops and samples the first token; the decode
+    worker checks each criterion per row: every fixture case whose exits vary, and fixed depths, at
+    once."""
+    cases = VARIED + [c for c in FIXTURE["cases"] if c["criterion"] == "none"]
+    async with rlt.Engine.launch(
+        checkpoints["huginn"], topology="1p1d", hf_overrides=FIXTURE["overrides"], **(SMALL | FAST)
+    ) as engine:
+
+        async def one(i, c):
+            async for out in engine.generate(c["prompt"], params(c), request_id=f"c{i}"):
+                pass
+            return out
+
+        outs = await asyncio.gather(*(one(i, c) for i, c in enumerate(cases)))
+    for o, c in zip(outs, cases):
+        assert (o.token_ids, o.exit_depths) == (c["tokens"], c["depths"]), c
+
+
+def test_thresholds_are_read_per_criterion(checkpoints):
+    mc = ModelConfig.from_pretrained(checkpoints["huginn"])
+    for crit, auto in EXIT_CRITERIA.items():
+        p = resolve_params(mc, 3, SamplingParams(exit_criterion=crit))
+        assert (p.exit_criterion, p.exit_threshold) == (crit, auto)
+    assert resolve_params(mc, 3, SamplingParams(exit_criterion="latent-diff", exit_threshold=1.5)).exit_threshold == 1.5
+    assert (
+        resolve_params(mc, 3, SamplingParams(exit_criterion="argmax-stability", exit_threshold=7)).exit_threshold == 7
+    )
+    assert resolve_params(mc, 3, SamplingParams()).exit_criterion == "gate"  # (fixed depth without a gate)
+    refused = [
+        (dict(exit_criterion="argmax-stability", exit_threshold=2.5), "argmax-stability counts checks"),
+        (dict(exit_criterion="argmax-stability", exit_threshold=0), "argmax-stability counts checks"),
+        (dict(exit_criterion="kl", exit_threshold=0), "exit_threshold of kl must be > 0"),
+        (dict(exit_criterion="cosine", exit_threshold=-1.0), "exit_threshold of cosine must be > 0"),
+        (dict(exit_criterion="halting"), "exit_criterion must be one of gate, latent-diff"),
+        (dict(exit_threshold=1.5), r"exit_threshold must be in \[0, 1\]"),
+    ]
+    for kw, msg in refused:
+        with pytest.raises(RequestError, match=msg):
+            resolve_params(mc, 3, SamplingParams(**kw))
+    for family in ("ouro", "nanbeige"):  # Ouro exits by its gate; Nanbeige runs fixed depth
+        with pytest.raises(RequestError, match=r"exit_criterion 'kl' is for Huginn models"):
+            resolve_params(ModelConfig.from_pretrained(checkpoints[family]), 3, SamplingParams(exit_criterion="kl"))
+
+
+def test_http_body_carries_the_criterion():
+    req = CompletionRequest(prompt="hi", exit_criterion="minp-kl", exit_threshold=0.2, min_loops=3)
+    sp, _ = to_sampling_params(req, False, {})
+    assert (sp.exit_criterion, sp.exit_threshold, sp.min_loops) == ("minp-kl", 0.2, 3)
