@@ -143,6 +143,9 @@ def main():
     ap.add_argument("--seed", type=int, required=True, help="the seed the checkpoint was made with (recorded)")
     ap.add_argument("--modeling", required=True, help="folder with raven_modeling_minimal.py, raven_config_minimal.py")
     ap.add_argument("--out", required=True)
+    ap.add_argument(
+        "--prompts", type=json.loads, default=PROMPTS, help="JSON list of token-id prompts (a held-out check: others)"
+    )
     a = ap.parse_args()
     torch.manual_seed(0)
     mod = load_reference(a.modeling)
@@ -150,7 +153,7 @@ def main():
     model = build_model(mod, a.checkpoint, overrides)
     auto = {c: mod.get_adaptive_exit_evaluator(model, c, "auto").exit_threshold for c, _, _ in CASES}
     cases = []
-    for prompt in PROMPTS:
+    for prompt in a.prompts:
         for criterion, threshold, min_steps in CASES:
             tokens, depths, values = run(mod, model, prompt, criterion, threshold, min_steps)
             t = auto[criterion] if threshold == "auto" else threshold

@@ -25,7 +25,6 @@ import torch.nn.functional as F
 from rlt.sampling_params import EXIT_CRITERIA
 from rlt.workers.pass_rows import Attention, positions, row_starts
 
-AUTO = EXIT_CRITERIA  # criterion -> its "auto" threshold
 LATENT = ("latent-diff", "cosine")  # need only the state
 MINP = 0.1  # minp-kl: probabilities under this share of the largest are set to 1/V
 
@@ -74,7 +73,9 @@ def evaluate(criterion: str, x: torch.Tensor, prev: tuple, threshold: torch.Tens
 def checks_after(g, depth: int) -> bool:
     """Is group g checked by its criterion after loop `depth`?"""
     p = g.params
-    return g.decoding and g.exit_depth is None and p.exit_criterion in AUTO and p.min_loops <= depth < p.max_loops
+    return (
+        g.decoding and g.exit_depth is None and p.exit_criterion in EXIT_CRITERIA and p.min_loops <= depth < p.max_loops
+    )
 
 
 class CriterionChecks:
@@ -83,7 +84,7 @@ class CriterionChecks:
     thresholds and logits are contiguous slices."""
 
     def __init__(self, runner, groups: list):
-        order = {c: i for i, c in enumerate(AUTO)}
+        order = {c: i for i, c in enumerate(EXIT_CRITERIA)}
         self.runner = runner
         self.groups = sorted(groups, key=lambda g: order[g.params.exit_criterion])
         self.logit = [g for g in self.groups if g.params.exit_criterion not in LATENT]

@@ -21,8 +21,9 @@ from rlt.kernels import mode
 from rlt.kernels.paged_attention import PagedMetadata, kernel_fields, plan_kernel
 from rlt.kernels.sampler import top_logprobs
 from rlt.models.layers import EmbeddingInput
+from rlt.sampling_params import EXIT_CRITERIA
 from rlt.workers.cuda_graphs import table_width
-from rlt.workers.exit_criteria import AUTO, CriterionChecks, checks_after, initial
+from rlt.workers.exit_criteria import CriterionChecks, checks_after, initial
 from rlt.workers.exit_policy import should_exit, update_survival
 from rlt.workers.group import Group, PendingTokens, StepResult
 from rlt.workers.kv_pool import KVPool
@@ -160,7 +161,7 @@ class Runner:
             state = self.model.initial_state(inject, t["new_pos"], t["new_seed"])
             for g, r0, r1 in zip(new, rn, rn[1:]):
                 g.inject, g.state = inject[r0:r1], state[r0:r1]
-                if g.decoding and g.exit_depth is None and g.params.exit_criterion in AUTO:
+                if g.decoding and g.exit_depth is None and g.params.exit_criterion in EXIT_CRITERIA:
                     g.criterion_prev = initial(g.params.exit_criterion, g.state, self.mc.vocab_size)
 
         # ---- one pass of the core over every active row ----------------------------------------------
