@@ -48,7 +48,12 @@ def _offline(p) -> None:
     p.add_argument("--family", default="ouro", help="without --model (default: ouro)")
     p.add_argument("--preset", default="tiny", choices=("tiny", "full"), help="without --model (default: tiny)")
     p.add_argument("--concurrency", default="1,16", help="requests at once, one row each (default: 1,16)")
-    p.add_argument("--threshold", default="1.0,0.5", help="Ouro's exit thresholds, one row each (default: 1.0,0.5)")
+    p.add_argument(
+        "--threshold",
+        default="1.0,0.5",
+        help="exit thresholds, one row each: Ouro's gate's, or Huginn's criterion:threshold "
+        "(e.g. 1.0,kl:0.3,latent-diff:0.4; default: 1.0,0.5)",
+    )
     p.add_argument("--prompt-len", type=int, default=32, help="default: 32")
     p.add_argument("--max-tokens", type=int, default=32, help="default: 32")
     p.add_argument("--kv-layout", default="last_exited", help="default: last_exited")

@@ -60,6 +60,16 @@ def floats(csv: str) -> list[float]:
     return [float(x) for x in csv.split(",") if x]
 
 
+def exits(csv: str) -> list:
+    """Exit thresholds, e.g. "1.0,0.5,kl:0.3,argmax-stability:2": Ouro's gate's (floats) and Huginn's
+    (criterion, threshold) pairs."""
+    out = []
+    for x in filter(None, csv.split(",")):
+        name, _, v = x.rpartition(":")
+        out.append((name, int(v) if name == "argmax-stability" else float(v)) if name else float(v))
+    return out
+
+
 def ints(csv: str) -> list[int]:
     return [int(x) for x in csv.split(",") if x]
 
@@ -74,7 +84,7 @@ def offline(args) -> None:
     if not os.path.isfile(os.path.join(path, "config.json")):
         make_checkpoint(args.family, path, preset=args.preset)
     mc, dtype, model = measure.load(path, args.device, args.dtype)
-    concs, thresholds = ints(args.concurrency), floats(args.threshold)
+    concs, thresholds = ints(args.concurrency), exits(args.threshold)
     cfg = measure.engine_config(
         max(concs, default=1),
         args.prompt_len,
