@@ -159,7 +159,7 @@ def generate(args) -> int:
             raise
         raise RequestError(str(e)) from e
     engine = launch.engine
-    from rlt.control.validation import output_options, resolve_params
+    from rlt.validation import output_options, resolve_params
 
     # Every prompt is validated before any process is spawned: the options and token ids before the
     # tokenizer loads (a bad flag is refused without transformers' import), text prompts after.

@@ -3,12 +3,12 @@ own config object and the family-neutral facts the coordinator (validation, cred
 workers (KV pool, runner) need. Workers receive it; they never re-read config.json.
 """
 
-import json
 import os
 from dataclasses import dataclass
 from typing import Any
 
 from rlt.errors import ConfigError
+from rlt.json_object import read_json_object
 from rlt.models.configs import FamilyConfig
 from rlt.models.family import FAMILIES
 
@@ -35,18 +35,6 @@ class KVGeometry:
         """One physical block: block_size positions of every layer of one plane (core or boundary)."""
         layers = max(self.num_core_layers, self.num_boundary_layers)
         return 2 * layers * self.num_kv_heads * self.head_dim * dtype_bytes * block_size
-
-
-def read_json_object(file: str) -> dict:
-    """A checkpoint's JSON file; an error names the file and what is wrong with it."""
-    try:
-        with open(file, encoding="utf-8") as f:
-            obj = json.load(f)
-    except (OSError, ValueError) as e:  # unreadable, not UTF-8, not JSON
-        raise ConfigError(f"{file} cannot be read as JSON: {e}") from None
-    if not isinstance(obj, dict):
-        raise ConfigError(f"{file} is not a JSON object")
-    return obj
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,8 @@
-"""The codebase's own rules: one module reads the environment, modules stay small."""
+"""The codebase's own rules: one module reads the environment, modules stay small, the coordinator
+and the workers import across no process boundary, no import circle, no private attribute of
+rlt.control used outside it. Imports are read with ast: every import statement, lazy ones too."""
 
+import ast
 import pathlib
 import re
 
@@ -18,3 +21,122 @@ def test_only_envs_reads_the_environment():
 def test_no_module_over_350_lines():
     big = {str(p.relative_to(RLT)): n for p in RLT.rglob("*.py") if (n := len(p.read_text().splitlines())) > 350}
     assert big == {}
+
+
+def test_no_coordinator_module_over_300_lines():
+    big = {
+        str(p.relative_to(RLT)): n
+        for p in (RLT / "control").rglob("*.py")
+        if (n := len(p.read_text().splitlines())) > 300
+    }
+    assert big == {}
+
+
+def _modules() -> dict[str, pathlib.Path]:
+    out = {}
+    for p in RLT.rglob("*.py"):
+        parts = p.relative_to(RLT.parent).with_suffix("").parts
+        out[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = p
+    return out
+
+
+MODULES = _modules()
+
+
+def _imports(name: str) -> set[str]:
+    """The rlt modules `name` imports (a package's name where no module of that name exists)."""
+
+    def known(n: str) -> str:
+        while n not in MODULES:
+            n = n.rpartition(".")[0]
+        return n
+
+    path = MODULES[name]
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            out |= {known(a.name) for a in node.names if a.name.split(".")[0] == "rlt"}
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                up = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join(up + ([base] if base else []))
+            if base.split(".")[0] == "rlt":
+                out |= {f"{base}.{a.name}" if f"{base}.{a.name}" in MODULES else known(base) for a in node.names}
+    return out - {name}
+
+
+IMPORTS = {name: _imports(name) for name in MODULES}
+
+
+def test_coordinator_and_workers_import_across_no_process_boundary():
+    """The coordinator (rlt.control, and rlt.serve on it) never imports the workers' package, nor a
+    worker module the coordinator's: what both need lives outside both (rlt.validation,
+    rlt.prefix_keys, rlt.json_object, rlt.protocol, ...)."""
+    crossing = sorted(
+        f"{name} -> {dep}"
+        for name, deps in IMPORTS.items()
+        for dep in deps
+        if (name.startswith(("rlt.control", "rlt.serve")) and dep.startswith("rlt.workers"))
+        or (name.startswith("rlt.workers") and dep.startswith("rlt.control"))
+    )
+    assert crossing == []
+
+
+def test_no_import_circle():
+    """No two rlt modules import each other, directly or through others (Tarjan's strongly
+    connected components of the import graph)."""
+    index, low, stack, on_stack, circles = {}, {}, [], set(), []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in IMPORTS[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            part = []
+            while not part or part[-1] != v:
+                part.append(stack.pop())
+                on_stack.discard(part[-1])
+            if len(part) > 1:
+                circles.append(sorted(part))
+
+    for v in sorted(IMPORTS):
+        if v not in index:
+            visit(v)
+    assert circles == []
+
+
+def test_no_private_attribute_of_control_outside_it():
+    """Outside rlt.control, no module reaches into it: no `x._name` where rlt.control defines
+    `_name` (an attribute or a method), no private name imported from it."""
+    control = [p for name, p in MODULES.items() if name.startswith("rlt.control")]
+    private = set()
+    for p in control:
+        for node in ast.walk(ast.parse(p.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name.startswith("_"):
+                private.add(node.name)
+            elif isinstance(node, ast.Attribute) and node.attr.startswith("_") and isinstance(node.ctx, ast.Store):
+                private.add(node.attr)
+    private = {n for n in private if not (n.startswith("__") and n.endswith("__"))}
+    uses = []
+    for name, p in MODULES.items():
+        if name.startswith("rlt.control"):
+            continue
+        tree = ast.parse(p.read_text())
+        modules = {(a.asname or a.name) for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+        own = {"self", "cls"} | modules
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Attribute) and node.attr in private:
+                owner = node.value.id if isinstance(node.value, ast.Name) else None
+                if owner not in own:  # (its own objects' and modules' such as os._exit are not rlt.control's)
+                    uses.append(f"{name}:{node.lineno} .{node.attr}")
+            elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("rlt.control"):
+                uses += [f"{name}:{node.lineno} {a.name}" for a in node.names if a.name.startswith("_")]
+    assert uses == []

@@ -12,9 +12,9 @@ import torch
 
 import rlt
 from rlt.config import EngineConfig, ModelConfig
-from rlt.control.validation import resolve_params
 from rlt.models.loader import load_model
 from rlt.sampling_params import SamplingParams
+from rlt.validation import resolve_params
 from rlt.workers.engine import LoopEngine
 
 

@@ -9,7 +9,6 @@ under a millisecond, and the workers compile it).
 """
 
 import asyncio
-import gc
 import importlib.util
 import uuid
 import weakref
@@ -21,66 +20,29 @@ from rlt.config import EngineConfig, LaunchConfig, ModelConfig, split_options
 from rlt.control import router
 from rlt.control.cache_events import CacheListener, CacheRelay
 from rlt.control.collector import Collector
+from rlt.control.connector import PrefillConnector
+from rlt.control.launch import Launch
 from rlt.control.lifecycle import Phase, Request
 from rlt.control.stats import EngineStats, engine_stats
 from rlt.control.stream import OUTPUT_KINDS, RequestStream
 from rlt.control.supervisor import Supervisor
-from rlt.control.validation import output_options, resolve_params, validate_priority, validate_prompt
 from rlt.control.worker_proc import WorkerProc
 from rlt.errors import EngineDeadError, EngineOverloadedError, RequestError
 from rlt.outputs import RequestOutput
-from rlt.sampling_params import ResolvedParams, SamplingParams
-from rlt.workers.prefix_cache import prompt_keys, root_key
+from rlt.sampling_params import SamplingParams
+from rlt.validation import output_options, resolve_params, validate_priority, validate_prompt
 
 WORKER_DEPTH = 2  # requests a worker holds, in units of max_num_seqs (Engine._has_room)
 
 
-class _Launch:
-    """`async with Engine.launch(...) as engine` or `engine = await Engine.launch(...)`."""
-
-    def __init__(self, engine: "Engine"):
-        self.engine = engine
-
-    def __await__(self):
-        return self._start().__await__()
-
-    async def _start(self) -> "Engine":
-        # The tokenizer (transformers' import, the tokenizer.json parse: ~1 s of CPU) loads in a
-        # thread while the workers start, and the caller's loop keeps running. A tokenizer that does
-        # not load fails the launch once the workers are up, and they are stopped. The heap is
-        # frozen before and after (as vLLM's server does): a full collection then scans only
-        # objects made since, instead of stalling the loop for the whole heap (~100 ms with torch
-        # loaded) at random moments.
-        engine = self.engine
-        engine._loop = asyncio.get_running_loop()
-        gc.freeze()
-        tokenizer = asyncio.ensure_future(asyncio.to_thread(engine.load_tokenizer))
-        try:
-            await engine._supervisor.start()
-        except BaseException:
-            await asyncio.gather(tokenizer, return_exceptions=True)
-            raise
-        try:
-            await tokenizer
-        except BaseException:
-            await engine.shutdown()
-            raise
-        gc.freeze()
-        return engine
-
-    async def __aenter__(self) -> "Engine":
-        return await self._start()
-
-    async def __aexit__(self, *exc) -> None:
-        await self.engine.shutdown()
-
-
 class Engine:
-    def __init__(self, mc: ModelConfig, engine: EngineConfig, launch: LaunchConfig):
+    def __init__(
+        self, mc: ModelConfig, engine: EngineConfig, launch: LaunchConfig, *, remote_prefill: PrefillConnector = None
+    ):
         self.model_config, self.engine_config, self.launch_config = mc, engine, launch
         self.tokenizer = None  # the checkpoint's, once launch has loaded it (None: it ships none)
         self._tokenizer_loaded = False
-        self._supervisor = Supervisor(mc, engine, launch)
+        self._supervisor = Supervisor(mc, engine, launch, remote_prefill=remote_prefill)
         self._lifecycle = self._supervisor.lifecycle
         self._loop: asyncio.AbstractEventLoop | None = None  # the caller's, once launched
         self._pump_scheduled = False
@@ -90,12 +52,21 @@ class Engine:
 
     @classmethod
     def launch(
-        cls, model: str | None = None, *, hf_overrides: dict | None = None, revision: str | None = None, **options
-    ) -> _Launch:
+        cls,
+        model: str | None = None,
+        *,
+        hf_overrides: dict | None = None,
+        revision: str | None = None,
+        remote_prefill: PrefillConnector | None = None,
+        **options,
+    ) -> Launch:
         """Build the ModelConfig and check every option (rlt.config.EngineConfig and LaunchConfig
         fields) before any process is spawned; await the result, or use it with `async with`. model:
-        a checkpoint directory, a Hugging Face Hub id (at `revision`), or None (the embedded default)."""
+        a checkpoint directory, a Hugging Face Hub id (at `revision`), or None (the embedded default).
+        remote_prefill: a PD topology's prefill slots served elsewhere (rlt/control/connector.py)."""
         engine, launch = split_options(options)
+        if remote_prefill is not None and not launch.disaggregated:
+            raise ValueError(f"remote_prefill: topology {launch.topology!r} has no prefill worker")
         if launch.disaggregated and importlib.util.find_spec("nixl") is None:
             raise ValueError(
                 f"topology {launch.topology!r} moves KV between workers over NIXL, which is not "
@@ -108,7 +79,7 @@ class Engine:
         mc = ModelConfig.from_pretrained(model, hf_overrides=hf_overrides, revision=revision)
         mc = mc.with_max_model_len(engine.max_model_len)  # (its raw carries the cap to every worker)
         launch.check_with(mc, engine)
-        return _Launch(cls(mc, engine, launch))
+        return Launch(cls(mc, engine, launch, remote_prefill=remote_prefill))
 
     async def shutdown(self) -> None:
         """Stop every worker, fail what is still live. Idempotent."""
@@ -191,14 +162,6 @@ class Engine:
         refilled at its next step, without a round trip); further requests wait in the coordinator."""
         return w.credits.slots < WORKER_DEPTH * self.engine_config.max_num_seqs
 
-    def _prompt_keys(self, prompt: list[int], p: ResolvedParams, workers: list[WorkerProc]) -> list[bytes] | None:
-        """Prefix-cache keys of the prompt's full blocks, for routing among several workers."""
-        if not self.engine_config.enable_prefix_caching or len(workers) < 2:
-            return None
-        mc = self.model_config
-        root = root_key(mc.family_config.random_initial_state, p.state_seed)
-        return prompt_keys(root, prompt, p.max_loops, workers[0].ready.block_size)
-
     def _admit(self, prompt, params: SamplingParams, request_id, priority, n, wake) -> list[Request]:
         ids = self.tokenize(prompt)
         ps = [resolve_params(self.model_config, len(ids), params)]
@@ -268,25 +231,18 @@ class Engine:
             self._loop.call_soon_threadsafe(self._pump)
 
     def _dispatch(self, r: Request) -> bool:
-        """Send a queued request to its workers, if one has room: the decode (or unified) worker most
-        likely to hold its prompt's prefix, else the least loaded; in PD, a prefill worker too unless
-        the decode worker prefills it (a short prompt, or full prefill queues)."""
+        """Send a queued request to its workers (rlt/control/router.py route), if one has room."""
         ids, pd = r.prompt, self._decode_role == "decode"
         workers = [w for w in self._ready(self._decode_role) if self._has_room(w)]
         if not workers:
             return False
-        keys = self._prompt_keys(ids, r.params, self._supervisor.ready("prefill") if pd else workers)
-        d = router.least_loaded(workers) if pd or not keys else router.by_prefix(workers, keys)
-        prefill = None
-        if pd:
-            remote = lambda w: not router.prefill_locally(self.launch_config, len(ids), w)  # noqa: E731
-            prefills = self._ready("prefill")
-            prefill = router.by_prefix(prefills, keys, remote) if keys else router.least_loaded(prefills)
-            prefill = prefill if remote(prefill) else None
-            if prefill is None:
-                self._lifecycle.prefilled_locally()
-        if keys and (prefill or not pd):  # the worker that computes the prompt will hold its blocks
-            router.remember(prefill or d, keys)
+        caching = self.engine_config.enable_prefix_caching
+        keys = router.prompt_keys(
+            self.model_config, caching, ids, r.params, self._supervisor.ready("prefill") if pd else workers
+        )
+        d, prefill = router.route(self.launch_config, len(ids), workers, self._ready("prefill") if pd else None, keys)
+        if pd and prefill is None:
+            self._lifecycle.prefilled_locally()
         self._lifecycle.admit(
             r,
             d,

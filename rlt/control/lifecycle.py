@@ -16,62 +16,18 @@ only after the prefill worker confirmed that no write into them is in flight (Tr
 Drained, or its death). Credits (blocks and slots assigned to a worker) return exactly once.
 """
 
-import enum
 import heapq
 import itertools
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 
 from rlt import protocol as pr
-from rlt.control.collector import Collector
+from rlt.control.request import Holding, Phase, Request
 from rlt.control.worker_proc import WorkerProc
 from rlt.errors import EngineDeadError
 from rlt.sampling_params import ResolvedParams
 
-
-class Phase(enum.Enum):
-    QUEUED = "queued"
-    WAITING = "waiting"
-    RESERVED = "reserved"
-    PREFILLING = "prefilling"
-    TRANSFERRING = "transferring"
-    DECODING = "decoding"
-
-
-@dataclass
-class Holding:
-    """Credits one request holds on one worker; released exactly once."""
-
-    worker: WorkerProc
-    blocks: int
-    released: bool = False
-
-    def release(self) -> None:
-        if not self.released:
-            self.released = True
-            self.worker.credits.give(self.blocks)
-
-
-@dataclass
-class Request:
-    request_id: str
-    gen: int
-    collector: Collector
-    prompt: list[int]
-    params: ResolvedParams
-    priority: int
-    decode: Holding | None = None  # the unified or decode worker (None while QUEUED)
-    prefill: Holding | None = None  # PD, prefilled on a prefill worker
-    phase: Phase = Phase.QUEUED
-    retired: bool = False  # gone from the user's view; resources may still be returning
-    abandoned: bool = False  # its stream was dropped unfinished: an abort is queued (control/stream.py)
-    first_token: int | None = None
-
-    @property
-    def writer_done(self) -> bool:
-        """No prefill worker can still write into the decode worker's blocks."""
-        return self.prefill is None or self.prefill.released
+__all__ = ["Holding", "Lifecycle", "Phase", "Request"]
 
 
 class Lifecycle:
@@ -192,6 +148,11 @@ class Lifecycle:
             r = self.gens.get(gen)
             if r is not None and r.phase == Phase.RESERVED:
                 r.phase = Phase.PREFILLING
+
+    def decode_worker(self, gen: int) -> WorkerProc | None:
+        """The request's decode worker, while it is alive (a prefill failure may be its death)."""
+        r = self.gens.get(gen)
+        return r.decode.worker if r is not None and r.decode is not None and r.decode.worker.alive else None
 
     def tokens_of(self, gen: int) -> list[int] | None:
         """A request's tokens so far (its prompt, then its output), or None once it is forgotten."""

@@ -6,12 +6,26 @@ of the prompts it sent each worker: rlt/control/worker_proc.py PrefixIndex), unl
 much busier than the least loaded one (then balance wins, as SGLang's cache-aware router does)."""
 
 from rlt import protocol as pr
-from rlt.config import LaunchConfig
+from rlt.config import LaunchConfig, ModelConfig
 from rlt.control.worker_proc import WorkerProc
+from rlt.prefix_keys import prompt_keys as chain_keys
+from rlt.prefix_keys import root_key
+from rlt.sampling_params import ResolvedParams
 
 # A worker holding the prefix is passed over when it has more requests in flight than the least
 # loaded worker by more than this many, and by more than this factor.
 BALANCE_ABS, BALANCE_REL = 32, 1.5
+
+
+def prompt_keys(
+    mc: ModelConfig, caching: bool, prompt: list[int], p: ResolvedParams, workers: list[WorkerProc]
+) -> list[bytes] | None:
+    """Prefix-cache keys of the prompt's full blocks, for routing among several workers (None: one
+    worker, or no prefix cache)."""
+    if not caching or len(workers) < 2:
+        return None
+    root = root_key(mc.family_config.random_initial_state, p.state_seed)
+    return chain_keys(root, prompt, p.max_loops, workers[0].ready.block_size)
 
 
 def least_loaded(workers: list[WorkerProc]) -> WorkerProc | None:
@@ -51,3 +65,23 @@ def prefill_locally(launch: LaunchConfig, prompt_len: int, prefill: WorkerProc) 
 def blocks_for(ready: pr.Ready, positions: int) -> int:
     """KV blocks a worker needs for this many positions on every plane."""
     return ready.kv_planes * -(-positions // ready.block_size)
+
+
+def route(
+    launch: LaunchConfig, prompt_len: int, decodes: list[WorkerProc], prefills: list[WorkerProc] | None, keys
+) -> tuple[WorkerProc, WorkerProc | None]:
+    """(decode or unified worker, prefill worker or None) for a request: the decode worker most
+    likely to hold its prompt's prefix (keys: its full blocks' prefix-cache keys, or None), else the
+    least loaded; in PD (prefills given), a prefill worker too unless the decode worker prefills it
+    (a short prompt, or full prefill queues). The worker that computes the prompt will hold its
+    blocks: it is told so."""
+    pd = prefills is not None
+    d = least_loaded(decodes) if pd or not keys else by_prefix(decodes, keys)
+    prefill = None
+    if pd:
+        remote = lambda w: not prefill_locally(launch, prompt_len, w)  # noqa: E731
+        prefill = by_prefix(prefills, keys, remote) if keys else least_loaded(prefills)
+        prefill = prefill if remote(prefill) else None
+    if keys and (prefill or not pd):
+        remember(prefill or d, keys)
+    return d, prefill

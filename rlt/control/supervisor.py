@@ -1,6 +1,6 @@
 """The worker processes: spawn and handshake, messages to and from them (rlt/control/transport.py),
-liveness (exit, heartbeat, a main loop stuck with work) and restart. Request events go to the
-Lifecycle.
+liveness and restart (rlt/control/liveness.py). Request events go to the Lifecycle (or a backend's
+EventSink: rlt/control/connector.py).
 
 Messages to one worker go through its outbox, so they keep their order (Reserve before Abort,
 Prefill before Cancel) without the caller waiting. The receive loop never waits on a send (a worker
@@ -14,31 +14,40 @@ import time
 
 from rlt import protocol as pr
 from rlt.config import EngineConfig, LaunchConfig, ModelConfig, parse_topology
+from rlt.control.connector import EventSink, PrefillConnector, RemoteWorker
 from rlt.control.devices import check_devices, device_for
 from rlt.control.lifecycle import Lifecycle
+from rlt.control.liveness import Liveness
 from rlt.control.log_dir import new_run_dir
 from rlt.control.transport import Transport
 from rlt.control.worker_proc import WorkerProc
 
 log = logging.getLogger("rlt")
-RESTART_BACKOFF_S, RESTART_BACKOFF_MAX_S = 0.5, 30.0
 PEER_DEATH_GRACE_S = 1.0  # how long a prefill worker's failure waits for its decode peer's death
 SHUTDOWN_SEND_S = 2.0  # how long shutdown waits to hand a worker its last messages before killing it
 
 
-class Supervisor:
-    """slots: the workers to run (default: the topology's). remote_prefill (set before start, by
-    rlt.dynamo on a decode node): `async (slot, index) -> worker` making each prefill slot a proxy of
-    prefill workers elsewhere instead of a local process; it gets messages through its send() and
-    hands their events to dispatch()."""
+class Supervisor(Liveness):
+    """slots: the workers to run (default: the topology's). events: what request events go to
+    (default: a Lifecycle of its own). remote_prefill: makes each prefill slot a RemoteWorker (a
+    proxy of prefill workers elsewhere) instead of a local process (rlt/control/connector.py)."""
 
-    def __init__(self, mc: ModelConfig, engine: EngineConfig, launch: LaunchConfig, slots=None):
+    def __init__(
+        self,
+        mc: ModelConfig,
+        engine: EngineConfig,
+        launch: LaunchConfig,
+        slots=None,
+        *,
+        events: EventSink | None = None,
+        remote_prefill: PrefillConnector | None = None,
+    ):
         self.mc, self.engine, self.launch = mc, engine, launch
         self.slots = slots if slots is not None else parse_topology(launch.topology)
-        self.remote_prefill = None
+        self.remote_prefill = remote_prefill
         self.cache_relay = None  # set before start to have workers report their prefix caches (CacheRelay)
-        self.workers: list[WorkerProc | None] = [None] * len(self.slots)
-        self.lifecycle = Lifecycle(self.post)
+        self.workers: list[WorkerProc | RemoteWorker | None] = [None] * len(self.slots)
+        self.lifecycle = events if events is not None else Lifecycle(self.post)
         self.closing = False
         self.dead_reason: str | None = None  # why no worker of some role is ready, while restarting
         self.gave_up = asyncio.Event()  # set once a role the topology needs has no worker and none restarting
@@ -83,7 +92,7 @@ class Supervisor:
     async def _start_worker(self, slot: int) -> WorkerProc:
         role, index = self.slots[slot]
         if role == "prefill" and self.remote_prefill is not None:
-            w = await self.remote_prefill(slot, index)
+            w = await self.remote_prefill.open(self, slot, index)
         else:
             w = WorkerProc(
                 slot,
@@ -162,11 +171,15 @@ class Supervisor:
         t.add_done_callback(self._tasks.discard)
         return t
 
+    def writer_lost(self, w: RemoteWorker, gen: int, error: str) -> None:
+        """A RemoteWorker lost a request's stream (rlt/control/connector.py SlotHost)."""
+        self.lifecycle.on_writer_lost(w, gen, error)
+
     # ---- transport --------------------------------------------------------------------------------
     async def _send(self, w: WorkerProc, msg) -> bool:
         """Send, waiting while the worker's queue is full; False only once the worker is gone (its
         death handler reports it)."""
-        if not isinstance(w, WorkerProc):  # a remote prefill proxy
+        if isinstance(w, RemoteWorker):
             return await w.send(msg)
         return await self._transport.send(w, msg)
 
@@ -194,8 +207,8 @@ class Supervisor:
             w.last_seen = time.monotonic()
             await self.dispatch(w, msg)
 
-    async def dispatch(self, w: WorkerProc, msg) -> None:
-        """A message from a worker (or a remote prefill proxy) into the lifecycle."""
+    async def dispatch(self, w: WorkerProc | RemoteWorker, msg) -> None:
+        """A message from a worker (or a RemoteWorker) into the lifecycle."""
         try:
             await self._dispatch(w, msg)
         except Exception as e:  # noqa: BLE001 - one bad message must not stop the receiver
@@ -249,94 +262,10 @@ class Supervisor:
         """A prefill worker's KV write can fail because its decode peer is dying (the peer's memory
         goes before the coordinator sees the exit): give that death, which carries the real cause,
         a moment to arrive; Lifecycle.on_failed then leaves the request to on_worker_dead."""
-        r = self.lifecycle.gens.get(msg.gen)
-        if r is not None and r.decode.worker.alive:
+        d = self.lifecycle.decode_worker(msg.gen)
+        if d is not None:
             try:
-                await asyncio.wait_for(r.decode.worker.wait(), PEER_DEATH_GRACE_S)
+                await asyncio.wait_for(d.wait(), PEER_DEATH_GRACE_S)
             except TimeoutError:
                 pass
         self.lifecycle.on_failed(w, msg)
-
-    # ---- liveness ---------------------------------------------------------------------------------
-    async def _watch_exit(self, w: WorkerProc) -> None:
-        await w.wait()
-        if not self.closing and self.workers[w.slot] is w:
-            await asyncio.sleep(0.05)  # a Fatal message racing the exit carries the real cause
-            await self._worker_dead(w)
-
-    async def _heartbeat_watch(self) -> None:
-        limit = self.launch.heartbeat_timeout
-        beating = max(limit / 2, 2 * self.launch.heartbeat_interval)  # a heartbeat this recent: still beating
-        tick = time.monotonic()
-        while True:
-            await asyncio.sleep(self.launch.heartbeat_interval)
-            now = time.monotonic()
-            late, tick = now - tick - self.launch.heartbeat_interval, now
-            if late > beating / 2:  # the caller's loop was held up: heartbeats sent meanwhile are
-                continue  # still unread; judge on the next tick, once the receive loop has run
-            for w in self.workers:
-                if not isinstance(w, WorkerProc) or w.ready is None or self.closing or not w.alive:
-                    continue  # (a remote proxy's liveness is its own)
-                if now - w.last_seen > limit:  # killed, so a hung process cannot come back half-alive
-                    w.kill(f"was killed after no heartbeat for {now - w.last_seen:.1f} s (deadline {limit} s)")
-                elif w.busy and now - w.progress_at > limit and now - w.last_seen < beating:
-                    # (its heartbeats still arrive: the main loop, not the whole process, is stuck)
-                    w.kill(
-                        f"was killed: main loop stuck for {now - w.progress_at:.1f} s with work (deadline {limit} s)"
-                    )
-
-    async def _worker_dead(self, w: WorkerProc) -> None:
-        err = w.dead_error()
-        self.dead_reason = str(err)
-        if not self.closing:
-            log.warning("%s%d %s%s", *self.slots[w.slot], err, "; restarting it" if self.launch.restart else "")
-        self.lifecycle.on_worker_dead(w, err)
-        if self.cache_relay is not None:
-            self.cache_relay.forget("{}{}".format(*self.slots[w.slot]))
-        await self._remove(w)
-        if self.launch.restart and not self.closing:
-            await self._restart(w.slot, err)
-        if not self.closing and not self.gave_up.is_set():
-            missing = [role for role, _ in self.local_slots if not self.ready(role) and not self._restarting(role)]
-            if missing:  # (e.g. restarts ran out, or restart is off): the engine cannot serve
-                self.dead_reason = f"no {missing[0]} worker and no restart left: {self.dead_reason}"
-                log.error("%s", self.dead_reason)
-                self.gave_up.set()
-        self.on_worker_ready()
-
-    def _restarting(self, role: str) -> bool:
-        return any(self.slots[slot][0] == role for slot in self.restarting)
-
-    async def _remove(self, w: WorkerProc) -> None:
-        """Forget a dead (or failed) worker: its slot, its messages, its process."""
-        self.workers[w.slot] = None
-        self._by_identity.pop(w.identity, None)
-        if w.sender is not None:
-            w.sender.cancel()
-        w.kill()
-        await w.stop(0)
-
-    async def _restart(self, slot: int, err: Exception) -> None:
-        """Start the slot's worker again, retrying with exponential backoff (from RESTART_BACKOFF_S,
-        capped at RESTART_BACKOFF_MAX_S) up to restart_attempts times: a cause that goes away
-        (a checkpoint briefly unreadable, a device briefly busy) does not leave the engine dead."""
-        delay = RESTART_BACKOFF_S
-        for attempt in range(1, self.launch.restart_attempts + 1):
-            self.restarting[slot] = attempt
-            try:
-                new = await self._start_worker(slot)
-                await self._introduce_peers(new)
-                self.dead_reason = None
-                del self.restarting[slot]
-                log.warning("%s%d restarted (pid %s, attempt %d)", *self.slots[slot], new.pid, attempt)
-                return
-            except Exception as e:  # noqa: BLE001
-                if self.workers[slot] is not None:
-                    await self._remove(self.workers[slot])
-                self.dead_reason = f"{err}; restart attempt {attempt} of {self.launch.restart_attempts} failed: {e}"
-                log.warning("%s", self.dead_reason)
-            if self.closing:
-                break
-            await asyncio.sleep(delay)
-            delay = min(2 * delay, RESTART_BACKOFF_MAX_S)
-        self.restarting.pop(slot, None)

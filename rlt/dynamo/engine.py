@@ -14,7 +14,6 @@ rejects unknown body fields). Cancellation closes the rlt stream, which aborts t
 For Dynamo's KV-aware router, load signal, health canary and /metrics: rlt/dynamo/router_state.py.
 """
 
-import asyncio
 import logging
 from typing import Any
 
@@ -174,40 +173,31 @@ class RltEngine(RouterHooks, LLMEngine):
     (rlt/dynamo/remote.py) — the decode worker reserves, a prefill node writes every depth plane
     into its blocks over NIXL and gives the first token, the decode worker continues."""
 
-    def __init__(
-        self, launch, served_name: str, prefill_endpoint: str | None = None, runtime_args=(), reasoning_parser=None
-    ):
-        """launch: rlt.Engine.launch(...) (options checked); prefill_endpoint: a decode node's;
-        reasoning_parser: the one the node registers for Dynamo's frontend to run."""
+    def __init__(self, launch, served_name: str, prefill=None, reasoning_parser=None):
+        """launch: rlt.Engine.launch(...) (options checked; a decode node's with its prefill slot,
+        `prefill`: rlt/dynamo/remote.py DynamoPrefill); reasoning_parser: the one the node registers
+        for Dynamo's frontend to run."""
         self.launch, self.served_name, self.reasoning_parser = launch, served_name, reasoning_parser
         self.engine_path = launch.engine.model_config.path  # the checkpoint directory, absolute
         self.engine: rlt.Engine | None = None
-        self.runtime = None  # a decode node's own Dynamo runtime, for its prefill client
-        if prefill_endpoint is not None:
-            launch.engine._supervisor.remote_prefill = self._remote_prefill
-        self.prefill_endpoint, self.runtime_args = prefill_endpoint, runtime_args
+        self.prefill = prefill
         self.kv_events = KvEvents()  # the worker's prefix cache, to Dynamo's KV router
         launch.engine.watch_prefix_cache(self.kv_events)
         self.snapshots = self.endpoint = self.watch = self.metrics = None  # (Dynamo's, once handed over)
 
-    async def _remote_prefill(self, slot: int, index: int):
-        from dynamo.runtime import DistributedRuntime
-
-        from rlt.dynamo.remote import RemotePrefill
-
-        if self.runtime is None:
-            self.runtime = DistributedRuntime(asyncio.get_running_loop(), *self.runtime_args)
-        client = await self.runtime.endpoint(self.prefill_endpoint).client()
-        return RemotePrefill(self.launch.engine._supervisor, slot, index, client)
+    @classmethod
+    def of(cls, node) -> "RltEngine":
+        """The engine of an aggregated or decode node (rlt/dynamo/args.py Node)."""
+        return cls(node.launch, node.served_name, node.prefill, node.reasoning_parser)
 
     @classmethod
     async def from_args(cls, argv=None):
-        from rlt.dynamo.main import parse
+        from rlt.dynamo.args import parse
 
-        engine, config = parse(argv)
-        if not isinstance(engine, cls):
+        node = parse(argv)
+        if node.role == "prefill":
             raise ValueError("a prefill node is no Dynamo LLM engine: run it with python -m rlt.dynamo --role prefill")
-        return engine, config
+        return cls.of(node), node.config
 
     async def start(self, worker_id: int) -> EngineConfig:
         self.engine = await self.launch
@@ -278,5 +268,5 @@ class RltEngine(RouterHooks, LLMEngine):
         if self.engine is not None:
             print(exit_line(self.engine.stats()), flush=True)
             await self.engine.shutdown()
-        if self.runtime is not None:
-            self.runtime.shutdown()
+        if self.prefill is not None:
+            self.prefill.shutdown()

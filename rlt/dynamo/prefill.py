@@ -1,12 +1,12 @@
 """A prefill node: one rlt prefill worker behind the Dynamo endpoint NAMESPACE.prefill.generate.
 
-Decode nodes call it (rlt/dynamo/remote.py); it is no model of its own to the frontend. A
-Supervisor runs the prefill worker process as in rlt's own PD topologies (spawn, handshake,
-fingerprint, heartbeats, restart); in place of the Lifecycle, a Relay hands each request's events
-back on its caller's stream. A decode node's NIXL agent is introduced to the worker (Connect) the
-first time one of its requests arrives, and again when its agent changes (a restarted decode
-worker). Writer-before-reader holds across the network: a cancelled request's stream ends only
-with Drained (or TransferDone), when the worker has nothing left in flight.
+Decode nodes call it (rlt/dynamo/remote.py); it is no model of its own to the frontend. A Supervisor
+runs the prefill worker process as in rlt's own PD topologies (spawn, handshake, fingerprint,
+heartbeats, restart); in place of the Lifecycle, a Relay (rlt's EventSink: rlt/control/connector.py)
+hands each request's events back on its caller's stream. A decode node's NIXL agent is introduced to
+the worker (Connect) the first time one of its requests arrives, and again when its agent changes (a
+restarted decode worker). Writer-before-reader holds across the network: a cancelled request's
+stream ends only with Drained (or TransferDone), when the worker has nothing left in flight.
 """
 
 import asyncio
@@ -15,17 +15,16 @@ import itertools
 import msgspec
 
 from rlt import protocol as pr
+from rlt.control.connector import EventSink
 from rlt.control.supervisor import Supervisor
 from rlt.dynamo import wire
 from rlt.errors import EngineDeadError
 
 
-class Relay:
-    """The Supervisor's Lifecycle interface on a prefill node: events to per-request queues, with
-    the caller's generation id."""
+class Relay(EventSink):
+    """A prefill node's EventSink: events to per-request queues, with the caller's generation id."""
 
     def __init__(self):
-        self.gens: dict = {}  # (the Supervisor looks decode peers up here; a prefill node has none)
         self.queues: dict[int, asyncio.Queue] = {}  # local generation -> its caller's queue
         self.remote_gen: dict[int, int] = {}
 
@@ -64,13 +63,28 @@ class Relay:
         for g in list(self.queues):
             self._put(g, pr.Failed(self.remote_gen[g], str(err)))
 
+    # (a prefill node has no decode worker, reserves nothing, holds no tokens and no remote writer)
+    def on_reserved(self, w, msg: pr.Reserved) -> None:
+        raise AssertionError("a prefill node reserves nothing")
+
+    def on_writer_lost(self, w, gen: int, error: str) -> None:
+        raise AssertionError("a prefill node's writer is its own worker")
+
+    def tokens_of(self, gen: int) -> None:
+        return None
+
+    def decode_worker(self, gen: int) -> None:
+        return None
+
 
 class PrefillNode:
     def __init__(self, launch):
         """launch: rlt.Engine.launch(model, topology="1p1d", ...) — its checked configuration."""
         e = launch.engine
-        self.supervisor = Supervisor(e.model_config, e.engine_config, e.launch_config, slots=[("prefill", 0)])
-        self.relay = self.supervisor.lifecycle = Relay()
+        self.relay = Relay()
+        self.supervisor = Supervisor(
+            e.model_config, e.engine_config, e.launch_config, slots=[("prefill", 0)], events=self.relay
+        )
         self._gens = itertools.count(1)
         self._keys: dict[str, int] = {}  # the caller's key -> local generation
         self._agents: dict[str, bytes] = {}  # decode agents introduced to the worker, their metadata
@@ -97,38 +111,33 @@ class PrefillNode:
         return w
 
     async def handle(self, request: dict, context):
-        """The endpoint's handler (see rlt/dynamo/wire.py for the requests and responses)."""
-        op = request.get("op")
-        if op == "info":
-            yield {"ready": wire.pack(self.worker.ready)}
-        elif op == "cancel":
-            local = self._keys.get(request.get("key"))
+        """The endpoint's handler (rlt/dynamo/wire.py: its Calls and Replies)."""
+        c = wire.call(request)
+        if isinstance(c, wire.InfoCall):
+            yield wire.pack(wire.InfoReply(self.worker.ready))
+        elif isinstance(c, wire.CancelCall):
+            local = self._keys.get(c.key)
             if local is not None and self.supervisor.workers[0] is not None:
                 self.supervisor.post(self.supervisor.workers[0], pr.Cancel(local))
-            yield {"ok": local is not None}
-        elif op == "prefill":
-            async for item in self._prefill(request):
-                yield item
+            yield wire.pack(wire.Cancelled(local is not None))
         else:
-            raise ValueError(f"unknown op {op!r}")
+            async for item in self._prefill(c):
+                yield wire.pack(wire.Event(item))
 
-    async def _prefill(self, request: dict):
-        p, peer, key = (
-            wire.unpack(request["prefill"], wire.PREFILL),
-            wire.unpack(request["peer"], wire.PEER),
-            request["key"],
-        )
+    async def _prefill(self, c: wire.PrefillCall):
+        """The prefill worker's messages about the call's request."""
+        p, peer, key = c.prefill, c.peer, c.key
         try:
             w = self.worker
         except EngineDeadError as e:
-            yield {"msg": wire.pack(pr.Failed(p.gen, str(e)))}
+            yield pr.Failed(p.gen, str(e))
             return
-        if request.get("fingerprint") != w.ready.fingerprint:
+        if c.fingerprint != w.ready.fingerprint:
             error = (
                 f"the prefill worker's fingerprint {w.ready.fingerprint} differs from the decode worker's "
-                f"{request.get('fingerprint')}: config, weights, dtype or KV layout differ"
+                f"{c.fingerprint}: config, weights, dtype or KV layout differ"
             )
-            yield {"msg": wire.pack(pr.Failed(p.gen, error))}
+            yield pr.Failed(p.gen, error)
             return
         if self._agents.get(peer.agent_name) != peer.metadata:
             self._agents[peer.agent_name] = peer.metadata
@@ -155,7 +164,7 @@ class PrefillNode:
                 ended = isinstance(msg, (pr.TransferDone, pr.Drained, pr.Failed))
                 if isinstance(msg, pr.TransferDone):
                     self.prefilled, self.kv_bytes = self.prefilled + 1, self.kv_bytes + msg.bytes
-                yield {"msg": wire.pack(msg)}
+                yield msg
         finally:
             if not ended and self.supervisor.workers[0] is not None:  # the caller is gone: stop writing to it
                 self.supervisor.post(self.supervisor.workers[0], pr.Cancel(local))

@@ -1,11 +1,12 @@
-"""A decode node's prefill slot: a proxy of the prefill nodes found through Dynamo.
+"""A decode node's prefill slot: a proxy of the prefill nodes found through Dynamo (rlt's
+PrefillConnector and RemoteWorker: rlt/control/connector.py).
 
 To the decode node's Supervisor and Lifecycle it is a prefill worker like a local one (credits,
 Ready, messages in order): rlt's request lifecycle — reserve on the decode worker, prefill and KV
 writes on a prefill worker, the first token from it, activation on the decode worker,
 writer-before-reader release — runs unchanged. What it is sent goes to a prefill node's endpoint
 (rlt/dynamo/wire.py), round robin over the instances Dynamo's discovery lists, and what comes
-back is handed to the Supervisor as that worker's own messages. A request's cancel goes to the
+back is handed to the Supervisor (its SlotHost) as that worker's own messages. A request's cancel goes to the
 instance that took it; its blocks are freed when that instance reports nothing in flight, or, if
 its stream breaks (the node died, or is cut off), once its transfer deadline has passed.
 """
@@ -14,29 +15,38 @@ import asyncio
 import itertools
 
 from rlt import protocol as pr
-from rlt.control.worker_proc import Credits
+from rlt.control.connector import RemoteWorker, SlotHost
 from rlt.dynamo import wire
-from rlt.errors import EngineDeadError
 
 
-class RemotePrefill:
-    def __init__(self, supervisor, slot: int, index: int, client):
-        self.supervisor, self.slot, self.index, self.client = supervisor, slot, index, client
-        self.role, self.identity, self.pid = "prefill", f"remote-prefill{index}", None
-        self.ready: pr.Ready | None = None
-        self.stats, self.credits = pr.Stats(0, 0, 0), Credits()
-        self.outbox: asyncio.Queue = asyncio.Queue()
-        self.sender = None  # (the Supervisor's: its message pump, and last_seen, are set at start)
+class DynamoPrefill:
+    """The decode node's PrefillConnector: each prefill slot is a RemotePrefill over the Dynamo
+    endpoint `endpoint` (a runtime of its own, made at the first open)."""
+
+    def __init__(self, endpoint: str, runtime_args=()):
+        self.endpoint, self.runtime_args, self.runtime = endpoint, runtime_args, None
+
+    async def open(self, host: SlotHost, slot: int, index: int) -> "RemotePrefill":
+        from dynamo.runtime import DistributedRuntime
+
+        if self.runtime is None:
+            self.runtime = DistributedRuntime(asyncio.get_running_loop(), *self.runtime_args)
+        client = await self.runtime.endpoint(self.endpoint).client()
+        return RemotePrefill(host, slot, index, client)
+
+    def shutdown(self) -> None:
+        if self.runtime is not None:
+            self.runtime.shutdown()
+
+
+class RemotePrefill(RemoteWorker):
+    def __init__(self, host: SlotHost, slot: int, index: int, client):
+        super().__init__(host, slot, index, "prefill")
+        self.client = client
         self.peers: dict[str, pr.PeerInfo] = {}  # the decode workers' agents, by name
         self.taken: dict[int, tuple[int, str]] = {}  # generation -> (instance, key) that took it
         self._round = itertools.count()
         self._tasks: set[asyncio.Task] = set()
-        self._closed = asyncio.get_running_loop().create_future()
-
-    # ---- the WorkerProc interface the Supervisor uses --------------------------------------------
-    @property
-    def alive(self) -> bool:
-        return not self._closed.done()
 
     async def spawn(self, handshake_timeout: float) -> None:
         try:
@@ -47,28 +57,18 @@ class RemotePrefill:
     async def wait_ready(self, timeout: float) -> pr.Ready:
         """The Ready of a prefill node (fingerprint, pool geometry): every node of a deployment runs
         the same checkpoint, which the decode node's Supervisor checks against its own."""
-        stream = await self.client.round_robin({"op": "info"}, annotated=False)
+        stream = await self.client.round_robin(wire.pack(wire.InfoCall()), annotated=False)
         async for item in stream:
-            self.ready = wire.unpack(item["ready"], wire.READY)
+            self.ready = wire.reply(item).ready
         if self.ready is None:
             raise RuntimeError("a prefill node answered info without its Ready")
         return self.ready
-
-    async def wait(self) -> int:
-        return await asyncio.shield(self._closed)
 
     async def stop(self, graceful_s: float = 5.0) -> None:
         self.kill()
         for t in list(self._tasks):
             t.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
-
-    def kill(self, because: str | None = None) -> None:
-        if not self._closed.done():
-            self._closed.set_result(0)
-
-    def dead_error(self) -> EngineDeadError:
-        return EngineDeadError("the remote prefill proxy was closed")
 
     async def send(self, msg) -> bool:
         if isinstance(msg, pr.Connect):
@@ -93,35 +93,31 @@ class RemotePrefill:
                 instance = ids[next(self._round) % len(ids)]
                 key = f"{msg.dst_agent}:{msg.gen}"
                 self.taken[msg.gen] = (instance, key)
-                request = {
-                    "op": "prefill",
-                    "key": key,
-                    "prefill": wire.pack(msg),
-                    "peer": wire.pack(self.peers[msg.dst_agent]),
-                    "fingerprint": self.supervisor.fingerprint,
-                }
-                async for item in await self.client.direct(request, instance, annotated=False):
-                    reply = wire.unpack(item["msg"], pr.from_worker)
+                call = wire.PrefillCall(
+                    key=key, prefill=msg, peer=self.peers[msg.dst_agent], fingerprint=self.host.fingerprint
+                )
+                async for item in await self.client.direct(wire.pack(call), instance, annotated=False):
+                    reply = wire.reply(item).msg
                     ended = isinstance(reply, (pr.TransferDone, pr.Drained, pr.Failed))
                     if isinstance(reply, pr.Outputs):
                         self.stats = reply.stats
-                    await self.supervisor.dispatch(self, reply)
+                    await self.host.dispatch(self, reply)
                 error = "the prefill node's stream ended early"
         except Exception as e:  # noqa: BLE001 - the request fails, the node keeps serving
             error = f"the prefill node's stream broke: {e}"
         finally:
             self.taken.pop(msg.gen, None)
         if not ended:  # it may still write (cut off, not dead) until its own transfer deadline
-            self.supervisor.lifecycle.on_writer_lost(self, msg.gen, error)
-            await asyncio.sleep(self.supervisor.launch.transfer_timeout)
-            await self.supervisor.dispatch(self, pr.Drained(msg.gen))
+            self.host.writer_lost(self, msg.gen, error)
+            await asyncio.sleep(self.host.launch.transfer_timeout)
+            await self.host.dispatch(self, pr.Drained(msg.gen))
 
     async def _cancel(self, gen: int) -> None:
         instance, key = self.taken.get(gen, (None, None))
         if instance is None:
             return  # it ended meanwhile (its own TransferDone / Drained / Failed frees the decode side)
         try:
-            async for _ in await self.client.direct({"op": "cancel", "key": key}, instance, annotated=False):
+            async for _ in await self.client.direct(wire.pack(wire.CancelCall(key)), instance, annotated=False):
                 pass
         except Exception:  # noqa: BLE001 - the node is gone: its stream breaks and fails the request
             pass

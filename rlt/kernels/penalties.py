@@ -21,7 +21,7 @@ def penalize_slots(x, rows, slots, repetition, frequency, presence, tokens, coun
     if mode.use_triton(x):
         from rlt.kernels.penalties_triton import penalize_slots as kernel
 
-        return kernel(x, rows, slots, repetition, frequency, presence, tokens, counts, length)
+        return kernel(x, rows, slots, repetition, frequency, presence, tokens, counts, length, PROMPT)
     listed = tokens[:, :n][slots].long()
     own = counts[slots.unsqueeze(1), listed] & (PROMPT - 1)
     penalize(x, Penalties(rows, listed, own, length[slots], repetition, frequency, presence))

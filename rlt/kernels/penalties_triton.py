@@ -7,8 +7,6 @@ fixed per engine (strides, vocabulary, list width), so one specialization serves
 import triton
 import triton.language as tl
 
-from rlt.kernels.penalties import PROMPT
-
 BLOCK = 256  # listed tokens per iteration
 
 
@@ -68,10 +66,11 @@ def _append_kernel(
     tl.store(length_ptr + slot, end + 1, mask=new)
 
 
-def penalize_slots(x, rows, slots, repetition, frequency, presence, tokens, counts, length) -> None:
+def penalize_slots(x, rows, slots, repetition, frequency, presence, tokens, counts, length, prompt_bit) -> None:
+    """prompt_bit: counts' prompt bit (rlt/kernels/penalties.py's PROMPT, passed: that module imports this one)."""
     if rows.numel():
         args = (repetition, frequency, presence, tokens, counts, length, tokens.stride(0), counts.stride(0))
-        _penalize_kernel[(rows.numel(),)](x, x.stride(0), rows, slots, *args, PROMPT, BLOCK, enable_fp_fusion=False)
+        _penalize_kernel[(rows.numel(),)](x, x.stride(0), rows, slots, *args, prompt_bit, BLOCK, enable_fp_fusion=False)
 
 
 def append_slots(sampled, keep, rows, slots, tokens, counts, length) -> None:

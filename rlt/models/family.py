@@ -11,13 +11,9 @@ import importlib
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 from rlt.models.configs import FamilyConfig, HuginnConfig, NanbeigeConfig, OuroConfig
 from rlt.models.tokenizer import TokenizerSpec
-
-if TYPE_CHECKING:
-    from rlt.config import ModelConfig
 
 
 @dataclass(frozen=True, eq=False)
@@ -40,7 +36,7 @@ class Family:
         module, _, cls = self.model.rpartition(".")
         return getattr(importlib.import_module(module), cls)
 
-    def expected_tensors(self, mc: "ModelConfig") -> dict[str, tuple[int, ...]]:
+    def expected_tensors(self, mc) -> dict[str, tuple[int, ...]]:
         """Every tensor name the model reads, with its shape from config.json."""
         return self.model_cls.expected_tensors(mc)
 

@@ -14,12 +14,12 @@ from typing import Annotated, Any
 
 import msgspec
 
-from rlt.control.validation import INT64
 from rlt.errors import RequestError
 from rlt.sampling_params import SamplingParams
 from rlt.serve import structured
 from rlt.serve.errors import HTTPError, short
 from rlt.serve.parsers import Parsing
+from rlt.validation import INT64
 
 Int = Annotated[int, msgspec.Meta(ge=INT64[0], le=INT64[1])]  # what the engine carries
 

@@ -20,10 +20,10 @@ from rlt.errors import RequestError
 from rlt.kernels import mode
 from rlt.sampling_params import ResolvedParams
 from rlt.workers.grammar import WorkerGrammars
+from rlt.workers.group import Group
 from rlt.workers.kv_pool import BlockTables, KVPool
 from rlt.workers.memory import pool_blocks
 from rlt.workers.prefix_cache import root_key
-from rlt.workers.group import Group
 from rlt.workers.runner import Runner
 from rlt.workers.scheduler import Scheduler
 from rlt.workers.sequence import Sequence
@@ -46,7 +46,7 @@ class LoopEngine(SteadyStretches):
     def __init__(self, mc: ModelConfig, model, cfg: EngineConfig, dtype: torch.dtype, device: str = "cpu"):
         self.mc, self.cfg = mc, cfg
         mode.configure(device, cfg.kernels, cfg.batch_invariant)  # this worker's kernel set
-        num_blocks, self.pool_sizing = pool_blocks(mc, model, cfg, dtype, device)
+        num_blocks, self.pool_sizing = pool_blocks(mc, model, cfg, dtype, device, type(self))
         self.pool = KVPool(mc, cfg.kv_layout, cfg.block_size, num_blocks, dtype, device, cfg.enable_prefix_caching)
         self.runner = Runner(mc, model, self.pool, device, cfg)
         self.grammars = WorkerGrammars(mc)  # structured output (rlt/workers/grammar.py)

@@ -33,23 +33,25 @@ def grammar(mc) -> dict:
     return dict(structured_output=StructuredOutput(regex="[a-z ]{1,40}"))
 
 
-def pool_blocks(mc: ModelConfig, model, cfg: EngineConfig, dtype: torch.dtype, device: str) -> tuple[int, str]:
-    """-> (blocks, how they were sized: a line for the worker's log)."""
+def pool_blocks(
+    mc: ModelConfig, model, cfg: EngineConfig, dtype: torch.dtype, device: str, engine_cls
+) -> tuple[int, str]:
+    """-> (blocks, how they were sized: a line for the worker's log). engine_cls: the LoopEngine
+    class, whose largest passes the profile runs (passed in: this module is the engine's)."""
     per_block = mc.kv.block_bytes(cfg.block_size, torch.finfo(dtype).bits // 8)
     if cfg.num_blocks is not None:
         return cfg.num_blocks, "num_blocks"
     if cfg.kv_memory_bytes is not None or not device.startswith("cuda"):
         budget = cfg.kv_memory_bytes or CPU_KV_BYTES
         return max(1, min(MAX_BLOCKS, budget // per_block)), f"kv_memory_bytes {budget}"
-    budget, how = _left_for_kv(mc, model, cfg, dtype, device)
+    budget, how = _left_for_kv(mc, model, cfg, dtype, device, engine_cls)
     if budget < per_block:
         raise MemoryError(f"no KV block fits: {how}; one block is {per_block} bytes (raise gpu_memory_utilization)")
     return min(MAX_BLOCKS, budget // per_block), how
 
 
-def _left_for_kv(mc, model, cfg: EngineConfig, dtype, device) -> tuple[int, str]:
-    from rlt.control.validation import MAX_LOGPROBS, resolve_params
-    from rlt.workers.engine import LoopEngine
+def _left_for_kv(mc, model, cfg: EngineConfig, dtype, device, engine_cls) -> tuple[int, str]:
+    from rlt.validation import MAX_LOGPROBS, resolve_params
 
     torch.cuda.empty_cache()
     torch.cuda.reset_peak_memory_stats(device)
@@ -59,7 +61,7 @@ def _left_for_kv(mc, model, cfg: EngineConfig, dtype, device) -> tuple[int, str]
     probe = msgspec.structs.replace(cfg, prefill_chunk=rows, cuda_graph_max_batch=0, steady_decode="never")
     planes = KVPool.planes(mc, cfg.kv_layout)
     blocks = planes * (-(-(rows + 1) // cfg.block_size) + seqs * -(-2 // cfg.block_size))
-    engine = LoopEngine(mc, model, msgspec.structs.replace(probe, num_blocks=blocks), dtype, device)
+    engine = engine_cls(mc, model, msgspec.structs.replace(probe, num_blocks=blocks), dtype, device)
     # (its prompt logprobs: every row projected, max_num_seqs rows at a time)
     first = SamplingParams(max_tokens=1, temperature=0, ignore_eos=True, prompt_logprobs=MAX_LOGPROBS)
     first = resolve_params(mc, rows, first)

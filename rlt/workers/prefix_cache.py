@@ -6,7 +6,7 @@ positions ran at (prompt positions: their request's max_loops; generated positio
 token exited at), and, for a family that draws its initial latent at random (Huginn's like-init),
 of the request's state seed. Within one worker the weights and the KV layout are fixed. So a block
 is keyed by a hash chain over (tokens, depths) block by block, rooted in the state seed where it
-matters: equal keys, equal KV on every plane, bit for bit where the passes are batch invariant.
+matters (rlt/prefix_keys.py): equal keys, equal KV on every plane, bit for bit where the passes are batch invariant.
 
 A cached block is one logical block of every plane together (`blocks`: its physical block per
 plane). A request sharing it holds a reference; at zero references it stays cached but counts as
@@ -18,11 +18,12 @@ Watched (watch()), it also logs what it inserts and evicts, for the worker to re
 coordinator (an external KV-aware router's events: rlt/control/cache_events.py).
 """
 
-import hashlib
 from collections import OrderedDict
 from dataclasses import dataclass
 
-import numpy as np
+from rlt.prefix_keys import chain, key_id, prompt_keys, root_key
+
+__all__ = ["CachedBlock", "PrefixCache", "chain", "key_id", "prompt_keys", "root_key"]
 
 
 @dataclass(slots=True)
@@ -30,39 +31,6 @@ class CachedBlock:
     key: bytes
     blocks: tuple[int, ...]  # its physical block on each plane
     refs: int = 0
-
-
-def root_key(random_initial_state: bool, state_seed: int) -> bytes:
-    """The chain's root: the state seed where the initial latent is drawn from it."""
-    seed = state_seed.to_bytes(8, "little", signed=True) if random_initial_state else b""
-    return hashlib.sha256(b"rlt-kv" + seed).digest()
-
-
-def key_id(key: bytes) -> int:
-    """A key as the 64-bit signed block id KV events carry."""
-    return int.from_bytes(key[:8], "little", signed=True)
-
-
-def chain(parent: bytes, tokens, depths) -> bytes:
-    """The key of a block whose positions take `tokens` and ran to `depths`, after `parent`."""
-    return _chain(parent, np.asarray(tokens, dtype=np.int64).tobytes(), np.asarray(depths, dtype=np.int16).tobytes())
-
-
-def _chain(parent: bytes, tokens: bytes, depths: bytes) -> bytes:
-    return hashlib.sha256(parent + tokens + depths).digest()
-
-
-def prompt_keys(parent: bytes, prompt: list[int], depth: int, block_size: int, first: int = 0) -> list[bytes]:
-    """Keys of a prompt's full blocks from block `first` on (every position at `depth`), the
-    chain continuing from `parent` (the root for block 0). One encoding of the tokens, sliced per
-    block: a long prompt's keys cost well under a millisecond per 4K tokens."""
-    tokens = np.asarray(prompt[first * block_size : len(prompt) // block_size * block_size], dtype=np.int64).tobytes()
-    depths, step = np.full(block_size, depth, dtype=np.int16).tobytes(), block_size * 8
-    keys = []
-    for i in range(0, len(tokens), step):
-        parent = _chain(parent, tokens[i : i + step], depths)
-        keys.append(parent)
-    return keys
 
 
 class PrefixCache:

@@ -16,8 +16,8 @@ On CPU (the torch reference kernels) there is nothing to warm.
 
 import time
 
-from rlt.control.validation import resolve_params
 from rlt.sampling_params import SamplingParams
+from rlt.validation import resolve_params
 from rlt.workers.cuda_graphs import BUCKETS
 from rlt.workers.first_use import FirstUse
 from rlt.workers.memory import EDITS, grammar
