@@ -68,11 +68,14 @@ PENALTIES = dict(repetition_penalty=1.1, presence_penalty=0.5, frequency_penalty
 
 
 def decode_run(
-    engine, mc, concurrency: int, threshold: float, prompt_len: int, max_tokens: int, penalized: bool = False
+    engine, mc, concurrency: int, threshold, prompt_len: int, max_tokens: int, penalized: bool = False
 ) -> dict:
-    """One row: `concurrency` requests at once, each `max_tokens` tokens at this exit threshold
-    (penalized: with PENALTIES)."""
-    sp = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True, exit_threshold=threshold)
+    """One row: `concurrency` requests at once, each `max_tokens` tokens at this exit threshold (a
+    float: Ouro's gate; or (criterion, threshold): Huginn's exit criteria) (penalized: with PENALTIES)."""
+    criterion, threshold = threshold if isinstance(threshold, tuple) else ("gate", threshold)
+    sp = SamplingParams(
+        max_tokens=max_tokens, temperature=0.0, ignore_eos=True, exit_criterion=criterion, exit_threshold=threshold
+    )
     submit(engine, mc, concurrency, prompt_len, msgspec.structs.replace(sp, **PENALTIES) if penalized else sp)
     t0 = time.perf_counter()
     seen, tokens, depths, decode_t0, full_t1, full_depths = set(), 0, [], None, None, []
@@ -98,7 +101,7 @@ def decode_run(
 
     return {
         "concurrency": concurrency,
-        "threshold": threshold,
+        "threshold": threshold if criterion == "gate" else f"{criterion}:{threshold:g}",
         "penalized": penalized,
         "output_tokens": tokens,
         "total_s": round(t1 - t0, 3),
@@ -117,7 +120,7 @@ def decode_rows(
     engine,
     mc,
     concurrencies: list[int],
-    thresholds: list[float],
+    thresholds: list,
     prompt_len: int,
     max_tokens: int,
     penalized: tuple[bool, ...] = (False,),
