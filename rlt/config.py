@@ -99,6 +99,8 @@ class Faults(msgspec.Struct, kw_only=True, frozen=True):
     fail_transfer_first_token: int | None = None  # prefill: such a prompt's KV write fails
     lose_notif_first_token: int | None = None  # prefill: its KV lands, its notifications are lost
     hang_transfer_first_token: int | None = None  # prefill: its KV writes never report done
+    slow_transfer_first_token: int | None = None  # prefill: its KV writes report done only after...
+    slow_transfer_seconds: float = 5.0  # ... this long (a prefill held for a while, then finished)
     fingerprint_role: str | None = None  # workers of this role report a different fingerprint
 
 

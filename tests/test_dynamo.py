@@ -103,8 +103,8 @@ class Stack:
     def log(self, name: str) -> str:
         return os.path.join(self.tmp, f"{name}.log")
 
-    def worker(self, model: str, name: str = "worker", *flags: str) -> subprocess.Popen:
-        argv = [sys.executable, "-m", "rlt.dynamo", model, "--served-model-name", self.model, *FAST, *flags]
+    def worker(self, model: str, name: str = "worker", *flags: str, main=("-m", "rlt.dynamo")) -> subprocess.Popen:
+        argv = [sys.executable, *main, model, "--served-model-name", self.model, *FAST, *flags]
         p = _start(argv + ["--discovery-backend", "etcd", "--namespace", self.namespace], self.log(name), self.env)
         self.procs.append(p)
         return p
@@ -356,6 +356,76 @@ def test_a_killed_prefill_node_fails_only_what_it_holds_and_a_new_one_rejoins(ch
         assert not _group_alive(d.pid) and not _group_alive(p2.pid)
         assert_clean_exit(s.log("decode"))
     assert "".join(texts) == whole.choices[0].text  # the stream that outlived its prefill node
+
+
+SLOW, SLOW_S = 251, 5.0  # a prompt's first token, and how long its KV write is held (an injected fault)
+SLOWED_NODE = f"""
+import sys
+
+import rlt
+from rlt.config import Faults
+
+_launch = rlt.Engine.launch
+faults = Faults(slow_transfer_first_token={SLOW}, slow_transfer_seconds={SLOW_S})
+rlt.Engine.launch = lambda *a, **kw: _launch(*a, faults=faults, **kw)
+from rlt.dynamo.main import main
+
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+async def _log_line(proc: subprocess.Popen, log: str, text: str, timeout: float = 30.0) -> str:
+    deadline = time.monotonic() + timeout
+    while not (line := next((ln for ln in open(log) if text in ln), None)):
+        assert proc.poll() is None and time.monotonic() < deadline, open(log).read()[-3000:]
+        await asyncio.sleep(0.1)
+    return line
+
+
+async def test_a_prefill_node_stopped_with_sigterm_finishes_what_it_holds(checkpoints, stack):
+    """SIGTERM a prefill node while it holds a prefill (its KV write held SLOW_S by an injected
+    fault): it leaves discovery at once (a request sent meanwhile is not given to it: with no other
+    prefill node it gets a 503, and is served once a new one is up), finishes the prefill it holds
+    (its request completes with the tokens the new node's gives for the same prompt), then exits 0;
+    the decode node stops with every block free."""
+    prompt = [SLOW] + [5 + (7 * j) % 300 for j in range(39)]
+    body = {"ignore_eos": True, "nvext": {"extra_fields": ["completion_token_ids"]}}
+    kw = dict(max_tokens=9, temperature=0, extra_body=body)
+    with stack() as s:
+        s.env = s.env | {"DYN_GRACEFUL_SHUTDOWN_GRACE_PERIOD_SECS": "0"}  # (nothing in flight at the end)
+        p = s.worker(checkpoints["ouro"], "prefill", "--role", "prefill", main=("-c", SLOWED_NODE))
+        d = s.worker(checkpoints["ouro"], "decode", "--role", "decode")
+        s.wait_model(d, "decode")
+        client = openai.AsyncOpenAI(base_url=s.url, api_key="none", max_retries=0, timeout=60)
+        t0 = time.monotonic()
+        held = asyncio.ensure_future(client.completions.create(model=s.model, prompt=prompt, **kw))
+        await asyncio.sleep(1.5)  # (prefilled in milliseconds: its KV write is held)
+        p.send_signal(signal.SIGTERM)
+        assert "draining 1 prefills" in await _log_line(p, s.log("prefill"), "out of discovery")
+        p2 = s.worker(checkpoints["ouro"], "prefill2", "--role", "prefill")
+        await asyncio.sleep(0.5)  # (the decode node's discovery sees it gone)
+        refused = 0
+        while True:  # the same prompt, until the new prefill node serves it
+            try:
+                again = await client.completions.create(model=s.model, prompt=prompt, **kw)
+                break
+            except openai.InternalServerError as e:
+                assert e.status_code == 503 and (refused or p.poll() is None)  # (the first while p drains)
+                assert p2.poll() is None and time.monotonic() - t0 < 90, open(s.log("prefill2")).read()[-3000:]
+                refused += 1
+                await asyncio.sleep(0.5)
+        first = await held
+        assert time.monotonic() - t0 > SLOW_S and refused > 0
+        assert p.wait(30) == 0 and not _group_alive(p.pid)
+        with open(s.log("prefill")) as f:
+            log = f.read()
+        assert "0 prefills still held after the drain" in log and "1 prompts prefilled" in log, log[-3000:]
+        tokens = [r.model_extra["nvext"]["completion_token_ids"] for r in (first, again)]
+        assert tokens[0] == tokens[1] and len(tokens[0]) == 9, tokens
+        _stop(d)
+        _stop(p2)
+        assert "1 prompts prefilled" in open(s.log("prefill2")).read()
+        assert_clean_exit(s.log("decode"))
 
 
 async def test_clients_leaving_at_any_phase_leave_nothing_behind(checkpoints, stack):

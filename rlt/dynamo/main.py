@@ -60,6 +60,7 @@ async def serve_prefill(launch, args) -> None:
         await asyncio.wait([serving, asyncio.ensure_future(stop.wait())], return_when=asyncio.FIRST_COMPLETED)
         if stop.is_set():  # drain: out of discovery (decode nodes send no more), then what it holds finishes
             await endpoint.unregister_endpoint_instance()
+            print(f"rlt prefill node: out of discovery, draining {len(node.relay.queues)} prefills", flush=True)
             held = await node.drain(DRAIN_TIMEOUT_S)
             print(f"rlt prefill node: left discovery, {held} prefills still held after the drain", flush=True)
     finally:

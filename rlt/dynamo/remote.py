@@ -109,7 +109,8 @@ class RemotePrefill(RemoteWorker):
             self.taken.pop(msg.gen, None)
         if not ended:  # it may still write (cut off, not dead) until its own transfer deadline
             self.host.writer_lost(self, msg.gen, error)
-            await asyncio.sleep(self.host.launch.transfer_timeout)
+            if ids:  # (no node took it: nothing writes, its blocks are freed now)
+                await asyncio.sleep(self.host.launch.transfer_timeout)
             await self.host.dispatch(self, pr.Drained(msg.gen))
 
     async def _cancel(self, gen: int) -> None:

@@ -12,11 +12,13 @@ from rlt.workers.worker import Worker
 
 
 class _FaultyTransport:
-    """The worker's KVTransport, failing, hanging or losing the notifications of chosen prompts' writes."""
+    """The worker's KVTransport, failing, hanging, slowing or losing the notifications of chosen
+    prompts' writes (a prompt known by the generation its notifications name)."""
 
     def __init__(self, transport, faults: Faults, first_tokens: dict[int, int]):
         self._transport, self._faults, self._first_tokens = transport, faults, first_tokens
         self._hung: set[int] = set()  # ids of write handles that never report done
+        self._slow: dict[int, float] = {}  # ids of write handles -> when they may report done
 
     def __getattr__(self, name):
         return getattr(self._transport, name)
@@ -30,13 +32,18 @@ class _FaultyTransport:
         handle = self._transport.write(peer_name, src_blocks, dst_blocks, notif)
         if first is not None and first == self._faults.hang_transfer_first_token:
             self._hung.add(id(handle))
+        if first is not None and first == self._faults.slow_transfer_first_token:
+            self._slow[id(handle)] = time.monotonic() + self._faults.slow_transfer_seconds
         return handle
 
     def poll(self, handle) -> bool:
-        return id(handle) not in self._hung and self._transport.poll(handle)
+        if id(handle) in self._hung or time.monotonic() < self._slow.get(id(handle), 0.0):
+            return False
+        return self._transport.poll(handle)
 
     def release(self, handle) -> None:
         self._hung.discard(id(handle))
+        self._slow.pop(id(handle), None)
         self._transport.release(handle)
 
 
@@ -53,7 +60,9 @@ class _FaultyWorker(Worker):
                 Progress.busy = True
                 while True:  # a stuck kernel: the heartbeat thread keeps beating, the main loop does not
                     time.sleep(1)
-            self._first_tokens[msg.gen] = msg.prompt[0]
+            # (keyed by the generation its KV writes' notifications name: a remote caller's own)
+            dst = msg.dst_gen if isinstance(msg, pr.Prefill) and msg.dst_gen is not None else msg.gen
+            self._first_tokens[dst] = msg.prompt[0]
         return super().handle(msg)
 
 
