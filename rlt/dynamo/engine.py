@@ -14,6 +14,7 @@ rejects unknown body fields). Cancellation closes the rlt stream, which aborts t
 For Dynamo's KV-aware router, load signal, health canary and /metrics: rlt/dynamo/router_state.py.
 """
 
+import asyncio
 import logging
 from typing import Any
 
@@ -116,12 +117,12 @@ def loop_options(annotations: list[str]) -> dict:
     return out
 
 
-def prompt_logprobs(out, top: int) -> list:
+def prompt_logprobs(prompt: list[int], logprobs: list, top: int) -> list:
     """rlt's prompt logprobs as Dynamo's engine_data carries them: per position None (the first) or
     {"token id": {"logprob", "rank"}}, ranked among the top `top` (the prompt token past them
     unranked)."""
     positions = []
-    for tok, pos in zip(out.prompt_token_ids, out.prompt_logprobs):
+    for tok, pos in zip(prompt, logprobs):
         if pos is None:
             positions.append(None)
             continue
@@ -135,11 +136,23 @@ def prompt_logprobs(out, top: int) -> list:
     return positions
 
 
-def chunk(index: int, out, sent: int, top: int | None, prompt_top: int | None = None) -> dict:
-    """The tokens of `out` after the first `sent`, as a Dynamo response chunk."""
-    c = {"index": index, "token_ids": out.token_ids[sent:], "engine_data": {"exit_depths": out.exit_depths[sent:]}}
+class Sent:
+    """What a choice has sent: its exit depths so far, its prompt logprobs (its first delta's)."""
+
+    def __init__(self):
+        self.depths, self.prompt_logprobs = [], None
+
+    def add(self, out) -> None:
+        self.depths += out.exit_depths
+        if out.prompt_logprobs is not None:
+            self.prompt_logprobs = out.prompt_logprobs
+
+
+def chunk(out, sent: Sent, top: int | None, prompt_top: int | None = None) -> dict:
+    """A delta output (what is new for its choice; `sent` has taken it in) as a Dynamo response chunk."""
+    c = {"index": out.index, "token_ids": out.token_ids, "engine_data": {"exit_depths": out.exit_depths}}
     if top is not None and out.logprobs is not None:
-        positions = out.logprobs[sent:]
+        positions = out.logprobs
         c["log_probs"] = [pos[t] for t, pos in zip(c["token_ids"], positions)]
         c["top_logprobs"] = [
             [
@@ -149,11 +162,13 @@ def chunk(index: int, out, sent: int, top: int | None, prompt_top: int | None = 
             for pos in positions
         ]
     if out.finished:  # (a non-streamed response keeps only the last chunk's engine_data)
-        c["engine_data"]["request_exit_depths"] = out.exit_depths
-        if prompt_top is not None and out.prompt_logprobs is not None:
-            c["engine_data"]["prompt_logprobs"] = prompt_logprobs(out, prompt_top)
+        c["engine_data"]["request_exit_depths"] = sent.depths
+        if prompt_top is not None and sent.prompt_logprobs is not None:
+            c["engine_data"]["prompt_logprobs"] = prompt_logprobs(
+                out.prompt_token_ids, sent.prompt_logprobs, prompt_top
+            )
         c["finish_reason"] = FINISH.get(out.finish_reason, "error")
-        prompt, done = len(out.prompt_token_ids), len(out.token_ids)
+        prompt, done = len(out.prompt_token_ids), len(sent.depths)
         c["completion_usage"] = {"prompt_tokens": prompt, "completion_tokens": done, "total_tokens": prompt + done}
         if out.num_cached_tokens is not None:  # what the prefix cache held (OpenAI's usage field)
             c["completion_usage"]["prompt_tokens_details"] = {"cached_tokens": out.num_cached_tokens}
@@ -224,14 +239,14 @@ class RltEngine(RouterHooks, LLMEngine):
             params = sampling_params(request)
             if params.structured_output is not None and self.reasoning_parser in REASONING_PARSERS:
                 params = self.grammar_after_reasoning(request["token_ids"], params)
-            stream = self.engine.generate(list(request["token_ids"]), params)
+            stream = self.engine.generate(list(request["token_ids"]), params, output_kind="delta")
         except (RequestError, EngineDeadError, EngineOverloadedError) as e:
             if isinstance(e, RequestError):
                 raise InvalidArgument(str(e)) from None
             raise EngineShutdown(str(e)) from None  # a 503: full (retry later) or no worker ready
         oo = request.get("output_options") or {}
         top, prompt_top = oo.get("logprobs"), oo.get("prompt_logprobs")
-        sent: dict[int, int] = {}  # tokens sent, per choice
+        sent: dict[int, Sent] = {}  # per choice
         try:
             async for out in stream:
                 if out.finish_reason == "error":  # failed in a worker (e.g. its KV handoff): a 503
@@ -239,10 +254,11 @@ class RltEngine(RouterHooks, LLMEngine):
                         raise InvalidArgument(out.error)  # its grammar did not compile in the worker: a 400
                     log.warning("request %s failed: %s", context.id(), out.error)  # (the 503 hides why)
                     raise EngineShutdown(out.error or "the request failed in an rlt worker")
-                yield chunk(out.index, out, sent.get(out.index, 0), top, prompt_top)
+                choice = sent.setdefault(out.index, Sent())
+                choice.add(out)
+                yield chunk(out, choice, top, prompt_top)
                 if self.metrics is not None and not is_probe(request):
-                    self.observe(out, sent.get(out.index, 0))
-                sent[out.index] = len(out.token_ids)
+                    self.observe(out, len(choice.depths))
         except EngineDeadError as e:
             raise EngineShutdown(str(e)) from None
         finally:  # finished, failed or cancelled: the stream closes (unfinished choices abort)
@@ -266,6 +282,10 @@ class RltEngine(RouterHooks, LLMEngine):
         if self.watch is not None:
             await self.watch.stop()
         if self.engine is not None:
+            for _ in range(100):  # what came in as the drain ended (the health canary: one token) ends first
+                if self.engine.stats().live_requests == 0:
+                    break
+                await asyncio.sleep(0.02)
             print(exit_line(self.engine.stats()), flush=True)
             await self.engine.shutdown()
         if self.prefill is not None:

@@ -150,16 +150,17 @@ class RouterHooks:
         self.metrics = Metrics(e, e.model_config.depth, self.served_name)
         register_engine_registry(metrics, self.metrics.registry, prefix_filters=["rlt:"])
 
-    def observe(self, out, sent: int) -> None:
-        """rlt's per-token metrics for what the chunk carried (the rest is read from stats())."""
+    def observe(self, out, n: int) -> None:
+        """rlt's per-token metrics for what a delta output carried, its choice's n tokens so far (the
+        rest is read from stats())."""
         m = self.metrics
-        for d in out.exit_depths[sent:]:
+        for d in out.exit_depths:
             m.depth.observe(d)
-        m.generation_tokens.inc(len(out.token_ids) - sent)
+        m.generation_tokens.inc(len(out.token_ids))
         if out.finished:
             m.prompt_tokens.inc(len(out.prompt_token_ids))
             m.success(out.finish_reason).inc()
-            t, n = out.metrics, len(out.token_ids)  # the engine's times (Dynamo's frontend has the client's)
+            t = out.metrics  # the engine's times (Dynamo's frontend has the client's)
             for histogram, begin, end in (
                 (m.ttft, t.arrival_time, t.first_token_time),
                 (m.e2e, t.arrival_time, t.finished_time),
