@@ -193,7 +193,7 @@ def check_penalty_slots() -> bool:
     x = 3 * torch.randn(3, V, generator=g)
     want, got = x.clone(), x.clone()
     ref.penalize_slots(want, rows, slots, r, f, p, tokens, counts, length, L)
-    tri.penalize_slots(got, rows, slots, r, f, p, tokens, counts, length)
+    tri.penalize_slots(got, rows, slots, r, f, p, tokens, counts, length, ref.PROMPT)
     err = (got - want).abs().max().item()
     print(f"penalize_slots: max error {err:.2e}")
     ok = err == 0 and not torch.equal(got, x)

@@ -20,6 +20,14 @@ async def run(engine, prompt, sp, **kw) -> dict[int, list]:
     return outs
 
 
+def close(a: list, b: list) -> bool:
+    """Two runs' logprobs: the same positions and ids, values within 1e-4."""
+    return len(a) == len(b) and all(
+        x == y or (x is not None and y is not None and x.keys() == y.keys() and max(abs(x[k] - y[k]) for k in x) < 1e-4)
+        for x, y in zip(a, b)
+    )
+
+
 async def test_n_choices_stop_strings_and_growing_text():
     async with rlt.Engine.launch(max_num_seqs=8) as engine:
         tok = engine.tokenizer
@@ -65,9 +73,11 @@ async def test_n_choices_stop_strings_and_growing_text():
         for i, outs in whole.items():
             last, ds, (only,) = outs[-1], deltas[i], final[i]
             joined = [sum((getattr(d, f) for d in ds), []) for f in ("token_ids", "exit_depths", "logprobs")]
-            assert joined == [last.token_ids, last.exit_depths, last.logprobs] and len(last.token_ids) > 1
+            assert joined[:2] == [last.token_ids, last.exit_depths] and len(last.token_ids) > 1
+            # (logprobs: the same ids; the values of another run, whose passes may batch rows differently)
+            assert close(joined[2], last.logprobs) and close(ds[0].prompt_logprobs, last.prompt_logprobs)
             assert "".join(d.text for d in ds) == last.text
-            assert ds[0].prompt_logprobs == last.prompt_logprobs != None and all(not d.prompt_logprobs for d in ds[1:])  # noqa: E711
+            assert last.prompt_logprobs is not None and all(d.prompt_logprobs is None for d in ds[1:])
             assert [d.finished for d in ds] == [False] * (len(ds) - 1) + [True]
             assert (ds[-1].finish_reason, ds[-1].stop_reason) == (last.finish_reason, last.stop_reason)
             assert (only.token_ids, only.text, only.stop_reason, only.finished) == (
