@@ -17,10 +17,10 @@ sys.path.insert(0, "tests")
 from test_structured_output import check_valid, workload  # noqa: E402
 
 from rlt.config import EngineConfig, ModelConfig  # noqa: E402
-from rlt.control.validation import resolve_params  # noqa: E402
 from rlt.models.checkpoint import make_checkpoint  # noqa: E402
 from rlt.models.loader import load_model  # noqa: E402
 from rlt.models.tokenizer import load_tokenizer  # noqa: E402
+from rlt.validation import resolve_params  # noqa: E402
 from rlt.workers.engine import LoopEngine  # noqa: E402
 from rlt.workers.first_use import FirstUse  # noqa: E402
 from rlt.workers.warmup import warm_up  # noqa: E402

@@ -17,8 +17,8 @@ import torch
 import rlt
 from rlt import EngineDeadError, RequestError, SamplingParams
 from rlt.config import EngineConfig, Faults, ModelConfig
-from rlt.control.validation import resolve_params
 from rlt.models.loader import load_model
+from rlt.validation import resolve_params
 from rlt.workers.engine import LoopEngine
 
 FAST = dict(heartbeat_interval=0.2, heartbeat_timeout=3.0, startup_timeout=60.0)

@@ -14,8 +14,8 @@ from reference import Ref, ref_generate
 from test_engine import make, run
 from test_models import Generated, assert_matches
 
-from rlt.control.validation import resolve_params
 from rlt.sampling_params import SamplingParams
+from rlt.validation import resolve_params
 
 with open(os.path.join(os.path.dirname(__file__), "huginn_reference.json")) as _f:
     FIXTURE = json.load(_f)

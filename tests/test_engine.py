@@ -6,10 +6,10 @@ from reference import Ref, ref_generate, shared_generate
 
 from rlt import RequestError
 from rlt.config import EngineConfig, ModelConfig
-from rlt.control.validation import resolve_params
 from rlt.kernels.random import truncated_normal
 from rlt.models.loader import load_model
 from rlt.sampling_params import SamplingParams
+from rlt.validation import resolve_params
 from rlt.workers.engine import LoopEngine
 
 HUGINN = {"mean_recurrence": 6}  # like-init state, a few steps: keeps CPU tests fast

@@ -14,9 +14,9 @@ from test_pd import FAST, SMALL
 import rlt
 from rlt import RequestError
 from rlt.config import ModelConfig
-from rlt.control.validation import resolve_params
 from rlt.sampling_params import EXIT_CRITERIA, SamplingParams
 from rlt.serve.requests import CompletionRequest, to_sampling_params
+from rlt.validation import resolve_params
 
 CASES = [c for c in FIXTURE["cases"] if c["criterion"] != "none"]
 assert {c["criterion"] for c in CASES} == set(EXIT_CRITERIA)

@@ -10,12 +10,12 @@ from kernel_cases import decode_case
 
 import rlt
 from rlt.config import EngineConfig, ModelConfig
-from rlt.control.validation import resolve_params
 from rlt.kernels import mode
 from rlt.kernels.random import random_bits
 from rlt.kernels.sampler import SamplingTensors, sample
 from rlt.models.loader import load_model
 from rlt.sampling_params import SamplingParams
+from rlt.validation import resolve_params
 from rlt.workers.engine import LoopEngine
 
 pytestmark = pytest.mark.gpu

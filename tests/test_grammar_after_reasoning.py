@@ -16,9 +16,9 @@ from test_pd import run_all
 from test_preemption import spy_preemptions
 
 from rlt import SamplingParams, StructuredOutput
-from rlt.control.validation import resolve_params
 from rlt.errors import RequestError
 from rlt.models.tokenizer import load_tokenizer
+from rlt.validation import resolve_params
 
 SCHEMA = {
     "type": "object",

@@ -222,8 +222,8 @@ def test_a_grammar_that_fails_to_compile_fails_its_request_alone(checkpoints, mo
     """The coordinator checks a grammar's structure only; a compile that still fails in the worker
     (injected) is reported for that request, naming the field, and holds nobody up (the worker then
     fails it, as here)."""
-    from rlt.control.validation import resolve_params
     from rlt.grammar import Grammars
+    from rlt.validation import resolve_params
 
     def compile_fails(self, spec):
         raise RuntimeError("[07:00:00] /project/cpp/grammar_compiler.cc:1: injected")
