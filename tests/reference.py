@@ -230,10 +230,12 @@ def ref_generate(ref: Ref, prompt, max_tokens, min_loops=1, max_loops=None, thre
     return out, depths, logps
 
 
-def shared_generate(ref: Ref, prompt, max_tokens, min_loops=1, max_loops=None, threshold=1.0, noise_fn=None):
+def shared_generate(
+    ref: Ref, prompt, max_tokens, min_loops=1, max_loops=None, threshold=1.0, noise_fn=None, exits=None
+):
     """SHARED layout reference, position by position: a position's loop d attends to its own
     loop-d K/V and to every earlier position's final (exit-depth) K/V, at every depth. The prompt
-    runs at max_loops."""
+    runs at max_loops. exits: the decode positions' exit depths, given (else by the gate)."""
     D = ref.depth
     max_loops = max_loops or D
     final = {}  # core layer -> list of (k, v) [1, Hkv, D] per position, at that position's exit
@@ -265,7 +267,9 @@ def shared_generate(ref: Ref, prompt, max_tokens, min_loops=1, max_loops=None, t
         noise = noise_fn(q + 1)[q:] if noise_fn else None
         states, gates = ref.run([tok], [D], noise, start=q, core_hook=core_hook, boundary_hook=boundary_hook)
         e = max_loops
-        if decode:
+        if decode and exits is not None:
+            e = exits[q - len(prompt)]
+        elif decode:
             surv, e = 1.0, max_loops
             for d in range(1, max_loops + 1):
                 if gates:

@@ -655,3 +655,31 @@ def test_nothing_compiles_or_captures_after_ready(checkpoints):
 
     w = asyncio.run(serve())
     assert (w.captures_after_ready, w.compiles_after_ready) == (0, 0), w
+
+
+@pytest.mark.parametrize("layout", ["last_exited", "shared"])
+def test_exit_criteria_on_cuda_equal_cpu_and_the_authors_code(checkpoints, layout):
+    """Every exit criterion's reference case at once in float32 on CUDA, eager and replayed from
+    CUDA graphs (rows that exited held on the device while the host reads the verdicts one pass
+    late, their K/V sent to the scratch block inside the graphs' inputs), gives the CPU's tokens
+    and depths, and under LAST_EXITED the authors' (tests/huginn_reference.json)."""
+    from test_depth_options import FIXTURE
+    from test_engine import run
+    from test_exit_criteria import CASES, expect, params
+
+    mc = ModelConfig.from_pretrained(checkpoints["huginn"], hf_overrides=FIXTURE["overrides"])
+    requests = {i: (c["prompt"], params(c)) for i, c in enumerate(CASES)}
+
+    def tokens_depths(device, graph_max=0):
+        cfg = EngineConfig(num_blocks=512, prefill_chunk=16, kv_layout=layout, cuda_graph_max_batch=graph_max)
+        eng = LoopEngine(mc, load_model(mc, torch.float32, device), cfg, torch.float32, device)
+        out = run(eng, mc, requests)
+        if graph_max:
+            assert eng.runner.graphs.graphs and eng.runner.pass_graphs.graphs
+        return {i: [o[:2] for o in outs] for i, outs in out.items()}
+
+    cpu = tokens_depths("cpu")
+    assert tokens_depths("cuda") == cpu
+    assert tokens_depths("cuda", 256) == cpu
+    if layout == "last_exited":
+        expect({i: [(*o, None, None) for o in outs] for i, outs in cpu.items()}, CASES)

@@ -61,12 +61,12 @@ def floats(csv: str) -> list[float]:
 
 
 def exits(csv: str) -> list:
-    """Exit thresholds, e.g. "1.0,0.5,kl:0.3,argmax-stability:2": Ouro's gate's (floats) and Huginn's
-    (criterion, threshold) pairs."""
+    """Exit thresholds, e.g. "1.0,0.5,kl:0.3,argmax-stability:2,depth:8": Ouro's gate's (floats),
+    Huginn's (criterion, threshold) pairs, and ("depth", k): every token at depth k."""
     out = []
     for x in filter(None, csv.split(",")):
         name, _, v = x.rpartition(":")
-        out.append((name, int(v) if name == "argmax-stability" else float(v)) if name else float(v))
+        out.append((name, int(v) if name in ("argmax-stability", "depth") else float(v)) if name else float(v))
     return out
 
 
@@ -128,13 +128,14 @@ def offline(args) -> None:
     print(json.dumps(meta))
     print(
         f"{'conc':>5} {'thr':>5} {'pen':>4} {'tok/s':>9} {'decode tok/s':>13} {'at full conc':>13} {'its depth':>10} "
-        f"{'mean depth':>11} {'total s':>8} {'roofline':>9} {'of roof':>8}"
+        f"{'sd':>6} {'mean depth':>11} {'total s':>8} {'roofline':>9} {'of roof':>8}"
     )
     for r in rows:
         print(
             f"{r['concurrency']:>5} {r['threshold']:>5} {'yes' if r['penalized'] else 'no':>4} {r['tok_per_s']:>9} "
             f"{str(r['decode_tok_per_s']):>13} {str(r['full_conc_tok_per_s']):>13} "
-            f"{str(r['full_conc_mean_depth']):>10} {str(r['mean_decode_depth']):>11} {r['total_s']:>8} "
+            f"{str(r['full_conc_mean_depth']):>10} {str(r['full_conc_depth_sd']):>6} "
+            f"{str(r['mean_decode_depth']):>11} {r['total_s']:>8} "
             f"{str(r.get('roofline_tok_per_s', '')):>9} {str(r.get('of_roofline', '')):>8}"
         )
     for plain, pen in zip(rows[::2], rows[1::2]) if args.penalties else ():

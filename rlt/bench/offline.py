@@ -71,11 +71,14 @@ def decode_run(
     engine, mc, concurrency: int, threshold, prompt_len: int, max_tokens: int, penalized: bool = False
 ) -> dict:
     """One row: `concurrency` requests at once, each `max_tokens` tokens at this exit threshold (a
-    float: Ouro's gate; or (criterion, threshold): Huginn's exit criteria) (penalized: with PENALTIES)."""
+    float: Ouro's gate; (criterion, threshold): Huginn's exit criteria; ("depth", k): every token at
+    depth k) (penalized: with PENALTIES)."""
     criterion, threshold = threshold if isinstance(threshold, tuple) else ("gate", threshold)
-    sp = SamplingParams(
-        max_tokens=max_tokens, temperature=0.0, ignore_eos=True, exit_criterion=criterion, exit_threshold=threshold
-    )
+    sp = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
+    if criterion == "depth":
+        sp = msgspec.structs.replace(sp, min_loops=threshold, max_loops=threshold)
+    else:
+        sp = msgspec.structs.replace(sp, exit_criterion=criterion, exit_threshold=threshold)
     submit(engine, mc, concurrency, prompt_len, msgspec.structs.replace(sp, **PENALTIES) if penalized else sp)
     t0 = time.perf_counter()
     seen, tokens, depths, decode_t0, full_t1, full_depths = set(), 0, [], None, None, []
@@ -113,6 +116,9 @@ def decode_run(
         # the tokens of that window: with exits, shallow requests make more of them, so the
         # depth-ratio ideal for the window's rate is 4 / this, not 4 / the run's mean
         "full_conc_mean_depth": round(sum(full_depths) / len(full_depths), 2) if full_depths else None,
+        "full_conc_depth_sd": round(torch.tensor(full_depths, dtype=torch.float).std().item(), 2)
+        if len(full_depths) > 1
+        else None,
     }
 
 

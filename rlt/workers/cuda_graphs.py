@@ -72,6 +72,12 @@ class DecodeGraphs:
             tab[i, : len(t)] = t
         return out
 
+    @staticmethod
+    def slots(ints: torch.Tensor, n: int) -> torch.Tensor:
+        """The K/V slots of the n rows in inputs() on the device (a view)."""
+        B = next(b for b in BUCKETS if b >= n)
+        return ints[B : B + n]
+
     def capture(self, B: int, W: int) -> None:
         """Capture the graph of this (batch, table width) bucket now, if it is not yet."""
         if (B, W) not in self.graphs:
@@ -214,6 +220,11 @@ class PassGraphs:
         bs, seg_of_row = self.pool.block_size, np.repeat(np.arange(segs), np.diff(row_starts))
         out[o[1] : o[1] + n] = tab[seg_of_row, pos // bs] * bs + pos % bs  # each row's K/V slot
         return (R, W), out
+
+    def slots(self, key: tuple[int, int], ints: torch.Tensor, n: int) -> torch.Tensor:
+        """The K/V slots of the pass's n rows in inputs() on the device (a view)."""
+        o = self._layout(*key)
+        return ints[o[1] : o[1] + n]
 
     def capture(self, R: int, W: int) -> None:
         if (R, W) not in self.graphs:

@@ -14,6 +14,12 @@ its first, the reference's initial one: the initial latent, uniform log-probs, e
 -1. A decode row is checked after loops min_loops .. max_loops - 1 (the reference's min_steps is
 min_loops - 1) and exits at the first check its criterion holds at, else at max_loops. Prompts run
 at max_loops unchecked (the reference's do_not_exit_in_prefill).
+
+The host never waits for a verdict (a pass of Huginn's core is short, and a read-back every pass
+would leave the GPU idle while the host builds the next): the next pass carries the checked rows
+again, and there a row whose verdict was an exit is held on the device - it keeps its state and
+writes its K/V to the scratch block - while the host reads the verdicts and takes the row out,
+at the depth it exited at (PendingVerdicts).
 """
 
 import itertools
@@ -24,6 +30,7 @@ import torch.nn.functional as F
 
 from rlt.sampling_params import EXIT_CRITERIA
 from rlt.workers.pass_rows import Attention, positions, row_starts
+from rlt.workers.step_buffers import DeviceReadback
 
 LATENT = ("latent-diff", "cosine")  # need only the state
 MINP = 0.1  # minp-kl: probabilities under this share of the largest are set to 1/V
@@ -98,8 +105,9 @@ class CriterionChecks:
             f["chk_pos"] = positions(self.logit, rs)
         return f
 
-    def verdicts(self, t: dict) -> dict[int, bool]:
-        """After the pass: id(group) -> its exit; each group's previous value updated."""
+    def verdicts(self, t: dict) -> "PendingVerdicts":
+        """After the pass: the groups' exits, on their way to the host; each group's previous value
+        updated."""
         runner, logits = self.runner, None
         if self.logit:
             rs = row_starts(self.logit)
@@ -121,4 +129,38 @@ class CriterionChecks:
                 g.criterion_prev = tuple(v[i : i + 1] for v in new)
             done.append(exits)
             row += n
-        return dict(zip(map(id, self.groups), torch.cat(done).tolist()))
+        return PendingVerdicts(self.groups, torch.cat(done))
+
+
+class PendingVerdicts:
+    """One pass's verdicts, read by the host while the next pass runs. That pass holds the rows
+    they exit on the device: hold() before it, release() after it."""
+
+    def __init__(self, groups: list, exits: torch.Tensor):
+        self.groups = groups  # (kept alive: their ids key the index)
+        self.index = {id(g): i for i, g in enumerate(groups)}
+        self.exits = torch.cat([exits, exits.new_zeros(1)])  # the last, False, for rows not checked
+        self._readback = DeviceReadback((exits,))
+
+    def held(self, active: list, row_starts: list[int]) -> dict:
+        """The next pass's fields: rows of the groups checked here, and their verdicts' indices."""
+        rows = [(r, self.index[id(g)]) for g, r in zip(active, row_starts) if id(g) in self.index]
+        return {"held_row": np.array([r for r, _ in rows]), "held_src": np.array([i for _, i in rows])} if rows else {}
+
+    def hold(self, t: dict, active: list, slots: torch.Tensor, scratch_slot: int) -> None:
+        """Before that pass (slots: its rows' K/V slots on the device): the rows whose verdict was an
+        exit write their K/V to the scratch slot (their position keeps the K/V of the loop they
+        exited at)."""
+        self.frozen, rows = self.exits[t["held_src"]], t["held_row"]
+        slots[rows] = torch.where(self.frozen, scratch_slot, slots[rows])
+        self.before = torch.cat([g.state for g in active if id(g) in self.index])
+
+    def release(self, t: dict, x: torch.Tensor) -> None:
+        """After it (x: its new states): those rows keep the state they exited with."""
+        rows = t["held_row"]
+        x[rows] = torch.where(self.frozen[:, None], self.before, x[rows])
+
+    def exited(self) -> set[int]:
+        """ids of the groups whose verdict was an exit (waits for the read-back)."""
+        (v,) = self._readback.resolve()
+        return {id(g) for g, e in zip(self.groups, v) if e}

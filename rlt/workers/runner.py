@@ -3,8 +3,9 @@ at its own depth, on its own KV plane), exit decisions, LAST_EXITED finalize cop
 
 Everything the step needs from the host is packed into one buffer and sent in one copy before the
 pass. The host reads the exit mask back only when some row's exit depends on its gate at this
-depth, or on its exit criterion (Huginn: rlt/workers/exit_criteria.py, whose logit criteria run
-the coda and head for the rows they check); otherwise it knows the exits and runs ahead of the GPU.
+depth; otherwise it knows the exits and runs ahead of the GPU. Exit criteria (Huginn:
+rlt/workers/exit_criteria.py, whose logit criteria run the coda and head for the rows they check)
+are read one pass late, their exited rows held on the device meanwhile.
 What exited groups need (finalize copies, sampling parameters, Huginn's coda metadata) is selected
 on the host and sent in one more copy. Sampled tokens come back asynchronously (PendingTokens): the
 engine launches the next step, whose new decode rows read those tokens on the device, before it
@@ -46,6 +47,7 @@ class Runner:
         # Steady decode (rlt/workers/steady.py) needs the loop input to be the token embedding.
         self.supports_steady = not pool.has_boundary and isinstance(model, EmbeddingInput)
         self.graphs = self.pass_graphs = None
+        self.pending = None  # the last pass's criterion verdicts (PendingVerdicts)
         if self.use_kernels and cfg.cuda_graph_max_batch > 0:
             from rlt.workers.cuda_graphs import DecodeGraphs, PassGraphs
 
@@ -112,6 +114,7 @@ class Runner:
         # Rows an exit criterion is checked for after this pass (Huginn: exit_criteria.py).
         checks = [g for g in active if checks_after(g, g.depth + 1)]
         checks = CriterionChecks(self, checks) if checks else None
+        pending, self.pending = self.pending, None
 
         # ---- pack the step's metadata: one host-to-device copy ----------------------------------
         f = {"pos": positions(active, ra)}
@@ -132,6 +135,8 @@ class Runner:
             }
         if checks is not None:
             f |= checks.fields()
+        if pending is not None:
+            f |= pending.held(active, ra)
         fed = next((g.feed[0] for g in new if g.feed is not None), None)
         if new:
             f |= {
@@ -165,6 +170,14 @@ class Runner:
                     g.criterion_prev = initial(g.params.exit_criterion, g.state, self.mc.vocab_size)
 
         # ---- one pass of the core over every active row ----------------------------------------------
+        if held := "held_row" in t:  # rows the last pass's verdicts may exit (exit_criteria.py)
+            if graphed:
+                slots = self.graphs.slots(t["graph_in"], ra[-1])
+            elif pass_graphed:
+                slots = self.pass_graphs.slots(key, t["pass_in"], ra[-1])
+            else:
+                slots = t["core_slot"]
+            pending.hold(t, active, slots, pool.scratch_block * pool.block_size)
         if graphed:
             x, gate = self.graphs.run([g.state for g in active], [g.inject for g in active], t["graph_in"])
         elif pass_graphed:
@@ -176,11 +189,19 @@ class Runner:
                 t["pos"],
                 Attention(pool.cache, self._meta(t, "core_", active, ra), None),
             )
+        if held:
+            pending.release(t, x)
         for g, r0, r1 in zip(active, ra, ra[1:]):
             g.state, g.depth = x[r0:r1], g.depth + 1
+        if checks is not None:  # (launched before the last pass's verdicts are waited for)
+            self.pending = checks.verdicts(t)
+        # The last pass's exits by criterion leave now, at the depth they exited at.
+        late = pending.exited() if held else set()
+        for g in active:
+            g.depth -= id(g) in late
         # Prompt chunks and decode tokens alike run to their request's max_loops at most (a prompt
         # at a fixed depth k below the model's is computed at k, as the references compute it).
-        done_host = [g.depth >= (g.exit_depth or g.params.max_loops) for g in active]
+        done_host = [id(g) in late or g.depth >= (g.exit_depth or g.params.max_loops) for g in active]
         if adaptive:
             surv = torch.cat([self.one if g.survival is None else g.survival for g in active])
             if gate is not None:
@@ -193,9 +214,6 @@ class Runner:
             # otherwise the host knows it and runs ahead to the next step while the GPU works.
             if any(g.gated and g.params.min_loops <= g.depth < g.params.max_loops for g in active):
                 done_host = [d if g.gated else h for g, d, h in zip(active, done.tolist(), done_host)]
-        if checks is not None:  # (reads the verdicts back: the host waits for this pass)
-            verdict = checks.verdicts(t)
-            done_host = [h or verdict.get(id(g), False) for g, h in zip(active, done_host)]
         result = StepResult(exited=[g for g, d in zip(active, done_host) if d])
         if result.exited:
             self._exit(result)
