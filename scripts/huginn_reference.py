@@ -16,6 +16,23 @@ weights; some with `min_steps`; and fixed depth (`num_steps=k`, criterion "none"
     /tmp/refvenv/bin/pip install torch==2.13.0 'transformers==4.57.*' safetensors
     /tmp/refvenv/bin/python scripts/huginn_reference.py --checkpoint /tmp/hg --seed 1 \
         --modeling <recurrent-pretraining>/recpre --out tests/huginn_reference.json
+
+The held-out check (tests/huginn_reference_heldout.json), made once rlt's criteria were built and
+never used to build them: another seed's checkpoint, depth 10, other prompts, thresholds and
+min_steps. Every checked value is more than 0.1 % from its threshold (--min-margin) and every
+coda output's two largest logits more than 1e-3 apart (--min-gap), so float32 noise can flip
+neither an exit nor a token; the script refuses a case that is closer (leave --out out to only
+print each case's depths, margin and gap, e.g. while choosing thresholds):
+
+    rlt make-checkpoint --family huginn --preset tiny --seed 2 --out /tmp/hg2
+    /tmp/refvenv/bin/python scripts/huginn_reference.py --checkpoint /tmp/hg2 --seed 2 \
+        --modeling <recurrent-pretraining>/recpre --depth 10 --max-new-tokens 10 --min-gap 1e-3 \
+        --prompts '[[7, 7, 123, 45, 301, 2, 99, 17, 64, 480, 33], [250, 12, 9, 400, 77],
+                    [61, 3, 222, 18, 5, 390, 140, 8]]' \
+        --cases '[["latent-diff", 0.9, 0], ["latent-diff", 0.75, 2], ["cosine", 0.45, 0], ["kl", 0.7, 0],
+                  ["kl", 0.5, 3], ["minp-kl", 0.1, 0], ["entropy-diff", 0.1, 0], ["entropy-diff", 0.3, 2],
+                  ["argmax-stability", 1, 0], ["argmax-stability", 3, 1]]' \
+        --fixed-depths '[2, 4, 7]' --out tests/huginn_reference_heldout.json
 """
 
 import argparse
@@ -84,17 +101,25 @@ def build_model(mod, checkpoint: str, overrides: dict):
 
 class Recorder:
     """Wraps an exit evaluator: the recurrences each generated position ran (iterate_one_step
-    calls between two `init`s) and the exit values its checks saw (for threshold margins)."""
+    calls between two `init`s), the exit values its checks saw (for threshold margins) and the gap
+    between the two largest logits of every coda output (an argmax that float32 noise could flip:
+    the greedy token, argmax-stability's count)."""
 
     def __init__(self, model, inner):
-        self.inner, self.depths, self.values = inner, [], []
-        step = model.iterate_one_step
+        self.inner, self.depths, self.values, self.gaps = inner, [], [], []
+        step, predict = model.iterate_one_step, model.predict_from_latents
 
         def counted(*args, **kwargs):
             self.depths[-1] += 1
             return step(*args, **kwargs)
 
-        model.iterate_one_step = counted
+        def predicted(*args, **kwargs):
+            out = predict(*args, **kwargs)
+            top = out.logits[0, -1].float().topk(2).values
+            self.gaps.append(float(top[0] - top[1]))
+            return out
+
+        model.iterate_one_step, model.predict_from_latents = counted, predicted
 
     def init(self, latents):
         self.depths.append(0)
@@ -106,8 +131,9 @@ class Recorder:
         return exits, outputs, values
 
 
-def run(mod, model, prompt, criterion, threshold, min_steps=0, num_steps=None):
-    model.__dict__.pop("iterate_one_step", None)
+def run(mod, model, prompt, criterion, threshold, max_new_tokens, min_steps=0, num_steps=None):
+    for name in ("iterate_one_step", "predict_from_latents"):
+        model.__dict__.pop(name, None)
     rec = Recorder(model, mod.get_adaptive_exit_evaluator(model, criterion, threshold))
     kwargs = {} if num_steps is None else {"num_steps": num_steps}
     gen = model.generation_config
@@ -120,12 +146,12 @@ def run(mod, model, prompt, criterion, threshold, min_steps=0, num_steps=None):
         cache_lookup_strategy="latest-m4",
         do_not_exit_in_prefill=True,
         min_steps=min_steps,
-        max_new_tokens=MAX_NEW_TOKENS,
+        max_new_tokens=max_new_tokens,
         **kwargs,
     )
     tokens = out[0, len(prompt) :].tolist()
-    assert len(tokens) == MAX_NEW_TOKENS == len(rec.depths)
-    return tokens, rec.depths, rec.values
+    assert len(tokens) == max_new_tokens == len(rec.depths)
+    return tokens, rec
 
 
 def margin(values, threshold, criterion) -> float:
@@ -142,23 +168,49 @@ def main():
     ap.add_argument("--checkpoint", required=True, help="an rlt tiny Huginn checkpoint")
     ap.add_argument("--seed", type=int, required=True, help="the seed the checkpoint was made with (recorded)")
     ap.add_argument("--modeling", required=True, help="folder with raven_modeling_minimal.py, raven_config_minimal.py")
-    ap.add_argument("--out", required=True)
+    ap.add_argument("--out", help="the fixture to write (left out: only report each case and its margins)")
     ap.add_argument(
         "--prompts", type=json.loads, default=PROMPTS, help="JSON list of token-id prompts (a held-out check: others)"
+    )
+    ap.add_argument(
+        "--cases",
+        type=json.loads,
+        default=CASES,
+        help="JSON list of [criterion, exit_threshold, min_steps], e.g. '[[\"kl\", 0.25, 1]]' (default: CASES)",
+    )
+    ap.add_argument("--fixed-depths", type=json.loads, default=FIXED_DEPTHS, help="JSON list of num_steps k")
+    ap.add_argument("--depth", type=int, default=DEPTH, help="mean_recurrence (the tests run the same override)")
+    ap.add_argument("--max-new-tokens", type=int, default=MAX_NEW_TOKENS)
+    ap.add_argument(
+        "--min-margin",
+        type=float,
+        default=1e-3,
+        help="refuse a case whose checked value comes within this share of its threshold (float32 noise could "
+        "flip its exit)",
+    )
+    ap.add_argument(
+        "--min-gap",
+        type=float,
+        default=0.0,
+        help="refuse a case with a coda output whose two largest logits are closer than this (float32 noise "
+        "could flip its greedy token or argmax-stability's count)",
     )
     a = ap.parse_args()
     torch.manual_seed(0)
     mod = load_reference(a.modeling)
-    overrides = {"mean_recurrence": DEPTH}
+    overrides = {"mean_recurrence": a.depth}
     model = build_model(mod, a.checkpoint, overrides)
-    auto = {c: mod.get_adaptive_exit_evaluator(model, c, "auto").exit_threshold for c, _, _ in CASES}
-    cases = []
+    auto = {c: mod.get_adaptive_exit_evaluator(model, c, "auto").exit_threshold for c, _, _ in a.cases}
+    cases, refused = [], []
     for prompt in a.prompts:
-        for criterion, threshold, min_steps in CASES:
-            tokens, depths, values = run(mod, model, prompt, criterion, threshold, min_steps)
+        for criterion, threshold, min_steps in a.cases:
+            tokens, rec = run(mod, model, prompt, criterion, threshold, a.max_new_tokens, min_steps)
             t = auto[criterion] if threshold == "auto" else threshold
-            m = margin(values, t, criterion)
-            assert m > 1e-3, f"{criterion} {threshold}: a value within {m:.1e} of the threshold"
+            m, gap = margin(rec.values, t, criterion), min(rec.gaps)
+            line = f"{criterion} {threshold} {min_steps} {rec.depths} {tokens} margin {m:.3g} gap {gap:.3g}"
+            print(line)
+            if m <= a.min_margin or gap <= a.min_gap:
+                refused.append(f"{prompt} {line}")
             cases.append(
                 dict(
                     prompt=prompt,
@@ -167,16 +219,26 @@ def main():
                     auto_threshold=auto[criterion],
                     min_steps=min_steps,
                     tokens=tokens,
-                    depths=depths,
+                    depths=rec.depths,
                     margin=None if math.isinf(m) else round(m, 4),
                 )
+                | ({"gap": round(gap, 4)} if a.min_gap else {})
             )
-            print(criterion, threshold, min_steps, depths, tokens, f"margin {m:.3g}")
-        for k in FIXED_DEPTHS:
-            tokens, depths, _ = run(mod, model, prompt, "none", "auto", num_steps=k)
-            assert depths == [k] * MAX_NEW_TOKENS
-            cases.append(dict(prompt=prompt, criterion="none", num_steps=k, tokens=tokens, depths=depths))
-            print("num_steps", k, tokens)
+        for k in a.fixed_depths:
+            tokens, rec = run(mod, model, prompt, "none", "auto", a.max_new_tokens, num_steps=k)
+            assert rec.depths == [k] * a.max_new_tokens
+            gap = min(rec.gaps)
+            print("num_steps", k, tokens, f"gap {gap:.3g}")
+            if gap <= a.min_gap:
+                refused.append(f"{prompt} num_steps {k} gap {gap:.3g}")
+            cases.append(
+                dict(prompt=prompt, criterion="none", num_steps=k, tokens=tokens, depths=rec.depths)
+                | ({"gap": round(gap, 4)} if a.min_gap else {})
+            )
+    if refused:
+        sys.exit("too close to flip-by-noise (--min-margin, --min-gap):\n" + "\n".join(refused))
+    if a.out is None:
+        return
     fixture = dict(
         source="seal-rg/recurrent-pretraining recpre/raven_modeling_minimal.py generate_with_adaptive_compute",
         transformers=importlib.import_module("transformers").__version__,
@@ -186,7 +248,7 @@ def main():
         settings=dict(
             init_scale=0.0, cache_lookup_strategy="latest-m4", do_not_exit_in_prefill=True, greedy=True, batch=1
         ),
-        max_new_tokens=MAX_NEW_TOKENS,
+        max_new_tokens=a.max_new_tokens,
         cases=cases,
     )
     with open(a.out, "w") as f:

@@ -2,9 +2,13 @@
 `generate_with_adaptive_compute` (tests/huginn_reference.json, made by scripts/huginn_reference.py:
 batch 1, greedy, zero initial state, latest-m4, the prompt at full depth): every criterion's tokens
 and per-token recurrence counts, alone and all at once (rows of six criteria and several depths in
-one pass), under preemption, with prefix caching, and through 1p1d."""
+one pass), under preemption, with prefix caching, and through 1p1d. A held-out check of the same
+kind (tests/huginn_reference_heldout.json: another seed's checkpoint, depth 10, other prompts
+and thresholds, none used while the criteria were built)."""
 
 import asyncio
+import json
+import os
 
 import pytest
 from test_depth_options import FIXTURE, N
@@ -23,17 +27,19 @@ assert {c["criterion"] for c in CASES} == set(EXIT_CRITERIA)
 # Thresholds under which exits vary (the "auto" ones never exit on these random weights)
 VARIED = [c for c in CASES if c["threshold"] != "auto"]
 assert all(len(set(c["depths"][1:])) >= 2 for c in VARIED)
+with open(os.path.join(os.path.dirname(__file__), "huginn_reference_heldout.json")) as _f:
+    HELDOUT = json.load(_f)
 
 
-def params(c: dict) -> SamplingParams:
+def params(c: dict, n: int = N) -> SamplingParams:
     """The fixture case's options: the reference's min_steps = m is min_loops = m + 1; fixed depth
     num_steps = k is min_loops = max_loops = k."""
     if c["criterion"] == "none":
         return SamplingParams(
-            max_tokens=N, temperature=0, ignore_eos=True, min_loops=c["num_steps"], max_loops=c["num_steps"]
+            max_tokens=n, temperature=0, ignore_eos=True, min_loops=c["num_steps"], max_loops=c["num_steps"]
         )
     return SamplingParams(
-        max_tokens=N,
+        max_tokens=n,
         temperature=0,
         ignore_eos=True,
         exit_criterion=c["criterion"],
@@ -117,6 +123,24 @@ async def test_every_case_through_1p1d_equals_the_authors_code(checkpoints):
         outs = await asyncio.gather(*(one(i, c) for i, c in enumerate(cases)))
     for o, c in zip(outs, cases):
         assert (o.token_ids, o.exit_depths) == (c["tokens"], c["depths"]), c
+
+
+def test_held_out_cases_equal_the_authors_code(tmp_path_factory):
+    """Every held-out case at once: made by the same script after rlt's criteria were built, on a
+    checkpoint of another seed at depth 10, with prompts and thresholds none of the tests above use,
+    chosen so that no checked value comes within 0.1 % of its threshold and no argmax within 1e-3 of
+    the runner-up (float32 noise flips neither an exit nor a token). Prefix caching on: the cases of
+    one prompt share its cached blocks."""
+    from rlt.models.checkpoint import make_checkpoint
+
+    ck, n = HELDOUT["checkpoint"], HELDOUT["max_new_tokens"]
+    assert ck["seed"] != FIXTURE["checkpoint"]["seed"]
+    path = make_checkpoint("huginn", str(tmp_path_factory.mktemp("heldout")), preset=ck["preset"], seed=ck["seed"])
+    cases = HELDOUT["cases"]
+    assert {c["criterion"] for c in cases} == set(EXIT_CRITERIA) | {"none"}
+    assert all(c.get("margin") is None or c["margin"] > 1e-3 for c in cases) and min(c["gap"] for c in cases) > 1e-3
+    mc, engine = make(path, "huginn", overrides=HELDOUT["overrides"])
+    expect(run(engine(), mc, {i: (c["prompt"], params(c, n)) for i, c in enumerate(cases)}), cases)
 
 
 def test_thresholds_are_read_per_criterion(checkpoints):
