@@ -2,8 +2,8 @@
 `generate_with_adaptive_compute` (tests/huginn_reference.json, made by scripts/huginn_reference.py:
 batch 1, greedy, zero initial state, latest-m4, the prompt at full depth): every criterion's tokens
 and per-token recurrence counts, alone and all at once (rows of six criteria and several depths in
-one pass), under preemption, with prefix caching, and through 1p1d. A held-out check of the same
-kind (tests/huginn_reference_heldout.json: another seed's checkpoint, depth 10, other prompts
+one pass), under preemption, with prefix caching, and through 1p1d and 2x. A held-out check of the
+same kind (tests/huginn_reference_heldout.json: another seed's checkpoint, depth 10, other prompts
 and thresholds, none used while the criteria were built)."""
 
 import asyncio
@@ -106,21 +106,26 @@ def test_prefix_cache_serves_a_repeated_prompt_with_the_same_exits(checkpoints):
         assert ([o.token_id for o in outs], [o.exit_depth for o in outs]) == (c["tokens"], c["depths"])
 
 
-async def test_every_case_through_1p1d_equals_the_authors_code(checkpoints):
-    """The prefill worker runs the prompt at max_loops and samples the first token; the decode
-    worker checks each criterion per row: every fixture case whose exits vary, and fixed depths, at
-    once."""
+@pytest.mark.parametrize("topology", ["1p1d", "2x"])
+async def test_every_case_through_pd_and_replicas_equals_the_authors_code(checkpoints, topology):
+    """Every fixture case whose exits vary, and fixed depths, all at once. 1p1d: the prefill worker
+    runs the prompt at max_loops and samples the first token, the decode worker checks each
+    criterion per row. 2x: two replicas behind the coordinator (routed by cached prefix and load),
+    each running its share of the rows in its own passes."""
     cases = VARIED + [c for c in FIXTURE["cases"] if c["criterion"] == "none"]
     async with rlt.Engine.launch(
-        checkpoints["huginn"], topology="1p1d", hf_overrides=FIXTURE["overrides"], **(SMALL | FAST)
+        checkpoints["huginn"], topology=topology, hf_overrides=FIXTURE["overrides"], **(SMALL | FAST)
     ) as engine:
+        workers = set()
 
         async def one(i, c):
             async for out in engine.generate(c["prompt"], params(c), request_id=f"c{i}"):
-                pass
+                if (r := engine._lifecycle.live.get(f"c{i}")) is not None:
+                    workers.add(r.decode.worker.pid)
             return out
 
         outs = await asyncio.gather(*(one(i, c) for i, c in enumerate(cases)))
+    assert len(workers) == (2 if topology == "2x" else 1)
     for o, c in zip(outs, cases):
         assert (o.token_ids, o.exit_depths) == (c["tokens"], c["depths"]), c
 
