@@ -180,8 +180,9 @@ def assert_clean_exit(log: str) -> None:
 
 
 def cases(family: str) -> tuple[list[dict], list[SamplingParams]]:
-    """Greedy and seeded (top-k, top-p) requests with logprobs, and for Ouro adaptive exit (the loop
-    options as nvext annotations), as the openai client's arguments and as rlt SamplingParams. Each
+    """Greedy and seeded (top-k, top-p) requests with logprobs, and adaptive exit (the loop options as
+    nvext annotations: Ouro's gate, Huginn's exit criterion), as the openai client's arguments and
+    as rlt SamplingParams. Each
     asks for the token ids and rlt's exit depths (nvext extra fields), and logprobs naming the
     token ids ("token_id:42")."""
     requests = [
@@ -197,6 +198,11 @@ def cases(family: str) -> tuple[list[dict], list[SamplingParams]]:
             dict(max_tokens=9, temperature=0, extra_body={"nvext": {"annotations": ["exit_threshold=0.5"]}})
         )
         sps.append(SamplingParams(max_tokens=9, temperature=0, exit_threshold=0.5, logprobs=1))
+    elif family == "huginn":  # an exit criterion; argmax-stability's threshold counts checks
+        loop = ["exit_criterion=argmax-stability", "exit_threshold=2"]
+        requests.append(dict(max_tokens=9, temperature=0, extra_body={"nvext": {"annotations": loop}}))
+        crit = dict(exit_criterion="argmax-stability", exit_threshold=2)
+        sps.append(SamplingParams(max_tokens=9, temperature=0, logprobs=1, **crit))
     for r in requests:
         body = r.setdefault("extra_body", {})
         body["return_tokens_as_token_ids"] = True
@@ -245,6 +251,18 @@ def test_completions_through_dynamo_equal_single(checkpoints, stack, family, nod
         # the prompt again: found in the prefix cache (Huginn's like-init KV depends on each one's seed)
         cached = [g.usage.prompt_tokens_details.cached_tokens for g in got]
         assert cached[0] == 0 and (family == "huginn" or cached[1:] == [32] * (len(got) - 1)), cached
+        if family == "huginn":  # a bad loop option: a 400 naming it, rlt's own validation's words
+            refused = [
+                (["exit_criterion=halting"], "exit_criterion must be one of gate, latent-diff"),
+                (["exit_criterion=argmax-stability", "exit_threshold=2.5"], "argmax-stability counts checks"),
+                (["exit_criterion=kl", "exit_threshold=x"], "exit_threshold must be a finite number, got 'x'"),
+            ]
+            for loop, msg in refused:
+                with pytest.raises(openai.BadRequestError) as e:
+                    client.completions.create(
+                        model=s.model, prompt=prompt, max_tokens=2, extra_body={"nvext": {"annotations": loop}}
+                    )
+                assert msg in e.value.message, e.value.message
         if nodes != "aggregated":
             _stop(w)
             _stop(p)

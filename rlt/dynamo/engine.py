@@ -9,8 +9,9 @@ named) becomes a StructuredOutput; an option rlt cannot honour is refused, never
 the stream goes back as token-id deltas, each chunk with its tokens' exit depths in `engine_data`
 (`exit_depths`; the last chunk also `request_exit_depths`, every token's), which a client gets
 with `nvext.extra_fields: ["engine_data"]`. Loop options come as the request's
-`nvext.annotations` ("exit_threshold=0.5", "min_loops=2", "max_loops=3": Dynamo's frontend
-rejects unknown body fields). Cancellation closes the rlt stream, which aborts the request.
+`nvext.annotations` ("exit_criterion=kl", "exit_threshold=0.5", "min_loops=2", "max_loops=3":
+Dynamo's frontend rejects unknown body fields). Cancellation closes the rlt stream, which aborts
+the request.
 For Dynamo's KV-aware router, load signal, health canary and /metrics: rlt/dynamo/router_state.py.
 """
 
@@ -34,7 +35,7 @@ log = logging.getLogger("rlt.dynamo")
 
 # rlt's finish reasons -> Dynamo's
 FINISH = {"stop": "stop", "length": "length", "abort": "cancelled", "error": "error"}
-LOOP_OPTIONS = ("exit_threshold", "min_loops", "max_loops")
+LOOP_OPTIONS = ("exit_criterion", "exit_threshold", "min_loops", "max_loops")
 
 
 _SAMPLING = ("temperature", "top_p", "top_k", "min_p", "seed", "n")
@@ -105,16 +106,25 @@ def structured_output(g: dict | None) -> StructuredOutput | None:
 
 def loop_options(annotations: list[str]) -> dict:
     """rlt's loop options from the request's `nvext.annotations` ("exit_threshold=0.5"): the one
-    free-form field Dynamo's OpenAI frontend passes through to the engine."""
+    free-form field Dynamo's OpenAI frontend passes through to the engine. Each value as the Python
+    API would get it (exit_criterion a string, the others a number: "2" an int, "0.5" a float, text
+    that is neither left as it is); rlt's own validation then checks them as it checks any request,
+    the threshold read per criterion (argmax-stability's counts checks): a 400 naming the field."""
     out = {}
     for a in annotations:
         name, eq, value = a.partition("=")
         if eq and name in LOOP_OPTIONS:
-            try:
-                out[name] = float(value) if name == "exit_threshold" else int(value)
-            except ValueError:
-                raise RequestError(f"{name} must be a number, got {value!r} (annotation {a!r})") from None
+            out[name] = value if name == "exit_criterion" else _number(value)
     return out
+
+
+def _number(text: str) -> int | float | str:
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return text
 
 
 def prompt_logprobs(prompt: list[int], logprobs: list, top: int) -> list:
