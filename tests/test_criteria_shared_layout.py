@@ -4,10 +4,9 @@ late) holds the exited row, whose K/V then goes to the scratch block (rlt/worker
 The position-by-position reference, given rlt's exit depths, gives the same tokens and logprobs."""
 
 import pytest
+from huginn_cases import FIXTURE, VARIED, params
 from reference import Ref, shared_generate
-from test_depth_options import FIXTURE
 from test_engine import make, run
-from test_exit_criteria import VARIED, params
 
 
 @pytest.mark.parametrize("criterion", ["latent-diff", "kl"])

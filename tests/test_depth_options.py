@@ -5,24 +5,16 @@ first token from depth k. Huginn: equal to the authors' `generate_with_adaptive_
 tests/test_exit_criteria.py); Ouro and Nanbeige: equal to the dense reference run at depth k
 (tests/reference.py). The prefix cache keys prompt blocks by that depth."""
 
-import json
-import os
 from types import SimpleNamespace
 
 import pytest
+from huginn_cases import FIXED, FIXTURE, N
 from reference import Ref, ref_generate
 from test_engine import make, run
 from test_models import Generated, assert_matches
 
 from rlt.sampling_params import SamplingParams
 from rlt.validation import resolve_params
-
-with open(os.path.join(os.path.dirname(__file__), "huginn_reference.json")) as _f:
-    FIXTURE = json.load(_f)
-# The fixture's checkpoint is tests/conftest.py's `checkpoints["huginn"]` (tiny, seed 1).
-assert FIXTURE["checkpoint"] == {"family": "huginn", "preset": "tiny", "seed": 1}
-FIXED = [c for c in FIXTURE["cases"] if c["criterion"] == "none"]
-N = FIXTURE["max_new_tokens"]
 
 
 def fixed(k: int, n: int = N) -> SamplingParams:

@@ -7,11 +7,9 @@ same kind (tests/huginn_reference_heldout.json: another seed's checkpoint, depth
 and thresholds, none used while the criteria were built)."""
 
 import asyncio
-import json
-import os
 
 import pytest
-from test_depth_options import FIXTURE, N
+from huginn_cases import CASES, FIXTURE, HELDOUT, VARIED, expect, params
 from test_engine import make, run
 from test_pd import FAST, SMALL
 
@@ -21,37 +19,6 @@ from rlt.config import ModelConfig
 from rlt.sampling_params import EXIT_CRITERIA, SamplingParams
 from rlt.serve.requests import CompletionRequest, to_sampling_params
 from rlt.validation import resolve_params
-
-CASES = [c for c in FIXTURE["cases"] if c["criterion"] != "none"]
-assert {c["criterion"] for c in CASES} == set(EXIT_CRITERIA)
-# Thresholds under which exits vary (the "auto" ones never exit on these random weights)
-VARIED = [c for c in CASES if c["threshold"] != "auto"]
-assert all(len(set(c["depths"][1:])) >= 2 for c in VARIED)
-with open(os.path.join(os.path.dirname(__file__), "huginn_reference_heldout.json")) as _f:
-    HELDOUT = json.load(_f)
-
-
-def params(c: dict, n: int = N) -> SamplingParams:
-    """The fixture case's options: the reference's min_steps = m is min_loops = m + 1; fixed depth
-    num_steps = k is min_loops = max_loops = k."""
-    if c["criterion"] == "none":
-        return SamplingParams(
-            max_tokens=n, temperature=0, ignore_eos=True, min_loops=c["num_steps"], max_loops=c["num_steps"]
-        )
-    return SamplingParams(
-        max_tokens=n,
-        temperature=0,
-        ignore_eos=True,
-        exit_criterion=c["criterion"],
-        exit_threshold=None if c["threshold"] == "auto" else c["threshold"],
-        min_loops=c["min_steps"] + 1,
-    )
-
-
-def expect(out: dict, cases: list) -> None:
-    for i, c in enumerate(cases):
-        got = ([o[0] for o in out[i]], [o[1] for o in out[i]])
-        assert got == (c["tokens"], c["depths"]), (c["criterion"], c["threshold"], c.get("min_steps"))
 
 
 def engine_for(checkpoints, **cfg):

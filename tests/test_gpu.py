@@ -663,9 +663,8 @@ def test_exit_criteria_on_cuda_equal_cpu_and_the_authors_code(checkpoints, layou
     CUDA graphs (rows that exited held on the device while the host reads the verdicts one pass
     late, their K/V sent to the scratch block inside the graphs' inputs), gives the CPU's tokens
     and depths, and under LAST_EXITED the authors' (tests/huginn_reference.json)."""
-    from test_depth_options import FIXTURE
+    from huginn_cases import CASES, FIXTURE, expect, params
     from test_engine import run
-    from test_exit_criteria import CASES, expect, params
 
     mc = ModelConfig.from_pretrained(checkpoints["huginn"], hf_overrides=FIXTURE["overrides"])
     requests = {i: (c["prompt"], params(c)) for i, c in enumerate(CASES)}

@@ -36,16 +36,21 @@ LATENT = ("latent-diff", "cosine")  # need only the state
 MINP = 0.1  # minp-kl: probabilities under this share of the largest are set to 1/V
 
 
-def initial(criterion: str, state: torch.Tensor, vocab: int) -> tuple[torch.Tensor, ...]:
-    """A row's "previous" value before its first check; state [1, H] is its initial latent."""
-    dev = state.device
-    if criterion in LATENT:
-        return (state.to(torch.float32, copy=True),)  # (a copy: a graphed pass reuses its buffers)
+def initial(criterion: str, state: torch.Tensor) -> torch.Tensor | None:
+    """A row's "previous" value before its first check: for the latent criteria its initial latent
+    (state [1, H], kept by reference: a pass never writes into the states it is given); None for the
+    others, whose initial value is a constant (initial_values)."""
+    return state if criterion in LATENT else None
+
+
+def initial_values(criterion: str, vocab: int, device) -> tuple[torch.Tensor, ...]:
+    """The logit criteria's value before a row's first check, one row: uniform log-probs, entropy
+    100, argmax -1 seen 0 times."""
     if criterion in ("kl", "minp-kl"):
-        return (torch.full((1, vocab), 1.0 / vocab, device=dev).log(),)
+        return (torch.full((1, vocab), 1.0 / vocab, device=device).log(),)
     if criterion == "entropy-diff":
-        return (torch.full((1,), 100.0, device=dev),)
-    return torch.full((1,), -1, dtype=torch.long, device=dev), torch.zeros(1, dtype=torch.long, device=dev)
+        return (torch.full((1,), 100.0, device=device),)
+    return torch.full((1,), -1, dtype=torch.long, device=device), torch.zeros(1, dtype=torch.long, device=device)
 
 
 def _minp_log_probs(logits: torch.Tensor) -> torch.Tensor:
@@ -86,23 +91,38 @@ def checks_after(g, depth: int) -> bool:
 
 
 class CriterionChecks:
-    """The checks of one pass: metadata packed with the pass's (one copy), verdicts read back after
-    it (one read-back). Groups are single decode rows, ordered by criterion: each criterion's rows,
-    thresholds and logits are contiguous slices."""
+    """The checks of one pass: metadata packed with the pass's (one copy), verdicts left on the device
+    (PendingVerdicts). Groups are single decode rows, ordered by criterion: each criterion's rows,
+    thresholds and logits are contiguous slices. No tensor work per row: a latent criterion's
+    previous value is the state a row had at its last check (a reference), a logit criterion's a
+    row of the values its last check stacked (Group.criterion_prev: (stack, row)), gathered by one
+    index per criterion."""
 
     def __init__(self, runner, groups: list):
         order = {c: i for i, c in enumerate(EXIT_CRITERIA)}
         self.runner = runner
         self.groups = sorted(groups, key=lambda g: order[g.params.exit_criterion])
         self.logit = [g for g in self.groups if g.params.exit_criterion not in LATENT]
+        self.sources = {}  # logit criterion -> the stacks its rows' previous values are in (None: initial)
 
     def fields(self) -> dict:
-        """Thresholds, and the coda's boundary-plane metadata for the rows whose criterion reads logits."""
+        """Thresholds; for the rows whose criterion reads logits, the coda's boundary-plane metadata
+        and where each row's previous value is among its criterion's stacks, concatenated."""
         f = {"chk_thr": np.array([g.params.exit_threshold for g in self.groups], dtype=np.float32)}
         if self.logit:
             rs = row_starts(self.logit)
             f |= self.runner._plane_fields("chk_", self.logit, rs, [g.tables.boundary for g in self.logit])
             f["chk_pos"] = positions(self.logit, rs)
+        for crit, rows in itertools.groupby(self.logit, key=lambda g: g.params.exit_criterion):
+            stacks, index, end = {}, [], 0  # id(stack) -> (stack, its first row in the concatenation)
+            for g in rows:
+                stack, i = g.criterion_prev or (None, 0)
+                if id(stack) not in stacks:
+                    stacks[id(stack)] = (stack, end)
+                    end += 1 if stack is None else len(stack[0])
+                index.append(stacks[id(stack)][1] + i)
+            self.sources[crit] = [stack for stack, _ in stacks.values()]
+            f["chk_src_" + crit] = np.array(index)
         return f
 
     def verdicts(self, t: dict) -> "PendingVerdicts":
@@ -121,12 +141,15 @@ class CriterionChecks:
             n = len(rows)
             if crit in LATENT:
                 x = torch.cat([g.state for g in rows])
+                prev = (torch.cat([g.criterion_prev for g in rows]).float(),)
             else:
                 x, lrow = logits[lrow : lrow + n], lrow + n
-            prev = tuple(torch.cat(v) for v in zip(*(g.criterion_prev for g in rows)))
+                init = initial_values(crit, runner.mc.vocab_size, x.device)
+                stacks = [init if s is None else s for s in self.sources[crit]]
+                prev = tuple(torch.cat(c)[t["chk_src_" + crit]] for c in zip(*stacks))
             exits, new = evaluate(crit, x, prev, t["chk_thr"][row : row + n])
             for i, g in enumerate(rows):
-                g.criterion_prev = tuple(v[i : i + 1] for v in new)
+                g.criterion_prev = g.state if crit in LATENT else (new, i)
             done.append(exits)
             row += n
         return PendingVerdicts(self.groups, torch.cat(done))

@@ -29,7 +29,7 @@ class Group:
     inject: torch.Tensor | None = None
     state: torch.Tensor | None = None
     survival: torch.Tensor | None = None  # [1] prod(1 - hazard), decode groups
-    criterion_prev: tuple | None = None  # its exit criterion's value at its last check (exit_criteria.py)
+    criterion_prev: "torch.Tensor | tuple | None" = None  # its criterion's value at its last check (exit_criteria.py)
     # A decode token sampled by the previous step and not read back yet: (its PendingTokens, index)
     feed: "tuple[PendingTokens, int] | None" = None
     exit_depth: int | None = None  # a generated position recomputed after preemption: runs to this depth

@@ -167,7 +167,7 @@ class Runner:
             for g, r0, r1 in zip(new, rn, rn[1:]):
                 g.inject, g.state = inject[r0:r1], state[r0:r1]
                 if g.decoding and g.exit_depth is None and g.params.exit_criterion in EXIT_CRITERIA:
-                    g.criterion_prev = initial(g.params.exit_criterion, g.state, self.mc.vocab_size)
+                    g.criterion_prev = initial(g.params.exit_criterion, g.state)
 
         # ---- one pass of the core over every active row ----------------------------------------------
         if held := "held_row" in t:  # rows the last pass's verdicts may exit (exit_criteria.py)
