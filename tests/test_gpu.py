@@ -10,7 +10,6 @@ from kernel_cases import decode_case
 
 import rlt
 from rlt.config import EngineConfig, ModelConfig
-from rlt.kernels import mode
 from rlt.kernels.random import random_bits
 from rlt.kernels.sampler import SamplingTensors, sample
 from rlt.models.loader import load_model
@@ -19,16 +18,6 @@ from rlt.validation import resolve_params
 from rlt.workers.engine import LoopEngine
 
 pytestmark = pytest.mark.gpu
-
-
-@pytest.fixture(autouse=True)
-def triton_kernels():
-    """Each check calls the Triton kernels, directly or through rlt/models/layers.py (an engine sets
-    its own kernel set from its EngineConfig); the process's kernel set is restored after."""
-    saved = mode.triton, mode.batch_invariant
-    mode.configure("cuda", "triton", False)
-    yield
-    mode.triton, mode.batch_invariant = saved
 
 
 PROMPTS = [[5 + (i * 7 + j) % 400 for j in range(n)] for i, n in enumerate((9, 30, 17, 44, 3))]
@@ -178,6 +167,7 @@ def test_triton_paged_attention_matches_reference(dtype, tol, H, Hkv, D):
         KernelPlan,
         PagedMetadata,
         kernel_fields,
+        kernel_paged_attention,
         paged_attention,
         plan_kernel,
         write_kv,
@@ -221,7 +211,7 @@ def test_triton_paged_attention_matches_reference(dtype, tol, H, Hkv, D):
         ref = paged_attention(cache, layer, ref_meta, q, k, v).float()
         bound = tol * max(1.0, ref.abs().max().item())
         for plan in (KernelPlan(), prefill, KernelPlan(64)):
-            got = paged_attention(cache, layer, meta(plan), q, k, v).float()
+            got = kernel_paged_attention(cache, layer, meta(plan), q, k, v).float()
             assert (got - ref).abs().max() <= bound, plan
         m16 = meta(KernelPlan())
         # one segment alone gives the same bits as inside the batch
@@ -235,7 +225,8 @@ def test_triton_paged_attention_matches_reference(dtype, tol, H, Hkv, D):
         )
         r6 = slice(row_starts[6], row_starts[7])
         assert torch.equal(
-            paged_attention(cache, layer, alone, q[r6], k[r6], v[r6]), paged_attention(cache, layer, m16, q, k, v)[r6]
+            kernel_paged_attention(cache, layer, alone, q[r6], k[r6], v[r6]),
+            kernel_paged_attention(cache, layer, m16, q, k, v)[r6],
         )
 
 
@@ -244,14 +235,21 @@ def test_triton_paged_attention_matches_reference(dtype, tol, H, Hkv, D):
 def test_decode_attention_matches_reference(dtype, tol, H, Hkv, D):
     """The decode kernel (GQA group per program; 1, 2, 8, 32, 64, 128 key slices merged by the last
     slice — most of them empty for the shorter rows — and the planned count) against the torch
-    reference, and a decode-only pass through
-    paged_attention takes it."""
+    reference, and a decode-only pass's plan takes it."""
     from rlt.kernels import decode_attention as da
-    from rlt.kernels.paged_attention import PagedMetadata, kernel_fields, paged_attention
+    from rlt.kernels.paged_attention import (
+        PagedMetadata,
+        kernel_fields,
+        kernel_paged_attention,
+        paged_attention,
+        plan_kernel,
+    )
 
     cache, meta, tab, q, pos = decode_case(H, Hkv, D, dtype, "cuda")
     fields = {k: torch.from_numpy(a).cuda() for k, a in kernel_fields(meta.row_starts, meta.q_starts).items()}
-    kernel_meta = PagedMetadata(meta.slot_mapping, tab, meta.row_starts, meta.q_starts, meta.block_size, fields)
+    plan = plan_kernel(meta.row_starts, meta.q_starts, batch_invariant=False)
+    assert plan.decode and not plan_kernel(meta.row_starts, meta.q_starts, batch_invariant=True).decode
+    kernel_meta = PagedMetadata(meta.slot_mapping, tab, meta.row_starts, meta.q_starts, meta.block_size, fields, plan)
     for layer in range(cache.shape[1]):
         ref = paged_attention(cache, layer, meta, q, None, None).float()
         bound = tol * max(1.0, ref.abs().max().item())
@@ -259,7 +257,7 @@ def test_decode_attention_matches_reference(dtype, tol, H, Hkv, D):
             got = da.decode_attention(cache, layer, q, tab, pos, meta.block_size, splits).float()
             assert (got - ref).abs().max() <= bound, splits
         assert torch.equal(
-            paged_attention(cache, layer, kernel_meta, q, None, None),
+            kernel_paged_attention(cache, layer, kernel_meta, q, None, None),
             da.decode_attention(cache, layer, q, tab, pos, meta.block_size),
         )
     assert da._counters(q.device).abs().sum().item() == 0  # every merging slice reset its counter
@@ -271,8 +269,9 @@ def test_gemv_matches_torch():
     import torch.nn.functional as F
 
     from rlt.kernels import gemv as gv
-    from rlt.models import layers
+    from rlt.models.ops import TritonOps
 
+    ops = TritonOps()
     g = torch.Generator(device="cuda").manual_seed(0)
     for dtype, tol in ((torch.float32, 1e-4), (torch.bfloat16, 2e-2)):
         for N, K in ((6144, 2048), (2048, 2048), (11264, 2048), (2048, 5632), (37, 300)):
@@ -282,7 +281,7 @@ def test_gemv_matches_torch():
             bound = tol * ref.abs().max().item()
             for cfg in gv.CONFIGS:
                 assert (gv.gemv(x, w, cfg).float() - ref).abs().max() <= bound, (N, K, str(cfg))
-            assert torch.equal(layers.linear(x, w), gv.gemv(x, w, gv.CONFIG))  # the engine's one-row path
+            assert torch.equal(ops.linear(x, w), gv.gemv(x, w, gv.CONFIG))  # the engine's one-row path
 
 
 def test_gemv_epilogues_match_separate_launches():
@@ -294,7 +293,7 @@ def test_gemv_epilogues_match_separate_launches():
     from rlt.kernels import gemv as gv
     from rlt.kernels.activation import silu_mul
     from rlt.kernels.norm import add_rms_norm
-    from rlt.models import layers
+    from rlt.models.ops import REFERENCE, TritonOps
 
     g = torch.Generator(device="cuda").manual_seed(0)
     eps = 1e-6
@@ -322,13 +321,11 @@ def test_gemv_epilogues_match_separate_launches():
             assert got[2].dtype == torch.float32 and got[2].shape == (1,)
             assert all(close(a, b.reshape(a.shape)) for a, b in zip(got, refs)), (N, K)
             calls = {}
-            for kernels in ("triton", "reference"):
-                mode.configure("cuda", kernels, False)
+            for kernels, ops in (("triton", TritonOps()), ("reference", REFERENCE)):
                 calls[kernels] = (
-                    layers.linear_swiglu(x, gate_up),
-                    *layers.linear_add_norm(x, w, r, wa, wo, eps, (gate_w, gate_b)),
+                    ops.linear_swiglu(x, gate_up),
+                    *ops.linear_add_norm(x, w, r, wa, wo, eps, (gate_w, gate_b)),
                 )
-            mode.configure("cuda", "triton", False)
             (*tri, gate), ref = calls["triton"], calls["reference"]
             assert torch.equal(tri[0], gv.gemv_swiglu(x, gate_up))  # the one-row GEMV and its epilogue ran
             assert all(close(a, b) for a, b in zip(tri, ref)), (N, K)
@@ -419,7 +416,7 @@ def test_cuda_graphs_equal_eager(checkpoints, family):
 
     eager, _ = run(0)
     graphed, eng = run(256)
-    assert eng.runner.graphs.graphs and eng.runner.pass_graphs.graphs  # both kinds were captured and used
+    assert eng.backend.decode_graphs.graphs and eng.backend.pass_graphs.graphs  # both kinds captured and used
     assert graphed == eager
 
 
@@ -459,12 +456,13 @@ def test_rope_kernel_matches_torch(pairs, dtype, tol, D):
 
 def test_rms_norm_on_cuda_matches_torch():
     from rlt.models import layers
+    from rlt.models.ops import TritonOps
 
     g = torch.Generator(device="cuda").manual_seed(0)
     x = torch.randn(37, 5280, device="cuda", generator=g).bfloat16()
     w = (1 + 0.1 * torch.randn(5280, device="cuda", generator=g)).bfloat16()
     ref = layers.rms_norm(x.cpu().float(), w.cpu().float(), 1e-6)
-    assert (layers.rms_norm(x, w, 1e-6).float().cpu() - ref).abs().max() <= 2e-2 * ref.abs().max()
+    assert (TritonOps().rms_norm(x, w, 1e-6).float().cpu() - ref).abs().max() <= 2e-2 * ref.abs().max()
 
 
 @pytest.mark.parametrize("family", ["ouro", "nanbeige", "huginn"])
@@ -674,7 +672,7 @@ def test_exit_criteria_on_cuda_equal_cpu_and_the_authors_code(checkpoints, layou
         eng = LoopEngine(mc, load_model(mc, torch.float32, device), cfg, torch.float32, device)
         out = run(eng, mc, requests)
         if graph_max:
-            assert eng.runner.graphs.graphs and eng.runner.pass_graphs.graphs
+            assert eng.backend.decode_graphs.graphs and eng.backend.pass_graphs.graphs
         return {i: [o[:2] for o in outs] for i, outs in out.items()}
 
     cpu = tokens_depths("cpu")

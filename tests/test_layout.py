@@ -140,3 +140,18 @@ def test_no_private_attribute_of_control_outside_it():
             elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("rlt.control"):
                 uses += [f"{name}:{node.lineno} {a.name}" for a in node.names if a.name.startswith("_")]
     assert uses == []
+
+
+def test_no_module_level_kernel_switch():
+    """A worker's kernels are chosen once, by its backend (rlt/workers/backend.py), and handed to
+    its model: no module holds a kernel switch (the old rlt/kernels/mode.py), and no kernel, model
+    or worker module rebinds a module global."""
+    assert not (RLT / "kernels" / "mode.py").exists()
+    rebinding = []
+    for name, p in MODULES.items():
+        if not name.startswith(("rlt.kernels", "rlt.models", "rlt.workers")):
+            continue
+        for node in ast.walk(ast.parse(p.read_text())):
+            if isinstance(node, ast.Global):
+                rebinding.append(f"{name}:{node.lineno} global {', '.join(node.names)}")
+    assert rebinding == []

@@ -1,4 +1,6 @@
-"""Torch reference paged attention: each group of rows reads its own block table (its own plane).
+"""Paged attention: each group of rows reads its own block table (its own plane). The torch
+reference (paged_attention), and the Triton kernels as a pass's KernelPlan picks them
+(kernel_paged_attention).
 
 Metadata is device tensors (slot mapping, padded block tables) plus the host integers the
 reference's per-segment loop needs; GPU kernels take the same tensors.
@@ -18,18 +20,26 @@ DENSE_MIN_ROWS = 64  # a prefix-free prompt chunk this long runs as dense causal
 
 @dataclass(frozen=True)
 class KernelPlan:
-    """How the Triton attention tiles one pass: rows per tile, and which segments skip the paged
-    kernel for dense SDPA instead (prompt chunks at position 0: their keys are their own rows)."""
+    """How the Triton attention runs one pass: rows per tile, which segments skip the paged kernel
+    for dense SDPA instead (prompt chunks at position 0: their keys are their own rows), and whether
+    the decode kernel takes the whole pass (one row per segment: a GQA group per program, keys
+    split to fill the GPU)."""
 
     tile_rows: int = KERNEL_BLOCK_M
     dense: tuple[int, ...] = ()
+    decode: bool = False
 
 
 def plan_kernel(row_starts: list[int], q_starts: list[int], batch_invariant: bool) -> KernelPlan:
-    """Batch-invariant mode keeps one tiling for every pass and never takes the dense path, so a
-    row's result never depends on how its prompt was chunked or what shares its pass."""
+    """Batch-invariant mode keeps one tiling for every pass, never takes the dense path and keeps
+    decode-only passes on the general kernel, so a row's result never depends on how its prompt was
+    chunked or what shares its pass."""
+    if batch_invariant:
+        return KernelPlan()
+    if row_starts[-1] == len(row_starts) - 1:  # decode rows only
+        return KernelPlan(decode=True)
     rows = np.diff(row_starts)
-    if batch_invariant or len(rows) == 0 or rows.max() <= KERNEL_BLOCK_M:
+    if rows.max() <= KERNEL_BLOCK_M:
         return KernelPlan()
     dense = tuple(int(s) for s in np.flatnonzero((np.asarray(q_starts) == 0) & (rows >= DENSE_MIN_ROWS)))
     return KernelPlan(PREFILL_BLOCK_M, dense)
@@ -60,8 +70,8 @@ class PagedMetadata:
     row_starts: list[int]  # [S + 1] rows of segment s are row_starts[s]:row_starts[s+1]
     q_starts: list[int]  # [S] position of each segment's first row
     block_size: int
-    kernel: dict | None = None  # device copies of kernel_fields (CUDA)
-    plan: KernelPlan = KernelPlan()  # the tiling those fields were built for
+    kernel: dict | None = None  # kernel_fields (the Triton kernels); packed: device copies
+    plan: KernelPlan = KernelPlan()  # the tiling those fields were built for, and the kernel
 
     def kv_len(self, s: int) -> int:
         return self.q_starts[s] + self.row_starts[s + 1] - self.row_starts[s]
@@ -78,25 +88,8 @@ def write_kv(cache: torch.Tensor, layer: int, meta: PagedMetadata, k: torch.Tens
 def paged_attention(
     cache: torch.Tensor, layer: int, meta: PagedMetadata, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
 ) -> torch.Tensor:
-    """q [T, H, D], k/v [T, Hkv, D] of the same rows (already written to the cache) -> [T, H, D].
-    With kernel metadata (CUDA) the Triton kernel runs every segment in one launch (dense segments
-    of the plan run as causal SDPA on k/v directly); otherwise this loop is the reference."""
-    if meta.kernel is not None:
-        from rlt.kernels import mode
-        from rlt.kernels import paged_attention_triton as pat
-
-        # Decode-only passes (one row per segment) take the decode kernel: a GQA group per program,
-        # keys split to fill the GPU. Batch-invariant mode keeps every pass on the general kernel,
-        # so a decode row's result is the same whatever else its pass carries.
-        if meta.row_starts[-1] == len(meta.row_starts) - 1 and not mode.batch_invariant:
-            from rlt.kernels.decode_attention import decode_attention
-
-            return decode_attention(cache, layer, q, meta.block_table, meta.kernel["seg_q0"], meta.block_size)
-        out = pat.paged_attention(cache, layer, q, meta.block_table, meta.kernel, meta.block_size, meta.plan.tile_rows)
-        for s in meta.plan.dense:
-            r0, r1 = meta.row_starts[s], meta.row_starts[s + 1]
-            out[r0:r1] = prefix_free_attention(q[r0:r1], k[r0:r1], v[r0:r1])
-        return out
+    """q [T, H, D], k/v [T, Hkv, D] of the same rows (already written to the cache) -> [T, H, D]:
+    the torch reference, a loop over the segments."""
     out = torch.empty_like(q)
     for s in range(len(meta.q_starts)):
         r0, r1, kv_len = meta.row_starts[s], meta.row_starts[s + 1], meta.kv_len(s)
@@ -106,4 +99,22 @@ def paged_attention(
             out[r0:r1] = prefix_free_attention(q[r0:r1], K, V)
         else:
             out[r0:r1] = causal_attention(q[r0:r1], K, V, meta.q_starts[s])
+    return out
+
+
+def kernel_paged_attention(
+    cache: torch.Tensor, layer: int, meta: PagedMetadata, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+) -> torch.Tensor:
+    """The same by the Triton kernels, as meta.plan says: the decode kernel, or the general paged
+    kernel over every segment in one launch (dense segments of the plan as causal SDPA on k/v)."""
+    from rlt.kernels import paged_attention_triton as pat
+
+    if meta.plan.decode:
+        from rlt.kernels.decode_attention import decode_attention
+
+        return decode_attention(cache, layer, q, meta.block_table, meta.kernel["seg_q0"], meta.block_size)
+    out = pat.paged_attention(cache, layer, q, meta.block_table, meta.kernel, meta.block_size, meta.plan.tile_rows)
+    for s in meta.plan.dense:
+        r0, r1 = meta.row_starts[s], meta.row_starts[s + 1]
+        out[r0:r1] = prefix_free_attention(q[r0:r1], k[r0:r1], v[r0:r1])
     return out

@@ -12,7 +12,8 @@ import torch.nn.functional as F
 from rlt.config import ModelConfig
 from rlt.kernels.random import truncated_normal
 from rlt.models.base import Attention, Rotary
-from rlt.models.layers import gated_mlp, linear, rms_norm, rope_inv_freq
+from rlt.models.layers import gated_mlp, rope_inv_freq
+from rlt.models.ops import REFERENCE
 
 _BLOCK_TENSORS = (
     "norm_1.weight",
@@ -36,6 +37,8 @@ def _stack_names(fc) -> list[str]:
 
 
 class HuginnModel:
+    ops = REFERENCE  # the kernel set its layers run (rlt/models/ops.py): its engine's backend's
+
     @staticmethod
     def expected_tensors(mc: ModelConfig) -> dict[str, tuple[int, ...]]:
         """Every tensor name this model reads, with its shape from config.json."""
@@ -89,15 +92,14 @@ class HuginnModel:
         self.inv_freq = rope_inv_freq(fc.head_dim, fc.rope_theta).to(self.wte.device)
 
     def _block(self, B, x, positions, attend):
-        fc, eps = self.fc, self.fc.rms_norm_eps
+        fc, eps, ops = self.fc, self.fc.rms_norm_eps, self.ops
         T, nh, hd = x.shape[0], fc.num_attention_heads, fc.head_dim
-        q, k, v = linear(rms_norm(x, B["n1"], eps), B["qkv"]).view(T, 3, nh, hd).unbind(1)
+        q, k, v = ops.linear(ops.rms_norm(x, B["n1"], eps), B["qkv"]).view(T, 3, nh, hd).unbind(1)
         if B["q_bias"] is not None:
             q, k = q + B["q_bias"], k + B["k_bias"]
-        x = rms_norm(
-            x + linear(attend(q, k, v, Rotary(positions, self.inv_freq, True)).flatten(1), B["proj"]), B["n2"], eps
-        )
-        return rms_norm(x + gated_mlp(rms_norm(x, B["n3"], eps), B["fc"], B["mlp_proj"]), B["n4"], eps)
+        a = ops.linear(attend(q, k, v, Rotary(positions, self.inv_freq, True)).flatten(1), B["proj"])
+        x = ops.rms_norm(x + a, B["n2"], eps)
+        return ops.rms_norm(x + gated_mlp(ops, ops.rms_norm(x, B["n3"], eps), B["fc"], B["mlp_proj"]), B["n4"], eps)
 
     def embed(self, ids, positions, attn: Attention):
         x = F.embedding(ids, self.wte) * self.fc.embed_scale
@@ -115,7 +117,7 @@ class HuginnModel:
         return (z * (self.fc.state_std * self.fc.embed_scale)).to(inject.dtype)
 
     def loop(self, s, inject, positions, attn: Attention):
-        x = linear(torch.cat([s, inject], dim=-1), self.adapter)
+        x = self.ops.linear(torch.cat([s, inject], dim=-1), self.adapter)
         for j, B in enumerate(self.core):
             x = self._block(B, x, positions, lambda q, k, v, r, j=j: attn.core(j, q, k, v, r))
         return x, None
@@ -125,12 +127,12 @@ class HuginnModel:
         return self.project(x if select is None else x[select])
 
     def after_loop(self, s, positions, attn: Attention):
-        x = rms_norm(s, self.ln_f, self.fc.rms_norm_eps)
+        x = self.ops.rms_norm(s, self.ln_f, self.fc.rms_norm_eps)
         P = self.fc.n_layers_in_prelude
         for j, B in enumerate(self.coda):
             x = self._block(B, x, positions, lambda q, k, v, r, j=j: attn.boundary(P + j, q, k, v, r))
         return x
 
     def project(self, x):
-        x = rms_norm(x, self.ln_f, self.fc.rms_norm_eps)
-        return linear(x, self.wte).float()
+        x = self.ops.rms_norm(x, self.ln_f, self.fc.rms_norm_eps)
+        return self.ops.linear(x, self.wte).float()

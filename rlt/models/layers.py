@@ -1,67 +1,15 @@
-"""Building blocks shared by the three families: the torch reference, and the Triton kernels of
-rlt/kernels where this worker runs them (rlt.kernels.mode)."""
+"""Building blocks shared by the three families: the torch reference of each layer operation (a
+model runs them through its kernel set, rlt/models/ops.py), and the pieces built on them."""
 
 import torch
 import torch.nn.functional as F
 
-from rlt.kernels import mode
 from rlt.models.base import Rotary
-
-
-def _one_row_gemv(x: torch.Tensor, w: torch.Tensor) -> bool:
-    """A one-row product on the Triton path takes the GEMV (batch-invariant mode keeps its GEMM)."""
-    return mode.use_triton(x) and x.shape[0] == 1 and x.dtype == w.dtype and not mode.batch_invariant
-
-
-def linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
-    if mode.batch_invariant and mode.use_triton(x):
-        from rlt.kernels.batch_invariant import linear as bi_linear
-
-        y = bi_linear(x, w)
-        return y if b is None else y + b
-    if b is None and _one_row_gemv(x, w):  # decode at one row: a GEMV
-        from rlt.kernels.gemv import gemv
-
-        return gemv(x, w)
-    return F.linear(x, w, b)
-
-
-def linear_swiglu(x: torch.Tensor, gate_up_w: torch.Tensor) -> torch.Tensor:
-    """swiglu(x @ gate_up_w.T) with the fused [gate; up] weight; one launch for a one-row pass."""
-    if _one_row_gemv(x, gate_up_w):
-        from rlt.kernels.gemv import gemv_swiglu
-
-        return gemv_swiglu(x, gate_up_w)
-    return swiglu(linear(x, gate_up_w))
-
-
-def linear_add_norm(
-    x: torch.Tensor,
-    w: torch.Tensor,
-    residual: torch.Tensor,
-    weight_a: torch.Tensor | None,
-    weight_out: torch.Tensor,
-    eps: float,
-    exit_gate: tuple[torch.Tensor, torch.Tensor] | None = None,
-) -> tuple[torch.Tensor, ...]:
-    """A projection, then the residual add and the next norm: add_norm(residual, x @ w.T, weight_a,
-    weight_out, eps) -> (residual', h); one launch for a one-row pass. exit_gate (float32 weight
-    [1, N], bias [1]; Ouro's last layer): also the gate's logits h.float() @ weight.T + bias [T]."""
-    if _one_row_gemv(x, w):
-        from rlt.kernels.gemv import gemv_add_norm
-
-        return gemv_add_norm(x, w, residual, weight_a, weight_out, eps, exit_gate=exit_gate)
-    out = add_norm(residual, linear(x, w), weight_a, weight_out, eps)
-    return out if exit_gate is None else (*out, linear(out[1].float(), *exit_gate).squeeze(-1))
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """Llama RMSNorm: normalise in float32, cast back, then scale (no +1 offset). Triton: one launch
-    (also batch-invariant) instead of ~7 torch kernels."""
-    if mode.use_triton(x):
-        from rlt.kernels.norm import rms_norm as kernel_rms_norm
-
-        return kernel_rms_norm(x, weight, eps)
+    (also batch-invariant) instead of ~7 torch kernels (rlt/kernels/norm.py)."""
     xf = x.float()
     y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
     return weight * y.to(x.dtype)
@@ -72,10 +20,6 @@ def add_norm(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Residual add, then the next norm: x_new = x + (rms_norm(a, weight_a) if weight_a is given
     else a); returns (x_new, rms_norm(x_new, weight_out)). Triton: one launch instead of three."""
-    if mode.use_triton(x):
-        from rlt.kernels.norm import add_rms_norm
-
-        return add_rms_norm(x, a, weight_a, weight_out, eps)
     x = x + (a if weight_a is None else rms_norm(a, weight_a, eps))
     return x, rms_norm(x, weight_out, eps)
 
@@ -87,12 +31,8 @@ def rope_inv_freq(head_dim: int, theta: float) -> torch.Tensor:
 def rope(
     q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor, pairs: bool
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """RoPE on q [T, H, D] and k [T, Hkv, D]: adjacent pairs (Huginn) or rotate-half. Triton: in
-    place, one launch for both."""
-    if mode.use_triton(q):
-        from rlt.kernels.rope import rope_
-
-        return rope_(q, k, positions, inv_freq, pairs)
+    """RoPE on q [T, H, D] and k [T, Hkv, D]: adjacent pairs (Huginn) or rotate-half. The Triton
+    attention rotates them in place in the launch that stores k and v (rlt/kernels/rope.py)."""
     f = rope_pairs if pairs else rope_neox
     return f(q, positions, inv_freq), f(k, positions, inv_freq)
 
@@ -120,10 +60,6 @@ def rope_pairs(x: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor)
 
 def swiglu(gate_up: torch.Tensor) -> torch.Tensor:
     """silu(gate) * up from the fused [gate; up] projection output; Triton: one launch."""
-    if mode.use_triton(gate_up):
-        from rlt.kernels.activation import silu_mul
-
-        return silu_mul(gate_up)
     gate, up = gate_up.chunk(2, dim=-1)
     return F.silu(gate) * up
 
@@ -135,17 +71,17 @@ def split_qkv(qkv, num_heads, num_kv_heads, head_dim):
     return q.view(T, num_heads, head_dim), k.view(T, num_kv_heads, head_dim), v.view(T, num_kv_heads, head_dim)
 
 
-def llama_attention(h, L: dict, fc, positions, inv_freq, attn, layer: int) -> torch.Tensor:
+def llama_attention(ops, h, L: dict, fc, positions, inv_freq, attn, layer: int) -> torch.Tensor:
     """Ouro / Nanbeige self-attention of one core layer on normed input h, up to the output
     projection (the caller applies L["o"]): fused q/k/v projection, then paged attention at this
-    layer with rotate-half RoPE -> [T, H * D]."""
-    q, k, v = split_qkv(linear(h, L["qkv"]), fc.num_attention_heads, fc.num_key_value_heads, fc.head_dim)
+    layer with rotate-half RoPE -> [T, H * D]. ops: the model's kernel set."""
+    q, k, v = split_qkv(ops.linear(h, L["qkv"]), fc.num_attention_heads, fc.num_key_value_heads, fc.head_dim)
     return attn.core(layer, q, k, v, Rotary(positions, inv_freq, False)).flatten(1)
 
 
-def gated_mlp(x, gate_up_w, down_w):
-    """SwiGLU with a fused [gate; up] weight: down(silu(gate(x)) * up(x))."""
-    return linear(linear_swiglu(x, gate_up_w), down_w)
+def gated_mlp(ops, x, gate_up_w, down_w):
+    """SwiGLU with a fused [gate; up] weight: down(silu(gate(x)) * up(x)). ops: the model's kernel set."""
+    return ops.linear(ops.linear_swiglu(x, gate_up_w), down_w)
 
 
 def fused_llama_layer(w: dict, prefix: str, norms: dict[str, str]) -> dict:

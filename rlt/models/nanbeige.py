@@ -6,19 +6,13 @@ import torch
 
 from rlt.config import ModelConfig
 from rlt.models.base import Attention
-from rlt.models.layers import (
-    EmbeddingInput,
-    fused_llama_layer,
-    linear,
-    linear_add_norm,
-    linear_swiglu,
-    llama_attention,
-    rms_norm,
-    rope_inv_freq,
-)
+from rlt.models.layers import EmbeddingInput, fused_llama_layer, llama_attention, rope_inv_freq
+from rlt.models.ops import REFERENCE
 
 
 class NanbeigeModel(EmbeddingInput):
+    ops = REFERENCE  # the kernel set its layers run (rlt/models/ops.py): its engine's backend's
+
     @staticmethod
     def expected_tensors(mc: ModelConfig) -> dict[str, tuple[int, ...]]:
         """Every tensor name this model reads, with its shape from config.json."""
@@ -56,19 +50,19 @@ class NanbeigeModel(EmbeddingInput):
         self.inv_freq = rope_inv_freq(fc.head_dim, fc.rope_theta).to(self.embed_w.device)
 
     def loop(self, x, inject, positions, attn: Attention):
-        fc, eps, layers = self.fc, self.fc.rms_norm_eps, self.layers
-        h = rms_norm(x, layers[0]["n1"], eps)
+        fc, eps, layers, ops = self.fc, self.fc.rms_norm_eps, self.layers, self.ops
+        h = ops.rms_norm(x, layers[0]["n1"], eps)
         for i, L in enumerate(layers):
-            x, h = linear_add_norm(
-                llama_attention(h, L, fc, positions, self.inv_freq, attn, i), L["o"], x, None, L["n2"], eps
+            x, h = ops.linear_add_norm(
+                llama_attention(ops, h, L, fc, positions, self.inv_freq, attn, i), L["o"], x, None, L["n2"], eps
             )
-            g = linear_swiglu(h, L["gate_up"])
+            g = ops.linear_swiglu(h, L["gate_up"])
             if i + 1 < len(layers):  # the residual add, then the next layer's input norm
-                x, h = linear_add_norm(g, L["down"], x, None, layers[i + 1]["n1"], eps)
+                x, h = ops.linear_add_norm(g, L["down"], x, None, layers[i + 1]["n1"], eps)
             elif not fc.skip_loop_final_norm:
-                _, x = linear_add_norm(g, L["down"], x, None, self.norm_w, eps)
+                _, x = ops.linear_add_norm(g, L["down"], x, None, self.norm_w, eps)
             else:
-                x = x + linear(g, L["down"])
+                x = x + ops.linear(g, L["down"])
         return x, None
 
     def head(self, x, positions, attn: Attention, select=None):
@@ -79,5 +73,5 @@ class NanbeigeModel(EmbeddingInput):
 
     def project(self, x):
         if self.fc.skip_loop_final_norm:
-            x = rms_norm(x, self.norm_w, self.fc.rms_norm_eps)
-        return linear(x, self.lm_head).float()
+            x = self.ops.rms_norm(x, self.norm_w, self.fc.rms_norm_eps)
+        return self.ops.linear(x, self.lm_head).float()

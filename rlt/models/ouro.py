@@ -8,16 +8,8 @@ import torch
 
 from rlt.config import ModelConfig
 from rlt.models.base import Attention
-from rlt.models.layers import (
-    EmbeddingInput,
-    fused_llama_layer,
-    linear,
-    linear_add_norm,
-    linear_swiglu,
-    llama_attention,
-    rms_norm,
-    rope_inv_freq,
-)
+from rlt.models.layers import EmbeddingInput, fused_llama_layer, llama_attention, rope_inv_freq
+from rlt.models.ops import REFERENCE
 
 _LAYER_TENSORS = (
     "self_attn.q_proj",
@@ -35,6 +27,8 @@ _LAYER_TENSORS = (
 
 
 class OuroModel(EmbeddingInput):
+    ops = REFERENCE  # the kernel set its layers run (rlt/models/ops.py): its engine's backend's
+
     @staticmethod
     def expected_tensors(mc: ModelConfig) -> dict[str, tuple[int, ...]]:
         """Every tensor name this model reads, with its shape from config.json."""
@@ -86,7 +80,7 @@ class OuroModel(EmbeddingInput):
 
     def loop(self, x, inject, positions, attn: Attention):
         layers = self.layers
-        h = rms_norm(x, layers[0]["n_in"], self.fc.rms_norm_eps)
+        h = self.ops.rms_norm(x, layers[0]["n_in"], self.fc.rms_norm_eps)
         for i, L in enumerate(layers[:-1]):
             x, h = self._layer(x, h, i, L, positions, attn, layers[i + 1]["n_in"])
         # the last layer ends with model.norm and the exit gate on its output (fp32 gate math)
@@ -97,11 +91,11 @@ class OuroModel(EmbeddingInput):
 
     def _layer(self, x, h, i, L, positions, attn: Attention, next_norm, exit_gate=None):
         """One decoder layer on (residual x, normed h); ends with the residual add and next_norm."""
-        fc, eps = self.fc, self.fc.rms_norm_eps
-        a = llama_attention(h, L, fc, positions, self.inv_freq, attn, i)
-        x, h = linear_add_norm(a, L["o"], x, L["n_in2"], L["n_post"], eps)
-        g = linear_swiglu(h, L["gate_up"])
-        return linear_add_norm(g, L["down"], x, L["n_post2"], next_norm, eps, exit_gate)
+        fc, eps, ops = self.fc, self.fc.rms_norm_eps, self.ops
+        a = llama_attention(ops, h, L, fc, positions, self.inv_freq, attn, i)
+        x, h = ops.linear_add_norm(a, L["o"], x, L["n_in2"], L["n_post"], eps)
+        g = ops.linear_swiglu(h, L["gate_up"])
+        return ops.linear_add_norm(g, L["down"], x, L["n_post2"], next_norm, eps, exit_gate)
 
     def head(self, x, positions, attn: Attention, select=None):
         return self.project(x if select is None else x[select])
@@ -110,4 +104,4 @@ class OuroModel(EmbeddingInput):
         return x
 
     def project(self, x):
-        return linear(x, self.lm_head).float()
+        return self.ops.linear(x, self.lm_head).float()

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from rlt.kernels.paged_attention import KERNEL_BLOCK_M, PREFILL_BLOCK_M, KernelPlan, PagedMetadata, kernel_fields
+from rlt.kernels.paged_attention import KernelPlan, PagedMetadata, kernel_fields
 from rlt.workers.first_use import FirstUse
 
 BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
@@ -45,10 +45,13 @@ def _bucket(n: int, w: int) -> tuple[int, int]:
 
 
 class DecodeGraphs:
-    def __init__(self, model, pool, hidden: int, dtype: torch.dtype, device: str, max_batch: int, attention_cls):
+    """attention: the backend's (core metadata -> the models' Attention); plan: its attention's
+    plan for a decode-only pass (rlt/workers/backend.py)."""
+
+    def __init__(self, model, pool, hidden: int, dtype, device, max_batch: int, attention, plan: KernelPlan):
         self.model, self.pool, self.hidden, self.dtype, self.device = model, pool, hidden, dtype, device
         self.max_batch = max_batch
-        self.attention_cls = attention_cls
+        self.attention, self.plan = attention, plan
         self.graphs: dict[tuple[int, int], _Graph] = {}
         self.mempool = torch.cuda.graph_pool_handle()
         self.scratch_slot = pool.scratch_block * pool.block_size
@@ -108,12 +111,8 @@ class DecodeGraphs:
             None,
             None,
         )
-        meta = PagedMetadata(slots, table, list(range(B + 1)), [0] * B, bs, kernel)
-        _record(
-            e,
-            self.mempool,
-            lambda: self.model.loop(e.x, e.inject, pos, self.attention_cls(self.pool.cache, meta, None)),
-        )
+        meta = PagedMetadata(slots, table, list(range(B + 1)), [0] * B, bs, kernel, self.plan)
+        _record(e, self.mempool, lambda: self.model.loop(e.x, e.inject, pos, self.attention(meta)))
         return e
 
     def run_device(self, x, inject, pos, slots, table):
@@ -169,14 +168,15 @@ class PassGraphs:
     """Graphs of passes carrying prompt chunks (with or without decode rows), up to max_rows rows.
     Integer inputs, in one buffer: positions and slots [R], then per segment (S of them and one
     empty segment that padding tiles point at) first row, rows and first position, then per tile
-    (T = R / tile_rows + S) its segment and first row, then the block tables [S + 1, W]."""
+    (T = R / tile_rows + S) its segment and first row, then the block tables [S + 1, W].
+    attention: the backend's (core metadata -> the models' Attention); plan: its tiling (no dense
+    segments, not the decode kernel)."""
 
-    def __init__(self, model, pool, hidden, dtype, device, max_rows: int, attention_cls, batch_invariant: bool):
+    def __init__(self, model, pool, hidden, dtype, device, max_rows: int, attention, plan: KernelPlan):
         self.model, self.pool, self.hidden, self.dtype, self.device = model, pool, hidden, dtype, device
-        self.attention_cls = attention_cls
+        self.attention, self.plan = attention, plan
         self.buckets = [b for b in PASS_BUCKETS if b < max_rows] + [b for b in PASS_BUCKETS if b >= max_rows][:1]
-        # batch-invariant mode tiles every pass alike (as its eager passes do)
-        self.tile_rows = KERNEL_BLOCK_M if batch_invariant else PREFILL_BLOCK_M
+        self.tile_rows = plan.tile_rows
         self.graphs: dict[tuple[int, int], _Graph] = {}
         self.mempool = torch.cuda.graph_pool_handle()
         self.scratch_slot = pool.scratch_block * pool.block_size
@@ -206,7 +206,7 @@ class PassGraphs:
         out = np.zeros(o[-1], dtype=np.int64)
         out[o[0] : o[0] + n] = pos
         out[o[1] + n : o[2]] = self.scratch_slot
-        k = kernel_fields(row_starts, q_starts, KernelPlan(self.tile_rows))
+        k = kernel_fields(row_starts, q_starts, self.plan)
         for i, name in enumerate(("seg_row0", "seg_rows", "seg_q0")):
             out[o[2 + i] : o[2 + i] + segs] = k[name]  # the rest, the empty segment S among them, stay 0
         tiles = len(k["tile_seg"])
@@ -245,13 +245,9 @@ class PassGraphs:
         table = ints[o[7] :].view(S + 1, W)
         z = lambda: torch.zeros(R, self.hidden, dtype=self.dtype, device=self.device)  # noqa: E731
         e = _Graph(torch.cuda.CUDAGraph(), z(), z(), ints, kernel, None, None)
-        # host fields only pick the kernel: not a decode-only pass, this tiling, no dense segments
-        meta = PagedMetadata(slots, table, [0, R], [0], self.pool.block_size, kernel, KernelPlan(self.tile_rows))
-        _record(
-            e,
-            self.mempool,
-            lambda: self.model.loop(e.x, e.inject, pos, self.attention_cls(self.pool.cache, meta, None)),
-        )
+        # (the host fields are unused: the plan picks the kernel and its tiling)
+        meta = PagedMetadata(slots, table, [0, R], [0], self.pool.block_size, kernel, self.plan)
+        _record(e, self.mempool, lambda: self.model.loop(e.x, e.inject, pos, self.attention(meta)))
         return e
 
     def run(self, key: tuple[int, int], states: list[torch.Tensor], injects: list[torch.Tensor], ints: torch.Tensor):

@@ -17,8 +17,8 @@ import torch
 
 from rlt.config import EngineConfig, ModelConfig
 from rlt.errors import RequestError
-from rlt.kernels import mode
 from rlt.sampling_params import ResolvedParams
+from rlt.workers.backend import select_backend
 from rlt.workers.grammar import WorkerGrammars
 from rlt.workers.group import Group
 from rlt.workers.kv_pool import BlockTables, KVPool
@@ -45,10 +45,12 @@ class StepOutput:
 class LoopEngine(SteadyStretches):
     def __init__(self, mc: ModelConfig, model, cfg: EngineConfig, dtype: torch.dtype, device: str = "cpu"):
         self.mc, self.cfg = mc, cfg
-        mode.configure(device, cfg.kernels, cfg.batch_invariant)  # this worker's kernel set
         num_blocks, self.pool_sizing = pool_blocks(mc, model, cfg, dtype, device, type(self))
         self.pool = KVPool(mc, cfg.kv_layout, cfg.block_size, num_blocks, dtype, device, cfg.enable_prefix_caching)
-        self.runner = Runner(mc, model, self.pool, device, cfg)
+        # this worker's kernels, chosen once: the model's layers run its operations
+        self.backend = select_backend(device, cfg.kernels, cfg.batch_invariant)(mc, model, self.pool, cfg)
+        model.ops = self.backend.ops
+        self.runner = Runner(mc, model, self.pool, self.backend, device, cfg)
         self.grammars = WorkerGrammars(mc)  # structured output (rlt/workers/grammar.py)
         self.sched = Scheduler(cfg, self.pool, self.runner.penalties, self.grammars)
         self._arrival = itertools.count()

@@ -29,7 +29,7 @@ import torch
 import torch.nn.functional as F
 
 from rlt.sampling_params import EXIT_CRITERIA
-from rlt.workers.pass_rows import Attention, positions, row_starts
+from rlt.workers.pass_rows import positions, row_starts
 from rlt.workers.step_buffers import DeviceReadback
 
 LATENT = ("latent-diff", "cosine")  # need only the state
@@ -111,7 +111,7 @@ class CriterionChecks:
         f = {"chk_thr": np.array([g.params.exit_threshold for g in self.groups], dtype=np.float32)}
         if self.logit:
             rs = row_starts(self.logit)
-            f |= self.runner._plane_fields("chk_", self.logit, rs, [g.tables.boundary for g in self.logit])
+            f["chk"] = self.runner.backend.plane(self.logit, rs, [g.tables.boundary for g in self.logit])
             f["chk_pos"] = positions(self.logit, rs)
         for crit, rows in itertools.groupby(self.logit, key=lambda g: g.params.exit_criterion):
             stacks, index, end = {}, [], 0  # id(stack) -> (stack, its first row in the concatenation)
@@ -130,8 +130,7 @@ class CriterionChecks:
         updated."""
         runner, logits = self.runner, None
         if self.logit:
-            rs = row_starts(self.logit)
-            attn = Attention(runner.pool.cache, None, runner._meta(t, "chk_", self.logit, rs))
+            attn = runner.backend.attention(None, t["chk"])
             # The coda writes the rows' boundary K/V; the last write, at the exit, is the one kept.
             x = runner.model.after_loop(torch.cat([g.state for g in self.logit]), t["chk_pos"], attn)
             logits = runner.model.project(x)

@@ -1,36 +1,7 @@
 """A pass's rows, laid out for the device: each row's position, the KV slots its keys and values go
-to, block tables padded into one array, and the models' Attention interface over the paged pool."""
+to, and block tables padded into one array."""
 
 import numpy as np
-
-from rlt.kernels.paged_attention import PagedMetadata, paged_attention, write_kv
-from rlt.models.base import Rotary
-from rlt.models.layers import rope
-from rlt.workers.progress import Progress
-
-
-class Attention:
-    """The models' Attention interface over the paged pool, for one pass."""
-
-    def __init__(self, cache, core: PagedMetadata | None, boundary: PagedMetadata | None):
-        self.cache, self.core_meta, self.boundary_meta = cache, core, boundary
-
-    def core(self, layer, q, k, v, rotary: Rotary):
-        return self._attend(self.core_meta, layer, q, k, v, rotary)
-
-    def boundary(self, layer, q, k, v, rotary: Rotary):
-        return self._attend(self.boundary_meta, layer, q, k, v, rotary)
-
-    def _attend(self, meta: PagedMetadata, layer, q, k, v, rotary: Rotary):
-        Progress.count += 1  # a layer of the pass: a long step is not a stuck one
-        if meta.kernel is not None:  # CUDA kernels: RoPE and the K/V store in one launch
-            from rlt.kernels.rope import rope_write_kv
-
-            rope_write_kv(q, k, v, *rotary, self.cache, layer, meta.slot_mapping, meta.block_size)
-        else:
-            q, k = rope(q, k, *rotary)
-            write_kv(self.cache, layer, meta, k, v)
-        return paged_attention(self.cache, layer, meta, q, k, v)
 
 
 def kv_slots(table: list[int], start: int, n: int, bs: int) -> list[int]:

@@ -15,11 +15,12 @@ at once), so the memory profile counts it and nothing grows later.
 import numpy as np
 import torch
 
-from rlt.kernels.penalties import PROMPT, append_slots, penalize_slots
+from rlt.kernels.penalties import PROMPT, REFERENCE, SlotKernels
 
 
 class PenaltyState:
-    def __init__(self, slots: int, vocab: int, positions: int, device):
+    def __init__(self, slots: int, vocab: int, positions: int, device, kernels: SlotKernels = REFERENCE):
+        self.kernels = kernels  # the worker backend's (rlt/workers/backend.py)
         self.counts = torch.zeros(slots, vocab, dtype=torch.int32, device=device)
         # distinct tokens: at most min(positions, vocab); +1: the reference writes one entry past the list
         self.tokens = torch.zeros(slots, min(positions, vocab) + 1, dtype=torch.int32, device=device)
@@ -82,8 +83,8 @@ class PenaltyState:
         """In place on logits [B, V]: rows[i] with slot slots[i]; n >= every listed length (the
         host's bound)."""
         state = (self.tokens, self.counts, self.length)
-        return lambda x: penalize_slots(x, rows, slots, repetition, frequency, presence, *state, n)
+        return lambda x: self.kernels.penalize(x, rows, slots, repetition, frequency, presence, *state, n)
 
     def append(self, sampled, keep, rows, slots) -> None:
         """Row rows[i]'s sampled token is slot slots[i]'s next output (keep: only where set)."""
-        append_slots(sampled, keep, rows, slots, self.tokens, self.counts, self.length)
+        self.kernels.append(sampled, keep, rows, slots, self.tokens, self.counts, self.length)

@@ -5,7 +5,8 @@ Everything the step needs from the host is packed into one buffer and sent in on
 pass. The host reads the exit mask back only when some row's exit depends on its gate at this
 depth; otherwise it knows the exits and runs ahead of the GPU. Exit criteria (Huginn:
 rlt/workers/exit_criteria.py, whose logit criteria run the coda and head for the rows they check)
-are read one pass late, their exited rows held on the device meanwhile.
+are read one pass late, their exited rows held on the device meanwhile. How the core pass runs (eagerly
+or replayed from a CUDA graph) and its attention metadata are the worker's backend's (backend.py).
 What exited groups need (finalize copies, sampling parameters, Huginn's coda metadata) is selected
 on the host and sent in one more copy. Sampled tokens come back asynchronously (PendingTokens): the
 engine launches the next step, whose new decode rows read those tokens on the device, before it
@@ -18,8 +19,6 @@ import numpy as np
 import torch
 
 from rlt.config import EngineConfig, ModelConfig
-from rlt.kernels import mode
-from rlt.kernels.paged_attention import PagedMetadata, kernel_fields, plan_kernel
 from rlt.kernels.sampler import top_logprobs
 from rlt.models.layers import EmbeddingInput
 from rlt.sampling_params import EXIT_CRITERIA
@@ -28,7 +27,7 @@ from rlt.workers.exit_criteria import CriterionChecks, checks_after, initial
 from rlt.workers.exit_policy import should_exit, update_survival
 from rlt.workers.group import Group, PendingTokens, StepResult
 from rlt.workers.kv_pool import KVPool
-from rlt.workers.pass_rows import Attention, kv_slots, padded, positions, row_starts
+from rlt.workers.pass_rows import kv_slots, positions, row_starts
 from rlt.workers.penalties import PenaltyState
 from rlt.workers.prompt_logprobs import PromptLogprobs
 from rlt.workers.sampling import fields as sampling_fields
@@ -37,23 +36,17 @@ from rlt.workers.step_buffers import StepBuffers
 
 
 class Runner:
-    def __init__(self, mc: ModelConfig, model, pool: KVPool, device: str, cfg: EngineConfig):
-        self.mc, self.model, self.pool, self.device = mc, model, pool, device
+    def __init__(self, mc: ModelConfig, model, pool: KVPool, backend, device: str, cfg: EngineConfig):
+        """backend: the worker's kernel backend (rlt/workers/backend.py): pass metadata, attention,
+        CUDA graphs."""
+        self.mc, self.model, self.pool, self.backend, self.device = mc, model, pool, backend, device
         self.buffers = StepBuffers(device)
-        self.penalties = PenaltyState(cfg.max_num_seqs, mc.vocab_size, mc.max_positions, device)
+        self.penalties = PenaltyState(cfg.max_num_seqs, mc.vocab_size, mc.max_positions, device, backend.slot_kernels)
         self.max_rows = cfg.max_num_seqs  # rows projected at once: decode sampling's most
         self.one = torch.ones(1, device=device)  # survival before the first loop (read-only)
-        self.use_kernels = mode.triton  # the Triton attention and CUDA graphs (else the torch reference)
         # Steady decode (rlt/workers/steady.py) needs the loop input to be the token embedding.
         self.supports_steady = not pool.has_boundary and isinstance(model, EmbeddingInput)
-        self.graphs = self.pass_graphs = None
         self.pending = None  # the last pass's criterion verdicts (PendingVerdicts)
-        if self.use_kernels and cfg.cuda_graph_max_batch > 0:
-            from rlt.workers.cuda_graphs import DecodeGraphs, PassGraphs
-
-            shape = (model, pool, mc.hidden_size, pool.cache.dtype, device)
-            self.graphs = DecodeGraphs(*shape, cfg.cuda_graph_max_batch, Attention)
-            self.pass_graphs = PassGraphs(*shape, cfg.max_num_batched_tokens, Attention, mode.batch_invariant)
 
     @property
     def max_table_width(self) -> int:
@@ -62,44 +55,6 @@ class Runner:
         longest = -(-self.mc.max_positions // pool.block_size)
         return table_width(max(1, min(longest, pool.num_blocks // pool.planes(self.mc, pool.layout))))
 
-    def attention(self, core: PagedMetadata) -> "Attention":
-        """The models' Attention interface over the pool for a core pass with this metadata."""
-        return Attention(self.pool.cache, core, None)
-
-    def _attention_fields(self, prefix: str, groups, row_starts) -> dict:
-        """On CUDA, the Triton attention's integer metadata, packed with the rest of the step."""
-        if not self.use_kernels:
-            return {}
-        q_starts = [g.start for g in groups]
-        fields = kernel_fields(row_starts, q_starts, plan_kernel(row_starts, q_starts, mode.batch_invariant))
-        return {prefix + k: v for k, v in fields.items()}
-
-    def _meta(self, t, prefix, groups, row_starts) -> PagedMetadata:
-        q_starts = [g.start for g in groups]
-        kernel = (
-            {k[len(prefix) + 2 :]: v for k, v in t.items() if k.startswith(prefix + "k_")} if self.use_kernels else None
-        )
-        return PagedMetadata(
-            t[prefix + "slot"],
-            t[prefix + "table"],
-            row_starts,
-            q_starts,
-            self.pool.block_size,
-            kernel,
-            plan_kernel(row_starts, q_starts, mode.batch_invariant),
-        )
-
-    def _plane_fields(self, prefix: str, groups, row_starts, tables) -> dict:
-        """Slots each row's K/V goes to and the block table each group reads, for one plane per group."""
-        bs = self.pool.block_size
-        return {
-            prefix + "slot": np.array(
-                sum((kv_slots(t, g.start, g.n, bs) for g, t in zip(groups, tables)), []), dtype=np.int64
-            ),
-            prefix + "table": padded(tables),
-            **self._attention_fields(prefix + "k_", groups, row_starts),
-        }
-
     @torch.inference_mode()
     def step(self, active: list[Group]) -> StepResult:
         pool = self.pool
@@ -107,8 +62,6 @@ class Runner:
         boundary = pool.has_boundary
         ra, rn = row_starts(active), row_starts(new)  # row offsets of each group in the pass / among new
         core_tables = [g.tables.core[pool.plane_of(g.depth + 1)] for g in active]
-        graphed = self.graphs is not None and all(g.decoding for g in active) and self.graphs.fits(len(active))
-        pass_graphed = not graphed and self.pass_graphs is not None and self.pass_graphs.fits(ra[-1], len(active))
         # Survival and the exit test run on the device only while some row's exit depends on its gate.
         adaptive = any(g.gated for g in active)
         # Rows an exit criterion is checked for after this pass (Huginn: exit_criteria.py).
@@ -118,12 +71,8 @@ class Runner:
 
         # ---- pack the step's metadata: one host-to-device copy ----------------------------------
         f = {"pos": positions(active, ra)}
-        if graphed:
-            f["graph_in"] = self.graphs.inputs(f["pos"], core_tables, [g.start for g in active], pool.block_size)
-        elif pass_graphed:
-            key, f["pass_in"] = self.pass_graphs.inputs(f["pos"], core_tables, ra, [g.start for g in active])
-        else:
-            f |= self._plane_fields("core_", active, ra, core_tables)
+        core = self.backend.core_pass(active, ra, f["pos"], core_tables)  # eager, or a graph's replay
+        f["core"] = core.inputs
         if adaptive:
             f |= {
                 "depth_next": np.array([g.depth + 1 for g in active]),
@@ -151,18 +100,17 @@ class Runner:
                     "fed_src": np.array([g.feed[1] for g in new if g.feed is not None]),
                 }
             if boundary:
-                f |= self._plane_fields("new_bnd_", new, rn, [g.tables.boundary for g in new])
+                f["new_bnd"] = self.backend.plane(new, rn, [g.tables.boundary for g in new])
         f |= self.penalties.pending()  # slots of requests admitted since the last pass
         t = self.buffers.pack(f)
         self.penalties.load(t)
 
         # ---- embed (Huginn: prelude, boundary KV) and initial state of new rows ---------------------
         if new:
-            meta = self._meta(t, "new_bnd_", new, rn) if boundary else None
             ids = t["new_ids"]
             if "fed_row" in t:  # tokens not read back yet are taken from the device
                 ids = ids.index_put((t["fed_row"],), fed.tokens[t["fed_src"]])
-            inject = self.model.embed(ids, t["new_pos"], Attention(pool.cache, None, meta))
+            inject = self.model.embed(ids, t["new_pos"], self.backend.attention(None, t.get("new_bnd")))
             state = self.model.initial_state(inject, t["new_pos"], t["new_seed"])
             for g, r0, r1 in zip(new, rn, rn[1:]):
                 g.inject, g.state = inject[r0:r1], state[r0:r1]
@@ -171,24 +119,8 @@ class Runner:
 
         # ---- one pass of the core over every active row ----------------------------------------------
         if held := "held_row" in t:  # rows the last pass's verdicts may exit (exit_criteria.py)
-            if graphed:
-                slots = self.graphs.slots(t["graph_in"], ra[-1])
-            elif pass_graphed:
-                slots = self.pass_graphs.slots(key, t["pass_in"], ra[-1])
-            else:
-                slots = t["core_slot"]
-            pending.hold(t, active, slots, pool.scratch_block * pool.block_size)
-        if graphed:
-            x, gate = self.graphs.run([g.state for g in active], [g.inject for g in active], t["graph_in"])
-        elif pass_graphed:
-            x, gate = self.pass_graphs.run(key, [g.state for g in active], [g.inject for g in active], t["pass_in"])
-        else:
-            x, gate = self.model.loop(
-                torch.cat([g.state for g in active]),
-                torch.cat([g.inject for g in active]),
-                t["pos"],
-                Attention(pool.cache, self._meta(t, "core_", active, ra), None),
-            )
+            pending.hold(t, active, core.slots(t["core"]), pool.scratch_block * pool.block_size)
+        x, gate = core.run([g.state for g in active], [g.inject for g in active], t["pos"], t["core"])
         if held:
             pending.release(t, x)
         for g, r0, r1 in zip(active, ra, ra[1:]):
@@ -243,8 +175,8 @@ class Runner:
             f |= sampling_fields(sampling, self.mc.eos_token_ids)
         re = row_starts(exited)
         if pool.has_boundary:
-            f |= self._plane_fields("bnd_", exited, re, [g.tables.boundary for g in exited])
             f |= {
+                "bnd": self.backend.plane(exited, re, [g.tables.boundary for g in exited]),
                 "bnd_pos": positions(exited, re),
                 "select": np.array([r1 - 1 for g, r1 in zip(exited, re[1:]) if g.samples], dtype=np.int64),
             }
@@ -259,7 +191,7 @@ class Runner:
             c[d // bs, :, :, d % bs] = c[s // bs, :, :, s % bs]
         model, hidden = self.model, None
         if pool.has_boundary:
-            attn = Attention(pool.cache, None, self._meta(t, "bnd_", exited, re))
+            attn = self.backend.attention(None, t["bnd"])
             x = model.after_loop(torch.cat([g.state for g in exited]), t["bnd_pos"], attn)
             logits = model.project(x[t["select"]]) if sampling else None
             hidden = x[t["plp_row"]] if asking else None

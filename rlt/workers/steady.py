@@ -19,7 +19,6 @@ path.
 import numpy as np
 import torch
 
-from rlt.kernels.paged_attention import PagedMetadata
 from rlt.kernels.sampler import top_logprobs
 from rlt.workers.cuda_graphs import table_width
 from rlt.workers.exit_policy import exits_early, should_exit, update_survival
@@ -120,7 +119,7 @@ class SteadyDecode:
         slot = table.gather(1, block_of).squeeze(1) * bs + self.pos % bs
         slot = torch.where(self.active, slot, self.scratch_slot)
         table = torch.where(self.active.unsqueeze(1), table, pool.scratch_block)
-        x, gate = self._core(slot, table)
+        x, gate = self.runner.backend.lane_pass(self.x, self.inject, self.pos, slot, table)
         depth = self.depth + 1
         if not self._may_exit():
             self.x, self.depth = x, torch.where(self.active, depth, 0)
@@ -146,26 +145,6 @@ class SteadyDecode:
         self.surv = torch.where(done, 1.0, surv)
         self.out_idx += done  # in place: the lanes' sampling holds this tensor
         return DeviceReadback((done, tokens, depth) + tuple(top))
-
-    def _core(self, slot: torch.Tensor, table: torch.Tensor):
-        r = self.runner
-        if r.graphs is not None and r.graphs.fits(self.lanes):
-            return r.graphs.run_device(self.x, self.inject, self.pos, slot, table)
-        kernel = None
-        if r.use_kernels:  # one row per segment; positions stay on the device
-            ar = torch.arange(self.lanes, device=self.x.device)
-            kernel = {
-                "tile_seg": ar,
-                "tile_row": torch.zeros_like(ar),
-                "seg_row0": ar,
-                "seg_rows": torch.ones_like(ar),
-                "seg_q0": self.pos,
-            }
-            q_starts = [0] * self.lanes  # (read by the reference path only)
-        else:
-            q_starts = self.pos.tolist()  # CPU: the reference attention loops over segments on the host
-        meta = PagedMetadata(slot, table, list(range(self.lanes + 1)), q_starts, self.pool.block_size, kernel)
-        return self.model.loop(self.x, self.inject, self.pos, r.attention(meta))
 
     def lane_states(self) -> list[dict]:
         """Every lane's state on the host side of the regular path (after the last step is resolved)."""

@@ -2,8 +2,10 @@
 
 Integer fields are packed into one int64 host buffer (pinned on CUDA, two used in turn), copied with
 a single non-blocking transfer, and handed out as device views. Float fields travel as their
-float32 bit patterns in the same buffer.
+float32 bit patterns in the same buffer; typed metadata (a dataclass of arrays) keeps its type.
 """
+
+import copy
 
 import numpy as np
 import torch
@@ -34,10 +36,34 @@ class StepBuffers:
         # One device buffer is enough: copies and the kernels reading them share a stream, in order.
         self.dev = self.host if not cuda else torch.empty(capacity, dtype=torch.int64, device=self.device)
 
-    def pack(self, fields: dict[str, np.ndarray], append: bool = False) -> dict[str, torch.Tensor]:
-        """fields: name -> int64 or float32 array (any shape). Returns device tensors of the same shapes.
+    def pack(self, fields: dict, append: bool = False) -> dict:
+        """fields: name -> int64 or float32 array (any shape), or a dataclass (the pass metadata,
+        rlt/kernels/paged_attention.PagedMetadata) whose array fields and arrays in dict fields
+        travel alike. Returns device tensors of the same shapes (a dataclass: a copy holding them).
         append: a second pack in the same step, placed after the first (whose device views kernels
         queued later in the step still read)."""
+        arrays, typed = {}, {}
+        for k, v in fields.items():
+            if isinstance(v, np.ndarray):
+                arrays[k] = v
+                continue
+            typed[k] = v
+            for name, x in vars(v).items():
+                if isinstance(x, np.ndarray):
+                    arrays[(k, name)] = x
+                elif isinstance(x, dict):
+                    arrays |= {(k, name, n): a for n, a in x.items()}
+        out = self._pack(arrays, append)
+        for k, v in typed.items():
+            v = out[k] = copy.copy(v)
+            for name, x in list(vars(v).items()):
+                if isinstance(x, np.ndarray):
+                    setattr(v, name, out.pop((k, name)))
+                elif isinstance(x, dict):
+                    setattr(v, name, {n: out.pop((k, name, n)) for n in x})
+        return out
+
+    def _pack(self, fields: dict, append: bool) -> dict:
         arrays = {
             k: (v.astype(np.float32).view(np.int32).astype(np.int64) if v.dtype.kind == "f" else v.astype(np.int64))
             for k, v in fields.items()
@@ -46,7 +72,7 @@ class StepBuffers:
         total = start + sum(_aligned(a.size) for a in arrays.values())
         if total > self.host.numel():
             if append:  # keep the first pack's buffers alive: this one goes to fresh ones
-                return StepBuffers(self.device, 2 * total).pack(fields)
+                return StepBuffers(self.device, 2 * total)._pack(fields, False)
             self._alloc(max(total, 2 * self.host.numel()))
         if not append:
             self.turn = (self.turn + 1) % len(self.hosts)

@@ -18,7 +18,6 @@ import time
 
 from rlt.sampling_params import SamplingParams
 from rlt.validation import resolve_params
-from rlt.workers.cuda_graphs import BUCKETS
 from rlt.workers.first_use import FirstUse
 from rlt.workers.memory import EDITS, grammar
 
@@ -66,18 +65,10 @@ def _run(engine, requests) -> None:
 def warm_up(engine, decodes: bool = True, log=print) -> str:
     """-> a line saying what was built and how long it took. decodes: False on a prefill worker
     (it hands every request off after its first token: no decode graphs)."""
-    if not engine.runner.use_kernels:
+    if not engine.backend.needs_warm_up:
         return "warm-up: nothing to build (torch reference kernels)"
     t0, captures, compiles = time.monotonic(), FirstUse.captures, FirstUse.compiles
-    runner = engine.runner
-    widths = [1 << k for k in range(runner.max_table_width.bit_length())]
-    shapes = []
-    if runner.pass_graphs is not None:
-        buckets = runner.pass_graphs.buckets
-        shapes += [(runner.pass_graphs, r, w) for r in reversed(buckets) for w in reversed(widths)]
-    if runner.graphs is not None and decodes:
-        largest = next(b for b in BUCKETS if b >= min(runner.graphs.max_batch, BUCKETS[-1]))
-        shapes += [(runner.graphs, b, w) for b in reversed(BUCKETS) if b <= largest for w in reversed(widths)]
+    shapes = engine.backend.graph_shapes(engine.runner.max_table_width, decodes)
     for i, (graphs, rows, w) in enumerate(shapes):
         graphs.capture(rows, w)
         if (i + 1) % max(1, len(shapes) // 10) == 0 or i + 1 == len(shapes):

@@ -1,0 +1,88 @@
+"""The layer operations a model runs, one object per kernel set: the torch reference, the Triton
+kernels of rlt/kernels, or those in batch-invariant mode. A worker's backend (rlt/workers/backend.py)
+builds one from its config and hands it to the model (model.ops); each operation is a method
+resolved when the set is built, so none asks at run time which set it belongs to."""
+
+import torch
+import torch.nn.functional as F
+
+from rlt.models import layers
+
+
+class ReferenceOps:
+    """The torch reference (rlt/models/layers.py): what the CPU runs, and CUDA with
+    EngineConfig.kernels == "reference"."""
+
+    linear = staticmethod(F.linear)
+    rms_norm = staticmethod(layers.rms_norm)
+    add_norm = staticmethod(layers.add_norm)
+    swiglu = staticmethod(layers.swiglu)
+
+    def linear_swiglu(self, x: torch.Tensor, gate_up_w: torch.Tensor) -> torch.Tensor:
+        """swiglu(x @ gate_up_w.T) with the fused [gate; up] weight."""
+        return self.swiglu(self.linear(x, gate_up_w))
+
+    def linear_add_norm(
+        self,
+        x: torch.Tensor,
+        w: torch.Tensor,
+        residual: torch.Tensor,
+        weight_a: torch.Tensor | None,
+        weight_out: torch.Tensor,
+        eps: float,
+        exit_gate: tuple[torch.Tensor, torch.Tensor] | None = None,
+    ) -> tuple[torch.Tensor, ...]:
+        """A projection, then the residual add and the next norm: add_norm(residual, x @ w.T,
+        weight_a, weight_out, eps) -> (residual', h). exit_gate (float32 weight [1, N], bias [1];
+        Ouro's last layer): also the gate's logits h.float() @ weight.T + bias [T]."""
+        out = self.add_norm(residual, self.linear(x, w), weight_a, weight_out, eps)
+        return out if exit_gate is None else (*out, self.linear(out[1].float(), *exit_gate).squeeze(-1))
+
+
+class TritonOps(ReferenceOps):
+    """The Triton kernels (CUDA): one launch per norm, residual add + norm and SwiGLU; a one-row
+    product (decode at one row) is a GEMV that also runs what follows it."""
+
+    def __init__(self):
+        from rlt.kernels import gemv
+        from rlt.kernels.activation import silu_mul
+        from rlt.kernels.norm import add_rms_norm, rms_norm
+
+        self.rms_norm, self.add_norm, self.swiglu = rms_norm, add_rms_norm, silu_mul
+        self._gemv, self._gemv_swiglu, self._gemv_add_norm = gemv.gemv, gemv.gemv_swiglu, gemv.gemv_add_norm
+
+    def linear(self, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
+        if b is None and x.shape[0] == 1 and x.dtype == w.dtype:
+            return self._gemv(x, w)
+        return F.linear(x, w, b)
+
+    def linear_swiglu(self, x: torch.Tensor, gate_up_w: torch.Tensor) -> torch.Tensor:
+        if x.shape[0] == 1 and x.dtype == gate_up_w.dtype:
+            return self._gemv_swiglu(x, gate_up_w)
+        return self.swiglu(self.linear(x, gate_up_w))
+
+    def linear_add_norm(self, x, w, residual, weight_a, weight_out, eps, exit_gate=None):
+        if x.shape[0] == 1 and x.dtype == w.dtype:
+            return self._gemv_add_norm(x, w, residual, weight_a, weight_out, eps, exit_gate=exit_gate)
+        return super().linear_add_norm(x, w, residual, weight_a, weight_out, eps, exit_gate)
+
+
+class BatchInvariantOps(TritonOps):
+    """The Triton kernels with products whose per-row result does not depend on the row count
+    (rlt/kernels/batch_invariant.py): no one-row GEMV, one GEMM tiling for every pass."""
+
+    linear_swiglu = ReferenceOps.linear_swiglu
+    linear_add_norm = ReferenceOps.linear_add_norm
+
+    def __init__(self):
+        super().__init__()
+        from rlt.kernels.batch_invariant import linear
+
+        self._invariant_linear = linear
+
+    def linear(self, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
+        y = self._invariant_linear(x, w)
+        return y if b is None else y + b
+
+
+REFERENCE = ReferenceOps()

@@ -1,0 +1,195 @@
+"""A worker's kernel backend, chosen once from its config (select_backend) and built over its model
+and KV pool. It holds the layer operations the model runs (handed to the model as model.ops), the
+penalty kernels, and attention over the paged pool; it builds a pass's attention metadata
+(PagedMetadata, packed with the step) and decides how a core pass runs: eagerly, or replayed from a
+CUDA graph it captured.
+
+- ReferenceBackend: the torch reference, eager passes (the CPU always; CUDA with kernels="reference");
+- TritonBackend: the Triton kernels, CUDA graphs of decode passes and of passes carrying prompt chunks;
+- BatchInvariantBackend: the same, with every pass on one attention tiling and the general attention
+  kernel, and products off the one-row GEMV: a row's result never depends on what shares its pass.
+"""
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from rlt.config import EngineConfig, ModelConfig
+from rlt.kernels.paged_attention import (
+    KERNEL_BLOCK_M,
+    PREFILL_BLOCK_M,
+    KernelPlan,
+    PagedMetadata,
+    kernel_fields,
+    kernel_paged_attention,
+    paged_attention,
+    plan_kernel,
+    write_kv,
+)
+from rlt.kernels.penalties import REFERENCE as REFERENCE_SLOTS
+from rlt.kernels.penalties import triton_slot_kernels
+from rlt.models.layers import rope
+from rlt.models.ops import REFERENCE, BatchInvariantOps, TritonOps
+from rlt.workers.cuda_graphs import BUCKETS, DecodeGraphs, PassGraphs
+from rlt.workers.pass_rows import kv_slots, padded
+from rlt.workers.progress import Progress
+
+
+class PassAttention:
+    """The models' Attention interface (rlt/models/base.py) over the paged pool, for one pass:
+    core and boundary layers read their own metadata; attend is the backend's."""
+
+    __slots__ = ("attend", "cache", "core_meta", "boundary_meta")
+
+    def __init__(self, attend, cache, core: PagedMetadata | None, boundary: PagedMetadata | None):
+        self.attend, self.cache, self.core_meta, self.boundary_meta = attend, cache, core, boundary
+
+    def core(self, layer, q, k, v, rotary):
+        return self.attend(self.cache, layer, self.core_meta, q, k, v, rotary)
+
+    def boundary(self, layer, q, k, v, rotary):
+        return self.attend(self.cache, layer, self.boundary_meta, q, k, v, rotary)
+
+
+@dataclass
+class CorePass:
+    """One pass of the core as the backend runs it. inputs: what it needs from the host, packed with
+    the step's metadata (an array, or PagedMetadata); slots(packed inputs): its rows' K/V slots on
+    the device; run(states, injects, positions, packed inputs) -> (new states, gate logits or None)."""
+
+    inputs: np.ndarray | PagedMetadata
+    slots: Callable
+    run: Callable
+
+
+def reference_attend(cache, layer, meta: PagedMetadata, q, k, v, rotary):
+    Progress.count += 1  # a layer of the pass: a long step is not a stuck one
+    q, k = rope(q, k, *rotary)
+    write_kv(cache, layer, meta, k, v)
+    return paged_attention(cache, layer, meta, q, k, v)
+
+
+class ReferenceBackend:
+    needs_warm_up = False  # no Triton specialization or CUDA graph to build before READY
+    ops = REFERENCE
+    slot_kernels = REFERENCE_SLOTS
+    attend = staticmethod(reference_attend)
+
+    def __init__(self, mc: ModelConfig, model, pool, cfg: EngineConfig):
+        self.model, self.pool = model, pool
+
+    def plane(self, groups: list, row_starts: list[int], tables: list[list[int]]) -> PagedMetadata:
+        """The metadata of one plane per group: slots each row's K/V goes to, the block table each
+        group reads (host arrays: StepBuffers.pack sends them)."""
+        bs = self.pool.block_size
+        slots = np.array(sum((kv_slots(t, g.start, g.n, bs) for g, t in zip(groups, tables)), []), dtype=np.int64)
+        return PagedMetadata(slots, padded(tables), row_starts, [g.start for g in groups], bs)
+
+    def attention(self, core: PagedMetadata | None = None, boundary: PagedMetadata | None = None) -> PassAttention:
+        return PassAttention(self.attend, self.pool.cache, core, boundary)
+
+    def core_pass(self, active: list, row_starts: list[int], pos: np.ndarray, tables: list[list[int]]) -> CorePass:
+        """How the core pass over these groups (pos: every row's position, tables: each group's block
+        table of the plane it reads) runs."""
+        return CorePass(self.plane(active, row_starts, tables), _slot_mapping, self._eager)
+
+    def _eager(self, states, injects, positions, meta: PagedMetadata):
+        return self.model.loop(torch.cat(states), torch.cat(injects), positions, self.attention(meta))
+
+    def lane_pass(self, x, inject, pos, slot, table):
+        """A steady-decode pass (rlt/workers/steady.py): one row per lane, inputs on the device."""
+        n = len(x)  # (the reference attention loops over segments on the host)
+        meta = PagedMetadata(slot, table, list(range(n + 1)), pos.tolist(), self.pool.block_size)
+        return self.model.loop(x, inject, pos, self.attention(meta))
+
+    def graph_shapes(self, max_width: int, decodes: bool) -> list[tuple]:
+        """Every (graphs, rows, table width) a pass can replay (warm-up captures them)."""
+        return []
+
+
+def _slot_mapping(meta: PagedMetadata) -> torch.Tensor:
+    return meta.slot_mapping
+
+
+class TritonBackend(ReferenceBackend):
+    needs_warm_up = True
+    batch_invariant = False
+    ops_class = TritonOps
+
+    def __init__(self, mc: ModelConfig, model, pool, cfg: EngineConfig):
+        from rlt.kernels.rope import rope_write_kv
+
+        super().__init__(mc, model, pool, cfg)
+        self.ops, self.slot_kernels = self.ops_class(), triton_slot_kernels()
+
+        def attend(cache, layer, meta: PagedMetadata, q, k, v, rotary):
+            Progress.count += 1
+            rope_write_kv(q, k, v, *rotary, cache, layer, meta.slot_mapping, meta.block_size)  # and the K/V store
+            return kernel_paged_attention(cache, layer, meta, q, k, v)
+
+        self.attend = attend
+        # a decode-only pass takes the decode kernel (batch-invariant: the general one, tiles of 16)
+        self.decode_plan = KernelPlan() if self.batch_invariant else KernelPlan(decode=True)
+        self.decode_graphs = self.pass_graphs = None
+        if cfg.cuda_graph_max_batch > 0:
+            shape = (model, pool, mc.hidden_size, pool.cache.dtype, pool.cache.device)
+            self.decode_graphs = DecodeGraphs(*shape, cfg.cuda_graph_max_batch, self.attention, self.decode_plan)
+            # batch-invariant mode tiles every pass alike (as its eager passes do)
+            tiles = KernelPlan(KERNEL_BLOCK_M if self.batch_invariant else PREFILL_BLOCK_M)
+            self.pass_graphs = PassGraphs(*shape, cfg.max_num_batched_tokens, self.attention, tiles)
+
+    def plane(self, groups, row_starts, tables) -> PagedMetadata:
+        """With the Triton attention's integer metadata for this pass's plan."""
+        meta = super().plane(groups, row_starts, tables)
+        meta.plan = plan_kernel(row_starts, meta.q_starts, self.batch_invariant)
+        meta.kernel = kernel_fields(row_starts, meta.q_starts, meta.plan)
+        return meta
+
+    def core_pass(self, active, row_starts, pos, tables) -> CorePass:
+        """A graph's replay where one fits: decode rows only, else any mix up to the largest bucket."""
+        n, starts = row_starts[-1], [g.start for g in active]
+        d, p = self.decode_graphs, self.pass_graphs
+        if d is not None and all(g.decoding for g in active) and d.fits(len(active)):
+            ints = d.inputs(pos, tables, starts, self.pool.block_size)
+            return CorePass(ints, lambda t: d.slots(t, n), lambda xs, injects, _, t: d.run(xs, injects, t))
+        if p is not None and p.fits(n, len(active)):
+            key, ints = p.inputs(pos, tables, row_starts, starts)
+            return CorePass(ints, lambda t: p.slots(key, t, n), lambda xs, injects, _, t: p.run(key, xs, injects, t))
+        return super().core_pass(active, row_starts, pos, tables)
+
+    def lane_pass(self, x, inject, pos, slot, table):
+        n = len(x)
+        if self.decode_graphs is not None and self.decode_graphs.fits(n):
+            return self.decode_graphs.run_device(x, inject, pos, slot, table)
+        ar = torch.arange(n, device=x.device)  # one row per segment; positions stay on the device
+        kernel = dict(tile_seg=ar, tile_row=torch.zeros_like(ar), seg_row0=ar, seg_rows=torch.ones_like(ar), seg_q0=pos)
+        bs = self.pool.block_size  # (q_starts are read by the reference only)
+        meta = PagedMetadata(slot, table, list(range(n + 1)), [0] * n, bs, kernel, self.decode_plan)
+        return self.model.loop(x, inject, pos, self.attention(meta))
+
+    def graph_shapes(self, max_width: int, decodes: bool) -> list[tuple]:
+        """Largest first: later, smaller graphs reuse the graph memory. decodes: False on a prefill
+        worker (it hands every request off after its first token)."""
+        widths = [1 << k for k in range(max_width.bit_length())]
+        shapes = []
+        if (p := self.pass_graphs) is not None:
+            shapes += [(p, r, w) for r in reversed(p.buckets) for w in reversed(widths)]
+        if (d := self.decode_graphs) is not None and decodes:
+            largest = next(b for b in BUCKETS if b >= min(d.max_batch, BUCKETS[-1]))
+            shapes += [(d, b, w) for b in reversed(BUCKETS) if b <= largest for w in reversed(widths)]
+        return shapes
+
+
+class BatchInvariantBackend(TritonBackend):
+    batch_invariant = True
+    ops_class = BatchInvariantOps
+
+
+def select_backend(device: str, kernels: str, batch_invariant: bool) -> type[ReferenceBackend]:
+    """The backend class of a worker on this device with EngineConfig.kernels ("triton": on CUDA;
+    the CPU always runs the torch reference) and EngineConfig.batch_invariant (Triton only)."""
+    if torch.device(device).type != "cuda" or kernels != "triton":
+        return ReferenceBackend
+    return BatchInvariantBackend if batch_invariant else TritonBackend
