@@ -57,6 +57,18 @@ def _stop(proc: subprocess.Popen, sig=signal.SIGINT, timeout: float = 30.0) -> N
             raise AssertionError(f"{proc.args[:4]} did not exit within {timeout} s of {sig.name}") from None
 
 
+def _stop_all(procs, sig=signal.SIGINT, timeout: float = 30.0) -> None:
+    """_stop of each, their shutdowns at once (the signals in order)."""
+    procs = [p for p in procs if p.poll() is None]
+    for p in procs:
+        p.send_signal(sig)
+    deadline = time.monotonic() + timeout
+    for p in procs:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            p.wait(max(0.0, deadline - time.monotonic()))
+        _stop(p, sig, 0.0)  # (one still running: killed, and an AssertionError)
+
+
 def _group_alive(pgid: int) -> bool:
     """Any process left in the session a worker started (its rlt worker subprocess among them)."""
     out = subprocess.run(["ps", "-eo", "pgid="], capture_output=True, text=True).stdout.split()
@@ -96,7 +108,11 @@ class Stack:
     """One test's workers on the shared infrastructure; `model` is the name its clients use."""
 
     def __init__(self, infra: Infra, n: int):
-        self.infra, self.url, self.env = infra, infra.url, infra.env
+        # no 5 s grace period at a node's SIGINT/SIGTERM (Dynamo's wait for load balancers to notice
+        # it left discovery; its in-flight requests are still drained after it): every test stops
+        # its nodes with nothing in flight, or drains what is (a prefill node's own drain)
+        self.infra, self.url = infra, infra.url
+        self.env = infra.env | {"DYN_GRACEFUL_SHUTDOWN_GRACE_PERIOD_SECS": "0"}
         self.tmp, self.procs = tempfile.mkdtemp(prefix="rlt-dynamo-"), []
         self.namespace, self.model = f"test{n}", f"m{n}"
 
@@ -117,8 +133,7 @@ class Stack:
         _wait(listed, "the worker's model at the frontend", proc, self.log(name))
 
     def close(self) -> None:
-        for p in reversed(self.procs):
-            _stop(p)
+        _stop_all(reversed(self.procs))
         shutil.rmtree(self.tmp, ignore_errors=True)
 
 
@@ -224,25 +239,55 @@ def assert_equal(got, want) -> None:
         assert c.logprobs.token_logprobs == pytest.approx(lps, abs=1e-5)
 
 
+@pytest.fixture(scope="module")
+def ouro_worker(checkpoints, infra):
+    """An aggregated node of the tiny Ouro, on a stack of its own: test_completions_through_dynamo's
+    aggregated case sends it its requests first (its prefix cache empty), then
+    test_a_killed_worker_fails_its_requests_and_a_new_one_rejoins kills it. (Stack, node)"""
+    s = Stack(infra, next(_tests))
+    try:
+        w = s.worker(checkpoints["ouro"])
+        s.wait_model(w)
+        yield s, w
+    finally:
+        s.close()
+
+
+PROMPT = [5 + (7 * j) % 300 for j in range(40)]  # (3 blocks and a half)
+
+
+@pytest.fixture(scope="module")
+def single_outputs(checkpoints):
+    """family -> rlt's single topology's outputs for PROMPT and cases(family), computed once for the
+    module (Ouro's aggregated and prefill+decode cases are compared with the same)."""
+    memo = {}
+
+    def get(family: str) -> list:
+        if family not in memo:
+            jobs = [(PROMPT, sp) for sp in cases(family)[1]]
+            memo[family] = asyncio.run(single(checkpoints[family], jobs, HUGINN if family == "huginn" else None))
+        return memo[family]
+
+    return get
+
+
 @pytest.mark.parametrize(
     "family,nodes", [("ouro", "aggregated"), ("ouro", "prefill+decode"), ("huginn", "prefill+decode")]
 )
-def test_completions_through_dynamo_equal_single(checkpoints, stack, family, nodes):
+def test_completions_through_dynamo_equal_single(checkpoints, stack, single_outputs, request, family, nodes):
     """One aggregated worker; or a prefill node and a decode node (separate processes, separate
     NIXL agents, KV over UCX: the decode node reserves, the prefill node computes every depth plane
     of a prompt of several blocks and writes it into the decode node's blocks, the first token comes
     from it). Either way the outputs equal rlt's single topology. (Huginn: its boundary planes and
     seeded initial state, --hf-overrides; Nanbeige's planes are Ouro's without the gate, and every
     family's KV handoff is checked in tests/test_pd.py.)"""
-    ov = HUGINN if family == "huginn" else None
-    prompt = [5 + (7 * j) % 300 for j in range(40)]
-    requests, sps = cases(family)
-    flags = ["--hf-overrides", '{"mean_recurrence": 6}'] if ov else []
-    with stack() as s:
-        if nodes == "aggregated":
-            w = s.worker(checkpoints[family], "worker", *flags)
-            s.wait_model(w)
-        else:
+    prompt = PROMPT
+    requests, _ = cases(family)
+    flags = ["--hf-overrides", '{"mean_recurrence": 6}'] if family == "huginn" else []
+    # aggregated: the module's Ouro node (stopped at the module's end); else nodes of its own
+    shared = contextlib.nullcontext(request.getfixturevalue("ouro_worker")[0]) if nodes == "aggregated" else None
+    with shared or stack() as s:
+        if nodes != "aggregated":
             p = s.worker(checkpoints[family], "prefill", "--role", "prefill", *flags)
             w = s.worker(checkpoints[family], "decode", "--role", "decode", *flags)
             s.wait_model(w, "decode")
@@ -268,7 +313,7 @@ def test_completions_through_dynamo_equal_single(checkpoints, stack, family, nod
             _stop(p)
             with open(s.log("prefill")) as f:
                 assert f"{len(requests)} prompts prefilled" in f.read()
-    assert_equal(got, asyncio.run(single(checkpoints[family], [(prompt, sp) for sp in sps], ov)))
+    assert_equal(got, single_outputs(family))
 
 
 def test_two_decode_nodes_share_a_prefill_node(checkpoints, stack):
@@ -300,33 +345,32 @@ def test_two_decode_nodes_share_a_prefill_node(checkpoints, stack):
     assert_equal(got, want)
 
 
-def test_a_killed_worker_fails_its_requests_and_a_new_one_rejoins(checkpoints, stack):
+def test_a_killed_worker_fails_its_requests_and_a_new_one_rejoins(checkpoints, ouro_worker):
     """SIGKILL a worker mid-stream: that stream ends in an error, nothing hangs; a worker started
-    again serves the same model; SIGINT then stops it with its rlt worker process."""
-    with stack() as s:
-        w = s.worker(checkpoints["ouro"])
-        s.wait_model(w)
-        client = openai.OpenAI(base_url=s.url, api_key="none", max_retries=0, timeout=30)
-        stream = client.completions.create(
-            model=s.model,
-            prompt=[5, 6, 7],
-            max_tokens=4000,
-            temperature=0,
-            stream=True,
-            extra_body={"ignore_eos": True},
-        )
-        got = 0
-        with pytest.raises((openai.APIError, openai.APIConnectionError)):
-            for chunk in stream:
-                got += 1
-                if got == 3:
-                    os.killpg(w.pid, signal.SIGKILL)  # the worker and its rlt worker process
-        assert got >= 3
-        w2 = s.worker(checkpoints["ouro"], "worker2")
-        r = _served_once_up(client, s, [5, 6, 7], w2, "worker2")  # (the dead one leaves discovery)
-        assert r.usage.completion_tokens == 5 and r.choices[0].finish_reason == "length"
-        _stop(w2)
-        assert not _group_alive(w2.pid)  # no rlt worker process outlives its Dynamo worker
+    again serves the same model; SIGINT then stops it with its rlt worker process. (The worker is
+    the module's aggregated Ouro node, its last user.)"""
+    s, w = ouro_worker
+    client = openai.OpenAI(base_url=s.url, api_key="none", max_retries=0, timeout=30)
+    stream = client.completions.create(
+        model=s.model,
+        prompt=[5, 6, 7],
+        max_tokens=4000,
+        temperature=0,
+        stream=True,
+        extra_body={"ignore_eos": True},
+    )
+    got = 0
+    with pytest.raises((openai.APIError, openai.APIConnectionError)):
+        for chunk in stream:
+            got += 1
+            if got == 3:
+                os.killpg(w.pid, signal.SIGKILL)  # the worker and its rlt worker process
+    assert got >= 3
+    w2 = s.worker(checkpoints["ouro"], "worker2")
+    r = _served_once_up(client, s, [5, 6, 7], w2, "worker2")  # (the dead one leaves discovery)
+    assert r.usage.completion_tokens == 5 and r.choices[0].finish_reason == "length"
+    _stop(w2)
+    assert not _group_alive(w2.pid)  # no rlt worker process outlives its Dynamo worker
 
 
 def _served_once_up(client, s, prompt, proc, name: str, timeout: float = 90.0):
@@ -410,7 +454,6 @@ async def test_a_prefill_node_stopped_with_sigterm_finishes_what_it_holds(checkp
     body = {"ignore_eos": True, "nvext": {"extra_fields": ["completion_token_ids"]}}
     kw = dict(max_tokens=9, temperature=0, extra_body=body)
     with stack() as s:
-        s.env = s.env | {"DYN_GRACEFUL_SHUTDOWN_GRACE_PERIOD_SECS": "0"}  # (nothing in flight at the end)
         p = s.worker(checkpoints["ouro"], "prefill", "--role", "prefill", main=("-c", SLOWED_NODE))
         d = s.worker(checkpoints["ouro"], "decode", "--role", "decode")
         s.wait_model(d, "decode")
