@@ -19,7 +19,7 @@ import tempfile
 
 import openai
 import pytest
-from test_dynamo import FAST, Infra, _get, _start, _stop, _wait, assert_clean_exit
+from test_dynamo import FAST, Infra, _get, _start, _stop_all, _wait, assert_clean_exit
 
 pytestmark = pytest.mark.slow
 TURN = 50  # a first turn's prompt tokens: 3 full blocks, which the second turn finds (48 cached)
@@ -71,8 +71,7 @@ class KvStack(Infra):
         return {n: self.metric(n, "rlt:generation_tokens_total") for n, p in self.nodes.items() if p.poll() is None}
 
     def close(self) -> None:
-        for p in self.nodes.values():
-            _stop(p)
+        _stop_all(self.nodes.values())  # (at once: each waits out Dynamo's grace period)
         super().close()
 
 
