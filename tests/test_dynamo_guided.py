@@ -179,12 +179,15 @@ def test_a_grammar_under_reasoning_starts_where_the_reasoning_ends(nodes, checkp
     kw = dict(model=model, messages=USER, temperature=1.0)
     extra = {"skip_special_tokens": False, "nvext": {"extra_fields": ["completion_token_ids"]}}
     ids = lambda r: r.model_extra["nvext"]["completion_token_ids"]  # noqa: E731
-    free = [
-        (seed, ids(client.chat.completions.create(**kw, seed=seed, max_tokens=24, extra_body=extra)))
-        for seed in range(16)
-    ]
-    closed = [(seed, out[: out.index(end) + 1]) for seed, out in free if end in out][:2]
-    assert len(closed) == 2, free  # (seeds whose reasoning ends early)
+    free, closed = [], []  # (the first two of 16 seeds whose reasoning ends early)
+    for seed in range(16):
+        if len(closed) == 2:
+            break
+        out = ids(client.chat.completions.create(**kw, seed=seed, max_tokens=24, extra_body=extra))
+        free.append((seed, out))
+        if end in out:
+            closed.append((seed, out[: out.index(end) + 1]))
+    assert len(closed) == 2, free
     for seed, reasoning in closed:
         r = client.chat.completions.create(**kw, seed=seed, max_tokens=80, response_format=fmt, extra_body=extra)
         m = r.choices[0].message
