@@ -72,6 +72,8 @@ def reference_attend(cache, layer, meta: PagedMetadata, q, k, v, rotary):
 
 
 class ReferenceBackend:
+    """The torch reference: eager passes, attention by rlt/kernels/paged_attention.paged_attention."""
+
     needs_warm_up = False  # no Triton specialization or CUDA graph to build before READY
     ops = REFERENCE
     slot_kernels = REFERENCE_SLOTS
@@ -114,6 +116,9 @@ def _slot_mapping(meta: PagedMetadata) -> torch.Tensor:
 
 
 class TritonBackend(ReferenceBackend):
+    """The Triton kernels (RoPE with the K/V store, paged and decode attention as each pass's plan
+    says) and, with cuda_graph_max_batch > 0, CUDA graphs of the core pass."""
+
     needs_warm_up = True
     batch_invariant = False
     ops_class = TritonOps
@@ -183,6 +188,8 @@ class TritonBackend(ReferenceBackend):
 
 
 class BatchInvariantBackend(TritonBackend):
+    """EngineConfig.batch_invariant: PD equal to single, bit for bit."""
+
     batch_invariant = True
     ops_class = BatchInvariantOps
 
