@@ -211,6 +211,21 @@ def check_penalty_slots() -> bool:
     return ok and worst == 0
 
 
+def check_random_bits() -> bool:
+    from rlt.kernels.random import random_bits
+    from rlt.kernels.random_triton import random_bits_rows
+
+    seed = torch.tensor([0, 7, -1, -(2**62) + 5, 2**40 + 3, 123456789])
+    counter = torch.tensor([0, 1, 2**32 + 9, 2**33, 5, 2**31 - 1])
+    ok = True
+    for stream in (1, 2):
+        ref = random_bits(seed.unsqueeze(1), stream, counter.unsqueeze(1), torch.arange(1500).unsqueeze(0))
+        got = random_bits_rows(seed, stream, counter, 1500)
+        ok &= torch.equal(ref, got)
+        print(f"random_bits_rows stream {stream}: equal to the reference: {torch.equal(ref, got)}")
+    return ok
+
+
 if __name__ == "__main__":
     checks = (
         check_decode_attention,
@@ -220,5 +235,6 @@ if __name__ == "__main__":
         check_rope_write_kv,
         check_norms,
         check_penalty_slots,
+        check_random_bits,
     )
     sys.exit(0 if all([check() for check in checks]) else 1)

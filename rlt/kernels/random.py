@@ -3,7 +3,9 @@
 Sampling noise and Huginn's initial latent must not depend on batch composition, device or
 worker, so nothing here has state: uniform(seed, stream, counter, index) hashes its integer
 coordinates with a 32-bit avalanche hash (lowbias32), written in int64 torch ops so it runs
-identically on CPU and GPU.
+identically on CPU and GPU. random_bits_rows is the [rows, columns] grid the engine draws (a seed and
+a counter per row, the column as the index): a worker's layer operations take it from here or from
+its Triton kernel (rlt/kernels/random_triton.py), bit for bit the same.
 """
 
 import math
@@ -42,20 +44,34 @@ def random_bits(seed: torch.Tensor, stream: int, counter: torch.Tensor, index: t
     return _hash32(h ^ ((seed >> 32) & _MASK32))
 
 
-def uniform(seed, stream, counter, index) -> torch.Tensor:
+def random_bits_rows(seed: torch.Tensor, stream: int, counter: torch.Tensor, columns: int) -> torch.Tensor:
+    """random_bits(seed[:, None], stream, counter[:, None], arange(columns)[None]): [R, columns]."""
+    index = torch.arange(columns, device=seed.device).unsqueeze(0)
+    return random_bits(seed.unsqueeze(1), stream, counter.unsqueeze(1), index)
+
+
+def uniform_of(bits: torch.Tensor) -> torch.Tensor:
     """Float64 uniform in the open interval (0, 1), 32 bits of resolution."""
-    return (random_bits(seed, stream, counter, index).to(torch.float64) + 0.5) * (1.0 / 2**32)
+    return (bits.to(torch.float64) + 0.5) * (1.0 / 2**32)
+
+
+def gumbel_of(bits: torch.Tensor) -> torch.Tensor:
+    """Standard Gumbel noise in float32 from bits of the sampling stream."""
+    return (-torch.log(-torch.log(uniform_of(bits)))).to(torch.float32)
 
 
 def gumbel(seed, counter, index) -> torch.Tensor:
-    """Standard Gumbel noise in float32 (sampling stream)."""
-    u = uniform(seed, STREAM_SAMPLING, counter, index)
-    return (-torch.log(-torch.log(u))).to(torch.float32)
+    return gumbel_of(random_bits(seed, STREAM_SAMPLING, counter, index))
 
 
 def truncated_normal(seed, counter, index, bound: float = 3.0) -> torch.Tensor:
-    """Standard normal truncated to [-bound, bound] by inverse CDF (state-init stream), float64."""
-    u = uniform(seed, STREAM_STATE_INIT, counter, index)
+    return truncated_normal_of(random_bits(seed, STREAM_STATE_INIT, counter, index), bound)
+
+
+def truncated_normal_of(bits: torch.Tensor, bound: float = 3.0) -> torch.Tensor:
+    """Standard normal truncated to [-bound, bound] by inverse CDF, float64, from bits of the
+    state-init stream."""
+    u = uniform_of(bits)
     lo = 0.5 * (1.0 + math.erf(-bound / math.sqrt(2.0)))
     hi = 0.5 * (1.0 + math.erf(bound / math.sqrt(2.0)))
     p = lo + u * (hi - lo)

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from rlt.kernels.random import gumbel
+from rlt.kernels.random import STREAM_SAMPLING, gumbel_of, random_bits_rows
 
 
 @dataclass
@@ -97,9 +97,16 @@ def penalize(x: torch.Tensor, p: Penalties) -> None:
     x[rows, tokens] = value
 
 
-def sample(logits: torch.Tensor, p: SamplingTensors, greedy: bool | None = None, filtered: bool = True) -> torch.Tensor:
+def sample(
+    logits: torch.Tensor,
+    p: SamplingTensors,
+    greedy: bool | None = None,
+    filtered: bool = True,
+    bits_rows=random_bits_rows,
+) -> torch.Tensor:
     """logits [B, V] (edited) -> token ids [B] (int64). What the caller knows saves device work and
-    read-backs: greedy, every temperature is 0; filtered=False, no row uses top-k or top-p (no sort)."""
+    read-backs: greedy, every temperature is 0; filtered=False, no row uses top-k or top-p (no sort).
+    bits_rows: the worker's random_bits_rows (rlt/models/ops.py)."""
     logits = logits.float()
     if greedy is None:
         greedy = bool((p.temperature == 0).all())
@@ -107,8 +114,7 @@ def sample(logits: torch.Tensor, p: SamplingTensors, greedy: bool | None = None,
         return logits.argmax(dim=-1)
     greedy = logits.argmax(dim=-1)
     scaled = logits / torch.where(p.temperature > 0, p.temperature, 1.0).unsqueeze(1)
-    rank = torch.arange(logits.shape[1], device=logits.device).unsqueeze(0)
-    noise = gumbel(p.seed.unsqueeze(1), p.output_index.unsqueeze(1), rank)
+    noise = gumbel_of(bits_rows(p.seed, STREAM_SAMPLING, p.output_index, logits.shape[1]))
     if p.min_p is not None:  # p < min_p * p_max, in log space (log 0 = -inf: off)
         floor = scaled.amax(dim=-1, keepdim=True) + p.min_p.log().unsqueeze(1)
         scaled = scaled.masked_fill(scaled < floor, float("-inf"))

@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from rlt.config import ModelConfig
-from rlt.kernels.random import truncated_normal
+from rlt.kernels.random import STREAM_STATE_INIT, truncated_normal_of
 from rlt.models.base import Attention, Rotary
 from rlt.models.layers import gated_mlp, rope_inv_freq
 from rlt.models.ops import REFERENCE
@@ -112,8 +112,7 @@ class HuginnModel:
             return torch.zeros_like(inject)
         # Truncated normal at +-3 std, times embed_scale, drawn per (seed, position): a request's
         # latent never depends on its batch or worker.
-        idx = torch.arange(inject.shape[-1], device=inject.device)
-        z = truncated_normal(seeds.unsqueeze(1), positions.unsqueeze(1), idx.unsqueeze(0))
+        z = truncated_normal_of(self.ops.random_bits_rows(seeds, STREAM_STATE_INIT, positions, inject.shape[-1]))
         return (z * (self.fc.state_std * self.fc.embed_scale)).to(inject.dtype)
 
     def loop(self, s, inject, positions, attn: Attention):

@@ -6,6 +6,7 @@ resolved when the set is built, so none asks at run time which set it belongs to
 import torch
 import torch.nn.functional as F
 
+from rlt.kernels import random
 from rlt.models import layers
 
 
@@ -17,6 +18,8 @@ class ReferenceOps:
     rms_norm = staticmethod(layers.rms_norm)
     add_norm = staticmethod(layers.add_norm)
     swiglu = staticmethod(layers.swiglu)
+    # Counter-based random bits over [rows, columns] (Huginn's initial latent, sampling's noise)
+    random_bits_rows = staticmethod(random.random_bits_rows)
 
     def linear_swiglu(self, x: torch.Tensor, gate_up_w: torch.Tensor) -> torch.Tensor:
         """swiglu(x @ gate_up_w.T) with the fused [gate; up] weight."""
@@ -47,8 +50,10 @@ class TritonOps(ReferenceOps):
         from rlt.kernels import gemv
         from rlt.kernels.activation import silu_mul
         from rlt.kernels.norm import add_rms_norm, rms_norm
+        from rlt.kernels.random_triton import random_bits_rows
 
         self.rms_norm, self.add_norm, self.swiglu = rms_norm, add_rms_norm, silu_mul
+        self.random_bits_rows = random_bits_rows  # (one launch: the reference's is some fifty)
         self._gemv, self._gemv_swiglu, self._gemv_add_norm = gemv.gemv, gemv.gemv_swiglu, gemv.gemv_add_norm
 
     def linear(self, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:

@@ -200,7 +200,7 @@ class Runner:
             hidden = torch.cat([g.state[: len(g.prompt_targets)] for g in asking]) if asking else None
         if sampling:
             k = max(g.params.logprobs for g in sampling)
-            tokens = sample_groups(logits, t, sampling, self.penalties, keep_raw=k > 0)
+            tokens = sample_groups(logits, t, sampling, self.penalties, k > 0, self.backend.ops.random_bits_rows)
             result.sampled = PendingTokens(sampling, tokens, top_logprobs(logits, k, tokens) if k else None)
             del logits  # (before the prompt logprobs' own)
         if asking:

@@ -79,9 +79,12 @@ def fields(groups: list, eos: tuple[int, ...]) -> dict:
     return f | _edit_fields(params, index, eos, slots) | mask_fields(groups)
 
 
-def sample_groups(logits: torch.Tensor, t: dict, groups: list, state: PenaltyState, keep_raw: bool) -> torch.Tensor:
+def sample_groups(
+    logits: torch.Tensor, t: dict, groups: list, state: PenaltyState, keep_raw: bool, bits_rows
+) -> torch.Tensor:
     """logits [B, V] of the sampled groups (t: their packed fields) -> tokens [B]; penalized rows'
-    tokens go into their slots. keep_raw: the caller still reads the raw logits (logprobs)."""
+    tokens go into their slots. keep_raw: the caller still reads the raw logits (logprobs);
+    bits_rows: the worker's random_bits_rows (rlt/models/ops.py)."""
     st = SamplingTensors(t["temperature"], t["top_k"], t["top_p"], t["seed"], t["output_index"], t.get("min_p"))
     pen = [g for g in groups if g.slot is not None]  # (their lists grow by at most one per output)
     e = _edits(t, state, max((g.listed + g.output_index for g in pen), default=0))
@@ -92,6 +95,7 @@ def sample_groups(logits: torch.Tensor, t: dict, groups: list, state: PenaltySta
         st,
         greedy=all(p.temperature == 0 for p in params),
         filtered=any(p.top_k > 0 or p.top_p < 1.0 for p in params),
+        bits_rows=bits_rows,
     )
     if pen:
         state.append(tokens, None, t["pen_row"], t["pen_slot"])
@@ -102,8 +106,8 @@ class LaneSampling:
     """Steady decode: every lane's sampling parameters and edits on the device for the stretch;
     out_idx (each lane's output index, advanced on the device) is shared with the caller."""
 
-    def __init__(self, groups: list, out_idx: torch.Tensor, state: PenaltyState, eos: tuple[int, ...]):
-        dev, self.state = out_idx.device, state
+    def __init__(self, groups: list, out_idx: torch.Tensor, state: PenaltyState, eos: tuple[int, ...], bits_rows):
+        dev, self.state, self.bits_rows = out_idx.device, state, bits_rows
         ps = [g.params for g in groups]
         index = [g.output_index for g in groups]
         slots = [(g.slot, g.listed) if g.slot is not None else None for g in groups]
@@ -139,7 +143,7 @@ class LaneSampling:
             self.passes += 1
         e = _edits(self.fields, self.state, n)
         x = logits if e is None else edit(logits, e, self.sampling.output_index, inplace=not keep_raw)
-        return sample(x, self.sampling, greedy=self.greedy, filtered=self.filtered)
+        return sample(x, self.sampling, greedy=self.greedy, filtered=self.filtered, bits_rows=self.bits_rows)
 
     def commit(self, tokens: torch.Tensor, done: torch.Tensor) -> None:
         """Penalized lanes that exited count (and list) their token; the others' slots stay as they were."""

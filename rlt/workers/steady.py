@@ -59,7 +59,9 @@ class SteadyDecode:
         pen = runner.penalties
         if loads := pen.pending():  # slots of requests admitted just now
             pen.load(runner.buffers.pack(loads))
-        self.sampling = LaneSampling(groups, self.out_idx, pen, runner.mc.eos_token_ids)  # (reads out_idx)
+        self.sampling = LaneSampling(
+            groups, self.out_idx, pen, runner.mc.eos_token_ids, runner.backend.ops.random_bits_rows
+        )  # (reads out_idx)
         self.top_k = max(p.logprobs for p in ps)
         self.scratch_slot = pool.scratch_block * bs
         # Fixed depth everywhere: the host knows on which loops a lane can exit and skips the head,
