@@ -5,7 +5,7 @@ through rlt.Engine single and prefill/decode."""
 import msgspec
 import pytest
 from test_engine import PROMPTS, make, run
-from test_pd import FAST, OV, SMALL, run_all
+from test_pd import FAST, OV, SMALL
 from test_preemption import spy_preemptions
 
 import rlt
@@ -107,17 +107,21 @@ def test_prompt_logprobs_survive_preemption_mid_prompt(checkpoints):
 async def test_prompt_logprobs_through_the_engine_single_and_pd(checkpoints, family):
     """rlt.Engine: a long prompt in several chunks and passes (max_num_batched_tokens 8) carries
     its prompt logprobs on its first output, equal to the greedy continuation's logprobs, in single
-    and 1p1d (computed by the prefill worker, riding on the first token it streams)."""
+    and 1p1d (computed by the prefill worker, riding on the first token it streams). (The greedy
+    continuation is generated first on the single engine: a prompt asking for prompt logprobs takes
+    no prefix-cache hit, test_prompt_logprobs_take_no_prefix_hits_but_leave_their_blocks.)"""
     prompt = [(13 * i + 2) % 500 for i in range(40)]
     opts = dict(max_num_batched_tokens=8)
-    gen = await run_all(checkpoints[family], "single", "last_exited", family, [(prompt, greedy(family))], **opts)
-    tokens, _, top, _ = gen[0]
-    full = prompt + tokens
     asks = msgspec.structs.replace(greedy(family, max_tokens=2), prompt_logprobs=3)
     for topology in ("single", "1p1d"):
         async with rlt.Engine.launch(
             checkpoints[family], topology=topology, hf_overrides=OV.get(family), **(SMALL | FAST | opts)
         ) as engine:
+            if topology == "single":
+                async for gen in engine.generate(prompt, greedy(family)):
+                    pass
+                tokens, top = gen.token_ids, gen.logprobs
+                full = prompt + tokens
             outs = [o async for o in engine.generate(full, asks)]
             assert engine.stats().local_prefills == 0  # 1p1d: the prefill worker computed them
         assert all(o.prompt_logprobs is not None for o in outs)  # from the first output on
