@@ -12,6 +12,7 @@ import time
 
 import msgspec
 import pytest
+import pytest_asyncio
 import torch
 
 import rlt
@@ -121,38 +122,6 @@ BAD = [
     ([1], SamplingParams(logprobs=-1), "logprobs must be >= 0"),
     ([1], SamplingParams(temperature=float("nan")), "temperature must be a finite number"),
 ]
-
-
-async def test_bad_input_raises_and_engine_keeps_serving(checkpoints):
-    async with rlt.Engine.launch(checkpoints["ouro"], **FAST) as engine:
-        sp = SamplingParams(max_tokens=30, temperature=0, ignore_eos=True)
-        running = asyncio.ensure_future(collect(engine, [5, 6, 7], sp, "keep"))
-        await asyncio.sleep(0.05)
-        for prompt, params, message in BAD:
-            with pytest.raises(RequestError) as e:
-                engine.generate(prompt, params)
-            assert message in str(e.value)
-            assert isinstance(e.value, ValueError)
-        with pytest.raises(RequestError, match="request_id 'keep' is already live"):
-            engine.generate([1], sp, request_id="keep")
-        shared = [5, 6, 7]  # one prompt list for several requests is checked once, and again once changed
-        await engine.generate(shared, sp).aclose()
-        shared[1] = True
-        with pytest.raises(RequestError, match="token id True at index 1"):
-            engine.generate(shared, sp)
-        # values that once passed validation and then broke a worker or the coordinator's sender
-        for kwargs, message in [
-            (dict(priority="high"), "priority must be an integer, got 'high'"),
-            (dict(priority=2**64), f"priority must be <= {2**63 - 1}, got {2**64}"),
-            (dict(params=SamplingParams(top_k=2**64)), f"top_k must be <= {2**63 - 1}, got {2**64}"),
-            (dict(prompt="a \ud800 b"), "prompt text cannot be tokenized"),
-            (dict(request_id=""), "request_id must be a non-empty string"),
-        ]:
-            with pytest.raises(RequestError, match=re.escape(message)):
-                engine.generate(**({"prompt": [1], "params": sp} | kwargs))
-        out = await running
-        assert len(out.token_ids) == 30
-        await all_blocks_free(engine)
 
 
 async def wait_restart(engine, old_pid, timeout=30.0):
@@ -379,24 +348,6 @@ async def test_stuck_main_loop_is_detected(checkpoints):
         await all_blocks_free(engine)
 
 
-async def test_a_paused_machine_kills_no_healthy_worker(checkpoints):
-    """The whole machine paused past the heartbeat deadline (a VM descheduled, a laptop suspended):
-    the worker and the caller's loop stop and resume together, a stream open. The coordinator's
-    heartbeat watch wakes late too; it does not declare the worker dead for a silence it shared."""
-    async with rlt.Engine.launch(checkpoints["ouro"], **FAST) as engine:
-        pid = engine.stats().workers[0].pid
-        stream = engine.generate([5, 6, 7], SamplingParams(max_tokens=40, ignore_eos=True))
-        await anext(stream)
-        os.kill(pid, signal.SIGSTOP)
-        await asyncio.sleep(0.1)  # (what it sent before it stopped is read)
-        time.sleep(FAST["heartbeat_timeout"] + 1.0)  # (the loop stopped too)
-        os.kill(pid, signal.SIGCONT)
-        outs = [o async for o in stream]
-        assert outs[-1].finished and len(outs[-1].token_ids) == 40
-        await asyncio.sleep(4 * FAST["heartbeat_interval"])
-        assert [(w.pid, w.state) for w in engine.stats().workers] == [(pid, "ready")] and alive(pid)
-
-
 async def test_replicas_topology_spreads_requests_and_matches_single(checkpoints):
     reqs = workload(12)
     expected = direct(checkpoints["ouro"], reqs)
@@ -486,34 +437,6 @@ async def test_a_dead_workers_cause_is_the_exception_in_its_log(tmp_path):
     assert str(w.dead_error()) == "decode worker 0 (pid None) was killed after no heartbeat for 3.1 s (deadline 3.0 s)"
 
 
-async def test_cpu_worker_keeps_its_speed_beside_busy_processes(checkpoints):
-    """Two busy processes on the CPU's cores: the worker's OpenMP threads wait passively instead of
-    spinning, so 16 requests cost the worker about a second of CPU (spinning threads burned it for
-    over a minute). Measured in the worker's CPU time, which a busy machine does not stretch."""
-
-    def cpu_seconds(pid: int) -> float:
-        fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
-
-    spin = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2)]
-    try:
-        async with rlt.Engine.launch(checkpoints["ouro"], **FAST) as engine:
-            pid = engine.stats().workers[0].pid
-            with open(f"/proc/{pid}/environ", "rb") as f:
-                assert b"OMP_WAIT_POLICY=PASSIVE" in f.read().split(b"\0")
-            cpu = cpu_seconds(pid)
-            sp = SamplingParams(max_tokens=16, ignore_eos=True)
-            outs = await asyncio.gather(
-                *(collect(engine, [3 + i * j % 400 for j in range(100)], sp) for i in range(16))
-            )
-            assert [len(o.token_ids) for o in outs] == [16] * 16
-            assert cpu_seconds(pid) - cpu < 10.0
-    finally:
-        for p in spin:
-            p.kill()
-            p.wait()
-
-
 async def test_worker_logs_are_kept_in_a_directory_per_launch(checkpoints, tmp_path):
     """stats() names the launch's log directory; the worker's log is still there after shutdown, and
     only the newest KEEP_RUNS launches' directories are kept."""
@@ -530,3 +453,91 @@ async def test_worker_logs_are_kept_in_a_directory_per_launch(checkpoints, tmp_p
     kept = sorted(os.listdir(tmp_path))
     assert len(kept) == KEEP_RUNS + 1 and "mine" in kept and os.path.basename(run) in kept
     assert "20260101-000003-old" not in kept and "20260101-000004-old" in kept  # (23 old + 1 new - 20)
+
+
+# The tests below only send requests to an Ouro engine with FAST's options and leave it as they
+# found it (every block free, its one worker ready): they share one, launched for the module, and
+# run one after another on the module's event loop (the engine's own tasks run on it).
+on_the_shared_engine = pytest.mark.asyncio(loop_scope="module")
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def engine(checkpoints):
+    async with rlt.Engine.launch(checkpoints["ouro"], **FAST) as engine:
+        yield engine
+
+
+@on_the_shared_engine
+async def test_bad_input_raises_and_engine_keeps_serving(engine):
+    sp = SamplingParams(max_tokens=30, temperature=0, ignore_eos=True)
+    running = asyncio.ensure_future(collect(engine, [5, 6, 7], sp, "keep"))
+    await asyncio.sleep(0.05)
+    for prompt, params, message in BAD:
+        with pytest.raises(RequestError) as e:
+            engine.generate(prompt, params)
+        assert message in str(e.value)
+        assert isinstance(e.value, ValueError)
+    with pytest.raises(RequestError, match="request_id 'keep' is already live"):
+        engine.generate([1], sp, request_id="keep")
+    shared = [5, 6, 7]  # one prompt list for several requests is checked once, and again once changed
+    await engine.generate(shared, sp).aclose()
+    shared[1] = True
+    with pytest.raises(RequestError, match="token id True at index 1"):
+        engine.generate(shared, sp)
+    # values that once passed validation and then broke a worker or the coordinator's sender
+    for kwargs, message in [
+        (dict(priority="high"), "priority must be an integer, got 'high'"),
+        (dict(priority=2**64), f"priority must be <= {2**63 - 1}, got {2**64}"),
+        (dict(params=SamplingParams(top_k=2**64)), f"top_k must be <= {2**63 - 1}, got {2**64}"),
+        (dict(prompt="a \ud800 b"), "prompt text cannot be tokenized"),
+        (dict(request_id=""), "request_id must be a non-empty string"),
+    ]:
+        with pytest.raises(RequestError, match=re.escape(message)):
+            engine.generate(**({"prompt": [1], "params": sp} | kwargs))
+    out = await running
+    assert len(out.token_ids) == 30
+    await all_blocks_free(engine)
+
+
+@on_the_shared_engine
+async def test_a_paused_machine_kills_no_healthy_worker(engine):
+    """The whole machine paused past the heartbeat deadline (a VM descheduled, a laptop suspended):
+    the worker and the caller's loop stop and resume together, a stream open. The coordinator's
+    heartbeat watch wakes late too; it does not declare the worker dead for a silence it shared."""
+    pid = engine.stats().workers[0].pid
+    stream = engine.generate([5, 6, 7], SamplingParams(max_tokens=40, ignore_eos=True))
+    await anext(stream)
+    os.kill(pid, signal.SIGSTOP)
+    await asyncio.sleep(0.1)  # (what it sent before it stopped is read)
+    time.sleep(FAST["heartbeat_timeout"] + 1.0)  # (the loop stopped too)
+    os.kill(pid, signal.SIGCONT)
+    outs = [o async for o in stream]
+    assert outs[-1].finished and len(outs[-1].token_ids) == 40
+    await asyncio.sleep(4 * FAST["heartbeat_interval"])
+    assert [(w.pid, w.state) for w in engine.stats().workers] == [(pid, "ready")] and alive(pid)
+
+
+@on_the_shared_engine
+async def test_cpu_worker_keeps_its_speed_beside_busy_processes(engine):
+    """Two busy processes on the CPU's cores: the worker's OpenMP threads wait passively instead of
+    spinning, so 16 requests cost the worker about a second of CPU (spinning threads burned it for
+    over a minute). Measured in the worker's CPU time, which a busy machine does not stretch."""
+
+    def cpu_seconds(pid: int) -> float:
+        fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
+
+    spin = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2)]
+    try:
+        pid = engine.stats().workers[0].pid
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            assert b"OMP_WAIT_POLICY=PASSIVE" in f.read().split(b"\0")
+        cpu = cpu_seconds(pid)
+        sp = SamplingParams(max_tokens=16, ignore_eos=True)
+        outs = await asyncio.gather(*(collect(engine, [3 + i * j % 400 for j in range(100)], sp) for i in range(16)))
+        assert [len(o.token_ids) for o in outs] == [16] * 16
+        assert cpu_seconds(pid) - cpu < 10.0
+    finally:
+        for p in spin:
+            p.kill()
+            p.wait()
