@@ -14,6 +14,7 @@ import msgspec
 import pytest
 import pytest_asyncio
 import torch
+from helpers import FAST, all_blocks_free
 
 import rlt
 from rlt import EngineDeadError, RequestError, SamplingParams
@@ -21,8 +22,6 @@ from rlt.config import EngineConfig, Faults, ModelConfig
 from rlt.models.loader import load_model
 from rlt.validation import resolve_params
 from rlt.workers.engine import LoopEngine
-
-FAST = dict(heartbeat_interval=0.2, heartbeat_timeout=3.0, startup_timeout=60.0)
 
 
 def alive(pid: int) -> bool:
@@ -32,18 +31,6 @@ def alive(pid: int) -> bool:
         return False
     with open(f"/proc/{pid}/stat") as f:  # a zombie is not alive
         return f.read().split()[2] != "Z"
-
-
-async def all_blocks_free(engine, timeout=5.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        st = engine.stats()
-        if st.live_requests == 0 and all(
-            w.kv_blocks_free == w.kv_blocks_total and w.running == 0 and w.waiting == 0 for w in st.workers
-        ):
-            return True
-        await asyncio.sleep(0.05)
-    raise AssertionError(f"blocks not all free: {engine.stats()}")
 
 
 async def collect(engine, prompt, sp, rid=None):

@@ -21,12 +21,12 @@ import time
 
 import pytest
 import pytest_asyncio
+from helpers import FAST, FAST_PD, SMALL
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 from processes import processes_mentioning
-from test_api import FAST, alive, collect, direct, workload
-from test_pd import FAST as PD_FAST
-from test_pd import SMALL, wait_for
+from test_api import alive, collect, direct, workload
+from test_pd import wait_for
 
 import rlt
 from rlt import EngineDeadError, RequestError, SamplingParams
@@ -60,7 +60,7 @@ PD_REQS = {
 }
 STORM = workload(24)  # greedy and seeded sampling, adaptive exits and fixed depth
 assert not {p[0] for p, _ in STORM.values()} & {98, 99}  # (the PD engine's faulty first tokens)
-PD_OPTIONS = SMALL | PD_FAST | dict(num_blocks=2000, transfer_timeout=6.0)
+PD_OPTIONS = SMALL | FAST_PD | dict(num_blocks=2000, transfer_timeout=6.0)
 PD_FAULTS = Faults(fail_transfer_first_token=99, lose_notif_first_token=98)
 DETECT_S = FAST["heartbeat_timeout"] + 3.0  # a dead or frozen worker's streams fail within this
 HOW = {  # how a worker ended, as its streams' EngineDeadError says (not its last log line)

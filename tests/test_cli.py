@@ -327,7 +327,8 @@ def test_a_hub_id_resolves_offline_from_the_cache(checkpoints, tmp_path):
     import signal
     import urllib.request
 
-    from test_serve import FAST, free_port
+    from helpers import FAST_ARGS
+    from test_serve import free_port
 
     env = {**os.environ, "HF_HUB_CACHE": _hub_cache(tmp_path / "hub", checkpoints["ouro"], "acme/ouro-tiny")}
     env["HF_HUB_OFFLINE"] = "1"
@@ -345,7 +346,7 @@ def test_a_hub_id_resolves_offline_from_the_cache(checkpoints, tmp_path):
     )
     assert missing.returncode == 2 and "hf download acme/missing" in missing.stderr, missing.stderr
     port = free_port()
-    serve = [sys.executable, "-m", "rlt", "serve", "acme/ouro-tiny", "--port", str(port), *FAST]
+    serve = [sys.executable, "-m", "rlt", "serve", "acme/ouro-tiny", "--port", str(port), *FAST_ARGS]
     p = subprocess.Popen(serve, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         assert "acme/ouro-tiny ready at" in p.stdout.readline()

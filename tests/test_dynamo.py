@@ -18,6 +18,7 @@ import urllib.request
 
 import openai
 import pytest
+from helpers import FAST_ARGS
 from test_engine import HUGINN
 from test_serve import free_port
 
@@ -29,7 +30,6 @@ if shutil.which("etcd") is None:
     pytest.skip("no etcd binary (Debian: apt-get install etcd-server)", allow_module_level=True)
 
 pytestmark = pytest.mark.slow
-FAST = ["--heartbeat-interval", "0.2", "--heartbeat-timeout", "3.0", "--startup-timeout", "60"]
 
 
 def _wait(check, what: str, proc: subprocess.Popen, log: str, timeout: float = 90.0):
@@ -120,7 +120,7 @@ class Stack:
         return os.path.join(self.tmp, f"{name}.log")
 
     def worker(self, model: str, name: str = "worker", *flags: str, main=("-m", "rlt.dynamo")) -> subprocess.Popen:
-        argv = [sys.executable, *main, model, "--served-model-name", self.model, *FAST, *flags]
+        argv = [sys.executable, *main, model, "--served-model-name", self.model, *FAST_ARGS, *flags]
         p = _start(argv + ["--discovery-backend", "etcd", "--namespace", self.namespace], self.log(name), self.env)
         self.procs.append(p)
         return p

@@ -19,7 +19,8 @@ import tempfile
 
 import openai
 import pytest
-from test_dynamo import FAST, Infra, _get, _start, _stop_all, _wait, assert_clean_exit
+from helpers import FAST_ARGS
+from test_dynamo import Infra, _get, _start, _stop_all, _wait, assert_clean_exit
 
 pytestmark = pytest.mark.slow
 TURN = 50  # a first turn's prompt tokens: 3 full blocks, which the second turn finds (48 cached)
@@ -49,7 +50,7 @@ class KvStack(Infra):
         port = self.ports[name] = _system_port()
         env = self.env | {"DYN_SYSTEM_PORT": str(port), "DYN_HEALTH_CHECK_ENABLED": "true", "DYN_CANARY_WAIT_TIME": "1"}
         argv = [sys.executable, "-m", "rlt.dynamo", self.model, "--served-model-name", served, "--role", role]
-        p = _start([*argv, *FAST, *flags, "--namespace", "kvtest"], self.log(name), env)
+        p = _start([*argv, *FAST_ARGS, *flags, "--namespace", "kvtest"], self.log(name), env)
         self.nodes[name] = p
         return p
 

@@ -9,9 +9,9 @@ and thresholds, none used while the criteria were built)."""
 import asyncio
 
 import pytest
+from helpers import FAST_PD, SMALL
 from huginn_cases import CASES, FIXTURE, HELDOUT, VARIED, expect, params
 from test_engine import make, run
-from test_pd import FAST, SMALL
 
 import rlt
 from rlt import RequestError
@@ -81,7 +81,7 @@ async def test_every_case_through_pd_and_replicas_equals_the_authors_code(checkp
     each running its share of the rows in its own passes."""
     cases = VARIED + [c for c in FIXTURE["cases"] if c["criterion"] == "none"]
     async with rlt.Engine.launch(
-        checkpoints["huginn"], topology=topology, hf_overrides=FIXTURE["overrides"], **(SMALL | FAST)
+        checkpoints["huginn"], topology=topology, hf_overrides=FIXTURE["overrides"], **(SMALL | FAST_PD)
     ) as engine:
         workers = set()
 

@@ -13,8 +13,9 @@ import sys
 import time
 
 import pytest
+from helpers import FAST_ARGS
 from processes import processes_mentioning
-from test_serve import FAST, drain, free_port, scrape
+from test_serve import drain, free_port, scrape
 
 import rlt
 from rlt import EngineOverloadedError, SamplingParams
@@ -105,7 +106,7 @@ class Server:
     def __init__(self, model: str, tmp_path, *flags: str):
         self.port, self.tmp = free_port(), str(tmp_path)
         env = {**os.environ, "TMPDIR": self.tmp}
-        argv = [sys.executable, "-m", "rlt", "serve", model, "--port", str(self.port), *FAST, *flags]
+        argv = [sys.executable, "-m", "rlt", "serve", model, "--port", str(self.port), *FAST_ARGS, *flags]
         self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
         self.url = f"http://127.0.0.1:{self.port}/v1"
         deadline, lines = time.monotonic() + 90, []

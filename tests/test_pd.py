@@ -8,24 +8,13 @@ import signal
 import time
 
 import pytest
+from helpers import FAST_PD, OV, SMALL, all_free
 from processes import as_from_a_terminal, processes_mentioning
-from test_api import all_blocks_free as _all_free
 
 import rlt
 from rlt import EngineDeadError, SamplingParams
 from rlt.config import Faults
 from rlt.control.lifecycle import Phase
-
-FAST = dict(heartbeat_interval=0.2, heartbeat_timeout=3.0, startup_timeout=60.0, transfer_timeout=10.0)
-SMALL = dict(block_size=4, prefill_chunk=5, num_blocks=400)  # prompts span several chunks and blocks
-OV = {"huginn": {"mean_recurrence": 6}}
-
-
-async def all_free(engine, timeout=10.0):
-    await _all_free(engine, timeout)
-    st = engine.stats()
-    assert st.pending_cleanup == 0
-    assert all(w.credit_blocks == 0 and w.credit_slots == 0 for w in st.workers), st
 
 
 def requests(family):
@@ -48,7 +37,7 @@ async def run_all(path, topology, layout, family, reqs, stats=None, **opts):
     """Every request at once -> (tokens, depths, logprobs, finish) each; stats: a list to append
     the engine's stats after the run to."""
     async with rlt.Engine.launch(
-        path, topology=topology, kv_layout=layout, hf_overrides=OV.get(family), **(SMALL | FAST | opts)
+        path, topology=topology, kv_layout=layout, hf_overrides=OV.get(family), **(SMALL | FAST_PD | opts)
     ) as engine:
 
         async def one(i, p, sp):
@@ -141,7 +130,7 @@ async def test_pd_decode_worker_preempts_and_resumes_exactly(checkpoints, layout
 
 def launch_pd(checkpoints, topology="1p1d", **kw):
     """`async with launch_pd(...) as engine` (or awaited)."""
-    return rlt.Engine.launch(checkpoints["ouro"], topology=topology, **(SMALL | FAST | kw))
+    return rlt.Engine.launch(checkpoints["ouro"], topology=topology, **(SMALL | FAST_PD | kw))
 
 
 def workers(engine, role):

@@ -8,8 +8,8 @@ import asyncio
 import msgspec
 import pytest
 import torch
+from helpers import FAST_PD, OV, SMALL, all_free
 from test_engine import make, mixed_params
-from test_pd import OV, all_free
 from test_pd import requests as pd_requests
 
 import rlt
@@ -184,14 +184,12 @@ def test_float64_hits_are_bit_exact(checkpoints):
 
 
 # ---- through the engine's processes ------------------------------------------------------------
-FAST = dict(heartbeat_interval=0.2, heartbeat_timeout=3.0, startup_timeout=60.0, transfer_timeout=10.0)
-SMALL = dict(block_size=4, prefill_chunk=5, num_blocks=400)
 
 
 async def two_turns(path, family, topology, **opts):
     """First turns together, then second turns (each first prompt + its output + new tokens, and a
     request sharing a first prompt's head). -> (first, second finals, engine stats)."""
-    async with rlt.Engine.launch(path, topology=topology, hf_overrides=OV.get(family), **(SMALL | FAST | opts)) as e:
+    async with rlt.Engine.launch(path, topology=topology, hf_overrides=OV.get(family), **(SMALL | FAST_PD | opts)) as e:
 
         async def run(reqs):
             async def one(i, p, sp):
@@ -237,7 +235,7 @@ async def test_second_turns_through_single_and_1p1d_equal_the_cache_off_run(chec
 
 async def test_replicas_route_a_prompt_to_the_worker_holding_its_prefix(checkpoints):
     sp = SamplingParams(max_tokens=4, temperature=0, ignore_eos=True)
-    async with rlt.Engine.launch(checkpoints["ouro"], topology="2x", **(SMALL | FAST)) as e:
+    async with rlt.Engine.launch(checkpoints["ouro"], topology="2x", **(SMALL | FAST_PD)) as e:
 
         async def final(prompt, params=sp, rid=None):
             async for out in e.generate(prompt, params, request_id=rid):

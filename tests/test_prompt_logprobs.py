@@ -4,8 +4,8 @@ through rlt.Engine single and prefill/decode."""
 
 import msgspec
 import pytest
+from helpers import FAST_PD, OV, SMALL
 from test_engine import PROMPTS, make, run
-from test_pd import FAST, OV, SMALL
 from test_preemption import spy_preemptions
 
 import rlt
@@ -115,7 +115,7 @@ async def test_prompt_logprobs_through_the_engine_single_and_pd(checkpoints, fam
     asks = msgspec.structs.replace(greedy(family, max_tokens=2), prompt_logprobs=3)
     for topology in ("single", "1p1d"):
         async with rlt.Engine.launch(
-            checkpoints[family], topology=topology, hf_overrides=OV.get(family), **(SMALL | FAST | opts)
+            checkpoints[family], topology=topology, hf_overrides=OV.get(family), **(SMALL | FAST_PD | opts)
         ) as engine:
             if topology == "single":
                 async for gen in engine.generate(prompt, greedy(family)):

@@ -16,13 +16,12 @@ import urllib.request
 
 import openai
 import pytest
+from helpers import FAST_ARGS
 from test_engine import HUGINN
 
 import rlt
 from rlt import SamplingParams
 from rlt.models.tokenizer import load_tokenizer
-
-FAST = ["--heartbeat-interval", "0.2", "--heartbeat-timeout", "3.0", "--startup-timeout", "60"]
 
 
 def free_port() -> int:
@@ -44,7 +43,19 @@ def serving(model: str, *flags: str, output: list | None = None):
     """`rlt serve MODEL` until its ready line -> base URL; SIGINT (as Ctrl-C) and wait on exit.
     output: gets every line the server writes (stdout and stderr)."""
     port = free_port()
-    argv = [sys.executable, "-m", "rlt", "serve", model, "--port", str(port), "--served-model-name", "m", *FAST, *flags]
+    argv = [
+        sys.executable,
+        "-m",
+        "rlt",
+        "serve",
+        model,
+        "--port",
+        str(port),
+        "--served-model-name",
+        "m",
+        *FAST_ARGS,
+        *flags,
+    ]
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
     try:
         deadline, lines = time.monotonic() + 90, []
