@@ -51,8 +51,8 @@ def _offline(p) -> None:
     p.add_argument(
         "--threshold",
         default="1.0,0.5",
-        help="exit thresholds, one row each: Ouro's gate's, or Huginn's criterion:threshold "
-        "(e.g. 1.0,kl:0.3,latent-diff:0.4; default: 1.0,0.5)",
+        help="exit thresholds, one row each: Ouro's gate's, Huginn's criterion:threshold, or depth:k (every "
+        "token at depth k) (e.g. 1.0,kl:0.3,latent-diff:0.4,depth:8; default: 1.0,0.5)",
     )
     p.add_argument("--prompt-len", type=int, default=32, help="default: 32")
     p.add_argument("--max-tokens", type=int, default=32, help="default: 32")
