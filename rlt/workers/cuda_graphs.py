@@ -40,8 +40,13 @@ def table_width(w: int) -> int:
     return 1 << max(0, (w - 1).bit_length())
 
 
+def _rows(n: int) -> int:
+    """The batch bucket of n single-row groups."""
+    return next(b for b in BUCKETS if b >= n)
+
+
 def _bucket(n: int, w: int) -> tuple[int, int]:
-    return next(b for b in BUCKETS if b >= n), table_width(w)
+    return _rows(n), table_width(w)
 
 
 class DecodeGraphs:
@@ -78,7 +83,7 @@ class DecodeGraphs:
     @staticmethod
     def slots(ints: torch.Tensor, n: int) -> torch.Tensor:
         """The K/V slots of the n rows in inputs() on the device (a view)."""
-        B = next(b for b in BUCKETS if b >= n)
+        B = _rows(n)
         return ints[B : B + n]
 
     def capture(self, B: int, W: int) -> None:
@@ -139,7 +144,7 @@ class DecodeGraphs:
         """One core pass over n single-row decode groups -> (new states [n, hidden], gate logits [n] or
         None, valid until the next replay). ints: inputs() of the same rows, on the device."""
         n = len(states)
-        B = next(b for b in BUCKETS if b >= n)
+        B = _rows(n)
         W = ints.numel() // B - 2
         self.capture(B, W)
         e = self.graphs[(B, W)]

@@ -151,7 +151,9 @@ class CriterionChecks:
                 g.criterion_prev = g.state if crit in LATENT else (new, i)
             done.append(exits)
             row += n
-        return PendingVerdicts(self.groups, torch.cat(done))
+        exits = torch.zeros(len(self.groups) + 1, dtype=torch.bool, device=done[0].device)
+        torch.cat(done, out=exits[:-1])  # the last, False, for rows not checked (PendingVerdicts.held)
+        return PendingVerdicts(self.groups, exits)
 
 
 class PendingVerdicts:
@@ -159,10 +161,11 @@ class PendingVerdicts:
     they exit on the device: hold() before it, release() after it."""
 
     def __init__(self, groups: list, exits: torch.Tensor):
+        """exits [len(groups) + 1]: the groups' verdicts, then False."""
         self.groups = groups  # (kept alive: their ids key the index)
         self.index = {id(g): i for i, g in enumerate(groups)}
-        self.exits = torch.cat([exits, exits.new_zeros(1)])  # the last, False, for rows not checked
-        self._readback = DeviceReadback((exits,))
+        self.exits = exits
+        self._readback = DeviceReadback((exits[:-1],))
 
     def held(self, active: list, row_starts: list[int]) -> dict:
         """The next pass's fields: rows of the groups checked here, and their verdicts' indices."""
