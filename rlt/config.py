@@ -65,6 +65,14 @@ class EngineConfig(msgspec.Struct, kw_only=True, frozen=True):
         PositiveInt, _doc("prompt rows per request per pass (a lone prompt may take the whole pass, as in vLLM)")
     ] = 8192
     max_num_batched_tokens: Annotated[PositiveInt, _doc("rows per core pass")] = 8192
+    decode_pass_rows: Annotated[
+        PositiveInt,
+        _doc(
+            "rows per core pass while streams decode, at most max_num_batched_tokens (prompt chunks are cut to "
+            "fit): every pass a prompt chunk spends in the loop delays each running stream's next token "
+            "(Sarathi-Serve's token budget; docs/performance.md has the trade-off measured)"
+        ),
+    ] = 8192
     kernels: Annotated[
         Literal["triton", "reference"],
         _doc("CUDA: the Triton kernels and CUDA graphs, or the plain torch reference (the CPU always runs it)"),

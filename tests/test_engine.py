@@ -88,6 +88,41 @@ def test_chunked_prefill_equals_unchunked(checkpoints, family):
         }
 
 
+def test_prompts_chunked_to_the_decode_pass_budget(checkpoints):
+    """While streams decode, a pass carries at most decode_pass_rows rows (the streams' next tokens
+    first, a prompt chunked into the rest); a prompt alone takes its whole chunk; tokens and depths
+    are those of an unbounded pass."""
+    mc, new_engine = make(checkpoints["ouro"], "ouro", prefill_chunk=64, max_num_batched_tokens=64)
+    sp = SamplingParams(max_tokens=30, temperature=0, ignore_eos=True)
+    reqs = {i: ([3 + i, 9, 27, 81, 5], sp) for i in range(4)} | {9: ([(i * 13) % 500 + 3 for i in range(40)], sp)}
+    arrivals = {9: 10}  # the long prompt comes while the four stream
+
+    def passes(engine):
+        rows, step = [], engine.runner.step
+
+        def recorded(groups):  # (a spy: what each pass carried)
+            rows.append((sum(g.n for g in groups if not g.decoding), sum(g.n for g in groups if g.decoding)))
+            return step(groups)
+
+        engine.runner.step = recorded
+        return rows
+
+    bounded = new_engine(decode_pass_rows=12)
+    seen = passes(bounded)
+    out = run(bounded, mc, reqs, arrivals)
+    assert max(p + d for p, d in seen if d) == 12 and max(p for p, d in seen if d) == 8
+    assert sum(p for p, _ in seen) == 4 * 5 * mc.depth + 40 * mc.depth  # every prompt row once per loop
+    unbounded = new_engine()
+    seen = passes(unbounded)
+    assert run(unbounded, mc, reqs, arrivals) == out
+    assert max(p for p, d in seen if d) == 40
+
+    alone = new_engine(decode_pass_rows=12)
+    seen = passes(alone)
+    run(alone, mc, {9: reqs[9]})
+    assert seen[0] == (40, 0)
+
+
 def noise_fn(ref, seed):
     s = ref.cfg["init_values"]["std"] * ref.cfg["init_values"]["embed_scale"]
     return lambda T: truncated_normal(torch.tensor(seed), torch.arange(T)[:, None], torch.arange(ref.H)[None, :]) * s
@@ -420,3 +455,18 @@ def test_cpu_prefill_of_8192_tokens_is_one_pass(checkpoints):
         eng.step()
         steps += 1
     assert steps == mc.depth + 1  # a pass per loop over all 8,192 rows, then the step that reads the token
+
+
+def test_a_grammar_that_does_not_compile_fails_the_start(checkpoints):
+    """The memory profile and the warm-up run requests with a grammar to their end: one whose
+    compile fails (here a regex no check caught before the worker) raises, naming it, where the
+    worker would otherwise wait for it forever and never say READY."""
+    from rlt.sampling_params import StructuredOutput
+    from rlt.workers.memory import finish
+
+    mc, new_engine = make(checkpoints["ouro"], "ouro")
+    engine = new_engine()
+    sp = SamplingParams(max_tokens=2, structured_output=StructuredOutput(regex="([a-z"))
+    engine.add_request(0, [3, 4], resolve_params(mc, 2, sp))
+    with pytest.raises(RuntimeError, match=r"did not compile before READY: structured_output\.regex: .+"):
+        finish(engine)

@@ -97,7 +97,7 @@ def _serve(p) -> None:
     p.add_argument("--seed", type=int, default=0, help="default: 0")
     g = p.add_argument_group("engine options (in process; default: the engine's)")
     g.add_argument("--no-prefix-caching", action="store_true", help="enable_prefix_caching=False")
-    for flag in ("--prefill-chunk", "--max-num-batched-tokens", "--max-num-seqs"):
+    for flag in ("--prefill-chunk", "--max-num-batched-tokens", "--decode-pass-rows", "--max-num-seqs"):
         g.add_argument(flag, type=int)
     g.add_argument("--max-local-prefill-length", type=int, help="PD: prompts up to this prefill on the decode worker")
     g.add_argument("--max-prefill-queue-size", type=int, help="PD: past this queue the decode worker prefills")

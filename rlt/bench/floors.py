@@ -54,12 +54,15 @@ def _boundary_layers(model) -> list[list[torch.Tensor]]:
     ]
 
 
-def prefill_floor_ms(model, mc, n: int) -> float:
-    """Plain-torch GEMMs + causal SDPA of one n-token prompt through every loop, on the model's weights."""
+def prefill_floor_ms(model, mc, n: int, context: int = 0) -> float:
+    """Plain-torch GEMMs + SDPA of one n-token prompt through every loop, on the model's weights:
+    causal, or with `context` > n the n rows ending a cached `context`-token prefix (a prefix hit;
+    every row sees the whole context: the last rows' causal mask saves under n / context of it)."""
     layers = _layers(model) * mc.depth + _boundary_layers(model)
     Hkv, D = mc.kv.num_kv_heads, mc.kv.head_dim
     H = layers[0][0].shape[0] // D - 2 * Hkv
     x = torch.randn(n, mc.hidden_size, device=layers[0][0].device, dtype=layers[0][0].dtype)
+    kv = torch.randn(2, 1, Hkv, max(context, n), D, device=x.device, dtype=x.dtype) if context > n else None
 
     def run():
         for qkv, o, up, down in layers:
@@ -68,7 +71,9 @@ def prefill_floor_ms(model, mc, n: int) -> float:
             q = y[:, : H * D].view(1, n, H, D).transpose(1, 2)
             k = y[:, H * D : (H + Hkv) * D].view(1, n, Hkv, D).transpose(1, 2)
             v = y[:, (H + Hkv) * D :].view(1, n, Hkv, D).transpose(1, 2)
-            a = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=Hkv != H)
+            if kv is not None:
+                k, v = kv
+            a = F.scaled_dot_product_attention(q, k, v, is_causal=kv is None, enable_gqa=Hkv != H)
             _ = a.transpose(1, 2).reshape(n, H * D) @ o.t()
             g = x @ up.t()
             _ = g[:, : down.shape[1]] @ down.t()

@@ -33,6 +33,16 @@ def grammar(mc) -> dict:
     return dict(structured_output=StructuredOutput(regex="[a-z ]{1,40}"))
 
 
+def finish(engine) -> None:
+    """Step until every request has ended (the profile's and the warm-up's). A grammar that does not
+    compile fails the start: its request would otherwise wait forever (in service the worker fails
+    such a request)."""
+    while engine.has_work():
+        engine.step()
+        if failed := engine.grammars.take_failed():
+            raise RuntimeError(f"a structured output did not compile before READY: {failed[0][1]}")
+
+
 def pool_blocks(
     mc: ModelConfig, model, cfg: EngineConfig, dtype: torch.dtype, device: str, engine_cls
 ) -> tuple[int, str]:
@@ -72,8 +82,7 @@ def _left_for_kv(mc, model, cfg: EngineConfig, dtype, device, engine_cls) -> tup
     every = resolve_params(mc, 1, every)
     for i in range(seqs):
         engine.add_request(i, [i % mc.vocab_size], every)
-    while engine.has_work():
-        engine.step()
+    finish(engine)
     torch.cuda.synchronize(device)
     probe_pool = engine.pool.cache.numel() * engine.pool.cache.element_size()
     peak = torch.cuda.max_memory_allocated(device) - probe_pool  # the real pool replaces the probe's

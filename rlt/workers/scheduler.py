@@ -142,6 +142,12 @@ class Scheduler:
         running = self.running
         in_flight = sum(s.group.n for s in running if s.group is not None) + sum(len(s.replay) for s in running)
         budget = self.cfg.max_num_batched_tokens - in_flight
+        # While streams decode, a pass carries at most decode_pass_rows rows (their next tokens'
+        # counted first): each pass a prompt chunk spends in the loop delays every stream's next token.
+        prompt_budget = budget
+        streams = [s for s in running if s.decoding and not s.prefill_only]
+        if streams:
+            prompt_budget = min(budget, self.cfg.decode_pass_rows - in_flight - sum(not s.in_flight for s in streams))
         # SHARED keeps its meaning only position by position (later positions read earlier
         # positions' final KV at every depth).
         chunk = 1 if self.pool.layout == "shared" else self.cfg.prefill_chunk
@@ -149,7 +155,8 @@ class Scheduler:
         for s in list(running):  # (this runs every pass: nothing here may cost O(requests))
             if s.tables is None:  # preempted meanwhile
                 continue
-            new = s.next_groups(budget, chunk, self.pool.has_boundary) if s.group is None and budget > 0 else []
+            rows = budget if s.decoding else min(budget, prompt_budget)
+            new = s.next_groups(rows, chunk, self.pool.has_boundary) if s.group is None and rows > 0 else []
             last = new[-1] if new else s.group or (s.replay[-1] if s.replay else None)  # its furthest row
             if last is None:
                 continue
@@ -160,7 +167,10 @@ class Scheduler:
                 s.group = new[0]
             else:
                 s.replay += new
-            budget -= sum(g.n for g in new)
+            taken = sum(g.n for g in new)
+            budget -= taken
+            if not s.decoding:
+                prompt_budget -= taken
         return self.preemptions == preemptions
 
     def _make_room(self, s: Sequence, positions: int) -> bool:

@@ -19,7 +19,7 @@ import time
 from rlt.sampling_params import SamplingParams
 from rlt.validation import resolve_params
 from rlt.workers.first_use import FirstUse
-from rlt.workers.memory import EDITS, grammar
+from rlt.workers.memory import EDITS, finish, grammar
 
 
 def _prompt_lengths(engine) -> list[int]:
@@ -56,8 +56,7 @@ def _run(engine, requests) -> None:
     free = engine.pool.num_free
     for i, (prompt, sp) in enumerate(requests):
         engine.add_request(("warm-up", i), prompt, resolve_params(engine.mc, len(prompt), sp))
-    while engine.has_work():
-        engine.step()
+    finish(engine)
     engine.pool.clear_cache()
     assert engine.pool.num_free == free, "warm-up requests returned their blocks"
 

@@ -1,0 +1,122 @@
+"""Where a prefix hit's time goes, against its in-run floor:
+
+    python scripts/prefix_hit.py --model /tmp/nb-full --prefix-len 4096 --new-len 128
+
+One LoopEngine in process (default options, a fixed KV pool). Per repetition a fresh first turn
+of --prefix-len tokens (cached as it finishes), then that prefix + --new-len new tokens: the time
+from submission to its first token (lookup, block tables, the passes over the new rows, the token's
+read-back), with each step's host time. Cold: --new-len tokens alone. Then one hit under
+torch.profiler (GPU busy time, idle fraction, the kernels and host operations taking the most
+time) and the floor (rlt/bench/floors.py: the GEMMs over the new rows and attention over the whole
+context, at every loop).
+"""
+
+import argparse
+import json
+import statistics
+import time
+
+import torch
+
+from rlt.bench import floors, offline
+from rlt.bench.profile import attribute_busy, busy_us, labelled_kernels
+from rlt.config import EngineConfig
+from rlt.sampling_params import SamplingParams
+from rlt.validation import resolve_params
+from rlt.workers.engine import LoopEngine
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--prefix-len", type=int, default=4096)
+    ap.add_argument("--new-len", type=int, default=128)
+    ap.add_argument("--repeat", type=int, default=6)
+    ap.add_argument("--kv-gib", type=float, default=20)
+    ap.add_argument("--json-out")
+    args = ap.parse_args()
+    mc, dtype, model = offline.load(args.model, args.device)
+    eng = LoopEngine(mc, model, EngineConfig(kv_memory_bytes=int(args.kv_gib * 2**30)), dtype, args.device)
+    gen = torch.Generator().manual_seed(0)
+    sp = SamplingParams(max_tokens=1, temperature=0, ignore_eos=True)
+    count = iter(range(1 << 30))
+    sync = torch.cuda.synchronize if args.device.startswith("cuda") else (lambda: None)
+
+    def tokens(n):
+        return torch.randint(3, mc.vocab_size, (n,), generator=gen).tolist()
+
+    def first_token(prompt) -> tuple[float, list[float]]:
+        """ms to the first token, and each step's host ms."""
+        sync()
+        t0 = time.perf_counter()
+        eng.add_request(next(count), prompt, resolve_params(mc, len(prompt), sp))
+        steps = []
+        while True:
+            t = time.perf_counter()
+            done = eng.step()
+            steps.append((time.perf_counter() - t) * 1e3)
+            if done:
+                break
+        ms = (time.perf_counter() - t0) * 1e3
+        while eng.has_work():
+            eng.step()
+        return ms, steps
+
+    def hit() -> tuple[float, list[float]]:
+        prefix = tokens(args.prefix_len)
+        first_token(prefix)
+        before = eng.pool.prefix.hit_tokens
+        out = first_token(prefix + tokens(args.new_len))
+        assert eng.pool.prefix.hit_tokens - before == args.prefix_len, "no prefix hit"
+        return out
+
+    for _ in range(2):  # warm-up: graphs and kernels for these shapes
+        hit()
+        first_token(tokens(args.new_len))
+    hits = [hit() for _ in range(args.repeat)]
+    cold = [first_token(tokens(args.new_len))[0] for _ in range(args.repeat)]
+    ms = statistics.median(h[0] for h in hits)
+
+    from torch.profiler import ProfilerActivity, profile
+
+    prefix = tokens(args.prefix_len)
+    first_token(prefix)
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        t0 = time.perf_counter()
+        first_token(prefix + tokens(args.new_len))
+        wall = (time.perf_counter() - t0) * 1e3
+    kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    busy = busy_us([(e.time_range.start, e.time_range.end) for e in kernels]) / 1e3
+    prof.export_chrome_trace("/tmp/prefix_hit_trace.json")
+    with open("/tmp/prefix_hit_trace.json") as f:
+        by_kernel = attribute_busy(labelled_kernels(json.load(f)))
+    host = prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=20)
+    del prof
+    floor = float("nan")
+    if args.device.startswith("cuda"):
+        torch.cuda.empty_cache()
+        floor = floors.prefill_floor_ms(model, mc, args.new_len, args.prefix_len + args.new_len)
+    res = {
+        "prefix_len": args.prefix_len,
+        "new_len": args.new_len,
+        "hit_ms": [round(h[0], 2) for h in hits],
+        "hit_ms_median": round(ms, 2),
+        "hit_step_host_ms": [round(t, 2) for t in hits[len(hits) // 2][1]],
+        "cold_new_len_ms_median": round(statistics.median(cold), 2),
+        "floor_ms": round(floor, 2),
+        "x_floor": round(ms / floor, 2),
+        "profiled_wall_ms": round(wall, 2),
+        "profiled_gpu_busy_ms": round(busy, 2),
+        "kernels": len(kernels),
+        "busy_by_kernel_us": {k: round(v, 1) for k, v in sorted(by_kernel.items(), key=lambda kv: -kv[1])[:20]},
+    }
+    print(json.dumps(res, indent=1))
+    print(host)
+    if args.json_out:
+        with open(args.json_out, "w") as f:
+            json.dump(res | {"host_ops": host}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
