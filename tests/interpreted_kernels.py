@@ -41,13 +41,15 @@ def check_decode_attention() -> bool:
 
 def check_paged_attention() -> bool:
     """The general kernel (passes with prompt chunks): a prompt chunk after a prefix, a first chunk,
-    and a decode row in one launch, tiles of 16 rows."""
-    from rlt.kernels.paged_attention import PagedMetadata, kernel_fields, paged_attention
+    a decode row and a few rows after a long prefix in one launch, in tiles of 16 rows, then in
+    tiles of 64 with each tile's keys split into slices merged by the last one to finish."""
+    from rlt.kernels.paged_attention import KernelPlan, PagedMetadata, kernel_fields, paged_attention, plan_kernel
+    from rlt.kernels.paged_attention_triton import _scratch
     from rlt.kernels.paged_attention_triton import paged_attention as triton_paged
 
     g = torch.Generator().manual_seed(0)
     H, Hkv, D, bs = 4, 2, 16, 4
-    segs = [(6, 20), (0, 9), (30, 1)]  # (first position, rows)
+    segs = [(6, 20), (0, 9), (30, 1), (300, 5)]  # (first position, rows)
     tables, nxt = [], 0
     for q0, n in segs:
         nb = -(-(q0 + n) // bs)
@@ -57,14 +59,22 @@ def check_paged_attention() -> bool:
     for i, t in enumerate(tables):
         tab[i, : len(t)] = torch.tensor(t)
     cache = torch.randn(nxt, 1, 2, bs, Hkv, D, generator=g)
-    row_starts = [0, 20, 29, 30]
+    row_starts = np.cumsum([0] + [n for _, n in segs]).tolist()
     q_starts = [q0 for q0, _ in segs]
-    q = torch.randn(30, H, D, generator=g)
+    q = torch.randn(row_starts[-1], H, D, generator=g)
     ref = paged_attention(cache, 0, PagedMetadata(None, tab, row_starts, q_starts, bs), q, None, None)
-    fields = {k: torch.from_numpy(a) for k, a in kernel_fields(row_starts, q_starts).items()}
-    err = (triton_paged(cache, 0, q, tab, fields, bs) - ref).abs().max().item()
-    print(f"paged_attention (prompt chunks and a decode row): max error {err:.2e}")
-    return err <= 1e-5
+    split = plan_kernel(row_starts, q_starts, False, fill_tiles=64)
+    assert (split.tile_rows, split.max_splits) == (64, 16), split  # 4 tiles: the 305 keys in 5 slices of 64
+    ok = True
+    for name, plan in (("tiles of 16", KernelPlan()), ("keys split", split)):
+        fields = {k: torch.from_numpy(a) for k, a in kernel_fields(row_starts, q_starts, plan).items()}
+        err = (triton_paged(cache, 0, q, tab, fields, bs, plan) - ref).abs().max().item()
+        print(f"paged_attention (prompt chunks, a decode row, a long prefix; {name}): max error {err:.2e}")
+        ok &= err <= 1e-5
+    counters = _scratch(torch.device("cpu"), 4 * split.fill_tiles * H * split.tile_rows, 16)[2]  # the launch's
+    left = int(counters.abs().sum())
+    print(f"split arrival counters left nonzero: {left}")
+    return ok and left == 0
 
 
 def check_gemv() -> bool:

@@ -158,7 +158,7 @@ def test_engine_batch_invariant_bf16(checkpoints, family):
 @pytest.mark.parametrize("H,Hkv,D", [(16, 16, 128), (48, 8, 128), (4, 2, 16), (55, 55, 96)])
 def test_triton_paged_attention_matches_reference(dtype, tol, H, Hkv, D):
     """Every tiling the runner uses (decode tiles, prefill tiles with prefix-free chunks on dense
-    SDPA) against the torch reference, on K/V written by the KV-write kernel."""
+    SDPA, keys split into slices) against the torch reference, on K/V written by the KV-write kernel."""
     import random
 
     import numpy as np
@@ -207,10 +207,15 @@ def test_triton_paged_attention_matches_reference(dtype, tol, H, Hkv, D):
     prefill = plan_kernel(row_starts, q_starts, batch_invariant=False)
     assert prefill.tile_rows == 64 and prefill.dense == (7, 8)  # prefix-free and >= 64 rows
     assert plan_kernel(row_starts, q_starts, batch_invariant=True) == KernelPlan()
+    assert plan_kernel(row_starts, q_starts, batch_invariant=True, fill_tiles=132) == KernelPlan()
+    # keys split into slices (merged by the last to finish), in tiles of 64 and of 16
+    split = plan_kernel(row_starts, q_starts, batch_invariant=False, fill_tiles=132)
+    assert split.max_splits == 16, split
+    split16 = KernelPlan(fill_tiles=132, max_splits=16)
     for layer in range(L):
         ref = paged_attention(cache, layer, ref_meta, q, k, v).float()
         bound = tol * max(1.0, ref.abs().max().item())
-        for plan in (KernelPlan(), prefill, KernelPlan(64)):
+        for plan in (KernelPlan(), prefill, KernelPlan(64), split, split16):
             got = kernel_paged_attention(cache, layer, meta(plan), q, k, v).float()
             assert (got - ref).abs().max() <= bound, plan
         m16 = meta(KernelPlan())

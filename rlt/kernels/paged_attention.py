@@ -16,6 +16,7 @@ from rlt.kernels.attention import causal_attention, prefix_free_attention
 KERNEL_BLOCK_M = 16  # query rows per program of the Triton kernel (decode passes, batch-invariant mode)
 PREFILL_BLOCK_M = 64  # passes carrying prompt chunks: fewer key re-reads per query row
 DENSE_MIN_ROWS = 64  # a prefix-free prompt chunk this long runs as dense causal SDPA (flash)
+MAX_SPLITS = 16  # key slices per tile of the general kernel
 
 
 @dataclass(frozen=True)
@@ -28,26 +29,42 @@ class KernelPlan:
     tile_rows: int = KERNEL_BLOCK_M
     dense: tuple[int, ...] = ()
     decode: bool = False
+    # The general kernel's key slices: fill_tiles (tiles x heads filling the GPU, in tiles; 0: never
+    # split, as batch-invariant mode) and the launch's slices, at most (a graph's: its bucket's most).
+    fill_tiles: int = 0
+    max_splits: int = 1
 
 
-def plan_kernel(row_starts: list[int], q_starts: list[int], batch_invariant: bool) -> KernelPlan:
-    """Batch-invariant mode keeps one tiling for every pass, never takes the dense path and keeps
-    decode-only passes on the general kernel, so a row's result never depends on how its prompt was
-    chunked or what shares its pass."""
+def split_count(tiles: int, fill_tiles: int, most: int = MAX_SPLITS) -> int:
+    """Key slices per tile for a pass of this many tiles: 1 from fill_tiles up, else the largest
+    power of two keeping tiles x slices within 4 x fill_tiles (so the merge's scratch is bounded)."""
+    if tiles >= fill_tiles or tiles == 0:
+        return 1
+    return min(most, 1 << ((4 * fill_tiles) // tiles).bit_length() - 1)
+
+
+def plan_kernel(row_starts: list[int], q_starts: list[int], batch_invariant: bool, fill_tiles: int = 0) -> KernelPlan:
+    """Batch-invariant mode keeps one tiling for every pass, never takes the dense path, never
+    splits keys and keeps decode-only passes on the general kernel, so a row's result never depends
+    on how its prompt was chunked or what shares its pass."""
     if batch_invariant:
         return KernelPlan()
     if row_starts[-1] == len(row_starts) - 1:  # decode rows only
         return KernelPlan(decode=True)
     rows = np.diff(row_starts)
     if rows.max() <= KERNEL_BLOCK_M:
-        return KernelPlan()
-    dense = tuple(int(s) for s in np.flatnonzero((np.asarray(q_starts) == 0) & (rows >= DENSE_MIN_ROWS)))
-    return KernelPlan(PREFILL_BLOCK_M, dense)
+        dense, tile_rows = (), KERNEL_BLOCK_M
+    else:
+        dense = tuple(int(s) for s in np.flatnonzero((np.asarray(q_starts) == 0) & (rows >= DENSE_MIN_ROWS)))
+        tile_rows = PREFILL_BLOCK_M
+    tiles = int((-(-rows // tile_rows)).sum() - sum(-(-rows[s] // tile_rows) for s in dense))
+    return KernelPlan(tile_rows, dense, fill_tiles=fill_tiles, max_splits=split_count(tiles, fill_tiles))
 
 
 def kernel_fields(row_starts: list[int], q_starts: list[int], plan: KernelPlan = KernelPlan()) -> dict[str, np.ndarray]:
     """The launch's integer metadata: each tile's segment and first row (tiles of plan.tile_rows
-    rows; none for dense segments), and each segment's first row, row count and first position."""
+    rows; none for dense segments), each segment's first row, row count and first position, and
+    the pass's key slices per tile."""
     rows = np.diff(np.asarray(row_starts, dtype=np.int64))
     per_seg = -(-rows // plan.tile_rows)
     per_seg[list(plan.dense)] = 0
@@ -60,6 +77,7 @@ def kernel_fields(row_starts: list[int], q_starts: list[int], plan: KernelPlan =
         "seg_row0": np.asarray(row_starts[:-1], dtype=np.int64),
         "seg_rows": rows,
         "seg_q0": np.asarray(q_starts, dtype=np.int64),
+        "splits": np.array([split_count(len(tile_seg), plan.fill_tiles, plan.max_splits)]),
     }
 
 
@@ -113,7 +131,7 @@ def kernel_paged_attention(
         from rlt.kernels.decode_attention import decode_attention
 
         return decode_attention(cache, layer, q, meta.block_table, meta.kernel["seg_q0"], meta.block_size)
-    out = pat.paged_attention(cache, layer, q, meta.block_table, meta.kernel, meta.block_size, meta.plan.tile_rows)
+    out = pat.paged_attention(cache, layer, q, meta.block_table, meta.kernel, meta.block_size, meta.plan)
     for s in meta.plan.dense:
         r0, r1 = meta.row_starts[s], meta.row_starts[s + 1]
         out[r0:r1] = prefix_free_attention(q[r0:r1], k[r0:r1], v[r0:r1])

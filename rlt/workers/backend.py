@@ -17,6 +17,7 @@ import numpy as np
 import torch
 
 from rlt.config import EngineConfig, ModelConfig
+from rlt.kernels.decode_attention import num_sms
 from rlt.kernels.paged_attention import (
     KERNEL_BLOCK_M,
     PREFILL_BLOCK_M,
@@ -137,18 +138,21 @@ class TritonBackend(ReferenceBackend):
         self.attend = attend
         # a decode-only pass takes the decode kernel (batch-invariant: the general one, tiles of 16)
         self.decode_plan = KernelPlan() if self.batch_invariant else KernelPlan(decode=True)
+        # passes of fewer tiles than fill the GPU (one program per tile and head) split their keys
+        heads = mc.family_config.num_attention_heads
+        self.fill_tiles = 0 if self.batch_invariant else -(-num_sms(pool.cache.device) // heads)
         self.decode_graphs = self.pass_graphs = None
         if cfg.cuda_graph_max_batch > 0:
             shape = (model, pool, mc.hidden_size, pool.cache.dtype, pool.cache.device)
             self.decode_graphs = DecodeGraphs(*shape, cfg.cuda_graph_max_batch, self.attention, self.decode_plan)
             # batch-invariant mode tiles every pass alike (as its eager passes do)
-            tiles = KernelPlan(KERNEL_BLOCK_M if self.batch_invariant else PREFILL_BLOCK_M)
+            tiles = KernelPlan(KERNEL_BLOCK_M if self.batch_invariant else PREFILL_BLOCK_M, fill_tiles=self.fill_tiles)
             self.pass_graphs = PassGraphs(*shape, cfg.max_num_batched_tokens, self.attention, tiles)
 
     def plane(self, groups, row_starts, tables) -> PagedMetadata:
         """With the Triton attention's integer metadata for this pass's plan."""
         meta = super().plane(groups, row_starts, tables)
-        meta.plan = plan_kernel(row_starts, meta.q_starts, self.batch_invariant)
+        meta.plan = plan_kernel(row_starts, meta.q_starts, self.batch_invariant, self.fill_tiles)
         meta.kernel = kernel_fields(row_starts, meta.q_starts, meta.plan)
         return meta
 

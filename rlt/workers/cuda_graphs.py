@@ -11,12 +11,12 @@ Each row may be at a different depth: its plane is just its block table, which i
 Padding rows write their K/V into the pool's scratch block and read nothing else.
 """
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
 
-from rlt.kernels.paged_attention import KernelPlan, PagedMetadata, kernel_fields
+from rlt.kernels.paged_attention import KernelPlan, PagedMetadata, kernel_fields, split_count
 from rlt.workers.first_use import FirstUse
 
 BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
@@ -191,13 +191,20 @@ class PassGraphs:
         S = min(R, MAX_SEGMENTS)
         return S, R // self.tile_rows + S
 
+    def _plan(self, R: int) -> KernelPlan:
+        """The tiling of bucket R's graph, with the most key slices a pass of its rows can take (it
+        holds more rows than the bucket below: at least that many tiles)."""
+        below = max([b for b in self.buckets if b < R], default=0)
+        fewest = -(-(below + 1) // self.tile_rows)
+        return replace(self.plan, max_splits=split_count(fewest, self.plan.fill_tiles))
+
     def fits(self, rows: int, segments: int) -> bool:
         return bool(self.buckets) and rows <= self.buckets[-1] and segments <= MAX_SEGMENTS
 
     def _layout(self, R: int, W: int) -> list[int]:
-        """Offsets of pos, slots, seg_row0, seg_rows, seg_q0, tile_seg, tile_row, table, end."""
+        """Offsets of pos, slots, seg_row0, seg_rows, seg_q0, tile_seg, tile_row, splits, table, end."""
         S, T = self._shape(R)
-        sizes = [R, R, S + 1, S + 1, S + 1, T, T, (S + 1) * W]
+        sizes = [R, R, S + 1, S + 1, S + 1, T, T, 1, (S + 1) * W]
         return np.cumsum([0] + sizes).tolist()
 
     def inputs(self, pos, tables: list[list[int]], row_starts: list[int], q_starts) -> tuple[tuple, np.ndarray]:
@@ -211,14 +218,15 @@ class PassGraphs:
         out = np.zeros(o[-1], dtype=np.int64)
         out[o[0] : o[0] + n] = pos
         out[o[1] + n : o[2]] = self.scratch_slot
-        k = kernel_fields(row_starts, q_starts, self.plan)
+        k = kernel_fields(row_starts, q_starts, self._plan(R))
         for i, name in enumerate(("seg_row0", "seg_rows", "seg_q0")):
             out[o[2 + i] : o[2 + i] + segs] = k[name]  # the rest, the empty segment S among them, stay 0
         tiles = len(k["tile_seg"])
         out[o[5] : o[5] + tiles] = k["tile_seg"]
         out[o[5] + tiles : o[6]] = S  # padding tiles: the empty segment
         out[o[6] : o[6] + tiles] = k["tile_row"]
-        tab = out[o[7] :].reshape(S + 1, W)
+        out[o[7]] = k["splits"][0]
+        tab = out[o[8] :].reshape(S + 1, W)
         tab.fill(self.pool.scratch_block)
         for i, t in enumerate(tables):
             tab[i, : len(t)] = t
@@ -243,15 +251,16 @@ class PassGraphs:
         ints = torch.zeros(o[-1], dtype=torch.int64, device=self.device)
         ints[o[1] : o[2]] = self.scratch_slot
         ints[o[5] : o[6]] = S
-        ints[o[7] :] = self.pool.scratch_block
+        ints[o[7]] = 1
+        ints[o[8] :] = self.pool.scratch_block
         pos, slots = ints[o[0] : o[1]], ints[o[1] : o[2]]
-        names = ("seg_row0", "seg_rows", "seg_q0", "tile_seg", "tile_row")
+        names = ("seg_row0", "seg_rows", "seg_q0", "tile_seg", "tile_row", "splits")
         kernel = {name: ints[o[2 + i] : o[3 + i]] for i, name in enumerate(names)}
-        table = ints[o[7] :].view(S + 1, W)
+        table = ints[o[8] :].view(S + 1, W)
         z = lambda: torch.zeros(R, self.hidden, dtype=self.dtype, device=self.device)  # noqa: E731
         e = _Graph(torch.cuda.CUDAGraph(), z(), z(), ints, kernel, None, None)
         # (the host fields are unused: the plan picks the kernel and its tiling)
-        meta = PagedMetadata(slots, table, [0, R], [0], self.pool.block_size, kernel, self.plan)
+        meta = PagedMetadata(slots, table, [0, R], [0], self.pool.block_size, kernel, self._plan(R))
         _record(e, self.mempool, lambda: self.model.loop(e.x, e.inject, pos, self.attention(meta)))
         return e
 
