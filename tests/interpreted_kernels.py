@@ -43,8 +43,14 @@ def check_paged_attention() -> bool:
     """The general kernel (passes with prompt chunks): a prompt chunk after a prefix, a first chunk,
     a decode row and a few rows after a long prefix in one launch, in tiles of 16 rows, then in
     tiles of 64 with each tile's keys split into slices merged by the last one to finish."""
-    from rlt.kernels.paged_attention import KernelPlan, PagedMetadata, kernel_fields, paged_attention, plan_kernel
-    from rlt.kernels.paged_attention_triton import _scratch
+    from rlt.kernels.paged_attention import (
+        KernelPlan,
+        PagedMetadata,
+        kernel_fields,
+        paged_attention,
+        plan_kernel,
+    )
+    from rlt.kernels.paged_attention_triton import _queue, _scratch
     from rlt.kernels.paged_attention_triton import paged_attention as triton_paged
 
     g = torch.Generator().manual_seed(0)
@@ -65,15 +71,16 @@ def check_paged_attention() -> bool:
     ref = paged_attention(cache, 0, PagedMetadata(None, tab, row_starts, q_starts, bs), q, None, None)
     split = plan_kernel(row_starts, q_starts, False, fill_tiles=64)
     assert (split.tile_rows, split.max_splits) == (64, 16), split  # 4 tiles: the 305 keys in 5 slices of 64
+    assert kernel_fields(row_starts, q_starts, split)["tile_seg"].tolist() == [3, 2, 0, 1]  # most keys first
     ok = True
     for name, plan in (("tiles of 16", KernelPlan()), ("keys split", split)):
         fields = {k: torch.from_numpy(a) for k, a in kernel_fields(row_starts, q_starts, plan).items()}
         err = (triton_paged(cache, 0, q, tab, fields, bs, plan) - ref).abs().max().item()
         print(f"paged_attention (prompt chunks, a decode row, a long prefix; {name}): max error {err:.2e}")
         ok &= err <= 1e-5
-    counters = _scratch(torch.device("cpu"), 4 * split.fill_tiles * H * split.tile_rows, 16)[2]  # the launch's
-    left = int(counters.abs().sum())
-    print(f"split arrival counters left nonzero: {left}")
+    counters = _scratch(torch.device("cpu"), split.split_items * H * split.tile_rows, 16)[2]
+    left = int(counters.abs().sum()) + int(_queue(torch.device("cpu")).abs().sum())
+    print(f"split arrival counters and work queue left nonzero: {left}")
     return ok and left == 0
 
 

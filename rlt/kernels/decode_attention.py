@@ -18,7 +18,7 @@ import triton
 import triton.language as tl
 
 from rlt.kernels import pdl
-from rlt.kernels.paged_attention_triton import kv_tile, softmax_step
+from rlt.kernels.attention_steps import kv_tile, num_sms, softmax_step
 
 BLOCK_N = 64  # key tile of unsplit passes
 SPLIT_BLOCK_N = 32  # key tile of split passes: short slices (scripts/tune_decode.py times the choices)
@@ -30,11 +30,6 @@ _COUNTERS = 4096  # (row, KV head) pairs of a split pass: splits only happen bel
 def _counters(device: torch.device) -> torch.Tensor:
     """Arrival counters of split passes: zero between launches (the merging slice resets its own)."""
     return torch.zeros(_COUNTERS, dtype=torch.int32, device=device)
-
-
-@functools.cache
-def num_sms(device: torch.device) -> int:
-    return torch.cuda.get_device_properties(device).multi_processor_count
 
 
 def plan_splits(rows: int, kv_heads: int, device: torch.device) -> int:

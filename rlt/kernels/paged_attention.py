@@ -17,6 +17,7 @@ KERNEL_BLOCK_M = 16  # query rows per program of the Triton kernel (decode passe
 PREFILL_BLOCK_M = 64  # passes carrying prompt chunks: fewer key re-reads per query row
 DENSE_MIN_ROWS = 64  # a prefix-free prompt chunk this long runs as dense causal SDPA (flash)
 MAX_SPLITS = 16  # key slices per tile of the general kernel
+SPLIT_ITEMS = 8  # a split pass's tiles x slices, at most, per tile that fills the GPU
 
 
 @dataclass(frozen=True)
@@ -34,13 +35,18 @@ class KernelPlan:
     fill_tiles: int = 0
     max_splits: int = 1
 
+    @property
+    def split_items(self) -> int:
+        """A split pass's tiles x slices, at most (the merge's scratch holds that many)."""
+        return SPLIT_ITEMS * max(self.fill_tiles, 1)
+
 
 def split_count(tiles: int, fill_tiles: int, most: int = MAX_SPLITS) -> int:
     """Key slices per tile for a pass of this many tiles: 1 from fill_tiles up, else the largest
-    power of two keeping tiles x slices within 4 x fill_tiles (so the merge's scratch is bounded)."""
+    power of two keeping tiles x slices within SPLIT_ITEMS x fill_tiles (the merge's scratch)."""
     if tiles >= fill_tiles or tiles == 0:
         return 1
-    return min(most, 1 << ((4 * fill_tiles) // tiles).bit_length() - 1)
+    return min(most, 1 << ((SPLIT_ITEMS * fill_tiles) // tiles).bit_length() - 1)
 
 
 def plan_kernel(row_starts: list[int], q_starts: list[int], batch_invariant: bool, fill_tiles: int = 0) -> KernelPlan:
@@ -63,21 +69,24 @@ def plan_kernel(row_starts: list[int], q_starts: list[int], batch_invariant: boo
 
 def kernel_fields(row_starts: list[int], q_starts: list[int], plan: KernelPlan = KernelPlan()) -> dict[str, np.ndarray]:
     """The launch's integer metadata: each tile's segment and first row (tiles of plan.tile_rows
-    rows; none for dense segments), each segment's first row, row count and first position, and
-    the pass's key slices per tile."""
+    rows, those with the most keys first; none for dense segments), each segment's first row, row
+    count and first position, and the pass's work: [key slices per tile, tiles]."""
     rows = np.diff(np.asarray(row_starts, dtype=np.int64))
     per_seg = -(-rows // plan.tile_rows)
     per_seg[list(plan.dense)] = 0
     tile_seg = np.repeat(np.arange(len(rows)), per_seg)
     first_tile = np.cumsum(per_seg) - per_seg
     tile_row = (np.arange(len(tile_seg)) - np.repeat(first_tile, per_seg)) * plan.tile_rows
+    keys = np.asarray(q_starts, dtype=np.int64)[tile_seg] + np.minimum(tile_row + plan.tile_rows, rows[tile_seg])
+    order = np.argsort(-keys, kind="stable")  # the queue hands the longest out first
+    tile_seg, tile_row = tile_seg[order], tile_row[order]
     return {
         "tile_seg": tile_seg,
         "tile_row": tile_row,
         "seg_row0": np.asarray(row_starts[:-1], dtype=np.int64),
         "seg_rows": rows,
         "seg_q0": np.asarray(q_starts, dtype=np.int64),
-        "splits": np.array([split_count(len(tile_seg), plan.fill_tiles, plan.max_splits)]),
+        "work": np.array([split_count(len(tile_seg), plan.fill_tiles, plan.max_splits), len(tile_seg)]),
     }
 
 

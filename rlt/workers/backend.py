@@ -17,7 +17,6 @@ import numpy as np
 import torch
 
 from rlt.config import EngineConfig, ModelConfig
-from rlt.kernels.decode_attention import num_sms
 from rlt.kernels.paged_attention import (
     KERNEL_BLOCK_M,
     PREFILL_BLOCK_M,
@@ -125,6 +124,7 @@ class TritonBackend(ReferenceBackend):
     ops_class = TritonOps
 
     def __init__(self, mc: ModelConfig, model, pool, cfg: EngineConfig):
+        from rlt.kernels.attention_steps import num_sms
         from rlt.kernels.rope import rope_write_kv
 
         super().__init__(mc, model, pool, cfg)
@@ -173,7 +173,14 @@ class TritonBackend(ReferenceBackend):
         if self.decode_graphs is not None and self.decode_graphs.fits(n):
             return self.decode_graphs.run_device(x, inject, pos, slot, table)
         ar = torch.arange(n, device=x.device)  # one row per segment; positions stay on the device
-        kernel = dict(tile_seg=ar, tile_row=torch.zeros_like(ar), seg_row0=ar, seg_rows=torch.ones_like(ar), seg_q0=pos)
+        kernel = dict(
+            tile_seg=ar,
+            tile_row=torch.zeros_like(ar),
+            seg_row0=ar,
+            seg_rows=torch.ones_like(ar),
+            seg_q0=pos,
+            work=torch.tensor([1, n], device=x.device),
+        )
         bs = self.pool.block_size  # (q_starts are read by the reference only)
         meta = PagedMetadata(slot, table, list(range(n + 1)), [0] * n, bs, kernel, self.decode_plan)
         return self.model.loop(x, inject, pos, self.attention(meta))

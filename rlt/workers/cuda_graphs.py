@@ -5,8 +5,8 @@ loop step runs every layer), so both kinds of pass replay graphs:
 - DecodeGraphs: single-row decode groups, per (padded batch size, block-table width), attention
   by the decode kernel;
 - PassGraphs: any mix of prompt chunks and decode rows, per (padded row count, block-table width),
-  attention by the general paged kernel over a fixed grid of tiles (rlt/kernels/paged_attention_triton.py);
-  tiles past the pass's own belong to an empty segment and return at once.
+  attention by the general paged kernel, whose work queue takes the pass's own tiles from
+  metadata sized for the bucket's most (rlt/kernels/paged_attention_triton.py).
 Each row may be at a different depth: its plane is just its block table, which is graph input.
 Padding rows write their K/V into the pool's scratch block and read nothing else.
 """
@@ -106,6 +106,7 @@ class DecodeGraphs:
             "seg_row0": ar.clone(),
             "seg_rows": torch.ones_like(ar),
             "seg_q0": pos,
+            "work": torch.tensor([1, B], device=dev),
         }  # one row per segment: q0 is its position
         e = _Graph(
             torch.cuda.CUDAGraph(),
@@ -202,9 +203,9 @@ class PassGraphs:
         return bool(self.buckets) and rows <= self.buckets[-1] and segments <= MAX_SEGMENTS
 
     def _layout(self, R: int, W: int) -> list[int]:
-        """Offsets of pos, slots, seg_row0, seg_rows, seg_q0, tile_seg, tile_row, splits, table, end."""
+        """Offsets of pos, slots, seg_row0, seg_rows, seg_q0, tile_seg, tile_row, work, table, end."""
         S, T = self._shape(R)
-        sizes = [R, R, S + 1, S + 1, S + 1, T, T, 1, (S + 1) * W]
+        sizes = [R, R, S + 1, S + 1, S + 1, T, T, 2, (S + 1) * W]
         return np.cumsum([0] + sizes).tolist()
 
     def inputs(self, pos, tables: list[list[int]], row_starts: list[int], q_starts) -> tuple[tuple, np.ndarray]:
@@ -225,7 +226,7 @@ class PassGraphs:
         out[o[5] : o[5] + tiles] = k["tile_seg"]
         out[o[5] + tiles : o[6]] = S  # padding tiles: the empty segment
         out[o[6] : o[6] + tiles] = k["tile_row"]
-        out[o[7]] = k["splits"][0]
+        out[o[7] : o[8]] = k["work"]
         tab = out[o[8] :].reshape(S + 1, W)
         tab.fill(self.pool.scratch_block)
         for i, t in enumerate(tables):
@@ -251,10 +252,10 @@ class PassGraphs:
         ints = torch.zeros(o[-1], dtype=torch.int64, device=self.device)
         ints[o[1] : o[2]] = self.scratch_slot
         ints[o[5] : o[6]] = S
-        ints[o[7]] = 1
+        ints[o[7]] = 1  # (no tiles at capture: each replay reads its pass's work)
         ints[o[8] :] = self.pool.scratch_block
         pos, slots = ints[o[0] : o[1]], ints[o[1] : o[2]]
-        names = ("seg_row0", "seg_rows", "seg_q0", "tile_seg", "tile_row", "splits")
+        names = ("seg_row0", "seg_rows", "seg_q0", "tile_seg", "tile_row", "work")
         kernel = {name: ints[o[2 + i] : o[3 + i]] for i, name in enumerate(names)}
         table = ints[o[8] :].view(S + 1, W)
         z = lambda: torch.zeros(R, self.hidden, dtype=self.dtype, device=self.device)  # noqa: E731
