@@ -57,12 +57,13 @@ def _boundary_layers(model) -> list[list[torch.Tensor]]:
 def prefill_floor_ms(model, mc, n: int, context: int = 0) -> float:
     """Plain-torch GEMMs + SDPA of one n-token prompt through every loop, on the model's weights:
     causal, or with `context` > n the n rows ending a cached `context`-token prefix (a prefix hit;
-    every row sees the whole context: the last rows' causal mask saves under n / context of it)."""
+    every row sees the whole context: the last rows' causal mask saves under n / context of it; its
+    keys laid out per query head beforehand, so SDPA takes its flash kernel whatever the GQA)."""
     layers = _layers(model) * mc.depth + _boundary_layers(model)
     Hkv, D = mc.kv.num_kv_heads, mc.kv.head_dim
     H = layers[0][0].shape[0] // D - 2 * Hkv
     x = torch.randn(n, mc.hidden_size, device=layers[0][0].device, dtype=layers[0][0].dtype)
-    kv = torch.randn(2, 1, Hkv, max(context, n), D, device=x.device, dtype=x.dtype) if context > n else None
+    kv = torch.randn(2, 1, H, max(context, n), D, device=x.device, dtype=x.dtype) if context > n else None
 
     def run():
         for qkv, o, up, down in layers:
@@ -73,7 +74,7 @@ def prefill_floor_ms(model, mc, n: int, context: int = 0) -> float:
             v = y[:, (H + Hkv) * D :].view(1, n, Hkv, D).transpose(1, 2)
             if kv is not None:
                 k, v = kv
-            a = F.scaled_dot_product_attention(q, k, v, is_causal=kv is None, enable_gqa=Hkv != H)
+            a = F.scaled_dot_product_attention(q, k, v, is_causal=kv is None, enable_gqa=k.shape[1] != H)
             _ = a.transpose(1, 2).reshape(n, H * D) @ o.t()
             g = x @ up.t()
             _ = g[:, : down.shape[1]] @ down.t()

@@ -267,10 +267,14 @@ def paged_attention(
     k: dict,
     block_size: int,
     plan,
+    block_n: int = BLOCK_N,
+    num_warps: int = 4,
+    num_stages: int | None = None,
 ) -> torch.Tensor:
     """q [T, H, D] (K/V already written) -> [T, H, D]. cache [blocks, layers, 2, block_size, Hkv, D];
     k: kernel_fields() as device tensors, built for this KernelPlan (its tiles, its key slices at
-    most). Rows of no tile (dense segments) are left for the caller."""
+    most). Rows of no tile (dense segments) are left for the caller. block_n, num_warps and
+    num_stages (None: Triton's) are for tuning (scripts/tune_paged.py)."""
     T, H, D = q.shape
     tile_seg, tile_row, seg_row0, seg_rows, seg_q0 = (
         k[n] for n in ("tile_seg", "tile_row", "seg_row0", "seg_rows", "seg_q0")
@@ -314,8 +318,10 @@ def paged_attention(
         HEAD_DIM=D,
         D_PAD=d_pad,
         BLOCK_M=plan.tile_rows,
-        BLOCK_N=BLOCK_N,
+        BLOCK_N=block_n,
         SPLIT=plan.max_splits > 1,
         IEEE=q.dtype == torch.float32,
+        num_warps=num_warps,
+        **({} if num_stages is None else {"num_stages": num_stages}),
     )
     return out
