@@ -87,6 +87,13 @@ class EngineConfig(msgspec.Struct, kw_only=True, frozen=True):
             "chunks of up to max_num_batched_tokens (at most 2048) rows (0: no CUDA graphs)"
         ),
     ] = 256
+    exit_wait_passes: Annotated[
+        Count,
+        _doc(
+            "Huginn's exit criteria: passes a token that left the loop may wait, held on the device, for other "
+            "rows to leave, so that their coda, head and sampling run together (0: each at once)"
+        ),
+    ] = 0
     steady_decode: Annotated[
         Literal["adaptive", "always", "never"],
         _doc(

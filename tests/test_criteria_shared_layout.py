@@ -8,14 +8,21 @@ from huginn_cases import FIXTURE, VARIED, params
 from reference import Ref, shared_generate
 from test_engine import make, run
 
+from rlt.sampling_params import SamplingParams
 
-@pytest.mark.parametrize("criterion", ["latent-diff", "kl"])
-def test_shared_layout_keeps_the_exit_depths_kv(checkpoints, criterion):
+
+@pytest.mark.parametrize("criterion,wait", [("latent-diff", 0), ("kl", 0), ("latent-diff", 3)])
+def test_shared_layout_keeps_the_exit_depths_kv(checkpoints, criterion, wait):
+    """wait: exit_wait_passes, beside a request at fixed depth whose rows keep the passes going while
+    an exited row parks (its K/V to the scratch block all the while)."""
     case = next(c for c in VARIED if c["criterion"] == criterion)
-    mc, engine = make(checkpoints["huginn"], "huginn", "shared", FIXTURE["overrides"], enable_prefix_caching=False)
+    opts = dict(enable_prefix_caching=False, exit_wait_passes=wait)
+    mc, engine = make(checkpoints["huginn"], "huginn", "shared", FIXTURE["overrides"], **opts)
     sp = params(case)
     sp.logprobs = 5
-    got = run(engine(), mc, {0: (case["prompt"], sp)})[0]
+    fixed = SamplingParams(max_tokens=3 * sp.max_tokens, temperature=0, ignore_eos=True)
+    beside = {1: ([7, 8, 9], fixed)} if wait else {}
+    got = run(engine(), mc, {0: (case["prompt"], sp)} | beside)[0]
     depths = [o[1] for o in got]
     assert len(set(depths[1:])) >= 2  # exits at different loops, some before the last
     ref = Ref(checkpoints["huginn"], FIXTURE["overrides"])

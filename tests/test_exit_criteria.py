@@ -39,6 +39,36 @@ def test_a_criterion_alone_equals_the_authors_code(checkpoints, criterion):
         expect(run(engine(), mc, {0: (c["prompt"], params(c))}), [c])
 
 
+def counted_tails(engine) -> list[int]:
+    """A spy: [passes whose exited groups ran the tail (coda, head, sampling)]."""
+    n, tail = [0], engine.runner._exit
+
+    def counted(result):
+        n[0] += 1
+        return tail(result)
+
+    engine.runner._exit = counted
+    return n
+
+
+@pytest.mark.parametrize("wait", [3, 1000])
+def test_exited_rows_wait_for_each_other_with_their_tokens_and_depths(checkpoints, wait):
+    """exit_wait_passes: a row its criterion exited parks (held on the device) until the tail runs
+    for another group, or it has waited `wait` passes: the tokens and depths stay the authors', in
+    fewer tails; under preemption too."""
+    mc, engine = engine_for(checkpoints, enable_prefix_caching=False)
+    requests = {i: (c["prompt"], params(c)) for i, c in enumerate(CASES)}
+    at_once, waiting = engine(), engine(exit_wait_passes=wait)
+    tails = counted_tails(at_once), counted_tails(waiting)
+    expect(run(at_once, mc, requests), CASES)
+    expect(run(waiting, mc, requests), CASES)
+    assert tails[1][0] < tails[0][0], tails
+    cases = [c for c in VARIED if c["prompt"] == VARIED[-1]["prompt"]]
+    e = engine(num_blocks=9 * 16, exit_wait_passes=wait)
+    expect(run(e, mc, {i: (c["prompt"], params(c)) for i, c in enumerate(cases)}), cases)
+    assert e.preemptions > 0
+
+
 def test_preempted_and_resumed_rows_keep_their_exits(checkpoints):
     """A pool too small for all of them: requests are preempted and resume by recomputing each
     generated position at its exit depth; tokens and depths are the authors'."""

@@ -672,8 +672,10 @@ def test_exit_criteria_on_cuda_equal_cpu_and_the_authors_code(checkpoints, layou
     mc = ModelConfig.from_pretrained(checkpoints["huginn"], hf_overrides=FIXTURE["overrides"])
     requests = {i: (c["prompt"], params(c)) for i, c in enumerate(CASES)}
 
-    def tokens_depths(device, graph_max=0):
-        cfg = EngineConfig(num_blocks=512, prefill_chunk=16, kv_layout=layout, cuda_graph_max_batch=graph_max)
+    def tokens_depths(device, graph_max=0, wait=0):
+        cfg = EngineConfig(
+            num_blocks=512, prefill_chunk=16, kv_layout=layout, cuda_graph_max_batch=graph_max, exit_wait_passes=wait
+        )
         eng = LoopEngine(mc, load_model(mc, torch.float32, device), cfg, torch.float32, device)
         out = run(eng, mc, requests)
         if graph_max:
@@ -683,5 +685,6 @@ def test_exit_criteria_on_cuda_equal_cpu_and_the_authors_code(checkpoints, layou
     cpu = tokens_depths("cpu")
     assert tokens_depths("cuda") == cpu
     assert tokens_depths("cuda", 256) == cpu
+    assert tokens_depths("cuda", 256, wait=3) == cpu  # exited rows parked, K/V to scratch in the graphs' inputs
     if layout == "last_exited":
         expect({i: [(*o, None, None) for o in outs] for i, outs in cpu.items()}, CASES)

@@ -71,6 +71,12 @@ def _offline(p) -> None:
         help="each row twice: unpenalized, then every request penalized (repetition 1.1, presence 0.5, "
         "frequency 0.5), with the penalized/unpenalized ratio of decode tok/s",
     )
+    p.add_argument(
+        "--exit-wait-passes",
+        type=int,
+        default=0,
+        help="Huginn's criteria: passes an exited token may wait for others to share its tail (default: 0)",
+    )
     p.add_argument("--prefill-lens", default="", help="e.g. 1024,4096: prefill latency by prompt length")
     p.add_argument("--floors", action="store_true", help="CUDA: measure ceilings and floors in the same run")
 

@@ -95,6 +95,7 @@ def offline(args) -> None:
         kv_layout=args.kv_layout,
         cuda_graph_max_batch=args.cuda_graph_max_batch,
         steady_decode=args.steady_decode,
+        exit_wait_passes=args.exit_wait_passes,
         kernels=args.kernels,
     )
     rows = []

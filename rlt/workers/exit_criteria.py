@@ -86,7 +86,11 @@ def checks_after(g, depth: int) -> bool:
     """Is group g checked by its criterion after loop `depth`?"""
     p = g.params
     return (
-        g.decoding and g.exit_depth is None and p.exit_criterion in EXIT_CRITERIA and p.min_loops <= depth < p.max_loops
+        g.decoding
+        and g.exit_depth is None
+        and g.parked is None
+        and p.exit_criterion in EXIT_CRITERIA
+        and p.min_loops <= depth < p.max_loops
     )
 
 
@@ -185,7 +189,12 @@ class PendingVerdicts:
         rows = t["held_row"]
         x[rows] = torch.where(self.frozen[:, None], self.before, x[rows])
 
+    def forget(self, groups: list) -> None:
+        """Groups already out of the loop (parked): the next pass neither holds nor exits them again."""
+        for g in groups:
+            self.index.pop(id(g), None)
+
     def exited(self) -> set[int]:
         """ids of the groups whose verdict was an exit (waits for the read-back)."""
         (v,) = self._readback.resolve()
-        return {id(g) for g, e in zip(self.groups, v) if e}
+        return {id(g) for g, e in zip(self.groups, v) if e and id(g) in self.index}

@@ -33,6 +33,7 @@ class Group:
     # A decode token sampled by the previous step and not read back yet: (its PendingTokens, index)
     feed: "tuple[PendingTokens, int] | None" = None
     exit_depth: int | None = None  # a generated position recomputed after preemption: runs to this depth
+    parked: int | None = None  # left the loop by its criterion, held: passes it has waited (runner.py)
     slot: int | None = None  # penalized: its request's slot of PenaltyState (rlt/workers/penalties.py)
     listed: int = 0  # ... and the distinct prompt tokens that open that slot's token list
     prompt_targets: list[int] | None = None  # prompt_logprobs asked: the prompt tokens its rows predict

@@ -47,6 +47,7 @@ class Runner:
         # Steady decode (rlt/workers/steady.py) needs the loop input to be the token embedding.
         self.supports_steady = not pool.has_boundary and isinstance(model, EmbeddingInput)
         self.pending = None  # the last pass's criterion verdicts (PendingVerdicts)
+        self.exit_wait = cfg.exit_wait_passes
 
     @property
     def max_table_width(self) -> int:
@@ -68,6 +69,11 @@ class Runner:
         checks = [g for g in active if checks_after(g, g.depth + 1)]
         checks = CriterionChecks(self, checks) if checks else None
         pending, self.pending = self.pending, None
+        # Rows out of the loop by their criterion, waiting for others (exit_wait_passes): their K/V go
+        # to the scratch block and they keep their state, as held rows do.
+        parked = [(g, r) for g, r in zip(active, ra) if g.parked is not None]
+        if pending is not None and parked:
+            pending.forget([g for g, _ in parked])
 
         # ---- pack the step's metadata: one host-to-device copy ----------------------------------
         f = {"pos": positions(active, ra)}
@@ -86,6 +92,8 @@ class Runner:
             f |= checks.fields()
         if pending is not None:
             f |= pending.held(active, ra)
+        if parked:
+            f["park_row"] = np.array([r for _, r in parked])
         fed = next((g.feed[0] for g in new if g.feed is not None), None)
         if new:
             f |= {
@@ -120,11 +128,16 @@ class Runner:
         # ---- one pass of the core over every active row ----------------------------------------------
         if held := "held_row" in t:  # rows the last pass's verdicts may exit (exit_criteria.py)
             pending.hold(t, active, core.slots(t["core"]), pool.scratch_block * pool.block_size)
+        if parked:
+            core.slots(t["core"])[t["park_row"]] = pool.scratch_block * pool.block_size
+            kept = torch.cat([g.state for g, _ in parked])
         x, gate = core.run([g.state for g in active], [g.inject for g in active], t["pos"], t["core"])
         if held:
             pending.release(t, x)
+        if parked:
+            x[t["park_row"]] = kept
         for g, r0, r1 in zip(active, ra, ra[1:]):
-            g.state, g.depth = x[r0:r1], g.depth + 1
+            g.state, g.depth = x[r0:r1], g.depth + (g.parked is None)
         if checks is not None:  # (launched before the last pass's verdicts are waited for)
             self.pending = checks.verdicts(t)
         # The last pass's exits by criterion leave now, at the depth they exited at.
@@ -133,7 +146,7 @@ class Runner:
             g.depth -= id(g) in late
         # Prompt chunks and decode tokens alike run to their request's max_loops at most (a prompt
         # at a fixed depth k below the model's is computed at k, as the references compute it).
-        done_host = [id(g) in late or g.depth >= (g.exit_depth or g.params.max_loops) for g in active]
+        done_host = self._leaving(active, late)
         if adaptive:
             surv = torch.cat([self.one if g.survival is None else g.survival for g in active])
             if gate is not None:
@@ -150,6 +163,21 @@ class Runner:
         if result.exited:
             self._exit(result)
         return result
+
+    def _leaving(self, active: list[Group], late: set[int]) -> list[bool]:
+        """Which groups leave the pass now. A row its criterion exited (late) parks until the tail
+        (coda, head, sampling) runs anyway for another group, or it has waited exit_wait passes, or
+        only parked rows are left: then all of them leave together."""
+        parks = [g.parked is not None or id(g) in late for g in active]
+        leaving = [not p and g.depth >= (g.exit_depth or g.params.max_loops) for g, p in zip(active, parks)]
+        if not any(parks):
+            return leaving
+        waited = max(g.parked or 0 for g, p in zip(active, parks) if p)
+        release = any(leaving) or waited >= self.exit_wait or all(parks)
+        for g, p in zip(active, parks):
+            if p:
+                g.parked = None if release else 0 if g.parked is None else g.parked + 1
+        return [out or (p and release) for out, p in zip(leaving, parks)]
 
     def _exit(self, result: StepResult) -> None:
         """Exited groups: LAST_EXITED finalize copies, heads (Huginn: the coda over every row, writing
