@@ -8,7 +8,7 @@ from submission to its first token (lookup, block tables, the passes over the ne
 read-back), with each step's host time. Cold: --new-len tokens alone. Then one hit under
 torch.profiler (GPU busy time, idle fraction, the kernels and host operations taking the most
 time) and the floor (rlt/bench/floors.py: the GEMMs over the new rows and attention over the whole
-context, at every loop).
+context, at every loop). --prefix-len 0: a lone prompt of --new-len tokens against its dense floor.
 """
 
 import argparse
@@ -65,7 +65,8 @@ def main() -> None:
 
     def hit() -> tuple[float, list[float]]:
         prefix = tokens(args.prefix_len)
-        first_token(prefix)
+        if prefix:
+            first_token(prefix)
         before = eng.pool.prefix.hit_tokens
         out = first_token(prefix + tokens(args.new_len))
         assert eng.pool.prefix.hit_tokens - before == args.prefix_len, "no prefix hit"
@@ -81,7 +82,8 @@ def main() -> None:
     from torch.profiler import ProfilerActivity, profile
 
     prefix = tokens(args.prefix_len)
-    first_token(prefix)
+    if prefix:
+        first_token(prefix)
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         t0 = time.perf_counter()
         first_token(prefix + tokens(args.new_len))

@@ -100,7 +100,7 @@ def tune(name: str, H: int, Hkv: int, D: int, grid: list[list[int]], fill: int, 
             print(f"  {name}: tile {rows} block_n {bn} warps {warps} stages {stages}: {type(e).__name__}")
             continue
         res.append((bench(run), rows, bn, warps, stages, plan.max_splits, err))
-    res.sort()
+    res.sort(key=lambda r: r[0])
     print(
         f"{name} (H {H}, Hkv {Hkv}, D {D}): flash SDPA on contiguous K/V {floor:.1f} us; fastest "
         "(us, x SDPA, tile rows, block_n, warps, stages, splits, max error):"

@@ -30,10 +30,15 @@ def test_bench_offline_tiny_run(checkpoints, tmp_path, capsys):
     out = tmp_path / "offline.json"
     argv = ["bench", "offline", "--model", checkpoints["ouro"], "--concurrency", "2", "--threshold", "1.0,0.5"]
     argv += ["--prompt-len", "8", "--max-tokens", "4", "--prefill-lens", "16", "--json-out", str(out)]
-    assert main(argv) == 0
+    assert main(argv + ["--exit-wait-passes", "0,2"]) == 0
     result = json.loads(out.read_text())
-    rows = result["rows"]
-    assert [(r["concurrency"], r["threshold"]) for r in rows] == [(2, 1.0), (2, 0.5)]
+    rows = result["rows"]  # one engine per --exit-wait-passes value
+    assert [(r["concurrency"], r["threshold"], r["exit_wait_passes"]) for r in rows] == [
+        (2, 1.0, 0),
+        (2, 0.5, 0),
+        (2, 1.0, 2),
+        (2, 0.5, 2),
+    ]
     assert all(r["output_tokens"] == 2 * 4 and r["tok_per_s"] > 0 for r in rows)
     assert rows[0]["mean_decode_depth"] == 4.0  # threshold 1.0: the full depth
     assert [p["prompt_len"] for p in result["prefill"]] == [16] and result["prefill"][0]["ms"] > 0

@@ -78,6 +78,8 @@ def ints(csv: str) -> list[int]:
 
 
 def offline(args) -> None:
+    import torch
+
     from rlt.bench import offline as measure
     from rlt.envs import cache_dir
     from rlt.models.checkpoint import make_checkpoint
@@ -88,25 +90,31 @@ def offline(args) -> None:
         make_checkpoint(args.family, path, preset=args.preset)
     mc, dtype, model = measure.load(path, args.device, args.dtype)
     concs, thresholds = ints(args.concurrency), exits(args.threshold)
-    cfg = measure.engine_config(
-        max(concs, default=1),
-        args.prompt_len,
-        args.kv_gib or 1.0,
-        kv_layout=args.kv_layout,
-        cuda_graph_max_batch=args.cuda_graph_max_batch,
-        steady_decode=args.steady_decode,
-        exit_wait_passes=args.exit_wait_passes,
-        kernels=args.kernels,
-    )
+    configs = [
+        measure.engine_config(
+            max(concs, default=1),
+            args.prompt_len,
+            args.kv_gib or 1.0,
+            kv_layout=args.kv_layout,
+            cuda_graph_max_batch=args.cuda_graph_max_batch,
+            steady_decode=args.steady_decode,
+            exit_wait_passes=wait,
+            kernels=args.kernels,
+        )
+        for wait in ints(args.exit_wait_passes)
+    ]
     rows = []
-    if concs:
+    for cfg in configs if concs else ():  # one engine per --exit-wait-passes value
         engine = LoopEngine(mc, model, cfg, dtype, args.device)
         try:
             variants = (False, True) if args.penalties else (False,)
-            rows = measure.decode_rows(engine, mc, concs, thresholds, args.prompt_len, args.max_tokens, variants)
+            found = measure.decode_rows(engine, mc, concs, thresholds, args.prompt_len, args.max_tokens, variants)
         except measure.PoolTooSmall as e:
             raise SystemExit(f"{e}: raise --kv-gib (or lower --concurrency)") from None
+        rows += [r | {"exit_wait_passes": cfg.exit_wait_passes} for r in found]
         del engine
+        if args.device.startswith("cuda"):
+            torch.cuda.empty_cache()
     prefill = []
     for n in ints(args.prefill_lens):
         ms = measure.prefill_ms(mc, model, dtype, args.device, n, kernels=args.kernels)
@@ -126,17 +134,19 @@ def offline(args) -> None:
         "prompt_len": args.prompt_len,
         "max_tokens": args.max_tokens,
         "command": " ".join(sys.argv),
-        "engine": msgspec.to_builtins(cfg),
+        "engine": msgspec.to_builtins(configs[0]),
         "ceilings": ceilings,
     }
     print(json.dumps(meta))
     print(
-        f"{'conc':>5} {'thr':>5} {'pen':>4} {'tok/s':>9} {'decode tok/s':>13} {'at full conc':>13} {'its depth':>10} "
+        f"{'conc':>5} {'thr':>5} {'wait':>4} {'pen':>4} {'tok/s':>9} {'decode tok/s':>13} {'at full conc':>13} "
+        f"{'its depth':>10} "
         f"{'sd':>6} {'mean depth':>11} {'total s':>8} {'roofline':>9} {'of roof':>8}"
     )
     for r in rows:
         print(
-            f"{r['concurrency']:>5} {r['threshold']:>5} {'yes' if r['penalized'] else 'no':>4} {r['tok_per_s']:>9} "
+            f"{r['concurrency']:>5} {r['threshold']:>5} {r['exit_wait_passes']:>4} "
+            f"{'yes' if r['penalized'] else 'no':>4} {r['tok_per_s']:>9} "
             f"{str(r['decode_tok_per_s']):>13} {str(r['full_conc_tok_per_s']):>13} "
             f"{str(r['full_conc_mean_depth']):>10} {str(r['full_conc_depth_sd']):>6} "
             f"{str(r['mean_decode_depth']):>11} {r['total_s']:>8} "
