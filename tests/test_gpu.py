@@ -3,6 +3,7 @@ float32 on the CPU, the counter-based RNG and sampler bit for bit across devices
 two GPUs against single."""
 
 import asyncio
+import gc
 
 import pytest
 import torch
@@ -423,6 +424,43 @@ def test_cuda_graphs_equal_eager(checkpoints, family):
     graphed, eng = run(256)
     assert eng.backend.decode_graphs.graphs and eng.backend.pass_graphs.graphs  # both kinds captured and used
     assert graphed == eager
+
+
+def test_a_graph_collected_during_a_capture_leaves_it_intact(checkpoints):
+    """A CUDA graph the garbage collector frees while another is being captured (an engine left in a
+    reference cycle, collected during the next one's captures) must not break that capture: CUDA
+    forbids destroying a graph then. Fault: inside each capture, a captured graph is dropped into a
+    cycle and the collector is given every chance to run (threshold 1)."""
+    mc = ModelConfig.from_pretrained(checkpoints["ouro"])
+    model = load_model(mc, torch.bfloat16, "cuda")
+    cfg = EngineConfig(num_blocks=512, prefill_chunk=8, cuda_graph_max_batch=16)
+    sp = SamplingParams(max_tokens=6, temperature=0, ignore_eos=True)
+    plain, _ = decode_all(mc, model, cfg, PROMPTS, sp)
+    spare, x = [], torch.zeros(1, device="cuda")
+    for _ in range(3):
+        spare.append(torch.cuda.CUDAGraph())
+        with torch.cuda.graph(spare[-1]):
+            x += 1
+    loop = model.loop
+
+    def loop_dropping_a_graph(*args):
+        if spare and torch.cuda.is_current_stream_capturing():
+            cycle = [spare.pop()]
+            cycle.append(cycle)
+            del cycle
+            _ = [[] for _ in range(1000)]  # allocations: the collector's turn
+        return loop(*args)
+
+    model.loop = loop_dropping_a_graph
+    threshold = gc.get_threshold()
+    gc.set_threshold(1)
+    try:
+        graphed, eng = decode_all(mc, model, cfg, PROMPTS, sp)
+    finally:
+        gc.set_threshold(*threshold)
+        del model.loop
+    assert not spare and eng.backend.decode_graphs.graphs and eng.backend.pass_graphs.graphs
+    assert graphed == plain
 
 
 @pytest.mark.parametrize("pairs", [False, True])

@@ -11,6 +11,7 @@ Each row may be at a different depth: its plane is just its block table, which i
 Padding rows write their K/V into the pool's scratch block and read nothing else.
 """
 
+import gc
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -166,8 +167,17 @@ def _record(e: _Graph, mempool, forward) -> None:
         for _ in range(2):
             forward()
     torch.cuda.current_stream().wait_stream(side)
-    with torch.cuda.graph(e.graph, pool=mempool):
-        e.out, e.gate = forward()
+    # No garbage collection while capturing: a CUDA graph the collector frees then (an engine left in
+    # a reference cycle) destroys its executable mid-capture, which CUDA forbids and which
+    # invalidates this capture. The garbage waits for the next collection.
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        with torch.cuda.graph(e.graph, pool=mempool):
+            e.out, e.gate = forward()
+    finally:
+        if collecting:
+            gc.enable()
 
 
 class PassGraphs:
