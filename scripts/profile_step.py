@@ -6,9 +6,9 @@ python scripts/profile_step.py --model DIR --device cuda --concurrency 1 --steps
 import argparse
 
 from rlt.bench import offline
+from rlt.bench.commands import exits
 from rlt.bench.profile import host_profile
 from rlt.config import EngineConfig
-from rlt.sampling_params import SamplingParams
 from rlt.workers.engine import LoopEngine
 
 
@@ -20,7 +20,8 @@ def main():
     ap.add_argument("--prompt-len", type=int, default=1024)
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--top", type=int, default=30)
-    ap.add_argument("--threshold", type=float, default=1.0)
+    ap.add_argument("--threshold", default="1.0", help="as rlt bench offline's: 0.5, latent-diff:0.5, depth:8")
+    ap.add_argument("--exit-wait-passes", type=int, default=0)
     ap.add_argument("--kv-gib", type=float, default=20)
     ap.add_argument("--kernels", choices=("triton", "reference"), default="triton")
     args = ap.parse_args()
@@ -34,11 +35,13 @@ def main():
             prefill_chunk=args.prompt_len,
             max_num_batched_tokens=16384,
             kernels=args.kernels,
+            exit_wait_passes=args.exit_wait_passes,
         ),
         dtype,
         args.device,
     )
-    sp = SamplingParams(max_tokens=2000, temperature=0, ignore_eos=True, exit_threshold=args.threshold)
+    (threshold,) = exits(args.threshold)
+    sp = offline.exit_params(threshold, max_tokens=2000)
     offline.submit(eng, mc, args.concurrency, args.prompt_len, sp, low=3)
     for _ in range(3 * mc.depth + 8):  # prefill and graph capture happen here
         eng.step()

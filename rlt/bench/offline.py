@@ -67,6 +67,16 @@ def submit(engine, mc, concurrency: int, prompt_len: int, sp: SamplingParams, lo
 PENALTIES = dict(repetition_penalty=1.1, presence_penalty=0.5, frequency_penalty=0.5)
 
 
+def exit_params(threshold, max_tokens: int) -> SamplingParams:
+    """Greedy, EOS ignored, at this exit threshold: a float (Ouro's gate), (criterion, threshold)
+    (Huginn's exit criteria) or ("depth", k) (every token at depth k)."""
+    criterion, threshold = threshold if isinstance(threshold, tuple) else ("gate", threshold)
+    sp = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
+    if criterion == "depth":
+        return msgspec.structs.replace(sp, min_loops=threshold, max_loops=threshold)
+    return msgspec.structs.replace(sp, exit_criterion=criterion, exit_threshold=threshold)
+
+
 def decode_run(
     engine, mc, concurrency: int, threshold, prompt_len: int, max_tokens: int, penalized: bool = False
 ) -> dict:
@@ -74,11 +84,7 @@ def decode_run(
     float: Ouro's gate; (criterion, threshold): Huginn's exit criteria; ("depth", k): every token at
     depth k) (penalized: with PENALTIES)."""
     criterion, threshold = threshold if isinstance(threshold, tuple) else ("gate", threshold)
-    sp = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
-    if criterion == "depth":
-        sp = msgspec.structs.replace(sp, min_loops=threshold, max_loops=threshold)
-    else:
-        sp = msgspec.structs.replace(sp, exit_criterion=criterion, exit_threshold=threshold)
+    sp = exit_params(threshold if criterion == "gate" else (criterion, threshold), max_tokens)
     submit(engine, mc, concurrency, prompt_len, msgspec.structs.replace(sp, **PENALTIES) if penalized else sp)
     t0 = time.perf_counter()
     seen, tokens, depths, decode_t0, full_t1, full_depths = set(), 0, [], None, None, []
