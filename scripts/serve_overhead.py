@@ -1,14 +1,16 @@
-"""What the HTTP server adds: the same closed-loop workload through `rlt serve` (HTTP, streamed
-/v1/completions) and through rlt.Engine in process, one after the other in one run, with the
-engine's default options in both.
+"""What the HTTP server adds: the same workload through `rlt serve` (HTTP, streamed
+/v1/completions) and through rlt.Engine in process, alternating for --rounds rounds in one run,
+with the engine's default options in both.
 
-    python scripts/serve_overhead.py --model DIR --device cuda --concurrency 1,64 \\
-        --prompt-len 1024 --output-len 256 --json-out serve_overhead.json
+    python scripts/serve_overhead.py --model DIR --device cuda --concurrency 64,256 --rates 8 \\
+        --prompt-len 1024 --output-len 256 --rounds 3 --json-out serve_overhead.json
 
-Prints the server process's CPU time per streamed token (its workers are other processes), then a
-row per concurrency and path (`rlt bench serve`'s metrics), then HTTP over in process:
-output tok/s as a ratio and p50 TTFT as milliseconds added. The server's own log goes
-beside --json-out.
+Workload: Poisson arrivals at each of --rates for --duration s, then closed loops at each of
+--concurrency (`rlt bench serve`'s). Prints the server process's CPU time per streamed token (its
+workers are other processes), then per workload HTTP against in process: output tok/s as a ratio
+and p50 / p99 TTFT as milliseconds added, mean over the rounds with their spread (min..max).
+Closed-loop TTFT medians move by a step between runs, hence the interleaved rounds. The server's
+own log goes beside --json-out.
 """
 
 import argparse
@@ -40,7 +42,9 @@ def bench(args, out: str, *extra: str) -> list[dict]:
         "--device",
         args.device,
         "--rates",
-        "",
+        args.rates,
+        "--duration",
+        str(args.duration),
         "--max-concurrency",
         args.concurrency,
         "--prompt-lens",
@@ -96,39 +100,52 @@ def serve_and_bench(args, out: str) -> list[dict]:
             os.killpg(server.pid, signal.SIGKILL)
 
 
+def spread(values: list[float], digits: int) -> str:
+    mean = sum(values) / len(values)
+    return f"{mean:.{digits}f}" + (f" ({min(values):.{digits}f}..{max(values):.{digits}f})" if len(values) > 1 else "")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", required=True)
     ap.add_argument("--device", default="cpu")
-    ap.add_argument("--concurrency", default="1,64")
+    ap.add_argument("--concurrency", default="1,64", help="closed loops (e.g. 64,256; '' for none)")
+    ap.add_argument("--rates", default="", help="Poisson arrival rates, req/s (e.g. 8)")
+    ap.add_argument("--duration", type=float, default=20, help="seconds of arrivals per rate")
     ap.add_argument("--prompt-len", type=int, default=1024)
     ap.add_argument("--output-len", type=int, default=256)
+    ap.add_argument("--rounds", type=int, default=1, help="HTTP then in process, this many times")
     ap.add_argument("--json-out", default="serve_overhead.json")
     args = ap.parse_args()
     os.makedirs(os.path.dirname(os.path.abspath(args.json_out)), exist_ok=True)
     stem = os.path.splitext(args.json_out)[0]
-    http = serve_and_bench(args, stem + "_http.json")
-    local = bench(args, stem + "_inprocess.json")
+    rounds = []
+    for i in range(args.rounds):
+        http = serve_and_bench(args, f"{stem}_http{i}.json")
+        rounds.append((http, bench(args, f"{stem}_inprocess{i}.json")))
+    cpu = [h[0]["server_cpu_us_per_token"] for h, _ in rounds]
+    print(f"server CPU per streamed token: {spread(cpu, 1)} us")
+    print(f"{'workload':>12} {'HTTP / in-process tok/s':>26} {'p50 TTFT added ms':>24} {'p99 TTFT added ms':>24}")
     rows = []
-    print(
-        f"{'in flight':>9} {'HTTP tok/s':>11} {'in-proc tok/s':>14} {'ratio':>6} {'HTTP p50 TTFT':>14} "
-        f"{'in-proc p50 TTFT':>17} {'added ms':>9}"
-    )
-    print(f"server CPU per streamed token: {http[0]['server_cpu_us_per_token']} us")
-    for h, p in zip(http, local):
-        row = {
-            "concurrency": h["concurrency"],
-            "http_tok_s": h["output_throughput_tok_s"],
-            "inprocess_tok_s": p["output_throughput_tok_s"],
-            "ratio": round(h["output_throughput_tok_s"] / p["output_throughput_tok_s"], 4),
-            "http_p50_ttft_ms": h["median_ttft_ms"],
-            "inprocess_p50_ttft_ms": p["median_ttft_ms"],
-            "ttft_added_ms": round(h["median_ttft_ms"] - p["median_ttft_ms"], 2),
+    for k, row in enumerate(rounds[0][0]):
+        name = f"rate {row['rate']}" if "rate" in row else f"{row['concurrency']} in flight"
+        pairs = [(h[k], p[k]) for h, p in rounds]
+        out = {
+            "workload": name,
+            "ratio": [round(h["output_throughput_tok_s"] / p["output_throughput_tok_s"], 4) for h, p in pairs],
+            "p50_ttft_added_ms": [round(h["median_ttft_ms"] - p["median_ttft_ms"], 2) for h, p in pairs],
+            "p99_ttft_added_ms": [round(h["p99_ttft_ms"] - p["p99_ttft_ms"], 2) for h, p in pairs],
+            "http_tok_s": [h["output_throughput_tok_s"] for h, _ in pairs],
+            "inprocess_tok_s": [p["output_throughput_tok_s"] for _, p in pairs],
+            "http_p50_p99_ttft_ms": [(h["median_ttft_ms"], h["p99_ttft_ms"]) for h, _ in pairs],
+            "inprocess_p50_p99_ttft_ms": [(p["median_ttft_ms"], p["p99_ttft_ms"]) for _, p in pairs],
         }
-        rows.append(row)
-        print(" ".join(f"{v:>{w}}" for v, w in zip(row.values(), (9, 11, 14, 6, 14, 17, 9))))
+        rows.append(out)
+        print(
+            f"{name:>12} {spread(out['ratio'], 4):>26} {spread(out['p50_ttft_added_ms'], 2):>24} "
+            f"{spread(out['p99_ttft_added_ms'], 2):>24}"
+        )
     with open(args.json_out, "w") as f:
-        cpu = http[0]["server_cpu_us_per_token"]
         json.dump({"command": " ".join(sys.argv), "server_cpu_us_per_token": cpu, "rows": rows}, f, indent=2)
 
 
