@@ -148,8 +148,8 @@ def check_rope_write_kv() -> bool:
 
     g = torch.Generator().manual_seed(0)
     ok = True
-    for pairs in (False, True):
-        T, H, Hkv, D, bs = 5, 4, 2, 8, 4
+    for pairs, H, Hkv in ((False, 4, 2), (True, 4, 2), (False, 20, 4), (True, 20, 4)):  # (20 + 2 x 4: two head blocks)
+        T, D, bs = 5, 8, 4
         qkv = torch.randn(T, (H + 2 * Hkv) * D, generator=g)
         q, k, v = (qkv[:, a * D : b * D].view(T, b - a, D) for a, b in ((0, H), (H, H + Hkv), (H + Hkv, H + 2 * Hkv)))
         pos = torch.tensor([0, 3, 7, 100, 5])
@@ -166,7 +166,7 @@ def check_rope_write_kv() -> bool:
             (got_k - ref_k).abs().max().item(),
             (cache - ref_cache).abs().max().item(),
         )
-        print(f"rope_write_kv pairs={pairs}: max error {err:.2e}")
+        print(f"rope_write_kv pairs={pairs} heads {H}/{Hkv}: max error {err:.2e}")
         ok &= err <= 1e-5 and got_q.data_ptr() == q.data_ptr()  # rotated in place
     return ok
 

@@ -129,7 +129,7 @@ def kernels():
                 stride_co=i,
                 stride_ch=i,
             ),
-            dict(HQ=16, HKV=16, HALF=64, HALF_PAD=64, PAIRS=False, WRITE_KV=True, BLOCK_SIZE=16),
+            dict(HQ=16, HKV=16, HALF=64, HALF_PAD=64, PAIRS=False, WRITE_KV=True, BLOCK_SIZE=16, HEADS=16),
         ),
         "silu_mul": (
             activation._silu_mul_kernel,

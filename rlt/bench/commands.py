@@ -17,6 +17,7 @@ then only gives the vocabulary (or --vocab-size).
 """
 
 import asyncio
+import gc
 import json
 import os
 import subprocess
@@ -113,6 +114,7 @@ def offline(args) -> None:
             raise SystemExit(f"{e}: raise --kv-gib (or lower --concurrency)") from None
         rows += [r | {"exit_wait_passes": cfg.exit_wait_passes} for r in found]
         del engine
+        gc.collect()  # (an engine holds reference cycles: its KV pool goes only with them)
         if args.device.startswith("cuda"):
             torch.cuda.empty_cache()
     prefill = []

@@ -40,53 +40,63 @@ def _rope_kernel(
     PAIRS: tl.constexpr,
     WRITE_KV: tl.constexpr,
     BLOCK_SIZE: tl.constexpr,
+    HEADS: tl.constexpr,
     PDL: tl.constexpr,
 ):
-    """Program (t, h): h < HQ rotates q head h; then the k heads (rotated, and stored with WRITE_KV);
-    then, with WRITE_KV, the v heads (stored as they are)."""
+    """Program (t, g): heads g * HEADS .. of token t, counted q heads first, then k heads, then (with
+    WRITE_KV) v heads: q and k rotated in place, k (rotated) and v stored into the slot with
+    WRITE_KV. A block of heads per program shares the angles and keeps a long prompt's launch to a
+    few programs per token."""
     t = tl.program_id(0)
-    h = tl.program_id(1)
+    h = tl.program_id(1) * HEADS + tl.arange(0, HEADS)
     j = tl.arange(0, HALF_PAD)
-    ok = j < HALF
+    ok = (j < HALF)[None, :]
     if PAIRS:  # (x[2j], x[2j+1]) as a complex number
-        ia, ib = 2 * j, 2 * j + 1
+        ia, ib = 2 * j[None, :], 2 * j[None, :] + 1
     else:  # (x[j], x[j + D/2])
-        ia, ib = j, j + HALF
+        ia, ib = j[None, :], j[None, :] + HALF
     # Before the PDL wait: the angles (positions and the K/V slots are written before a pass's first
     # kernel starts, inv_freq never), so after it only q/k/v are read.
-    angle = tl.load(pos_ptr + t).to(tl.float32) * tl.load(inv_ptr + j, mask=ok, other=0.0)
-    c, s = tl.cos(angle), tl.sin(angle)
+    angle = tl.load(pos_ptr + t).to(tl.float32) * tl.load(inv_ptr + j, mask=j < HALF, other=0.0)
+    c, s = tl.cos(angle)[None, :], tl.sin(angle)[None, :]
     if WRITE_KV:
         slot = tl.load(slot_ptr + t)
     pdl.begin(PDL)
-    if h < HQ + HKV:
-        if h < HQ:
-            base = q_ptr + t * stride_qt + h * stride_qh
-        else:
-            base = k_ptr + t * stride_kt + (h - HQ) * stride_kh
-        a = tl.load(base + ia, mask=ok, other=0.0).to(tl.float32)
-        b = tl.load(base + ib, mask=ok, other=0.0).to(tl.float32)
-        ra, rb = (a * c - b * s).to(q_ptr.dtype.element_ty), (b * c + a * s).to(q_ptr.dtype.element_ty)
-        tl.store(base + ia, ra, mask=ok)
-        tl.store(base + ib, rb, mask=ok)
-    else:  # a v head (only launched with WRITE_KV)
-        base = v_ptr + t * stride_vt + (h - HQ - HKV) * stride_vh
-        ra = tl.load(base + ia, mask=ok, other=0.0)
-        rb = tl.load(base + ib, mask=ok, other=0.0)
+    is_q = (h < HQ)[:, None] & ok
+    is_k = ((h >= HQ) & (h < HQ + HKV))[:, None] & ok
+    is_v = ((h >= HQ + HKV) & (h < HQ + 2 * HKV))[:, None] & ok
+    q_at = q_ptr + t * stride_qt + h[:, None] * stride_qh
+    k_at = k_ptr + t * stride_kt + (h[:, None] - HQ) * stride_kh
+    # (one of the three loads is live per head: the others read as 0)
+    a = tl.load(q_at + ia, mask=is_q, other=0.0).to(tl.float32)
+    b = tl.load(q_at + ib, mask=is_q, other=0.0).to(tl.float32)
+    a += tl.load(k_at + ia, mask=is_k, other=0.0).to(tl.float32)
+    b += tl.load(k_at + ib, mask=is_k, other=0.0).to(tl.float32)
+    if WRITE_KV:  # v heads: stored as they are
+        v_at = v_ptr + t * stride_vt + (h[:, None] - HQ - HKV) * stride_vh
+        a += tl.load(v_at + ia, mask=is_v, other=0.0).to(tl.float32)
+        b += tl.load(v_at + ib, mask=is_v, other=0.0).to(tl.float32)
+    ra = tl.where(is_v, a, a * c - b * s).to(q_ptr.dtype.element_ty)
+    rb = tl.where(is_v, b, b * c + a * s).to(q_ptr.dtype.element_ty)
+    tl.store(q_at + ia, ra, mask=is_q)
+    tl.store(q_at + ib, rb, mask=is_q)
+    tl.store(k_at + ia, ra, mask=is_k)
+    tl.store(k_at + ib, rb, mask=is_k)
     if WRITE_KV:
-        if h >= HQ:
-            kv_head = (h - HQ) % HKV
-            which = (h - HQ) // HKV  # 0: K, 1: V
-            dst = (
-                cache_ptr
-                + (slot // BLOCK_SIZE) * stride_cb
-                + layer * stride_cl
-                + which * stride_ckv
-                + (slot % BLOCK_SIZE) * stride_co
-                + kv_head * stride_ch
-            )
-            tl.store(dst + ia, ra, mask=ok)
-            tl.store(dst + ib, rb, mask=ok)
+        which = (h >= HQ + HKV).to(tl.int32)  # 0: K, 1: V
+        kv_head = h - HQ - which * HKV
+        dst = (
+            cache_ptr
+            + (slot // BLOCK_SIZE) * stride_cb
+            + layer * stride_cl
+            + (slot % BLOCK_SIZE) * stride_co
+            + (which * stride_ckv + kv_head * stride_ch)[:, None]
+        )
+        tl.store(dst + ia, ra, mask=is_k | is_v)
+        tl.store(dst + ib, rb, mask=is_k | is_v)
+
+
+HEADS = 16  # heads per program
 
 
 def _launch(q, k, v, positions, inv_freq, pairs, cache, layer, slots, block_size):
@@ -99,9 +109,10 @@ def _launch(q, k, v, positions, inv_freq, pairs, cache, layer, slots, block_size
     c = cache if write else q  # (unused without WRITE_KV)
     v = v if write else k
     cs = cache.stride() if write else (0,) * 6
+    heads = min(HEADS, triton.next_power_of_2(H + (2 if write else 1) * Hkv))
     pdl.launch(
         _rope_kernel,
-        (T, H + (2 if write else 1) * Hkv),
+        (T, triton.cdiv(H + (2 if write else 1) * Hkv, heads)),
         q,
         k,
         v,
@@ -128,6 +139,7 @@ def _launch(q, k, v, positions, inv_freq, pairs, cache, layer, slots, block_size
         PAIRS=pairs,
         WRITE_KV=write,
         BLOCK_SIZE=block_size,
+        HEADS=heads,
         like=q,
     )
 
