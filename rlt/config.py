@@ -93,7 +93,7 @@ class EngineConfig(msgspec.Struct, kw_only=True, frozen=True):
             "Huginn's exit criteria: passes a token that left the loop may wait, held on the device, for other "
             "rows to leave, so that their coda, head and sampling run together (0: each at once)"
         ),
-    ] = 0
+    ] = 8
     steady_decode: Annotated[
         Literal["adaptive", "always", "never"],
         _doc(

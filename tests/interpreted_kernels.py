@@ -148,16 +148,17 @@ def check_rope_write_kv() -> bool:
 
     g = torch.Generator().manual_seed(0)
     ok = True
-    for pairs, H, Hkv in ((False, 4, 2), (True, 4, 2), (False, 20, 4), (True, 20, 4)):  # (20 + 2 x 4: two head blocks)
-        T, D, bs = 5, 8, 4
+    # (over FEW_ROWS rows a program takes a block of heads: 20 + 2 x 4 heads, two blocks)
+    for pairs, H, Hkv, T in ((False, 4, 2, 5), (True, 4, 2, 5), (False, 20, 4, 260), (True, 20, 4, 260)):
+        D, bs = 8, 4
         qkv = torch.randn(T, (H + 2 * Hkv) * D, generator=g)
         q, k, v = (qkv[:, a * D : b * D].view(T, b - a, D) for a, b in ((0, H), (H, H + Hkv), (H + Hkv, H + 2 * Hkv)))
-        pos = torch.tensor([0, 3, 7, 100, 5])
+        pos = torch.tensor([0, 3, 7, 100, 5] * (T // 5))
         inv = layers.rope_inv_freq(D, 1e4)
-        slots = torch.tensor([9, 2, 14, 0, 7])
+        slots = torch.randperm(T, generator=g)
         f = layers.rope_pairs if pairs else layers.rope_neox
         ref_q, ref_k = f(q, pos, inv), f(k, pos, inv)
-        ref_cache = torch.zeros(4, 2, 2, bs, Hkv, D)
+        ref_cache = torch.zeros(-(-T // bs), 2, 2, bs, Hkv, D)
         write_kv(ref_cache, 1, PagedMetadata(slots, None, [], [], bs), ref_k, v)
         cache = torch.zeros_like(ref_cache)
         got_q, got_k = rope_write_kv(q, k, v, pos, inv, pairs, cache, 1, slots, bs)

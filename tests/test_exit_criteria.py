@@ -58,7 +58,7 @@ def test_exited_rows_wait_for_each_other_with_their_tokens_and_depths(checkpoint
     fewer tails; under preemption too."""
     mc, engine = engine_for(checkpoints, enable_prefix_caching=False)
     requests = {i: (c["prompt"], params(c)) for i, c in enumerate(CASES)}
-    at_once, waiting = engine(), engine(exit_wait_passes=wait)
+    at_once, waiting = engine(exit_wait_passes=0), engine(exit_wait_passes=wait)
     tails = counted_tails(at_once), counted_tails(waiting)
     expect(run(at_once, mc, requests), CASES)
     expect(run(waiting, mc, requests), CASES)

@@ -73,9 +73,9 @@ def _offline(p) -> None:
     )
     p.add_argument(
         "--exit-wait-passes",
-        default="0",
+        default="8",
         help="Huginn's criteria: passes an exited token may wait for others to share its tail, one engine "
-        "each (e.g. 0,4,8; default: 0)",
+        "each (e.g. 0,4,8; default: 8, the engine's)",
     )
     p.add_argument("--prefill-lens", default="", help="e.g. 1024,4096: prefill latency by prompt length")
     p.add_argument("--floors", action="store_true", help="CUDA: measure ceilings and floors in the same run")

@@ -96,7 +96,8 @@ def _rope_kernel(
         tl.store(dst + ib, rb, mask=is_k | is_v)
 
 
-HEADS = 16  # heads per program
+HEADS = 16  # heads per program over many rows (a prompt's)
+FEW_ROWS = 256  # up to this many rows (decode passes), a program per head: more programs, shorter chains
 
 
 def _launch(q, k, v, positions, inv_freq, pairs, cache, layer, slots, block_size):
@@ -109,7 +110,7 @@ def _launch(q, k, v, positions, inv_freq, pairs, cache, layer, slots, block_size
     c = cache if write else q  # (unused without WRITE_KV)
     v = v if write else k
     cs = cache.stride() if write else (0,) * 6
-    heads = min(HEADS, triton.next_power_of_2(H + (2 if write else 1) * Hkv))
+    heads = 1 if T <= FEW_ROWS else min(HEADS, triton.next_power_of_2(H + (2 if write else 1) * Hkv))
     pdl.launch(
         _rope_kernel,
         (T, triton.cdiv(H + (2 if write else 1) * Hkv, heads)),
