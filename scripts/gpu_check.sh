@@ -12,7 +12,7 @@ python3 -c "import torch, nixl, zmq, msgspec; print('torch', torch.__version__, 
 git rev-parse --short HEAD 2>/dev/null | tee "$OUT/commit.txt"
 step() { echo "=== $1"; }
 step "pytest -m gpu"
-timeout 300 python3 -m pytest -m gpu -q -p no:cacheprovider tests/test_gpu.py 2>&1 | tee "$OUT/pytest_gpu.log" | tail -5
+timeout 300 python3 -m pytest -m gpu -q -p no:cacheprovider -p no:xdist tests/test_gpu.py 2>&1 | tee "$OUT/pytest_gpu.log" | tail -5
 if [ "${SKIP_HANDOFF:-0}" != 1 ]; then
   step "KV handoff bandwidth, 4096-token Nanbeige prompt, cuda:0 -> cuda:1"
   timeout 240 python3 scripts/bench_kv_handoff.py --json-out "$OUT/handoff.json" 2>&1 | grep -v "NIXL INFO" | tee "$OUT/handoff.log"

@@ -22,7 +22,7 @@ if [ "${SKIP_TESTS:-0}" != 1 ]; then
   # Alone on the machine: beside a benchmark on another GPU they slow it.
   step "pytest -m gpu"
   # the GPU tests run the kernels with programmatic dependent launch, the default (TEST_PDL=0: without)
-  RLT_PDL=${TEST_PDL:-1} timeout ${TEST_TIMEOUT:-360} python3 -m pytest -m gpu -q -x -p no:cacheprovider tests/test_gpu.py ${PYTEST_K:+-k "$PYTEST_K"} \
+  RLT_PDL=${TEST_PDL:-1} timeout ${TEST_TIMEOUT:-360} python3 -m pytest -m gpu -q -x -p no:cacheprovider -p no:xdist tests/test_gpu.py ${PYTEST_K:+-k "$PYTEST_K"} \
     2>&1 | tee "$OUT/pytest_gpu.log" | tail -15
 fi
 step "checkpoints (random bf16 weights at the official shapes, drawn on cuda)"

@@ -1,6 +1,9 @@
+import atexit
 import contextlib
 import json
 import os
+import shutil
+import tempfile
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # (as rlt's workers: no spinning threads on 2 shared cores)
 
@@ -9,7 +12,16 @@ import torch  # noqa: E402
 
 from rlt.models.family import BY_NAME
 
-os.environ.setdefault("RLT_CACHE_DIR", os.path.join(os.path.dirname(__file__), "..", ".pytest_cache", "rlt"))
+# Under pytest-xdist (`--numprocesses 2` in pyproject's addopts) each worker process gets a temp dir
+# and an rlt cache of its own, inherited by the servers and workers its tests start: tests that count
+# the coordinators' rlt-* dirs in $TMPDIR, or launches that prune old log dirs under the cache, never
+# see another worker's.
+WORKER = os.environ.get("PYTEST_XDIST_WORKER")  # gw0, gw1, ...; None when not under xdist
+if WORKER:
+    os.environ["TMPDIR"] = tempfile.tempdir = tempfile.mkdtemp(prefix=f"{WORKER}-")
+    atexit.register(shutil.rmtree, tempfile.tempdir, True)
+rlt_cache = os.path.join(os.path.dirname(__file__), "..", ".pytest_cache", "rlt")
+os.environ.setdefault("RLT_CACHE_DIR", os.path.join(rlt_cache, WORKER) if WORKER else rlt_cache)
 torch.set_num_threads(2)
 
 FAMILIES = tuple(BY_NAME)  # short names: ouro, nanbeige, huginn
@@ -55,3 +67,11 @@ def pytest_asyncio_loop_factories(config, item):
     import uvloop
 
     return {"uvloop": uvloop.new_event_loop}
+
+
+def pytest_addoption(parser, pluginmanager):
+    """Without pytest-xdist (not installed, or `-p no:xdist` as the GPU suite runs), addopts'
+    `--numprocesses 2 --dist loadfile` are accepted and the tests run in this one process."""
+    if not pluginmanager.has_plugin("xdist"):
+        parser.addoption("--numprocesses", help="(pytest-xdist is not loaded: ignored)")
+        parser.addoption("--dist", help="(pytest-xdist is not loaded: ignored)")

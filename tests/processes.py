@@ -15,7 +15,9 @@ def cmdline(pid: str) -> str:
 
 
 def processes_mentioning(text: str) -> list[int]:
-    """Pids whose command line contains text (e.g. a run's temporary directory)."""
+    """Pids whose command line contains text (e.g. a run's temporary directory). Each argument is
+    followed by a space, the last one too: "--parent-pid 123 " (an rlt worker's last arguments)
+    matches no worker of a process 1234, such as another test's server running alongside."""
     return [int(d) for d in os.listdir("/proc") if d.isdigit() and text in cmdline(d)]
 
 

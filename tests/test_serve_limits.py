@@ -274,7 +274,7 @@ def test_a_dead_worker_is_a_generic_503(server):
     url, _ = server
     port = address(url)[1]
     [server_pid] = processes_mentioning(f"--port {port} ")
-    workers = processes_mentioning(f"--parent-pid {server_pid}")
+    workers = processes_mentioning(f"--parent-pid {server_pid} ")
     assert workers
     for pid in workers:
         os.kill(pid, signal.SIGKILL)
