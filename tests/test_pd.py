@@ -192,7 +192,14 @@ async def test_cancel_while_reserved(checkpoints):
 
         engine._supervisor._send = gated_send
         stream = engine.generate(list(range(3, 30)), SamplingParams(max_tokens=20), request_id="r")
-        await wait_for(lambda: engine.request_phase("r") == Phase.RESERVED)
+
+        def reserved():
+            """D's Reserved sets the phase; its stats with the blocks held come in the Outputs it sends
+            next. Both, or all_free below could pass on D's stats from before the reservation."""
+            (d,) = [w for w in engine.stats().workers if w.role == "decode"]
+            return engine.request_phase("r") == Phase.RESERVED and d.kv_blocks_free < d.kv_blocks_total
+
+        await wait_for(reserved)
         assert await engine.abort("r")  # Cancel queues behind Prefill: P prefills nothing for long
         gate.set()
         assert (await stream.__anext__()).finish_reason == "abort"
