@@ -1,5 +1,6 @@
 import atexit
 import contextlib
+import fcntl
 import json
 import os
 import shutil
@@ -23,6 +24,7 @@ if WORKER:
 rlt_cache = os.path.join(os.path.dirname(__file__), "..", ".pytest_cache", "rlt")
 os.environ.setdefault("RLT_CACHE_DIR", os.path.join(rlt_cache, WORKER) if WORKER else rlt_cache)
 torch.set_num_threads(2)
+MACHINE_LOCK = os.path.join(rlt_cache, "machine.lock")  # shared by the xdist workers (see _alone)
 
 FAMILIES = tuple(BY_NAME)  # short names: ouro, nanbeige, huginn
 
@@ -75,3 +77,37 @@ def pytest_addoption(parser, pluginmanager):
     if not pluginmanager.has_plugin("xdist"):
         parser.addoption("--numprocesses", help="(pytest-xdist is not loaded: ignored)")
         parser.addoption("--dist", help="(pytest-xdist is not loaded: ignored)")
+
+
+def _lock(kind: int) -> int:
+    os.makedirs(rlt_cache, exist_ok=True)
+    fd = os.open(MACHINE_LOCK, os.O_RDWR | os.O_CREAT)
+    fcntl.flock(fd, kind)
+    return fd
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _alone(request):
+    """A module marked `alone` has the machine to itself while its tests run: under xdist the other
+    worker's next test waits (each test holds a shared lock, such a module the exclusive one). For
+    tests whose outcome rests on timing that a second busy worker on two cores would upset."""
+    if request.node.get_closest_marker("alone") is None:
+        yield
+        return
+    fd = _lock(fcntl.LOCK_EX)
+    try:
+        yield
+    finally:
+        os.close(fd)
+
+
+@pytest.fixture(autouse=True)
+def _shared(request):
+    if request.node.get_closest_marker("alone") is not None:  # (its module holds the exclusive lock)
+        yield
+        return
+    fd = _lock(fcntl.LOCK_SH)
+    try:
+        yield
+    finally:
+        os.close(fd)

@@ -22,7 +22,9 @@ import pytest
 from helpers import FAST_ARGS
 from test_dynamo import Infra, _get, _start, _stop_all, _wait, assert_clean_exit
 
-pytestmark = pytest.mark.slow
+# alone: each second turn must reach the router after the first turn's KV event and end have (they
+# travel apart from the response); a second busy test worker can hold them back that long
+pytestmark = [pytest.mark.slow, pytest.mark.alone]
 TURN = 50  # a first turn's prompt tokens: 3 full blocks, which the second turn finds (48 cached)
 
 
