@@ -67,7 +67,8 @@ def check_paged_attention() -> bool:
     cache = torch.randn(nxt, 1, 2, bs, Hkv, D, generator=g)
     row_starts = np.cumsum([0] + [n for _, n in segs]).tolist()
     q_starts = [q0 for q0, _ in segs]
-    q = torch.randn(row_starts[-1], H, D, generator=g)
+    # q as the model hands it over: a view of the fused q/k/v projection (rows strided)
+    q = torch.randn(row_starts[-1], (H + 2 * Hkv) * D, generator=g)[:, : H * D].view(-1, H, D)
     ref = paged_attention(cache, 0, PagedMetadata(None, tab, row_starts, q_starts, bs), q, None, None)
     split = plan_kernel(row_starts, q_starts, False, fill_tiles=64)
     assert (split.tile_rows, split.max_splits) == (64, 16), split  # 4 tiles: the 305 keys in 5 slices of 64

@@ -192,8 +192,10 @@ def test_triton_paged_attention_matches_reference(dtype, tol, H, Hkv, D):
     row_starts = np.cumsum([0] + [n for _, n in segs]).tolist()
     q_starts = [s[0] for s in segs]
     T = row_starts[-1]
-    q = torch.randn(T, H, D, device="cuda", generator=g).to(dtype)
-    k, v = (torch.randn(T, Hkv, D, device="cuda", generator=g).to(dtype) for _ in range(2))
+    # q, k, v as the model hands them over: views of the fused projection (rows strided)
+    qkv = torch.randn(T, (H + 2 * Hkv) * D, device="cuda", generator=g).to(dtype)
+    q, k, v = qkv.split([H * D, Hkv * D, Hkv * D], dim=1)
+    q, k, v = q.view(T, H, D), k.view(T, Hkv, D), v.view(T, Hkv, D)
     slots = torch.tensor(
         [t[p // bs] * bs + p % bs for (q0, n), t in zip(segs, tables) for p in range(q0, q0 + n)], device="cuda"
     )
@@ -234,6 +236,13 @@ def test_triton_paged_attention_matches_reference(dtype, tol, H, Hkv, D):
             kernel_paged_attention(cache, layer, alone, q[r6], k[r6], v[r6]),
             kernel_paged_attention(cache, layer, m16, q, k, v)[r6],
         )
+        # a lone prompt chunk at position 0: dense SDPA's output itself, no buffer
+        r7 = slice(row_starts[7], row_starts[8])
+        lone_plan = plan_kernel([0, 300], [0], batch_invariant=False)
+        assert lone_plan.dense == (0,)
+        fields = {n: torch.from_numpy(a).cuda() for n, a in kernel_fields([0, 300], [0], lone_plan).items()}
+        lone = PagedMetadata(slots[r7], tab[7:8], [0, 300], [0], bs, fields, lone_plan)
+        assert (kernel_paged_attention(cache, layer, lone, q[r7], k[r7], v[r7]).float() - ref[r7]).abs().max() <= bound
 
 
 @pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-4), (torch.bfloat16, 2e-2)])

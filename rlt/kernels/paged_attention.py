@@ -140,6 +140,8 @@ def kernel_paged_attention(
         from rlt.kernels.decode_attention import decode_attention
 
         return decode_attention(cache, layer, q, meta.block_table, meta.kernel["seg_q0"], meta.block_size)
+    if meta.plan.dense == (0,) and len(meta.q_starts) == 1:  # a lone prompt chunk: no copy into a buffer
+        return prefix_free_attention(q, k, v)
     out = pat.paged_attention(cache, layer, q, meta.block_table, meta.kernel, meta.block_size, meta.plan)
     for s in meta.plan.dense:
         r0, r1 = meta.row_starts[s], meta.row_starts[s + 1]

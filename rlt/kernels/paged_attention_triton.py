@@ -71,6 +71,8 @@ def _attend(
     scale,
     stride_qt,
     stride_qh,
+    stride_ot,
+    stride_oh,
     stride_cb,
     stride_cl,
     stride_ckv,
@@ -123,7 +125,7 @@ def _attend(
             m_i, l_i, acc = softmax_step(
                 q, k, v, (pos[None, :] <= q_pos[:, None]) & key_ok[None, :], m_i, l_i, acc, scale, IEEE
             )
-        o_rows = o_ptr + rows[:, None] * stride_qt + head * stride_qh + offs_d[None, :]
+        o_rows = o_ptr + rows[:, None] * stride_ot + head * stride_oh + offs_d[None, :]
         o_mask = row_ok[:, None] & d_ok[None, :]
         working = tl.cdiv(kv_end, chunk)  # slices holding keys: the first ones
         if SPLIT and working > 1:
@@ -167,6 +169,8 @@ def _paged_attn_kernel(
     scale,
     stride_qt,
     stride_qh,
+    stride_ot,
+    stride_oh,
     stride_cb,
     stride_cl,
     stride_ckv,
@@ -214,6 +218,8 @@ def _paged_attn_kernel(
             scale,
             stride_qt,
             stride_qh,
+            stride_ot,
+            stride_oh,
             stride_cb,
             stride_cl,
             stride_ckv,
@@ -271,7 +277,7 @@ def paged_attention(
     num_warps: int = 4,
     num_stages: int | None = None,
 ) -> torch.Tensor:
-    """q [T, H, D] (K/V already written) -> [T, H, D]. cache [blocks, layers, 2, block_size, Hkv, D];
+    """q [T, H, D] (K/V already written; last dim contiguous) -> [T, H, D]. cache [blocks, layers, 2, block_size, Hkv, D];
     k: kernel_fields() as device tensors, built for this KernelPlan (its tiles, its key slices at
     most). Rows of no tile (dense segments) are left for the caller. block_n, num_warps and
     num_stages (None: Triton's) are for tuning (scripts/tune_paged.py)."""
@@ -279,8 +285,8 @@ def paged_attention(
     tile_seg, tile_row, seg_row0, seg_rows, seg_q0 = (
         k[n] for n in ("tile_seg", "tile_row", "seg_row0", "seg_rows", "seg_q0")
     )
-    q = q.contiguous()
-    out = torch.empty_like(q)
+    # q is read in place (a view of the fused projection: rows strided, each head's D contiguous)
+    out = torch.empty(T, H, D, dtype=q.dtype, device=q.device)
     n_tiles = tile_seg.numel()  # (a graph's: its bucket's most)
     if n_tiles == 0:
         return out
@@ -307,6 +313,8 @@ def paged_attention(
         D**-0.5,
         q.stride(0),
         q.stride(1),
+        out.stride(0),
+        out.stride(1),
         cache.stride(0),
         cache.stride(1),
         cache.stride(2),
