@@ -277,8 +277,8 @@ def paged_attention(
     num_warps: int = 4,
     num_stages: int | None = None,
 ) -> torch.Tensor:
-    """q [T, H, D] (K/V already written; last dim contiguous) -> [T, H, D]. cache [blocks, layers, 2, block_size, Hkv, D];
-    k: kernel_fields() as device tensors, built for this KernelPlan (its tiles, its key slices at
+    """q [T, H, D] (K/V already written; last dim contiguous) -> [T, H, D]. cache [blocks, layers, 2,
+    block_size, Hkv, D]; k: kernel_fields() as device tensors, built for this KernelPlan (its tiles, its key slices at
     most). Rows of no tile (dense segments) are left for the caller. block_n, num_warps and
     num_stages (None: Triton's) are for tuning (scripts/tune_paged.py)."""
     T, H, D = q.shape
