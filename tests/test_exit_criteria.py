@@ -10,7 +10,7 @@ import asyncio
 
 import pytest
 from helpers import FAST_PD, SMALL
-from huginn_cases import CASES, FIXTURE, HELDOUT, VARIED, expect, params
+from huginn_cases import CASES, FIXED, FIXTURE, HELDOUT, VARIED, expect, params
 from test_engine import make, run
 
 import rlt
@@ -19,6 +19,7 @@ from rlt.config import ModelConfig
 from rlt.sampling_params import EXIT_CRITERIA, SamplingParams
 from rlt.serve.requests import CompletionRequest, to_sampling_params
 from rlt.validation import resolve_params
+from rlt.workers.exit_criteria import LATENT
 
 
 def engine_for(checkpoints, **cfg):
@@ -88,6 +89,58 @@ def test_resumed_positions_run_their_coda_in_order(checkpoints):
     e = engine()
     expect(run(e, mc, {i: (c["prompt"], params(c)) for i, c in enumerate(cases)}), cases)
     assert e.preemptions > 0 and e.pool.prefix.hit_tokens > 0
+
+
+@pytest.mark.parametrize("wait", [0, 3, 8])
+def test_steady_decode_lanes_equal_the_authors_code(checkpoints, wait):
+    """Latent-criterion and fixed-depth requests all at once run as device-side lanes (steady decode:
+    the checks on the device, exited lanes parked until a boundary pass, every exit_wait_passes
+    passes) and give the reference's tokens and depths; every block comes back."""
+    cases = [c for c in VARIED if c["criterion"] in LATENT] + FIXED
+    mc, engine = engine_for(checkpoints, enable_prefix_caching=False, exit_wait_passes=wait)
+    e = engine()
+    blocks = e.num_free_blocks
+    expect(run(e, mc, {i: (c["prompt"], params(c)) for i, c in enumerate(cases)}), cases)
+    assert e.steady_steps > 20 and e.num_free_blocks == blocks
+
+
+@pytest.mark.parametrize("init", ["zero", "like-init"])
+def test_steady_decode_lanes_equal_the_regular_path_sampled(checkpoints, init):
+    """Sampled lanes with logprobs, penalties and a stop token, latent criteria and fixed depth, with
+    arrivals that end and restart the stretches: the same tokens, depths and finish reasons as the
+    regular path, logprobs to float32 rounding (the boundary pass's coda and head run over every
+    lane); a zero initial latent, or one drawn per seed and position."""
+    c = [c for c in VARIED if c["criterion"] in LATENT]
+    sps = [
+        SamplingParams(
+            max_tokens=9, temperature=0.8, seed=4, exit_criterion="latent-diff", exit_threshold=0.4, logprobs=2
+        ),
+        SamplingParams(
+            max_tokens=7,
+            temperature=1.0,
+            seed=5,
+            top_k=20,
+            exit_criterion="cosine",
+            exit_threshold=0.09,
+            min_loops=2,
+            repetition_penalty=1.3,
+        ),
+        SamplingParams(max_tokens=8, temperature=0, min_loops=3, max_loops=3, logprobs=1),
+    ]
+    requests = {str(i): (c[i % len(c)]["prompt"], sps[i % 3]) for i in range(6)}
+    arrivals = {"0": 0, "1": 0, "2": 0, "3": 5, "4": 14, "5": 15}
+    runs = {}
+    for steady in ("never", "adaptive"):
+        ov = FIXTURE["overrides"] | {"state_init": init}  # like-init: each new token's latent drawn by its seed
+        mc, engine = make(checkpoints["huginn"], "huginn", overrides=ov, steady_decode=steady)
+        e = engine()
+        runs[steady] = run(e, mc, requests, arrivals, abort_at=("1", 12))
+        assert (e.steady_steps > 10) == (steady == "adaptive")
+    for rid, outs in runs["never"].items():
+        assert [(o[0], o[1], o[3]) for o in runs["adaptive"][rid]] == [(o[0], o[1], o[3]) for o in outs]
+        for (_, _, a, _), (_, _, b, _) in zip(runs["adaptive"][rid], outs):
+            assert (a or {}).keys() == (b or {}).keys() and all(abs(a[t] - b[t]) < 1e-5 for t in a or ())
+    assert len(set(d for outs in runs["never"].values() for _, d, _, _ in outs)) >= 3  # depths vary
 
 
 def test_prefix_cache_serves_a_repeated_prompt_with_the_same_exits(checkpoints):

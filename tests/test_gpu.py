@@ -707,6 +707,41 @@ def test_nothing_compiles_or_captures_after_ready(checkpoints):
     assert (w.captures_after_ready, w.compiles_after_ready) == (0, 0), w
 
 
+def test_huginn_lanes_build_nothing_after_ready(checkpoints):
+    """Huginn's steady decode after the default warm-up: lanes exiting by latent criteria and at
+    fixed depth, greedy and sampled, waves of 1 to 64 lanes with their boundary passes, build no
+    CUDA graph and no Triton specialization."""
+    kinds = [
+        SamplingParams(max_tokens=12, temperature=0, ignore_eos=True, exit_criterion="latent-diff", exit_threshold=0.4),
+        SamplingParams(
+            max_tokens=12,
+            temperature=0.8,
+            seed=3,
+            top_k=20,
+            logprobs=2,
+            ignore_eos=True,
+            exit_criterion="cosine",
+            exit_threshold=0.09,
+            min_loops=2,
+        ),
+        SamplingParams(max_tokens=12, temperature=0, ignore_eos=True, min_loops=3, max_loops=3),
+    ]
+
+    async def serve():
+        async with rlt.Engine.launch(checkpoints["huginn"], device="cuda", startup_timeout=600) as engine:
+
+            async def one(i):
+                async for _ in engine.generate([3 + (i * 7 + j) % 200 for j in range(5 + i % 9)], kinds[i % 3]):
+                    pass
+
+            for wave in (1, 3, 16, 64, 2):
+                await asyncio.gather(*(one(i) for i in range(wave)))
+            return engine.stats().workers[0]
+
+    w = asyncio.run(serve())
+    assert (w.captures_after_ready, w.compiles_after_ready) == (0, 0), w
+
+
 @pytest.mark.parametrize("layout", ["last_exited", "shared"])
 def test_exit_criteria_on_cuda_equal_cpu_and_the_authors_code(checkpoints, layout):
     """Every exit criterion's reference case at once in float32 on CUDA, eager and replayed from

@@ -100,11 +100,15 @@ class ReferenceBackend:
     def _eager(self, states, injects, positions, meta: PagedMetadata):
         return self.model.loop(torch.cat(states), torch.cat(injects), positions, self.attention(meta))
 
+    def lane_meta(self, pos, slot, table) -> PagedMetadata:
+        """Steady decode's metadata (rlt/workers/steady.py): one row per lane at positions pos [n],
+        its K/V to slot [n], reading table [n, w]; all on the device."""
+        n = len(pos)  # (the reference attention loops over segments on the host)
+        return PagedMetadata(slot, table, list(range(n + 1)), pos.tolist(), self.pool.block_size)
+
     def lane_pass(self, x, inject, pos, slot, table):
-        """A steady-decode pass (rlt/workers/steady.py): one row per lane, inputs on the device."""
-        n = len(x)  # (the reference attention loops over segments on the host)
-        meta = PagedMetadata(slot, table, list(range(n + 1)), pos.tolist(), self.pool.block_size)
-        return self.model.loop(x, inject, pos, self.attention(meta))
+        """A steady-decode pass: the core over every lane."""
+        return self.model.loop(x, inject, pos, self.attention(self.lane_meta(pos, slot, table)))
 
     def graph_shapes(self, max_width: int, decodes: bool) -> list[tuple]:
         """Every (graphs, rows, table width) a pass can replay (warm-up captures them)."""
@@ -169,21 +173,23 @@ class TritonBackend(ReferenceBackend):
         return super().core_pass(active, row_starts, pos, tables)
 
     def lane_pass(self, x, inject, pos, slot, table):
-        n = len(x)
-        if self.decode_graphs is not None and self.decode_graphs.fits(n):
+        if self.decode_graphs is not None and self.decode_graphs.fits(len(x)):
             return self.decode_graphs.run_device(x, inject, pos, slot, table)
-        ar = torch.arange(n, device=x.device)  # one row per segment; positions stay on the device
+        return super().lane_pass(x, inject, pos, slot, table)
+
+    def lane_meta(self, pos, slot, table) -> PagedMetadata:
+        n = len(pos)
+        ar = torch.arange(n, device=pos.device)  # one row per segment; positions stay on the device
         kernel = dict(
             tile_seg=ar,
             tile_row=torch.zeros_like(ar),
             seg_row0=ar,
             seg_rows=torch.ones_like(ar),
             seg_q0=pos,
-            work=torch.tensor([1, n], device=x.device),
+            work=torch.tensor([1, n], device=pos.device),
         )
         bs = self.pool.block_size  # (q_starts are read by the reference only)
-        meta = PagedMetadata(slot, table, list(range(n + 1)), [0] * n, bs, kernel, self.decode_plan)
-        return self.model.loop(x, inject, pos, self.attention(meta))
+        return PagedMetadata(slot, table, list(range(n + 1)), [0] * n, bs, kernel, self.decode_plan)
 
     def graph_shapes(self, max_width: int, decodes: bool) -> list[tuple]:
         """Largest first: later, smaller graphs reuse the graph memory. decodes: False on a prefill

@@ -27,7 +27,6 @@ from rlt.workers.prefix_cache import root_key
 from rlt.workers.runner import Runner
 from rlt.workers.scheduler import Scheduler
 from rlt.workers.sequence import Sequence
-from rlt.workers.steady import SteadyDecode
 from rlt.workers.steady_stretch import SteadyStretches
 
 
@@ -61,7 +60,7 @@ class LoopEngine(SteadyStretches):
         self.reserved: dict[int, BlockTables] = {}
         self.chunk_events: list[tuple[int, int, int]] = []  # (request, start, end) prompt positions final
         self._pending: list = []  # callables: read back a launched step's tokens -> outputs
-        self._steady: SteadyDecode | None = None
+        self._steady = None  # SteadyDecode while a stretch runs
         self._steady_seqs: list[Sequence] = []  # the request of each steady lane
         self.steady_steps = 0  # passes run in steady decode (observability, tests)
 
@@ -215,12 +214,7 @@ class LoopEngine(SteadyStretches):
             self.chunk_events += self.sched.cached_events
             self.sched.cached_events = []
             if self._steady_possible():
-                self._steady, self._steady_seqs = (
-                    SteadyDecode(self.runner, [s.group for s in self.running]),
-                    list(self.running),
-                )
-                for s in self.running:
-                    s.group = s.feed = None
+                self._start_steady()
         pending, self._pending = self._pending, []
         if self._steady is not None:
             handle, lanes = self._steady.step(), self._steady_seqs

@@ -44,8 +44,9 @@ class Runner:
         self.penalties = PenaltyState(cfg.max_num_seqs, mc.vocab_size, mc.max_positions, device, backend.slot_kernels)
         self.max_rows = cfg.max_num_seqs  # rows projected at once: decode sampling's most
         self.one = torch.ones(1, device=device)  # survival before the first loop (read-only)
-        # Steady decode (rlt/workers/steady.py) needs the loop input to be the token embedding.
-        self.supports_steady = not pool.has_boundary and isinstance(model, EmbeddingInput)
+        # Steady decode (rlt/workers/steady.py): the loop input is the token embedding, or the
+        # family's boundary layers run in its boundary passes (steady_boundary.py)
+        self.supports_steady = pool.has_boundary or isinstance(model, EmbeddingInput)
         self.pending = None  # the last pass's criterion verdicts (PendingVerdicts)
         self.exit_wait = cfg.exit_wait_passes
 

@@ -12,8 +12,8 @@ is masked off (it then writes only the scratch block). At fixed depth the regula
 so by default (EngineConfig.steady_decode "adaptive") the engine enters steady decode only while
 some request can exit early; with "always" and every lane at fixed depth the host knows which
 passes no lane can exit in, and those skip the head, sampling and advance. Families whose
-embedding is the loop input (Ouro, Nanbeige) run here; Huginn's prelude/coda keep the regular
-path.
+embedding is the loop input (Ouro, Nanbeige) run here; Huginn's lanes add the checks of its latent
+criteria and boundary passes for its prelude and coda (steady_boundary.py).
 """
 
 import numpy as np
@@ -41,10 +41,11 @@ class SteadyDecode:
 
         # tables padded to the graphs' width bucket once, so no pass pads them again; room for each
         # lane to take at least one more block (set_tables) as it grows
-        W = min(table_width(max(len(tab) for g in groups for tab in g.tables.core) + 1), runner.max_table_width)
-        tables = np.full((self.lanes, pool.num_core_planes, W), pool.scratch_block, dtype=np.int64)
+        # (every plane: the core's, then the boundary plane where the family has one)
+        W = min(table_width(max(len(tab) for g in groups for tab in g.tables.planes) + 1), runner.max_table_width)
+        tables = np.full((self.lanes, pool.num_planes, W), pool.scratch_block, dtype=np.int64)
         for i, g in enumerate(groups):
-            for p, tab in enumerate(g.tables.core):
+            for p, tab in enumerate(g.tables.planes):
                 tables[i, p, : len(tab)] = tab
         self.tables = torch.from_numpy(tables).to(dev)
         self.lane_ids = torch.arange(self.lanes, device=dev)
@@ -77,10 +78,16 @@ class SteadyDecode:
                 if groups[i].feed is not None:
                     tokens, j = groups[i].feed
                     ids[k] = tokens.tokens[j]
-            emb = self.model.embed(ids, None, None)
+            states, injects = self._embed(ids, new, groups)
             for k, i in enumerate(new):
-                x[i] = inject[i] = emb[k : k + 1]
+                x[i], inject[i] = states[k : k + 1], injects[k : k + 1]
         self.x, self.inject = torch.cat(x), torch.cat(inject)
+
+    def _embed(self, ids: torch.Tensor, lanes: list[int], groups: list) -> tuple[torch.Tensor, torch.Tensor]:
+        """The loop's first state and its input for the tokens ids [n] of these lanes: both the
+        token embedding."""
+        emb = self.model.embed(ids, None, None)
+        return emb, emb
 
     def holds(self, positions: int) -> bool:
         """Are the lanes' tables wide enough for this many positions?"""
@@ -90,7 +97,7 @@ class SteadyDecode:
     def set_tables(self, lane: int, tables) -> None:
         """A lane took blocks: its new tables, copied in stream order (the host does not wait)."""
         row = torch.full(self.tables.shape[1:], self.pool.scratch_block, dtype=torch.int64)
-        for p, tab in enumerate(tables.core):
+        for p, tab in enumerate(tables.planes):
             row[p, : len(tab)] = torch.tensor(tab)
         if self.tables.is_cuda:
             row = row.pin_memory()

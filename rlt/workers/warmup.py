@@ -10,7 +10,8 @@ on the worker: first-use work is counted per worker in stats()).
    lengths that give every row-count and table-width class a pass can have (one row, a few, a tile,
    a dense chunk, chunks after a prefix, a full pass), alone and all together with decode rows in
    the same passes, greedy and sampled, with and without logit edits, penalties, a grammar and prompt
-   logprobs, fixed depth and adaptive exit (steady decode). Everything they take is returned.
+   logprobs, fixed depth and adaptive exit (steady decode; Huginn's lanes in batches of one, a few,
+   16 and all). Everything they take is returned.
 On CPU (the torch reference kernels) there is nothing to warm.
 """
 
@@ -49,6 +50,17 @@ def _params(engine) -> list:
     return kinds
 
 
+def _lane_kinds() -> list:
+    """Requests a boundary family (Huginn) serves as steady-decode lanes: a latent criterion, greedy
+    and sampled with logprobs."""
+    return [
+        SamplingParams(max_tokens=4, temperature=0, ignore_eos=True, exit_criterion="latent-diff", min_loops=2),
+        SamplingParams(
+            max_tokens=4, temperature=1.0, top_k=5, seed=0, ignore_eos=True, logprobs=3, exit_criterion="cosine"
+        ),
+    ]
+
+
 def _run(engine, requests) -> None:
     """requests: [(prompt, SamplingParams)] at once, to the end; every block comes back, and the
     prefix cache forgets them (each warm-up prompt runs its passes in full: its prefix was not
@@ -82,6 +94,10 @@ def warm_up(engine, decodes: bool = True, log=print) -> str:
     _run(engine, mixed[: engine.cfg.max_num_seqs])  # prompt chunks and decode rows sharing passes
     many = [(prompt(1 + k % 5, k), kinds[k % len(kinds)]) for k in range(engine.cfg.max_num_seqs)]
     _run(engine, many)  # a full batch of decode rows (steady decode where a request can exit early)
+    if engine.pool.has_boundary:  # steady decode's lanes and boundary passes: one, a few, 16, every lane
+        lanes = [_lane_kinds()[k % 2] for k in range(engine.cfg.max_num_seqs)]
+        for n in sorted({min(n, len(lanes)) for n in (1, 3, 16, len(lanes))}):
+            _run(engine, [(prompt(2 + k % 3, k), sp) for k, sp in enumerate(lanes[:n])])
     if grammar(engine.mc):  # structured output (regular path only): the bitmask in the sampler, beside other rows
         sp = SamplingParams(max_tokens=4, temperature=0.7, seed=2, logprobs=1, **grammar(engine.mc))
         _run(engine, [(prompt(1 + k, k), sp if k % 2 else kinds[1]) for k in range(min(8, engine.cfg.max_num_seqs))])
