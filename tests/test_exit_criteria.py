@@ -104,6 +104,14 @@ def test_steady_decode_lanes_equal_the_authors_code(checkpoints, wait):
     assert e.steady_steps > 20 and e.num_free_blocks == blocks
 
 
+def test_steady_decode_lanes_at_fixed_depth_equal_the_authors_code(checkpoints):
+    """Every lane at a fixed depth (steady_decode "always"): boundary passes only where lanes reach it."""
+    mc, engine = engine_for(checkpoints, enable_prefix_caching=False, steady_decode="always")
+    e = engine()
+    expect(run(e, mc, {i: (c["prompt"], params(c)) for i, c in enumerate(FIXED)}), FIXED)
+    assert e.steady_steps > 20
+
+
 @pytest.mark.parametrize("init", ["zero", "like-init"])
 def test_steady_decode_lanes_equal_the_regular_path_sampled(checkpoints, init):
     """Sampled lanes with logprobs, penalties and a stop token, latent criteria and fixed depth, with
