@@ -157,18 +157,19 @@ def check_rope_write_kv() -> bool:
         pos = torch.tensor([0, 3, 7, 100, 5] * (T // 5))
         inv = layers.rope_inv_freq(D, 1e4)
         slots = torch.randperm(T, generator=g)
-        f = layers.rope_pairs if pairs else layers.rope_neox
-        ref_q, ref_k = f(q, pos, inv), f(k, pos, inv)
+        # adjacent pairs as Huginn's: q and k biased per head first
+        qb, kb = (torch.randn(n, D, generator=g) if pairs else None for n in (H, Hkv))
+        ref_q, ref_k = layers.rope(q, k, pos, inv, pairs, qb, kb)
         ref_cache = torch.zeros(-(-T // bs), 2, 2, bs, Hkv, D)
         write_kv(ref_cache, 1, PagedMetadata(slots, None, [], [], bs), ref_k, v)
         cache = torch.zeros_like(ref_cache)
-        got_q, got_k = rope_write_kv(q, k, v, pos, inv, pairs, cache, 1, slots, bs)
+        got_q, got_k = rope_write_kv(q, k, v, pos, inv, pairs, cache, 1, slots, bs, qb, kb)
         err = max(
             (got_q - ref_q).abs().max().item(),
             (got_k - ref_k).abs().max().item(),
             (cache - ref_cache).abs().max().item(),
         )
-        print(f"rope_write_kv pairs={pairs} heads {H}/{Hkv}: max error {err:.2e}")
+        print(f"rope_write_kv pairs={pairs} (biased: {pairs}) heads {H}/{Hkv}: max error {err:.2e}")
         ok &= err <= 1e-5 and got_q.data_ptr() == q.data_ptr()  # rotated in place
     return ok
 

@@ -485,11 +485,16 @@ def test_rope_kernel_matches_torch(pairs, dtype, tol, D):
     q, k = qkv[:, : 8 * D].view(50, 8, D), qkv[:, 8 * D : 12 * D].view(50, 4, D)  # strided views, as the models pass
     pos = torch.randint(0, 60000, (50,), device="cuda", generator=g)
     inv = layers.rope_inv_freq(D, 1e6 if not pairs else 5e4).cuda()
-    f = layers.rope_pairs if pairs else layers.rope_neox
-    ref_q, ref_k = f(q.cpu().float(), pos.cpu(), inv.cpu()), f(k.cpu().float(), pos.cpu(), inv.cpu())
+    # adjacent pairs as Huginn's: q and k biased per head first (the add rounded to the dtype)
+    qb, kb = (torch.randn(n, D, device="cuda", generator=g).to(dtype) if pairs else None for n in (8, 4))
+    cpu = lambda t: None if t is None else t.cpu().float()  # noqa: E731
+    if pairs:
+        ref_q, ref_k = layers.rope(cpu(q + qb), cpu(k + kb), pos.cpu(), inv.cpu(), True)
+    else:
+        ref_q, ref_k = layers.rope(cpu(q), cpu(k), pos.cpu(), inv.cpu(), False)
     v = qkv[:, 12 * D :].clone()
     qkv2 = qkv.clone()
-    got_q, got_k = rope_(q, k, pos, inv, pairs)
+    got_q, got_k = rope_(q, k, pos, inv, pairs, qb, kb)
     assert (got_q.float().cpu() - ref_q).abs().max() <= tol * ref_q.abs().max()
     assert (got_k.float().cpu() - ref_k).abs().max() <= tol * ref_k.abs().max()
     assert torch.equal(qkv[:, 12 * D :], v)  # v beside q and k in the projection is untouched
@@ -501,7 +506,7 @@ def test_rope_kernel_matches_torch(pairs, dtype, tol, D):
         qkv2[:, 8 * D : 12 * D].view(50, 4, D),
         qkv2[:, 12 * D :].view(50, 4, D),
     )
-    rope_write_kv(q2, k2, v2, pos, inv, pairs, cache, 1, slots, 16)
+    rope_write_kv(q2, k2, v2, pos, inv, pairs, cache, 1, slots, 16, qb, kb)
     write_kv(ref_cache, 1, PagedMetadata(slots, None, [], [], 16), got_k, v.view(50, 4, D))
     assert torch.equal(q2, got_q) and torch.equal(k2, got_k) and torch.equal(cache, ref_cache)
 

@@ -19,6 +19,8 @@ def _rope_kernel(
     v_ptr,
     pos_ptr,
     inv_ptr,
+    qb_ptr,
+    kb_ptr,
     cache_ptr,
     slot_ptr,
     layer,
@@ -38,6 +40,7 @@ def _rope_kernel(
     HALF: tl.constexpr,
     HALF_PAD: tl.constexpr,
     PAIRS: tl.constexpr,
+    BIAS: tl.constexpr,
     WRITE_KV: tl.constexpr,
     BLOCK_SIZE: tl.constexpr,
     HEADS: tl.constexpr,
@@ -45,8 +48,9 @@ def _rope_kernel(
 ):
     """Program (t, g): heads g * HEADS .. of token t, counted q heads first, then k heads, then (with
     WRITE_KV) v heads: q and k rotated in place, k (rotated) and v stored into the slot with
-    WRITE_KV. A block of heads per program shares the angles and keeps a long prompt's launch to a
-    few programs per token."""
+    WRITE_KV. BIAS: q and k first get their per-head bias (Huginn's qk_bias, [heads, D] each), rounded
+    to their dtype as the separate add would. A block of heads per program shares the angles and keeps
+    a long prompt's launch to a few programs per token."""
     t = tl.program_id(0)
     h = tl.program_id(1) * HEADS + tl.arange(0, HEADS)
     j = tl.arange(0, HALF_PAD)
@@ -68,10 +72,17 @@ def _rope_kernel(
     q_at = q_ptr + t * stride_qt + h[:, None] * stride_qh
     k_at = k_ptr + t * stride_kt + (h[:, None] - HQ) * stride_kh
     # (one of the three loads is live per head: the others read as 0)
-    a = tl.load(q_at + ia, mask=is_q, other=0.0).to(tl.float32)
-    b = tl.load(q_at + ib, mask=is_q, other=0.0).to(tl.float32)
-    a += tl.load(k_at + ia, mask=is_k, other=0.0).to(tl.float32)
-    b += tl.load(k_at + ib, mask=is_k, other=0.0).to(tl.float32)
+    qa, qb = tl.load(q_at + ia, mask=is_q, other=0.0), tl.load(q_at + ib, mask=is_q, other=0.0)
+    ka, kb = tl.load(k_at + ia, mask=is_k, other=0.0), tl.load(k_at + ib, mask=is_k, other=0.0)
+    if BIAS:
+        q_b = qb_ptr + h[:, None] * (2 * HALF)
+        k_b = kb_ptr + (h[:, None] - HQ) * (2 * HALF)
+        qa += tl.load(q_b + ia, mask=is_q, other=0.0)
+        qb += tl.load(q_b + ib, mask=is_q, other=0.0)
+        ka += tl.load(k_b + ia, mask=is_k, other=0.0)
+        kb += tl.load(k_b + ib, mask=is_k, other=0.0)
+    a = qa.to(tl.float32) + ka.to(tl.float32)
+    b = qb.to(tl.float32) + kb.to(tl.float32)
     if WRITE_KV:  # v heads: stored as they are
         v_at = v_ptr + t * stride_vt + (h[:, None] - HQ - HKV) * stride_vh
         a += tl.load(v_at + ia, mask=is_v, other=0.0).to(tl.float32)
@@ -100,7 +111,7 @@ HEADS = 16  # heads per program over many rows (a prompt's)
 FEW_ROWS = 256  # up to this many rows (decode passes), a program per head: more programs, shorter chains
 
 
-def _launch(q, k, v, positions, inv_freq, pairs, cache, layer, slots, block_size):
+def _launch(q, k, v, positions, inv_freq, pairs, cache, layer, slots, block_size, q_bias=None, k_bias=None):
     T, H, D = q.shape
     Hkv = k.shape[1]
     if not T:
@@ -119,6 +130,8 @@ def _launch(q, k, v, positions, inv_freq, pairs, cache, layer, slots, block_size
         v,
         positions,
         inv_freq,
+        q if q_bias is None else q_bias,  # (unused without BIAS)
+        k if k_bias is None else k_bias,
         c,
         slots if write else positions,
         layer,
@@ -138,6 +151,7 @@ def _launch(q, k, v, positions, inv_freq, pairs, cache, layer, slots, block_size
         HALF=half,
         HALF_PAD=triton.next_power_of_2(half),
         PAIRS=pairs,
+        BIAS=q_bias is not None,
         WRITE_KV=write,
         BLOCK_SIZE=block_size,
         HEADS=heads,
@@ -146,11 +160,17 @@ def _launch(q, k, v, positions, inv_freq, pairs, cache, layer, slots, block_size
 
 
 def rope_(
-    q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor, pairs: bool
+    q: torch.Tensor,
+    k: torch.Tensor,
+    positions: torch.Tensor,
+    inv_freq: torch.Tensor,
+    pairs: bool,
+    q_bias: torch.Tensor | None = None,
+    k_bias: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """q [T, H, D], k [T, Hkv, D] (last dim contiguous; views of the projection are fine), rotated in
-    place and returned."""
-    _launch(q, k, None, positions, inv_freq, pairs, None, 0, None, 1)
+    """q [T, H, D], k [T, Hkv, D] (last dim contiguous; views of the projection are fine), biased
+    (q_bias [H, D], k_bias [Hkv, D], contiguous) and rotated in place, and returned."""
+    _launch(q, k, None, positions, inv_freq, pairs, None, 0, None, 1, q_bias, k_bias)
     return q, k
 
 
@@ -165,8 +185,10 @@ def rope_write_kv(
     layer: int,
     slots: torch.Tensor,
     block_size: int,
+    q_bias: torch.Tensor | None = None,
+    k_bias: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """rope_ on q and k, and the rotated k and v stored at slots [T] of cache [blocks, layers, 2,
     block_size, Hkv, D] at this layer: one launch. Returns (q, k), rotated in place."""
-    _launch(q, k, v, positions, inv_freq, pairs, cache, layer, slots, block_size)
+    _launch(q, k, v, positions, inv_freq, pairs, cache, layer, slots, block_size, q_bias, k_bias)
     return q, k

@@ -21,11 +21,14 @@ import torch
 
 class Rotary(NamedTuple):
     """The RoPE of q and k: angles positions [T] x inv_freq [D/2]; adjacent pairs (Huginn) or
-    rotate-half (rlt/models/layers.rope)."""
+    rotate-half (rlt/models/layers.rope); q and k first get their per-head bias where given
+    (Huginn's qk_bias: [H, D] and [Hkv, D]; on CUDA added in the RoPE launch)."""
 
     positions: torch.Tensor
     inv_freq: torch.Tensor
     pairs: bool
+    q_bias: torch.Tensor | None = None
+    k_bias: torch.Tensor | None = None
 
 
 class Attention(Protocol):

@@ -95,9 +95,8 @@ class HuginnModel:
         fc, eps, ops = self.fc, self.fc.rms_norm_eps, self.ops
         T, nh, hd = x.shape[0], fc.num_attention_heads, fc.head_dim
         q, k, v = ops.linear(ops.rms_norm(x, B["n1"], eps), B["qkv"]).view(T, 3, nh, hd).unbind(1)
-        if B["q_bias"] is not None:
-            q, k = q + B["q_bias"], k + B["k_bias"]
-        a = ops.linear(attend(q, k, v, Rotary(positions, self.inv_freq, True)).flatten(1), B["proj"])
+        rotary = Rotary(positions, self.inv_freq, True, B["q_bias"], B["k_bias"])  # (qk_bias added there)
+        a = ops.linear(attend(q, k, v, rotary).flatten(1), B["proj"])
         x = ops.rms_norm(x + a, B["n2"], eps)
         return ops.rms_norm(x + gated_mlp(ops, ops.rms_norm(x, B["n3"], eps), B["fc"], B["mlp_proj"]), B["n4"], eps)
 

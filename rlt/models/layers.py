@@ -29,10 +29,19 @@ def rope_inv_freq(head_dim: int, theta: float) -> torch.Tensor:
 
 
 def rope(
-    q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor, pairs: bool
+    q: torch.Tensor,
+    k: torch.Tensor,
+    positions: torch.Tensor,
+    inv_freq: torch.Tensor,
+    pairs: bool,
+    q_bias: torch.Tensor | None = None,
+    k_bias: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """RoPE on q [T, H, D] and k [T, Hkv, D]: adjacent pairs (Huginn) or rotate-half. The Triton
-    attention rotates them in place in the launch that stores k and v (rlt/kernels/rope.py)."""
+    """RoPE on q [T, H, D] and k [T, Hkv, D], after their per-head biases if given: adjacent pairs
+    (Huginn) or rotate-half. The Triton attention does it in place in the launch that stores k and v
+    (rlt/kernels/rope.py)."""
+    if q_bias is not None:
+        q, k = q + q_bias, k + k_bias
     f = rope_pairs if pairs else rope_neox
     return f(q, positions, inv_freq), f(k, positions, inv_freq)
 

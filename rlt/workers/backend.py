@@ -136,7 +136,21 @@ class TritonBackend(ReferenceBackend):
 
         def attend(cache, layer, meta: PagedMetadata, q, k, v, rotary):
             Progress.count += 1
-            rope_write_kv(q, k, v, *rotary, cache, layer, meta.slot_mapping, meta.block_size)  # and the K/V store
+            r = rotary  # (and the K/V store)
+            rope_write_kv(
+                q,
+                k,
+                v,
+                r.positions,
+                r.inv_freq,
+                r.pairs,
+                cache,
+                layer,
+                meta.slot_mapping,
+                meta.block_size,
+                r.q_bias,
+                r.k_bias,
+            )
             return kernel_paged_attention(cache, layer, meta, q, k, v)
 
         self.attend = attend
