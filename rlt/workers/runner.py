@@ -63,7 +63,8 @@ class Runner:
         new = [g for g in active if g.state is None]
         boundary = pool.has_boundary
         ra, rn = row_starts(active), row_starts(new)  # row offsets of each group in the pass / among new
-        core_tables = [g.tables.core[pool.plane_of(g.depth + 1)] for g in active]
+        # (a parked row runs no loop: one handed back by steady decode may sit at the full depth)
+        core_tables = [g.tables.core[pool.plane_of(min(g.depth + 1, self.mc.depth))] for g in active]
         # Survival and the exit test run on the device only while some row's exit depends on its gate.
         adaptive = any(g.gated for g in active)
         # Rows an exit criterion is checked for after this pass (Huginn: exit_criteria.py).

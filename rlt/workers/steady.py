@@ -12,7 +12,7 @@ is masked off (it then writes only the scratch block). At fixed depth the regula
 so by default (EngineConfig.steady_decode "adaptive") the engine enters steady decode only while
 some request can exit early; with "always" and every lane at fixed depth the host knows which
 passes no lane can exit in, and those skip the head, sampling and advance. Families whose
-embedding is the loop input (Ouro, Nanbeige) run here; Huginn's lanes add the checks of its latent
+embedding is the loop input (Ouro, Nanbeige) run here; Huginn's lanes add the checks of its
 criteria and boundary passes for its prelude and coda (steady_boundary.py).
 """
 

@@ -1,32 +1,29 @@
-"""Steady decode for a family with boundary layers (Huginn: prelude -> core x r -> coda), exits by a
-latent criterion (exit_criteria.py's latent-diff and cosine) or at fixed depth.
+"""Steady decode for a family with boundary layers (Huginn: prelude -> core x r -> coda), exits by
+its criteria (exit_criteria.py) or at fixed depth.
 
 Each pass runs the core over every lane, then checks, on the device, the lanes that just finished a
-loop their criterion is checked after; a lane whose check holds (or that reached max_loops) parks:
-it keeps its state and writes its K/V to the scratch block until a boundary pass. A boundary pass
-takes every parked lane out at once, as the regular path's exit parking does (exit_wait_passes):
-LAST_EXITED finalize copies, the coda (writing the position's boundary K/V) and head over every lane,
-sampling, then the prelude of each exited lane's new token at the next position (its boundary K/V)
-and its initial latent. The coda, head and prelude read their weights whatever the row count, so a
-boundary pass costs about one more pass of the core: the host runs one every exit_wait_passes
-passes (at fixed depth only on the passes where lanes reach it). Logit criteria, which need the coda
-and head after every check, keep the regular path.
+loop their criterion is checked after (the logit criteria over the coda and head of every lane, as
+the regular path runs them for its checked rows); a lane whose check holds (or that reached
+max_loops) parks: it keeps its state and writes its K/V to the scratch block until a boundary pass.
+A boundary pass takes every parked lane out at once, as the regular path's exit parking does
+(exit_wait_passes): LAST_EXITED finalize copies, the coda (writing the position's boundary K/V) and
+head over every lane, sampling, then the prelude of each exited lane's new token at the next
+position (its boundary K/V) and its initial latent. The coda, head and prelude read their weights
+whatever the row count, so a boundary pass costs about one more pass of the core: the host runs one
+every exit_wait_passes passes, or as soon as it reads that every lane is parked (at fixed depth: on
+the passes where lanes reach it).
 """
 
 import torch
 
 from rlt.kernels.sampler import top_logprobs
 from rlt.sampling_params import EXIT_CRITERIA
-from rlt.workers.exit_criteria import LATENT
+from rlt.workers.exit_criteria import LATENT, evaluate, initial_values
 from rlt.workers.exit_policy import exits_early
 from rlt.workers.steady import SteadyDecode
 from rlt.workers.step_buffers import DeviceReadback
 
-
-def lane_ready(group) -> bool:
-    """Can this decode group be a lane here? Its exit is by a latent criterion, or at fixed depth."""
-    p = group.params
-    return not exits_early(p) or p.exit_criterion in LATENT
+CRITERIA = tuple(EXIT_CRITERIA)
 
 
 class BoundarySteadyDecode(SteadyDecode):
@@ -35,17 +32,51 @@ class BoundarySteadyDecode(SteadyDecode):
         """exited: ids of the groups whose last regular-path verdict was an exit (they park here)."""
         super().__init__(runner, groups)
         dev = runner.device
-        # per lane: 0 no check (fixed depth), 1 latent-diff, 2 cosine
-        self.crit = torch.tensor(
-            [LATENT.index(p.exit_criterion) + 1 if p.exit_criterion in EXIT_CRITERIA else 0 for p in self.params],
-            device=dev,
-        )
-        # The criterion's previous value: the state at the lane's last check (at first its initial latent)
-        prev = [self.x[i : i + 1] if g.criterion_prev is None else g.criterion_prev for i, g in enumerate(groups)]
-        self.prev = torch.cat(prev).float()
+        # per lane: its criterion's index in CRITERIA, from 1 (0: fixed depth, no check)
+        self.names = names = [p.exit_criterion if exits_early(p) else None for p in self.params]
+        self.crit = torch.tensor([CRITERIA.index(c) + 1 if c else 0 for c in names], device=dev)
+        # Each criterion some lane has: its previous values over every lane (exit_criteria.evaluate's
+        # form; the other lanes' rows unused), from the groups' last checks, else the initial ones.
+        self.prev = {c: self._initial(c, groups, names) for c in CRITERIA if c in names}
         self.parked = torch.tensor([g.parked is not None or id(g) in exited for g in groups], device=dev)
         self.seeds = torch.tensor([p.state_seed for p in self.params], device=dev)
         self.wait, self.since = max(1, runner.exit_wait), 0
+        self.idle: list[DeviceReadback] = []  # per pass since the last boundary pass: was every lane parked?
+
+    def _initial(self, crit: str, groups: list, names: list) -> tuple[torch.Tensor, ...]:
+        rows = []
+        for i, (g, name) in enumerate(zip(groups, names)):
+            last = g.criterion_prev if name == crit else None
+            if crit in LATENT:  # the state at its last check, at first its initial latent
+                rows.append(((self.x[i : i + 1] if last is None else last).float(),))
+            elif last is None:
+                rows.append(initial_values(crit, self.runner.mc.vocab_size, self.x.device))
+            else:  # (a row of the values its last check stacked)
+                rows.append(tuple(v[last[1] : last[1] + 1] for v in last[0]))
+        return tuple(torch.cat(col) for col in zip(*rows))
+
+    def _check(self, x: torch.Tensor, checked: torch.Tensor) -> torch.Tensor:
+        """The lanes whose criterion holds after this loop, among those checked now (each
+        criterion's evaluate over every lane, kept for its own); their previous values updated. The
+        logit criteria's coda writes the checked lanes' boundary K/V (their exit's is the one kept)."""
+        exits, logits = torch.zeros_like(checked), None
+        for crit, prev in self.prev.items():
+            mine = checked & (self.crit == CRITERIA.index(crit) + 1)
+            if crit not in LATENT and logits is None:
+                write = checked & (self.crit > len(LATENT))
+                logits = self.model.head(x, self.pos, self._boundary_attention(self.pos, self.lane_ids, write))
+            hold, new = evaluate(crit, x if crit in LATENT else logits, prev, self.threshold)
+            exits = exits | (mine & hold)
+            self.prev[crit] = tuple(torch.where(_rows(mine, n), n, p) for n, p in zip(new, prev))
+        return exits
+
+    def _restart(self, lanes: torch.Tensor, state: torch.Tensor) -> None:
+        """These lanes' new tokens start their criteria afresh: the initial latent, initial values."""
+        for crit, prev in self.prev.items():
+            first = (
+                (state.float(),) if crit in LATENT else initial_values(crit, self.runner.mc.vocab_size, state.device)
+            )
+            self.prev[crit] = tuple(torch.where(_rows(lanes, f), f, p) for f, p in zip(first, prev))
 
     def _embed(self, ids, lanes, groups):
         """A new token's prelude (its boundary K/V at the lane's position) and initial latent."""
@@ -71,16 +102,21 @@ class BoundarySteadyDecode(SteadyDecode):
         if self.fixed:
             return self._may_exit()
         self.since += 1
-        if self.since < self.wait:
-            return False
-        self.since = 0
-        return True
+        return self.since >= self.wait
+
+    def _all_parked(self) -> bool:
+        """Was every lane parked (or ended) after a pass since the last boundary pass, as far as the
+        host has read without waiting? Then no lane has a loop to run: the boundary pass comes now
+        (as the regular path releases parked rows when only they are left)."""
+        return any(r.resolve()[0][0] for r in self.idle if r.ready())
 
     @torch.inference_mode()
     def step(self) -> DeviceReadback | None:
         """One core pass over every lane, the checks, and on a boundary pass the exits -> (exited,
         tokens, exit depths[, top values, top ids]) on their way to the host; None on other passes."""
         pool, bs = self.pool, self.pool.block_size
+        if not self.fixed and self._all_parked():
+            return self._exit()
         run = self.active & ~self.parked
         plane = self.depth.clamp(max=pool.num_core_planes - 1) if pool.layout == "last_exited" else 0 * self.depth
         table = self.tables[self.lane_ids, plane]
@@ -90,21 +126,19 @@ class BoundarySteadyDecode(SteadyDecode):
         x, _ = self.runner.backend.lane_pass(self.x, self.inject, self.pos, slot, table)
         x = torch.where(run.unsqueeze(1), x, self.x)
         depth = self.depth + run
-        # the checks (exit_criteria.evaluate's latent criteria, row by row)
         checked = run & (self.crit > 0) & (depth >= self.min_loops) & (depth < self.max_loops)
-        xf = x.float()
-        norm = xf.norm(dim=-1)
-        diff = (xf - self.prev).norm(dim=-1) / norm
-        cos = (xf * self.prev).sum(dim=-1) / norm / self.prev.norm(dim=-1)
-        value = torch.where(self.crit == 1, diff, 1 - cos)
-        self.parked = self.parked | (run & ((checked & (value < self.threshold)) | (depth >= self.max_loops)))
-        self.prev = torch.where(checked.unsqueeze(1), xf, self.prev)
+        exits = self._check(x, checked)
+        self.parked = self.parked | (run & (exits | (depth >= self.max_loops)))
         self.x, self.depth = x, depth
-        return self._exit() if self._boundary_now() else None
+        if self._boundary_now():
+            return self._exit()
+        self.idle.append(DeviceReadback(((self.parked | ~self.active).all().view(1),)))
+        return None
 
     def _exit(self) -> DeviceReadback:
         """Every parked lane leaves: finalize copies, coda and head, sampling, the next token's prelude."""
         pool, bs, D = self.pool, self.pool.block_size, self.depth_max
+        self.since, self.idle = 0, []
         done, depth, pos = self.parked & self.active, self.depth, self.pos
         if pool.layout == "last_exited":  # exited at depth e < D: its K/V into planes e..D-1, masked
             block = (pos // bs).clamp(max=self.tables.shape[2] - 1)
@@ -125,7 +159,7 @@ class BoundarySteadyDecode(SteadyDecode):
         state = self.model.initial_state(inject, npos, self.seeds)
         m = nxt.unsqueeze(1)
         self.x, self.inject = torch.where(m, state, self.x), torch.where(m, inject, self.inject)
-        self.prev = torch.where(m, state.float(), self.prev)
+        self._restart(nxt, state)
         self.depth = torch.where(done | ~self.active, 0, depth)
         self.pos, self.parked = npos, self.parked & ~done
         self.out_idx += done  # in place: the lanes' sampling holds this tensor
@@ -135,7 +169,18 @@ class BoundarySteadyDecode(SteadyDecode):
         """With each lane's criterion value and whether it is parked (back to the regular path)."""
         states = super().lane_states()
         parked = self.parked.tolist()
-        for i, (st, p) in enumerate(zip(states, self.params)):
-            st["criterion_prev"] = self.prev[i : i + 1].to(self.x.dtype) if p.exit_criterion in LATENT else None
+        for i, (st, name) in enumerate(zip(states, self.names)):
+            prev = self.prev.get(name)
+            if prev is None:
+                st["criterion_prev"] = None
+            elif name in LATENT:  # (the regular path keeps a state: the state's dtype)
+                st["criterion_prev"] = prev[0][i : i + 1].to(self.x.dtype)
+            else:  # (a stack of one row)
+                st["criterion_prev"] = (tuple(v[i : i + 1] for v in prev), 0)
             st["parked"] = 0 if parked[i] and st["active"] else None
         return states
+
+
+def _rows(mask: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """mask [L] shaped to select rows of like [L, ...]."""
+    return mask.view(-1, *[1] * (like.dim() - 1))

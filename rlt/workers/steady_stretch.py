@@ -7,7 +7,7 @@ from rlt.workers.exit_policy import exits_early
 from rlt.workers.group import Group
 from rlt.workers.sequence import Sequence
 from rlt.workers.steady import SteadyDecode
-from rlt.workers.steady_boundary import BoundarySteadyDecode, lane_ready
+from rlt.workers.steady_boundary import BoundarySteadyDecode
 
 
 class SteadyStretches:
@@ -26,7 +26,6 @@ class SteadyStretches:
                 and s.group.exit_depth is None
                 and not s.prefill_only
                 and s.matcher is None
-                and (not self.pool.has_boundary or lane_ready(s.group))
                 for s in self.running
             )
             and (self.cfg.steady_decode == "always" or any(exits_early(s.group.params) for s in self.running))

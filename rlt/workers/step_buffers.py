@@ -111,6 +111,10 @@ class DeviceReadback:
         else:
             self._host, self._event = tensors, None
 
+    def ready(self) -> bool:
+        """Has the copy finished (resolve() would not wait)?"""
+        return self._event is None or self._event.query()
+
     def resolve(self) -> tuple[list, ...]:
         if self._event is not None:
             self._event.synchronize()
