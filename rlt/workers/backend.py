@@ -160,6 +160,7 @@ class TritonBackend(ReferenceBackend):
         heads = mc.family_config.num_attention_heads
         self.fill_tiles = 0 if self.batch_invariant else -(-num_sms(pool.cache.device) // heads)
         self.decode_graphs = self.pass_graphs = None
+        self.lane_work: dict[int, torch.Tensor] = {}  # lane_meta's work item counts, by lane count
         if cfg.cuda_graph_max_batch > 0:
             shape = (model, pool, mc.hidden_size, pool.cache.dtype, pool.cache.device)
             self.decode_graphs = DecodeGraphs(*shape, cfg.cuda_graph_max_batch, self.attention, self.decode_plan)
@@ -194,13 +195,16 @@ class TritonBackend(ReferenceBackend):
     def lane_meta(self, pos, slot, table) -> PagedMetadata:
         n = len(pos)
         ar = torch.arange(n, device=pos.device)  # one row per segment; positions stay on the device
+        work = self.lane_work.get(n)
+        if work is None:  # (built once per lane count: a copy from the host would wait for the device)
+            work = self.lane_work[n] = torch.tensor([1, n], device=pos.device)
         kernel = dict(
             tile_seg=ar,
             tile_row=torch.zeros_like(ar),
             seg_row0=ar,
             seg_rows=torch.ones_like(ar),
             seg_q0=pos,
-            work=torch.tensor([1, n], device=pos.device),
+            work=work,
         )
         bs = self.pool.block_size  # (q_starts are read by the reference only)
         return PagedMetadata(slot, table, list(range(n + 1)), [0] * n, bs, kernel, self.decode_plan)

@@ -107,8 +107,14 @@ class BoundarySteadyDecode(SteadyDecode):
     def _all_parked(self) -> bool:
         """Was every lane parked (or ended) after a pass since the last boundary pass, as far as the
         host has read without waiting? Then no lane has a loop to run: the boundary pass comes now
-        (as the regular path releases parked rows when only they are left)."""
-        return any(r.resolve()[0][0] for r in self.idle if r.ready())
+        (as the regular path releases parked rows when only they are left). Between boundary passes
+        the answer only turns true: the newest pass read decides, older ones are dropped."""
+        for i in range(len(self.idle) - 1, -1, -1):
+            if self.idle[i].ready():
+                (flag,) = self.idle[i].resolve()
+                del self.idle[: i + 1]
+                return bool(flag[0])
+        return False
 
     @torch.inference_mode()
     def step(self) -> DeviceReadback | None:
