@@ -44,3 +44,15 @@ def test_bench_offline_tiny_run(checkpoints, tmp_path, capsys):
     assert [p["prompt_len"] for p in result["prefill"]] == [16] and result["prefill"][0]["ms"] > 0
     assert result["meta"]["family"] == "ouro" and result["meta"]["device"] == "cpu"
     assert "prefill     16 tokens" in capsys.readouterr().out
+
+
+def test_bench_offline_rows_per_prompt_length_skip_what_the_pool_cannot_hold(checkpoints, tmp_path, capsys):
+    """--prompt-len takes a list (one engine each, rows carry it); a (concurrency, prompt length)
+    whose sequences the pool cannot hold at once is named and not run, the others are."""
+    out = tmp_path / "offline.json"
+    argv = ["bench", "offline", "--model", checkpoints["ouro"], "--concurrency", "2,16", "--threshold", "1.0"]
+    argv += ["--prompt-len", "8,40", "--max-tokens", "4", "--kv-gib", "0.001", "--json-out", str(out)]
+    assert main(argv) == 0
+    rows = json.loads(out.read_text())["rows"]
+    assert [(r["concurrency"], r["prompt_len"]) for r in rows] == [(2, 8), (16, 8), (2, 40)]
+    assert "cannot hold them at once): concurrency 16 at a 40-token prompt" in capsys.readouterr().out

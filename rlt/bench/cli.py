@@ -54,7 +54,7 @@ def _offline(p) -> None:
         help="exit thresholds, one row each: Ouro's gate's, Huginn's criterion:threshold, or depth:k (every "
         "token at depth k) (e.g. 1.0,kl:0.3,latent-diff:0.4,depth:8; default: 1.0,0.5)",
     )
-    p.add_argument("--prompt-len", type=int, default=32, help="default: 32")
+    p.add_argument("--prompt-len", default="32", help="prompt lengths, one engine each (e.g. 1024,8192; default: 32)")
     p.add_argument("--max-tokens", type=int, default=32, help="default: 32")
     p.add_argument("--kv-layout", default="last_exited", help="default: last_exited")
     _record(p)

@@ -94,7 +94,7 @@ def offline(args) -> None:
     configs = [
         measure.engine_config(
             max(concs, default=1),
-            args.prompt_len,
+            plen,
             args.kv_gib or 1.0,
             kv_layout=args.kv_layout,
             cuda_graph_max_batch=args.cuda_graph_max_batch,
@@ -102,17 +102,18 @@ def offline(args) -> None:
             exit_wait_passes=wait,
             kernels=args.kernels,
         )
+        for plen in ints(args.prompt_len)
         for wait in ints(args.exit_wait_passes)
     ]
-    rows = []
-    for cfg in configs if concs else ():  # one engine per --exit-wait-passes value
+    rows, skipped = [], []
+    for cfg in configs if concs else ():  # one engine per (--prompt-len, --exit-wait-passes) value
+        plen = cfg.prefill_chunk
         engine = LoopEngine(mc, model, cfg, dtype, args.device)
-        try:
-            variants = (False, True) if args.penalties else (False,)
-            found = measure.decode_rows(engine, mc, concs, thresholds, args.prompt_len, args.max_tokens, variants)
-        except measure.PoolTooSmall as e:
-            raise SystemExit(f"{e}: raise --kv-gib (or lower --concurrency)") from None
-        rows += [r | {"exit_wait_passes": cfg.exit_wait_passes} for r in found]
+        fit = [c for c in concs if measure.pool_holds(engine.pool, c, plen + args.max_tokens)]
+        skipped += [f"concurrency {c} at a {plen}-token prompt" for c in concs if c not in fit]
+        variants = (False, True) if args.penalties else (False,)
+        found = measure.decode_rows(engine, mc, fit, thresholds, plen, args.max_tokens, variants)
+        rows += [r | {"exit_wait_passes": cfg.exit_wait_passes, "prompt_len": plen} for r in found]
         del engine
         gc.collect()  # (an engine holds reference cycles: its KV pool goes only with them)
         if args.device.startswith("cuda"):
@@ -121,10 +122,13 @@ def offline(args) -> None:
     for n in ints(args.prefill_lens):
         ms = measure.prefill_ms(mc, model, dtype, args.device, n, kernels=args.kernels)
         prefill.append({"prompt_len": n, "ms": round(ms, 2)})
+    if skipped:
+        print(f"not run (the KV pool of {args.kv_gib or 1.0} GiB cannot hold them at once): " + ", ".join(skipped))
+        if not rows:
+            raise SystemExit("no row fits: raise --kv-gib (or lower --concurrency, --prompt-len)")
     ceilings = None
     if args.floors and args.device.startswith("cuda"):
-        context = args.prompt_len + args.max_tokens // 2
-        ceilings = measure.against_floors(rows, prefill, model, mc, args.device, context=context)
+        ceilings = measure.against_floors(rows, prefill, model, mc, args.device, args.max_tokens)
     meta = {
         "date": time.strftime("%Y-%m-%d"),
         "commit": args.commit or git_commit(),
@@ -133,7 +137,7 @@ def offline(args) -> None:
         "family": mc.family,
         "dtype": str(dtype).replace("torch.", ""),
         "device": args.device,
-        "prompt_len": args.prompt_len,
+        "prompt_lens": args.prompt_len,
         "max_tokens": args.max_tokens,
         "command": " ".join(sys.argv),
         "engine": msgspec.to_builtins(configs[0]),
@@ -141,13 +145,13 @@ def offline(args) -> None:
     }
     print(json.dumps(meta))
     print(
-        f"{'conc':>5} {'thr':>5} {'wait':>4} {'pen':>4} {'tok/s':>9} {'decode tok/s':>13} {'at full conc':>13} "
-        f"{'its depth':>10} "
+        f"{'conc':>5} {'prompt':>6} {'thr':>5} {'wait':>4} {'pen':>4} {'tok/s':>9} {'decode tok/s':>13} "
+        f"{'at full conc':>13} {'its depth':>10} "
         f"{'sd':>6} {'mean depth':>11} {'total s':>8} {'roofline':>9} {'of roof':>8}"
     )
     for r in rows:
         print(
-            f"{r['concurrency']:>5} {r['threshold']:>5} {r['exit_wait_passes']:>4} "
+            f"{r['concurrency']:>5} {r['prompt_len']:>6} {r['threshold']:>5} {r['exit_wait_passes']:>4} "
             f"{'yes' if r['penalized'] else 'no':>4} {r['tok_per_s']:>9} "
             f"{str(r['decode_tok_per_s']):>13} {str(r['full_conc_tok_per_s']):>13} "
             f"{str(r['full_conc_mean_depth']):>10} {str(r['full_conc_depth_sd']):>6} "

@@ -45,6 +45,10 @@ class PoolTooSmall(ValueError):
     """The KV pool cannot hold every sequence of a row at once."""
 
 
+def pool_holds(pool, concurrency: int, positions: int) -> bool:
+    return concurrency * pool.blocks_needed(positions) <= pool.num_blocks
+
+
 def check_pool(pool, concurrency: int, positions: int) -> None:
     """The pool must hold every sequence at once, or the run measures a lower concurrency."""
     need = concurrency * pool.blocks_needed(positions)
@@ -177,13 +181,15 @@ def prefill_ms(mc, model, dtype, device: str, n: int, reps: int = 3, **options) 
     return sorted(times[1:])[reps // 2]
 
 
-def against_floors(rows: list[dict], prefill: list[dict], model, mc, device: str, context: int) -> dict:
+def against_floors(rows: list[dict], prefill: list[dict], model, mc, device: str, max_tokens: int) -> dict:
     """CUDA: measure the ceilings, then add to each decode row its HBM roofline at its concurrency
-    and `context` tokens (and the fraction of it reached at full concurrency) and to each prefill
-    row ({"prompt_len", "ms"}) its dense floor. Returns the ceilings."""
+    and mean context (its prompt and half of max_tokens) and the fraction of it reached at full
+    concurrency, and to each prefill row ({"prompt_len", "ms"}) its dense floor. Returns the
+    ceilings."""
     torch.cuda.empty_cache()
     ceil = floors.ceilings(device)
     for r in rows:
+        context = r["prompt_len"] + max_tokens // 2
         roof = floors.decode_roofline(model, mc, r["concurrency"], context, ceil["copy_gbps"])
         r["roofline_tok_per_s"] = roof["tok_per_s"]
         if r["full_conc_tok_per_s"]:
