@@ -46,13 +46,14 @@ class PoolTooSmall(ValueError):
 
 
 def pool_holds(pool, concurrency: int, positions: int) -> bool:
+    """Does the pool hold `concurrency` sequences of `positions` at once?"""
     return concurrency * pool.blocks_needed(positions) <= pool.num_blocks
 
 
 def check_pool(pool, concurrency: int, positions: int) -> None:
     """The pool must hold every sequence at once, or the run measures a lower concurrency."""
-    need = concurrency * pool.blocks_needed(positions)
-    if need > pool.num_blocks:
+    if not pool_holds(pool, concurrency, positions):
+        need = concurrency * pool.blocks_needed(positions)
         raise PoolTooSmall(
             f"the KV pool holds {pool.num_blocks} blocks; concurrency {concurrency} x "
             f"{positions} positions needs {need}"

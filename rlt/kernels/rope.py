@@ -19,8 +19,8 @@ def _rope_kernel(
     v_ptr,
     pos_ptr,
     inv_ptr,
-    qb_ptr,
-    kb_ptr,
+    q_bias_ptr,
+    k_bias_ptr,
     cache_ptr,
     slot_ptr,
     layer,
@@ -75,8 +75,8 @@ def _rope_kernel(
     qa, qb = tl.load(q_at + ia, mask=is_q, other=0.0), tl.load(q_at + ib, mask=is_q, other=0.0)
     ka, kb = tl.load(k_at + ia, mask=is_k, other=0.0), tl.load(k_at + ib, mask=is_k, other=0.0)
     if BIAS:
-        q_b = qb_ptr + h[:, None] * (2 * HALF)
-        k_b = kb_ptr + (h[:, None] - HQ) * (2 * HALF)
+        q_b = q_bias_ptr + h[:, None] * (2 * HALF)
+        k_b = k_bias_ptr + (h[:, None] - HQ) * (2 * HALF)
         qa += tl.load(q_b + ia, mask=is_q, other=0.0)
         qb += tl.load(q_b + ib, mask=is_q, other=0.0)
         ka += tl.load(k_b + ia, mask=is_k, other=0.0)
