@@ -114,6 +114,8 @@ def kernels():
                 v_ptr=p16,
                 pos_ptr=p64,
                 inv_ptr=p32,
+                q_bias_ptr=p16,
+                k_bias_ptr=p16,
                 cache_ptr=p16,
                 slot_ptr=p64,
                 layer=i,
@@ -129,7 +131,7 @@ def kernels():
                 stride_co=i,
                 stride_ch=i,
             ),
-            dict(HQ=16, HKV=16, HALF=64, HALF_PAD=64, PAIRS=False, WRITE_KV=True, BLOCK_SIZE=16, HEADS=16),
+            dict(HQ=16, HKV=16, HALF=64, HALF_PAD=64, PAIRS=False, BIAS=True, WRITE_KV=True, BLOCK_SIZE=16, HEADS=16),
         ),
         "silu_mul": (
             activation._silu_mul_kernel,
