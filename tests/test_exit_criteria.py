@@ -105,6 +105,19 @@ def test_steady_decode_lanes_equal_the_authors_code(checkpoints, wait):
     assert e.steady_steps > 10 and e.num_free_blocks == blocks
 
 
+def test_a_lone_parked_lane_does_not_wait_for_others(checkpoints):
+    """One request alone in steady decode with exit_wait_passes 8: once the host reads that every lane
+    is parked, the boundary pass comes at once (the regular path releases rows when only parked ones
+    are left), so each token costs its loops and one boundary pass, not eight passes of waiting (on
+    the CPU every read-back is ready at once)."""
+    c = next(c for c in VARIED if c["criterion"] == "latent-diff")
+    mc, engine = engine_for(checkpoints, enable_prefix_caching=False, exit_wait_passes=8)
+    e = engine()
+    expect(run(e, mc, {0: (c["prompt"], params(c))}), [c])
+    decoded = c["depths"][1:]  # (the first token comes from the prompt's passes)
+    assert sum(decoded) <= e.steady_steps <= sum(decoded) + len(decoded) + 1, (e.steady_steps, decoded)
+
+
 def test_steady_decode_lanes_at_fixed_depth_equal_the_authors_code(checkpoints):
     """Every lane at a fixed depth (steady_decode "always"): boundary passes only where lanes reach it."""
     mc, engine = engine_for(checkpoints, enable_prefix_caching=False, steady_decode="always")
