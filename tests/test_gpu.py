@@ -596,17 +596,19 @@ def test_steady_one_row_equals_regular(checkpoints, family, threshold):
     assert steady == regular
 
 
-@pytest.mark.parametrize("family", ["ouro", "nanbeige"])
+@pytest.mark.parametrize("family", ["ouro", "nanbeige", "huginn"])
 @pytest.mark.parametrize("graphs", [0, 256])
 def test_steady_decode_equals_regular_on_cuda(checkpoints, family, graphs):
     """Steady decode on the GPU (device-side lanes, with and without CUDA graphs) against the regular
     path, with batch-invariant kernels: the same tokens and depths, logprobs to float32 rounding
-    (log_softmax runs over every lane there)."""
-    mc = ModelConfig.from_pretrained(checkpoints[family])
-    model = load_model(mc, torch.bfloat16, "cuda")
-    sp = SamplingParams(
-        max_tokens=14, temperature=0, ignore_eos=True, logprobs=3, exit_threshold=0.5 if family == "ouro" else None
+    (log_softmax runs over every lane there). Huginn: exits by latent-diff, checked on the device,
+    parked lanes leaving in boundary passes."""
+    mc = ModelConfig.from_pretrained(
+        checkpoints[family], hf_overrides={"mean_recurrence": 8} if family == "huginn" else None
     )
+    model = load_model(mc, torch.bfloat16, "cuda")
+    exits = {"ouro": dict(exit_threshold=0.5), "huginn": dict(exit_criterion="latent-diff", exit_threshold=0.4)}
+    sp = SamplingParams(max_tokens=14, temperature=0, ignore_eos=True, logprobs=3, **exits.get(family, {}))
 
     def run(steady):
         out, eng = decode_all(
