@@ -3,6 +3,8 @@ SIGTERM, then drains it and stops its rlt worker; a bad option is one line on st
 status 2."""
 
 import asyncio
+import logging
+import os
 import signal
 import sys
 
@@ -34,7 +36,17 @@ def main(argv=None) -> int:
         import uvloop
 
         uvloop.run(serve_prefill(node.launch, node.args))
-    return 0
+    _exit_drained()
+
+
+def _exit_drained() -> None:
+    """Exit 0 without Python's finalization: the node has drained, cleaned up and stopped its
+    worker, but threads of Dynamo's runtime are still alive, and finalization unwinding them now and
+    then aborts the process ("FATAL: exception not rethrown", exit -6) after a clean stop."""
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 async def serve_prefill(launch, args) -> None:
