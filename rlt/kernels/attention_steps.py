@@ -1,5 +1,6 @@
-"""Device functions shared by the Triton attention kernels (the general paged kernel and the decode
-kernel): a tile of keys and values read through a block table, one step of the online softmax."""
+"""Device functions of the Triton attention kernels (the general paged kernel and the decode kernel):
+a tile of keys and values read through a block table, one step of the online softmax, and the
+general kernel's merge of key slices."""
 
 import functools
 
@@ -39,6 +40,27 @@ def softmax_step(q, k, v, allowed, m_i, l_i, acc, scale, IEEE: tl.constexpr):
     else:
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v).to(tl.float32)
     return m_new, l_i, acc
+
+
+@triton.jit
+def merge_slices(part_ptr, ml_ptr, first, working, BLOCK_M: tl.constexpr, D_PAD: tl.constexpr):
+    """The general paged kernel's split-K merge: one (tile, head)'s output from its first `working`
+    slices' partials (slots first, first + 1, ...): sum_s acc_s e^(m_s - M) / sum_s l_s e^(m_s - M),
+    M the rows' overall max."""
+    offs_d = tl.arange(0, D_PAD)
+    m_i = tl.full((BLOCK_M,), float("-inf"), tl.float32)
+    l_i = tl.zeros((BLOCK_M,), tl.float32)
+    acc = tl.zeros((BLOCK_M, D_PAD), tl.float32)
+    for s in range(working):
+        slot = (first + s) * BLOCK_M + tl.arange(0, BLOCK_M)
+        m_s = tl.load(ml_ptr + slot * 2)
+        m_new = tl.maximum(m_i, m_s)
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        a_old, a_s = tl.exp(m_i - m_safe), tl.exp(m_s - m_safe)
+        l_i = l_i * a_old + tl.load(ml_ptr + slot * 2 + 1) * a_s
+        acc = acc * a_old[:, None] + tl.load(part_ptr + slot[:, None] * D_PAD + offs_d[None, :]) * a_s[:, None]
+        m_i = m_new
+    return acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
 
 
 @functools.cache

@@ -23,29 +23,9 @@ import torch
 import triton
 import triton.language as tl
 
-from rlt.kernels.attention_steps import kv_tile, num_sms, softmax_step
+from rlt.kernels.attention_steps import kv_tile, merge_slices, num_sms, softmax_step
 
 BLOCK_N = 64
-
-
-@triton.jit
-def _merge_slices(part_ptr, ml_ptr, first, working, BLOCK_M: tl.constexpr, D_PAD: tl.constexpr):
-    """One (tile, head)'s output from its first `working` slices' partials (slots first, first + 1,
-    ...): sum_s acc_s e^(m_s - M) / sum_s l_s e^(m_s - M), M the rows' overall max."""
-    offs_d = tl.arange(0, D_PAD)
-    m_i = tl.full((BLOCK_M,), float("-inf"), tl.float32)
-    l_i = tl.zeros((BLOCK_M,), tl.float32)
-    acc = tl.zeros((BLOCK_M, D_PAD), tl.float32)
-    for s in range(working):
-        slot = (first + s) * BLOCK_M + tl.arange(0, BLOCK_M)
-        m_s = tl.load(ml_ptr + slot * 2)
-        m_new = tl.maximum(m_i, m_s)
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        a_old, a_s = tl.exp(m_i - m_safe), tl.exp(m_s - m_safe)
-        l_i = l_i * a_old + tl.load(ml_ptr + slot * 2 + 1) * a_s
-        acc = acc * a_old[:, None] + tl.load(part_ptr + slot[:, None] * D_PAD + offs_d[None, :]) * a_s[:, None]
-        m_i = m_new
-    return acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
 
 
 @triton.jit
@@ -138,7 +118,7 @@ def _attend(
             # the split-K handshake of rlt/kernels/decode_attention.py: the last arrival merges
             tl.debug_barrier()
             if tl.atomic_add(count_ptr + pair, 1, sem="acq_rel") == working - 1:
-                out = _merge_slices(part_ptr, ml_ptr, pair * splits, working, BLOCK_M, D_PAD)
+                out = merge_slices(part_ptr, ml_ptr, pair * splits, working, BLOCK_M, D_PAD)
                 tl.store(o_rows, out.to(o_ptr.dtype.element_ty), mask=o_mask)
                 tl.atomic_xchg(count_ptr + pair, 0)
         else:

@@ -95,7 +95,8 @@ def warm_up(engine, decodes: bool = True, log=print) -> str:
     many = [(prompt(1 + k % 5, k), kinds[k % len(kinds)]) for k in range(engine.cfg.max_num_seqs)]
     _run(engine, many)  # a full batch of decode rows (steady decode where a request can exit early)
     if engine.pool.has_boundary:  # steady decode's lanes and boundary passes: one, a few, 16, every lane
-        lanes = [_lane_kinds()[k % 2] for k in range(engine.cfg.max_num_seqs)]
+        lane_kinds = _lane_kinds()
+        lanes = [lane_kinds[k % 2] for k in range(engine.cfg.max_num_seqs)]
         for n in sorted({min(n, len(lanes)) for n in (1, 3, 16, len(lanes))}):
             _run(engine, [(prompt(2 + k % 3, k), sp) for k, sp in enumerate(lanes[:n])])
     if grammar(engine.mc):  # structured output (regular path only): the bitmask in the sampler, beside other rows
