@@ -231,6 +231,25 @@ def check_penalty_slots() -> bool:
     return ok and worst == 0
 
 
+def check_kv_copy() -> bool:
+    """The finalize copies: the Triton kernel moves exactly the kept pairs' slots (every layer, K
+    and V), as the reference does outside its scratch slot."""
+    from rlt.kernels import kv_copy, kv_copy_triton
+
+    g = torch.Generator().manual_seed(3)
+    cache = torch.randn(7, 3, 2, 4, 5, 12, generator=g)  # blocks (the last: scratch), layers, K/V, slots
+    src = torch.tensor([0, 5, 9, 13, 2, 22])
+    dst = torch.tensor([1, 6, 17, 3, 20, 21])
+    keep = torch.tensor([True, False, True, True, False, True])
+    want, got = cache.clone(), cache.clone()
+    kv_copy.copy_slots(want, src, dst, keep, 24)
+    kv_copy_triton.copy_slots(got, src, dst, keep, 24)
+    err = (got[:6] - want[:6]).abs().max().item()
+    print(f"copy_slots: max error {err:.2e}")
+    moved = not torch.equal(want[:6], cache[:6]) and torch.equal(got[6], cache[6])
+    return err == 0 and moved
+
+
 def check_random_bits() -> bool:
     from rlt.kernels.random import random_bits
     from rlt.kernels.random_triton import random_bits_rows
@@ -255,6 +274,7 @@ if __name__ == "__main__":
         check_rope_write_kv,
         check_norms,
         check_penalty_slots,
+        check_kv_copy,
         check_random_bits,
     )
     sys.exit(0 if all([check() for check in checks]) else 1)

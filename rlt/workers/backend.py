@@ -17,6 +17,7 @@ import numpy as np
 import torch
 
 from rlt.config import EngineConfig, ModelConfig
+from rlt.kernels import kv_copy
 from rlt.kernels.paged_attention import (
     KERNEL_BLOCK_M,
     PREFILL_BLOCK_M,
@@ -79,8 +80,14 @@ class ReferenceBackend:
     slot_kernels = REFERENCE_SLOTS
     attend = staticmethod(reference_attend)
 
+    copy_slots = staticmethod(kv_copy.copy_slots)
+
     def __init__(self, mc: ModelConfig, model, pool, cfg: EngineConfig):
         self.model, self.pool = model, pool
+
+    def copy_kv(self, src: torch.Tensor, dst: torch.Tensor, keep: torch.Tensor) -> None:
+        """Every layer's K/V of slots src into slots dst where keep (steady decode's finalize copies)."""
+        self.copy_slots(self.pool.cache, src, dst, keep, self.pool.scratch_block * self.pool.block_size)
 
     def plane(self, groups: list, row_starts: list[int], tables: list[list[int]]) -> PagedMetadata:
         """The metadata of one plane per group: slots each row's K/V goes to, the block table each
@@ -129,10 +136,12 @@ class TritonBackend(ReferenceBackend):
 
     def __init__(self, mc: ModelConfig, model, pool, cfg: EngineConfig):
         from rlt.kernels.attention_steps import num_sms
+        from rlt.kernels.kv_copy_triton import copy_slots
         from rlt.kernels.rope import rope_write_kv
 
         super().__init__(mc, model, pool, cfg)
         self.ops, self.slot_kernels = self.ops_class(), triton_slot_kernels()
+        self.copy_slots = copy_slots
 
         def attend(cache, layer, meta: PagedMetadata, q, k, v, rotary):
             Progress.count += 1

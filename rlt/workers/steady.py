@@ -120,7 +120,7 @@ class SteadyDecode:
     def step(self) -> DeviceReadback | None:
         """Launch one pass over every lane -> its (exited, tokens, exit depths[, top values, top ids])
         on their way to the host; None when no lane could exit in it (nothing to read)."""
-        pool, bs, D = self.pool, self.pool.block_size, self.depth_max
+        pool, bs = self.pool, self.pool.block_size
         plane = self.depth if pool.layout == "last_exited" else torch.zeros_like(self.depth)
         table = self.tables[self.lane_ids, plane]  # [L, W]: each lane's plane for this loop
         # (an ended lane's position may sit one past its last block: clamp, it writes scratch anyway)
@@ -139,12 +139,7 @@ class SteadyDecode:
         tokens = self.sampling.sample(logits, keep_raw=bool(self.top_k))
         self.sampling.commit(tokens, done)
         top = top_logprobs(logits, self.top_k, tokens) if self.top_k else ()
-        if pool.layout == "last_exited":  # exited at depth e < D: its K/V into planes e+1..D, masked
-            c = pool.cache
-            for p in range(1, D):
-                dst = self.tables[:, p].gather(1, block_of).squeeze(1) * bs + self.pos % bs
-                dst = torch.where(done & (depth <= p), dst, self.scratch_slot)
-                c[dst // bs, :, :, dst % bs] = c[slot // bs, :, :, slot % bs]
+        self._finalize(done, depth)
         emb = self.model.embed(tokens, None, None)
         nxt = done.unsqueeze(1)
         self.x, self.inject = torch.where(nxt, emb, x), torch.where(nxt, emb, self.inject)
@@ -154,6 +149,20 @@ class SteadyDecode:
         self.surv = torch.where(done, 1.0, surv)
         self.out_idx += done  # in place: the lanes' sampling holds this tensor
         return DeviceReadback((done, tokens, depth) + tuple(top))
+
+    def _finalize(self, done: torch.Tensor, depth: torch.Tensor) -> None:
+        """LAST_EXITED: a lane done at depth e < D copies its position's K/V of plane e-1 (its last
+        loop's) into planes e..D-1, where deeper queries read it; one launch over every lane and
+        plane, the device keeping the pairs it needs."""
+        pool, bs, D = self.pool, self.pool.block_size, self.depth_max
+        if pool.layout != "last_exited":
+            return
+        block = (self.pos // bs).clamp(max=self.tables.shape[2] - 1)
+        slots = self.tables[:, :D].gather(2, block.view(-1, 1, 1).expand(-1, D, 1)).squeeze(2) * bs
+        slots = slots + (self.pos % bs).unsqueeze(1)  # [L, D]: each core plane's slot of the position
+        src = slots.gather(1, (depth - 1).clamp(min=0).unsqueeze(1)).expand(-1, D)
+        keep = done.unsqueeze(1) & (torch.arange(D, device=depth.device) >= depth.unsqueeze(1))
+        self.runner.backend.copy_kv(src.flatten(), slots.flatten(), keep.flatten())
 
     def lane_states(self) -> list[dict]:
         """Every lane's state on the host side of the regular path (after the last step is resolved)."""

@@ -41,7 +41,9 @@ class BoundarySteadyDecode(SteadyDecode):
         self.parked = torch.tensor([g.parked is not None or id(g) in exited for g in groups], device=dev)
         self.seeds = torch.tensor([p.state_seed for p in self.params], device=dev)
         self.wait, self.since = max(1, runner.exit_wait), 0
-        self.idle: list[DeviceReadback] = []  # per pass since the last boundary pass: was every lane parked?
+        # per pass since the last boundary pass: was every lane parked (or ended), was any parked?
+        self.flags: list[DeviceReadback] = []
+        self.seen = (False, False)  # the newest of them the host has read
 
     def _initial(self, crit: str, groups: list, names: list) -> tuple[torch.Tensor, ...]:
         rows = []
@@ -64,7 +66,7 @@ class BoundarySteadyDecode(SteadyDecode):
             mine = checked & (self.crit == CRITERIA.index(crit) + 1)
             if crit not in LATENT and logits is None:
                 write = checked & (self.crit > len(LATENT))
-                logits = self.model.head(x, self.pos, self._boundary_attention(self.pos, self.lane_ids, write))
+                logits = self.model.head(x, *self._boundary(self.pos, self.lane_ids, write))
             hold, new = evaluate(crit, x if crit in LATENT else logits, prev, self.threshold)
             exits = exits | (mine & hold)
             self.prev[crit] = tuple(torch.where(_rows(mine, n), n, p) for n, p in zip(new, prev))
@@ -81,55 +83,59 @@ class BoundarySteadyDecode(SteadyDecode):
     def _embed(self, ids, lanes, groups):
         """A new token's prelude (its boundary K/V at the lane's position) and initial latent."""
         pos = self.pos[lanes]
-        inject = self.model.embed(ids, pos, self._boundary_attention(pos, self.lane_ids[lanes]))
+        inject = self.model.embed(ids, *self._boundary(pos, self.lane_ids[lanes]))
         seeds = torch.tensor([groups[i].params.state_seed for i in lanes], device=pos.device)
         return self.model.initial_state(inject, pos, seeds), inject
 
-    def _boundary_attention(self, pos: torch.Tensor, lanes: torch.Tensor, write: torch.Tensor | None = None):
-        """The boundary layers' attention for these lanes at positions pos; K/V written only where
-        write (else to the scratch block); lanes ended read only the scratch block."""
-        bs, scratch = self.pool.block_size, self.pool.scratch_block
+    def _boundary(self, pos: torch.Tensor, lanes: torch.Tensor, on: torch.Tensor | None = None):
+        """-> (positions, attention) of the boundary layers for these lanes at positions pos. Rows
+        where on (default: the lanes active) write their K/V and read their context; the others,
+        whose outputs go unused, sit at position 0 on the scratch block (their attention reads one
+        block, not their context)."""
+        bs, scratch, backend = self.pool.block_size, self.pool.scratch_block, self.runner.backend
+        on = self.active[lanes] if on is None else on
         table = self.tables[lanes, self.pool.num_core_planes]  # [n, W]
         block = (pos // bs).clamp(max=table.shape[1] - 1).unsqueeze(1)
-        slot = table.gather(1, block).squeeze(1) * bs + pos % bs
-        on = self.active[lanes] if write is None else write
-        slot = torch.where(on, slot, scratch * bs)
-        table = torch.where(self.active[lanes].unsqueeze(1), table, scratch)
-        return self.runner.backend.attention(None, self.runner.backend.lane_meta(pos, slot, table))
+        slot = torch.where(on, table.gather(1, block).squeeze(1) * bs + pos % bs, scratch * bs)
+        table, pos = torch.where(on.unsqueeze(1), table, scratch), torch.where(on, pos, 0)
+        return pos, backend.attention(None, backend.lane_meta(pos, slot, table))
 
     def _boundary_now(self) -> bool:
-        """Fixed depth everywhere: on the passes where lanes reach it; else every wait passes."""
+        """Fixed depth everywhere: on the passes where lanes reach it; else every wait passes, once
+        the host has read that some lane is parked (a boundary pass with none would run the coda,
+        head and prelude for nothing)."""
         if self.fixed:
             return self._may_exit()
         self.since += 1
-        return self.since >= self.wait
+        return self.since >= self.wait and self.seen[1]
 
-    def _all_parked(self) -> bool:
-        """Was every lane parked (or ended) after a pass since the last boundary pass, as far as the
-        host has read without waiting? Then no lane has a loop to run: the boundary pass comes now
-        (as the regular path releases parked rows when only they are left). Between boundary passes
-        the answer only turns true: the newest pass read decides, older ones are dropped."""
-        for i in range(len(self.idle) - 1, -1, -1):
-            if self.idle[i].ready():
-                (flag,) = self.idle[i].resolve()
-                del self.idle[: i + 1]
-                return bool(flag[0])
-        return False
+    def _read_parked(self) -> None:
+        """The newest pass whose flags the host can read without waiting: was every lane parked (or
+        ended), was any? Between boundary passes both only turn true: older passes are dropped."""
+        for i in range(len(self.flags) - 1, -1, -1):
+            if self.flags[i].ready():
+                (flags,) = self.flags[i].resolve()
+                del self.flags[: i + 1]
+                self.seen = tuple(flags)
+                return
 
     @torch.inference_mode()
     def step(self) -> DeviceReadback | None:
         """One core pass over every lane, the checks, and on a boundary pass the exits -> (exited,
         tokens, exit depths[, top values, top ids]) on their way to the host; None on other passes."""
         pool, bs = self.pool, self.pool.block_size
-        if not self.fixed and self._all_parked():
-            return self._exit()
+        if not self.fixed:
+            self._read_parked()
+            if self.seen[0]:  # no lane has a loop to run (as the regular path releases parked rows)
+                return self._exit()
         run = self.active & ~self.parked
         plane = self.depth.clamp(max=pool.num_core_planes - 1) if pool.layout == "last_exited" else 0 * self.depth
         table = self.tables[self.lane_ids, plane]
         block_of = (self.pos // bs).clamp(max=self.tables.shape[2] - 1).unsqueeze(1)
         slot = torch.where(run, table.gather(1, block_of).squeeze(1) * bs + self.pos % bs, self.scratch_slot)
+        # lanes parked or ended: position 0 (their attention reads one block), outputs dropped
         table = torch.where(self.active.unsqueeze(1), table, pool.scratch_block)
-        x, _ = self.runner.backend.lane_pass(self.x, self.inject, self.pos, slot, table)
+        x, _ = self.runner.backend.lane_pass(self.x, self.inject, torch.where(run, self.pos, 0), slot, table)
         x = torch.where(run.unsqueeze(1), x, self.x)
         depth = self.depth + run
         checked = run & (self.crit > 0) & (depth >= self.min_loops) & (depth < self.max_loops)
@@ -138,30 +144,22 @@ class BoundarySteadyDecode(SteadyDecode):
         self.x, self.depth = x, depth
         if self._boundary_now():
             return self._exit()
-        self.idle.append(DeviceReadback(((self.parked | ~self.active).all().view(1),)))
+        parked = self.parked | ~self.active
+        self.flags.append(DeviceReadback((torch.stack([parked.all(), (self.parked & self.active).any()]),)))
         return None
 
     def _exit(self) -> DeviceReadback:
         """Every parked lane leaves: finalize copies, coda and head, sampling, the next token's prelude."""
-        pool, bs, D = self.pool, self.pool.block_size, self.depth_max
-        self.since, self.idle = 0, []
+        self.since, self.flags, self.seen = 0, [], (False, False)
         done, depth, pos = self.parked & self.active, self.depth, self.pos
-        if pool.layout == "last_exited":  # exited at depth e < D: its K/V into planes e..D-1, masked
-            block = (pos // bs).clamp(max=self.tables.shape[2] - 1)
-            slots = self.tables[:, :D].gather(2, block.view(-1, 1, 1).expand(-1, D, 1)).squeeze(2) * bs
-            slots = slots + (pos % bs).unsqueeze(1)  # [L, D]: each core plane's slot of the position
-            src = slots.gather(1, (depth - 1).clamp(min=0).unsqueeze(1)).expand(-1, D)
-            planes = torch.arange(D, device=pos.device)
-            dst = torch.where(done.unsqueeze(1) & (planes >= depth.unsqueeze(1)), slots, self.scratch_slot)
-            c = pool.cache
-            c[dst // bs, :, :, dst % bs] = c[src // bs, :, :, src % bs]
-        logits = self.model.head(self.x, pos, self._boundary_attention(pos, self.lane_ids, done))
+        self._finalize(done, depth)
+        logits = self.model.head(self.x, *self._boundary(pos, self.lane_ids, done))
         tokens = self.sampling.sample(logits, keep_raw=bool(self.top_k))
         self.sampling.commit(tokens, done)
         top = top_logprobs(logits, self.top_k, tokens) if self.top_k else ()
         self.active = self.active & ~(done & (self.out_idx + 1 >= self.max_tokens))  # length: the lane ends
         nxt, npos = done & self.active, pos + done
-        inject = self.model.embed(tokens, npos, self._boundary_attention(npos, self.lane_ids, nxt))
+        inject = self.model.embed(tokens, *self._boundary(npos, self.lane_ids, nxt))
         state = self.model.initial_state(inject, npos, self.seeds)
         m = nxt.unsqueeze(1)
         self.x, self.inject = torch.where(m, state, self.x), torch.where(m, inject, self.inject)
