@@ -522,6 +522,23 @@ def test_rms_norm_on_cuda_matches_torch():
     assert (TritonOps().rms_norm(x, w, 1e-6).float().cpu() - ref).abs().max() <= 2e-2 * ref.abs().max()
 
 
+@pytest.mark.parametrize("shape", [(40, 3, 2, 16, 4, 16), (40, 4, 2, 16, 55, 96)])
+def test_copy_slots_on_cuda_matches_torch(shape):
+    """The finalize copies' kernel: exactly the kept pairs' slots move (every layer, K and V)."""
+    from rlt.kernels import kv_copy, kv_copy_triton
+
+    g = torch.Generator(device="cuda").manual_seed(0)
+    cache = torch.randn(shape, device="cuda", generator=g).bfloat16()
+    slots = torch.randperm((shape[0] - 1) * 16, device="cuda", generator=g)[:96]
+    src, dst = slots[:48], slots[48:]
+    keep = torch.rand(48, device="cuda", generator=g) < 0.3
+    for source in (src, src[:1].expand(48)):  # (one lane's source for every plane: a stride-0 view)
+        want, got = cache.clone(), cache.clone()
+        kv_copy.copy_slots(want, source, dst, keep, (shape[0] - 1) * 16)
+        kv_copy_triton.copy_slots(got, source, dst, keep, (shape[0] - 1) * 16)
+        assert torch.equal(got[:-1], want[:-1]) and not torch.equal(got, cache)
+
+
 @pytest.mark.parametrize("family", ["ouro", "nanbeige", "huginn"])
 def test_cuda_decode_equals_cpu_in_float32(checkpoints, family):
     """Greedy decode on CUDA in float32 (kernels, CUDA graphs, tokens fed to the next pass on the

@@ -26,7 +26,8 @@ def copy_slots(
     assert cache.is_contiguous()
     _, layers, two, bs = cache.shape[:4]
     hd = cache[0, 0, 0, 0].numel()
-    if len(src):
+    if len(src):  # (the kernel reads element i at offset i: a broadcast src, stride 0, is made dense)
+        src, dst, keep = src.contiguous(), dst.contiguous(), keep.to(torch.int8).contiguous()
         _copy_slots_kernel[(len(src), layers * two)](
-            cache, src, dst, keep.to(torch.int8), bs, layers * two, hd, BLOCK=min(triton.next_power_of_2(hd), 4096)
+            cache, src, dst, keep, bs, layers * two, hd, BLOCK=min(triton.next_power_of_2(hd), 4096)
         )

@@ -17,7 +17,7 @@ from rlt.config import CPU_KV_BYTES, EngineConfig, ModelConfig
 from rlt.sampling_params import SamplingParams, StructuredOutput
 from rlt.workers.kv_pool import KVPool
 
-MAX_BLOCKS = 65536
+MAX_BLOCKS = 1 << 20  # (host bookkeeping is per block; Huginn's 33 planes fill an H200 with ~70k)
 GIB = 2**30
 # logit edits and penalties (vLLM's), on: what the profile and the warm-up run through
 EDITS = dict(
@@ -74,8 +74,8 @@ def _left_for_kv(mc, model, cfg: EngineConfig, dtype, device, engine_cls) -> tup
     engine = engine_cls(mc, model, msgspec.structs.replace(probe, num_blocks=blocks), dtype, device)
     # (its prompt logprobs: every row projected, max_num_seqs rows at a time)
     first = SamplingParams(max_tokens=1, temperature=0, ignore_eos=True, prompt_logprobs=MAX_LOGPROBS)
-    first = resolve_params(mc, rows, first)
-    engine.add_request(-1, [0] * min(rows, mc.max_positions - 1), first)
+    prompt = [0] * min(rows, mc.max_positions - 1)  # (a model of fewer positions: its longest prompt)
+    engine.add_request(-1, prompt, resolve_params(mc, len(prompt), first))
     # every sampling control at once: the most temporaries a sampled row makes (penalty state and
     # logit edits and a grammar's bitmask included; the penalty slots were allocated with the engine)
     every = SamplingParams(max_tokens=2, temperature=1.0, top_k=5, logprobs=20, **EDITS, **grammar(mc))
