@@ -91,23 +91,25 @@ def offline(args) -> None:
         make_checkpoint(args.family, path, preset=args.preset)
     mc, dtype, model = measure.load(path, args.device, args.dtype)
     concs, thresholds = ints(args.concurrency), exits(args.threshold)
-    configs = [
-        measure.engine_config(
-            max(concs, default=1),
+    configs = [  # (prompt length, its engine's config)
+        (
             plen,
-            args.kv_gib or 1.0,
-            kv_layout=args.kv_layout,
-            cuda_graph_max_batch=args.cuda_graph_max_batch,
-            steady_decode=args.steady_decode,
-            exit_wait_passes=wait,
-            kernels=args.kernels,
+            measure.engine_config(
+                max(concs, default=1),
+                plen,
+                args.kv_gib or 1.0,
+                kv_layout=args.kv_layout,
+                cuda_graph_max_batch=args.cuda_graph_max_batch,
+                steady_decode=args.steady_decode,
+                exit_wait_passes=wait,
+                kernels=args.kernels,
+            ),
         )
         for plen in ints(args.prompt_len)
         for wait in ints(args.exit_wait_passes)
     ]
     rows, skipped = [], []
-    for cfg in configs if concs else ():  # one engine per (--prompt-len, --exit-wait-passes) value
-        plen = cfg.prefill_chunk
+    for plen, cfg in configs if concs else ():  # one engine per (--prompt-len, --exit-wait-passes) value
         engine = LoopEngine(mc, model, cfg, dtype, args.device)
         fit = [c for c in concs if measure.pool_holds(engine.pool, c, plen + args.max_tokens)]
         skipped += [f"concurrency {c} at a {plen}-token prompt" for c in concs if c not in fit]
@@ -140,7 +142,7 @@ def offline(args) -> None:
         "prompt_lens": args.prompt_len,
         "max_tokens": args.max_tokens,
         "command": " ".join(sys.argv),
-        "engine": msgspec.to_builtins(configs[0]),
+        "engine": msgspec.to_builtins(configs[0][1]),
         "ceilings": ceilings,
     }
     print(json.dumps(meta))
