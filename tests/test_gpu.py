@@ -435,6 +435,32 @@ def test_cuda_graphs_equal_eager(checkpoints, family):
     assert graphed == eager
 
 
+@pytest.mark.parametrize("family", ["ouro", "huginn"])
+def test_lone_prompt_graphs_equal_eager(checkpoints, family):
+    """A lone prompt's first chunk replays a prompt graph (dense SDPA over rows padded to its bucket)
+    at every loop: float32 on CUDA, the same first tokens, depths and logprobs (to 1e-4) as eager
+    passes, for lengths at, under and between buckets."""
+    mc = ModelConfig.from_pretrained(
+        checkpoints[family], hf_overrides={"mean_recurrence": 6} if family == "huginn" else None
+    )
+    model = load_model(mc, torch.float32, "cuda")
+    sp = SamplingParams(max_tokens=3, temperature=0, ignore_eos=True, logprobs=3)
+    prompts = [[3 + (7 * j + n) % 400 for j in range(n)] for n in (64, 100, 128, 300, 1000)]
+
+    def run(graph_max):
+        cfg = EngineConfig(num_blocks=2048, prefill_chunk=1024, cuda_graph_max_batch=graph_max)
+        outs = [decode_all(mc, model, cfg, [p], sp, dtype=torch.float32) for p in prompts]
+        return [o["0"] for o, _ in outs], outs[-1][1]
+
+    eager, _ = run(0)
+    graphed, eng = run(256)
+    assert list(eng.backend.prompt_graphs.graphs) == [1024]  # the 1,000-token prompt replayed its bucket's graph
+    for a, b in zip(graphed, eager):
+        assert [(t, d) for t, d, _ in a] == [(t, d) for t, d, _ in b]
+        for (_, _, la), (_, _, lb) in zip(a, b):
+            assert la.keys() == lb.keys() and all(abs(la[k] - lb[k]) < 1e-4 for k in la)
+
+
 def test_a_graph_collected_during_a_capture_leaves_it_intact(checkpoints):
     """A CUDA graph the garbage collector frees while another is being captured (an engine left in a
     reference cycle, collected during the next one's captures) must not break that capture: CUDA

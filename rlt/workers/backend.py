@@ -36,6 +36,7 @@ from rlt.models.ops import REFERENCE, BatchInvariantOps, TritonOps
 from rlt.workers.cuda_graphs import BUCKETS, DecodeGraphs, PassGraphs
 from rlt.workers.pass_rows import kv_slots, padded
 from rlt.workers.progress import Progress
+from rlt.workers.prompt_graphs import PromptGraphs
 
 
 class PassAttention:
@@ -168,7 +169,7 @@ class TritonBackend(ReferenceBackend):
         # passes of fewer tiles than fill the GPU (one program per tile and head) split their keys
         heads = mc.family_config.num_attention_heads
         self.fill_tiles = 0 if self.batch_invariant else -(-num_sms(pool.cache.device) // heads)
-        self.decode_graphs = self.pass_graphs = None
+        self.decode_graphs = self.pass_graphs = self.prompt_graphs = None
         self.lane_work: dict[int, torch.Tensor] = {}  # lane_meta's work item counts, by lane count
         if cfg.cuda_graph_max_batch > 0:
             shape = (model, pool, mc.hidden_size, pool.cache.dtype, pool.cache.device)
@@ -176,6 +177,9 @@ class TritonBackend(ReferenceBackend):
             # batch-invariant mode tiles every pass alike (as its eager passes do)
             tiles = KernelPlan(KERNEL_BLOCK_M if self.batch_invariant else PREFILL_BLOCK_M, fill_tiles=self.fill_tiles)
             self.pass_graphs = PassGraphs(*shape, cfg.max_num_batched_tokens, self.attention, tiles)
+            if not self.batch_invariant:  # (dense attention's result depends on the chunking)
+                rows, pool_ = min(cfg.max_num_batched_tokens, cfg.prefill_chunk), self.pass_graphs.mempool
+                self.prompt_graphs = PromptGraphs(*shape, rows, self.attention, pool_)
 
     def plane(self, groups, row_starts, tables) -> PagedMetadata:
         """With the Triton attention's integer metadata for this pass's plan."""
@@ -185,9 +189,13 @@ class TritonBackend(ReferenceBackend):
         return meta
 
     def core_pass(self, active, row_starts, pos, tables) -> CorePass:
-        """A graph's replay where one fits: decode rows only, else any mix up to the largest bucket."""
+        """A graph's replay where one fits: a lone prompt chunk at position 0, decode rows only, else
+        any mix up to the largest bucket."""
         n, starts = row_starts[-1], [g.start for g in active]
-        d, p = self.decode_graphs, self.pass_graphs
+        d, p, lone = self.decode_graphs, self.pass_graphs, self.prompt_graphs
+        if lone is not None and lone.fits(active, n):
+            R, ints = lone.inputs(pos, tables[0])
+            return CorePass(ints, lambda t: lone.slots(R, t, n), lambda xs, injects, _, t: lone.run(R, xs, injects, t))
         if d is not None and all(g.decoding for g in active) and d.fits(len(active)):
             ints = d.inputs(pos, tables, starts, self.pool.block_size)
             return CorePass(ints, lambda t: d.slots(t, n), lambda xs, injects, _, t: d.run(xs, injects, t))
@@ -223,6 +231,8 @@ class TritonBackend(ReferenceBackend):
         worker (it hands every request off after its first token)."""
         widths = [1 << k for k in range(max_width.bit_length())]
         shapes = []
+        if (q := self.prompt_graphs) is not None:  # (the largest: first)
+            shapes += [(q, r, 0) for r in reversed(q.buckets)]
         if (p := self.pass_graphs) is not None:
             shapes += [(p, r, w) for r in reversed(p.buckets) for w in reversed(widths)]
         if (d := self.decode_graphs) is not None and decodes:
