@@ -4,9 +4,14 @@ and key splits, and the one-row GEMM over Triton configs (gemv.CONFIGS, or --con
 cuBLAS. Prints the fastest first, and the engine's defaults.
 
   python scripts/tune_decode.py [--heads 16 --kv-heads 16 --ctx 1088,4128 --rows 1,4] [--configs 2,1024,4 ...]
+
+With --engine MODEL it times the decode attention's (key slices, key tile) choices where they
+matter, inside the engine: concurrency-1 decode tok/s of MODEL (1,024-token prompt, fixed depth),
+one engine per choice, the kernel's choices set for that engine only (--splits S,N ...).
 """
 
 import argparse
+import gc
 import itertools
 
 import torch
@@ -21,8 +26,30 @@ def bench(fn) -> float:
     return do_bench(fn, warmup=5, rep=30, return_mode="median") * 1e3  # us
 
 
+def engine_sweep(path: str, choices: list[tuple[int, int]], reps: int = 2) -> None:
+    """Concurrency-1 decode tok/s of the checkpoint at path for each (splits, key tile) choice."""
+    from rlt.bench import offline
+
+    mc, dtype, model = offline.load(path, "cuda")
+    planned, tile = da.plan_splits, da.SPLIT_BLOCK_N
+    for splits, block_n in [(None, None), *choices] * reps:
+        da.plan_splits = planned if splits is None else (lambda rows, kv_heads, device, s=splits: s)
+        da.SPLIT_BLOCK_N = tile if block_n is None else block_n
+        from rlt.workers.engine import LoopEngine
+
+        engine = LoopEngine(mc, model, offline.engine_config(1, 1024, 4), dtype, "cuda")
+        row = offline.decode_run(engine, mc, 1, 1.0, 1024, 128)
+        print(f"splits {splits or 'planned'} key tile {block_n or tile}: {row['decode_tok_per_s']} tok/s", flush=True)
+        del engine
+        gc.collect()  # (an engine in a reference cycle keeps its pool)
+        torch.cuda.empty_cache()
+    da.plan_splits, da.SPLIT_BLOCK_N = planned, tile
+
+
 def main():
     ap = argparse.ArgumentParser()
+    ap.add_argument("--engine", help="a checkpoint: time the attention choices inside its engine instead")
+    ap.add_argument("--splits", nargs="*", default=["16,32", "16,64", "8,64", "8,128", "64,16"])
     ap.add_argument("--heads", type=int, default=16)
     ap.add_argument("--kv-heads", type=int, default=16)
     ap.add_argument("--ctx", default="1088,4128")
@@ -30,6 +57,8 @@ def main():
     ap.add_argument("--shapes", default="6144x2048,2048x2048,11264x2048,2048x5632,49152x2048")
     ap.add_argument("--configs", nargs="*", help="GEMV configs rows,k,warps (default: gemv.CONFIGS)")
     args = ap.parse_args()
+    if args.engine:
+        return engine_sweep(args.engine, [tuple(map(int, c.split(","))) for c in args.splits])
     configs = [GemvConfig(*map(int, c.split(","))) for c in args.configs] if args.configs else list(CONFIGS)
     dev, bs, D = "cuda", 16, 128
     for R, ctx in itertools.product(map(int, args.rows.split(",")), map(int, args.ctx.split(","))):

@@ -1,0 +1,183 @@
+"""Is a persistent kernel worth it for one-row decode? A chain of one-row products at a loop step's
+shapes (Ouro-1.4B: per layer q/k/v, o, [gate; up], down; 24 layers), each product's input the
+previous one's output, timed three ways in CUDA graphs:
+
+- launched: one GEMV launch per product (rlt/kernels/gemv.py, PDL on as in the engine);
+- persistent: one launch whose programs (as many as fit on the GPU at once) take each product's
+  row blocks in turn and meet at a grid barrier (an arrival counter) between products;
+- prefetch: the same, each program reading its first weight tile of the next product before it
+  waits at the barrier (weights never depend on the chain).
+
+Prints microseconds per chain, per product boundary, and the share of the chain's bytes over the
+measured copy rate (the roofline), so the choice for #36's loop-step kernel rests on numbers.
+
+    python scripts/bench_persistent.py [--layers 24] [--rows-per-program 2] [--programs-per-sm 4]
+"""
+
+import argparse
+
+import torch
+import triton
+import triton.language as tl
+
+from rlt.bench import floors
+from rlt.kernels import gemv
+
+
+@triton.jit
+def _grid_barrier(count_ptr, target):
+    """Every program's stores before it are visible to every program after it: arrive (release),
+    then wait until target programs have arrived (acquire)."""
+    tl.debug_barrier()
+    tl.atomic_add(count_ptr, 1, sem="release")
+    while tl.atomic_add(count_ptr, 0, sem="acquire") < target:
+        pass
+
+
+@triton.jit
+def _chain_kernel(
+    buf_ptr,
+    w_table,
+    n_table,
+    k_table,
+    count_ptr,
+    STAGES,
+    STRIDE_BUF,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    PREFETCH: tl.constexpr,
+):
+    """Stage s: buf[s + 1][:N_s] = W_s @ buf[s][:K_s], row blocks of BLOCK_N shared out over the
+    programs; a grid barrier between stages."""
+    pid, P = tl.program_id(0), tl.num_programs(0)
+    offs_n, offs_k = tl.arange(0, BLOCK_N), tl.arange(0, BLOCK_K)
+    pre = tl.zeros((BLOCK_N, BLOCK_K), tl.bfloat16)
+    if PREFETCH:  # stage 0's first tile
+        N0, K0 = tl.load(n_table), tl.load(k_table)
+        w0 = tl.load(w_table).to(tl.pointer_type(tl.bfloat16))
+        rows = pid * BLOCK_N + offs_n
+        pre = tl.load(w0 + rows[:, None] * K0 + offs_k[None, :], mask=(rows < N0)[:, None] & (offs_k < K0)[None, :])
+    for s in range(STAGES):
+        N, K = tl.load(n_table + s), tl.load(k_table + s)
+        w_ptr = tl.load(w_table + s).to(tl.pointer_type(tl.bfloat16))
+        x_ptr, y_ptr = buf_ptr + s * STRIDE_BUF, buf_ptr + (s + 1) * STRIDE_BUF
+        for item in range(pid, tl.cdiv(N, BLOCK_N), P):
+            rows = item * BLOCK_N + offs_n
+            row_ok = rows < N
+            acc = tl.zeros((BLOCK_N, BLOCK_K), tl.float32)
+            for k0 in range(0, K, BLOCK_K):
+                kk = k0 + offs_k
+                first = PREFETCH and (item == pid) & (k0 == 0)  # (the tile read before the barrier)
+                w = tl.load(w_ptr + rows[:, None] * K + kk[None, :], mask=row_ok[:, None] & (kk < K)[None, :] & ~first)
+                if PREFETCH:
+                    w = tl.where(first, pre, w)
+                x = tl.load(x_ptr + kk, mask=kk < K, other=0.0).to(tl.float32)
+                acc += w.to(tl.float32) * x[None, :]
+            tl.store(y_ptr + rows, tl.sum(acc, axis=1).to(tl.bfloat16), mask=row_ok)
+        if PREFETCH and s + 1 < STAGES:  # the next stage's first tile, before waiting
+            N1, K1 = tl.load(n_table + s + 1), tl.load(k_table + s + 1)
+            w1 = tl.load(w_table + s + 1).to(tl.pointer_type(tl.bfloat16))
+            rows = pid * BLOCK_N + offs_n
+            pre = tl.load(w1 + rows[:, None] * K1 + offs_k[None, :], mask=(rows < N1)[:, None] & (offs_k < K1)[None, :])
+        _grid_barrier(count_ptr, (s + 1) * P)
+
+
+def shapes(hidden=2048, inter=5632, qkv=6144, layers=24):
+    """(N, K) of each product of a loop step, in order."""
+    return [(qkv, hidden), (hidden, qkv // 3), (2 * inter, hidden), (hidden, inter)] * layers
+
+
+def graph_time(fn, reps=20) -> float:
+    """Microseconds per call of fn, replayed from a CUDA graph of 10 calls."""
+    s = torch.cuda.Stream()
+    with torch.cuda.stream(s):
+        for _ in range(3):
+            fn()
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for _ in range(10):
+            fn()
+    g.replay()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(reps):
+        g.replay()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) * 1000 / (reps * 10)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--layers", type=int, default=24)
+    ap.add_argument("--rows-per-program", type=int, default=2)
+    ap.add_argument("--block-k", type=int, default=1024)
+    ap.add_argument("--warps", type=int, default=4)
+    ap.add_argument("--programs-per-sm", type=str, default="1,2,4")
+    args = ap.parse_args()
+    torch.manual_seed(0)
+    dims = shapes(layers=args.layers)
+    ws = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) / k**0.5 for n, k in dims]
+    width = max(max(n, k) for n, k in dims)
+    buf = torch.zeros(len(dims) + 1, width, device="cuda", dtype=torch.bfloat16)
+    buf[0].normal_()
+    nbytes = sum(w.numel() * 2 for w in ws)
+    rate = floors.ceilings("cuda")["copy_gbps"] * 1e9  # (as rlt bench offline measures it)
+    floor_us = nbytes / rate * 1e6
+
+    cfg = gemv.GemvConfig(args.rows_per_program, args.block_k, args.warps)
+
+    def launched():
+        for s, (w, (n, k)) in enumerate(zip(ws, dims)):
+            buf[s + 1, :n] = gemv.gemv(buf[s : s + 1, :k], w, cfg)[0]
+
+    def launched_out():  # (the copy into buf is a launch of its own: time the products alone too)
+        x = buf[0:1, : dims[0][1]]
+        for w, (n, k) in zip(ws, dims):
+            x = gemv.gemv(x[:, :k], w, cfg)
+
+    w_table = torch.tensor([w.data_ptr() for w in ws], device="cuda", dtype=torch.int64)
+    n_table = torch.tensor([n for n, _ in dims], device="cuda", dtype=torch.int32)
+    k_table = torch.tensor([k for _, k in dims], device="cuda", dtype=torch.int32)
+    count = torch.zeros(1, device="cuda", dtype=torch.int32)
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    ref = None
+    rows = []
+    t = graph_time(launched_out)
+    rows.append(("launched (PDL)", t))
+    launched()
+    ref = buf[-1, : dims[-1][0]].float().clone()
+    for per_sm in (int(p) for p in args.programs_per_sm.split(",")):
+        for prefetch in (False, True):
+
+            def persistent(per_sm=per_sm, prefetch=prefetch):
+                count.zero_()
+                _chain_kernel[(sms * per_sm,)](
+                    buf,
+                    w_table,
+                    n_table,
+                    k_table,
+                    count,
+                    len(dims),
+                    buf.stride(0),
+                    BLOCK_N=args.rows_per_program,
+                    BLOCK_K=args.block_k,
+                    PREFETCH=prefetch,
+                    num_warps=args.warps,
+                )
+
+            persistent()
+            torch.cuda.synchronize()
+            err = (buf[-1, : dims[-1][0]].float() - ref).abs().max().item()
+            t = graph_time(persistent)
+            rows.append((f"persistent {per_sm}/SM{' +prefetch' if prefetch else ''} (max diff {err:.1e})", t))
+    print(f"{len(dims)} products, {nbytes / 1e9:.3f} GB, copy rate {rate / 1e12:.2f} TB/s, floor {floor_us:.1f} us")
+    print(f"{'variant':<44} {'us/chain':>9} {'us/product':>10} {'of roof':>8}")
+    for name, t in rows:
+        print(f"{name:<44} {t:>9.1f} {t / len(dims):>10.2f} {floor_us / t:>8.3f}")
+
+
+if __name__ == "__main__":
+    main()
