@@ -87,8 +87,8 @@ def offline(args) -> None:
     from rlt.workers.engine import LoopEngine
 
     path = args.model or os.path.join(cache_dir(), "bench", f"{args.family}-{args.preset}")
-    if not os.path.isfile(os.path.join(path, "config.json")):
-        make_checkpoint(args.family, path, preset=args.preset)
+    if args.model is None and not os.path.isfile(os.path.join(path, "config.json")):
+        make_checkpoint(args.family, path, preset=args.preset)  # (a --model that is missing fails to load)
     mc, dtype, model = measure.load(path, args.device, args.dtype)
     concs, thresholds = ints(args.concurrency), exits(args.threshold)
     configs = [  # (prompt length, its engine's config)
