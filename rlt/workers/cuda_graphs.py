@@ -149,13 +149,19 @@ class DecodeGraphs:
         B = _rows(n)
         W = ints.numel() // B - 2
         self.capture(B, W)
-        e = self.graphs[(B, W)]
-        torch.cat(states, out=e.x[:n])
-        torch.cat(injects, out=e.inject[:n])
-        e.ints.copy_(ints)
-        e.graph.replay()
-        # The gate is a view: the caller reads it in this step, before any other replay.
-        return e.out[:n].clone(), None if e.gate is None else e.gate[:n]
+        return replay(self.graphs[(B, W)], states, injects, ints)
+
+
+def replay(e: _Graph, states: list[torch.Tensor], injects: list[torch.Tensor], ints: torch.Tensor):
+    """A pass's rows into graph e (its first rows), its integer inputs whole, the replay -> (new
+    states [n, hidden], gate logits [n] or None). The gate is a view: the caller reads it in this
+    step, before any other replay."""
+    n = sum(len(x) for x in states)
+    torch.cat(states, out=e.x[:n])
+    torch.cat(injects, out=e.inject[:n])
+    e.ints.copy_(ints)
+    e.graph.replay()
+    return e.out[:n].clone(), None if e.gate is None else e.gate[:n]
 
 
 def _record(e: _Graph, mempool, forward) -> None:
@@ -278,11 +284,5 @@ class PassGraphs:
     def run(self, key: tuple[int, int], states: list[torch.Tensor], injects: list[torch.Tensor], ints: torch.Tensor):
         """One core pass over these groups' rows -> (new states [n, hidden], gate logits [n] or None,
         valid until the next replay). key, ints: inputs() of the same pass (ints on the device)."""
-        n = sum(len(x) for x in states)
         self.capture(*key)  # (captured at warm-up: stats() counts any capture after READY)
-        e = self.graphs[key]
-        torch.cat(states, out=e.x[:n])
-        torch.cat(injects, out=e.inject[:n])
-        e.ints.copy_(ints)
-        e.graph.replay()
-        return e.out[:n].clone(), None if e.gate is None else e.gate[:n]
+        return replay(self.graphs[key], states, injects, ints)

@@ -10,7 +10,7 @@ import numpy as np
 import torch
 
 from rlt.kernels.paged_attention import DENSE_MIN_ROWS, KernelPlan, PagedMetadata
-from rlt.workers.cuda_graphs import _Graph, _record
+from rlt.workers.cuda_graphs import _Graph, _record, replay
 from rlt.workers.first_use import FirstUse
 
 PROMPT_BUCKETS = (128, 256, 512, 1024, 2048, 4096, 8192, 16384)
@@ -64,11 +64,5 @@ class PromptGraphs:
 
     def run(self, R: int, states: list[torch.Tensor], injects: list[torch.Tensor], ints: torch.Tensor):
         """The pass -> (new states [n, hidden], gate logits [n] or None, valid until the next replay)."""
-        n = sum(len(x) for x in states)
         self.capture(R)  # (captured at warm-up: stats() counts any capture after READY)
-        e = self.graphs[R]
-        torch.cat(states, out=e.x[:n])
-        torch.cat(injects, out=e.inject[:n])
-        e.ints.copy_(ints)
-        e.graph.replay()
-        return e.out[:n].clone(), None if e.gate is None else e.gate[:n]
+        return replay(self.graphs[R], states, injects, ints)
