@@ -2,7 +2,8 @@
 shapes (Ouro-1.4B: per layer q/k/v, o, [gate; up], down; 24 layers), each product's input the
 previous one's output, timed three ways in CUDA graphs:
 
-- launched: one GEMV launch per product (rlt/kernels/gemv.py, PDL on as in the engine);
+- launched: one GEMV launch per product (rlt/kernels/gemv.py, PDL on as in the engine), plain or
+  with the engine's epilogues (SwiGLU on [gate; up], the residual add + RMSNorm after o and down);
 - persistent: one launch whose programs (as many as fit on the GPU at once) take each product's
   row blocks in turn and meet at a grid barrier (an arrival counter) between products;
 - prefetch: the same, each program reading its first weight tile of the next product before it
@@ -138,6 +139,18 @@ def main():
         for w, (n, k) in zip(ws, dims):
             x = gemv.gemv(x[:, :k], w, cfg)
 
+    hidden = dims[1][0]
+    r = torch.randn(1, hidden, device="cuda", dtype=torch.bfloat16)
+    wa, wo = (1 + 0.1 * torch.randn(hidden, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+
+    def launched_epilogues():  # a layer's products as the engine runs them (attention left out)
+        x, res = buf[0:1, :hidden], r
+        for qkv, o, gate_up, down in zip(*[iter(ws)] * 4):
+            q = gemv.gemv(x, qkv, cfg)[:, : o.shape[1]]
+            res, x = gemv.gemv_add_norm(q, o, res, wa, wo, 1e-6, cfg)
+            g = gemv.gemv_swiglu(x, gate_up, cfg)
+            res, x = gemv.gemv_add_norm(g, down, res, wa, wo, 1e-6, cfg)
+
     w_table = torch.tensor([w.data_ptr() for w in ws], device="cuda", dtype=torch.int64)
     n_table = torch.tensor([n for n, _ in dims], device="cuda", dtype=torch.int32)
     k_table = torch.tensor([k for _, k in dims], device="cuda", dtype=torch.int32)
@@ -147,6 +160,7 @@ def main():
     rows = []
     t = graph_time(launched_out)
     rows.append(("launched (PDL)", t))
+    rows.append(("launched, SwiGLU and add + RMSNorm epilogues", graph_time(launched_epilogues)))
     launched()
     ref = buf[-1, : dims[-1][0]].float().clone()
     for per_sm in (int(p) for p in args.programs_per_sm.split(",")):
