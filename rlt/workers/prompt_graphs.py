@@ -19,8 +19,9 @@ DENSE = KernelPlan(dense=(0,))  # one segment, on dense SDPA (rlt/kernels/paged_
 
 class PromptGraphs:
     def __init__(self, model, pool, hidden, dtype, device, max_rows: int, attention, mempool):
-        """max_rows: the most rows a pass carries (max_num_batched_tokens); mempool: shared with the
-        other graphs of passes carrying prompt chunks (one pass replays at a time)."""
+        """max_rows: the longest prompt chunk a pass carries (prefill_chunk, at most
+        max_num_batched_tokens); mempool: shared with the other graphs of passes carrying prompt
+        chunks (one pass replays at a time)."""
         self.model, self.pool, self.hidden, self.dtype, self.device = model, pool, hidden, dtype, device
         self.attention, self.mempool = attention, mempool
         self.buckets = [b for b in PROMPT_BUCKETS if b < max_rows] + [b for b in PROMPT_BUCKETS if b >= max_rows][:1]
