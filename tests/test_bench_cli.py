@@ -40,6 +40,7 @@ def test_bench_offline_tiny_run(checkpoints, tmp_path, capsys):
         (2, 0.5, 2),
     ]
     assert all(r["output_tokens"] == 2 * 4 and r["tok_per_s"] > 0 for r in rows)
+    assert all((r["compiles"], r["captures"]) == (0, 0) for r in rows)  # (the CPU builds neither)
     assert rows[0]["mean_decode_depth"] == 4.0  # threshold 1.0: the full depth
     assert [p["prompt_len"] for p in result["prefill"]] == [16] and result["prefill"][0]["ms"] > 0
     assert result["meta"]["family"] == "ouro" and result["meta"]["device"] == "cpu"

@@ -86,6 +86,10 @@ def offline(args) -> None:
     from rlt.models.checkpoint import make_checkpoint
     from rlt.workers.engine import LoopEngine
 
+    if args.device.startswith("cuda"):
+        from rlt.workers.first_use import count_triton_compiles
+
+        count_triton_compiles()  # (rows report what compiled while they ran)
     path = args.model or os.path.join(cache_dir(), "bench", f"{args.family}-{args.preset}")
     if args.model is None and not os.path.isfile(os.path.join(path, "config.json")):
         make_checkpoint(args.family, path, preset=args.preset)  # (a --model that is missing fails to load)
@@ -160,6 +164,12 @@ def offline(args) -> None:
             f"{str(r['mean_decode_depth']):>11} {r['total_s']:>8} "
             f"{str(r.get('roofline_tok_per_s', '')):>9} {str(r.get('of_roofline', '')):>8}"
         )
+    for r in rows:
+        if r["compiles"] or r["captures"]:
+            print(
+                f"conc {r['concurrency']} thr {r['threshold']} wait {r['exit_wait_passes']}: {r['compiles']} Triton "
+                f"compiles, {r['captures']} CUDA graph captures while measured (the warm-up missed them)"
+            )
     for plain, pen in zip(rows[::2], rows[1::2]) if args.penalties else ():
         keys = ("decode_tok_per_s", "full_conc_tok_per_s")
         ratios = [pen[k] / plain[k] if pen[k] and plain[k] else None for k in keys]

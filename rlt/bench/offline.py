@@ -18,6 +18,7 @@ from rlt.models.loader import load_model, resolve_dtype
 from rlt.sampling_params import SamplingParams
 from rlt.validation import resolve_params
 from rlt.workers.engine import LoopEngine
+from rlt.workers.first_use import FirstUse
 
 
 def load(path: str, device: str, dtype: str | None = None):
@@ -151,7 +152,16 @@ def decode_rows(
     rows = [(c, t, p) for c in concurrencies for t in thresholds for p in penalized]
     for c, t, p in rows:
         decode_run(engine, mc, c, t, prompt_len, max_tokens if p == penalized[0] else 8, p)
-    return [decode_run(engine, mc, c, t, prompt_len, max_tokens, p) for c, t, p in rows]
+    return [first_uses(decode_run, engine, mc, c, t, prompt_len, max_tokens, p) for c, t, p in rows]
+
+
+def first_uses(run, *args) -> dict:
+    """run(*args)'s row with the Triton specializations built and CUDA graphs captured while it ran
+    (counted once rlt.workers.first_use.count_triton_compiles is on): a row that pays them is not
+    measuring steady work (the warm-up missed a shape)."""
+    c0, k0 = FirstUse.compiles, FirstUse.captures
+    row = run(*args)
+    return row | {"compiles": FirstUse.compiles - c0, "captures": FirstUse.captures - k0}
 
 
 def prefill_ms(mc, model, dtype, device: str, n: int, reps: int = 3, **options) -> float:
