@@ -19,6 +19,7 @@ import torch
 import triton
 import triton.language as tl
 
+from rlt.bench import floors
 from rlt.kernels import gemv, pdl
 from rlt.kernels.decode_attention import decode_attention
 from rlt.kernels.rope import rope_write_kv
@@ -38,26 +39,6 @@ def _capped_gemv_kernel(x_ptr, w_ptr, y_ptr, N, K, BLOCK_N: tl.constexpr, BLOCK_
             w = tl.load(w_ptr + rows[:, None] * K + kk[None, :], mask=(rows < N)[:, None] & (kk < K)[None, :])
             acc += w.to(tl.float32) * tl.load(x_ptr + kk, mask=kk < K, other=0.0).to(tl.float32)[None, :]
         tl.store(y_ptr + rows, tl.sum(acc, axis=1).to(y_ptr.dtype.element_ty), mask=rows < N)
-
-
-def graph_us(fn, per: int, reps: int = 20) -> float:
-    """Microseconds per unit of fn (which runs `per` units), replayed from a CUDA graph."""
-    s = torch.cuda.Stream()
-    with torch.cuda.stream(s):
-        for _ in range(3):
-            fn()
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        fn()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    g.replay()
-    start.record()
-    for _ in range(reps):
-        g.replay()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) * 1000 / (reps * per)
 
 
 def main():
@@ -115,13 +96,13 @@ def main():
         return lambda: [attend(i, product(w)) for i, w in enumerate(ws)]
 
     rows = [
-        ("gemv", graph_us(lambda: [gemv.gemv(x, w) for w in ws], L)),
-        ("attention (RoPE + store, attention)", graph_us(lambda: [attend(i, y0) for i in range(L)], L)),
-        ("engine: gemv, RoPE + store, attention", graph_us(engine(lambda w: gemv.gemv(x, w)), L)),
+        ("gemv", floors.graph_us(lambda: [gemv.gemv(x, w) for w in ws], L)),
+        ("attention (RoPE + store, attention)", floors.graph_us(lambda: [attend(i, y0) for i in range(L)], L)),
+        ("engine: gemv, RoPE + store, attention", floors.graph_us(engine(lambda w: gemv.gemv(x, w)), L)),
     ]
     for cap in (int(c) for c in args.caps.split(",")):
-        rows.append((f"capped {cap}/SM gemv alone", graph_us(lambda cap=cap: [capped(w, cap) for w in ws], L)))
-        then = graph_us(engine(lambda w, c=cap: capped(w, c)), L)
+        rows.append((f"capped {cap}/SM gemv alone", floors.graph_us(lambda cap=cap: [capped(w, cap) for w in ws], L)))
+        then = floors.graph_us(engine(lambda w, c=cap: capped(w, c)), L)
         rows.append((f"capped {cap}/SM gemv, RoPE + store, attention", then))
     kv_mb = args.ctx * Hkv * D * 2 * 2 / 1e6
     print(f"per layer: q/k/v weights {ws[0].numel() * 2 / 1e6:.1f} MB, KV {kv_mb:.1f} MB at a {args.ctx}-token context")

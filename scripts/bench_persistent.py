@@ -88,28 +88,6 @@ def shapes(hidden=2048, inter=5632, qkv=6144, layers=24):
     return [(qkv, hidden), (hidden, qkv // 3), (2 * inter, hidden), (hidden, inter)] * layers
 
 
-def graph_time(fn, reps=20) -> float:
-    """Microseconds per call of fn, replayed from a CUDA graph of 10 calls."""
-    s = torch.cuda.Stream()
-    with torch.cuda.stream(s):
-        for _ in range(3):
-            fn()
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for _ in range(10):
-            fn()
-    g.replay()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(reps):
-        g.replay()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) * 1000 / (reps * 10)
-
-
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--layers", type=int, default=24)
@@ -158,9 +136,9 @@ def main():
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     ref = None
     rows = []
-    t = graph_time(launched_out)
+    t = floors.graph_us(launched_out)
     rows.append(("launched (PDL)", t))
-    rows.append(("launched, SwiGLU and add + RMSNorm epilogues", graph_time(launched_epilogues)))
+    rows.append(("launched, SwiGLU and add + RMSNorm epilogues", floors.graph_us(launched_epilogues)))
     launched()
     ref = buf[-1, : dims[-1][0]].float().clone()
     for per_sm in (int(p) for p in args.programs_per_sm.split(",")):
@@ -185,7 +163,7 @@ def main():
             persistent()
             torch.cuda.synchronize()
             err = (buf[-1, : dims[-1][0]].float() - ref).abs().max().item()
-            t = graph_time(persistent)
+            t = floors.graph_us(persistent)
             rows.append((f"persistent {per_sm}/SM{' +prefetch' if prefetch else ''} (max diff {err:.1e})", t))
     print(f"{len(dims)} products, {nbytes / 1e9:.3f} GB, copy rate {rate / 1e12:.2f} TB/s, floor {floor_us:.1f} us")
     print(f"{'variant':<44} {'us/chain':>9} {'us/product':>10} {'of roof':>8}")

@@ -26,6 +26,29 @@ def _time_ms(fn, reps: int = 5) -> float:
     return sorted(times)[len(times) // 2]
 
 
+def graph_us(fn, units: int = 1, calls: int = 10, reps: int = 20) -> float:
+    """Microseconds per unit of fn (a call runs `units` of them), from a CUDA graph of `calls` calls
+    replayed `reps` times after a warm-up on a side stream (compilation, allocation)."""
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            fn()
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for _ in range(calls):
+            fn()
+    g.replay()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(reps):
+        g.replay()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) * 1000 / (reps * calls * units)
+
+
 def ceilings(device: str) -> dict:
     n = 8192
     mats = [torch.randn(n, n, device=device, dtype=torch.bfloat16) for _ in range(2)]
