@@ -29,14 +29,13 @@ def bench(fn) -> float:
 def engine_sweep(path: str, choices: list[tuple[int, int]], reps: int = 2) -> None:
     """Concurrency-1 decode tok/s of the checkpoint at path for each (splits, key tile) choice."""
     from rlt.bench import offline
+    from rlt.workers.engine import LoopEngine
 
     mc, dtype, model = offline.load(path, "cuda")
     planned, tile = da.plan_splits, da.SPLIT_BLOCK_N
     for splits, block_n in [(None, None), *choices] * reps:
         da.plan_splits = planned if splits is None else (lambda rows, kv_heads, device, s=splits: s)
         da.SPLIT_BLOCK_N = tile if block_n is None else block_n
-        from rlt.workers.engine import LoopEngine
-
         engine = LoopEngine(mc, model, offline.engine_config(1, 1024, 4), dtype, "cuda")
         row = offline.decode_run(engine, mc, 1, 1.0, 1024, 128)
         print(f"splits {splits or 'planned'} key tile {block_n or tile}: {row['decode_tok_per_s']} tok/s", flush=True)
