@@ -24,6 +24,7 @@ from rlt.workers.steady import SteadyDecode
 from rlt.workers.step_buffers import DeviceReadback
 
 CRITERIA = tuple(EXIT_CRITERIA)
+RUN_AHEAD = 1  # passes launched past the newest whose flags the host has read (_read_parked)
 
 
 class BoundarySteadyDecode(SteadyDecode):
@@ -110,10 +111,15 @@ class BoundarySteadyDecode(SteadyDecode):
         return self.since >= self.wait and self.seen[1]
 
     def _read_parked(self) -> None:
-        """The newest pass whose flags the host can read without waiting: was every lane parked (or
-        ended), was any? Between boundary passes both only turn true: older passes are dropped."""
+        """The newest pass whose flags the host can read without waiting, at the oldest the one
+        before last (waiting for it): was every lane parked (or ended), was any? Between boundary
+        passes both only turn true: older passes are dropped. The bound keeps decisions fresh: a host
+        launching faster than the device runs would otherwise queue many passes ahead and decide on
+        flags that old (parked lanes waiting, and passes with every lane parked, for nothing);
+        one pass queued behind the running one keeps the device busy."""
+        oldest = len(self.flags) - 1 - RUN_AHEAD
         for i in range(len(self.flags) - 1, -1, -1):
-            if self.flags[i].ready():
+            if i <= oldest or self.flags[i].ready():
                 (flags,) = self.flags[i].resolve()
                 del self.flags[: i + 1]
                 self.seen = tuple(flags)
