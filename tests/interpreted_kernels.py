@@ -252,6 +252,34 @@ def check_kv_copy() -> bool:
     return err == 0 and moved
 
 
+def check_latent_checks() -> bool:
+    """Steady decode's fused bookkeeping and latent checks against their torch reference: lanes that
+    run or not, each criterion held or not, checked or not (min_loops), at max_loops, ended, a zero
+    previous state (cosine: never an exit)."""
+    from rlt.kernels import lane_checks, lane_checks_triton
+
+    g = torch.Generator().manual_seed(1)
+    L, H = 9, 37
+    out, x = torch.randn(L, H, generator=g).bfloat16(), torch.randn(L, H, generator=g).bfloat16()
+    run = torch.tensor([1, 1, 1, 1, 1, 0, 1, 1, 0], dtype=torch.bool)
+    depth = torch.tensor([0, 3, 4, 7, 2, 5, 9, 1, 0])
+    crit = torch.tensor([1, 1, 2, 2, 0, 1, 2, 1, 2])
+    lo, hi = torch.tensor([1, 1, 1, 8, 1, 1, 1, 3, 1]), torch.tensor([32, 32, 32, 32, 3, 32, 10, 32, 32])
+    thr = torch.tensor([0.5, 0.1, 0.01, 0.5, 0.3, 0.9, 0.02, 2.0, 0.5])
+    prev_diff = out.float() + 0.3 * torch.randn(L, H, generator=g)
+    prev_cos = out.float() + 0.05 * torch.randn(L, H, generator=g)
+    prev_cos[8] = 0
+    parked = torch.tensor([0, 0, 0, 0, 0, 1, 0, 0, 0], dtype=torch.bool)
+    active = torch.tensor([1, 1, 1, 1, 1, 1, 1, 1, 0], dtype=torch.bool)
+    want = [out, x, run, depth, crit, lo, hi, thr, prev_diff, prev_cos, parked, active]
+    got = [t.clone() for t in want]
+    counts = lane_checks.latent_checks(*want), lane_checks_triton.latent_checks(*got)
+    err = max((a.float() - b.float()).abs().max().item() for a, b in zip(want, got))
+    print(f"latent_checks: max error {err:.2e}, parked {want[10].tolist()}, counts {counts[0].tolist()}")
+    varied = want[10].tolist() == [True, False, True, True, True, True, True, False, False]
+    return err == 0 and torch.equal(*counts) and varied
+
+
 def check_random_bits() -> bool:
     from rlt.kernels.random import random_bits
     from rlt.kernels.random_triton import random_bits_rows
@@ -277,6 +305,7 @@ if __name__ == "__main__":
         check_norms,
         check_penalty_slots,
         check_kv_copy,
+        check_latent_checks,
         check_random_bits,
     )
     sys.exit(0 if all([check() for check in checks]) else 1)

@@ -32,7 +32,7 @@ def test_every_criterion_all_at_once_equals_the_authors_code(checkpoints):
     expect(run(engine(), mc, {i: (c["prompt"], params(c)) for i, c in enumerate(CASES)}), CASES)
 
 
-@pytest.mark.parametrize("criterion", ["latent-diff", "kl", "argmax-stability"])
+@pytest.mark.parametrize("criterion", ["latent-diff", "cosine", "kl", "argmax-stability"])
 def test_a_criterion_alone_equals_the_authors_code(checkpoints, criterion):
     mc, engine = engine_for(checkpoints, enable_prefix_caching=False)
     cases = [c for c in VARIED if c["criterion"] == criterion and c["prompt"] == VARIED[-1]["prompt"]]

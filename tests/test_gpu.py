@@ -565,6 +565,31 @@ def test_copy_slots_on_cuda_matches_torch(shape):
         assert torch.equal(got[:-1], want[:-1]) and not torch.equal(got, cache)
 
 
+def test_latent_checks_on_cuda_match_torch():
+    """Steady decode's fused bookkeeping and latent checks at Huginn's width, 64 lanes: the torch
+    reference's states, depths, previous states, parking and counts."""
+    from rlt.kernels import lane_checks, lane_checks_triton
+
+    g = torch.Generator(device="cuda").manual_seed(0)
+    L, H = 64, 5280
+
+    def ints(lo, hi):
+        return torch.randint(lo, hi, (L,), device="cuda", generator=g)
+
+    out, x = (torch.randn(L, H, device="cuda", generator=g).bfloat16() for _ in range(2))
+    noise = torch.randn(L, H, device="cuda", generator=g)
+    prev_diff = out.float() + torch.rand(L, 1, device="cuda", generator=g) * noise
+    prev_cos = out.float() + 0.1 * torch.randn(L, H, device="cuda", generator=g)
+    thr = torch.rand(L, device="cuda", generator=g) * torch.where(ints(1, 3) == 1, 2.0, 0.01)
+    run, parked = ints(0, 4) > 0, ints(0, 8) == 0
+    want = [out, x, run, ints(0, 31), ints(0, 3), ints(1, 4), ints(20, 33), thr, prev_diff, prev_cos, parked & ~run]
+    want.append(ints(0, 10) > 0)  # active
+    got = [t.clone() for t in want]
+    counts = lane_checks.latent_checks(*want), lane_checks_triton.latent_checks(*got)
+    assert all(torch.equal(a, b) for a, b in zip(want, got)) and torch.equal(*counts)
+    assert 0 < counts[0][1] < L  # some lanes parked, some not
+
+
 @pytest.mark.parametrize("family", ["ouro", "nanbeige", "huginn"])
 def test_cuda_decode_equals_cpu_in_float32(checkpoints, family):
     """Greedy decode on CUDA in float32 (kernels, CUDA graphs, tokens fed to the next pass on the

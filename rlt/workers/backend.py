@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from rlt.config import EngineConfig, ModelConfig
-from rlt.kernels import kv_copy
+from rlt.kernels import kv_copy, lane_checks
 from rlt.kernels.paged_attention import (
     KERNEL_BLOCK_M,
     PREFILL_BLOCK_M,
@@ -82,6 +82,7 @@ class ReferenceBackend:
     attend = staticmethod(reference_attend)
 
     copy_slots = staticmethod(kv_copy.copy_slots)
+    latent_checks = staticmethod(lane_checks.latent_checks)  # (steady decode's checks, Huginn)
 
     def __init__(self, mc: ModelConfig, model, pool, cfg: EngineConfig):
         self.model, self.pool = model, pool
@@ -138,11 +139,12 @@ class TritonBackend(ReferenceBackend):
     def __init__(self, mc: ModelConfig, model, pool, cfg: EngineConfig):
         from rlt.kernels.attention_steps import num_sms
         from rlt.kernels.kv_copy_triton import copy_slots
+        from rlt.kernels.lane_checks_triton import latent_checks
         from rlt.kernels.rope import rope_write_kv
 
         super().__init__(mc, model, pool, cfg)
         self.ops, self.slot_kernels = self.ops_class(), triton_slot_kernels()
-        self.copy_slots = copy_slots
+        self.copy_slots, self.latent_checks = copy_slots, latent_checks
 
         def attend(cache, layer, meta: PagedMetadata, q, k, v, rotary):
             Progress.count += 1

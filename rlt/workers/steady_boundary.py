@@ -41,8 +41,10 @@ class BoundarySteadyDecode(SteadyDecode):
         self.prev = {c: self._initial(c, groups, names) for c in CRITERIA if c in names}
         self.parked = torch.tensor([g.parked is not None or id(g) in exited for g in groups], device=dev)
         self.seeds = torch.tensor([p.state_seed for p in self.params], device=dev)
+        # no logit criterion: each pass's bookkeeping and checks are one operation (lane_checks.py)
+        self.latent_only = bool(self.prev) and all(c in LATENT for c in self.prev)
         self.wait, self.since = max(1, runner.exit_wait), 0
-        # per pass since the last boundary pass: was every lane parked (or ended), was any parked?
+        # per pass since the last boundary pass: lanes neither parked nor ended, lanes parked
         self.flags: list[DeviceReadback] = []
         self.seen = (False, False)  # the newest of them the host has read
 
@@ -120,9 +122,9 @@ class BoundarySteadyDecode(SteadyDecode):
         oldest = len(self.flags) - 1 - RUN_AHEAD
         for i in range(len(self.flags) - 1, -1, -1):
             if i <= oldest or self.flags[i].ready():
-                (flags,) = self.flags[i].resolve()
+                ((running, parked),) = self.flags[i].resolve()
                 del self.flags[: i + 1]
-                self.seen = tuple(flags)
+                self.seen = (running == 0, parked > 0)
                 return
 
     @torch.inference_mode()
@@ -142,16 +144,23 @@ class BoundarySteadyDecode(SteadyDecode):
         # lanes parked or ended: position 0 (their attention reads one block), outputs dropped
         table = torch.where(self.active.unsqueeze(1), table, pool.scratch_block)
         x, _ = self.runner.backend.lane_pass(self.x, self.inject, torch.where(run, self.pos, 0), slot, table)
-        x = torch.where(run.unsqueeze(1), x, self.x)
-        depth = self.depth + run
-        checked = run & (self.crit > 0) & (depth >= self.min_loops) & (depth < self.max_loops)
-        exits = self._check(x, checked)
-        self.parked = self.parked | (run & (exits | (depth >= self.max_loops)))
-        self.x, self.depth = x, depth
+        if self.latent_only:  # one operation (a launch on CUDA) for the bookkeeping and the checks
+            prev = [self.prev.get(c, next(iter(self.prev.values())))[0] for c in LATENT]  # (one may be absent)
+            args = (self.crit, self.min_loops, self.max_loops, self.threshold, *prev, self.parked, self.active)
+            x = x.contiguous()
+            counts = self.runner.backend.latent_checks(x, self.x, run, self.depth, *args)
+        else:
+            x = torch.where(run.unsqueeze(1), x, self.x)
+            depth = self.depth + run
+            checked = run & (self.crit > 0) & (depth >= self.min_loops) & (depth < self.max_loops)
+            exits = self._check(x, checked)
+            self.parked = self.parked | (run & (exits | (depth >= self.max_loops)))
+            self.depth = depth
+            counts = torch.stack([(~self.parked & self.active).sum(), (self.parked & self.active).sum()])
+        self.x = x
         if self._boundary_now():
             return self._exit()
-        parked = self.parked | ~self.active
-        self.flags.append(DeviceReadback((torch.stack([parked.all(), (self.parked & self.active).any()]),)))
+        self.flags.append(DeviceReadback((counts,)))
         return None
 
     def _exit(self) -> DeviceReadback:
