@@ -232,23 +232,26 @@ def check_penalty_slots() -> bool:
 
 
 def check_kv_copy() -> bool:
-    """The finalize copies: the Triton kernel moves exactly the kept pairs' slots (every layer, K
-    and V), as the reference does outside its scratch slot."""
+    """The finalize copies: the Triton kernel moves exactly the kept lanes' and planes' slots (every
+    layer, K and V), as the reference does outside its scratch slot; one lane and several."""
     from rlt.kernels import kv_copy, kv_copy_triton
 
     g = torch.Generator().manual_seed(3)
-    cache = torch.randn(7, 3, 2, 4, 5, 12, generator=g)  # blocks (the last: scratch), layers, K/V, slots
-    src = torch.tensor([0, 5, 9, 13, 2, 22])
-    dst = torch.tensor([1, 6, 17, 3, 20, 21])
-    keep = torch.tensor([True, False, True, True, False, True])
     err, moved = 0.0, True
-    for source in (src, src[:1].expand(6)):  # (one lane's source for every plane: a stride-0 view)
+    for L in (1, 3):
+        P, W, D, bs = 5, 3, 4, 4  # tables: 4 core planes and a boundary one, 3 blocks wide
+        blocks = L * P * W
+        cache = torch.randn(blocks + 1, 3, 2, bs, 5, 12, generator=g)  # the last block: scratch
+        tables = torch.randperm(blocks, generator=g).view(L, P, W)
+        pos = torch.tensor([9, 2, 11][:L])
+        depth = torch.tensor([2, 1, 4][:L])  # (a lane at full depth copies nothing)
+        done = torch.tensor([True, True, False][:L])
         want, got = cache.clone(), cache.clone()
-        kv_copy.copy_slots(want, source, dst, keep, 24)
-        kv_copy_triton.copy_slots(got, source, dst, keep, 24)
-        err = max(err, (got[:6] - want[:6]).abs().max().item())
-        moved &= not torch.equal(want[:6], cache[:6]) and torch.equal(got[6], cache[6])
-    print(f"copy_slots: max error {err:.2e}")
+        kv_copy.finalize_copies(want, tables, pos, depth, done, D, blocks * bs)
+        kv_copy_triton.finalize_copies(got, tables, pos, depth, done, D, blocks * bs)
+        err = max(err, (got[:-1] - want[:-1]).abs().max().item())
+        moved &= not torch.equal(want[:-1], cache[:-1]) and torch.equal(got[-1], cache[-1])
+    print(f"finalize_copies: max error {err:.2e}")
     return err == 0 and moved
 
 

@@ -548,21 +548,25 @@ def test_rms_norm_on_cuda_matches_torch():
     assert (TritonOps().rms_norm(x, w, 1e-6).float().cpu() - ref).abs().max() <= 2e-2 * ref.abs().max()
 
 
-@pytest.mark.parametrize("shape", [(40, 3, 2, 16, 4, 16), (40, 4, 2, 16, 55, 96)])
-def test_copy_slots_on_cuda_matches_torch(shape):
-    """The finalize copies' kernel: exactly the kept pairs' slots move (every layer, K and V)."""
+@pytest.mark.parametrize("lanes,layers,heads,dim", [(1, 3, 4, 16), (64, 4, 55, 96)])
+def test_finalize_copies_on_cuda_match_torch(lanes, layers, heads, dim):
+    """The finalize copies' kernel: exactly the kept lanes' and planes' slots move (every layer, K
+    and V), one lane (Ouro's one-row steady decode) and 64 at Huginn's width."""
     from rlt.kernels import kv_copy, kv_copy_triton
 
     g = torch.Generator(device="cuda").manual_seed(0)
-    cache = torch.randn(shape, device="cuda", generator=g).bfloat16()
-    slots = torch.randperm((shape[0] - 1) * 16, device="cuda", generator=g)[:96]
-    src, dst = slots[:48], slots[48:]
-    keep = torch.rand(48, device="cuda", generator=g) < 0.3
-    for source in (src, src[:1].expand(48)):  # (one lane's source for every plane: a stride-0 view)
-        want, got = cache.clone(), cache.clone()
-        kv_copy.copy_slots(want, source, dst, keep, (shape[0] - 1) * 16)
-        kv_copy_triton.copy_slots(got, source, dst, keep, (shape[0] - 1) * 16)
-        assert torch.equal(got[:-1], want[:-1]) and not torch.equal(got, cache)
+    P, W, D, bs = 33, 4, 32, 16
+    blocks = lanes * P * W
+    cache = torch.randn(blocks + 1, layers, 2, bs, heads, dim, device="cuda", generator=g).bfloat16()
+    tables = torch.randperm(blocks, device="cuda", generator=g).view(lanes, P, W)
+    pos = torch.randint(0, W * bs, (lanes,), device="cuda", generator=g)
+    depth = torch.randint(1, D + 1, (lanes,), device="cuda", generator=g)
+    done = torch.rand(lanes, device="cuda", generator=g) < 0.5
+    done[0] = True
+    want, got = cache.clone(), cache.clone()
+    kv_copy.finalize_copies(want, tables, pos, depth.clamp(max=D - 1), done, D, blocks * bs)
+    kv_copy_triton.finalize_copies(got, tables, pos, depth.clamp(max=D - 1), done, D, blocks * bs)
+    assert torch.equal(got[:-1], want[:-1]) and not torch.equal(got, cache)
 
 
 def test_latent_checks_on_cuda_match_torch():

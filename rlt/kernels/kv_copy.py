@@ -1,19 +1,31 @@
-"""LAST_EXITED finalize copies in steady decode: a lane that exited at depth e copies its position's
-K/V of plane e-1 into planes e..D-1, where deeper queries read it. The pairs are laid out for every
-lane and plane (the device decides which to keep, the host never waits for it); most are not kept.
+"""LAST_EXITED finalize copies in steady decode: a lane done at depth e < D copies its position's
+K/V of plane e-1 (its last loop's) into planes e..D-1, where deeper queries read it. The host never
+waits for which lanes are done: the operation covers every lane and plane and keeps the pairs the
+device marks.
 
-copy_slots is the torch reference (pairs not kept write the scratch slot); its Triton kernel
-(kv_copy_triton.py) skips them and moves only the kept slots' bytes.
+finalize_copies is the torch reference (pairs not kept write the scratch slot); its Triton kernel
+(kv_copy_triton.py) reads the tables itself and moves only the kept slots' bytes, in one launch.
 """
 
 import torch
 
 
-def copy_slots(
-    cache: torch.Tensor, src: torch.Tensor, dst: torch.Tensor, keep: torch.Tensor, scratch_slot: int
+def finalize_copies(
+    cache: torch.Tensor,
+    tables: torch.Tensor,
+    pos: torch.Tensor,
+    depth: torch.Tensor,
+    done: torch.Tensor,
+    planes: int,
+    scratch_slot: int,
 ) -> None:
-    """cache [blocks, layers, 2, block_size, ...]: every layer's K and V of slot src[i] into slot dst[i]
-    where keep[i] (src, dst: int64 slots [N], keep: bool [N])."""
-    bs = cache.shape[3]
-    d = torch.where(keep, dst, scratch_slot)
-    cache[d // bs, :, :, d % bs] = cache[src // bs, :, :, src % bs]
+    """cache [blocks, layers, 2, block_size, ...]; tables [L, >= planes, W] (the core planes first);
+    pos, depth [L] int64 (each lane's position and loops run); done [L] bool."""
+    bs, D = cache.shape[3], planes
+    block = (pos // bs).clamp(max=tables.shape[2] - 1)
+    slots = tables[:, :D].gather(2, block.view(-1, 1, 1).expand(-1, D, 1)).squeeze(2) * bs
+    slots = slots + (pos % bs).unsqueeze(1)  # [L, D]: each core plane's slot of the position
+    src = slots.gather(1, (depth - 1).clamp(min=0).unsqueeze(1)).expand(-1, D)
+    keep = done.unsqueeze(1) & (torch.arange(D, device=depth.device) >= depth.unsqueeze(1))
+    dst = torch.where(keep, slots, scratch_slot)
+    cache[dst // bs, :, :, dst % bs] = cache[src // bs, :, :, src % bs]

@@ -1,5 +1,5 @@
-"""Triton kernel of rlt/kernels/kv_copy.py: one program per (pair, layer and K or V); a pair not
-kept returns at once, so a launch over every lane and plane moves only what the exits need."""
+"""Triton kernel of rlt/kernels/kv_copy.py: one program per (lane and plane, layer and K or V); a
+pair not kept returns at once, so one launch over every lane and plane moves only what exits need."""
 
 import torch
 import triton
@@ -7,27 +7,41 @@ import triton.language as tl
 
 
 @triton.jit
-def _copy_slots_kernel(cache_ptr, src_ptr, dst_ptr, keep_ptr, BS, PARTS, HD, BLOCK: tl.constexpr):
+def _finalize_kernel(cache_ptr, tables_ptr, pos_ptr, depth_ptr, done_ptr, D, P, W, BS, PARTS, HD, BLOCK: tl.constexpr):
     i = tl.program_id(0)
+    lane, plane = i // D, i % D
     part = tl.program_id(1)  # layer * 2 + (0: K, 1: V)
-    if tl.load(keep_ptr + i) != 0:
-        s = tl.load(src_ptr + i).to(tl.int64)
-        d = tl.load(dst_ptr + i).to(tl.int64)
-        src = cache_ptr + (((s // BS) * PARTS + part) * BS + s % BS) * HD
-        dst = cache_ptr + (((d // BS) * PARTS + part) * BS + d % BS) * HD
+    depth = tl.load(depth_ptr + lane)
+    if (tl.load(done_ptr + lane) != 0) & (plane >= depth):
+        pos = tl.load(pos_ptr + lane)
+        row = tables_ptr + lane.to(tl.int64) * P * W + tl.minimum(pos // BS, W - 1)
+        s = tl.load(row + tl.maximum(depth - 1, 0) * W) * BS + pos % BS
+        d = tl.load(row + plane * W) * BS + pos % BS
+        src = cache_ptr + ((s // BS * PARTS + part) * BS + s % BS) * HD
+        dst = cache_ptr + ((d // BS * PARTS + part) * BS + d % BS) * HD
         for k0 in range(0, HD, BLOCK):
             k = k0 + tl.arange(0, BLOCK)
             tl.store(dst + k, tl.load(src + k, mask=k < HD), mask=k < HD)
 
 
-def copy_slots(
-    cache: torch.Tensor, src: torch.Tensor, dst: torch.Tensor, keep: torch.Tensor, scratch_slot: int
-) -> None:
-    assert cache.is_contiguous()
+def finalize_copies(cache, tables, pos, depth, done, planes: int, scratch_slot: int) -> None:
     _, layers, two, bs = cache.shape[:4]
+    L, P, W = tables.shape
+    for t in (cache, tables, pos, depth, done):
+        assert t.is_contiguous()
     hd = cache[0, 0, 0, 0].numel()
-    if len(src):  # (the kernel reads element i at offset i: a broadcast src, stride 0, is made dense)
-        src, dst, keep = src.contiguous(), dst.contiguous(), keep.to(torch.int8).contiguous()
-        _copy_slots_kernel[(len(src), layers * two)](
-            cache, src, dst, keep, bs, layers * two, hd, BLOCK=min(triton.next_power_of_2(hd), 4096)
+    if L:
+        _finalize_kernel[(L * planes, layers * two)](
+            cache,
+            tables,
+            pos,
+            depth,
+            done.view(torch.int8),
+            planes,
+            P,
+            W,
+            bs,
+            layers * two,
+            hd,
+            BLOCK=min(triton.next_power_of_2(hd), 4096),
         )

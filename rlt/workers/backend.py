@@ -81,15 +81,18 @@ class ReferenceBackend:
     slot_kernels = REFERENCE_SLOTS
     attend = staticmethod(reference_attend)
 
-    copy_slots = staticmethod(kv_copy.copy_slots)
+    finalize_copies = staticmethod(kv_copy.finalize_copies)
     latent_checks = staticmethod(lane_checks.latent_checks)  # (steady decode's checks, Huginn)
 
     def __init__(self, mc: ModelConfig, model, pool, cfg: EngineConfig):
         self.model, self.pool = model, pool
 
-    def copy_kv(self, src: torch.Tensor, dst: torch.Tensor, keep: torch.Tensor) -> None:
-        """Every layer's K/V of slots src into slots dst where keep (steady decode's finalize copies)."""
-        self.copy_slots(self.pool.cache, src, dst, keep, self.pool.scratch_block * self.pool.block_size)
+    def finalize(self, tables: torch.Tensor, pos: torch.Tensor, depth: torch.Tensor, done: torch.Tensor) -> None:
+        """Steady decode's LAST_EXITED finalize copies (rlt/kernels/kv_copy.py) for lanes done now."""
+        pool = self.pool
+        self.finalize_copies(
+            pool.cache, tables, pos, depth, done, pool.num_core_planes, pool.scratch_block * pool.block_size
+        )
 
     def plane(self, groups: list, row_starts: list[int], tables: list[list[int]]) -> PagedMetadata:
         """The metadata of one plane per group: slots each row's K/V goes to, the block table each
@@ -138,13 +141,13 @@ class TritonBackend(ReferenceBackend):
 
     def __init__(self, mc: ModelConfig, model, pool, cfg: EngineConfig):
         from rlt.kernels.attention_steps import num_sms
-        from rlt.kernels.kv_copy_triton import copy_slots
+        from rlt.kernels.kv_copy_triton import finalize_copies
         from rlt.kernels.lane_checks_triton import latent_checks
         from rlt.kernels.rope import rope_write_kv
 
         super().__init__(mc, model, pool, cfg)
         self.ops, self.slot_kernels = self.ops_class(), triton_slot_kernels()
-        self.copy_slots, self.latent_checks = copy_slots, latent_checks
+        self.finalize_copies, self.latent_checks = finalize_copies, latent_checks
 
         def attend(cache, layer, meta: PagedMetadata, q, k, v, rotary):
             Progress.count += 1

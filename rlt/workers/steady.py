@@ -151,18 +151,10 @@ class SteadyDecode:
         return DeviceReadback((done, tokens, depth) + tuple(top))
 
     def _finalize(self, done: torch.Tensor, depth: torch.Tensor) -> None:
-        """LAST_EXITED: a lane done at depth e < D copies its position's K/V of plane e-1 (its last
-        loop's) into planes e..D-1, where deeper queries read it; one launch over every lane and
-        plane, the device keeping the pairs it needs."""
-        pool, bs, D = self.pool, self.pool.block_size, self.depth_max
-        if pool.layout != "last_exited":
-            return
-        block = (self.pos // bs).clamp(max=self.tables.shape[2] - 1)
-        slots = self.tables[:, :D].gather(2, block.view(-1, 1, 1).expand(-1, D, 1)).squeeze(2) * bs
-        slots = slots + (self.pos % bs).unsqueeze(1)  # [L, D]: each core plane's slot of the position
-        src = slots.gather(1, (depth - 1).clamp(min=0).unsqueeze(1)).expand(-1, D)
-        keep = done.unsqueeze(1) & (torch.arange(D, device=depth.device) >= depth.unsqueeze(1))
-        self.runner.backend.copy_kv(src.flatten(), slots.flatten(), keep.flatten())
+        """LAST_EXITED: lanes done at depth e < D copy their position's K/V of plane e-1 into planes
+        e..D-1 (one operation over every lane and plane, the device keeping what it needs)."""
+        if self.pool.layout == "last_exited":
+            self.runner.backend.finalize(self.tables, self.pos, depth, done)
 
     def lane_states(self) -> list[dict]:
         """Every lane's state on the host side of the regular path (after the last step is resolved)."""
