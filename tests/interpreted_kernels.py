@@ -255,6 +255,23 @@ def check_kv_copy() -> bool:
     return err == 0 and moved
 
 
+def check_lane_rows() -> bool:
+    """Steady decode's attention rows against their torch reference: planes past max_plane clamped,
+    tables and slots on or off per lane, a position past the table's last block (clamped)."""
+    from rlt.kernels import lane_rows, lane_rows_triton
+
+    g = torch.Generator().manual_seed(2)
+    tables = torch.randperm(4 * 5 * 7, generator=g).view(4, 5, 7)
+    plane, pos = torch.tensor([0, 4, 2, 9]), torch.tensor([3, 17, 40, 200])
+    table_on = torch.tensor([True, True, False, True])
+    slot_on = torch.tensor([True, False, False, True])
+    args = (tables, plane, 3, pos, table_on, slot_on, 140, 16)
+    want, got = lane_rows.lane_rows(*args), lane_rows_triton.lane_rows(*args)
+    err = max((a - b).abs().max().item() for a, b in zip(want, got))
+    print(f"lane_rows: max error {err:.2e}")
+    return err == 0 and want[2].tolist() == [3, 0, 0, 200] and want[1][1].item() == 140 * 16
+
+
 def check_latent_checks() -> bool:
     """Steady decode's fused bookkeeping and latent checks against their torch reference: lanes that
     run or not, each criterion held or not, checked or not (min_loops), at max_loops, ended, a zero
@@ -308,6 +325,7 @@ if __name__ == "__main__":
         check_norms,
         check_penalty_slots,
         check_kv_copy,
+        check_lane_rows,
         check_latent_checks,
         check_random_bits,
     )

@@ -569,6 +569,23 @@ def test_finalize_copies_on_cuda_match_torch(lanes, layers, heads, dim):
     assert torch.equal(got[:-1], want[:-1]) and not torch.equal(got, cache)
 
 
+def test_lane_rows_on_cuda_match_torch():
+    """Steady decode's attention rows at 64 lanes, 33 planes: the torch reference's tables, slots and
+    positions (planes clamped, lanes on and off, positions past the last block)."""
+    from rlt.kernels import lane_rows, lane_rows_triton
+
+    g = torch.Generator(device="cuda").manual_seed(0)
+    L, P, W = 64, 33, 48
+    tables = torch.randperm(L * P * W, device="cuda", generator=g).view(L, P, W)
+    plane = torch.randint(0, P, (L,), device="cuda", generator=g)
+    pos = torch.randint(0, W * 16 + 40, (L,), device="cuda", generator=g)
+    table_on, slot_on = (torch.rand(L, device="cuda", generator=g) < 0.7 for _ in range(2))
+    for max_plane in (0, 31, 32):
+        args = (tables, plane, max_plane, pos, table_on, slot_on, L * P * W, 16)
+        want, got = lane_rows.lane_rows(*args), lane_rows_triton.lane_rows(*args)
+        assert all(torch.equal(a, b) for a, b in zip(want, got))
+
+
 def test_latent_checks_on_cuda_match_torch():
     """Steady decode's fused bookkeeping and latent checks at Huginn's width, 64 lanes: the torch
     reference's states, depths, previous states, parking and counts."""

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from rlt.config import EngineConfig, ModelConfig
-from rlt.kernels import kv_copy, lane_checks
+from rlt.kernels import kv_copy, lane_checks, lane_rows
 from rlt.kernels.paged_attention import (
     KERNEL_BLOCK_M,
     PREFILL_BLOCK_M,
@@ -82,6 +82,7 @@ class ReferenceBackend:
     attend = staticmethod(reference_attend)
 
     finalize_copies = staticmethod(kv_copy.finalize_copies)
+    lane_rows_op = staticmethod(lane_rows.lane_rows)
     latent_checks = staticmethod(lane_checks.latent_checks)  # (steady decode's checks, Huginn)
 
     def __init__(self, mc: ModelConfig, model, pool, cfg: EngineConfig):
@@ -93,6 +94,11 @@ class ReferenceBackend:
         self.finalize_copies(
             pool.cache, tables, pos, depth, done, pool.num_core_planes, pool.scratch_block * pool.block_size
         )
+
+    def lane_rows(self, tables, plane, max_plane: int, pos, table_on, slot_on):
+        """Steady decode's (table, slot, position) per lane for a pass (rlt/kernels/lane_rows.py)."""
+        pool = self.pool
+        return self.lane_rows_op(tables, plane, max_plane, pos, table_on, slot_on, pool.scratch_block, pool.block_size)
 
     def plane(self, groups: list, row_starts: list[int], tables: list[list[int]]) -> PagedMetadata:
         """The metadata of one plane per group: slots each row's K/V goes to, the block table each
@@ -143,11 +149,12 @@ class TritonBackend(ReferenceBackend):
         from rlt.kernels.attention_steps import num_sms
         from rlt.kernels.kv_copy_triton import finalize_copies
         from rlt.kernels.lane_checks_triton import latent_checks
+        from rlt.kernels.lane_rows_triton import lane_rows
         from rlt.kernels.rope import rope_write_kv
 
         super().__init__(mc, model, pool, cfg)
         self.ops, self.slot_kernels = self.ops_class(), triton_slot_kernels()
-        self.finalize_copies, self.latent_checks = finalize_copies, latent_checks
+        self.finalize_copies, self.latent_checks, self.lane_rows_op = finalize_copies, latent_checks, lane_rows
 
         def attend(cache, layer, meta: PagedMetadata, q, k, v, rotary):
             Progress.count += 1
@@ -175,7 +182,7 @@ class TritonBackend(ReferenceBackend):
         heads = mc.family_config.num_attention_heads
         self.fill_tiles = 0 if self.batch_invariant else -(-num_sms(pool.cache.device) // heads)
         self.decode_graphs = self.pass_graphs = self.prompt_graphs = None
-        self.lane_work: dict[int, torch.Tensor] = {}  # lane_meta's work item counts, by lane count
+        self.lane_work: dict[int, dict] = {}  # lane_meta's fixed tensors, by lane count
         if cfg.cuda_graph_max_batch > 0:
             shape = (model, pool, mc.hidden_size, pool.cache.dtype, pool.cache.device)
             self.decode_graphs = DecodeGraphs(*shape, cfg.cuda_graph_max_batch, self.attention, self.decode_plan)
@@ -216,18 +223,14 @@ class TritonBackend(ReferenceBackend):
 
     def lane_meta(self, pos, slot, table) -> PagedMetadata:
         n = len(pos)
-        ar = torch.arange(n, device=pos.device)  # one row per segment; positions stay on the device
-        work = self.lane_work.get(n)
-        if work is None:  # (built once per lane count: a copy from the host would wait for the device)
-            work = self.lane_work[n] = torch.tensor([1, n], device=pos.device)
-        kernel = dict(
-            tile_seg=ar,
-            tile_row=torch.zeros_like(ar),
-            seg_row0=ar,
-            seg_rows=torch.ones_like(ar),
-            seg_q0=pos,
-            work=work,
-        )
+        fixed = self.lane_work.get(n)
+        if fixed is None:  # (once per lane count: one row per segment; a host copy would wait for the device)
+            ar = torch.arange(n, device=pos.device)
+            work = torch.tensor([1, n], device=pos.device)
+            fixed = self.lane_work[n] = dict(
+                tile_seg=ar, tile_row=torch.zeros_like(ar), seg_row0=ar, seg_rows=torch.ones_like(ar), work=work
+            )
+        kernel = dict(fixed, seg_q0=pos)  # (positions stay on the device)
         bs = self.pool.block_size  # (q_starts are read by the reference only)
         return PagedMetadata(slot, table, list(range(n + 1)), [0] * n, bs, kernel, self.decode_plan)
 

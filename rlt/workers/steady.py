@@ -33,7 +33,7 @@ class SteadyDecode:
         self.runner, self.model, self.pool = runner, runner.model, runner.pool
         self.params = [g.params for g in groups]
         self.lanes = len(groups)
-        dev, pool, bs = runner.device, runner.pool, runner.pool.block_size
+        dev, pool = runner.device, runner.pool
         self.depth_max = runner.mc.depth
 
         def t(values, dtype=torch.int64):
@@ -48,7 +48,6 @@ class SteadyDecode:
             for p, tab in enumerate(g.tables.planes):
                 tables[i, p, : len(tab)] = tab
         self.tables = torch.from_numpy(tables).to(dev)
-        self.lane_ids = torch.arange(self.lanes, device=dev)
         self.pos, self.depth = t([g.start for g in groups]), t([g.depth for g in groups])
         self.out_idx = t([g.output_index for g in groups])
         self.active = torch.ones(self.lanes, dtype=torch.bool, device=dev)
@@ -64,7 +63,6 @@ class SteadyDecode:
             groups, self.out_idx, pen, runner.mc.eos_token_ids, runner.backend.ops.random_bits_rows
         )  # (reads out_idx)
         self.top_k = max(p.logprobs for p in ps)
-        self.scratch_slot = pool.scratch_block * bs
         # Fixed depth everywhere: the host knows on which loops a lane can exit and skips the head,
         # sampling and advance on the others (lanes ended on the device only make it cautious).
         self.fixed = not any(map(exits_early, ps))
@@ -120,15 +118,9 @@ class SteadyDecode:
     def step(self) -> DeviceReadback | None:
         """Launch one pass over every lane -> its (exited, tokens, exit depths[, top values, top ids])
         on their way to the host; None when no lane could exit in it (nothing to read)."""
-        pool, bs = self.pool, self.pool.block_size
-        plane = self.depth if pool.layout == "last_exited" else torch.zeros_like(self.depth)
-        table = self.tables[self.lane_ids, plane]  # [L, W]: each lane's plane for this loop
-        # (an ended lane's position may sit one past its last block: clamp, it writes scratch anyway)
-        block_of = (self.pos // bs).clamp(max=self.tables.shape[2] - 1).unsqueeze(1)
-        slot = table.gather(1, block_of).squeeze(1) * bs + self.pos % bs
-        slot = torch.where(self.active, slot, self.scratch_slot)
-        table = torch.where(self.active.unsqueeze(1), table, pool.scratch_block)
-        x, gate = self.runner.backend.lane_pass(self.x, self.inject, self.pos, slot, table)
+        backend, on = self.runner.backend, self.active  # (each lane on its depth's plane; ended: scratch)
+        table, slot, pos = backend.lane_rows(self.tables, self.depth, self.pool.num_core_planes - 1, self.pos, on, on)
+        x, gate = backend.lane_pass(self.x, self.inject, pos, slot, table)
         depth = self.depth + 1
         if not self._may_exit():
             self.x, self.depth = x, torch.where(self.active, depth, 0)

@@ -69,7 +69,7 @@ class BoundarySteadyDecode(SteadyDecode):
             mine = checked & (self.crit == CRITERIA.index(crit) + 1)
             if crit not in LATENT and logits is None:
                 write = checked & (self.crit > len(LATENT))
-                logits = self.model.head(x, *self._boundary(self.pos, self.lane_ids, write))
+                logits = self.model.head(x, *self._boundary(self.pos, write))
             hold, new = evaluate(crit, x if crit in LATENT else logits, prev, self.threshold)
             exits = exits | (mine & hold)
             self.prev[crit] = tuple(torch.where(_rows(mine, n), n, p) for n, p in zip(new, prev))
@@ -86,21 +86,17 @@ class BoundarySteadyDecode(SteadyDecode):
     def _embed(self, ids, lanes, groups):
         """A new token's prelude (its boundary K/V at the lane's position) and initial latent."""
         pos = self.pos[lanes]
-        inject = self.model.embed(ids, *self._boundary(pos, self.lane_ids[lanes]))
+        inject = self.model.embed(ids, *self._boundary(pos, self.active[lanes], self.tables[lanes]))
         seeds = torch.tensor([groups[i].params.state_seed for i in lanes], device=pos.device)
         return self.model.initial_state(inject, pos, seeds), inject
 
-    def _boundary(self, pos: torch.Tensor, lanes: torch.Tensor, on: torch.Tensor | None = None):
-        """-> (positions, attention) of the boundary layers for these lanes at positions pos. Rows
-        where on (default: the lanes active) write their K/V and read their context; the others,
-        whose outputs go unused, sit at position 0 on the scratch block (their attention reads one
-        block, not their context)."""
-        bs, scratch, backend = self.pool.block_size, self.pool.scratch_block, self.runner.backend
-        on = self.active[lanes] if on is None else on
-        table = self.tables[lanes, self.pool.num_core_planes]  # [n, W]
-        block = (pos // bs).clamp(max=table.shape[1] - 1).unsqueeze(1)
-        slot = torch.where(on, table.gather(1, block).squeeze(1) * bs + pos % bs, scratch * bs)
-        table, pos = torch.where(on.unsqueeze(1), table, scratch), torch.where(on, pos, 0)
+    def _boundary(self, pos: torch.Tensor, on: torch.Tensor, tables: torch.Tensor | None = None):
+        """-> (positions, attention) of the boundary layers for the lanes (of tables, default all)
+        at positions pos. Rows where on write their K/V and read their context; the others, whose
+        outputs go unused, sit at position 0 on the scratch block (their attention reads one block)."""
+        backend, P = self.runner.backend, self.pool.num_core_planes  # (the boundary plane follows the core's)
+        plane = torch.full_like(pos, P)
+        table, slot, pos = backend.lane_rows(self.tables if tables is None else tables, plane, P, pos, on, on)
         return pos, backend.attention(None, backend.lane_meta(pos, slot, table))
 
     def _boundary_now(self) -> bool:
@@ -131,19 +127,15 @@ class BoundarySteadyDecode(SteadyDecode):
     def step(self) -> DeviceReadback | None:
         """One core pass over every lane, the checks, and on a boundary pass the exits -> (exited,
         tokens, exit depths[, top values, top ids]) on their way to the host; None on other passes."""
-        pool, bs = self.pool, self.pool.block_size
         if not self.fixed:
             self._read_parked()
             if self.seen[0]:  # no lane has a loop to run (as the regular path releases parked rows)
                 return self._exit()
-        run = self.active & ~self.parked
-        plane = self.depth.clamp(max=pool.num_core_planes - 1) if pool.layout == "last_exited" else 0 * self.depth
-        table = self.tables[self.lane_ids, plane]
-        block_of = (self.pos // bs).clamp(max=self.tables.shape[2] - 1).unsqueeze(1)
-        slot = torch.where(run, table.gather(1, block_of).squeeze(1) * bs + self.pos % bs, self.scratch_slot)
+        run, backend = self.active & ~self.parked, self.runner.backend
         # lanes parked or ended: position 0 (their attention reads one block), outputs dropped
-        table = torch.where(self.active.unsqueeze(1), table, pool.scratch_block)
-        x, _ = self.runner.backend.lane_pass(self.x, self.inject, torch.where(run, self.pos, 0), slot, table)
+        planes = self.pool.num_core_planes
+        table, slot, pos = backend.lane_rows(self.tables, self.depth, planes - 1, self.pos, self.active, run)
+        x, _ = backend.lane_pass(self.x, self.inject, pos, slot, table)
         if self.latent_only:  # one operation (a launch on CUDA) for the bookkeeping and the checks
             prev = [self.prev.get(c, next(iter(self.prev.values())))[0] for c in LATENT]  # (one may be absent)
             args = (self.crit, self.min_loops, self.max_loops, self.threshold, *prev, self.parked, self.active)
@@ -168,13 +160,13 @@ class BoundarySteadyDecode(SteadyDecode):
         self.since, self.flags, self.seen = 0, [], (False, False)
         done, depth, pos = self.parked & self.active, self.depth, self.pos
         self._finalize(done, depth)
-        logits = self.model.head(self.x, *self._boundary(pos, self.lane_ids, done))
+        logits = self.model.head(self.x, *self._boundary(pos, done))
         tokens = self.sampling.sample(logits, keep_raw=bool(self.top_k))
         self.sampling.commit(tokens, done)
         top = top_logprobs(logits, self.top_k, tokens) if self.top_k else ()
         self.active = self.active & ~(done & (self.out_idx + 1 >= self.max_tokens))  # length: the lane ends
         nxt, npos = done & self.active, pos + done
-        inject = self.model.embed(tokens, *self._boundary(npos, self.lane_ids, nxt))
+        inject = self.model.embed(tokens, *self._boundary(npos, nxt))
         state = self.model.initial_state(inject, npos, self.seeds)
         m = nxt.unsqueeze(1)
         self.x, self.inject = torch.where(m, state, self.x), torch.where(m, inject, self.inject)
