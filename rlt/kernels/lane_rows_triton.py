@@ -5,7 +5,7 @@ import triton
 import triton.language as tl
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["W", "MAX_PLANE"])  # (table widths vary per stretch)
 def _lane_rows_kernel(
     tables_ptr,
     plane_ptr,
