@@ -37,6 +37,9 @@ def _lane_rows_kernel(
     tl.store(pos_out_ptr + lane, tl.where(slot_on, pos, 0))
 
 
+BLOCK = 256  # table entries per step: one for every width (a width-derived tile would compile per width)
+
+
 def lane_rows(tables, plane, max_plane: int, pos, table_on, slot_on, scratch_block: int, block_size: int):
     L, P, W = tables.shape
     for t in (tables, plane, pos, table_on, slot_on):
@@ -58,6 +61,6 @@ def lane_rows(tables, plane, max_plane: int, pos, table_on, slot_on, scratch_blo
             max_plane,
             scratch_block,
             block_size,
-            BLOCK=min(triton.next_power_of_2(W), 1024),
+            BLOCK=BLOCK,
         )
     return table, slot, positions
