@@ -81,7 +81,8 @@ def prefill_floor_ms(model, mc, n: int, context: int = 0) -> float:
     """Plain-torch GEMMs + SDPA of one n-token prompt through every loop, on the model's weights:
     causal, or with `context` > n the n rows ending a cached `context`-token prefix (a prefix hit;
     every row sees the whole context: the last rows' causal mask saves under n / context of it; its
-    keys laid out per query head beforehand, so SDPA takes its flash kernel whatever the GQA)."""
+    keys laid out per query head beforehand, so SDPA takes its flash kernel whatever the GQA). Timed
+    in a CUDA graph: run eagerly, its launches would hold the GPU back on short prompts."""
     layers = _layers(model) * mc.depth + _boundary_layers(model)
     Hkv, D = mc.kv.num_kv_heads, mc.kv.head_dim
     H = layers[0][0].shape[0] // D - 2 * Hkv
@@ -102,7 +103,7 @@ def prefill_floor_ms(model, mc, n: int, context: int = 0) -> float:
             g = x @ up.t()
             _ = g[:, : down.shape[1]] @ down.t()
 
-    return _time_ms(run, reps=3)
+    return graph_us(run, calls=1, reps=3) / 1e3
 
 
 def decode_roofline(model, mc, concurrency: int, context: int, copy_gbps: float) -> dict:

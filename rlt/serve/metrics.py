@@ -15,10 +15,13 @@ finished_time, time.monotonic() seconds) where a RequestOutput carries them, els
 observed; decode then falls back to what the server sees (its first token here to its end).
 """
 
+import itertools
 import time
+from bisect import bisect_left
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+from prometheus_client.utils import floatToGoString
 
 _LATENCY = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0)
 LABELS = ["model_name"]
@@ -74,6 +77,44 @@ class _EngineState:
         return family
 
 
+class _TokenHistogram:
+    """A histogram observed for every streamed token, kept as plain numbers and exposed at each
+    scrape (_PerToken): prometheus_client's Histogram.observe takes a lock and scans its buckets on
+    every call (its Counter.inc a lock), on the server's per-token path. Buckets as its: v <= bound."""
+
+    def __init__(self, name: str, doc: str, bounds):
+        self.name, self.doc, self.bounds = name, doc, [float(b) for b in bounds]
+        self.counts = [0] * (len(self.bounds) + 1)  # the last: above every bound
+        self.sum = 0.0
+
+    def observe(self, value: float, times: int = 1) -> None:
+        self.counts[bisect_left(self.bounds, value)] += times
+        self.sum += value * times
+
+    def family(self, model_name: str) -> HistogramMetricFamily:
+        cumulative = list(itertools.accumulate(list(self.counts)))
+        buckets = [(floatToGoString(b), c) for b, c in zip(self.bounds, cumulative)] + [("+Inf", cumulative[-1])]
+        family = HistogramMetricFamily(self.name, self.doc, labels=LABELS)
+        family.add_metric([model_name], buckets, self.sum)
+        return family
+
+
+class _PerToken:
+    """What every streamed token updates: generated tokens, inter-token latency, exit depth."""
+
+    def __init__(self, depth: int, model_name: str):
+        self.model_name, self.generated = model_name, 0
+        self.itl = _TokenHistogram("rlt:inter_token_latency_seconds", "ITL", _LATENCY)
+        self.depth = _TokenHistogram("rlt:exit_depth", "loop depth each generated token exited at", range(1, depth + 1))
+
+    def collect(self):
+        tokens = CounterMetricFamily("rlt:generation_tokens", "generated tokens", labels=LABELS)
+        tokens.add_metric([self.model_name], self.generated)
+        yield tokens
+        yield self.itl.family(self.model_name)
+        yield self.depth.family(self.model_name)
+
+
 class Metrics:
     def __init__(self, engine, depth: int, model_name: str = "default"):
         r = self.registry = CollectorRegistry()
@@ -83,11 +124,11 @@ class Metrics:
             return kind(name, doc, LABELS, registry=r, **kw).labels(model_name)
 
         self.prompt_tokens = one(Counter, "rlt:prompt_tokens", "prompt tokens")
-        self.generation_tokens = one(Counter, "rlt:generation_tokens", "generated tokens")
+        self.per_token = _PerToken(depth, model_name)
+        r.register(self.per_token)
         self._success = Counter("rlt:request_success", "finished requests", [*LABELS, "finished_reason"], registry=r)
         self.ttft = one(Histogram, "rlt:time_to_first_token_seconds", "TTFT", buckets=_LATENCY)
         self.tpot = one(Histogram, "rlt:time_per_output_token_seconds", "TPOT", buckets=_LATENCY)
-        self.itl = one(Histogram, "rlt:inter_token_latency_seconds", "ITL", buckets=_LATENCY)
         self.e2e = one(Histogram, "rlt:e2e_request_latency_seconds", "E2E latency", buckets=_REQUEST)
         self.queue = one(
             Histogram,
@@ -103,9 +144,6 @@ class Metrics:
         )
         self.decode = one(
             Histogram, "rlt:request_decode_time_seconds", "seconds from the first token to the end", buckets=_REQUEST
-        )
-        self.depth = one(
-            Histogram, "rlt:exit_depth", "loop depth each generated token exited at", buckets=range(1, depth + 1)
         )
         r.register(_EngineState(engine, model_name))
 
@@ -127,7 +165,7 @@ class _Timing:
 
     def output(self, out) -> None:
         """The engine's next delta output."""
-        self.out = out
+        self.out, per = out, self.m.per_token
         now, new = time.monotonic(), len(out.token_ids)
         if new <= 0:
             return
@@ -140,11 +178,10 @@ class _Timing:
             if self.record is not None and self.record.ttft is None:  # (a call's first choice to get one)
                 self.record.ttft = now - self.record.start
         elif self.last is not None:
-            for _ in range(new):
-                self.m.itl.observe((now - self.last) / new)
+            per.itl.observe((now - self.last) / new, new)
         for d in out.exit_depths:
-            self.m.depth.observe(d)
-        self.m.generation_tokens.inc(new)
+            per.depth.observe(d)
+        per.generated += new
         self.tokens, self.last = self.tokens + new, now
 
     def finished(self, reason: str | None) -> None:
