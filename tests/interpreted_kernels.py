@@ -238,14 +238,14 @@ def check_kv_copy() -> bool:
 
     g = torch.Generator().manual_seed(3)
     err, moved = 0.0, True
-    for L in (1, 3):
+    for L in (1, 4):
         P, W, D, bs = 5, 3, 4, 4  # tables: 4 core planes and a boundary one, 3 blocks wide
         blocks = L * P * W
         cache = torch.randn(blocks + 1, 3, 2, bs, 5, 12, generator=g)  # the last block: scratch
         tables = torch.randperm(blocks, generator=g).view(L, P, W)
-        pos = torch.tensor([9, 2, 11][:L])
-        depth = torch.tensor([2, 1, 4][:L])  # (a lane at full depth copies nothing)
-        done = torch.tensor([True, True, False][:L])
+        pos = torch.tensor([9, 2, 11, 5][:L])
+        depth = torch.tensor([2, 1, 4, 3][:L])  # (the third lane, done at full depth, copies nothing)
+        done = torch.tensor([True, True, True, False][:L])
         want, got = cache.clone(), cache.clone()
         kv_copy.finalize_copies(want, tables, pos, depth, done, D, blocks * bs)
         kv_copy_triton.finalize_copies(got, tables, pos, depth, done, D, blocks * bs)

@@ -57,10 +57,11 @@ def _latent_checks_kernel(
         pp += p * p
         tl.store(pd_ptr + lane * H + k, f, mask=md)
         tl.store(pc_ptr + lane * H + k, f, mask=mc)
-    nx = tl.sqrt(tl.sum(xx, axis=0))
+    # (IEEE-rounded square roots and quotients, as torch's: only the sums' order differs)
+    nx = tl.sqrt_rn(tl.sum(xx, axis=0))
     thr = tl.load(thr_ptr + lane)
-    hold_diff = tl.sqrt(tl.sum(dd, axis=0)) / nx < thr
-    hold_cos = 1 - tl.sum(xp, axis=0) / nx / tl.sqrt(tl.sum(pp, axis=0)) < thr
+    hold_diff = tl.div_rn(tl.sqrt_rn(tl.sum(dd, axis=0)), nx) < thr
+    hold_cos = 1 - tl.div_rn(tl.div_rn(tl.sum(xp, axis=0), nx), tl.sqrt_rn(tl.sum(pp, axis=0))) < thr
     exits = ((diff_mine != 0) & hold_diff) | ((cos_mine != 0) & hold_cos)
     parked = (tl.load(parked_ptr + lane) != 0) | (run & (exits | (depth >= tl.load(max_ptr + lane))))
     active = (tl.load(active_ptr + lane) != 0).to(tl.int32)

@@ -82,7 +82,7 @@ class ReferenceBackend:
     attend = staticmethod(reference_attend)
 
     finalize_copies = staticmethod(kv_copy.finalize_copies)
-    lane_rows_op = staticmethod(lane_rows.lane_rows)
+    _lane_rows = staticmethod(lane_rows.lane_rows)
     latent_checks = staticmethod(lane_checks.latent_checks)  # (steady decode's checks, Huginn)
 
     def __init__(self, mc: ModelConfig, model, pool, cfg: EngineConfig):
@@ -98,7 +98,7 @@ class ReferenceBackend:
     def lane_rows(self, tables, plane, max_plane: int, pos, table_on, slot_on):
         """Steady decode's (table, slot, position) per lane for a pass (rlt/kernels/lane_rows.py)."""
         pool = self.pool
-        return self.lane_rows_op(tables, plane, max_plane, pos, table_on, slot_on, pool.scratch_block, pool.block_size)
+        return self._lane_rows(tables, plane, max_plane, pos, table_on, slot_on, pool.scratch_block, pool.block_size)
 
     def plane(self, groups: list, row_starts: list[int], tables: list[list[int]]) -> PagedMetadata:
         """The metadata of one plane per group: slots each row's K/V goes to, the block table each
@@ -154,7 +154,7 @@ class TritonBackend(ReferenceBackend):
 
         super().__init__(mc, model, pool, cfg)
         self.ops, self.slot_kernels = self.ops_class(), triton_slot_kernels()
-        self.finalize_copies, self.latent_checks, self.lane_rows_op = finalize_copies, latent_checks, lane_rows
+        self.finalize_copies, self.latent_checks, self._lane_rows = finalize_copies, latent_checks, lane_rows
 
         def attend(cache, layer, meta: PagedMetadata, q, k, v, rotary):
             Progress.count += 1
@@ -182,7 +182,7 @@ class TritonBackend(ReferenceBackend):
         heads = mc.family_config.num_attention_heads
         self.fill_tiles = 0 if self.batch_invariant else -(-num_sms(pool.cache.device) // heads)
         self.decode_graphs = self.pass_graphs = self.prompt_graphs = None
-        self.lane_work: dict[int, dict] = {}  # lane_meta's fixed tensors, by lane count
+        self.lane_fixed: dict[int, dict] = {}  # lane_meta's fixed tensors, by lane count
         if cfg.cuda_graph_max_batch > 0:
             shape = (model, pool, mc.hidden_size, pool.cache.dtype, pool.cache.device)
             self.decode_graphs = DecodeGraphs(*shape, cfg.cuda_graph_max_batch, self.attention, self.decode_plan)
@@ -223,11 +223,11 @@ class TritonBackend(ReferenceBackend):
 
     def lane_meta(self, pos, slot, table) -> PagedMetadata:
         n = len(pos)
-        fixed = self.lane_work.get(n)
+        fixed = self.lane_fixed.get(n)
         if fixed is None:  # (once per lane count: one row per segment; a host copy would wait for the device)
             ar = torch.arange(n, device=pos.device)
             work = torch.tensor([1, n], device=pos.device)
-            fixed = self.lane_work[n] = dict(
+            fixed = self.lane_fixed[n] = dict(
                 tile_seg=ar, tile_row=torch.zeros_like(ar), seg_row0=ar, seg_rows=torch.ones_like(ar), work=work
             )
         kernel = dict(fixed, seg_q0=pos)  # (positions stay on the device)

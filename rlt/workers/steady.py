@@ -34,7 +34,6 @@ class SteadyDecode:
         self.params = [g.params for g in groups]
         self.lanes = len(groups)
         dev, pool = runner.device, runner.pool
-        self.depth_max = runner.mc.depth
 
         def t(values, dtype=torch.int64):
             return torch.tensor(values, dtype=dtype, device=dev)

@@ -110,11 +110,11 @@ class BoundarySteadyDecode(SteadyDecode):
 
     def _read_parked(self) -> None:
         """The newest pass whose flags the host can read without waiting, at the oldest the one
-        before last (waiting for it): was every lane parked (or ended), was any? Between boundary
-        passes both only turn true: older passes are dropped. The bound keeps decisions fresh: a host
-        launching faster than the device runs would otherwise queue many passes ahead and decide on
-        flags that old (parked lanes waiting, and passes with every lane parked, for nothing);
-        one pass queued behind the running one keeps the device busy."""
+        RUN_AHEAD passes before the newest (waiting for it): lanes neither parked nor ended, lanes
+        parked. Between boundary passes both only grow: older passes are dropped. The bound keeps
+        decisions fresh: a host launching faster than the device runs would otherwise queue many
+        passes ahead and decide on flags that old (parked lanes waiting, and passes with every lane
+        parked, for nothing); one pass queued behind the running one keeps the device busy."""
         oldest = len(self.flags) - 1 - RUN_AHEAD
         for i in range(len(self.flags) - 1, -1, -1):
             if i <= oldest or self.flags[i].ready():
@@ -140,7 +140,7 @@ class BoundarySteadyDecode(SteadyDecode):
             prev = [self.prev.get(c, next(iter(self.prev.values())))[0] for c in LATENT]  # (one may be absent)
             args = (self.crit, self.min_loops, self.max_loops, self.threshold, *prev, self.parked, self.active)
             x = x.contiguous()
-            counts = self.runner.backend.latent_checks(x, self.x, run, self.depth, *args)
+            counts = backend.latent_checks(x, self.x, run, self.depth, *args)
         else:
             x = torch.where(run.unsqueeze(1), x, self.x)
             depth = self.depth + run
@@ -152,7 +152,8 @@ class BoundarySteadyDecode(SteadyDecode):
         self.x = x
         if self._boundary_now():
             return self._exit()
-        self.flags.append(DeviceReadback((counts,)))
+        if not self.fixed:  # (at fixed depth the host knows the exits: it reads no flags)
+            self.flags.append(DeviceReadback((counts,)))
         return None
 
     def _exit(self) -> DeviceReadback:
