@@ -154,9 +154,7 @@ class RouterHooks:
         """rlt's per-token metrics for what a delta output carried, its choice's n tokens so far (the
         rest is read from stats())."""
         m = self.metrics
-        for d in out.exit_depths:
-            m.depth.observe(d)
-        m.generation_tokens.inc(len(out.token_ids))
+        m.per_token.add(out.exit_depths, len(out.token_ids))
         if out.finished:
             m.prompt_tokens.inc(len(out.prompt_token_ids))
             m.success(out.finish_reason).inc()

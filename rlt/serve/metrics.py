@@ -107,6 +107,12 @@ class _PerToken:
         self.itl = _TokenHistogram("rlt:inter_token_latency_seconds", "ITL", _LATENCY)
         self.depth = _TokenHistogram("rlt:exit_depth", "loop depth each generated token exited at", range(1, depth + 1))
 
+    def add(self, depths, n: int) -> None:
+        """n more generated tokens, exiting at depths."""
+        for d in depths:
+            self.depth.observe(d)
+        self.generated += n
+
     def collect(self):
         tokens = CounterMetricFamily("rlt:generation_tokens", "generated tokens", labels=LABELS)
         tokens.add_metric([self.model_name], self.generated)
@@ -179,9 +185,7 @@ class _Timing:
                 self.record.ttft = now - self.record.start
         elif self.last is not None:
             per.itl.observe((now - self.last) / new, new)
-        for d in out.exit_depths:
-            per.depth.observe(d)
-        per.generated += new
+        per.add(out.exit_depths, new)
         self.tokens, self.last = self.tokens + new, now
 
     def finished(self, reason: str | None) -> None:
