@@ -111,10 +111,11 @@ class BoundarySteadyDecode(SteadyDecode):
     def _read_parked(self) -> None:
         """The newest pass whose flags the host can read without waiting, at the oldest the one
         RUN_AHEAD passes before the newest (waiting for it): lanes neither parked nor ended, lanes
-        parked. Between boundary passes both only grow: older passes are dropped. The bound keeps
-        decisions fresh: a host launching faster than the device runs would otherwise queue many
-        passes ahead and decide on flags that old (parked lanes waiting, and passes with every lane
-        parked, for nothing); one pass queued behind the running one keeps the device busy."""
+        parked. Between boundary passes the first only falls, the second only grows: older passes
+        are dropped. The bound keeps decisions fresh: a host launching faster than the device runs
+        would otherwise queue many passes ahead and decide on flags that old (parked lanes waiting,
+        and passes with every lane parked, for nothing); one pass queued behind the running one
+        keeps the device busy."""
         oldest = len(self.flags) - 1 - RUN_AHEAD
         for i in range(len(self.flags) - 1, -1, -1):
             if i <= oldest or self.flags[i].ready():
