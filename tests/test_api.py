@@ -425,8 +425,8 @@ async def test_a_dead_workers_cause_is_the_exception_in_its_log(tmp_path):
 
 
 async def test_worker_logs_are_kept_in_a_directory_per_launch(checkpoints, tmp_path):
-    """stats() names the launch's log directory; the worker's log is still there after shutdown, and
-    only the newest KEEP_RUNS launches' directories are kept."""
+    """stats() names the launch's log directory; the worker's log (its heap frozen at READY) is still
+    there after shutdown, and only the newest KEEP_RUNS launches' directories are kept."""
     from rlt.control.log_dir import KEEP_RUNS
 
     for i in range(KEEP_RUNS + 3):
@@ -436,7 +436,9 @@ async def test_worker_logs_are_kept_in_a_directory_per_launch(checkpoints, tmp_p
         run = engine.stats().log_dir
         await collect(engine, [1, 2, 3], SamplingParams(max_tokens=2))
     assert os.path.dirname(run) == str(tmp_path) and os.listdir(run) == ["unified0.0.log"]
-    assert os.path.getsize(os.path.join(run, "unified0.0.log")) > 0
+    with open(os.path.join(run, "unified0.0.log")) as f:  # the heap frozen at READY: no full-heap collections
+        frozen = re.search(r"heap frozen \((\d+) objects\)", f.read())
+    assert frozen is not None and int(frozen[1]) > 10_000
     kept = sorted(os.listdir(tmp_path))
     assert len(kept) == KEEP_RUNS + 1 and "mine" in kept and os.path.basename(run) in kept
     assert "20260101-000003-old" not in kept and "20260101-000004-old" in kept  # (23 old + 1 new - 20)

@@ -21,7 +21,7 @@ from rlt.kernels.paged_attention import KernelPlan, PagedMetadata, kernel_fields
 from rlt.workers.first_use import FirstUse
 
 BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
-PASS_BUCKETS = (16, 32, 64, 128, 256, 512, 1024, 2048)  # rows of a pass carrying prompt chunks
+PASS_BUCKETS = (16, 32, 64, 128, 256, 512, 1024, 1536, 2048)  # rows of a pass carrying prompt chunks
 MAX_SEGMENTS = 256  # groups a graphed pass can carry (a pass with more runs eagerly)
 
 

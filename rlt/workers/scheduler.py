@@ -142,12 +142,7 @@ class Scheduler:
         running = self.running
         in_flight = sum(s.group.n for s in running if s.group is not None) + sum(len(s.replay) for s in running)
         budget = self.cfg.max_num_batched_tokens - in_flight
-        # While streams decode, a pass carries at most decode_pass_rows rows (their next tokens'
-        # counted first): each pass a prompt chunk spends in the loop delays every stream's next token.
-        prompt_budget = budget
-        streams = [s for s in running if s.decoding and not s.prefill_only]
-        if streams:
-            prompt_budget = min(budget, self.cfg.decode_pass_rows - in_flight - sum(not s.in_flight for s in streams))
+        prompt_budget = self._prompt_budget(budget, in_flight)
         # SHARED keeps its meaning only position by position (later positions read earlier
         # positions' final KV at every depth).
         chunk = 1 if self.pool.layout == "shared" else self.cfg.prefill_chunk
@@ -172,6 +167,15 @@ class Scheduler:
             if not s.decoding:
                 prompt_budget -= taken
         return self.preemptions == preemptions
+
+    def _prompt_budget(self, budget: int, in_flight: int) -> int:
+        """Prompt rows the next pass may add. While streams decode, a pass carries at most
+        decode_pass_rows rows (their next tokens' counted first): each pass a prompt chunk spends in
+        the loop delays every stream's next token."""
+        streams = [s for s in self.running if s.decoding and not s.prefill_only]
+        if not streams:
+            return budget
+        return min(budget, self.cfg.decode_pass_rows - in_flight - sum(not s.in_flight for s in streams))
 
     def _make_room(self, s: Sequence, positions: int) -> bool:
         """Preempt until `s` holds `positions`; False if `s` itself was the one preempted."""
