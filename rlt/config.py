@@ -68,9 +68,10 @@ class EngineConfig(msgspec.Struct, kw_only=True, frozen=True):
     decode_pass_rows: Annotated[
         PositiveInt,
         _doc(
-            "rows per core pass while streams decode, at most max_num_batched_tokens (prompt chunks are cut to "
-            "fit): every pass a prompt chunk spends in the loop delays each running stream's next token "
-            "(Sarathi-Serve's token budget; docs/performance.md has the trade-off measured)"
+            "rows per core pass while more than half of max_num_seqs streams decode, twice that each time "
+            "they halve, at most max_num_batched_tokens (prompt chunks are cut to fit): every pass a prompt "
+            "chunk spends in the loop delays each decoding stream's next token (Sarathi-Serve's token budget, "
+            "scaled by the streams it delays; docs/performance.md has the trade-off measured)"
         ),
     ] = 8192
     kernels: Annotated[

@@ -88,11 +88,14 @@ def test_chunked_prefill_equals_unchunked(checkpoints, family):
         }
 
 
-def test_prompts_chunked_to_the_decode_pass_budget(checkpoints):
-    """While streams decode, a pass carries at most decode_pass_rows rows (the streams' next tokens
-    first, a prompt chunked into the rest); a prompt alone takes its whole chunk; tokens and depths
-    are those of an unbounded pass."""
-    mc, new_engine = make(checkpoints["ouro"], "ouro", prefill_chunk=64, max_num_batched_tokens=64)
+@pytest.mark.parametrize("max_num_seqs, pass_rows", [(5, 12), (10, 24)])
+def test_prompts_chunked_to_the_decode_pass_budget(checkpoints, max_num_seqs, pass_rows):
+    """While more than half of max_num_seqs streams decode, a pass carries at most decode_pass_rows
+    rows (the streams' next tokens first, a prompt chunked into the rest), twice that while at most
+    half do; a prompt alone takes its whole chunk; tokens and depths are those of an unbounded pass."""
+    mc, new_engine = make(
+        checkpoints["ouro"], "ouro", prefill_chunk=64, max_num_batched_tokens=64, max_num_seqs=max_num_seqs
+    )
     sp = SamplingParams(max_tokens=30, temperature=0, ignore_eos=True)
     reqs = {i: ([3 + i, 9, 27, 81, 5], sp) for i in range(4)} | {9: ([(i * 13) % 500 + 3 for i in range(40)], sp)}
     arrivals = {9: 10}  # the long prompt comes while the four stream
@@ -110,7 +113,7 @@ def test_prompts_chunked_to_the_decode_pass_budget(checkpoints):
     bounded = new_engine(decode_pass_rows=12)
     seen = passes(bounded)
     out = run(bounded, mc, reqs, arrivals)
-    assert max(p + d for p, d in seen if d) == 12 and max(p for p, d in seen if d) == 8
+    assert max(p + d for p, d in seen if d == 4) == pass_rows and max(p for p, d in seen if d == 4) == pass_rows - 4
     assert sum(p for p, _ in seen) == 4 * 5 * mc.depth + 40 * mc.depth  # every prompt row once per loop
     unbounded = new_engine()
     seen = passes(unbounded)

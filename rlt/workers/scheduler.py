@@ -169,13 +169,16 @@ class Scheduler:
         return self.preemptions == preemptions
 
     def _prompt_budget(self, budget: int, in_flight: int) -> int:
-        """Prompt rows the next pass may add. While streams decode, a pass carries at most
-        decode_pass_rows rows (their next tokens' counted first): each pass a prompt chunk spends in
-        the loop delays every stream's next token."""
+        """Prompt rows the next pass may add. Each pass a prompt chunk spends in the loop delays
+        every decoding stream's next token: while more than half of max_num_seqs streams decode, a
+        pass carries at most decode_pass_rows rows (their next tokens' counted first), and twice that
+        each time they halve (the rows times the streams they delay stay bounded: a long prompt
+        under light load is not cut into chunks for a few streams)."""
         streams = [s for s in self.running if s.decoding and not s.prefill_only]
         if not streams:
             return budget
-        return min(budget, self.cfg.decode_pass_rows - in_flight - sum(not s.in_flight for s in streams))
+        rows = self.cfg.decode_pass_rows << max(self.cfg.max_num_seqs // len(streams), 1).bit_length() - 1
+        return min(budget, rows - in_flight - sum(not s.in_flight for s in streams))
 
     def _make_room(self, s: Sequence, positions: int) -> bool:
         """Preempt until `s` holds `positions`; False if `s` itself was the one preempted."""
