@@ -1,6 +1,7 @@
 """Times the general paged attention kernel at the passes it serves, over tile rows, key tile,
 warps and stages, against flash SDPA over the same rows and keys (contiguous, the floor) and
-checks each config against the torch reference. Prints the fastest first and the engine's plan.
+checks each config against the torch reference. Prints the fastest first and the engine's plan, and
+SDPA after gathering the K/V out of the blocks (a gather path's price).
 
   python scripts/tune_paged.py [--heads 48 --kv-heads 8 --dim 128] [--cases hit,prompt,chunk,mixed]
 
@@ -84,6 +85,13 @@ def tune(name: str, H: int, Hkv: int, D: int, grid: list[list[int]], fill: int, 
     cache, tab, q, row_starts, q_starts, kv = case(CASES[name], H, Hkv, D, bs)
     ref = paged_attention(cache, 0, PagedMetadata(None, tab, row_starts, q_starts, bs), q, None, None).float()
     floor = bench(lambda: sdpa(q, row_starts, q_starts, kv, H, Hkv))
+    keys = [q0 + r1 - r0 for q0, r0, r1 in zip(q_starts, row_starts, row_starts[1:])]
+    blocks = [tab[i, : -(-n // bs)] for i, n in enumerate(keys)]
+
+    def gathered():  # each segment's keys copied out of its blocks first (what a gather path would add)
+        return [cache[b, 0].movedim(1, 0).flatten(1, 2)[:, :n] for b, n in zip(blocks, keys)]
+
+    gather = bench(lambda: sdpa(q, row_starts, q_starts, gathered(), H, Hkv))
     res = []
     for rows, bn, warps, stages in itertools.product(*grid):
         stages = stages or None
@@ -102,7 +110,8 @@ def tune(name: str, H: int, Hkv: int, D: int, grid: list[list[int]], fill: int, 
         res.append((bench(run), rows, bn, warps, stages, plan.max_splits, err))
     res.sort(key=lambda r: r[0])
     print(
-        f"{name} (H {H}, Hkv {Hkv}, D {D}): flash SDPA on contiguous K/V {floor:.1f} us; fastest "
+        f"{name} (H {H}, Hkv {Hkv}, D {D}): flash SDPA on contiguous K/V {floor:.1f} us, with the K/V gathered "
+        f"from the blocks first {gather:.1f} us; fastest "
         "(us, x SDPA, tile rows, block_n, warps, stages, splits, max error):"
     )
     for t, rows, bn, warps, stages, splits, err in res[:8]:
