@@ -104,7 +104,7 @@ def main() -> None:
     p.add_argument("--prompt-len", type=int, default=1024)
     p.add_argument("--output-len", type=int, default=256)
     p.add_argument("--requests", type=int, default=192)
-    p.add_argument("--kv-gib", type=float, default=40)
+    p.add_argument("--kv-gib", type=float, default=110, help="KV pool (an H200 worker sizes ~120 GiB; less preempts)")
     p.add_argument("--show", type=int, default=12, help="slow gaps to print")
     args = p.parse_args()
     count_triton_compiles()
