@@ -62,11 +62,13 @@ async def completion(request: Request, body: dict, served: Served, name: str):
             ids = [
                 _truncate(token_ids(engine, p, opts.add_special_tokens), opts.truncate_prompt_tokens) for p in prompts
             ]
+            if not opts.echo:  # (a token-id prompt is decoded only to be echoed)
+                return ids, [""] * len(ids)
             echo = [
                 p if isinstance(p, str) and opts.truncate_prompt_tokens is None else _decode(engine, i)
                 for p, i in zip(prompts, ids)
             ]
-            return ids, echo if opts.echo else [""] * len(ids)
+            return ids, echo
 
         ids, echoes = await served.pool.run(tokenize)
     return await _respond(request, params, opts, ids, echoes, False, name)
