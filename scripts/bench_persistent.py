@@ -1,9 +1,12 @@
 """Is a persistent kernel worth it for one-row decode? A chain of one-row products at a loop step's
 shapes (Ouro-1.4B: per layer q/k/v, o, [gate; up], down; 24 layers), each product's input the
-previous one's output, timed three ways in CUDA graphs:
+previous one's output, timed in CUDA graphs:
 
 - launched: one GEMV launch per product (rlt/kernels/gemv.py, PDL on as in the engine), plain or
-  with the engine's epilogues (SwiGLU on [gate; up], the residual add + RMSNorm after o and down);
+  with the engine's epilogues (SwiGLU on [gate; up], the residual add + RMSNorm after o and down:
+  the last program to finish normalizes the row);
+- launched with the add + RMSNorm tails as the next product's prologue instead: every program of
+  the next product recomputes them from the previous output and the residual (no arrival counter);
 - persistent: one launch whose programs (as many as fit on the GPU at once) take each product's
   row blocks in turn and meet at a grid barrier (an arrival counter) between products;
 - prefetch: the same, each program reading its first weight tile of the next product before it
@@ -22,7 +25,8 @@ import triton
 import triton.language as tl
 
 from rlt.bench import floors
-from rlt.kernels import gemv
+from rlt.kernels import gemv, pdl
+from rlt.kernels.norm import norm_row
 
 
 @triton.jit
@@ -83,6 +87,79 @@ def _chain_kernel(
         _grid_barrier(count_ptr, (s + 1) * P)
 
 
+@triton.jit
+def _prologue_gemv_kernel(
+    a_ptr,
+    r_ptr,
+    wa_ptr,
+    wo_ptr,
+    ro_ptr,
+    w_ptr,
+    y_ptr,
+    N,
+    K,
+    eps,
+    BLOCK_N: tl.constexpr,
+    ROW: tl.constexpr,
+    SWIGLU: tl.constexpr,
+    PDL: tl.constexpr,
+):
+    """y = W @ h with h = rms_norm(r + rms_norm(a, wa), wo) computed by every program from the previous
+    product's output a and the residual r (program 0 also stores r + rms_norm(a, wa) to ro): the
+    add + RMSNorm tail as the next product's prologue, with no arrival counter. SWIGLU: W is [gate;
+    up] (2N rows) and y = silu(gate @ h) * (up @ h). Its whole weight tile is read before the wait."""
+    rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs = tl.arange(0, ROW)
+    ok, k_ok = rows < N, offs < K
+    mask = ok[:, None] & k_ok[None, :]
+    w = tl.load(w_ptr + rows[:, None] * K + offs[None, :], mask=mask, other=0.0)
+    w_up = w
+    if SWIGLU:
+        w_up = tl.load(w_ptr + (rows + N)[:, None] * K + offs[None, :], mask=mask, other=0.0)
+    wa = tl.load(wa_ptr + offs, mask=k_ok, other=0.0)
+    wo = tl.load(wo_ptr + offs, mask=k_ok, other=0.0)
+    pdl.begin(PDL)
+    dt = y_ptr.dtype.element_ty
+    a = tl.load(a_ptr + offs, mask=k_ok, other=0.0).to(tl.float32)
+    r = tl.load(r_ptr + offs, mask=k_ok, other=0.0).to(tl.float32)
+    r = (r + norm_row(a, wa, K, eps, dt).to(tl.float32)).to(dt)
+    if tl.program_id(0) == 0:
+        tl.store(ro_ptr + offs, r, mask=k_ok)
+    h = norm_row(r.to(tl.float32), wo, K, eps, dt).to(tl.float32)
+    y = tl.sum(w.to(tl.float32) * h[None, :], axis=1).to(dt)
+    if SWIGLU:
+        g = y.to(tl.float32)
+        up = tl.sum(w_up.to(tl.float32) * h[None, :], axis=1).to(dt)
+        y = ((g * tl.sigmoid(g)).to(dt).to(tl.float32) * up.to(tl.float32)).to(dt)
+    tl.store(y_ptr + rows, y, mask=ok)
+
+
+def prologue_gemv(a, r, wa, wo, eps, w, swiglu: bool, rows: int, warps: int):
+    """-> (y, r + rms_norm(a, wa)): _prologue_gemv_kernel's outputs."""
+    N, K = w.shape[0] // (2 if swiglu else 1), w.shape[1]
+    y, ro = torch.empty(1, N, device=a.device, dtype=a.dtype), torch.empty_like(r)
+    pdl.launch(
+        _prologue_gemv_kernel,
+        (triton.cdiv(N, rows),),
+        a,
+        r,
+        wa,
+        wo,
+        ro,
+        w,
+        y,
+        N,
+        K,
+        eps,
+        BLOCK_N=rows,
+        ROW=triton.next_power_of_2(K),
+        SWIGLU=swiglu,
+        num_warps=warps,
+        like=a,
+    )
+    return y, ro
+
+
 def shapes(hidden=2048, inter=5632, qkv=6144, layers=24):
     """(N, K) of each product of a loop step, in order."""
     return [(qkv, hidden), (hidden, qkv // 3), (2 * inter, hidden), (hidden, inter)] * layers
@@ -129,6 +206,15 @@ def main():
             g = gemv.gemv_swiglu(x, gate_up, cfg)
             res, x = gemv.gemv_add_norm(g, down, res, wa, wo, 1e-6, cfg)
 
+    def launched_prologues():  # the same, each add + RMSNorm done by the next product's programs
+        a, res = buf[0:1, :hidden], r  # (a: the previous down product's output)
+        for qkv, o, gate_up, down in zip(*[iter(ws)] * 4):
+            q, res = prologue_gemv(a, res, wa, wo, 1e-6, qkv, False, args.rows_per_program, args.warps)
+            o_out = gemv.gemv(q[:, : o.shape[1]], o, cfg)
+            g, res = prologue_gemv(o_out, res, wa, wo, 1e-6, gate_up, True, args.rows_per_program, args.warps)
+            a = gemv.gemv(g, down, cfg)
+        return a
+
     w_table = torch.tensor([w.data_ptr() for w in ws], device="cuda", dtype=torch.int64)
     n_table = torch.tensor([n for n, _ in dims], device="cuda", dtype=torch.int32)
     k_table = torch.tensor([k for _, k in dims], device="cuda", dtype=torch.int32)
@@ -137,6 +223,7 @@ def main():
     rows = [
         ("launched (PDL)", floors.graph_us(launched_out)),
         ("launched, SwiGLU and add + RMSNorm epilogues", floors.graph_us(launched_epilogues)),
+        ("launched, add + RMSNorm as the next's prologue", floors.graph_us(launched_prologues)),
     ]
     launched()  # (the persistent launches are checked against its output)
     ref = buf[-1, : dims[-1][0]].float().clone()
