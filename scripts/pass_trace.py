@@ -20,16 +20,12 @@ import msgspec
 import torch
 
 from rlt.bench import offline
+from rlt.bench.serving import percentile
 from rlt.sampling_params import SamplingParams
 from rlt.validation import resolve_params
 from rlt.workers.engine import LoopEngine
 from rlt.workers.first_use import FirstUse, count_triton_compiles
 from rlt.workers.warmup import warm_up
-
-
-def pct(values: list[float], q: float) -> float:
-    s = sorted(values)
-    return s[min(len(s) - 1, int(q * len(s)))]
 
 
 def run(args, mc, dtype, model, value: int) -> None:
@@ -81,7 +77,7 @@ def run(args, mc, dtype, model, value: int) -> None:
             if o.finish_reason is not None and sent < args.requests:
                 submit()
     wall = time.perf_counter() - t0
-    p50, p99 = statistics.median(itl), pct(itl, 0.99)
+    p50, p99 = statistics.median(itl), percentile(itl, 99)
     print(
         f"decode_pass_rows {value}: {tokens / wall:.1f} tok/s, TTFT p50 {statistics.median(ttft):.1f} ms, "
         f"ITL p50 {p50:.2f} / p99 {p99:.2f} ms ({p99 / p50:.2f}), {len(steps)} steps, "

@@ -171,7 +171,7 @@ class _Timing:
 
     def output(self, out) -> None:
         """The engine's next delta output."""
-        self.out, per = out, self.m.per_token
+        self.out = out
         now, new = time.monotonic(), len(out.token_ids)
         if new <= 0:
             return
@@ -184,8 +184,8 @@ class _Timing:
             if self.record is not None and self.record.ttft is None:  # (a call's first choice to get one)
                 self.record.ttft = now - self.record.start
         elif self.last is not None:
-            per.itl.observe((now - self.last) / new, new)
-        per.add(out.exit_depths, new)
+            self.m.per_token.itl.observe((now - self.last) / new, new)
+        self.m.per_token.add(out.exit_depths, new)
         self.tokens, self.last = self.tokens + new, now
 
     def finished(self, reason: str | None) -> None:
