@@ -3,12 +3,17 @@ LoopEngine (no HTTP, no worker processes), default options but --decode-pass-row
 step logged with what its pass carried.
 
     python scripts/pass_trace.py --model DIR --device cuda --values 8192,2048 --streams 64 \\
-        --prompt-len 1024 --output-len 256 --requests 192
+        --prompt-len 1024 --output-len 256 --requests 192 [--shifts 0,1]
 
-Per value: output tok/s, TTFT p50, ITL p50 / p99 and p99 / p50 (as `rlt bench serve` reports them,
-from each token's arrival on the host), then the steps ending the slowest 1 % of gaps: each step's
-wall time, prompt rows and decode rows in flight, and whether it ran in steady decode, so a
-scheduling policy for #34's decode tail can be chosen from how the long gaps are made.
+--shifts A/Bs the engine's rule (budget doubled each time the decoding streams halve below
+max_num_seqs, shift 0) against the same rule doubling only below max_num_seqs / 2**shift (a large
+shift: a flat budget): the closed loop's TTFT depends on how its first wave's prefills are spread.
+
+Per value and shift: output tok/s, TTFT p50 (of all, of the first wave, of the later requests), the
+passes carrying prompt rows (their time and rows), ITL p50 / p99 and p99 / p50 (as `rlt bench serve`
+reports them, from each token's arrival on the host), then the steps ending the slowest 1 % of gaps:
+each step's wall time, prompt rows and decode rows in flight, and whether it ran in steady decode,
+so a scheduling policy for #34's decode tail can be chosen from how the long gaps are made.
 """
 
 import argparse
@@ -28,13 +33,29 @@ from rlt.workers.first_use import FirstUse, count_triton_compiles
 from rlt.workers.warmup import warm_up
 
 
-def run(args, mc, dtype, model, value: int) -> None:
+def shifted_budget(sched, shift: int):
+    """The scheduler's prompt budget with its doubling starting `shift` halvings later."""
+    cfg = sched.cfg
+
+    def prompt_budget(budget: int, in_flight: int) -> int:
+        streams = [s for s in sched.running if s.decoding and not s.prefill_only]
+        if not streams:
+            return budget
+        rows = cfg.decode_pass_rows << max(max(cfg.max_num_seqs // len(streams), 1).bit_length() - 1 - shift, 0)
+        return min(budget, rows - in_flight - sum(not s.in_flight for s in streams))
+
+    return prompt_budget
+
+
+def run(args, mc, dtype, model, value: int, shift: int) -> None:
     cfg = msgspec.structs.replace(
         offline.engine_config(args.streams, args.prompt_len, args.kv_gib), decode_pass_rows=value
     )
     cfg = msgspec.structs.replace(cfg, max_num_batched_tokens=8192, prefill_chunk=8192)  # (the defaults)
     eng = LoopEngine(mc, model, cfg, dtype, args.device)
     warm_up(eng, log=lambda line: None)  # (as a worker does before READY)
+    if shift:
+        eng.sched._prompt_budget = shifted_budget(eng.sched, shift)
     built = FirstUse.compiles, FirstUse.captures
     carried = [0, 0]  # the regular pass's prompt rows and decode rows (steady decode: none)
     runner_step = eng.runner.step
@@ -46,7 +67,7 @@ def run(args, mc, dtype, model, value: int) -> None:
     eng.runner.step = traced
     gen = torch.Generator().manual_seed(0)
     sp = SamplingParams(max_tokens=args.output_len, temperature=0.0, ignore_eos=True)
-    sent, start, last, ttft, itl, steps = 0, {}, {}, [], [], []
+    sent, start, last, ttft, itl, steps = 0, {}, {}, {}, [], []
     gaps = []  # (gap ms, index of the step that ended it)
 
     def submit() -> None:
@@ -72,14 +93,20 @@ def run(args, mc, dtype, model, value: int) -> None:
                 itl.append((now - last[r]) * 1e3)
                 gaps.append((itl[-1], len(steps) - 1))
             else:
-                ttft.append((now - start[r]) * 1e3)
+                ttft[r] = (now - start[r]) * 1e3
             last[r] = now
             if o.finish_reason is not None and sent < args.requests:
                 submit()
     wall = time.perf_counter() - t0
     p50, p99 = statistics.median(itl), percentile(itl, 99)
+    first = [t for r, t in ttft.items() if r < args.streams]
+    later = [t for r, t in ttft.items() if r >= args.streams] or [0.0]
+    prompt_steps = [s for s in steps if s[1]]
     print(
-        f"decode_pass_rows {value}: {tokens / wall:.1f} tok/s, TTFT p50 {statistics.median(ttft):.1f} ms, "
+        f"decode_pass_rows {value}, shift {shift}: {tokens / wall:.1f} tok/s, TTFT p50 "
+        f"{statistics.median(ttft.values()):.1f} ms (first wave {statistics.median(first):.1f}, later "
+        f"{statistics.median(later):.1f}), {len(prompt_steps)} passes with prompt rows "
+        f"({sum(s[0] for s in prompt_steps):.0f} ms, {sum(s[1] for s in prompt_steps)} rows), "
         f"ITL p50 {p50:.2f} / p99 {p99:.2f} ms ({p99 / p50:.2f}), {len(steps)} steps, "
         f"{sum(s[3] for s in steps)} in steady decode, {FirstUse.compiles - built[0]} compiles and "
         f"{FirstUse.captures - built[1]} captures after the warm-up",
@@ -96,6 +123,7 @@ def main() -> None:
     p.add_argument("--model", required=True)
     p.add_argument("--device", default="cuda")
     p.add_argument("--values", default="8192,2048", help="decode_pass_rows values")
+    p.add_argument("--shifts", default="0", help="doubling rule variants (see above)")
     p.add_argument("--streams", type=int, default=64)
     p.add_argument("--prompt-len", type=int, default=1024)
     p.add_argument("--output-len", type=int, default=256)
@@ -105,8 +133,8 @@ def main() -> None:
     args = p.parse_args()
     count_triton_compiles()
     mc, dtype, model = offline.load(args.model, args.device)
-    for value in map(int, args.values.split(",")):
-        run(args, mc, dtype, model, value)
+    for value, shift in [(v, s) for v in map(int, args.values.split(",")) for s in map(int, args.shifts.split(","))]:
+        run(args, mc, dtype, model, value, shift)
         gc.collect()  # (the engine's KV pool, before the next one takes its own)
         if args.device.startswith("cuda"):
             torch.cuda.empty_cache()
