@@ -3,13 +3,15 @@ LoopEngine (no HTTP, no worker processes), default options but --decode-pass-row
 step logged with what its pass carried.
 
     python scripts/pass_trace.py --model DIR --device cuda --values 8192,2048 --streams 64 \\
-        --prompt-len 1024 --output-len 256 --requests 192 [--shifts 0,1]
+        --prompt-len 1024 --output-len 256 --requests 192 [--rules engine,batched,flat]
 
---shifts A/Bs the engine's rule (budget doubled each time the decoding streams halve below
-max_num_seqs, shift 0) against the same rule doubling only below max_num_seqs / 2**shift (a large
-shift: a flat budget): the closed loop's TTFT depends on how its first wave's prefills are spread.
+--rules A/Bs the engine's prompt budget (engine: decode_pass_rows, a pass's first prompt up to twice
+that each time the decoding streams halve below max_num_seqs) against two variants: batched (every
+prompt of the pass shares the doubled budget) and flat (never doubled). The closed loop's TTFT
+depends on how its first wave's prefills are spread, the seed workload's on a 4,096-token prompt
+going whole under light load.
 
-Per value and shift: output tok/s, TTFT p50 (of all, of the first wave, of the later requests), the
+Per value and rule: output tok/s, TTFT p50 (of all, of the first wave, of the later requests), the
 passes carrying prompt rows (their time and rows), ITL p50 / p99 and p99 / p50 (as `rlt bench serve`
 reports them, from each token's arrival on the host), then the steps ending the slowest 1 % of gaps:
 each step's wall time, prompt rows and decode rows in flight, and whether it ran in steady decode,
@@ -33,29 +35,26 @@ from rlt.workers.first_use import FirstUse, count_triton_compiles
 from rlt.workers.warmup import warm_up
 
 
-def shifted_budget(sched, shift: int):
-    """The scheduler's prompt budget with its doubling starting `shift` halvings later."""
-    cfg = sched.cfg
+def variant_budget(sched, rule: str):
+    """The scheduler's (prompt budget, first prompt's budget) under a variant rule."""
+    engine_rule = sched._prompt_budget
 
-    def prompt_budget(budget: int, in_flight: int) -> int:
-        streams = [s for s in sched.running if s.decoding and not s.prefill_only]
-        if not streams:
-            return budget
-        rows = cfg.decode_pass_rows << max(max(cfg.max_num_seqs // len(streams), 1).bit_length() - 1 - shift, 0)
-        return min(budget, rows - in_flight - sum(not s.in_flight for s in streams))
+    def prompt_budget(budget: int, in_flight: int) -> tuple[int, int]:
+        base, first = engine_rule(budget, in_flight)
+        return (first, first) if rule == "batched" else (base, base)
 
     return prompt_budget
 
 
-def run(args, mc, dtype, model, value: int, shift: int) -> None:
+def run(args, mc, dtype, model, value: int, rule: str) -> None:
     cfg = msgspec.structs.replace(
         offline.engine_config(args.streams, args.prompt_len, args.kv_gib), decode_pass_rows=value
     )
     cfg = msgspec.structs.replace(cfg, max_num_batched_tokens=8192, prefill_chunk=8192)  # (the defaults)
     eng = LoopEngine(mc, model, cfg, dtype, args.device)
     warm_up(eng, log=lambda line: None)  # (as a worker does before READY)
-    if shift:
-        eng.sched._prompt_budget = shifted_budget(eng.sched, shift)
+    if rule != "engine":
+        eng.sched._prompt_budget = variant_budget(eng.sched, rule)
     built = FirstUse.compiles, FirstUse.captures
     carried = [0, 0]  # the regular pass's prompt rows and decode rows (steady decode: none)
     runner_step = eng.runner.step
@@ -103,7 +102,7 @@ def run(args, mc, dtype, model, value: int, shift: int) -> None:
     later = [t for r, t in ttft.items() if r >= args.streams] or [0.0]
     prompt_steps = [s for s in steps if s[1]]
     print(
-        f"decode_pass_rows {value}, shift {shift}: {tokens / wall:.1f} tok/s, TTFT p50 "
+        f"decode_pass_rows {value}, {rule}: {tokens / wall:.1f} tok/s, TTFT p50 "
         f"{statistics.median(ttft.values()):.1f} ms (first wave {statistics.median(first):.1f}, later "
         f"{statistics.median(later):.1f}), {len(prompt_steps)} passes with prompt rows "
         f"({sum(s[0] for s in prompt_steps):.0f} ms, {sum(s[1] for s in prompt_steps)} rows), "
@@ -123,7 +122,7 @@ def main() -> None:
     p.add_argument("--model", required=True)
     p.add_argument("--device", default="cuda")
     p.add_argument("--values", default="8192,2048", help="decode_pass_rows values")
-    p.add_argument("--shifts", default="0", help="doubling rule variants (see above)")
+    p.add_argument("--rules", default="engine", help="prompt budget variants (see above)")
     p.add_argument("--streams", type=int, default=64)
     p.add_argument("--prompt-len", type=int, default=1024)
     p.add_argument("--output-len", type=int, default=256)
@@ -133,8 +132,8 @@ def main() -> None:
     args = p.parse_args()
     count_triton_compiles()
     mc, dtype, model = offline.load(args.model, args.device)
-    for value, shift in [(v, s) for v in map(int, args.values.split(",")) for s in map(int, args.shifts.split(","))]:
-        run(args, mc, dtype, model, value, shift)
+    for value, rule in [(v, r) for v in map(int, args.values.split(",")) for r in args.rules.split(",")]:
+        run(args, mc, dtype, model, value, rule)
         gc.collect()  # (the engine's KV pool, before the next one takes its own)
         if args.device.startswith("cuda"):
             torch.cuda.empty_cache()

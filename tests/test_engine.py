@@ -126,6 +126,37 @@ def test_prompts_chunked_to_the_decode_pass_budget(checkpoints, max_num_seqs, pa
     assert seen[0] == (40, 0)
 
 
+def test_one_prompt_per_pass_past_the_decode_pass_budget(checkpoints):
+    """While few streams decode, a pass's first prompt may go past decode_pass_rows (up to twice it
+    here: 4 of max_num_seqs 10 decode), the others share what decode_pass_rows leaves: two short
+    prompts arriving together enter the loop whole, in different passes; tokens and depths are
+    those of an unbounded pass."""
+    mc, new_engine = make(checkpoints["ouro"], "ouro", prefill_chunk=64, max_num_batched_tokens=64, max_num_seqs=10)
+    sp = SamplingParams(max_tokens=20, temperature=0, ignore_eos=True)
+    reqs = {i: ([3 + i, 9, 27, 81, 5], sp) for i in range(4)}
+    reqs |= {i: ([(j * 13 + i) % 500 + 3 for j in range(10)], sp) for i in (8, 9)}
+    arrivals = {8: 10, 9: 10}  # together, while the four stream
+
+    def entering(engine):
+        passes, step = [], engine.runner.step
+
+        def recorded(groups):  # (a spy: rows per pass, and the prompt chunks entering the loop)
+            new = [g.n for g in groups if not g.decoding and g.depth == 0]
+            passes.append((sum(g.n for g in groups), sum(g.decoding for g in groups), new))
+            return step(groups)
+
+        engine.runner.step = recorded
+        return passes
+
+    bounded = new_engine(decode_pass_rows=12)
+    seen = entering(bounded)
+    out = run(bounded, mc, reqs, arrivals)
+    late = [new for rows, decoding, new in seen if decoding == 4 and new]
+    assert late == [[10], [10]]  # whole, one a pass (12 - 4 rows left for the second: none once the first took 10)
+    assert max(rows for rows, decoding, _ in seen if decoding) <= 24
+    assert run(new_engine(), mc, reqs, arrivals) == out
+
+
 def noise_fn(ref, seed):
     s = ref.cfg["init_values"]["std"] * ref.cfg["init_values"]["embed_scale"]
     return lambda T: truncated_normal(torch.tensor(seed), torch.arange(T)[:, None], torch.arange(ref.H)[None, :]) * s

@@ -142,7 +142,7 @@ class Scheduler:
         running = self.running
         in_flight = sum(s.group.n for s in running if s.group is not None) + sum(len(s.replay) for s in running)
         budget = self.cfg.max_num_batched_tokens - in_flight
-        prompt_budget = self._prompt_budget(budget, in_flight)
+        prompt_budget, first_prompt = self._prompt_budget(budget, in_flight)
         # SHARED keeps its meaning only position by position (later positions read earlier
         # positions' final KV at every depth).
         chunk = 1 if self.pool.layout == "shared" else self.cfg.prefill_chunk
@@ -150,7 +150,7 @@ class Scheduler:
         for s in list(running):  # (this runs every pass: nothing here may cost O(requests))
             if s.tables is None:  # preempted meanwhile
                 continue
-            rows = budget if s.decoding else min(budget, prompt_budget)
+            rows = budget if s.decoding else min(budget, max(prompt_budget, first_prompt))
             new = s.next_groups(rows, chunk, self.pool.has_boundary) if s.group is None and rows > 0 else []
             last = new[-1] if new else s.group or (s.replay[-1] if s.replay else None)  # its furthest row
             if last is None:
@@ -164,21 +164,25 @@ class Scheduler:
                 s.replay += new
             taken = sum(g.n for g in new)
             budget -= taken
-            if not s.decoding:
-                prompt_budget -= taken
+            if not s.decoding and taken:
+                prompt_budget, first_prompt = prompt_budget - taken, 0
         return self.preemptions == preemptions
 
-    def _prompt_budget(self, budget: int, in_flight: int) -> int:
-        """Prompt rows the next pass may add. Each pass a prompt chunk spends in the loop delays
-        every decoding stream's next token: while more than half of max_num_seqs streams decode, a
-        pass carries at most decode_pass_rows rows (their next tokens' counted first), and twice that
-        each time they halve (the rows times the streams they delay stay bounded: a long prompt
-        under light load is not cut into chunks for a few streams)."""
+    def _prompt_budget(self, budget: int, in_flight: int) -> tuple[int, int]:
+        """(prompt rows the next pass may add, rows its first prompt may take). Each pass a prompt
+        chunk spends in the loop delays every decoding stream's next token: a pass carries at most
+        decode_pass_rows rows (the streams' next tokens counted first). While at most half of
+        max_num_seqs streams decode, its first prompt may take up to twice that, and twice again
+        each time they halve (the rows times the streams they delay stay bounded): a long prompt
+        under light load goes whole, not in chunks for a few streams, while short prompts are not
+        batched into long passes (each pass's first prompt alone goes past decode_pass_rows)."""
         streams = [s for s in self.running if s.decoding and not s.prefill_only]
         if not streams:
-            return budget
-        rows = self.cfg.decode_pass_rows << max(self.cfg.max_num_seqs // len(streams), 1).bit_length() - 1
-        return min(budget, rows - in_flight - sum(not s.in_flight for s in streams))
+            return budget, budget
+        pending = in_flight + sum(not s.in_flight for s in streams)
+        rows = self.cfg.decode_pass_rows
+        most = rows << max(self.cfg.max_num_seqs // len(streams), 1).bit_length() - 1
+        return min(budget, rows - pending), min(budget, most - pending)
 
     def _make_room(self, s: Sequence, positions: int) -> bool:
         """Preempt until `s` holds `positions`; False if `s` itself was the one preempted."""
