@@ -68,12 +68,13 @@ class EngineConfig(msgspec.Struct, kw_only=True, frozen=True):
     decode_pass_rows: Annotated[
         PositiveInt,
         _doc(
-            "rows per core pass while more than half of max_num_seqs streams decode, twice that each time "
-            "they halve, at most max_num_batched_tokens (prompt chunks are cut to fit): every pass a prompt "
-            "chunk spends in the loop delays each decoding stream's next token (Sarathi-Serve's token budget, "
-            "scaled by the streams it delays; docs/performance.md has the trade-off measured)"
+            "rows per core pass while streams decode (their next tokens counted first; prompt chunks are cut to "
+            "fit); while at most half of max_num_seqs streams decode, a pass's first prompt may take twice that, "
+            "twice again each time they halve, at most max_num_batched_tokens: every pass a prompt chunk spends "
+            "in the loop delays each decoding stream's next token (Sarathi-Serve's token budget, scaled by the "
+            "streams it delays; docs/performance.md has the trade-off measured)"
         ),
-    ] = 8192
+    ] = 1536
     kernels: Annotated[
         Literal["triton", "reference"],
         _doc("CUDA: the Triton kernels and CUDA graphs, or the plain torch reference (the CPU always runs it)"),
