@@ -5,6 +5,7 @@ characters still forming held back there), so a chunk is one engine output, even
 empty."""
 
 import asyncio
+import contextlib
 
 import msgspec
 
@@ -136,17 +137,22 @@ class Choice:
         return self._extras(c, self.ids, self.depths, chat, True)
 
 
-async def run(stream, choices: list[Choice], emit=None) -> None:
-    """A prompt's engine stream: each output to its choice (then `emit(choice)`), until all end."""
+async def outputs(stream, choices: list[Choice]):
+    """A prompt's engine stream: each output to its choice, which is yielded, until all end."""
     try:
         async for out in stream:
             c = choices[out.index]
             c.take(out)
-            if emit is not None:
-                await emit(c)
+            yield c
     finally:  # finished, stopped, or its client went away (cancelled): observed once
         for c in choices:
             c.timing.finished(c.finish)
+
+
+async def run(stream, choices: list[Choice]) -> None:
+    async with contextlib.aclosing(outputs(stream, choices)) as each:
+        async for _ in each:
+            pass
 
 
 def usage(prompts: list[list[Choice]]) -> dict:
@@ -157,19 +163,10 @@ def usage(prompts: list[list[Choice]]) -> dict:
 
 
 async def events(prompts: list[tuple], rid: str, kind: str, name: str, chat: bool, opts: Options):
-    """prompts: (engine stream, its choices) per prompt."""
-    queue: asyncio.Queue = asyncio.Queue()  # chunks to send, and None as each prompt ends
+    """prompts: (engine stream, its choices) per prompt. One prompt's chunks go out as its stream
+    makes them (a client that reads slower than tokens come leaves them to gather in the engine's
+    output: memory bounded); several prompts' meet in a bounded queue."""
     every = [c for _, cs in prompts for c in cs]
-    room, most = asyncio.Event(), len(every) + PENDING_CHUNKS
-
-    async def put(item: bytes) -> None:
-        """A client that reads slower than tokens come makes its choices wait here: their tokens
-        gather in one output each (memory bounded), and go out together once it reads."""
-        while queue.qsize() >= most:
-            room.clear()
-            await room.wait()
-        queue.put_nowait(item)
-
     chunk_kind = "chat.completion.chunk" if chat else "text_completion"
 
     def chunk(choice_list, usage=None, prompt_token_ids=None) -> bytes:
@@ -180,28 +177,58 @@ async def events(prompts: list[tuple], rid: str, kind: str, name: str, chat: boo
             d["usage"] = usage
         return b"data: " + _json.encode(d) + b"\n\n"
 
-    async def emit(c: Choice) -> None:
-        entry = c.delta(chat)
-        if entry is not None:
-            await put(chunk([entry], _usage() if opts.continuous_usage else None))
-
     def _usage() -> dict:
         return usage([cs for _, cs in prompts])
 
-    async def run_prompt(stream, cs) -> None:
+    async def prompt_chunks(stream, cs):
+        """One prompt's chunks; an error ends them with its own (the response has started)."""
         try:
-            await run(stream, cs, emit)
-        except Exception as e:  # noqa: BLE001 - reported in the stream, which has started
-            await put(b"data: " + _json.encode(errors.in_stream(e)) + b"\n\n")
-        finally:
-            queue.put_nowait(None)  # this prompt is over
+            async with contextlib.aclosing(outputs(stream, cs)) as each:
+                async for c in each:
+                    entry = c.delta(chat)
+                    if entry is not None:
+                        yield chunk([entry], _usage() if opts.continuous_usage else None)
+        except Exception as e:  # noqa: BLE001 - reported in the stream
+            yield b"data: " + _json.encode(errors.in_stream(e)) + b"\n\n"
 
-    tasks = [asyncio.ensure_future(run_prompt(s, cs)) for s, cs in prompts]
+    sources = [prompt_chunks(s, cs) for s, cs in prompts]
+    body = sources[0] if len(sources) == 1 else merged(sources, len(every) + PENDING_CHUNKS)
     try:
         if chat:
             first = [{"index": c.index, "delta": {"role": "assistant", "content": ""}} for c in every]
             ids = every[0].prompt_ids if opts.return_token_ids else None
             yield chunk(first, _usage() if opts.continuous_usage else None, prompt_token_ids=ids)
+        async for item in body:
+            yield item
+        if opts.include_usage:
+            yield chunk([], _usage())
+        yield b"data: [DONE]\n\n"
+    finally:  # finished, or the client went away: every stream closes (an unfinished one aborts)
+        await body.aclose()
+        for source in sources:
+            await source.aclose()
+        for s, _ in prompts:
+            await s.aclose()
+
+
+async def merged(sources: list, most: int):
+    """The items of several async generators as they come, at most `most` waiting for the reader
+    (past that, the sources wait)."""
+    queue: asyncio.Queue = asyncio.Queue()  # items, and None as each source ends
+    room = asyncio.Event()
+
+    async def drain(source) -> None:
+        try:
+            async for item in source:
+                while queue.qsize() >= most:
+                    room.clear()
+                    await room.wait()
+                queue.put_nowait(item)
+        finally:
+            queue.put_nowait(None)
+
+    tasks = [asyncio.ensure_future(drain(s)) for s in sources]
+    try:
         running = len(tasks)
         while running:
             item = await queue.get()
@@ -210,11 +237,7 @@ async def events(prompts: list[tuple], rid: str, kind: str, name: str, chat: boo
                 running -= 1
             else:
                 yield item
-        if opts.include_usage:
-            yield chunk([], _usage())
-        yield b"data: [DONE]\n\n"
-    finally:  # finished, or the client went away: every stream closes (an unfinished one aborts)
+    finally:
         for t in tasks:
             t.cancel()
-        for s, _ in prompts:
-            await s.aclose()
+        await asyncio.gather(*tasks, return_exceptions=True)
