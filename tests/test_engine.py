@@ -91,8 +91,9 @@ def test_chunked_prefill_equals_unchunked(checkpoints, family):
 @pytest.mark.parametrize("max_num_seqs, pass_rows", [(5, 12), (10, 24)])
 def test_prompts_chunked_to_the_decode_pass_budget(checkpoints, max_num_seqs, pass_rows):
     """While more than half of max_num_seqs streams decode, a pass carries at most decode_pass_rows
-    rows (the streams' next tokens first, a prompt chunked into the rest), twice that while at most
-    half do; a prompt alone takes its whole chunk; tokens and depths are those of an unbounded pass."""
+    rows (the streams' next tokens first, a prompt chunked into the rest); while at most half do, its
+    first prompt may take twice that; a prompt alone takes its whole chunk; tokens and depths are
+    those of an unbounded pass."""
     mc, new_engine = make(
         checkpoints["ouro"], "ouro", prefill_chunk=64, max_num_batched_tokens=64, max_num_seqs=max_num_seqs
     )
