@@ -88,6 +88,18 @@ def test_chunked_prefill_equals_unchunked(checkpoints, family):
         }
 
 
+def passes(engine, what) -> list:
+    """What each of the engine's passes carried, as what(groups) gives it (a spy on its runner)."""
+    seen, step = [], engine.runner.step
+
+    def recorded(groups):
+        seen.append(what(groups))
+        return step(groups)
+
+    engine.runner.step = recorded
+    return seen
+
+
 @pytest.mark.parametrize("max_num_seqs, pass_rows", [(5, 12), (10, 24)])
 def test_prompts_chunked_to_the_decode_pass_budget(checkpoints, max_num_seqs, pass_rows):
     """While more than half of max_num_seqs streams decode, a pass carries at most decode_pass_rows
@@ -101,28 +113,21 @@ def test_prompts_chunked_to_the_decode_pass_budget(checkpoints, max_num_seqs, pa
     reqs = {i: ([3 + i, 9, 27, 81, 5], sp) for i in range(4)} | {9: ([(i * 13) % 500 + 3 for i in range(40)], sp)}
     arrivals = {9: 10}  # the long prompt comes while the four stream
 
-    def passes(engine):
-        rows, step = [], engine.runner.step
-
-        def recorded(groups):  # (a spy: what each pass carried)
-            rows.append((sum(g.n for g in groups if not g.decoding), sum(g.n for g in groups if g.decoding)))
-            return step(groups)
-
-        engine.runner.step = recorded
-        return rows
+    def rows(groups):  # prompt rows, decode rows
+        return sum(g.n for g in groups if not g.decoding), sum(g.n for g in groups if g.decoding)
 
     bounded = new_engine(decode_pass_rows=12)
-    seen = passes(bounded)
+    seen = passes(bounded, rows)
     out = run(bounded, mc, reqs, arrivals)
     assert max(p + d for p, d in seen if d == 4) == pass_rows and max(p for p, d in seen if d == 4) == pass_rows - 4
     assert sum(p for p, _ in seen) == 4 * 5 * mc.depth + 40 * mc.depth  # every prompt row once per loop
     unbounded = new_engine()
-    seen = passes(unbounded)
+    seen = passes(unbounded, rows)
     assert run(unbounded, mc, reqs, arrivals) == out
     assert max(p for p, d in seen if d) == 40
 
     alone = new_engine(decode_pass_rows=12)
-    seen = passes(alone)
+    seen = passes(alone, rows)
     run(alone, mc, {9: reqs[9]})
     assert seen[0] == (40, 0)
 
@@ -138,19 +143,12 @@ def test_one_prompt_per_pass_past_the_decode_pass_budget(checkpoints):
     reqs |= {i: ([(j * 13 + i) % 500 + 3 for j in range(10)], sp) for i in (8, 9)}
     arrivals = {8: 10, 9: 10}  # together, while the four stream
 
-    def entering(engine):
-        passes, step = [], engine.runner.step
-
-        def recorded(groups):  # (a spy: rows per pass, and the prompt chunks entering the loop)
-            new = [g.n for g in groups if not g.decoding and g.depth == 0]
-            passes.append((sum(g.n for g in groups), sum(g.decoding for g in groups), new))
-            return step(groups)
-
-        engine.runner.step = recorded
-        return passes
+    def entering(groups):  # rows, decode rows, and the prompt chunks entering the loop
+        new = [g.n for g in groups if not g.decoding and g.depth == 0]
+        return sum(g.n for g in groups), sum(g.decoding for g in groups), new
 
     bounded = new_engine(decode_pass_rows=12)
-    seen = entering(bounded)
+    seen = passes(bounded, entering)
     out = run(bounded, mc, reqs, arrivals)
     late = [new for rows, decoding, new in seen if decoding == 4 and new]
     assert late == [[10], [10]]  # whole, one a pass (12 - 4 rows left for the second: none once the first took 10)
