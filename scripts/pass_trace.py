@@ -39,9 +39,10 @@ def variant_budget(sched, rule: str):
     """The scheduler's (prompt budget, first prompt's budget) under a variant rule."""
     engine_rule = sched._prompt_budget
 
+    pick = {"batched": lambda base, first: (first, first), "flat": lambda base, first: (base, base)}[rule]
+
     def prompt_budget(budget: int, in_flight: int) -> tuple[int, int]:
-        base, first = engine_rule(budget, in_flight)
-        return (first, first) if rule == "batched" else (base, base)
+        return pick(*engine_rule(budget, in_flight))
 
     return prompt_budget
 
