@@ -102,12 +102,16 @@ def rope_tokens(q, k, v, positions, inv_freq, cache, layer, slots, block_t, warp
     )  # fmt: skip
 
 
+def split(qkv, shape):
+    """q [T, H, D], k and v [T, Hkv, D]: views of the projection's output, as the model's."""
+    H, Hkv, D = shape
+    return (t.view(len(qkv), h, D) for t, h in zip(qkv.split([H * D, Hkv * D, Hkv * D], dim=1), (H, Hkv, Hkv)))
+
+
 def inputs(shape, T, dev):
     H, Hkv, D = shape
     g = torch.Generator(device=dev).manual_seed(0)
-    qkv = torch.randn(T, (H + 2 * Hkv) * D, device=dev, generator=g).to(torch.bfloat16)  # (views, as the model's)
-    q, k, v = qkv.split([H * D, Hkv * D, Hkv * D], dim=1)
-    q, k, v = q.view(T, H, D), k.view(T, Hkv, D), v.view(T, Hkv, D)
+    qkv = torch.randn(T, (H + 2 * Hkv) * D, device=dev, generator=g).to(torch.bfloat16)
     blocks = -(-T // BLOCK_SIZE) + 1
     cache = torch.zeros(blocks, 2, 2, BLOCK_SIZE, Hkv, D, device=dev, dtype=torch.bfloat16)
     used = -(-T // BLOCK_SIZE)
@@ -115,7 +119,7 @@ def inputs(shape, T, dev):
     slots = (starts + torch.arange(BLOCK_SIZE, device=dev).repeat(used))[:T]
     pos = torch.arange(T, device=dev) + 7
     inv = layers.rope_inv_freq(D, 1e6).to(dev)
-    return qkv, (q, k, v), pos, inv, cache, slots
+    return qkv, pos, inv, cache, slots
 
 
 def variants(args):
@@ -139,10 +143,8 @@ def timed(fn) -> float | None:
 
 def run_variant(fn, shape, qkv, cache, pos, inv, slots, ref, today):
     """fn on fresh copies: (us, max error against the reference, K/V stored, equal to today's, outputs)."""
-    H, Hkv, D = shape
-    T = qkv.shape[0]
     qkv, cache = qkv.clone(), cache.clone()
-    q, k, v = (t.view(T, h, D) for t, h in zip(qkv.split([H * D, Hkv * D, Hkv * D], dim=1), (H, Hkv, Hkv)))
+    q, k, v = split(qkv, shape)
     fn(q, k, v, pos, inv, cache, slots)
     err = max((q.float() - ref[0].float()).abs().max().item(), (k.float() - ref[1].float()).abs().max().item())
     stored = cache[slots // BLOCK_SIZE, 1, :, slots % BLOCK_SIZE]  # [T, 2, Hkv, D]
@@ -165,7 +167,8 @@ def main():
     for name in args.shapes.split(","):
         shape = SHAPES[name]
         for T in map(int, rows.split(",")):
-            qkv, (q, k, v), pos, inv, cache, slots = inputs(shape, T, dev)
+            qkv, pos, inv, cache, slots = inputs(shape, T, dev)
+            q, k, _ = split(qkv, shape)
             ref = layers.rope(q, k, pos, inv, False)
             results, today = [], None
             for label, fn in variants(args):
