@@ -1,8 +1,8 @@
 """RoPE with the K/V store (rlt/kernels/rope.rope_write_kv) at prefill shapes, against the same
-bytes copied (q, k, v read; q, k and the cache's k, v written) and a candidate layout: one program
-per `block_t` tokens taking all of their q, k and v heads as dense tiles (today's: one program per
-token and group of `heads` heads, each loading q, k and v under masks). Each variant is checked
-against the torch reference first (bit for bit against today's kernel).
+bytes copied (q, k, v read; q, k and the cache's k, v written): its two layouts (a program per
+token and head, as decode passes take it; past rope.FEW_ROWS rows a program per `block_t` tokens
+and every head) over block_t and warps. Each variant is checked against the torch reference, and
+bit for bit against the per-head layout.
 
     python scripts/tune_rope.py [--shapes ouro,nanbeige] [--rows 1024,4096]
 
@@ -13,93 +13,12 @@ import argparse
 import os
 
 import torch
-import triton
-import triton.language as tl
 
 from rlt.kernels import rope
 from rlt.models import layers
 
 SHAPES = {"ouro": (16, 16, 128), "nanbeige": (48, 8, 128)}  # q heads, kv heads, head dim
 BLOCK_SIZE = 16
-
-
-@triton.jit
-def _rotate(x_ptr, stride_t, stride_h, t, ok_t, H: tl.constexpr, H_PAD: tl.constexpr, HALF: tl.constexpr, c, s):
-    """x's heads of tokens t (rotate-half): loaded, rotated in float32, rounded; (ra, rb, heads, mask)."""
-    h = tl.arange(0, H_PAD)
-    j = tl.arange(0, HALF)
-    at = x_ptr + t[:, None, None] * stride_t + h[None, :, None] * stride_h + j[None, None, :]
-    m = ok_t[:, None, None] & (h < H)[None, :, None]
-    a = tl.load(at, mask=m, other=0.0).to(tl.float32)
-    b = tl.load(at + HALF, mask=m, other=0.0).to(tl.float32)
-    return (a * c - b * s).to(x_ptr.dtype.element_ty), (b * c + a * s).to(x_ptr.dtype.element_ty), at, m
-
-
-@triton.jit
-def _rope_tokens_kernel(
-    q_ptr,
-    k_ptr,
-    v_ptr,
-    pos_ptr,
-    inv_ptr,
-    cache_ptr,
-    slot_ptr,
-    T,
-    layer,
-    stride_qt,
-    stride_qh,
-    stride_kt,
-    stride_kh,
-    stride_vt,
-    stride_vh,
-    stride_cb,
-    stride_cl,
-    stride_ckv,
-    stride_co,
-    stride_ch,
-    HQ: tl.constexpr,
-    HKV: tl.constexpr,
-    HQ_PAD: tl.constexpr,
-    HKV_PAD: tl.constexpr,
-    HALF: tl.constexpr,
-    BLOCK_T: tl.constexpr,
-    BLOCK_SIZE: tl.constexpr,
-):
-    """Tokens pid * BLOCK_T ..: q and k rotated in place (rotate-half), k and v stored at their slots."""
-    t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
-    ok_t = t < T
-    j = tl.arange(0, HALF)
-    angle = tl.load(pos_ptr + t, mask=ok_t, other=0).to(tl.float32)[:, None] * tl.load(inv_ptr + j)[None, :]
-    c, s = tl.cos(angle)[:, None, :], tl.sin(angle)[:, None, :]
-    slot = tl.load(slot_ptr + t, mask=ok_t, other=0)
-    row = (slot // BLOCK_SIZE) * stride_cb + layer * stride_cl + (slot % BLOCK_SIZE) * stride_co
-    qa, qb, q_at, qm = _rotate(q_ptr, stride_qt, stride_qh, t, ok_t, HQ, HQ_PAD, HALF, c, s)
-    tl.store(q_at, qa, mask=qm)
-    tl.store(q_at + HALF, qb, mask=qm)
-    ka, kb, k_at, km = _rotate(k_ptr, stride_kt, stride_kh, t, ok_t, HKV, HKV_PAD, HALF, c, s)
-    tl.store(k_at, ka, mask=km)
-    tl.store(k_at + HALF, kb, mask=km)
-    h = tl.arange(0, HKV_PAD)
-    dst = cache_ptr + row[:, None, None] + h[None, :, None] * stride_ch + j[None, None, :]
-    tl.store(dst, ka, mask=km)
-    tl.store(dst + HALF, kb, mask=km)
-    v_at = v_ptr + t[:, None, None] * stride_vt + h[None, :, None] * stride_vh + j[None, None, :]
-    v = tl.load(v_at, mask=km, other=0.0)
-    tl.store(dst + stride_ckv, v, mask=km)
-    v = tl.load(v_at + HALF, mask=km, other=0.0)
-    tl.store(dst + stride_ckv + HALF, v, mask=km)
-
-
-def rope_tokens(q, k, v, positions, inv_freq, cache, layer, slots, block_t, warps):
-    T, H, D = q.shape
-    Hkv = k.shape[1]
-    cs = cache.stride()
-    _rope_tokens_kernel[(triton.cdiv(T, block_t),)](
-        q, k, v, positions, inv_freq, cache, slots, T, layer, q.stride(0), q.stride(1), k.stride(0),
-        k.stride(1), v.stride(0), v.stride(1), cs[0], cs[1], cs[2], cs[3], cs[4], HQ=H, HKV=Hkv,
-        HQ_PAD=triton.next_power_of_2(H), HKV_PAD=triton.next_power_of_2(Hkv), HALF=D // 2, BLOCK_T=block_t,
-        BLOCK_SIZE=BLOCK_SIZE, num_warps=warps,
-    )  # fmt: skip
 
 
 def split(qkv, shape):
@@ -123,13 +42,25 @@ def inputs(shape, T, dev):
 
 
 def variants(args):
-    yield "today", lambda q, k, v, p, i, c, s: rope.rope_write_kv(q, k, v, p, i, False, c, 1, s, BLOCK_SIZE)
+    """(label, fn): the per-head layout first (the others' bits are compared with its)."""
+
+    def variant(few_rows, block_t=rope.BLOCK_T, warps=None):
+        def fn(q, k, v, p, i, c, s):
+            saved = rope.FEW_ROWS, rope.BLOCK_T, rope.pdl.launch
+            warps_ = {} if warps is None else {"num_warps": warps}
+            rope.FEW_ROWS, rope.BLOCK_T = few_rows, block_t
+            rope.pdl.launch = lambda kernel, grid, *a, **kw: saved[2](kernel, grid, *a, **kw, **warps_)
+            try:
+                rope.rope_write_kv(q, k, v, p, i, False, c, 1, s, BLOCK_SIZE)
+            finally:
+                rope.FEW_ROWS, rope.BLOCK_T, rope.pdl.launch = saved
+
+        return fn
+
+    yield "a program per token and head", variant(1 << 30)
     for bt in map(int, args.block_t.split(",")):
         for w in map(int, args.warps.split(",")):
-            yield (
-                f"tokens block_t={bt} warps={w}",
-                (lambda q, k, v, p, i, c, s, bt=bt, w=w: rope_tokens(q, k, v, p, i, c, 1, s, bt, w)),
-            )
+            yield f"tokens block_t={bt} warps={w}", variant(0, bt, w)
 
 
 def timed(fn) -> float | None:
@@ -141,8 +72,8 @@ def timed(fn) -> float | None:
     return do_bench(fn, warmup=10, rep=50) * 1e3
 
 
-def run_variant(fn, shape, qkv, cache, pos, inv, slots, ref, today):
-    """fn on fresh copies: (us, max error against the reference, K/V stored, equal to today's, outputs)."""
+def run_variant(fn, shape, qkv, cache, pos, inv, slots, ref, first):
+    """fn on fresh copies: (us, max error against the reference, K/V stored, equal to per head's, outputs)."""
     qkv, cache = qkv.clone(), cache.clone()
     q, k, v = split(qkv, shape)
     fn(q, k, v, pos, inv, cache, slots)
@@ -150,7 +81,7 @@ def run_variant(fn, shape, qkv, cache, pos, inv, slots, ref, today):
     stored = cache[slots // BLOCK_SIZE, 1, :, slots % BLOCK_SIZE]  # [T, 2, Hkv, D]
     kv_ok = torch.equal(stored[:, 0], k) and torch.equal(stored[:, 1], v)
     outs = (q.clone(), k.clone(), cache.clone())
-    same = today is None or all(torch.equal(a, b) for a, b in zip(outs, today))
+    same = first is None or all(torch.equal(a, b) for a, b in zip(outs, first))
     us = timed(lambda: fn(q, k, v, pos, inv, cache, slots))
     return us, err, kv_ok, same, outs
 
@@ -170,10 +101,10 @@ def main():
             qkv, pos, inv, cache, slots = inputs(shape, T, dev)
             q, k, _ = split(qkv, shape)
             ref = layers.rope(q, k, pos, inv, False)
-            results, today = [], None
+            results, first = [], None
             for label, fn in variants(args):
-                us, err, kv_ok, same, outs = run_variant(fn, shape, qkv, cache, pos, inv, slots, ref, today)
-                today = today or outs
+                us, err, kv_ok, same, outs = run_variant(fn, shape, qkv, cache, pos, inv, slots, ref, first)
+                first = first or outs
                 results.append((label, us, err, kv_ok, same))
             H, Hkv, D = shape
             moved = T * (H + 2 * Hkv) * D * 2 + T * (H + 3 * Hkv) * D * 2
@@ -182,7 +113,7 @@ def main():
             print(f"{name} {T} rows: {moved / 1e6:.1f} MB moved; a copy of q/k/v: {copy_us and f'{copy_us:.2f} us'}")
             for label, us, err, kv_ok, same in sorted(results, key=lambda r: r[1] or 0):
                 speed = f"{us:8.2f} us {moved / us / 1e6:5.2f} TB/s" if us else "(not timed)"
-                print(f"  {label:28s} {speed}  max err {err:.2e}, K/V stored {kv_ok}, equal to today's {same}")
+                print(f"  {label:28s} {speed}  max err {err:.2e}, K/V stored {kv_ok}, equal to per head's {same}")
 
 
 if __name__ == "__main__":

@@ -501,15 +501,17 @@ def test_a_graph_collected_during_a_capture_leaves_it_intact(checkpoints):
 @pytest.mark.parametrize("pairs", [False, True])
 @pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
 @pytest.mark.parametrize("D", [128, 96, 16])
-def test_rope_kernel_matches_torch(pairs, dtype, tol, D):
+@pytest.mark.parametrize("T", [50, 300])  # a program per head; past FEW_ROWS, per 2 tokens
+def test_rope_kernel_matches_torch(pairs, dtype, tol, D, T, monkeypatch):
+    from rlt.kernels import rope as rope_kernels
     from rlt.kernels.paged_attention import PagedMetadata, write_kv
     from rlt.kernels.rope import rope_, rope_write_kv
     from rlt.models import layers
 
     g = torch.Generator(device="cuda").manual_seed(0)
-    qkv = torch.randn(50, (8 + 2 * 4) * D, device="cuda", generator=g).to(dtype)
-    q, k = qkv[:, : 8 * D].view(50, 8, D), qkv[:, 8 * D : 12 * D].view(50, 4, D)  # strided views, as the models pass
-    pos = torch.randint(0, 60000, (50,), device="cuda", generator=g)
+    qkv = torch.randn(T, (8 + 2 * 4) * D, device="cuda", generator=g).to(dtype)
+    q, k = qkv[:, : 8 * D].view(T, 8, D), qkv[:, 8 * D : 12 * D].view(T, 4, D)  # strided views, as the models pass
+    pos = torch.randint(0, 60000, (T,), device="cuda", generator=g)
     inv = layers.rope_inv_freq(D, 1e6 if not pairs else 5e4).cuda()
     # adjacent pairs as Huginn's: q and k biased per head first (the add rounded to the dtype)
     qb, kb = (torch.randn(n, D, device="cuda", generator=g).to(dtype) if pairs else None for n in (8, 4))
@@ -519,22 +521,23 @@ def test_rope_kernel_matches_torch(pairs, dtype, tol, D):
     else:
         ref_q, ref_k = layers.rope(cpu(q), cpu(k), pos.cpu(), inv.cpu(), False)
     v = qkv[:, 12 * D :].clone()
-    qkv2 = qkv.clone()
+    qkv2, qkv3 = qkv.clone(), qkv.clone()
     got_q, got_k = rope_(q, k, pos, inv, pairs, qb, kb)
     assert (got_q.float().cpu() - ref_q).abs().max() <= tol * ref_q.abs().max()
     assert (got_k.float().cpu() - ref_k).abs().max() <= tol * ref_k.abs().max()
     assert torch.equal(qkv[:, 12 * D :], v)  # v beside q and k in the projection is untouched
     # the same launch storing k and v into the paged cache: same q/k bits, the cache as write_kv leaves it
-    cache, ref_cache = (torch.zeros(8, 2, 2, 16, 4, D, dtype=dtype, device="cuda") for _ in range(2))
-    slots = torch.randperm(8 * 16, device="cuda", generator=g)[:50]
-    q2, k2, v2 = (
-        qkv2[:, : 8 * D].view(50, 8, D),
-        qkv2[:, 8 * D : 12 * D].view(50, 4, D),
-        qkv2[:, 12 * D :].view(50, 4, D),
-    )
+    cache, ref_cache, cache3 = (torch.zeros(32, 2, 2, 16, 4, D, dtype=dtype, device="cuda") for _ in range(3))
+    slots = torch.randperm(32 * 16, device="cuda", generator=g)[:T]
+    split = lambda x: (x[:, : 8 * D].view(T, 8, D), x[:, 8 * D : 12 * D].view(T, 4, D), x[:, 12 * D :].view(T, 4, D))  # noqa: E731
+    q2, k2, v2 = split(qkv2)
     rope_write_kv(q2, k2, v2, pos, inv, pairs, cache, 1, slots, 16, qb, kb)
-    write_kv(ref_cache, 1, PagedMetadata(slots, None, [], [], 16), got_k, v.view(50, 4, D))
+    write_kv(ref_cache, 1, PagedMetadata(slots, None, [], [], 16), got_k, v.view(T, 4, D))
     assert torch.equal(q2, got_q) and torch.equal(k2, got_k) and torch.equal(cache, ref_cache)
+    if T > rope_kernels.FEW_ROWS:  # the tokens kernel's bits are the per-head kernel's
+        monkeypatch.setattr(rope_kernels, "FEW_ROWS", T)
+        rope_write_kv(*split(qkv3), pos, inv, pairs, cache3, 1, slots, 16, qb, kb)
+        assert torch.equal(qkv3, qkv2) and torch.equal(cache3, cache)
 
 
 def test_rms_norm_on_cuda_matches_torch():

@@ -31,6 +31,22 @@ def kernels():
     i, f, p16, p32, p64 = "i32", "fp32", "*bf16", "*fp32", "*i64"
     gemv_args = occ.GEMV_SIGNATURE
 
+    rope_ptrs = dict(
+        q_ptr=p16,
+        k_ptr=p16,
+        v_ptr=p16,
+        pos_ptr=p64,
+        inv_ptr=p32,
+        q_bias_ptr=p16,
+        k_bias_ptr=p16,
+        cache_ptr=p16,
+        slot_ptr=p64,
+    )
+    rope_ints = dict(
+        layer=i, **{f"stride_{s}": i for s in ("qt", "qh", "kt", "kh", "vt", "vh", "cb", "cl", "ckv", "co", "ch")}
+    )
+    rope_consts = dict(HQ=16, HKV=16, HALF=64, HALF_PAD=64, PAIRS=False, BIAS=True, WRITE_KV=True, BLOCK_SIZE=16)
+
     def decode_case(splits):
         args = dict(
             q_ptr=p16,
@@ -106,32 +122,11 @@ def kernels():
             dict(x_ptr=p16, w_ptr=p16, y_ptr=p16, stride_x=i, stride_y=i, N=i, eps=f),
             dict(BLOCK=2048),
         ),
-        "rope": (
-            rope._rope_kernel,
-            dict(
-                q_ptr=p16,
-                k_ptr=p16,
-                v_ptr=p16,
-                pos_ptr=p64,
-                inv_ptr=p32,
-                q_bias_ptr=p16,
-                k_bias_ptr=p16,
-                cache_ptr=p16,
-                slot_ptr=p64,
-                layer=i,
-                stride_qt=i,
-                stride_qh=i,
-                stride_kt=i,
-                stride_kh=i,
-                stride_vt=i,
-                stride_vh=i,
-                stride_cb=i,
-                stride_cl=i,
-                stride_ckv=i,
-                stride_co=i,
-                stride_ch=i,
-            ),
-            dict(HQ=16, HKV=16, HALF=64, HALF_PAD=64, PAIRS=False, BIAS=True, WRITE_KV=True, BLOCK_SIZE=16, HEADS=16),
+        "rope": (rope._rope_kernel, {**rope_ptrs, **rope_ints}, rope_consts),
+        "rope_tokens": (
+            rope._rope_tokens_kernel,
+            {**rope_ptrs, "T": i, **rope_ints},
+            dict(rope_consts, HQ_PAD=16, HKV_PAD=16, BLOCK_T=rope.BLOCK_T),
         ),
         "silu_mul": (
             activation._silu_mul_kernel,
@@ -149,6 +144,7 @@ EARLY_READS = {
     "decode": {"pos_ptr", "table_ptr", "cache_ptr"},
     "decode_unsplit": {"pos_ptr"},  # unsplit passes read the cache after the wait
     "rope": {"pos_ptr", "inv_ptr", "slot_ptr"},
+    "rope_tokens": {"pos_ptr", "inv_ptr", "slot_ptr"},
     "rms_norm": {"w_ptr"},
     "add_rms_norm": {"wo_ptr"},
 }
@@ -203,6 +199,7 @@ def ptx_of(name: str, pdl: bool) -> str:
         "add_rms_norm",
         "rms_norm",
         "rope",
+        "rope_tokens",
         "silu_mul",
     ],
 )

@@ -4,6 +4,7 @@ decode throughput and mean exit depth, prefill latency, and both against their f
 (rlt/bench/floors.py).
 """
 
+import itertools
 import os
 import platform
 import time
@@ -61,9 +62,13 @@ def check_pool(pool, concurrency: int, positions: int) -> None:
         )
 
 
-def submit(engine, mc, concurrency: int, prompt_len: int, sp: SamplingParams, low: int = 0, seed: int = 0) -> None:
-    """`concurrency` requests '0', '1', ... of random token ids in [low, vocab)."""
-    g = torch.Generator().manual_seed(seed)
+_runs = itertools.count()
+
+
+def submit(engine, mc, concurrency: int, prompt_len: int, sp: SamplingParams, low: int = 0) -> None:
+    """`concurrency` requests '0', '1', ... of random token ids in [low, vocab), new ones each call
+    (a run repeating its warm-up's prompts would hit the prefix cache: other passes than measured)."""
+    g = torch.Generator().manual_seed(next(_runs))
     for i in range(concurrency):
         prompt = torch.randint(low, mc.vocab_size, (prompt_len,), generator=g).tolist()
         engine.add_request(str(i), prompt, resolve_params(mc, prompt_len, sp))

@@ -43,16 +43,14 @@ def _rope_kernel(
     BIAS: tl.constexpr,
     WRITE_KV: tl.constexpr,
     BLOCK_SIZE: tl.constexpr,
-    HEADS: tl.constexpr,
     PDL: tl.constexpr,
 ):
-    """Program (t, g): heads g * HEADS .. of token t, counted q heads first, then k heads, then (with
-    WRITE_KV) v heads: q and k rotated in place, k (rotated) and v stored into the slot with
-    WRITE_KV. BIAS: q and k first get their per-head bias (Huginn's qk_bias, [heads, D] each), rounded
-    to their dtype as the separate add would. A block of heads per program shares the angles and keeps
-    a long prompt's launch to a few programs per token."""
+    """Program (t, h): head h of token t, counted q heads first, then k heads, then (with WRITE_KV) v
+    heads: q and k rotated in place, k (rotated) and v stored into the slot with WRITE_KV. BIAS: q
+    and k first get their per-head bias (Huginn's qk_bias, [heads, D] each), rounded to their dtype
+    as the separate add would. A program per head: a decode pass's few rows in many short programs."""
     t = tl.program_id(0)
-    h = tl.program_id(1) * HEADS + tl.arange(0, HEADS)
+    h = tl.program_id(1) + tl.arange(0, 1)
     j = tl.arange(0, HALF_PAD)
     ok = (j < HALF)[None, :]
     if PAIRS:  # (x[2j], x[2j+1]) as a complex number
@@ -107,8 +105,96 @@ def _rope_kernel(
         tl.store(dst + ib, rb, mask=is_k | is_v)
 
 
-HEADS = 16  # heads per program over many rows (a prompt's)
-FEW_ROWS = 256  # up to this many rows (decode passes), a program per head: more programs, shorter chains
+@triton.jit
+def _rotate_heads(x_ptr, bias_ptr, stride_t, stride_h, t, ok_t, ia, ib, ok_j, c, s, H, H_PAD, D, BIAS):
+    """Every head of x at tokens t ([BLOCK_T, H_PAD, HALF_PAD] tiles): biased with BIAS (rounded to
+    x's dtype, as the separate add), rotated in float32, stored in place; -> (ra, rb, mask)."""
+    h = tl.arange(0, H_PAD)[None, :, None]
+    at = x_ptr + t[:, None, None] * stride_t + h * stride_h
+    m = ok_t[:, None, None] & (h < H) & ok_j
+    a, b = tl.load(at + ia, mask=m, other=0.0), tl.load(at + ib, mask=m, other=0.0)
+    if BIAS:
+        a += tl.load(bias_ptr + h * D + ia, mask=(h < H) & ok_j, other=0.0)
+        b += tl.load(bias_ptr + h * D + ib, mask=(h < H) & ok_j, other=0.0)
+    a, b = a.to(tl.float32), b.to(tl.float32)
+    ra, rb = (a * c - b * s).to(x_ptr.dtype.element_ty), (b * c + a * s).to(x_ptr.dtype.element_ty)
+    tl.store(at + ia, ra, mask=m)
+    tl.store(at + ib, rb, mask=m)
+    return ra, rb, m
+
+
+@triton.jit(do_not_specialize=["layer"])
+def _rope_tokens_kernel(
+    q_ptr,
+    k_ptr,
+    v_ptr,
+    pos_ptr,
+    inv_ptr,
+    q_bias_ptr,
+    k_bias_ptr,
+    cache_ptr,
+    slot_ptr,
+    T,
+    layer,
+    stride_qt,
+    stride_qh,
+    stride_kt,
+    stride_kh,
+    stride_vt,
+    stride_vh,
+    stride_cb,
+    stride_cl,
+    stride_ckv,
+    stride_co,
+    stride_ch,
+    HQ: tl.constexpr,
+    HKV: tl.constexpr,
+    HQ_PAD: tl.constexpr,
+    HKV_PAD: tl.constexpr,
+    HALF: tl.constexpr,
+    HALF_PAD: tl.constexpr,
+    PAIRS: tl.constexpr,
+    BIAS: tl.constexpr,
+    WRITE_KV: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    BLOCK_T: tl.constexpr,
+    PDL: tl.constexpr,
+):
+    """Program p: tokens p * BLOCK_T .., every head of q, k (and v with WRITE_KV) as dense tiles, the
+    same arithmetic as _rope_kernel (bit-equal). Over many rows (a prompt's) this moves the bytes
+    at a copy's pace, where a program per token and group of heads loads each of q/k/v under masks."""
+    t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
+    ok_t = t < T
+    j = tl.arange(0, HALF_PAD)
+    ok_j = (j < HALF)[None, None, :]
+    if PAIRS:
+        ia, ib = (2 * j)[None, None, :], (2 * j + 1)[None, None, :]
+    else:
+        ia, ib = j[None, None, :], (j + HALF)[None, None, :]
+    # Before the PDL wait, as _rope_kernel: the angles and slots only.
+    pos = tl.load(pos_ptr + t, mask=ok_t, other=0).to(tl.float32)
+    angle = pos[:, None] * tl.load(inv_ptr + j, mask=j < HALF, other=0.0)[None, :]
+    c, s = tl.cos(angle)[:, None, :], tl.sin(angle)[:, None, :]
+    if WRITE_KV:
+        slot = tl.load(slot_ptr + t, mask=ok_t, other=0)
+    pdl.begin(PDL)
+    _rotate_heads(q_ptr, q_bias_ptr, stride_qt, stride_qh, t, ok_t, ia, ib, ok_j, c, s, HQ, HQ_PAD, 2 * HALF, BIAS)
+    ka, kb, m = _rotate_heads(
+        k_ptr, k_bias_ptr, stride_kt, stride_kh, t, ok_t, ia, ib, ok_j, c, s, HKV, HKV_PAD, 2 * HALF, BIAS
+    )
+    if WRITE_KV:
+        h = tl.arange(0, HKV_PAD)[None, :, None]
+        row = (slot // BLOCK_SIZE) * stride_cb + layer * stride_cl + (slot % BLOCK_SIZE) * stride_co
+        dst = cache_ptr + row[:, None, None] + h * stride_ch
+        tl.store(dst + ia, ka, mask=m)
+        tl.store(dst + ib, kb, mask=m)
+        v_at = v_ptr + t[:, None, None] * stride_vt + h * stride_vh
+        tl.store(dst + stride_ckv + ia, tl.load(v_at + ia, mask=m, other=0.0), mask=m)
+        tl.store(dst + stride_ckv + ib, tl.load(v_at + ib, mask=m, other=0.0), mask=m)
+
+
+FEW_ROWS = 256  # up to this many rows (decode passes) a program per head: more programs, shorter chains
+BLOCK_T = 2  # tokens a program over more rows (tuned at Ouro's and Nanbeige's shapes: scripts/tune_rope.py)
 
 
 def _launch(q, k, v, positions, inv_freq, pairs, cache, layer, slots, block_size, q_bias=None, k_bias=None):
@@ -116,47 +202,31 @@ def _launch(q, k, v, positions, inv_freq, pairs, cache, layer, slots, block_size
     Hkv = k.shape[1]
     if not T:
         return
-    half = D // 2
     write = cache is not None
     c = cache if write else q  # (unused without WRITE_KV)
     v = v if write else k
     cs = cache.stride() if write else (0,) * 6
-    heads = 1 if T <= FEW_ROWS else min(HEADS, triton.next_power_of_2(H + (2 if write else 1) * Hkv))
-    pdl.launch(
-        _rope_kernel,
-        (T, triton.cdiv(H + (2 if write else 1) * Hkv, heads)),
-        q,
-        k,
-        v,
-        positions,
-        inv_freq,
-        q if q_bias is None else q_bias,  # (unused without BIAS)
-        k if k_bias is None else k_bias,
-        c,
-        slots if write else positions,
-        layer,
-        q.stride(0),
-        q.stride(1),
-        k.stride(0),
-        k.stride(1),
-        v.stride(0),
-        v.stride(1),
-        cs[0],
-        cs[1],
-        cs[2],
-        cs[3],
-        cs[4],
+    pointers = (q, k, v, positions, inv_freq, q if q_bias is None else q_bias, k if k_bias is None else k_bias)
+    strides = (q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), *cs[:5])
+    common = dict(
         HQ=H,
         HKV=Hkv,
-        HALF=half,
-        HALF_PAD=triton.next_power_of_2(half),
+        HALF=D // 2,
+        HALF_PAD=triton.next_power_of_2(D // 2),
         PAIRS=pairs,
         BIAS=q_bias is not None,
         WRITE_KV=write,
         BLOCK_SIZE=block_size,
-        HEADS=heads,
         like=q,
     )
+    slots = slots if write else positions  # (unused without WRITE_KV)
+    if T <= FEW_ROWS:
+        grid = (T, H + (2 if write else 1) * Hkv)
+        pdl.launch(_rope_kernel, grid, *pointers, c, slots, layer, *strides, **common)
+        return
+    pads = dict(HQ_PAD=triton.next_power_of_2(H), HKV_PAD=triton.next_power_of_2(Hkv))
+    grid = (triton.cdiv(T, BLOCK_T),)
+    pdl.launch(_rope_tokens_kernel, grid, *pointers, c, slots, T, layer, *strides, BLOCK_T=BLOCK_T, **pads, **common)
 
 
 def rope_(

@@ -34,7 +34,7 @@ from rlt.kernels.penalties import triton_slot_kernels
 from rlt.models.layers import rope
 from rlt.models.ops import REFERENCE, BatchInvariantOps, TritonOps
 from rlt.workers.cuda_graphs import BUCKETS, DecodeGraphs, PassGraphs
-from rlt.workers.pass_rows import kv_slots, padded
+from rlt.workers.pass_rows import padded, positions, row_slots
 from rlt.workers.progress import Progress
 from rlt.workers.prompt_graphs import PromptGraphs
 
@@ -103,9 +103,9 @@ class ReferenceBackend:
     def plane(self, groups: list, row_starts: list[int], tables: list[list[int]]) -> PagedMetadata:
         """The metadata of one plane per group: slots each row's K/V goes to, the block table each
         group reads (host arrays: StepBuffers.pack sends them)."""
-        bs = self.pool.block_size
-        slots = np.array(sum((kv_slots(t, g.start, g.n, bs) for g, t in zip(groups, tables)), []), dtype=np.int64)
-        return PagedMetadata(slots, padded(tables), row_starts, [g.start for g in groups], bs)
+        bs, table = self.pool.block_size, padded(tables)
+        slots = row_slots(table, row_starts, positions(groups, row_starts), bs)
+        return PagedMetadata(slots, table, row_starts, [g.start for g in groups], bs)
 
     def attention(self, core: PagedMetadata | None = None, boundary: PagedMetadata | None = None) -> PassAttention:
         return PassAttention(self.attend, self.pool.cache, core, boundary)

@@ -8,6 +8,13 @@ def kv_slots(table: list[int], start: int, n: int, bs: int) -> list[int]:
     return [table[p // bs] * bs + p % bs for p in range(start, start + n)]
 
 
+def row_slots(tables: np.ndarray, row_starts: list[int], pos: np.ndarray, bs: int) -> np.ndarray:
+    """The KV slot of every row of a pass: its group's block table (`padded`) at the row's position
+    (vectorized: a 4,096-row prompt's slots in microseconds, not a Python loop per row)."""
+    group = np.repeat(np.arange(len(tables)), np.diff(row_starts))
+    return tables[group, pos // bs] * bs + pos % bs
+
+
 def row_starts(groups: list) -> list[int]:
     return np.cumsum([0] + [g.n for g in groups]).tolist()
 
