@@ -96,8 +96,9 @@ class KVPool:
             return False
         while len(self._free) < more * len(planes):
             self._free.extend(self.prefix.evict())
-        for t in planes:
-            t.extend(self._free.pop() for _ in range(more))
+        for t in planes:  # (the last `more` free blocks, last first: as popping them one by one)
+            t.extend(self._free[: -more - 1 : -1])
+            del self._free[-more:]
         return True
 
     def capacity(self, tables: BlockTables) -> int:

@@ -88,9 +88,10 @@ class Scheduler:
         bs = self.pool.block_size
         if self.pool.prefix is None or (m + 1) * bs > s.replay_end or s.needs_whole_prompt:
             return False
-        key = s.keys[m]
+        key, end = s.keys[m], (m + 1) * bs
         return any(
-            not r.decoding and r.num_done < (m + 1) * bs and len(r.keys) > m and r.keys[m] == key for r in self.running
+            not r.decoding and r.num_done < end <= r.replay_end and r.block_keys(end, r.params.max_loops, bs)[m] == key
+            for r in self.running
         )
 
     def _hits(self, s: Sequence) -> list[CachedBlock]:
@@ -100,10 +101,17 @@ class Scheduler:
         if prefix is None or s.needs_whole_prompt:
             return []
         if s.hits is None or s.hits[0] != (prefix.version, s.replay_end):
-            s.hits = (
-                (prefix.version, s.replay_end),
-                prefix.match(s.block_keys(s.replay_end, s.params.max_loops, self.pool.block_size)),
-            )
+            # keys hashed up to the first miss, in doubling runs: a cold prompt's first token does not
+            # wait for every block's key (the rest are hashed as its blocks are cached)
+            bs = self.pool.block_size
+            blocks, n = s.replay_end // bs, 1
+            while True:
+                keys = s.block_keys(min(n, blocks) * bs, s.params.max_loops, bs)
+                hits = prefix.match(keys)
+                if len(hits) < len(keys) or len(keys) == blocks:
+                    break
+                n *= 2
+            s.hits = ((prefix.version, s.replay_end), hits)
         return s.hits[1]
 
     def _admit(self) -> bool:
