@@ -92,7 +92,13 @@ def main() -> None:
     busy = busy_us([(e.time_range.start, e.time_range.end) for e in kernels]) / 1e3
     prof.export_chrome_trace("/tmp/prefix_hit_trace.json")
     with open("/tmp/prefix_hit_trace.json") as f:
-        by_kernel = attribute_busy(labelled_kernels(json.load(f)))
+        labelled = labelled_kernels(json.load(f))
+    by_kernel = attribute_busy(labelled)
+    gaps, end = [], None  # idle stretches between kernels: (µs, the kernel after)
+    for label, a, b in labelled:
+        if end is not None and a > end:
+            gaps.append((a - end, label))
+        end = b if end is None else max(end, b)
     host = prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=20)
     del prof
     floor = float("nan")
@@ -111,6 +117,9 @@ def main() -> None:
         "profiled_wall_ms": round(wall, 2),
         "profiled_gpu_busy_ms": round(busy, 2),
         "kernels": len(kernels),
+        # between the first kernel and the last: launch gaps (< 20 µs each) and longer waits
+        "idle_short_gaps_ms": round(sum(g for g, _ in gaps if g < 20) / 1e3, 2),
+        "idle_long_gaps": [(round(g, 1), label) for g, label in sorted(gaps, reverse=True)[:6] if g >= 20],
         "busy_by_kernel_us": {k: round(v, 1) for k, v in sorted(by_kernel.items(), key=lambda kv: -kv[1])[:20]},
     }
     print(json.dumps(res, indent=1))

@@ -1,7 +1,8 @@
-"""Times the general paged attention kernel at the passes it serves, over tile rows, key tile,
-warps and stages, against flash SDPA over the same rows and keys (contiguous, the floor) and
-checks each config against the torch reference. Prints the fastest first and the engine's plan, and
-SDPA after gathering the K/V out of the blocks (a gather path's price).
+"""Times the general paged attention kernel at the passes it serves, over query heads per item
+(1, or a GQA group's as the engine packs them), kernel rows, key tile, warps and stages, against
+flash SDPA over the same rows and keys (contiguous, the floor), checking each config against the
+torch reference. Prints the fastest first and the engine's plan, and SDPA after gathering the K/V
+out of the blocks (a gather path's price).
 
   python scripts/tune_paged.py [--heads 48 --kv-heads 8 --dim 128] [--cases hit,prompt,chunk,mixed]
 
@@ -69,19 +70,20 @@ def main():
     ap.add_argument("--kv-heads", type=int, default=8)
     ap.add_argument("--dim", type=int, default=128)
     ap.add_argument("--cases", default=",".join(CASES))
-    ap.add_argument("--rows", default="64,128", help="tile rows")
+    ap.add_argument("--rows", default="64,128", help="kernel rows per item ((row, head) pairs)")
+    ap.add_argument("--pack", default=None, help="query heads per item (default: 1 and the GQA group)")
     ap.add_argument("--block-n", default="64,128", help="key tile")
     ap.add_argument("--warps", default="4,8")
     ap.add_argument("--stages", default="0,3", help="pipeline stages (0: Triton's default)")
     args = ap.parse_args()
-    grid = [[int(x) for x in a.split(",")] for a in (args.rows, args.block_n, args.warps, args.stages)]
     H, Hkv, D = args.heads, args.kv_heads, args.dim
-    fill = -(-num_sms(torch.device("cuda")) // H)
+    packs = args.pack or ",".join(sorted({"1", str(H // Hkv)}))
+    grid = [[int(x) for x in a.split(",")] for a in (packs, args.rows, args.block_n, args.warps, args.stages)]
     for name in args.cases.split(","):
-        tune(name, H, Hkv, D, grid, fill)
+        tune(name, H, Hkv, D, grid)
 
 
-def tune(name: str, H: int, Hkv: int, D: int, grid: list[list[int]], fill: int, bs: int = 16) -> None:
+def tune(name: str, H: int, Hkv: int, D: int, grid: list[list[int]], bs: int = 16) -> None:
     cache, tab, q, row_starts, q_starts, kv = case(CASES[name], H, Hkv, D, bs)
     ref = paged_attention(cache, 0, PagedMetadata(None, tab, row_starts, q_starts, bs), q, None, None).float()
     floor = bench(lambda: sdpa(q, row_starts, q_starts, kv, H, Hkv))
@@ -93,10 +95,11 @@ def tune(name: str, H: int, Hkv: int, D: int, grid: list[list[int]], fill: int, 
 
     gather = bench(lambda: sdpa(q, row_starts, q_starts, gathered(), H, Hkv))
     res = []
-    for rows, bn, warps, stages in itertools.product(*grid):
+    for pack, rows, bn, warps, stages in itertools.product(*grid):
         stages = stages or None
-        tiles = len(kernel_fields(row_starts, q_starts, KernelPlan(rows))["tile_seg"])
-        plan = KernelPlan(rows, fill_tiles=fill, max_splits=split_count(tiles, fill))
+        fill = -(-num_sms(torch.device("cuda")) // (H // pack))  # (as the backend's: items of `pack` heads)
+        tiles = len(kernel_fields(row_starts, q_starts, KernelPlan(rows // pack, pack=pack))["tile_seg"])
+        plan = KernelPlan(rows // pack, fill_tiles=fill, max_splits=split_count(tiles, fill), pack=pack)
         k = {n: torch.from_numpy(a).cuda() for n, a in kernel_fields(row_starts, q_starts, plan).items()}
 
         def run(plan=plan, k=k, bn=bn, warps=warps, stages=stages):
@@ -105,19 +108,20 @@ def tune(name: str, H: int, Hkv: int, D: int, grid: list[list[int]], fill: int, 
         try:
             err = (run().float() - ref).abs().max().item()
         except Exception as e:  # (a config the compiler refuses: out of shared memory, registers)
-            print(f"  {name}: tile {rows} block_n {bn} warps {warps} stages {stages}: {type(e).__name__}")
+            print(f"  {name}: pack {pack} rows {rows} block_n {bn} warps {warps} stages {stages}: {type(e).__name__}")
             continue
-        res.append((bench(run), rows, bn, warps, stages, plan.max_splits, err))
+        res.append((bench(run), pack, rows, bn, warps, stages, plan.max_splits, err))
     res.sort(key=lambda r: r[0])
     print(
         f"{name} (H {H}, Hkv {Hkv}, D {D}): flash SDPA on contiguous K/V {floor:.1f} us, with the K/V gathered "
         f"from the blocks first {gather:.1f} us; fastest "
-        "(us, x SDPA, tile rows, block_n, warps, stages, splits, max error):"
+        "(us, x SDPA, heads per item, kernel rows, block_n, warps, stages, splits, max error):"
     )
-    for t, rows, bn, warps, stages, splits, err in res[:8]:
-        print(f"  {t:8.1f} {t / floor:6.2f}x  {rows:4} {bn:4} {warps:2} {stages} {splits:3}  {err:.3f}")
-    for t, *_ in [r for r in res if r[1:5] == (64, pat.BLOCK_N, 4, None)]:
-        print(f"  default (tile 64, block_n {pat.BLOCK_N}, 4 warps): {t:.1f} us ({t / floor:.2f}x)")
+    for t, pack, rows, bn, warps, stages, splits, err in res[:8]:
+        print(f"  {t:8.1f} {t / floor:6.2f}x  {pack:2} {rows:4} {bn:4} {warps:2} {stages} {splits:3}  {err:.3f}")
+    for pack in sorted({r[1] for r in res}):
+        for t, *_ in [r for r in res if r[1:6] == (pack, 64, pat.BLOCK_N, 4, None)]:
+            print(f"  {pack} heads per item, 64 rows, block_n {pat.BLOCK_N}, 4 warps: {t:.1f} us ({t / floor:.2f}x)")
 
 
 if __name__ == "__main__":

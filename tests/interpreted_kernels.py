@@ -42,7 +42,8 @@ def check_decode_attention() -> bool:
 def check_paged_attention() -> bool:
     """The general kernel (passes with prompt chunks): a prompt chunk after a prefix, a first chunk,
     a decode row and a few rows after a long prefix in one launch, in tiles of 16 rows, then in
-    tiles of 64 with each tile's keys split into slices merged by the last one to finish."""
+    tiles of 64 with each tile's keys split into slices merged by the last one to finish, then with
+    a GQA group's heads packed into each item's rows (alone and with keys split)."""
     from rlt.kernels.paged_attention import (
         KernelPlan,
         PagedMetadata,
@@ -73,14 +74,19 @@ def check_paged_attention() -> bool:
     split = plan_kernel(row_starts, q_starts, False, fill_tiles=64)
     assert (split.tile_rows, split.max_splits) == (64, 16), split  # 4 tiles: the 305 keys in 5 slices of 64
     assert kernel_fields(row_starts, q_starts, split)["tile_seg"].tolist() == [3, 2, 0, 1]  # most keys first
+    # a GQA group's 2 heads per item: tiles of 8 rows (16 kernel rows), of 32 with keys split
+    packed = plan_kernel(row_starts, q_starts, False, fill_tiles=64, pack=2)
+    assert (packed.tile_rows, packed.block_m, packed.max_splits) == (32, 64, 16), packed
     ok = True
-    for name, plan in (("tiles of 16", KernelPlan()), ("keys split", split)):
+    plans = (("tiles of 16", KernelPlan()), ("keys split", split), ("2 heads", KernelPlan(8, pack=2)))
+    for name, plan in plans + (("2 heads, keys split", packed),):
         fields = {k: torch.from_numpy(a) for k, a in kernel_fields(row_starts, q_starts, plan).items()}
         err = (triton_paged(cache, 0, q, tab, fields, bs, plan) - ref).abs().max().item()
         print(f"paged_attention (prompt chunks, a decode row, a long prefix; {name}): max error {err:.2e}")
         ok &= err <= 1e-5
-    counters = _scratch(torch.device("cpu"), split.split_items * H * split.tile_rows, 16)[2]
-    left = int(counters.abs().sum()) + int(_queue(torch.device("cpu")).abs().sum())
+    cpu = torch.device("cpu")
+    counters = [_scratch(cpu, p.split_items * H // p.pack * p.block_m, 16)[2] for p in (split, packed)]
+    left = sum(int(c.abs().sum()) for c in counters) + int(_queue(cpu).abs().sum())
     print(f"split arrival counters and work queue left nonzero: {left}")
     return ok and left == 0
 

@@ -34,6 +34,14 @@ class KernelPlan:
     # split, as batch-invariant mode) and the launch's slices, at most (a graph's: its bucket's most).
     fill_tiles: int = 0
     max_splits: int = 1
+    # Query heads per work item of the general kernel: a GQA group's (each K/V tile read once for
+    # all of them), its tile's rows x heads filling the kernel's rows (tile_rows = block // pack).
+    pack: int = 1
+
+    @property
+    def block_m(self) -> int:
+        """The general kernel's query rows per item: (row, head) pairs, a power of two."""
+        return 1 << (self.tile_rows * self.pack - 1).bit_length()
 
     @property
     def split_items(self) -> int:
@@ -49,22 +57,25 @@ def split_count(tiles: int, fill_tiles: int, most: int = MAX_SPLITS) -> int:
     return min(most, 1 << ((SPLIT_ITEMS * fill_tiles) // tiles).bit_length() - 1)
 
 
-def plan_kernel(row_starts: list[int], q_starts: list[int], batch_invariant: bool, fill_tiles: int = 0) -> KernelPlan:
+def plan_kernel(
+    row_starts: list[int], q_starts: list[int], batch_invariant: bool, fill_tiles: int = 0, pack: int = 1
+) -> KernelPlan:
     """Batch-invariant mode keeps one tiling for every pass, never takes the dense path, never
-    splits keys and keeps decode-only passes on the general kernel, so a row's result never depends
-    on how its prompt was chunked or what shares its pass."""
+    splits keys, never packs heads and keeps decode-only passes on the general kernel, so a row's
+    result never depends on how its prompt was chunked or what shares its pass. fill_tiles: tiles
+    filling the GPU (in items of `pack` heads)."""
     if batch_invariant:
         return KernelPlan()
     if row_starts[-1] == len(row_starts) - 1:  # decode rows only
         return KernelPlan(decode=True)
     rows = np.diff(row_starts)
     if rows.max() <= KERNEL_BLOCK_M:
-        dense, tile_rows = (), KERNEL_BLOCK_M
+        dense, tile_rows = (), max(1, KERNEL_BLOCK_M // pack)
     else:
         dense = tuple(int(s) for s in np.flatnonzero((np.asarray(q_starts) == 0) & (rows >= DENSE_MIN_ROWS)))
-        tile_rows = PREFILL_BLOCK_M
+        tile_rows = max(1, PREFILL_BLOCK_M // pack)
     tiles = int((-(-rows // tile_rows)).sum() - sum(-(-rows[s] // tile_rows) for s in dense))
-    return KernelPlan(tile_rows, dense, fill_tiles=fill_tiles, max_splits=split_count(tiles, fill_tiles))
+    return KernelPlan(tile_rows, dense, fill_tiles=fill_tiles, max_splits=split_count(tiles, fill_tiles), pack=pack)
 
 
 def kernel_fields(row_starts: list[int], q_starts: list[int], plan: KernelPlan = KernelPlan()) -> dict[str, np.ndarray]:

@@ -7,7 +7,8 @@ carrying prompt chunks (and every pass in batch-invariant mode) run here; decode
 rlt/kernels/decode_attention.py. Same call and metadata as rlt/kernels/paged_attention.py (the
 reference it is tested against).
 
-A launch is a couple of programs per SM taking work items (tile, head, key slice) from a queue:
+A launch is a couple of programs per SM taking work items (tile, head, key slice) from a queue
+(with KernelPlan.pack, an item takes a GQA group's heads as its rows: each K/V tile read once):
 a graph captured for a bucket's most tiles launches nothing for the padding, and items of unequal
 length (causal tiles, long and short contexts) balance as they finish. A pass of few tiles (a
 prefix hit's new rows over a long cached context, a small chunk) would leave most of the GPU idle
@@ -44,7 +45,7 @@ def _attend(
     count_ptr,
     tile,
     head,
-    heads,
+    packs,
     split,
     splits,
     layer,
@@ -65,30 +66,36 @@ def _attend(
     D_PAD: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
+    PACK: tl.constexpr,
+    TILE_ROWS: tl.constexpr,
     SPLIT: tl.constexpr,
     IEEE: tl.constexpr,
 ):
-    """One work item: attention of a tile's rows for one head over their keys (causal by
-    position), or over one slice of them (SPLIT), merged by the slice that finishes last."""
-    kv_head = head // GROUP
+    """One work item: attention of a tile's TILE_ROWS rows for PACK query heads sharing a K/V head
+    (`head` counts such packs of heads) over their keys (causal by position), or over one slice of
+    them (SPLIT), merged by the slice that finishes last. The item's BLOCK_M query rows are (row,
+    head) pairs, row-major: packing a GQA group reads each K/V tile once for all of its heads."""
+    kv_head = head * PACK // GROUP
     seg = tl.load(tile_seg_ptr + tile)
     r0 = tl.load(tile_row_ptr + tile)  # first row of this tile, relative to the segment
     seg_row0 = tl.load(seg_row0_ptr + seg)
     n_rows = tl.load(seg_rows_ptr + seg)
     q0 = tl.load(seg_q0_ptr + seg)  # position of the segment's first row
-    kv_end = q0 + tl.minimum(r0 + BLOCK_M, n_rows)  # keys up to the tile's last row position
+    kv_end = q0 + tl.minimum(r0 + TILE_ROWS, n_rows)  # keys up to the tile's last row position
     chunk = tl.cdiv(tl.cdiv(kv_end, BLOCK_N), splits) * BLOCK_N
     lo = split * chunk
     # (a slice past the tile's keys has nothing to do or merge: the merge counts the working ones)
     if lo < kv_end:
         hi = tl.minimum(lo + chunk, kv_end)
-        offs_m = r0 + tl.arange(0, BLOCK_M)
+        i = tl.arange(0, BLOCK_M)
+        offs_m = r0 + i // PACK
+        q_head = head * PACK + i % PACK
         offs_d = tl.arange(0, D_PAD)  # head_dim padded to a power of two (Huginn: 96 -> 128)
         d_ok = offs_d < HEAD_DIM
-        row_ok = offs_m < n_rows
+        row_ok = (i < TILE_ROWS * PACK) & (offs_m < n_rows)
         rows = seg_row0 + offs_m
         q = tl.load(
-            q_ptr + rows[:, None] * stride_qt + head * stride_qh + offs_d[None, :],
+            q_ptr + rows[:, None] * stride_qt + q_head[:, None] * stride_qh + offs_d[None, :],
             mask=row_ok[:, None] & d_ok[None, :],
             other=0.0,
         )
@@ -105,12 +112,12 @@ def _attend(
             m_i, l_i, acc = softmax_step(
                 q, k, v, (pos[None, :] <= q_pos[:, None]) & key_ok[None, :], m_i, l_i, acc, scale, IEEE
             )
-        o_rows = o_ptr + rows[:, None] * stride_ot + head * stride_oh + offs_d[None, :]
+        o_rows = o_ptr + rows[:, None] * stride_ot + q_head[:, None] * stride_oh + offs_d[None, :]
         o_mask = row_ok[:, None] & d_ok[None, :]
         working = tl.cdiv(kv_end, chunk)  # slices holding keys: the first ones
         if SPLIT and working > 1:
             # a slot per (tile, head, slice): split passes keep tiles x slices within the scratch
-            pair = tile * heads + head
+            pair = tile * packs + head
             slot = (pair * splits + split) * BLOCK_M + tl.arange(0, BLOCK_M)
             tl.store(part_ptr + slot[:, None] * D_PAD + offs_d[None, :], acc)
             tl.store(ml_ptr + slot * 2, m_i)
@@ -128,7 +135,7 @@ def _attend(
 
 # Layer indices, head counts and table widths vary: one variant serves them all (Triton would
 # otherwise build one per value class, 1 / multiple of 16 / other, the first time each appears).
-@triton.jit(do_not_specialize=["layer", "heads", "stride_ts"])
+@triton.jit(do_not_specialize=["layer", "packs", "stride_ts"])
 def _paged_attn_kernel(
     q_ptr,
     o_ptr,
@@ -144,7 +151,7 @@ def _paged_attn_kernel(
     part_ptr,
     ml_ptr,
     count_ptr,
-    heads,
+    packs,
     layer,
     scale,
     stride_qt,
@@ -163,16 +170,18 @@ def _paged_attn_kernel(
     D_PAD: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
+    PACK: tl.constexpr,
+    TILE_ROWS: tl.constexpr,
     SPLIT: tl.constexpr,
     IEEE: tl.constexpr,
 ):
-    """A few programs per SM take work items (tile, head, key slice) from a queue, longest tiles
-    first (the host orders them), until none is left: no program is launched for a graph's padding
-    and the items balance as they finish. The last program out resets the queue."""
+    """A few programs per SM take work items (tile, pack of query heads, key slice) from a queue,
+    longest tiles first (the host orders them), until none is left: no program is launched for a
+    graph's padding and the items balance as they finish. The last program out resets the queue."""
     splits = 1
     if SPLIT:
         splits = tl.load(work_ptr)
-    n_work = tl.load(work_ptr + 1) * heads * splits  # work_ptr: [slices, tiles]
+    n_work = tl.load(work_ptr + 1) * packs * splits  # work_ptr: [slices, tiles]
     w = tl.atomic_add(queue_ptr, 1, sem="relaxed")
     while w < n_work:
         th = w // splits
@@ -189,9 +198,9 @@ def _paged_attn_kernel(
             part_ptr,
             ml_ptr,
             count_ptr,
-            th // heads,
-            th % heads,
-            heads,
+            th // packs,
+            th % packs,
+            packs,
             w % splits,
             splits,
             layer,
@@ -212,6 +221,8 @@ def _paged_attn_kernel(
             D_PAD,
             BLOCK_M,
             BLOCK_N,
+            PACK,
+            TILE_ROWS,
             SPLIT,
             IEEE,
         )
@@ -271,9 +282,10 @@ def paged_attention(
     if n_tiles == 0:
         return out
     d_pad = max(16, triton.next_power_of_2(D))
-    # (each slice's partial: BLOCK_M rows per head)
-    part, ml, counters = _scratch(q.device, plan.split_items * H * plan.tile_rows, d_pad)
-    _paged_attn_kernel[(min(n_tiles * H * plan.max_splits, _programs(q.device)),)](
+    packs, block_m = H // plan.pack, plan.block_m
+    # (each slice's partial: BLOCK_M rows per pack of heads)
+    part, ml, counters = _scratch(q.device, plan.split_items * packs * block_m, d_pad)
+    _paged_attn_kernel[(min(n_tiles * packs * plan.max_splits, _programs(q.device)),)](
         q,
         out,
         cache,
@@ -288,7 +300,7 @@ def paged_attention(
         part,
         ml,
         counters,
-        H,
+        packs,
         layer,
         D**-0.5,
         q.stride(0),
@@ -305,8 +317,10 @@ def paged_attention(
         BLOCK_SIZE=block_size,
         HEAD_DIM=D,
         D_PAD=d_pad,
-        BLOCK_M=plan.tile_rows,
+        BLOCK_M=block_m,
         BLOCK_N=block_n,
+        PACK=plan.pack,
+        TILE_ROWS=plan.tile_rows,
         SPLIT=plan.max_splits > 1,
         IEEE=q.dtype == torch.float32,
         num_warps=num_warps,

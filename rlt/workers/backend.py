@@ -179,15 +179,18 @@ class TritonBackend(ReferenceBackend):
         # a decode-only pass takes the decode kernel (batch-invariant: the general one, tiles of 16)
         self.decode_plan = KernelPlan() if self.batch_invariant else KernelPlan(decode=True)
         # passes of fewer tiles than fill the GPU (one program per tile and head) split their keys
+        # (a GQA group's heads share an item of the general kernel: its K/V tiles read once for all)
         heads = mc.family_config.num_attention_heads
-        self.fill_tiles = 0 if self.batch_invariant else -(-num_sms(pool.cache.device) // heads)
+        self.pack = 1 if self.batch_invariant else heads // mc.kv.num_kv_heads
+        self.fill_tiles = 0 if self.batch_invariant else -(-num_sms(pool.cache.device) // (heads // self.pack))
         self.decode_graphs = self.pass_graphs = self.prompt_graphs = None
         self.lane_fixed: dict[int, dict] = {}  # lane_meta's fixed tensors, by lane count
         if cfg.cuda_graph_max_batch > 0:
             shape = (model, pool, mc.hidden_size, pool.cache.dtype, pool.cache.device)
             self.decode_graphs = DecodeGraphs(*shape, cfg.cuda_graph_max_batch, self.attention, self.decode_plan)
             # batch-invariant mode tiles every pass alike (as its eager passes do)
-            tiles = KernelPlan(KERNEL_BLOCK_M if self.batch_invariant else PREFILL_BLOCK_M, fill_tiles=self.fill_tiles)
+            rows = KERNEL_BLOCK_M if self.batch_invariant else PREFILL_BLOCK_M // self.pack
+            tiles = KernelPlan(rows, fill_tiles=self.fill_tiles, pack=self.pack)
             self.pass_graphs = PassGraphs(*shape, cfg.max_num_batched_tokens, self.attention, tiles)
             if not self.batch_invariant:  # (dense attention's result depends on the chunking)
                 rows, pool_ = min(cfg.max_num_batched_tokens, cfg.prefill_chunk), self.pass_graphs.mempool
@@ -196,7 +199,7 @@ class TritonBackend(ReferenceBackend):
     def plane(self, groups, row_starts, tables) -> PagedMetadata:
         """With the Triton attention's integer metadata for this pass's plan."""
         meta = super().plane(groups, row_starts, tables)
-        meta.plan = plan_kernel(row_starts, meta.q_starts, self.batch_invariant, self.fill_tiles)
+        meta.plan = plan_kernel(row_starts, meta.q_starts, self.batch_invariant, self.fill_tiles, self.pack)
         meta.kernel = kernel_fields(row_starts, meta.q_starts, meta.plan)
         return meta
 
