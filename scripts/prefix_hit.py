@@ -35,6 +35,7 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=6)
     ap.add_argument("--kv-gib", type=float, default=20)
     ap.add_argument("--json-out")
+    ap.add_argument("--host-profile", type=int, default=0, help="cProfile one more hit: print this many functions")
     args = ap.parse_args()
     mc, dtype, model = offline.load(args.model, args.device)
     eng = LoopEngine(mc, model, EngineConfig(kv_memory_bytes=int(args.kv_gib * 2**30)), dtype, args.device)
@@ -77,6 +78,14 @@ def main() -> None:
         first_token(tokens(args.new_len))
     hits = [hit() for _ in range(args.repeat)]
     cold = [first_token(tokens(args.new_len))[0] for _ in range(args.repeat)]
+    if args.host_profile:  # where a hit's host time goes (Python frames, by own time)
+        import cProfile
+        import pstats
+
+        with cProfile.Profile() as pr:
+            hit()
+        for key in ("tottime", "cumulative"):
+            pstats.Stats(pr).sort_stats(key).print_stats(args.host_profile)
     ms = statistics.median(h[0] for h in hits)
 
     from torch.profiler import ProfilerActivity, profile
