@@ -5,6 +5,7 @@ step logged with what its pass carried.
     python scripts/pass_trace.py --model DIR --device cuda --values 8192,2048 --streams 64 \\
         --prompt-len 1024 --output-len 256 --requests 192 [--rules engine,batched,flat]
 
+--packs gqa,1 A/Bs the general attention kernel's items: a GQA group's heads (the engine's) or one.
 --rules A/Bs the engine's prompt budget (engine: decode_pass_rows, a pass's first prompt up to twice
 that each time the decoding streams halve below max_num_seqs) against two variants: batched (every
 prompt of the pass shares the doubled budget) and flat (never doubled). The closed loop's TTFT
@@ -30,6 +31,7 @@ from rlt.bench import offline
 from rlt.bench.serving import percentile
 from rlt.sampling_params import SamplingParams
 from rlt.validation import resolve_params
+from rlt.workers.backend import TritonBackend
 from rlt.workers.engine import LoopEngine
 from rlt.workers.first_use import FirstUse, count_triton_compiles
 from rlt.workers.warmup import warm_up
@@ -124,6 +126,9 @@ def main() -> None:
     p.add_argument("--device", default="cuda")
     p.add_argument("--values", default="8192,2048", help="decode_pass_rows values")
     p.add_argument("--rules", default="engine", help="prompt budget variants (see above)")
+    p.add_argument(
+        "--packs", default="gqa", help="gqa (the engine's), 1: a GQA group's heads per attention item or one"
+    )
     p.add_argument("--streams", type=int, default=64)
     p.add_argument("--prompt-len", type=int, default=1024)
     p.add_argument("--output-len", type=int, default=256)
@@ -133,7 +138,15 @@ def main() -> None:
     args = p.parse_args()
     count_triton_compiles()
     mc, dtype, model = offline.load(args.model, args.device)
-    for value, rule in [(v, r) for v in map(int, args.values.split(",")) for r in args.rules.split(",")]:
+    variants = [
+        (v, r, k)
+        for v in map(int, args.values.split(","))
+        for r in args.rules.split(",")
+        for k in args.packs.split(",")
+    ]
+    for value, rule, pack in variants:
+        TritonBackend.packs_gqa = pack == "gqa"
+        print(f"attention items: {'a GQA group of heads' if pack == 'gqa' else 'one head'}", flush=True)
         run(args, mc, dtype, model, value, rule)
         gc.collect()  # (the engine's KV pool, before the next one takes its own)
         if args.device.startswith("cuda"):

@@ -143,6 +143,7 @@ class TritonBackend(ReferenceBackend):
 
     needs_warm_up = True
     batch_invariant = False
+    packs_gqa = True  # the general attention kernel's items take a GQA group's heads (KernelPlan.pack)
     ops_class = TritonOps
 
     def __init__(self, mc: ModelConfig, model, pool, cfg: EngineConfig):
@@ -181,7 +182,7 @@ class TritonBackend(ReferenceBackend):
         # passes of fewer tiles than fill the GPU (one program per tile and head) split their keys
         # (a GQA group's heads share an item of the general kernel: its K/V tiles read once for all)
         heads = mc.family_config.num_attention_heads
-        self.pack = 1 if self.batch_invariant else heads // mc.kv.num_kv_heads
+        self.pack = heads // mc.kv.num_kv_heads if self.packs_gqa else 1
         self.fill_tiles = 0 if self.batch_invariant else -(-num_sms(pool.cache.device) // (heads // self.pack))
         self.decode_graphs = self.pass_graphs = self.prompt_graphs = None
         self.lane_fixed: dict[int, dict] = {}  # lane_meta's fixed tensors, by lane count
@@ -256,6 +257,7 @@ class BatchInvariantBackend(TritonBackend):
     """EngineConfig.batch_invariant: PD equal to single, bit for bit."""
 
     batch_invariant = True
+    packs_gqa = False
     ops_class = BatchInvariantOps
 
 
