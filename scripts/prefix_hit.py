@@ -6,8 +6,9 @@ One LoopEngine in process (default options, a fixed KV pool). Per repetition a f
 of --prefix-len tokens (cached as it finishes), then that prefix + --new-len new tokens: the time
 from submission to its first token (lookup, block tables, the passes over the new rows, the token's
 read-back), with each step's host time. Cold: --new-len tokens alone. Then one hit under
-torch.profiler (GPU busy time, idle fraction, the kernels and host operations taking the most
-time) and the floor (rlt/bench/floors.py: the GEMMs over the new rows and attention over the whole
+torch.profiler (GPU busy time, idle gaps, the kernels and host operations taking the most time,
+and its timeline: when the GPU first and last worked and each engine step's host span, from the
+submission) and the floor (rlt/bench/floors.py: the GEMMs over the new rows and attention over the whole
 context, at every loop). --prefix-len 0: a lone prompt of --new-len tokens against its dense floor.
 """
 
@@ -17,6 +18,7 @@ import statistics
 import time
 
 import torch
+from torch.profiler import ProfilerActivity, profile, record_function
 
 from rlt.bench import floors, offline
 from rlt.bench.profile import attribute_busy, busy_us, labelled_kernels
@@ -48,17 +50,19 @@ def main() -> None:
         return torch.randint(3, mc.vocab_size, (n,), generator=gen).tolist()
 
     def first_token(prompt) -> tuple[float, list[float]]:
-        """ms to the first token, and each step's host ms."""
+        """ms to the first token, and each step's host ms (named ranges for a profiler's timeline)."""
         sync()
         t0 = time.perf_counter()
-        eng.add_request(next(count), prompt, resolve_params(mc, len(prompt), sp))
-        steps = []
-        while True:
-            t = time.perf_counter()
-            done = eng.step()
-            steps.append((time.perf_counter() - t) * 1e3)
-            if done:
-                break
+        with record_function("to the first token"):
+            eng.add_request(next(count), prompt, resolve_params(mc, len(prompt), sp))
+            steps = []
+            while True:
+                t = time.perf_counter()
+                with record_function(f"engine step {len(steps)}"):
+                    done = eng.step()
+                steps.append((time.perf_counter() - t) * 1e3)
+                if done:
+                    break
         ms = (time.perf_counter() - t0) * 1e3
         while eng.has_work():
             eng.step()
@@ -88,8 +92,6 @@ def main() -> None:
             pstats.Stats(pr).sort_stats(key).print_stats(args.host_profile)
     ms = statistics.median(h[0] for h in hits)
 
-    from torch.profiler import ProfilerActivity, profile
-
     prefix = tokens(args.prefix_len)
     if prefix:
         first_token(prefix)
@@ -101,7 +103,30 @@ def main() -> None:
     busy = busy_us([(e.time_range.start, e.time_range.end) for e in kernels]) / 1e3
     prof.export_chrome_trace("/tmp/prefix_hit_trace.json")
     with open("/tmp/prefix_hit_trace.json") as f:
-        labelled = labelled_kernels(json.load(f))
+        trace = json.load(f)
+    labelled = labelled_kernels(trace)
+    # the timeline from submission to the first token: when the GPU first and last worked (kernels,
+    # copies), each engine step's host span, in ms from the submission
+    ranges = {
+        e["name"]: (e["ts"], e["ts"] + e["dur"]) for e in trace["traceEvents"] if e.get("cat") == "user_annotation"
+    }
+    t_sub, t_done = ranges["to the first token"]
+    gpu = [(e["ts"], e["ts"] + e["dur"]) for e in trace["traceEvents"] if e.get("cat") in ("kernel", "gpu_memcpy")]
+    gpu = [(a, b) for a, b in gpu if t_sub <= a <= t_done]
+    timeline = (
+        {
+            "gpu_first_ms": round((min(a for a, _ in gpu) - t_sub) / 1e3, 2),
+            "gpu_last_end_ms": round((max(b for _, b in gpu) - t_sub) / 1e3, 2),
+            "done_ms": round((t_done - t_sub) / 1e3, 2),
+            "steps_ms": {
+                n: [round((a - t_sub) / 1e3, 2), round((b - t_sub) / 1e3, 2)]
+                for n, (a, b) in ranges.items()
+                if n.startswith("engine step")
+            },
+        }
+        if gpu
+        else {}
+    )
     by_kernel = attribute_busy(labelled)
     gaps, end = [], None  # idle stretches between kernels: (µs, the kernel after)
     for label, a, b in labelled:
@@ -127,6 +152,7 @@ def main() -> None:
         "profiled_gpu_busy_ms": round(busy, 2),
         "kernels": len(kernels),
         # between the first kernel and the last: launch gaps (< 20 µs each) and longer waits
+        "profiled_timeline": timeline,
         "idle_short_gaps_ms": round(sum(g for g, _ in gaps if g < 20) / 1e3, 2),
         "idle_long_gaps": [(round(g, 1), label) for g, label in sorted(gaps, reverse=True)[:6] if g >= 20],
         "busy_by_kernel_us": {k: round(v, 1) for k, v in sorted(by_kernel.items(), key=lambda kv: -kv[1])[:20]},
