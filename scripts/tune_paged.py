@@ -1,8 +1,8 @@
 """Times the general paged attention kernel at the passes it serves, over query heads per item
-(1, or a GQA group's as the engine packs them), kernel rows, key tile, warps and stages, against
-flash SDPA over the same rows and keys (contiguous, the floor), checking each config against the
-torch reference. Prints the fastest first and the engine's plan, and SDPA after gathering the K/V
-out of the blocks (a gather path's price).
+of segments shorter than a tile (1, or a GQA group's as the engine packs them), tile rows, key
+tile, warps and stages, against flash SDPA over the same rows and keys (contiguous, the floor),
+checking each config against the torch reference. Prints the fastest first and the engine's plan,
+and SDPA after gathering the K/V out of the blocks (a gather path's price).
 
   python scripts/tune_paged.py [--heads 48 --kv-heads 8 --dim 128] [--cases hit,prompt,chunk,mixed]
 
@@ -13,6 +13,7 @@ position 0, as a pass graph runs it), chunk (a 4,096-token prompt's second 2,048
 
 import argparse
 import itertools
+from dataclasses import replace
 
 import numpy as np
 import torch
@@ -70,8 +71,8 @@ def main():
     ap.add_argument("--kv-heads", type=int, default=8)
     ap.add_argument("--dim", type=int, default=128)
     ap.add_argument("--cases", default=",".join(CASES))
-    ap.add_argument("--rows", default="64,128", help="kernel rows per item ((row, head) pairs)")
-    ap.add_argument("--pack", default=None, help="query heads per item (default: 1 and the GQA group)")
+    ap.add_argument("--rows", default="64,128", help="tile rows")
+    ap.add_argument("--pack", default=None, help="short segments' heads per item (default: 1 and the GQA group)")
     ap.add_argument("--block-n", default="64,128", help="key tile")
     ap.add_argument("--warps", default="4,8")
     ap.add_argument("--stages", default="0,3", help="pipeline stages (0: Triton's default)")
@@ -97,9 +98,13 @@ def tune(name: str, H: int, Hkv: int, D: int, grid: list[list[int]], bs: int = 1
     res = []
     for pack, rows, bn, warps, stages in itertools.product(*grid):
         stages = stages or None
-        fill = -(-num_sms(torch.device("cuda")) // (H // pack))  # (as the backend's: items of `pack` heads)
-        tiles = len(kernel_fields(row_starts, q_starts, KernelPlan(rows // pack, pack=pack))["tile_seg"])
-        plan = KernelPlan(rows // pack, fill_tiles=fill, max_splits=split_count(tiles, fill), pack=pack)
+        base = KernelPlan(rows, fill_tiles=-(-num_sms(torch.device("cuda")) // H), pack=pack)  # (as the backend's)
+        f = kernel_fields(row_starts, q_starts, base)
+        plan = replace(
+            base,
+            max_splits=split_count(len(f["tile_seg"]), base.fill_tiles),
+            packed_splits=split_count(len(f["packed_seg"]), base.packed_fill) if pack > 1 else 1,
+        )
         k = {n: torch.from_numpy(a).cuda() for n, a in kernel_fields(row_starts, q_starts, plan).items()}
 
         def run(plan=plan, k=k, bn=bn, warps=warps, stages=stages):
@@ -115,13 +120,13 @@ def tune(name: str, H: int, Hkv: int, D: int, grid: list[list[int]], bs: int = 1
     print(
         f"{name} (H {H}, Hkv {Hkv}, D {D}): flash SDPA on contiguous K/V {floor:.1f} us, with the K/V gathered "
         f"from the blocks first {gather:.1f} us; fastest "
-        "(us, x SDPA, heads per item, kernel rows, block_n, warps, stages, splits, max error):"
+        "(us, x SDPA, short segments' heads per item, tile rows, block_n, warps, stages, splits, max error):"
     )
     for t, pack, rows, bn, warps, stages, splits, err in res[:8]:
         print(f"  {t:8.1f} {t / floor:6.2f}x  {pack:2} {rows:4} {bn:4} {warps:2} {stages} {splits:3}  {err:.3f}")
     for pack in sorted({r[1] for r in res}):
         for t, *_ in [r for r in res if r[1:6] == (pack, 64, pat.BLOCK_N, 4, None)]:
-            print(f"  {pack} heads per item, 64 rows, block_n {pat.BLOCK_N}, 4 warps: {t:.1f} us ({t / floor:.2f}x)")
+            print(f"  packing {pack}, 64 rows, block_n {pat.BLOCK_N}, 4 warps: {t:.1f} us ({t / floor:.2f}x)")
 
 
 if __name__ == "__main__":

@@ -43,7 +43,8 @@ def check_paged_attention() -> bool:
     """The general kernel (passes with prompt chunks): a prompt chunk after a prefix, a first chunk,
     a decode row and a few rows after a long prefix in one launch, in tiles of 16 rows, then in
     tiles of 64 with each tile's keys split into slices merged by the last one to finish, then with
-    a GQA group's heads packed into each item's rows (alone and with keys split)."""
+    the segments shorter than a tile in a second launch, a GQA group's heads packed into its items'
+    rows (beside tiles of one head, alone, keys split)."""
     from rlt.kernels.paged_attention import (
         KernelPlan,
         PagedMetadata,
@@ -74,21 +75,64 @@ def check_paged_attention() -> bool:
     split = plan_kernel(row_starts, q_starts, False, fill_tiles=64)
     assert (split.tile_rows, split.max_splits) == (64, 16), split  # 4 tiles: the 305 keys in 5 slices of 64
     assert kernel_fields(row_starts, q_starts, split)["tile_seg"].tolist() == [3, 2, 0, 1]  # most keys first
-    # a GQA group's 2 heads per item: tiles of 8 rows (16 kernel rows), of 32 with keys split
+    # segments shorter than a tile in a second launch, a GQA group's 2 heads per item: beside tiles
+    # of 16 rows, then every segment packed (tiles of 64: 32 rows of 2 heads), keys split, then both split
     packed = plan_kernel(row_starts, q_starts, False, fill_tiles=64, pack=2)
-    assert (packed.tile_rows, packed.block_m, packed.max_splits) == (32, 64, 16), packed
+    assert (packed.tile_rows, packed.packed_rows, packed.packed_splits) == (64, 32, 16), packed
+    assert len(kernel_fields(row_starts, q_starts, packed)["tile_seg"]) == 0
+    both = KernelPlan(16, fill_tiles=64, max_splits=16, pack=2, packed_splits=16)
     ok = True
-    plans = (("tiles of 16", KernelPlan()), ("keys split", split), ("2 heads", KernelPlan(8, pack=2)))
-    for name, plan in plans + (("2 heads, keys split", packed),):
+    plans = (("tiles of 16", KernelPlan()), ("keys split", split), ("2 heads", KernelPlan(16, pack=2)))
+    for name, plan in plans + (("2 heads, keys split", packed), ("both split", both)):
         fields = {k: torch.from_numpy(a) for k, a in kernel_fields(row_starts, q_starts, plan).items()}
         err = (triton_paged(cache, 0, q, tab, fields, bs, plan) - ref).abs().max().item()
         print(f"paged_attention (prompt chunks, a decode row, a long prefix; {name}): max error {err:.2e}")
         ok &= err <= 1e-5
     cpu = torch.device("cpu")
-    counters = [_scratch(cpu, p.split_items * H // p.pack * p.block_m, 16)[2] for p in (split, packed)]
+    counters = {_scratch(cpu, p.split_items * H * p.tile_rows, 16)[2] for p in (split, packed, both)}
     left = sum(int(c.abs().sum()) for c in counters) + int(_queue(cpu).abs().sum())
     print(f"split arrival counters and work queue left nonzero: {left}")
     return ok and left == 0
+
+
+def check_pass_graph_inputs() -> bool:
+    """A pass graph's integer inputs as PassGraphs.inputs lays them out (no CUDA: the host side
+    alone), read through the same views a captured graph holds and run by the general kernel with
+    the graph's plan: a long chunk in tiles of one head, decode rows and a short chunk packed, both
+    lists' keys split; padding tiles on the empty segment, padding rows past the pass's."""
+    from types import SimpleNamespace
+
+    from rlt.kernels.paged_attention import KernelPlan, PagedMetadata, paged_attention
+    from rlt.kernels.paged_attention_triton import paged_attention as triton_paged
+    from rlt.workers.cuda_graphs import _PASS_INPUTS, PassGraphs
+
+    g = torch.Generator().manual_seed(3)
+    H, Hkv, D, bs = 4, 2, 16, 4
+    segs = [(0, 70), (100, 1), (37, 1), (8, 20)]  # (first position, rows)
+    tables, nxt = [], 1  # (block 0: the scratch block)
+    for q0, n in segs:
+        tables.append(list(range(nxt, nxt + -(-(q0 + n) // bs))))
+        nxt += len(tables[-1])
+    cache = torch.randn(nxt, 1, 2, bs, Hkv, D, generator=g)
+    row_starts = np.cumsum([0] + [n for _, n in segs]).tolist()
+    q_starts = [q0 for q0, _ in segs]
+    pos = np.concatenate([np.arange(q0, q0 + n) for q0, n in segs])
+    q = torch.randn(row_starts[-1], H, D, generator=g)
+    graphs = PassGraphs.__new__(PassGraphs)  # (its CUDA-free fields)
+    graphs.pool, graphs.buckets = SimpleNamespace(block_size=bs, scratch_block=0), [16, 32, 64, 128]
+    graphs.plan, graphs.tile_rows, graphs.scratch_slot = KernelPlan(64, fill_tiles=8, pack=2), 64, 0
+    (R, W), ints = graphs.inputs(pos, tables, row_starts, q_starts)
+    at, ints = graphs._layout(R, W), torch.from_numpy(ints)
+    plan = graphs._plan(R)
+    kernel = {name: ints[at[name]] for name in _PASS_INPUTS[2:-1]}
+    assert kernel["work"].tolist() == [16, 2] and kernel["packed_work"].tolist() == [16, 3], kernel["work"]
+    table = ints[at["table"]].view(-1, W)
+    slots = torch.tensor([t[p // bs] * bs + p % bs for (q0, n), t in zip(segs, tables) for p in range(q0, q0 + n)])
+    ok = torch.equal(graphs.slots((R, W), ints, len(pos)), slots)
+    ref = paged_attention(cache, 0, PagedMetadata(None, table, row_starts, q_starts, bs), q, None, None)
+    err = (triton_paged(cache, 0, q, table, kernel, bs, plan) - ref).abs().max().item()
+    print(f"pass graph inputs (a long chunk, decode rows and a short chunk packed): max error {err:.2e}")
+    return ok and err <= 1e-5
 
 
 def check_gemv() -> bool:
@@ -325,6 +369,7 @@ if __name__ == "__main__":
     checks = (
         check_decode_attention,
         check_paged_attention,
+        check_pass_graph_inputs,
         check_gemv,
         check_gemv_epilogues,
         check_rope_write_kv,

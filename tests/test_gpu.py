@@ -215,10 +215,12 @@ def test_triton_paged_attention_matches_reference(dtype, tol, H, Hkv, D):
     split = plan_kernel(row_starts, q_starts, batch_invariant=False, fill_tiles=132)
     assert split.max_splits == 16, split
     split16 = KernelPlan(fill_tiles=132, max_splits=16)
-    # a GQA group's heads packed into each item's rows: in a pass's plan, alone and with keys split
+    # segments shorter than a tile in a second launch, a GQA group's heads per item: a pass's plan,
+    # whole and with keys split, and tiles of 16 beside packed ones, both lists split
     group = H // Hkv
     packed = [plan_kernel(row_starts, q_starts, False, fill, group) for fill in (0, 132)]
-    assert packed[0].tile_rows == 64 // group and packed[0].block_m == 64 and packed[1].max_splits > 1
+    packed.append(KernelPlan(16, fill_tiles=132, max_splits=16, pack=group, packed_splits=16))
+    assert packed[0].tile_rows == 64 and (group == 1 or packed[1].packed_splits > 1)
     for layer in range(L):
         ref = paged_attention(cache, layer, ref_meta, q, k, v).float()
         bound = tol * max(1.0, ref.abs().max().item())

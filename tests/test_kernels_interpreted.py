@@ -8,9 +8,9 @@ import sys
 
 def test_kernels_match_references_interpreted():
     """Decode attention (MHA and GQA groups, split and whole), the general paged kernel (whole and
-    with its keys split, a head or a GQA group's heads per item), every GEMV config plain and with
-    its epilogues, RoPE with the KV store, the norms, the penalty slots, the finalize copies, steady
-    decode's lane rows and latent checks."""
+    with its keys split, a head or a GQA group's heads per item; a pass graph's inputs), every GEMV
+    config plain and with its epilogues, RoPE with the KV store, the norms, the penalty slots, the
+    finalize copies, steady decode's lane rows and latent checks."""
     here = os.path.dirname(__file__)
     path = os.pathsep.join([here, os.environ.get("PYTHONPATH", "")])
     env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": path}
@@ -24,6 +24,6 @@ def test_kernels_match_references_interpreted():
     assert r.returncode == 0, r.stdout + r.stderr
     from rlt.kernels.gemv import CONFIGS
 
-    # decode, paged (4 plans), GEMV configs and epilogues, RoPE (a program per head, then per two
+    # decode, paged (5 plans, a pass graph's inputs), GEMV configs and epilogues, RoPE (a program per head, then per two
     # tokens), norms, penalties, KV copies, lane rows and checks
-    assert r.stdout.count("max error") == 6 + 4 + len(CONFIGS) * 2 + 1 + 4 + 1 + 2 + 1 + 1 + 1, r.stdout
+    assert r.stdout.count("max error") == 6 + 5 + 1 + len(CONFIGS) * 2 + 1 + 4 + 1 + 2 + 1 + 1 + 1, r.stdout

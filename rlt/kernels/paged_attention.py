@@ -6,7 +6,7 @@ Metadata is device tensors (slot mapping, padded block tables) plus the host int
 reference's per-segment loop needs; GPU kernels take the same tensors.
 """
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
@@ -34,18 +34,26 @@ class KernelPlan:
     # split, as batch-invariant mode) and the launch's slices, at most (a graph's: its bucket's most).
     fill_tiles: int = 0
     max_splits: int = 1
-    # Query heads per work item of the general kernel: a GQA group's (each K/V tile read once for
-    # all of them), its tile's rows x heads filling the kernel's rows (tile_rows = block // pack).
+    # pack > 1 (a GQA group's query heads): segments shorter than a tile (decode rows, short chunks)
+    # go to a second launch whose items take the group's heads over tile_rows // pack rows, so each
+    # K/V tile is read once for the group where a lone row's tile read it once per head; longer
+    # segments' tiles already share each K/V tile among tile_rows rows. Its slices, at most:
     pack: int = 1
+    packed_splits: int = 1
 
     @property
-    def block_m(self) -> int:
-        """The general kernel's query rows per item: (row, head) pairs, a power of two."""
-        return 1 << (self.tile_rows * self.pack - 1).bit_length()
+    def packed_rows(self) -> int:
+        return max(1, self.tile_rows // self.pack)
+
+    @property
+    def packed_fill(self) -> int:
+        """Packed tiles filling the GPU (each has heads / pack items)."""
+        return self.fill_tiles * self.pack
 
     @property
     def split_items(self) -> int:
-        """A split pass's tiles x slices, at most (the merge's scratch holds that many)."""
+        """A split pass's tiles x slices, at most (the merge's scratch holds that many; a packed
+        launch's: pack times as many, of heads / pack items each)."""
         return SPLIT_ITEMS * max(self.fill_tiles, 1)
 
 
@@ -57,41 +65,63 @@ def split_count(tiles: int, fill_tiles: int, most: int = MAX_SPLITS) -> int:
     return min(most, 1 << ((SPLIT_ITEMS * fill_tiles) // tiles).bit_length() - 1)
 
 
+def _segments(rows: np.ndarray, plan: KernelPlan) -> tuple[np.ndarray, np.ndarray]:
+    """Which segments the general kernel takes in tiles of one head, and which packed (none but
+    with plan.pack > 1: those shorter than a tile); dense ones in neither."""
+    paged = np.ones(len(rows), dtype=bool)
+    paged[list(plan.dense)] = False
+    packed = paged & (rows < plan.tile_rows) if plan.pack > 1 else np.zeros(len(rows), dtype=bool)
+    return paged & ~packed, packed
+
+
 def plan_kernel(
     row_starts: list[int], q_starts: list[int], batch_invariant: bool, fill_tiles: int = 0, pack: int = 1
 ) -> KernelPlan:
     """Batch-invariant mode keeps one tiling for every pass, never takes the dense path, never
     splits keys, never packs heads and keeps decode-only passes on the general kernel, so a row's
     result never depends on how its prompt was chunked or what shares its pass. fill_tiles: tiles
-    filling the GPU (in items of `pack` heads)."""
+    of one head filling the GPU; pack: the GQA group."""
     if batch_invariant:
         return KernelPlan()
     if row_starts[-1] == len(row_starts) - 1:  # decode rows only
         return KernelPlan(decode=True)
     rows = np.diff(row_starts)
     if rows.max() <= KERNEL_BLOCK_M:
-        dense, tile_rows = (), max(1, KERNEL_BLOCK_M // pack)
+        dense, tile_rows = (), KERNEL_BLOCK_M
     else:
         dense = tuple(int(s) for s in np.flatnonzero((np.asarray(q_starts) == 0) & (rows >= DENSE_MIN_ROWS)))
-        tile_rows = max(1, PREFILL_BLOCK_M // pack)
-    tiles = int((-(-rows // tile_rows)).sum() - sum(-(-rows[s] // tile_rows) for s in dense))
-    return KernelPlan(tile_rows, dense, fill_tiles=fill_tiles, max_splits=split_count(tiles, fill_tiles), pack=pack)
+        tile_rows = PREFILL_BLOCK_M
+    plan = KernelPlan(tile_rows, dense, fill_tiles=fill_tiles, pack=pack)
+    whole, packed = _segments(rows, plan)
+    tiles, packed_tiles = int((-(-rows[whole] // tile_rows)).sum()), int((-(-rows[packed] // plan.packed_rows)).sum())
+    return replace(
+        plan,
+        max_splits=split_count(tiles, fill_tiles),
+        packed_splits=split_count(packed_tiles, plan.packed_fill) if pack > 1 else 1,
+    )
+
+
+def _tiles(rows: np.ndarray, q_starts, take: np.ndarray, tile_rows: int) -> tuple[np.ndarray, np.ndarray]:
+    """(segment, first row) of each tile of tile_rows rows of the segments `take`, those with the
+    most keys first (the kernel's queue hands the longest out first)."""
+    per_seg = np.where(take, -(-rows // tile_rows), 0)
+    tile_seg = np.repeat(np.arange(len(rows)), per_seg)
+    first_tile = np.cumsum(per_seg) - per_seg
+    tile_row = (np.arange(len(tile_seg)) - np.repeat(first_tile, per_seg)) * tile_rows
+    keys = np.asarray(q_starts, dtype=np.int64)[tile_seg] + np.minimum(tile_row + tile_rows, rows[tile_seg])
+    order = np.argsort(-keys, kind="stable")
+    return tile_seg[order], tile_row[order]
 
 
 def kernel_fields(row_starts: list[int], q_starts: list[int], plan: KernelPlan = KernelPlan()) -> dict[str, np.ndarray]:
     """The launch's integer metadata: each tile's segment and first row (tiles of plan.tile_rows
     rows, those with the most keys first; none for dense segments), each segment's first row, row
-    count and first position, and the pass's work: [key slices per tile, tiles]."""
+    count and first position, and the pass's work: [key slices per tile, tiles]; with plan.pack > 1
+    the same of the packed launch's tiles (packed_seg, packed_row, packed_work)."""
     rows = np.diff(np.asarray(row_starts, dtype=np.int64))
-    per_seg = -(-rows // plan.tile_rows)
-    per_seg[list(plan.dense)] = 0
-    tile_seg = np.repeat(np.arange(len(rows)), per_seg)
-    first_tile = np.cumsum(per_seg) - per_seg
-    tile_row = (np.arange(len(tile_seg)) - np.repeat(first_tile, per_seg)) * plan.tile_rows
-    keys = np.asarray(q_starts, dtype=np.int64)[tile_seg] + np.minimum(tile_row + plan.tile_rows, rows[tile_seg])
-    order = np.argsort(-keys, kind="stable")  # the queue hands the longest out first
-    tile_seg, tile_row = tile_seg[order], tile_row[order]
-    return {
+    whole, packed = _segments(rows, plan)
+    tile_seg, tile_row = _tiles(rows, q_starts, whole, plan.tile_rows)
+    out = {
         "tile_seg": tile_seg,
         "tile_row": tile_row,
         "seg_row0": np.asarray(row_starts[:-1], dtype=np.int64),
@@ -99,6 +129,11 @@ def kernel_fields(row_starts: list[int], q_starts: list[int], plan: KernelPlan =
         "seg_q0": np.asarray(q_starts, dtype=np.int64),
         "work": np.array([split_count(len(tile_seg), plan.fill_tiles, plan.max_splits), len(tile_seg)]),
     }
+    if plan.pack > 1:
+        seg, row = _tiles(rows, q_starts, packed, plan.packed_rows)
+        splits = split_count(len(seg), plan.packed_fill, plan.packed_splits)
+        out |= {"packed_seg": seg, "packed_row": row, "packed_work": np.array([splits, len(seg)])}
+    return out
 
 
 @dataclass

@@ -1,4 +1,4 @@
-"""Paged attention in Triton: every query row of every segment in one launch.
+"""Paged attention in Triton: every query row of every segment in one launch (two with GQA packing).
 
 A segment is a run of rows of one request at one plane (a prompt chunk, or one decode token);
 each reads its own block table, so rows at different loop depths share the launch. Flash-style:
@@ -7,15 +7,16 @@ carrying prompt chunks (and every pass in batch-invariant mode) run here; decode
 rlt/kernels/decode_attention.py. Same call and metadata as rlt/kernels/paged_attention.py (the
 reference it is tested against).
 
-A launch is a couple of programs per SM taking work items (tile, head, key slice) from a queue
-(with KernelPlan.pack, an item takes a GQA group's heads as its rows: each K/V tile read once):
+A launch is a couple of programs per SM taking work items (tile, head, key slice) from a queue:
 a graph captured for a bucket's most tiles launches nothing for the padding, and items of unequal
 length (causal tiles, long and short contexts) balance as they finish. A pass of few tiles (a
 prefix hit's new rows over a long cached context, a small chunk) would leave most of the GPU idle
 while each item walks every key: then each tile's keys are split into slices (flash-decoding), the
 pass's slice count in the metadata (a device value, so one graph serves every pass of its bucket),
 and the last slice of a (tile, head) to finish merges them all, as the decode kernel does.
-Batch-invariant mode never splits.
+Segments shorter than a tile (decode rows, short chunks) go to a second launch whose items take a
+GQA group's heads as their rows (KernelPlan.pack): each K/V tile read once for the group.
+Batch-invariant mode never splits nor packs.
 """
 
 import functools
@@ -269,61 +270,62 @@ def paged_attention(
     num_stages: int | None = None,
 ) -> torch.Tensor:
     """q [T, H, D] (K/V already written; last dim contiguous) -> [T, H, D]. cache [blocks, layers, 2,
-    block_size, Hkv, D]; k: kernel_fields() as device tensors, built for this KernelPlan (its tiles, its key slices at
-    most). Rows of no tile (dense segments) are left for the caller. block_n, num_warps and
+    block_size, Hkv, D]; k: kernel_fields() as device tensors, built for this KernelPlan (its tiles, its key
+    slices at most; with plan.pack > 1 a second launch for the packed tiles). Rows of no tile (dense
+    segments) are left for the caller. block_n, num_warps and
     num_stages (None: Triton's) are for tuning (scripts/tune_paged.py)."""
     T, H, D = q.shape
-    tile_seg, tile_row, seg_row0, seg_rows, seg_q0 = (
-        k[n] for n in ("tile_seg", "tile_row", "seg_row0", "seg_rows", "seg_q0")
-    )
     # q is read in place (a view of the fused projection: rows strided, each head's D contiguous)
     out = torch.empty(T, H, D, dtype=q.dtype, device=q.device)
-    n_tiles = tile_seg.numel()  # (a graph's: its bucket's most)
-    if n_tiles == 0:
-        return out
     d_pad = max(16, triton.next_power_of_2(D))
-    packs, block_m = H // plan.pack, plan.block_m
-    # (each slice's partial: BLOCK_M rows per pack of heads)
-    part, ml, counters = _scratch(q.device, plan.split_items * packs * block_m, d_pad)
-    _paged_attn_kernel[(min(n_tiles * packs * plan.max_splits, _programs(q.device)),)](
-        q,
-        out,
-        cache,
-        block_table,
-        tile_seg,
-        tile_row,
-        seg_row0,
-        seg_rows,
-        seg_q0,
-        k["work"],
-        _queue(q.device),
-        part,
-        ml,
-        counters,
-        packs,
-        layer,
-        D**-0.5,
-        q.stride(0),
-        q.stride(1),
-        out.stride(0),
-        out.stride(1),
-        cache.stride(0),
-        cache.stride(1),
-        cache.stride(2),
-        cache.stride(3),
-        cache.stride(4),
-        block_table.stride(0),
-        GROUP=H // cache.shape[4],
-        BLOCK_SIZE=block_size,
-        HEAD_DIM=D,
-        D_PAD=d_pad,
-        BLOCK_M=block_m,
-        BLOCK_N=block_n,
-        PACK=plan.pack,
-        TILE_ROWS=plan.tile_rows,
-        SPLIT=plan.max_splits > 1,
-        IEEE=q.dtype == torch.float32,
-        num_warps=num_warps,
-        **({} if num_stages is None else {"num_stages": num_stages}),
-    )
+    # (each slice's partial: BLOCK_M rows per item; a packed launch has as many slots, see KernelPlan)
+    part, ml, counters = _scratch(q.device, plan.split_items * H * plan.tile_rows, d_pad)
+    launches = [("tile_seg", "tile_row", "work", 1, plan.tile_rows, plan.max_splits)]
+    if plan.pack > 1:  # segments shorter than a tile: a GQA group's heads per item
+        launches.append(("packed_seg", "packed_row", "packed_work", plan.pack, plan.packed_rows, plan.packed_splits))
+    for tiles, first_rows, work, pack, tile_rows, splits in launches:
+        n_tiles = k[tiles].numel()  # (a graph's: its bucket's most)
+        if n_tiles == 0:
+            continue
+        _paged_attn_kernel[(min(n_tiles * (H // pack) * splits, _programs(q.device)),)](
+            q,
+            out,
+            cache,
+            block_table,
+            k[tiles],
+            k[first_rows],
+            k["seg_row0"],
+            k["seg_rows"],
+            k["seg_q0"],
+            k[work],
+            _queue(q.device),
+            part,
+            ml,
+            counters,
+            H // pack,
+            layer,
+            D**-0.5,
+            q.stride(0),
+            q.stride(1),
+            out.stride(0),
+            out.stride(1),
+            cache.stride(0),
+            cache.stride(1),
+            cache.stride(2),
+            cache.stride(3),
+            cache.stride(4),
+            block_table.stride(0),
+            GROUP=H // cache.shape[4],
+            BLOCK_SIZE=block_size,
+            HEAD_DIM=D,
+            D_PAD=d_pad,
+            BLOCK_M=plan.tile_rows,
+            BLOCK_N=block_n,
+            PACK=pack,
+            TILE_ROWS=tile_rows,
+            SPLIT=splits > 1,
+            IEEE=q.dtype == torch.float32,
+            num_warps=num_warps,
+            **({} if num_stages is None else {"num_stages": num_stages}),
+        )
     return out

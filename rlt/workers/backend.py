@@ -143,7 +143,7 @@ class TritonBackend(ReferenceBackend):
 
     needs_warm_up = True
     batch_invariant = False
-    packs_gqa = True  # the general attention kernel's items take a GQA group's heads (KernelPlan.pack)
+    packs_gqa = True  # short segments' attention items take a GQA group's heads (KernelPlan.pack)
     ops_class = TritonOps
 
     def __init__(self, mc: ModelConfig, model, pool, cfg: EngineConfig):
@@ -179,18 +179,18 @@ class TritonBackend(ReferenceBackend):
         self.attend = attend
         # a decode-only pass takes the decode kernel (batch-invariant: the general one, tiles of 16)
         self.decode_plan = KernelPlan() if self.batch_invariant else KernelPlan(decode=True)
-        # passes of fewer tiles than fill the GPU (one program per tile and head) split their keys
-        # (a GQA group's heads share an item of the general kernel: its K/V tiles read once for all)
+        # passes of fewer tiles than fill the GPU (one program per tile and head) split their keys;
+        # segments shorter than a tile go in tiles of a GQA group's heads (KernelPlan.pack)
         heads = mc.family_config.num_attention_heads
         self.pack = heads // mc.kv.num_kv_heads if self.packs_gqa else 1
-        self.fill_tiles = 0 if self.batch_invariant else -(-num_sms(pool.cache.device) // (heads // self.pack))
+        self.fill_tiles = 0 if self.batch_invariant else -(-num_sms(pool.cache.device) // heads)
         self.decode_graphs = self.pass_graphs = self.prompt_graphs = None
         self.lane_fixed: dict[int, dict] = {}  # lane_meta's fixed tensors, by lane count
         if cfg.cuda_graph_max_batch > 0:
             shape = (model, pool, mc.hidden_size, pool.cache.dtype, pool.cache.device)
             self.decode_graphs = DecodeGraphs(*shape, cfg.cuda_graph_max_batch, self.attention, self.decode_plan)
             # batch-invariant mode tiles every pass alike (as its eager passes do)
-            rows = KERNEL_BLOCK_M if self.batch_invariant else PREFILL_BLOCK_M // self.pack
+            rows = KERNEL_BLOCK_M if self.batch_invariant else PREFILL_BLOCK_M
             tiles = KernelPlan(rows, fill_tiles=self.fill_tiles, pack=self.pack)
             self.pass_graphs = PassGraphs(*shape, cfg.max_num_batched_tokens, self.attention, tiles)
             if not self.batch_invariant:  # (dense attention's result depends on the chunking)

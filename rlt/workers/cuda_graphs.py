@@ -23,6 +23,9 @@ from rlt.workers.first_use import FirstUse
 BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
 PASS_BUCKETS = (16, 32, 64, 128, 256, 512, 1024, 1536, 2048)  # rows of a pass carrying prompt chunks
 MAX_SEGMENTS = 256  # groups a graphed pass can carry (a pass with more runs eagerly)
+# A pass graph's integer inputs, in order: rows, segments, the tile lists (paged_attention.kernel_fields), tables
+_TILE_LISTS = (("tile_seg", "tile_row", "work"), ("packed_seg", "packed_row", "packed_work"))
+_PASS_INPUTS = ("pos", "slots", "seg_row0", "seg_rows", "seg_q0", *_TILE_LISTS[0], *_TILE_LISTS[1], "table")
 
 
 @dataclass
@@ -190,7 +193,8 @@ class PassGraphs:
     """Graphs of passes carrying prompt chunks (with or without decode rows), up to max_rows rows.
     Integer inputs, in one buffer: positions and slots [R], then per segment (S of them and one
     empty segment that padding tiles point at) first row, rows and first position, then per tile
-    (T = R / tile_rows + S) its segment and first row, then the block tables [S + 1, W].
+    (T = R / tile_rows + S) its segment and first row and the launch's work, the same of the packed
+    tiles (none without GQA packing), then the block tables [S + 1, W].
     attention: the backend's (core metadata -> the models' Attention); plan: its tiling (no dense
     segments, not the decode kernel)."""
 
@@ -203,26 +207,28 @@ class PassGraphs:
         self.mempool = torch.cuda.graph_pool_handle()
         self.scratch_slot = pool.scratch_block * pool.block_size
 
-    def _shape(self, R: int) -> tuple[int, int]:
-        """(segments, tiles) of a pass of R rows."""
-        S = min(R, MAX_SEGMENTS)
-        return S, R // self.tile_rows + S
+    def _shape(self, R: int) -> tuple[int, int, int]:
+        """(segments, tiles, packed tiles) of a pass of R rows, at most."""
+        S, plan = min(R, MAX_SEGMENTS), self.plan
+        return S, R // self.tile_rows + S, R // plan.packed_rows + S if plan.pack > 1 else 0
 
     def _plan(self, R: int) -> KernelPlan:
         """The tiling of bucket R's graph, with the most key slices a pass of its rows can take (it
-        holds more rows than the bucket below: at least that many tiles)."""
+        holds more rows than the bucket below: at least that many tiles, or a packed one)."""
         below = max([b for b in self.buckets if b < R], default=0)
-        fewest = -(-(below + 1) // self.tile_rows)
-        return replace(self.plan, max_splits=split_count(fewest, self.plan.fill_tiles))
+        fewest, plan = -(-(below + 1) // self.tile_rows), self.plan
+        packed_splits = split_count(1, plan.packed_fill) if plan.pack > 1 else 1
+        return replace(plan, max_splits=split_count(fewest, plan.fill_tiles), packed_splits=packed_splits)
 
     def fits(self, rows: int, segments: int) -> bool:
         return bool(self.buckets) and rows <= self.buckets[-1] and segments <= MAX_SEGMENTS
 
-    def _layout(self, R: int, W: int) -> list[int]:
-        """Offsets of pos, slots, seg_row0, seg_rows, seg_q0, tile_seg, tile_row, work, table, end."""
-        S, T = self._shape(R)
-        sizes = [R, R, S + 1, S + 1, S + 1, T, T, 2, (S + 1) * W]
-        return np.cumsum([0] + sizes).tolist()
+    def _layout(self, R: int, W: int) -> dict[str, slice]:
+        """Where each field lies in the integer inputs."""
+        S, T, TP = self._shape(R)
+        sizes = [R, R, S + 1, S + 1, S + 1, T, T, 2, TP, TP, 2, (S + 1) * W]
+        ends = np.cumsum(sizes).tolist()
+        return {name: slice(end - size, end) for name, size, end in zip(_PASS_INPUTS, sizes, ends)}
 
     def inputs(self, pos, tables: list[list[int]], row_starts: list[int], q_starts) -> tuple[tuple, np.ndarray]:
         """-> the pass's (rows, width) bucket and its integer inputs, padded on the host to it. pos:
@@ -230,31 +236,32 @@ class PassGraphs:
         n, segs = row_starts[-1], len(tables)
         R = next(b for b in self.buckets if b >= n)
         W = table_width(max(len(t) for t in tables))
-        S, _ = self._shape(R)
-        o = self._layout(R, W)
-        out = np.zeros(o[-1], dtype=np.int64)
-        out[o[0] : o[0] + n] = pos
-        out[o[1] + n : o[2]] = self.scratch_slot
+        S = self._shape(R)[0]
+        at = self._layout(R, W)
+        out = np.zeros(at["table"].stop, dtype=np.int64)
+        field = lambda name: out[at[name]]  # noqa: E731 - a view
+        field("pos")[:n] = pos
+        field("slots")[n:] = self.scratch_slot
         k = kernel_fields(row_starts, q_starts, self._plan(R))
-        for i, name in enumerate(("seg_row0", "seg_rows", "seg_q0")):
-            out[o[2 + i] : o[2 + i] + segs] = k[name]  # the rest, the empty segment S among them, stay 0
-        tiles = len(k["tile_seg"])
-        out[o[5] : o[5] + tiles] = k["tile_seg"]
-        out[o[5] + tiles : o[6]] = S  # padding tiles: the empty segment
-        out[o[6] : o[6] + tiles] = k["tile_row"]
-        out[o[7] : o[8]] = k["work"]
-        tab = out[o[8] :].reshape(S + 1, W)
+        for name in ("seg_row0", "seg_rows", "seg_q0"):
+            field(name)[:segs] = k[name]  # the rest, the empty segment S among them, stay 0
+        for seg, row, work in _TILE_LISTS[: 2 if self.plan.pack > 1 else 1]:
+            tiles = len(k[seg])
+            field(seg)[:tiles] = k[seg]
+            field(seg)[tiles:] = S  # padding tiles: the empty segment
+            field(row)[:tiles] = k[row]
+            field(work)[:] = k[work]
+        tab = field("table").reshape(S + 1, W)
         tab.fill(self.pool.scratch_block)
         for i, t in enumerate(tables):
             tab[i, : len(t)] = t
         bs, seg_of_row = self.pool.block_size, np.repeat(np.arange(segs), np.diff(row_starts))
-        out[o[1] : o[1] + n] = tab[seg_of_row, pos // bs] * bs + pos % bs  # each row's K/V slot
+        field("slots")[:n] = tab[seg_of_row, pos // bs] * bs + pos % bs  # each row's K/V slot
         return (R, W), out
 
     def slots(self, key: tuple[int, int], ints: torch.Tensor, n: int) -> torch.Tensor:
         """The K/V slots of the pass's n rows in inputs() on the device (a view)."""
-        o = self._layout(*key)
-        return ints[o[1] : o[1] + n]
+        return ints[self._layout(*key)["slots"]][:n]
 
     def capture(self, R: int, W: int) -> None:
         if (R, W) not in self.graphs:
@@ -263,17 +270,17 @@ class PassGraphs:
     def _capture(self, R: int, W: int) -> _Graph:
         FirstUse.captures += 1
         FirstUse.log(f"CUDA graph of a {R}-row pass, block tables {W} wide")
-        S, T = self._shape(R)
-        o = self._layout(R, W)
-        ints = torch.zeros(o[-1], dtype=torch.int64, device=self.device)
-        ints[o[1] : o[2]] = self.scratch_slot
-        ints[o[5] : o[6]] = S
-        ints[o[7]] = 1  # (no tiles at capture: each replay reads its pass's work)
-        ints[o[8] :] = self.pool.scratch_block
-        pos, slots = ints[o[0] : o[1]], ints[o[1] : o[2]]
-        names = ("seg_row0", "seg_rows", "seg_q0", "tile_seg", "tile_row", "work")
-        kernel = {name: ints[o[2 + i] : o[3 + i]] for i, name in enumerate(names)}
-        table = ints[o[8] :].view(S + 1, W)
+        S = self._shape(R)[0]
+        at = self._layout(R, W)
+        ints = torch.zeros(at["table"].stop, dtype=torch.int64, device=self.device)
+        ints[at["slots"]] = self.scratch_slot
+        for seg, _, work in _TILE_LISTS:
+            ints[at[seg]] = S
+            ints[at[work].start] = 1  # (no tiles at capture: each replay reads its pass's work)
+        ints[at["table"]] = self.pool.scratch_block
+        pos, slots = ints[at["pos"]], ints[at["slots"]]
+        kernel = {name: ints[at[name]] for name in _PASS_INPUTS[2:-1]}
+        table = ints[at["table"]].view(S + 1, W)
         z = lambda: torch.zeros(R, self.hidden, dtype=self.dtype, device=self.device)  # noqa: E731
         e = _Graph(torch.cuda.CUDAGraph(), z(), z(), ints, kernel, None, None)
         # (the host fields are unused: the plan picks the kernel and its tiling)
