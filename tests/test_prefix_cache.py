@@ -288,6 +288,24 @@ def test_a_burst_sharing_a_new_prefix_computes_it_once(checkpoints):
     assert admitted["a"] == admitted["other"] == 0 and admitted["b"] >= 16 and admitted["c"] >= 16
 
 
+def test_a_cold_prompt_is_admitted_having_hashed_one_block_key(checkpoints):
+    """The lookup hashes a prompt's block keys in doubling runs up to the first miss: a cold prompt
+    of 4 full blocks starts its first pass with one key hashed (the rest as its blocks are cached);
+    its second turn hashes 1, 2, then 4 and hits all 4 blocks."""
+    mc, new_engine = make(checkpoints["ouro"], "ouro")
+    engine = new_engine()
+    sp = SamplingParams(max_tokens=1, temperature=0, ignore_eos=True)
+    engine.add_request("a", FIRST, resolve_params(mc, len(FIRST), sp))
+    engine.step()
+    (first,) = engine.running
+    assert len(first.keys) == 1  # its pass is in flight: nothing of it is cached yet
+    while engine.has_work():
+        engine.step()
+    assert len(first.keys) == len(FIRST) // BS
+    got = drive(engine, mc, {"b": (FIRST + [1, 2], sp)})
+    assert got["b"][1] == 4 * BS
+
+
 def test_routing_prefers_the_prefix_holder_unless_it_is_much_busier_or_unusable():
     from types import SimpleNamespace
 
