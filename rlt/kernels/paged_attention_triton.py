@@ -25,113 +25,9 @@ import torch
 import triton
 import triton.language as tl
 
-from rlt.kernels.attention_steps import kv_tile, merge_slices, num_sms, softmax_step
+from rlt.kernels.attention_steps import num_sms, paged_item
 
 BLOCK_N = 64
-
-
-@triton.jit
-def _attend(
-    q_ptr,
-    o_ptr,
-    cache_ptr,
-    table_ptr,
-    tile_seg_ptr,
-    tile_row_ptr,
-    seg_row0_ptr,
-    seg_rows_ptr,
-    seg_q0_ptr,
-    part_ptr,
-    ml_ptr,
-    count_ptr,
-    tile,
-    head,
-    packs,
-    split,
-    splits,
-    layer,
-    scale,
-    stride_qt,
-    stride_qh,
-    stride_ot,
-    stride_oh,
-    stride_cb,
-    stride_cl,
-    stride_ckv,
-    stride_co,
-    stride_ch,
-    stride_ts,
-    GROUP: tl.constexpr,
-    BLOCK_SIZE: tl.constexpr,
-    HEAD_DIM: tl.constexpr,
-    D_PAD: tl.constexpr,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    PACK: tl.constexpr,
-    TILE_ROWS: tl.constexpr,
-    SPLIT: tl.constexpr,
-    IEEE: tl.constexpr,
-):
-    """One work item: attention of a tile's TILE_ROWS rows for PACK query heads sharing a K/V head
-    (`head` counts such packs of heads) over their keys (causal by position), or over one slice of
-    them (SPLIT), merged by the slice that finishes last. The item's BLOCK_M query rows are (row,
-    head) pairs, row-major: packing a GQA group reads each K/V tile once for all of its heads."""
-    kv_head = head * PACK // GROUP
-    seg = tl.load(tile_seg_ptr + tile)
-    r0 = tl.load(tile_row_ptr + tile)  # first row of this tile, relative to the segment
-    seg_row0 = tl.load(seg_row0_ptr + seg)
-    n_rows = tl.load(seg_rows_ptr + seg)
-    q0 = tl.load(seg_q0_ptr + seg)  # position of the segment's first row
-    kv_end = q0 + tl.minimum(r0 + TILE_ROWS, n_rows)  # keys up to the tile's last row position
-    chunk = tl.cdiv(tl.cdiv(kv_end, BLOCK_N), splits) * BLOCK_N
-    lo = split * chunk
-    # (a slice past the tile's keys has nothing to do or merge: the merge counts the working ones)
-    if lo < kv_end:
-        hi = tl.minimum(lo + chunk, kv_end)
-        i = tl.arange(0, BLOCK_M)
-        offs_m = r0 + i // PACK
-        q_head = head * PACK + i % PACK
-        offs_d = tl.arange(0, D_PAD)  # head_dim padded to a power of two (Huginn: 96 -> 128)
-        d_ok = offs_d < HEAD_DIM
-        row_ok = (i < TILE_ROWS * PACK) & (offs_m < n_rows)
-        rows = seg_row0 + offs_m
-        q = tl.load(
-            q_ptr + rows[:, None] * stride_qt + q_head[:, None] * stride_qh + offs_d[None, :],
-            mask=row_ok[:, None] & d_ok[None, :],
-            other=0.0,
-        )
-        q_pos = q0 + offs_m
-        m_i = tl.full((BLOCK_M,), float("-inf"), tl.float32)
-        l_i = tl.zeros((BLOCK_M,), tl.float32)
-        acc = tl.zeros((BLOCK_M, D_PAD), tl.float32)
-        base = cache_ptr + layer * stride_cl + kv_head * stride_ch
-        table = table_ptr + seg * stride_ts
-        for n0 in range(lo, hi, BLOCK_N):
-            pos = n0 + tl.arange(0, BLOCK_N)
-            key_ok = pos < hi
-            k, v = kv_tile(base, table, pos, key_ok, offs_d, d_ok, stride_cb, stride_co, stride_ckv, BLOCK_SIZE)
-            m_i, l_i, acc = softmax_step(
-                q, k, v, (pos[None, :] <= q_pos[:, None]) & key_ok[None, :], m_i, l_i, acc, scale, IEEE
-            )
-        o_rows = o_ptr + rows[:, None] * stride_ot + q_head[:, None] * stride_oh + offs_d[None, :]
-        o_mask = row_ok[:, None] & d_ok[None, :]
-        working = tl.cdiv(kv_end, chunk)  # slices holding keys: the first ones
-        if SPLIT and working > 1:
-            # a slot per (tile, head, slice): split passes keep tiles x slices within the scratch
-            pair = tile * packs + head
-            slot = (pair * splits + split) * BLOCK_M + tl.arange(0, BLOCK_M)
-            tl.store(part_ptr + slot[:, None] * D_PAD + offs_d[None, :], acc)
-            tl.store(ml_ptr + slot * 2, m_i)
-            tl.store(ml_ptr + slot * 2 + 1, l_i)
-            # the split-K handshake of rlt/kernels/decode_attention.py: the last arrival merges
-            tl.debug_barrier()
-            if tl.atomic_add(count_ptr + pair, 1, sem="acq_rel") == working - 1:
-                out = merge_slices(part_ptr, ml_ptr, pair * splits, working, BLOCK_M, D_PAD)
-                tl.store(o_rows, out.to(o_ptr.dtype.element_ty), mask=o_mask)
-                tl.atomic_xchg(count_ptr + pair, 0)
-        else:
-            out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
-            tl.store(o_rows, out.to(o_ptr.dtype.element_ty), mask=o_mask)
 
 
 # Layer indices, head counts and table widths vary: one variant serves them all (Triton would
@@ -186,7 +82,7 @@ def _paged_attn_kernel(
     w = tl.atomic_add(queue_ptr, 1, sem="relaxed")
     while w < n_work:
         th = w // splits
-        _attend(
+        paged_item(
             q_ptr,
             o_ptr,
             cache_ptr,

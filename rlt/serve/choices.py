@@ -150,6 +150,7 @@ async def outputs(stream, choices: list[Choice]):
 
 
 async def run(stream, choices: list[Choice]) -> None:
+    """A prompt's engine stream into its choices, to the end (a response sent whole)."""
     async with contextlib.aclosing(outputs(stream, choices)) as each:
         async for _ in each:
             pass

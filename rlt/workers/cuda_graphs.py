@@ -19,6 +19,7 @@ import torch
 
 from rlt.kernels.paged_attention import KernelPlan, PagedMetadata, kernel_fields, split_count
 from rlt.workers.first_use import FirstUse
+from rlt.workers.pass_rows import row_slots
 
 BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
 PASS_BUCKETS = (16, 32, 64, 128, 256, 512, 1024, 1536, 2048)  # rows of a pass carrying prompt chunks
@@ -255,8 +256,7 @@ class PassGraphs:
         tab.fill(self.pool.scratch_block)
         for i, t in enumerate(tables):
             tab[i, : len(t)] = t
-        bs, seg_of_row = self.pool.block_size, np.repeat(np.arange(segs), np.diff(row_starts))
-        field("slots")[:n] = tab[seg_of_row, pos // bs] * bs + pos % bs  # each row's K/V slot
+        field("slots")[:n] = row_slots(tab[:segs], row_starts, pos, self.pool.block_size)
         return (R, W), out
 
     def slots(self, key: tuple[int, int], ints: torch.Tensor, n: int) -> torch.Tensor:
