@@ -4,7 +4,8 @@
 # to end (pass_trace, Nanbeige4.2-3B), the prefix hits and lone prefills against their floors
 # (prefix_hit), decode at concurrency 1 and 128 (rlt bench offline) and, with BASE (a source tree of
 # another commit, e.g. `git worktree add .trees/base a6c23f0`, carried), the same decode there,
-# interleaved. Switches: SKIP_TESTS, STEPS (default "tests paged packs hits prefill decode").
+# interleaved. Switches: STEPS (default "tests paged packs hits prefill decode"), TESTS (pytest's node ids,
+# default tests/test_gpu.py), TEST_TIMEOUT, ROUNDS (decode's rounds, default "1 2").
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/rlt-out}; mkdir -p "$OUT"
@@ -18,7 +19,7 @@ python3 -m rlt make-checkpoint --family nanbeige --preset full --out /tmp/nb --d
 wait
 if has tests; then
   step "pytest -m gpu"
-  timeout ${TEST_TIMEOUT:-400} python3 -m pytest -m gpu -q -x -p no:cacheprovider -p no:xdist tests/test_gpu.py 2>&1 \
+  timeout ${TEST_TIMEOUT:-400} python3 -m pytest -m gpu -q -x -p no:cacheprovider -p no:xdist ${TESTS:-tests/test_gpu.py} 2>&1 \
     | tee "$OUT/pytest_gpu.log" | tail -3
 fi
 if has paged; then
@@ -51,7 +52,7 @@ if has prefill; then
 fi
 if has decode; then
   args="--model /tmp/ouro --device cuda --concurrency 1,128 --threshold 1.0 --prompt-len 1024 --max-tokens 64 --kv-gib 120"
-  for round in 1 2; do
+  for round in ${ROUNDS:-1 2}; do
     step "decode, head ($round)"
     (cd /tmp && timeout 150 python3 -m rlt bench offline $args --floors > "$OUT/decode_head_$round.log" 2>&1)
     grep -A2 "^ conc" "$OUT/decode_head_$round.log"
