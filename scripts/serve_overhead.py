@@ -1,16 +1,17 @@
 """What the HTTP server adds: the same workload through `rlt serve` (HTTP, streamed
 /v1/completions) and through rlt.Engine in process, alternating for --rounds rounds in one run,
-with the engine's default options in both.
+with the same engine options in both (the defaults, or those after `--`).
 
     python scripts/serve_overhead.py --model DIR --device cuda --concurrency 64,256 --rates 8 \\
-        --prompt-len 1024 --output-len 256 --rounds 3 --json-out serve_overhead.json
+        --prompt-len 1024 --output-len 256 --rounds 3 --json-out serve_overhead.json [-- --decode-pass-rows 8192]
 
 Workload: Poisson arrivals at each of --rates for --duration s, then closed loops at each of
 --concurrency (`rlt bench serve`'s). Prints the server process's CPU time per streamed token (its
 workers are other processes), then per workload HTTP against in process: output tok/s as a ratio
 and p50 / p99 TTFT as milliseconds added, mean over the rounds with their spread (min..max).
 Closed-loop TTFT medians move by a step between runs, hence the interleaved rounds. The server's
-own log goes beside --json-out.
+own log goes beside --json-out. Engine options after `--` go to both sides (`rlt serve` and `rlt bench
+serve` take the same flags), e.g. to A/B a scheduling option under both.
 """
 
 import argparse
@@ -53,6 +54,7 @@ def bench(args, out: str, *extra: str) -> list[dict]:
         str(args.output_len),
         "--json-out",
         out,
+        *args.engine,
         *extra,
     ]
     subprocess.run(cmd, check=True)
@@ -79,7 +81,7 @@ def generated_tokens(url: str) -> float:
 def serve_and_bench(args, out: str) -> list[dict]:
     port = free_port()
     log = open(os.path.splitext(args.json_out)[0] + "_server.log", "w")
-    cmd = [sys.executable, "-m", "rlt", "serve", args.model, "--port", str(port), "--device", args.device]
+    cmd = [sys.executable, "-m", "rlt", "serve", args.model, "--port", str(port), "--device", args.device, *args.engine]
     server = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log, text=True, start_new_session=True)
     try:
         deadline = time.monotonic() + 900
@@ -116,7 +118,10 @@ def main():
     ap.add_argument("--output-len", type=int, default=256)
     ap.add_argument("--rounds", type=int, default=1, help="HTTP then in process, this many times")
     ap.add_argument("--json-out", default="serve_overhead.json")
-    args = ap.parse_args()
+    argv = sys.argv[1:]
+    cut = argv.index("--") if "--" in argv else len(argv)
+    args = ap.parse_args(argv[:cut])
+    args.engine = argv[cut + 1 :]
     os.makedirs(os.path.dirname(os.path.abspath(args.json_out)), exist_ok=True)
     stem = os.path.splitext(args.json_out)[0]
     rounds = []

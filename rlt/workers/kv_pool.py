@@ -77,10 +77,10 @@ class KVPool:
         """Tables for the first `num_positions` positions on every plane, starting with the cached
         blocks `shared` (a prefix hit)."""
         tables = BlockTables([[] for _ in range(self.num_core_planes)], [] if self.has_boundary else None)
-        for c in shared:
-            self.prefix.acquire(c)
-            for t, b in zip(tables.planes, c.blocks):
-                t.append(b)
+        if shared:  # (a long hit's hundreds of blocks: per plane at once)
+            self.prefix.acquire(shared)
+            for t, column in zip(tables.planes, zip(*(c.blocks for c in shared))):
+                t.extend(column)
         if not self.grow(tables, num_positions):
             self.free(tables)
             raise MemoryError(f"need {self.blocks_needed(num_positions)} KV blocks, {self.num_free} free")

@@ -74,10 +74,13 @@ class PrefixCache:
             hits.append(c)
         return hits
 
-    def acquire(self, c: CachedBlock) -> None:
-        if c.refs == 0:
-            del self._unused[c.key]
-        c.refs += 1
+    def acquire(self, blocks: list[CachedBlock]) -> None:
+        """A reference to each (a request's prefix hit)."""
+        unused = self._unused
+        for c in blocks:
+            if c.refs == 0:
+                del unused[c.key]
+            c.refs += 1
 
     def insert(self, key: bytes, blocks: tuple[int, ...], tag: tuple[int, int] = (0, 0)) -> None:
         """Cache a request's block (it holds the reference), unless that key is cached already (then

@@ -104,10 +104,10 @@ class Scheduler:
             # keys hashed up to the first miss, in doubling runs: a cold prompt's first token does not
             # wait for every block's key (the rest are hashed as its blocks are cached)
             bs = self.pool.block_size
-            blocks, n = s.replay_end // bs, 1
+            blocks, n, hits = s.replay_end // bs, 1, []
             while True:
                 keys = s.block_keys(min(n, blocks) * bs, s.params.max_loops, bs)
-                hits = prefix.match(keys)
+                hits += prefix.match(keys[len(hits) :])  # (the run's new keys: the earlier ones all hit)
                 if len(hits) < len(keys) or len(keys) == blocks:
                     break
                 n *= 2
