@@ -19,8 +19,8 @@ python3 -m rlt make-checkpoint --family nanbeige --preset full --out /tmp/nb --d
 wait
 if has tests; then
   step "pytest -m gpu"
-  timeout ${TEST_TIMEOUT:-400} python3 -m pytest -m gpu -q -x -p no:cacheprovider -p no:xdist ${TESTS:-tests/test_gpu.py} 2>&1 \
-    | tee "$OUT/pytest_gpu.log" | tail -3
+  timeout ${TEST_TIMEOUT:-400} python3 -m pytest -m gpu -q -x -p no:cacheprovider -p no:xdist \
+    ${TESTS:-tests/test_gpu.py} 2>&1 | tee "$OUT/pytest_gpu.log" | tail -3
 fi
 if has paged; then
   step "tune_paged"
