@@ -54,7 +54,6 @@ def bench(args, out: str, *extra: str) -> list[dict]:
         str(args.output_len),
         "--json-out",
         out,
-        *args.engine,
         *extra,
     ]
     subprocess.run(cmd, check=True)
@@ -127,7 +126,7 @@ def main():
     rounds = []
     for i in range(args.rounds):
         http = serve_and_bench(args, f"{stem}_http{i}.json")
-        rounds.append((http, bench(args, f"{stem}_inprocess{i}.json")))
+        rounds.append((http, bench(args, f"{stem}_inprocess{i}.json", *args.engine)))
     cpu = [h[0]["server_cpu_us_per_token"] for h, _ in rounds]
     print(f"server CPU per streamed token: {spread(cpu, 1)} us")
     print(f"{'workload':>12} {'HTTP / in-process tok/s':>26} {'p50 TTFT added ms':>24} {'p99 TTFT added ms':>24}")
