@@ -1,8 +1,9 @@
 """Times the general paged attention kernel at the passes it serves, over query heads per item
 of segments shorter than a tile (1, or a GQA group's as the engine packs them), tile rows, key
-tile, warps and stages, against flash SDPA over the same rows and keys (contiguous, the floor),
-checking each config against the torch reference. Prints the fastest first and the engine's plan,
-and SDPA after gathering the K/V out of the blocks (a gather path's price).
+tile, warps, stages and a split pass's key slices, against flash SDPA over the same rows and keys
+(contiguous, the floor), checking each config against the torch reference. Prints the fastest
+first and the engine's plan, and SDPA after gathering the K/V out of the blocks (a gather path's
+price).
 
   python scripts/tune_paged.py [--heads 48 --kv-heads 8 --dim 128] [--cases hit,prompt,chunk,mixed]
 
@@ -75,11 +76,14 @@ def main():
     ap.add_argument("--pack", default=None, help="short segments' heads per item (default: 1 and the GQA group)")
     ap.add_argument("--block-n", default="64,128", help="key tile")
     ap.add_argument("--warps", default="4,8")
-    ap.add_argument("--stages", default="0,3", help="pipeline stages (0: Triton's default)")
+    ap.add_argument("--stages", default="1,3,4", help="pipeline stages")
+    ap.add_argument("--splits", default="0", help="key slices of a split pass (0: the engine's rule; at most its)")
     args = ap.parse_args()
     H, Hkv, D = args.heads, args.kv_heads, args.dim
     packs = args.pack or ",".join(sorted({"1", str(H // Hkv)}))
-    grid = [[int(x) for x in a.split(",")] for a in (packs, args.rows, args.block_n, args.warps, args.stages)]
+    grid = [
+        [int(x) for x in a.split(",")] for a in (packs, args.rows, args.block_n, args.warps, args.stages, args.splits)
+    ]
     for name in args.cases.split(","):
         tune(name, H, Hkv, D, grid)
 
@@ -96,8 +100,7 @@ def tune(name: str, H: int, Hkv: int, D: int, grid: list[list[int]], bs: int = 1
 
     gather = bench(lambda: sdpa(q, row_starts, q_starts, gathered(), H, Hkv))
     res = []
-    for pack, rows, bn, warps, stages in itertools.product(*grid):
-        stages = stages or None
+    for pack, rows, bn, warps, stages, splits in itertools.product(*grid):
         base = KernelPlan(rows, fill_tiles=-(-num_sms(torch.device("cuda")) // H), pack=pack)  # (as the backend's)
         f = kernel_fields(row_starts, q_starts, base)
         plan = replace(
@@ -106,6 +109,11 @@ def tune(name: str, H: int, Hkv: int, D: int, grid: list[list[int]], bs: int = 1
             packed_splits=split_count(len(f["packed_seg"]), base.packed_fill) if pack > 1 else 1,
         )
         k = {n: torch.from_numpy(a).cuda() for n, a in kernel_fields(row_starts, q_starts, plan).items()}
+        if splits and plan.max_splits > 1:  # (fewer slices than the rule's: the scratch holds them)
+            if splits > plan.max_splits:
+                continue
+            plan = replace(plan, max_splits=splits)
+            k["work"][0] = splits
 
         def run(plan=plan, k=k, bn=bn, warps=warps, stages=stages):
             return pat.paged_attention(cache, 0, q, tab, k, bs, plan, bn, warps, stages)
@@ -125,8 +133,8 @@ def tune(name: str, H: int, Hkv: int, D: int, grid: list[list[int]], bs: int = 1
     for t, pack, rows, bn, warps, stages, splits, err in res[:8]:
         print(f"  {t:8.1f} {t / floor:6.2f}x  {pack:2} {rows:4} {bn:4} {warps:2} {stages} {splits:3}  {err:.3f}")
     for pack in sorted({r[1] for r in res}):
-        for t, *_ in [r for r in res if r[1:6] == (pack, 64, pat.BLOCK_N, 4, None)]:
-            print(f"  packing {pack}, 64 rows, block_n {pat.BLOCK_N}, 4 warps: {t:.1f} us ({t / floor:.2f}x)")
+        for t, *_ in [r for r in res if r[1:6] == (pack, 64, pat.BLOCK_N, 4, pat.NUM_STAGES)]:
+            print(f"  packing {pack}, 64 rows, block_n {pat.BLOCK_N}, 4 warps, {pat.NUM_STAGES} stages: {t:.1f} us")
 
 
 if __name__ == "__main__":

@@ -8,6 +8,8 @@ import torch
 import triton
 import triton.language as tl
 
+LOG2E = 1.4426950408889634  # scores are scaled into log2 units: the softmax runs on exp2
+
 
 @triton.jit
 def kv_tile(base, table_row_ptr, pos, key_ok, offs_d, d_ok, stride_cb, stride_co, stride_ckv, BLOCK_SIZE: tl.constexpr):
@@ -22,18 +24,47 @@ def kv_tile(base, table_row_ptr, pos, key_ok, offs_d, d_ok, stride_cb, stride_co
 
 
 @triton.jit
-def softmax_step(q, k, v, allowed, m_i, l_i, acc, scale, IEEE: tl.constexpr):
-    """One key tile of the online softmax in float32: scores q k^T (only `allowed` [M, N] count),
-    running max m_i, sum l_i and unnormalised output acc updated."""
-    if IEEE:
-        s = tl.dot(q, tl.trans(k), input_precision="ieee") * scale
+def kv_full_tile(
+    base,
+    table_row_ptr,
+    pos,
+    offs_d,
+    d_ok,
+    stride_cb,
+    stride_co,
+    stride_ckv,
+    BLOCK_SIZE: tl.constexpr,
+    EVEN_D: tl.constexpr,
+):
+    """kv_tile of keys all in range: no key mask, nor a head-dim one when head_dim is its padding."""
+    block = tl.load(table_row_ptr + pos // BLOCK_SIZE)
+    ptrs = base + (block.to(tl.int64) * stride_cb + (pos % BLOCK_SIZE) * stride_co)[:, None] + offs_d[None, :]
+    if EVEN_D:
+        k = tl.load(ptrs)
+        v = tl.load(ptrs + stride_ckv)
     else:
-        s = tl.dot(q, tl.trans(k)).to(tl.float32) * scale
-    s = tl.where(allowed, s, float("-inf"))
+        k = tl.load(ptrs, mask=d_ok[None, :], other=0.0)
+        v = tl.load(ptrs + stride_ckv, mask=d_ok[None, :], other=0.0)
+    return k, v
+
+
+@triton.jit
+def softmax_step(q, k, v, allowed, m_i, l_i, acc, qk_scale, IEEE: tl.constexpr, MASKED: tl.constexpr):
+    """One key tile of the online softmax in float32: scores q k^T in log2 units (qk_scale: the
+    softmax scale times LOG2E; with MASKED only `allowed` [M, N] count), running max m_i, sum l_i
+    and unnormalised output acc updated."""
+    if IEEE:
+        s = tl.dot(q, tl.trans(k), input_precision="ieee") * qk_scale
+    else:
+        s = tl.dot(q, tl.trans(k)).to(tl.float32) * qk_scale
+    if MASKED:
+        s = tl.where(allowed, s, float("-inf"))
     m_new = tl.maximum(m_i, tl.max(s, axis=1))
-    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-    p = tl.exp(s - m_safe[:, None])
-    alpha = tl.exp(m_i - m_safe)
+    m_safe = m_new
+    if MASKED:  # (a row none of whose keys count so far)
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+    p = tl.exp2(s - m_safe[:, None])
+    alpha = tl.exp2(m_i - m_safe)
     l_i = l_i * alpha + tl.sum(p, axis=1)
     if IEEE:
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
@@ -45,8 +76,8 @@ def softmax_step(q, k, v, allowed, m_i, l_i, acc, scale, IEEE: tl.constexpr):
 @triton.jit
 def merge_slices(part_ptr, ml_ptr, first, working, BLOCK_M: tl.constexpr, D_PAD: tl.constexpr):
     """The general paged kernel's split-K merge: one (tile, head)'s output from its first `working`
-    slices' partials (slots first, first + 1, ...): sum_s acc_s e^(m_s - M) / sum_s l_s e^(m_s - M),
-    M the rows' overall max."""
+    slices' partials (slots first, first + 1, ...): sum_s acc_s 2^(m_s - M) / sum_s l_s 2^(m_s - M),
+    M the rows' overall max (log2 units)."""
     offs_d = tl.arange(0, D_PAD)
     m_i = tl.full((BLOCK_M,), float("-inf"), tl.float32)
     l_i = tl.zeros((BLOCK_M,), tl.float32)
@@ -56,7 +87,7 @@ def merge_slices(part_ptr, ml_ptr, first, working, BLOCK_M: tl.constexpr, D_PAD:
         m_s = tl.load(ml_ptr + slot * 2)
         m_new = tl.maximum(m_i, m_s)
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        a_old, a_s = tl.exp(m_i - m_safe), tl.exp(m_s - m_safe)
+        a_old, a_s = tl.exp2(m_i - m_safe), tl.exp2(m_s - m_safe)
         l_i = l_i * a_old + tl.load(ml_ptr + slot * 2 + 1) * a_s
         acc = acc * a_old[:, None] + tl.load(part_ptr + slot[:, None] * D_PAD + offs_d[None, :]) * a_s[:, None]
         m_i = m_new
@@ -139,12 +170,20 @@ def paged_item(
         acc = tl.zeros((BLOCK_M, D_PAD), tl.float32)
         base = cache_ptr + layer * stride_cl + kv_head * stride_ch
         table = table_ptr + seg * stride_ts
-        for n0 in range(lo, hi, BLOCK_N):
+        # keys before the tile's first row are every row's: whole tiles without masks, then the rest
+        free = tl.minimum(hi, tl.maximum(lo, (q0 + r0) // BLOCK_N * BLOCK_N))
+        for n0 in range(lo, free, BLOCK_N):
+            pos = n0 + tl.arange(0, BLOCK_N)
+            k, v = kv_full_tile(
+                base, table, pos, offs_d, d_ok, stride_cb, stride_co, stride_ckv, BLOCK_SIZE, HEAD_DIM == D_PAD
+            )
+            m_i, l_i, acc = softmax_step(q, k, v, None, m_i, l_i, acc, scale, IEEE, False)
+        for n0 in range(free, hi, BLOCK_N):
             pos = n0 + tl.arange(0, BLOCK_N)
             key_ok = pos < hi
             k, v = kv_tile(base, table, pos, key_ok, offs_d, d_ok, stride_cb, stride_co, stride_ckv, BLOCK_SIZE)
             m_i, l_i, acc = softmax_step(
-                q, k, v, (pos[None, :] <= q_pos[:, None]) & key_ok[None, :], m_i, l_i, acc, scale, IEEE
+                q, k, v, (pos[None, :] <= q_pos[:, None]) & key_ok[None, :], m_i, l_i, acc, scale, IEEE, True
             )
         o_rows = o_ptr + rows[:, None] * stride_ot + q_head[:, None] * stride_oh + offs_d[None, :]
         o_mask = row_ok[:, None] & d_ok[None, :]

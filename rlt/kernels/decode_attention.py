@@ -18,7 +18,7 @@ import triton
 import triton.language as tl
 
 from rlt.kernels import pdl
-from rlt.kernels.attention_steps import kv_tile, num_sms, softmax_step
+from rlt.kernels.attention_steps import LOG2E, kv_tile, num_sms, softmax_step
 
 BLOCK_N = 64  # key tile of unsplit passes
 SPLIT_BLOCK_N = 32  # key tile of split passes: short slices (scripts/tune_decode.py times the choices)
@@ -114,13 +114,13 @@ def _decode_kernel(
     if SPLITS > 1:
         if lo + BLOCK_N >= kv_len:  # the first tile holds the newest key: read it now
             k, v = kv_tile(base, tab, pos, pos < hi, offs_d, d_ok, stride_cb, stride_co, stride_ckv, BLOCK_SIZE)
-        m_i, l_i, acc = softmax_step(q, k, v, (pos < hi)[None, :], m_i, l_i, acc, scale, IEEE)
+        m_i, l_i, acc = softmax_step(q, k, v, (pos < hi)[None, :], m_i, l_i, acc, scale, IEEE, True)
         start = lo + BLOCK_N
     for n0 in range(start, hi, BLOCK_N):
         pos = n0 + tl.arange(0, BLOCK_N)
         key_ok = pos < hi
         k, v = kv_tile(base, tab, pos, key_ok, offs_d, d_ok, stride_cb, stride_co, stride_ckv, BLOCK_SIZE)
-        m_i, l_i, acc = softmax_step(q, k, v, key_ok[None, :], m_i, l_i, acc, scale, IEEE)
+        m_i, l_i, acc = softmax_step(q, k, v, key_ok[None, :], m_i, l_i, acc, scale, IEEE, True)
     if SPLITS == 1:
         out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
         tl.store(
@@ -161,8 +161,8 @@ def _merge(
     D_PAD: tl.constexpr,
     SPLITS: tl.constexpr,
 ):
-    """out = sum_s acc_s e^(m_s - M) / sum_s l_s e^(m_s - M) over one (row, head)'s first `working`
-    slices (the others held no keys and stored nothing)."""
+    """out = sum_s acc_s 2^(m_s - M) / sum_s l_s 2^(m_s - M) (log2 units) over one (row, head)'s
+    first `working` slices (the others held no keys and stored nothing)."""
     s = tl.arange(0, SPLITS)
     ok = s < working
     slots = (row * H + head) * SPLITS + s
@@ -171,7 +171,7 @@ def _merge(
     offs_d = tl.arange(0, D_PAD)
     acc = tl.load(part_ptr + slots[:, None] * D_PAD + offs_d[None, :], mask=ok[:, None], other=0.0)
     m_max = tl.max(m, axis=0)
-    w = tl.exp(m - tl.where(m_max == float("-inf"), 0.0, m_max))
+    w = tl.exp2(m - tl.where(m_max == float("-inf"), 0.0, m_max))
     l_tot = tl.sum(w * l, axis=0)
     out = tl.sum(w[:, None] * acc, axis=0) / tl.where(l_tot == 0.0, 1.0, l_tot)
     tl.store(
@@ -222,7 +222,7 @@ def decode_attention(
         block_table,
         positions,
         layer,
-        D**-0.5,
+        D**-0.5 * LOG2E,
         q.stride(0),
         q.stride(1),
         out.stride(0),

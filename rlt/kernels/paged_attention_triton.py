@@ -25,9 +25,10 @@ import torch
 import triton
 import triton.language as tl
 
-from rlt.kernels.attention_steps import num_sms, paged_item
+from rlt.kernels.attention_steps import LOG2E, num_sms, paged_item
 
 BLOCK_N = 64
+NUM_STAGES = 4  # (measured: tune_paged.py; Triton's default 3 is slower on a prefix hit's split items)
 
 
 # Layer indices, head counts and table widths vary: one variant serves them all (Triton would
@@ -163,13 +164,13 @@ def paged_attention(
     plan,
     block_n: int = BLOCK_N,
     num_warps: int = 4,
-    num_stages: int | None = None,
+    num_stages: int = NUM_STAGES,
 ) -> torch.Tensor:
     """q [T, H, D] (K/V already written; last dim contiguous) -> [T, H, D]. cache [blocks, layers, 2,
     block_size, Hkv, D]; k: kernel_fields() as device tensors, built for this KernelPlan (its tiles, its key
     slices at most; with plan.pack > 1 a second launch for the packed tiles). Rows of no tile (dense
     segments) are left for the caller. block_n, num_warps and
-    num_stages (None: Triton's) are for tuning (scripts/tune_paged.py)."""
+    num_stages are for tuning (scripts/tune_paged.py)."""
     T, H, D = q.shape
     # q is read in place (a view of the fused projection: rows strided, each head's D contiguous)
     out = torch.empty(T, H, D, dtype=q.dtype, device=q.device)
@@ -200,7 +201,7 @@ def paged_attention(
             counters,
             H // pack,
             layer,
-            D**-0.5,
+            D**-0.5 * LOG2E,
             q.stride(0),
             q.stride(1),
             out.stride(0),
@@ -222,6 +223,6 @@ def paged_attention(
             SPLIT=splits > 1,
             IEEE=q.dtype == torch.float32,
             num_warps=num_warps,
-            **({} if num_stages is None else {"num_stages": num_stages}),
+            num_stages=num_stages,
         )
     return out
