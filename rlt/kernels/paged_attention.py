@@ -17,7 +17,7 @@ KERNEL_BLOCK_M = 16  # query rows per program of the Triton kernel (decode passe
 PREFILL_BLOCK_M = 64  # passes carrying prompt chunks: fewer key re-reads per query row
 DENSE_MIN_ROWS = 64  # a prefix-free prompt chunk this long runs as dense causal SDPA (flash)
 MAX_SPLITS = 16  # key slices per tile of the general kernel
-SPLIT_ITEMS = 8  # a split pass's tiles x slices, at most, per tile that fills the GPU
+SPLIT_ITEMS = 2  # a split pass's tiles x slices, at most, per tile that fills the GPU: one wave of items
 
 
 @dataclass(frozen=True)

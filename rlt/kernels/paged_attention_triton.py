@@ -28,7 +28,9 @@ import triton.language as tl
 from rlt.kernels.attention_steps import LOG2E, num_sms, paged_item
 
 BLOCK_N = 64
-NUM_STAGES = 4  # (measured: tune_paged.py; Triton's default 3 is slower on a prefix hit's split items)
+# Pipeline stages of the launch of whole tiles and of the packed one (tune_paged.py: 4 is faster on a
+# prefix hit's split tiles, 3 on packed decode rows)
+NUM_STAGES, PACKED_STAGES = 4, 3
 
 
 # Layer indices, head counts and table widths vary: one variant serves them all (Triton would
@@ -164,23 +166,24 @@ def paged_attention(
     plan,
     block_n: int = BLOCK_N,
     num_warps: int = 4,
-    num_stages: int = NUM_STAGES,
+    num_stages: int | None = None,
 ) -> torch.Tensor:
     """q [T, H, D] (K/V already written; last dim contiguous) -> [T, H, D]. cache [blocks, layers, 2,
     block_size, Hkv, D]; k: kernel_fields() as device tensors, built for this KernelPlan (its tiles, its key
     slices at most; with plan.pack > 1 a second launch for the packed tiles). Rows of no tile (dense
     segments) are left for the caller. block_n, num_warps and
-    num_stages are for tuning (scripts/tune_paged.py)."""
+    num_stages (both launches'; None: NUM_STAGES and PACKED_STAGES) are for tuning (scripts/tune_paged.py)."""
     T, H, D = q.shape
     # q is read in place (a view of the fused projection: rows strided, each head's D contiguous)
     out = torch.empty(T, H, D, dtype=q.dtype, device=q.device)
     d_pad = max(16, triton.next_power_of_2(D))
     # (each slice's partial: BLOCK_M rows per item; a packed launch has as many slots, see KernelPlan)
     part, ml, counters = _scratch(q.device, plan.split_items * H * plan.tile_rows, d_pad)
-    launches = [("tile_seg", "tile_row", "work", 1, plan.tile_rows, plan.max_splits)]
+    launches = [("tile_seg", "tile_row", "work", 1, plan.tile_rows, plan.max_splits, num_stages or NUM_STAGES)]
     if plan.pack > 1:  # segments shorter than a tile: a GQA group's heads per item
-        launches.append(("packed_seg", "packed_row", "packed_work", plan.pack, plan.packed_rows, plan.packed_splits))
-    for tiles, first_rows, work, pack, tile_rows, splits in launches:
+        packed = ("packed_seg", "packed_row", "packed_work", plan.pack, plan.packed_rows, plan.packed_splits)
+        launches.append((*packed, num_stages or PACKED_STAGES))
+    for tiles, first_rows, work, pack, tile_rows, splits, stages in launches:
         n_tiles = k[tiles].numel()  # (a graph's: its bucket's most)
         if n_tiles == 0:
             continue
@@ -223,6 +226,6 @@ def paged_attention(
             SPLIT=splits > 1,
             IEEE=q.dtype == torch.float32,
             num_warps=num_warps,
-            num_stages=num_stages,
+            num_stages=stages,
         )
     return out
