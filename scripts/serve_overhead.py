@@ -8,10 +8,13 @@ with the same engine options in both (the defaults, or those after `--`).
 Workload: Poisson arrivals at each of --rates for --duration s, then closed loops at each of
 --concurrency (`rlt bench serve`'s). Prints the server process's CPU time per streamed token (its
 workers are other processes), then per workload HTTP against in process: output tok/s as a ratio
-and p50 / p99 TTFT as milliseconds added, mean over the rounds with their spread (min..max).
-Closed-loop TTFT medians move by a step between runs, hence the interleaved rounds. The server's
-own log goes beside --json-out. Engine options after `--` go to both sides (`rlt serve` and `rlt bench
-serve` take the same flags), e.g. to A/B a scheduling option under both.
+and p50 / p99 TTFT as milliseconds added, mean over the rounds with their spread (min..max),
+and each round's p99 ITL. Closed-loop TTFT medians move by a step between runs, hence the
+interleaved rounds. --ramp S starts the closed loops' clients over S seconds on both sides: in
+process they otherwise all reach the worker before its first pass and run in aligned waves, which
+HTTP's arrivals cannot. The server's own log goes beside --json-out. Engine options after `--`
+go to both sides (`rlt serve` and `rlt bench serve` take the same flags), e.g. to A/B a
+scheduling option under both.
 """
 
 import argparse
@@ -52,6 +55,8 @@ def bench(args, out: str, *extra: str) -> list[dict]:
         str(args.prompt_len),
         "--output-len",
         str(args.output_len),
+        "--ramp",
+        str(args.ramp),
         "--json-out",
         out,
         *extra,
@@ -116,6 +121,7 @@ def main():
     ap.add_argument("--prompt-len", type=int, default=1024)
     ap.add_argument("--output-len", type=int, default=256)
     ap.add_argument("--rounds", type=int, default=1, help="HTTP then in process, this many times")
+    ap.add_argument("--ramp", type=float, default=0.0, help="closed loops' clients start over this many s (both sides)")
     ap.add_argument("--json-out", default="serve_overhead.json")
     argv = sys.argv[1:]
     cut = argv.index("--") if "--" in argv else len(argv)
@@ -129,7 +135,10 @@ def main():
         rounds.append((http, bench(args, f"{stem}_inprocess{i}.json", *args.engine)))
     cpu = [h[0]["server_cpu_us_per_token"] for h, _ in rounds]
     print(f"server CPU per streamed token: {spread(cpu, 1)} us")
-    print(f"{'workload':>12} {'HTTP / in-process tok/s':>26} {'p50 TTFT added ms':>24} {'p99 TTFT added ms':>24}")
+    print(
+        f"{'workload':>12} {'HTTP / in-process tok/s':>26} {'p50 TTFT added ms':>24} {'p99 TTFT added ms':>24}"
+        "  p99 ITL ms, HTTP / in process"
+    )
     rows = []
     for k, row in enumerate(rounds[0][0]):
         name = f"rate {row['rate']}" if "rate" in row else f"{row['concurrency']} in flight"
@@ -143,11 +152,13 @@ def main():
             "inprocess_tok_s": [p["output_throughput_tok_s"] for _, p in pairs],
             "http_p50_p99_ttft_ms": [(h["median_ttft_ms"], h["p99_ttft_ms"]) for h, _ in pairs],
             "inprocess_p50_p99_ttft_ms": [(p["median_ttft_ms"], p["p99_ttft_ms"]) for _, p in pairs],
+            "http_inprocess_p99_itl_ms": [(h["p99_itl_ms"], p["p99_itl_ms"]) for h, p in pairs],
         }
         rows.append(out)
         print(
             f"{name:>12} {spread(out['ratio'], 4):>26} {spread(out['p50_ttft_added_ms'], 2):>24} "
-            f"{spread(out['p99_ttft_added_ms'], 2):>24}"
+            f"{spread(out['p99_ttft_added_ms'], 2):>24}  "
+            + ", ".join(f"{h} / {p}" for h, p in out["http_inprocess_p99_itl_ms"])
         )
     with open(args.json_out, "w") as f:
         json.dump({"command": " ".join(sys.argv), "server_cpu_us_per_token": cpu, "rows": rows}, f, indent=2)

@@ -353,4 +353,7 @@ async def test_the_serving_benchmark_over_http_counts_what_the_python_api_genera
         assert all(ttft > 0 and tpot >= 0 for _, ttft, tpot in row["requests"])
     async with rlt.Engine.launch(checkpoints["ouro"], heartbeat_timeout=3.0) as engine:
         local = await closed_loop(EngineTarget(engine), 3, 7, [5, 40], 6, seed=1)
-    assert local.keys() == rows[0].keys() and local["completed"] == 7
+        # a ramp: the third client's one request starts 2 * 1.5 / 3 s after the first one's
+        ramped = await closed_loop(EngineTarget(engine), 3, 3, [5], 2, seed=1, ramp_s=1.5)
+    assert local.keys() == rows[0].keys() and local["completed"] == 7 and rows[0]["ramp_s"] == 0.0
+    assert ramped["completed"] == 3 and ramped["ramp_s"] == 1.5 and ramped["duration_s"] >= 1.0, ramped

@@ -97,6 +97,12 @@ def _serve(p) -> None:
     p.add_argument("--sweep-duration", type=float, help="seconds of arrivals per sweep rate (default: --duration)")
     p.add_argument("--max-concurrency", default="", help="e.g. 1,64: closed loops after the rates")
     p.add_argument("--num-prompts", type=int, help="requests per closed loop (default: 4 per slot, at least 16)")
+    p.add_argument(
+        "--ramp",
+        type=float,
+        default=0.0,
+        help="closed loops: their clients start evenly over this many seconds (default: 0)",
+    )
     p.add_argument("--prompt-lens", default="128,4096", help="prompts cycle through these (default: 128,4096)")
     p.add_argument("--output-len", type=int, default=64, help="tokens per request, EOS ignored (default: 64)")
     p.add_argument("--shared-prefix-len", type=int, default=0, help="tokens every prompt starts with (default: 0)")

@@ -10,7 +10,8 @@ reports each against its floor measured in the same run (rlt/bench/floors.py).
 serve: requests arrive as a Poisson process at each rate for --duration seconds, prompts cycling
 through --prompt-lens (random token ids after --shared-prefix-len shared ones), greedy, EOS
 ignored, exactly --output-len tokens each; `--sweep-rates` then runs those rates in order until
-one is past capacity; `--max-concurrency` runs closed loops. Per rate, a table row and JSON: TTFT,
+one is past capacity; `--max-concurrency` runs closed loops (`--ramp`: their clients start over
+that many seconds). Per rate, a table row and JSON: TTFT,
 TPOT, ITL and E2EL (mean, median, p95, p99), output tok/s, req/s and `saturated`. With --base-url
 it drives any OpenAI-compatible server (streamed /v1/completions with token-id prompts); --model
 then only gives the vocabulary (or --vocab-size).
@@ -244,6 +245,7 @@ async def _serve(args, meta: dict, options: dict) -> list[dict]:
             concurrencies=ints(args.max_concurrency),
             num_requests=args.num_prompts,
             shared_prefix_len=args.shared_prefix_len,
+            ramp_s=args.ramp,
         )
 
 

@@ -14,6 +14,7 @@ random tokens (a system prompt, as SGLang's generated-shared-prefix workload), t
 """
 
 import asyncio
+import itertools
 import random
 import statistics
 import time
@@ -127,20 +128,26 @@ async def one_rate(target, rate, duration, prompt_lens, output_len, seed, prefix
     return {"rate": rate, **measure(results)}
 
 
-async def closed_loop(target, concurrency, num_requests, prompt_lens, output_len, seed, prefix=()) -> dict:
+async def closed_loop(
+    target, concurrency, num_requests, prompt_lens, output_len, seed, prefix=(), ramp_s: float = 0.0
+) -> dict:
     """`num_requests` requests, `concurrency` in flight at every moment (a new one as soon as one
-    ends; vLLM's `--max-concurrency` with an infinite rate)."""
+    ends; vLLM's `--max-concurrency` with an infinite rate). ramp_s: the clients start evenly over
+    this many seconds, client k with request k after k * ramp_s / concurrency, then each takes the
+    next one left (0: all at once; in process they then all reach the worker before its next pass,
+    over HTTP they cannot)."""
     rng = random.Random(seed)
     prompts = [_prompt(rng, target, prompt_lens[i % len(prompt_lens)], prefix) for i in range(num_requests)]
-    queue = iter(prompts)
+    queue = iter(prompts[concurrency:])
     results = []
 
-    async def client():
-        for prompt in queue:
+    async def client(k):
+        await asyncio.sleep(k * ramp_s / concurrency)
+        for prompt in itertools.chain(prompts[k : k + 1], queue):
             results.append(await _request(target, prompt, output_len))
 
-    await asyncio.gather(*(client() for _ in range(concurrency)))
-    return {"concurrency": concurrency, **measure(results)}
+    await asyncio.gather(*(client(k) for k in range(concurrency)))
+    return {"concurrency": concurrency, "ramp_s": ramp_s, **measure(results)}
 
 
 def measure(results: list[dict]) -> dict:
@@ -235,13 +242,15 @@ async def sweep(
     concurrencies: list[int] = (),
     num_requests: int | None = None,
     shared_prefix_len: int = 0,
+    ramp_s: float = 0.0,
 ) -> list[dict]:
     """A row per rate of `rates`, then `sweep_rates` in order (each for `sweep_duration` seconds,
     default `duration`) until one is past capacity, then a row per concurrency of `concurrencies`
     (closed loop, `num_requests` requests each, default 4 per slot and at least 16).
     `on_row(row, rows)` sees every row as soon as it is measured (so a caller stopped by a time
     limit keeps the rates it finished). In process, each row also counts the prompts a PD decode
-    worker prefilled itself. `shared_prefix_len`: tokens every prompt starts with."""
+    worker prefilled itself. `shared_prefix_len`: tokens every prompt starts with; `ramp_s`: the
+    closed loops' clients start over this many seconds."""
     rows = []
     prefix = _prompt(random.Random(seed - 1), target, shared_prefix_len)
 
@@ -269,5 +278,6 @@ async def sweep(
         if not rows or rate > rows[-1]["rate"]:
             await at_rate(rate, sweep_duration or duration)
     for c in concurrencies:
-        await run(closed_loop(target, c, num_requests or max(16, 4 * c), prompt_lens, output_len, seed, prefix))
+        n = num_requests or max(16, 4 * c)
+        await run(closed_loop(target, c, n, prompt_lens, output_len, seed, prefix, ramp_s))
     return rows
