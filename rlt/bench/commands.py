@@ -11,10 +11,10 @@ serve: requests arrive as a Poisson process at each rate for --duration seconds,
 through --prompt-lens (random token ids after --shared-prefix-len shared ones), greedy, EOS
 ignored, exactly --output-len tokens each; `--sweep-rates` then runs those rates in order until
 one is past capacity; `--max-concurrency` runs closed loops (`--ramp`: their clients start over
-that many seconds). Per rate, a table row and JSON: TTFT,
-TPOT, ITL and E2EL (mean, median, p95, p99), output tok/s, req/s and `saturated`. With --base-url
-it drives any OpenAI-compatible server (streamed /v1/completions with token-id prompts); --model
-then only gives the vocabulary (or --vocab-size).
+that many seconds). Per rate, a table row and JSON: TTFT, TPOT, ITL and E2EL (mean, median, p95,
+p99), output tok/s, req/s and `saturated`. With --base-url it drives any OpenAI-compatible server
+(streamed /v1/completions with token-id prompts); --model then only gives the vocabulary (or
+--vocab-size).
 """
 
 import asyncio
