@@ -10,7 +10,9 @@ previous one's output, timed in CUDA graphs:
 - persistent: one launch whose programs (as many as fit on the GPU at once) take each product's
   row blocks in turn and meet at a grid barrier (an arrival counter) between products;
 - prefetch: the same, each program reading its first weight tile of the next product before it
-  waits at the barrier (weights never depend on the chain).
+  waits at the barrier (weights never depend on the chain);
+- each with the barrier's waiting programs spinning on atomics on its counter, or on plain loads
+  of it (one acquire after); programs per SM only as many as fit at once (else the barrier hangs).
 
 Prints microseconds per chain, per product boundary, and the share of the chain's bytes over the
 measured copy rate (the roofline), so the choice for #36's loop-step kernel rests on numbers.
@@ -19,6 +21,7 @@ measured copy rate (the roofline), so the choice for #36's loop-step kernel rest
 """
 
 import argparse
+import itertools
 
 import torch
 import triton
@@ -30,13 +33,21 @@ from rlt.kernels.norm import norm_row
 
 
 @triton.jit
-def _grid_barrier(count_ptr, target):
+def _grid_barrier(count_ptr, target, SPIN_LOAD: tl.constexpr):
     """Every program's stores before it are visible to every program after it: arrive (release),
-    then wait until target programs have arrived (acquire)."""
+    then wait until target programs have arrived (acquire). SPIN_LOAD: wait on plain (volatile)
+    loads of the counter and acquire once, where every waiting program otherwise issues atomics on
+    the one counter."""
     tl.debug_barrier()
     tl.atomic_add(count_ptr, 1, sem="release")
-    while tl.atomic_add(count_ptr, 0, sem="acquire") < target:
-        pass
+    if SPIN_LOAD:
+        while tl.load(count_ptr, volatile=True) < target:
+            pass
+        tl.atomic_add(count_ptr, 0, sem="acquire")
+        tl.debug_barrier()
+    else:
+        while tl.atomic_add(count_ptr, 0, sem="acquire") < target:
+            pass
 
 
 @triton.jit
@@ -51,6 +62,7 @@ def _chain_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     PREFETCH: tl.constexpr,
+    SPIN_LOAD: tl.constexpr,
 ):
     """Stage s: buf[s + 1][:N_s] = W_s @ buf[s][:K_s], row blocks of BLOCK_N shared out over the
     programs; a grid barrier between stages."""
@@ -84,7 +96,7 @@ def _chain_kernel(
             w1 = tl.load(w_table + s + 1).to(tl.pointer_type(tl.bfloat16))
             rows = pid * BLOCK_N + offs_n
             pre = tl.load(w1 + rows[:, None] * K1 + offs_k[None, :], mask=(rows < N1)[:, None] & (offs_k < K1)[None, :])
-        _grid_barrier(count_ptr, (s + 1) * P)
+        _grid_barrier(count_ptr, (s + 1) * P, SPIN_LOAD)
 
 
 @triton.jit
@@ -160,6 +172,20 @@ def prologue_gemv(a, r, wa, wo, eps, w, swiglu: bool, rows: int, warps: int):
     return y, ro
 
 
+def resident_per_sm(kernel, warps: int) -> int:
+    """Programs of this compiled kernel an SM holds at once (registers, shared memory, warps; an
+    H100/H200's limits where torch does not say them). 4 (run before) when Triton does not say."""
+    n_regs, shared = getattr(kernel, "n_regs", None), getattr(getattr(kernel, "metadata", None), "shared", None)
+    if n_regs is None or shared is None:
+        return 4
+    props = torch.cuda.get_device_properties(0)
+    regs = -(-n_regs * 32 // 256) * 256 * warps  # (allocated per warp in units of 256)
+    by_regs = getattr(props, "regs_per_multiprocessor", 65536) // max(regs, 1)
+    by_smem = getattr(props, "shared_memory_per_multiprocessor", 233472) // max(shared, 1)
+    by_warps = getattr(props, "max_threads_per_multi_processor", 2048) // (32 * warps)
+    return min(by_regs, by_smem, by_warps, 32)
+
+
 def shapes(hidden=2048, inter=5632, qkv=6144, layers=24):
     """(N, K) of each product of a loop step, in order."""
     return [(qkv, hidden), (hidden, qkv // 3), (2 * inter, hidden), (hidden, inter)] * layers
@@ -171,7 +197,7 @@ def main():
     ap.add_argument("--rows-per-program", type=int, default=2)
     ap.add_argument("--block-k", type=int, default=1024)
     ap.add_argument("--warps", type=int, default=4)
-    ap.add_argument("--programs-per-sm", type=str, default="1,2,4")
+    ap.add_argument("--programs-per-sm", type=str, default="2,4,8,16", help="(those that fit on an SM at once)")
     args = ap.parse_args()
     torch.manual_seed(0)
     dims = shapes(layers=args.layers)
@@ -227,34 +253,44 @@ def main():
     ]
     launched()  # (the persistent launches are checked against its output)
     ref = buf[-1, : dims[-1][0]].float().clone()
-    for per_sm in (int(p) for p in args.programs_per_sm.split(",")):
-        for prefetch in (False, True):
 
-            def persistent(per_sm=per_sm, prefetch=prefetch):
-                count.zero_()
-                _chain_kernel[(sms * per_sm,)](
-                    buf,
-                    w_table,
-                    n_table,
-                    k_table,
-                    count,
-                    len(dims),
-                    buf.stride(0),
-                    BLOCK_N=args.rows_per_program,
-                    BLOCK_K=args.block_k,
-                    PREFETCH=prefetch,
-                    num_warps=args.warps,
-                )
+    def chain(programs: int, prefetch: bool, spin_load: bool):
+        count.zero_()
+        return _chain_kernel[(programs,)](
+            buf,
+            w_table,
+            n_table,
+            k_table,
+            count,
+            len(dims),
+            buf.stride(0),
+            BLOCK_N=args.rows_per_program,
+            BLOCK_K=args.block_k,
+            PREFETCH=prefetch,
+            SPIN_LOAD=spin_load,
+            num_warps=args.warps,
+        )
 
-            persistent()
+    for prefetch, spin_load in itertools.product((False, True), (False, True)):
+        # A grid barrier hangs unless every program is resident at once: one program first (it
+        # compiles the variant), then only as many per SM as its registers and shared memory allow.
+        fit = resident_per_sm(chain(1, prefetch, spin_load), args.warps)
+        for per_sm in (int(p) for p in args.programs_per_sm.split(",")):
+            name = (
+                f"persistent {per_sm}/SM{' +prefetch' if prefetch else ''}{', load-spin barrier' if spin_load else ''}"
+            )
+            if per_sm > fit:
+                print(f"{name}: skipped, {fit} fit on an SM")
+                continue
+            chain(sms * per_sm, prefetch, spin_load)
             torch.cuda.synchronize()
             err = (buf[-1, : dims[-1][0]].float() - ref).abs().max().item()
-            t = floors.graph_us(persistent)
-            rows.append((f"persistent {per_sm}/SM{' +prefetch' if prefetch else ''} (max diff {err:.1e})", t))
+            t = floors.graph_us(lambda n=sms * per_sm, p=prefetch, sl=spin_load: chain(n, p, sl))
+            rows.append((f"{name} (max diff {err:.1e})", t))
     print(f"{len(dims)} products, {nbytes / 1e9:.3f} GB, copy rate {rate / 1e12:.2f} TB/s, floor {floor_us:.1f} us")
-    print(f"{'variant':<44} {'us/chain':>9} {'us/product':>10} {'of roof':>8}")
+    print(f"{'variant':<66} {'us/chain':>9} {'us/product':>10} {'of roof':>8}")
     for name, t in rows:
-        print(f"{name:<44} {t:>9.1f} {t / len(dims):>10.2f} {floor_us / t:>8.3f}")
+        print(f"{name:<66} {t:>9.1f} {t / len(dims):>10.2f} {floor_us / t:>8.3f}")
 
 
 if __name__ == "__main__":
