@@ -4,8 +4,10 @@
 # to end (pass_trace, Nanbeige4.2-3B), the prefix hits and lone prefills against their floors
 # (prefix_hit), decode at concurrency 1 and 128 (rlt bench offline) and, with BASE (a source tree of
 # another commit, e.g. `git worktree add .trees/base a6c23f0`, carried), the same decode there,
-# interleaved. Switches: STEPS (default "tests paged packs hits prefill decode"), TESTS (pytest's node ids,
-# default tests/test_gpu.py), TEST_TIMEOUT, ROUNDS (decode's rounds, default "1 2").
+# interleaved; with STEPS naming http, HTTP against in process at 256 closed loops (serve_overhead.py), the
+# clients starting at once and over RAMP s (default 0.5). Switches: STEPS (default "tests paged packs hits
+# prefill decode"), TESTS (pytest's node ids, default tests/test_gpu.py), TEST_TIMEOUT, ROUNDS (decode's
+# rounds, default "1 2").
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/rlt-out}; mkdir -p "$OUT"
@@ -63,6 +65,15 @@ if has decode; then
       (cd /tmp && PYTHONPATH=/tmp/site:$base timeout 150 $cmd $args > "$OUT/decode_base_$round.log" 2>&1)
       grep -A2 "conc" "$OUT/decode_base_$round.log" | tail -3
     fi
+  done
+fi
+if has http; then
+  for ramp in 0 ${RAMP:-0.5}; do
+    step "HTTP against in process, 256 closed loops, ramp $ramp s"
+    timeout 300 python3 scripts/serve_overhead.py --model /tmp/ouro --device cuda --concurrency 256 --rates "" \
+      --prompt-len 256 --output-len 128 --rounds 1 --ramp $ramp --json-out "$OUT/http_ramp$ramp.json" \
+      > "$OUT/http_ramp$ramp.log" 2>&1
+    tail -2 "$OUT/http_ramp$ramp.log"
   done
 fi
 step done
