@@ -65,7 +65,7 @@ def main():
     sms = torch.cuda.get_device_properties(0).multi_processor_count
 
     def split(y):
-        return layers.split_qkv(y, Hkv, D)
+        return layers.split_qkv(y, H, Hkv, D)
 
     def attend(i, y):
         q, k, v = split(y)

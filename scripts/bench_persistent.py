@@ -5,6 +5,7 @@ previous one's output, timed in CUDA graphs:
 - launched: one GEMV launch per product (rlt/kernels/gemv.py, PDL on as in the engine), plain or
   with the engine's epilogues (SwiGLU on [gate; up], the residual add + RMSNorm after o and down:
   the last program to finish normalizes the row);
+- launched with each add + RMSNorm a launch of its own (rlt/kernels/norm.py), and with no norms;
 - launched with the add + RMSNorm tails as the next product's prologue instead: every program of
   the next product recomputes them from the previous output and the residual (no arrival counter);
 - persistent: one launch whose programs (as many as fit on the GPU at once) take each product's
@@ -28,7 +29,7 @@ import triton
 import triton.language as tl
 
 from rlt.bench import floors
-from rlt.kernels import gemv, pdl
+from rlt.kernels import gemv, norm, pdl
 from rlt.kernels.norm import norm_row
 
 
@@ -232,6 +233,21 @@ def main():
             g = gemv.gemv_swiglu(x, gate_up, cfg)
             res, x = gemv.gemv_add_norm(g, down, res, wa, wo, 1e-6, cfg)
 
+    def launched_norm_launches():  # the same, each add + RMSNorm a launch of its own (rlt/kernels/norm.py)
+        x, res = buf[0:1, :hidden], r
+        for qkv, o, gate_up, down in zip(*[iter(ws)] * 4):
+            q = gemv.gemv(x, qkv, cfg)[:, : o.shape[1]]
+            res, x = norm.add_rms_norm(res, gemv.gemv(q, o, cfg), wa, wo, 1e-6)
+            g = gemv.gemv_swiglu(x, gate_up, cfg)
+            res, x = norm.add_rms_norm(res, gemv.gemv(g, down, cfg), wa, wo, 1e-6)
+
+    def launched_swiglu():  # the SwiGLU epilogue alone (no norms): its price apart from the tails'
+        x = buf[0:1, :hidden]
+        for qkv, o, gate_up, down in zip(*[iter(ws)] * 4):
+            q = gemv.gemv(x, qkv, cfg)[:, : o.shape[1]]
+            x = gemv.gemv_swiglu(gemv.gemv(q, o, cfg), gate_up, cfg)
+            x = gemv.gemv(x, down, cfg)
+
     def launched_prologues():  # the same, each add + RMSNorm done by the next product's programs
         a, res = buf[0:1, :hidden], r  # (a: the previous down product's output)
         for qkv, o, gate_up, down in zip(*[iter(ws)] * 4):
@@ -250,6 +266,8 @@ def main():
         ("launched (PDL)", floors.graph_us(launched_out)),
         ("launched, SwiGLU and add + RMSNorm epilogues", floors.graph_us(launched_epilogues)),
         ("launched, add + RMSNorm as the next's prologue", floors.graph_us(launched_prologues)),
+        ("launched, SwiGLU epilogue, add + RMSNorm launches", floors.graph_us(launched_norm_launches)),
+        ("launched, SwiGLU epilogue, no norms", floors.graph_us(launched_swiglu)),
     ]
     launched()  # (the persistent launches are checked against its output)
     ref = buf[-1, : dims[-1][0]].float().clone()

@@ -23,7 +23,7 @@ interpreter._patch_lang_tensor = _patch_index
 
 
 def check_decode_attention() -> bool:
-    from rlt.kernels.decode_attention import _counters, decode_attention
+    from rlt.kernels.decode_attention import decode_attention
     from rlt.kernels.paged_attention import paged_attention
 
     ok = True
@@ -34,9 +34,7 @@ def check_decode_attention() -> bool:
             err = (decode_attention(cache, 0, q, tab, pos, meta.block_size, splits) - ref).abs().max().item()
             print(f"decode_attention H={H} Hkv={Hkv} D={D} splits={splits}: max error {err:.2e}")
             ok &= err <= 1e-5
-    left = int(_counters(torch.device("cpu")).abs().sum())
-    print(f"split arrival counters left nonzero: {left}")
-    return ok and left == 0
+    return ok
 
 
 def check_paged_attention() -> bool:

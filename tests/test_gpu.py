@@ -254,8 +254,8 @@ def test_triton_paged_attention_matches_reference(dtype, tol, H, Hkv, D):
 @pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-4), (torch.bfloat16, 2e-2)])
 @pytest.mark.parametrize("H,Hkv,D", [(16, 16, 128), (48, 8, 128), (4, 2, 16), (55, 55, 96)])
 def test_decode_attention_matches_reference(dtype, tol, H, Hkv, D):
-    """The decode kernel (GQA group per program; 1, 2, 8, 32, 64, 128 key slices merged by the last
-    slice — most of them empty for the shorter rows — and the planned count) against the torch
+    """The decode kernel (GQA group per program; 1, 2, 8, 32, 64, 128 key slices merged by a second
+    launch — most of them empty for the shorter rows — and the planned count) against the torch
     reference, and a decode-only pass's plan takes it."""
     from rlt.kernels import decode_attention as da
     from rlt.kernels.paged_attention import (
@@ -281,7 +281,6 @@ def test_decode_attention_matches_reference(dtype, tol, H, Hkv, D):
             kernel_paged_attention(cache, layer, kernel_meta, q, None, None),
             da.decode_attention(cache, layer, q, tab, pos, meta.block_size),
         )
-    assert da._counters(q.device).abs().sum().item() == 0  # every merging slice reset its counter
 
 
 def test_gemv_matches_torch():

@@ -53,7 +53,6 @@ def kernels():
             o_ptr=p16,
             part_ptr=p32,
             ml_ptr=p32,
-            count_ptr="*i32",
             cache_ptr=p16,
             table_ptr=p64,
             pos_ptr=p64,
@@ -99,6 +98,11 @@ def kernels():
         "gemv_add_norm": gemv_case(gemv.ADD_NORM, 2048),
         "decode": decode_case(8),
         "decode_unsplit": decode_case(1),
+        "decode_merge": (
+            decode_attention._merge_kernel,
+            dict(o_ptr=p16, part_ptr=p32, ml_ptr=p32, pos_ptr=p64, stride_ot=i, stride_oh=i),
+            dict(H=16, HEAD_DIM=128, D_PAD=128, BLOCK_N=32, SPLITS=8),
+        ),
         "add_rms_norm": (
             norm._add_rms_norm_kernel,
             dict(
@@ -143,6 +147,7 @@ EARLY_READS = {
     "gemv_add_norm": {"w_ptr"},
     "decode": {"pos_ptr", "table_ptr", "cache_ptr"},
     "decode_unsplit": {"pos_ptr"},  # unsplit passes read the cache after the wait
+    "decode_merge": {"pos_ptr"},  # (its working slices' count)
     "rope": {"pos_ptr", "inv_ptr", "slot_ptr"},
     "rope_tokens": {"pos_ptr", "inv_ptr", "slot_ptr"},
     "rms_norm": {"w_ptr"},
@@ -196,6 +201,7 @@ def ptx_of(name: str, pdl: bool) -> str:
         "gemv_add_norm",
         "decode",
         "decode_unsplit",
+        "decode_merge",
         "add_rms_norm",
         "rms_norm",
         "rope",
@@ -259,12 +265,10 @@ def test_unrolled_gemv_loads_both_tiles_in_one_round():
 
 
 @compiler_output
-@pytest.mark.parametrize("name", ["decode", "gemv_add_norm"])
-def test_last_arrival_finishes_after_an_acquire_release_handshake(name):
-    """The split decode kernel's last slice merges, and the ADD_NORM GEMV's last program finishes the
-    row: a CTA barrier, then one gpu-scope acq_rel atomic on the arrival counter, before reading
-    what the other programs stored."""
-    ptx = ptx_of(name, False)
+def test_last_arrival_finishes_after_an_acquire_release_handshake():
+    """The ADD_NORM GEMV's last program finishes the row: a CTA barrier, then one gpu-scope acq_rel
+    atomic on the arrival counter, before reading what the other programs stored."""
+    ptx = ptx_of("gemv_add_norm", False)
     atom = ptx.index("atom.global.gpu.acq_rel.add")
     assert "bar.sync" in ptx[:atom]
 

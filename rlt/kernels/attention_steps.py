@@ -195,7 +195,7 @@ def paged_item(
             tl.store(part_ptr + slot[:, None] * D_PAD + offs_d[None, :], acc)
             tl.store(ml_ptr + slot * 2, m_i)
             tl.store(ml_ptr + slot * 2 + 1, l_i)
-            # the split-K handshake of rlt/kernels/decode_attention.py: the last arrival merges
+            # the split-K handshake (a CTA barrier, one gpu-scope acq_rel atomic): the last arrival merges
             tl.debug_barrier()
             if tl.atomic_add(count_ptr + pair, 1, sem="acq_rel") == working - 1:
                 out = merge_slices(part_ptr, ml_ptr, pair * splits, working, BLOCK_M, D_PAD)

@@ -3,15 +3,15 @@
 One program per (row, KV head, key slice) serves every query head of its GQA group, so each K/V
 block is read once per row, not once per query head: the group's heads are the rows of a
 tensor-core tile (padded to 16; MHA uses one of them). Small passes split the keys
-(flash-decoding) into slices that fill the GPU; the last slice of a (row, KV head) to finish
-merges all of them (a counter per (row, KV head), reset by that slice), so no second launch is
-needed; slices past a row's keys exit at once, before the PDL wait, and the merge counts only the
-working ones. RoPE and the new K/V store run in the launch before (rlt/kernels/rope.py): fused
-here they make the pass slower. Tested against rlt/kernels/paged_attention.py's
-reference (the general Triton kernel keeps prompt chunks and batch-invariant mode).
+(flash-decoding) into slices that fill the GPU, and a second launch merges them, a program per
+(row, query head): with PDL its programs are resident before the slices finish, and that kernel
+boundary measured cheaper than the last slice to finish merging behind an arrival counter (a
+fence and an atomic round trip before its reads). Slices past a row's keys exit at once, before
+the PDL wait, and the merge counts only the working ones. RoPE and the new K/V store run in the
+launch before (rlt/kernels/rope.py): fused here they make the pass slower. Tested against
+rlt/kernels/paged_attention.py's reference (the general Triton kernel keeps prompt chunks and
+batch-invariant mode).
 """
-
-import functools
 
 import torch
 import triton
@@ -23,13 +23,7 @@ from rlt.kernels.attention_steps import LOG2E, kv_tile, num_sms, softmax_step
 BLOCK_N = 64  # key tile of unsplit passes
 SPLIT_BLOCK_N = 32  # key tile of split passes: short slices (scripts/tune_decode.py times the choices)
 MAX_SPLITS = 32
-_COUNTERS = 4096  # (row, KV head) pairs of a split pass: splits only happen below one per SM
-
-
-@functools.cache
-def _counters(device: torch.device) -> torch.Tensor:
-    """Arrival counters of split passes: zero between launches (the merging slice resets its own)."""
-    return torch.zeros(_COUNTERS, dtype=torch.int32, device=device)
+MERGE_WARPS = 4
 
 
 def plan_splits(rows: int, kv_heads: int, device: torch.device) -> int:
@@ -41,6 +35,12 @@ def plan_splits(rows: int, kv_heads: int, device: torch.device) -> int:
     return min(MAX_SPLITS, 1 << (2 * sms // programs).bit_length())
 
 
+@triton.jit
+def _slice_len(kv_len, BLOCK_N: tl.constexpr, SPLITS: tl.constexpr):
+    """Keys per slice: whole tiles, the row's tiles shared out over SPLITS (the last ones may hold none)."""
+    return tl.cdiv(tl.cdiv(kv_len, BLOCK_N), SPLITS) * BLOCK_N
+
+
 # One variant for every layer index and table width (see _paged_attn_kernel).
 @triton.jit(do_not_specialize=["layer", "stride_ts"])
 def _decode_kernel(
@@ -48,7 +48,6 @@ def _decode_kernel(
     o_ptr,
     part_ptr,
     ml_ptr,
-    count_ptr,
     cache_ptr,
     table_ptr,
     pos_ptr,
@@ -81,7 +80,7 @@ def _decode_kernel(
     offs_d = tl.arange(0, D_PAD)
     d_ok = offs_d < HEAD_DIM
     kv_len = tl.load(pos_ptr + row) + 1  # keys 0..position (the row's own K/V is written)
-    chunk = tl.cdiv(tl.cdiv(kv_len, BLOCK_N), SPLITS) * BLOCK_N
+    chunk = _slice_len(kv_len, BLOCK_N, SPLITS)
     lo = split * chunk
     if lo >= kv_len:  # a slice past the row's keys (slices are whole tiles; shorter rows leave more):
         return  # no work, nothing to merge — the merge counts the working slices only
@@ -133,36 +132,30 @@ def _decode_kernel(
         tl.store(part_ptr + slot[:, None] * D_PAD + offs_d[None, :], acc, mask=g_ok[:, None])
         tl.store(ml_ptr + slot * 2, m_i, mask=g_ok)
         tl.store(ml_ptr + slot * 2 + 1, l_i, mask=g_ok)
-        # Every thread's partial stores happen before the release; the last arrival acquires them all
-        # (the split-K "serial reduction" handshake: barrier, one gpu-scope acq_rel atomic, barrier).
-        tl.debug_barrier()
-        counter = count_ptr + row * tl.num_programs(1) + kv_head
-        working = tl.cdiv(kv_len, chunk)  # slices holding keys: the first ones
-        if tl.atomic_add(counter, 1, sem="acq_rel") == working - 1:
-            for g in tl.static_range(GROUP):
-                _merge(
-                    o_ptr, part_ptr, ml_ptr, row, head0 + g, working, stride_ot, stride_oh, H, HEAD_DIM, D_PAD, SPLITS
-                )
-            tl.atomic_xchg(counter, 0)
 
 
 @triton.jit
-def _merge(
+def _merge_kernel(
     o_ptr,
     part_ptr,
     ml_ptr,
-    row,
-    head,
-    working,
+    pos_ptr,
     stride_ot,
     stride_oh,
     H: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     D_PAD: tl.constexpr,
+    BLOCK_N: tl.constexpr,
     SPLITS: tl.constexpr,
+    PDL: tl.constexpr,
 ):
-    """out = sum_s acc_s 2^(m_s - M) / sum_s l_s 2^(m_s - M) (log2 units) over one (row, head)'s
-    first `working` slices (the others held no keys and stored nothing)."""
+    """Program (row, head): out = sum_s acc_s 2^(m_s - M) / sum_s l_s 2^(m_s - M) (log2 units) over
+    the row's slices that held keys (the first ones; the others stored nothing)."""
+    row = tl.program_id(0)
+    head = tl.program_id(1)
+    kv_len = tl.load(pos_ptr + row) + 1  # (positions are written before the pass: read before the wait)
+    working = tl.cdiv(kv_len, _slice_len(kv_len, BLOCK_N, SPLITS))
+    pdl.begin(PDL)
     s = tl.arange(0, SPLITS)
     ok = s < working
     slots = (row * H + head) * SPLITS + s
@@ -209,7 +202,6 @@ def decode_attention(
     n_part = R * H * splits if splits > 1 else 1
     part = torch.empty(n_part, d_pad, dtype=torch.float32, device=q.device)
     ml = torch.empty(2 * n_part, dtype=torch.float32, device=q.device)
-    assert splits == 1 or R * Hkv <= _COUNTERS, "more split (row, KV head) pairs than counters"
     pdl.launch(
         _decode_kernel,
         (R, Hkv, splits),
@@ -217,7 +209,6 @@ def decode_attention(
         out,
         part,
         ml,
-        _counters(q.device),
         cache,
         block_table,
         positions,
@@ -246,6 +237,24 @@ def decode_attention(
         like=q,
         **_register_cap(maxnreg, splits, q),
     )
+    if splits > 1:
+        pdl.launch(
+            _merge_kernel,
+            (R, H),
+            out,
+            part,
+            ml,
+            positions,
+            out.stride(0),
+            out.stride(1),
+            H=H,
+            HEAD_DIM=D,
+            D_PAD=d_pad,
+            BLOCK_N=block_n,
+            SPLITS=splits,
+            num_warps=MERGE_WARPS,
+            like=q,
+        )
     return out
 
 

@@ -7,7 +7,7 @@ fraction of the bandwidth), so one-row products on CUDA all come here.
 The GEMV also finishes what follows it instead of a separate launch (an epilogue): SwiGLU, each
 program computing the same rows of the gate and the up projection ([gate; up] weight); or the
 residual add and RMSNorm after a projection, done by the last program to finish (an arrival
-counter, as the split decode attention merges its slices), which in Ouro's last layer also takes
+counter), which in Ouro's last layer also takes
 the exit gate's dot product. Each saves a launch; a one-row decode pass is hundreds of short ones.
 """
 
@@ -133,8 +133,9 @@ def _gemv_kernel(
         y = ((g * tl.sigmoid(g)).to(dt).to(tl.float32) * acc_up.to(dt).to(tl.float32)).to(dt)
     tl.store(y_ptr + offs_n, y, mask=n_ok)
     if EPILOGUE == _ADD_NORM:
-        # Every thread's stores before the release; the last arrival acquires them all (as in
-        # rlt/kernels/decode_attention.py), then finishes the row as rlt/kernels/norm.py's kernel.
+        # Every thread's stores before the release; the last arrival acquires them all (the split-K
+        # handshake: a CTA barrier, one gpu-scope acq_rel atomic), then finishes the row as
+        # rlt/kernels/norm.py's kernel.
         tl.debug_barrier()
         if tl.atomic_add(count_ptr, 1, sem="acq_rel") == tl.num_programs(0) - 1:
             # Every load of the tail at once: one L2 round trip instead of four (a load placed after
