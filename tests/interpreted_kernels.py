@@ -148,47 +148,24 @@ def check_gemv() -> bool:
 
 
 def check_gemv_epilogues() -> bool:
-    """The GEMV finishing what follows it (SwiGLU of [gate; up]; the residual add + RMSNorm, the
-    added row normed or not, by the last program) against the separate steps, every config, K in 1
-    to 9 tiles (the add + RMSNorm's K loop unrolled up to two)."""
+    """The GEMV finishing the SwiGLU of [gate; up] against the separate steps, every config, K in 1 to
+    3 tiles."""
     from rlt.kernels import gemv as gv
     from rlt.models import layers
 
     g = torch.Generator().manual_seed(1)
-    N, eps = 37, 1e-6
-    r = torch.randn(1, N, generator=g)
-    wa, wo = 1 + 0.1 * torch.randn(N, generator=g), 1 + 0.1 * torch.randn(N, generator=g)
-    cases = [
-        (torch.randn(1, K, generator=g), torch.randn(N, K, generator=g), torch.randn(2 * N, K, generator=g))
-        for K in (300, 2100)
-    ]  # x, w, [gate; up]
+    N = 37
+    cases = [(torch.randn(1, K, generator=g), torch.randn(2 * N, K, generator=g)) for K in (300, 2100)]  # x, [gate; up]
 
     def rel(a, b):
         return ((a - b).abs().max() / b.abs().max()).item()
 
-    gate_w, gate_b = torch.randn(1, N, generator=g), torch.randn(1, generator=g)
     ok = True
     for cfg in gv.CONFIGS:
-        err = 0.0
-        for x, w, gate_up in cases:
-            err = max(err, rel(gv.gemv_swiglu(x, gate_up, cfg), layers.swiglu(x @ gate_up.T)))
-            for weight_a in (None, wa):
-                refs = layers.add_norm(r, x @ w.T, weight_a, wo, eps)
-                got = gv.gemv_add_norm(x, w, r, weight_a, wo, eps, cfg)
-                err = max(err, *(rel(a, b) for a, b in zip(got, refs)))
-        print(f"gemv epilogues {cfg}: max error {err:.2e} (relative)")
+        err = max(rel(gv.gemv_swiglu(x, gate_up, cfg), layers.swiglu(x @ gate_up.T)) for x, gate_up in cases)
+        print(f"gemv swiglu {cfg}: max error {err:.2e} (relative)")
         ok &= err <= 1e-5
-    # with Ouro's exit gate on the normed output
-    x, w, _ = cases[1]
-    refs = layers.add_norm(r, x @ w.T, wa, wo, eps)
-    refs = (*refs, refs[1] @ gate_w.T + gate_b)
-    got = gv.gemv_add_norm(x, w, r, wa, wo, eps, exit_gate=(gate_w, gate_b))
-    err = max(rel(a, b.reshape(a.shape)) for a, b in zip(got, refs))
-    print(f"gemv add + norm + exit gate: max error {err:.2e} (relative)")
-    ok &= err <= 1e-5
-    left = int(gv._counter(torch.device("cpu")).item())
-    print(f"gemv arrival counter left nonzero: {left}")
-    return ok and left == 0
+    return ok
 
 
 def check_rope_write_kv() -> bool:
@@ -224,8 +201,8 @@ def check_rope_write_kv() -> bool:
 
 
 def check_norms() -> bool:
-    """RMSNorm alone and after the residual add (the added rows normed or not), rows of a ragged
-    length, against the torch steps of rlt/models/layers.py."""
+    """RMSNorm alone and after the residual add (the added rows normed or not; with Ouro's exit gate
+    on the normed rows), rows of a ragged length, against the torch steps of rlt/models/layers.py."""
     from rlt.kernels.norm import add_rms_norm, rms_norm
     from rlt.models import layers
 
@@ -233,10 +210,13 @@ def check_norms() -> bool:
     x, a = torch.randn(3, 37, generator=g), torch.randn(3, 37, generator=g)
     wa, wo = 1 + 0.1 * torch.randn(37, generator=g), 1 + 0.1 * torch.randn(37, generator=g)
     err = (rms_norm(x, wo, 1e-6) - layers.rms_norm(x, wo, 1e-6)).abs().max().item()
+    gate_w, gate_b = torch.randn(1, 37, generator=g), torch.randn(1, generator=g)
     for weight_a in (None, wa):
-        got, ref = add_rms_norm(x, a, weight_a, wo, 1e-6), layers.add_norm(x, a, weight_a, wo, 1e-6)
+        got = add_rms_norm(x, a, weight_a, wo, 1e-6, (gate_w, gate_b))
+        ref = layers.add_norm(x, a, weight_a, wo, 1e-6)
+        ref = (*ref, (ref[1] @ gate_w.T + gate_b).reshape(-1))
         err = max(err, *((g - r).abs().max().item() for g, r in zip(got, ref)))
-    print(f"rms_norm, add_rms_norm: max error {err:.2e}")
+    print(f"rms_norm, add_rms_norm (+ exit gate): max error {err:.2e}")
     return err <= 1e-5
 
 

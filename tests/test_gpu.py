@@ -305,14 +305,14 @@ def test_gemv_matches_torch():
 
 
 def test_gemv_epilogues_match_separate_launches():
-    """The GEMV finishing what follows it — SwiGLU of the [gate; up] projection; the residual add +
-    RMSNorm (the added row normed or not) by the last program, its K loop unrolled over two tiles or
-    not, and Ouro's exit gate after it — against the plain GEMV then the separate kernels, at Ouro's
-    and Nanbeige's decode shapes, every config; the models' calls against the torch reference; the
-    arrival counter back at zero."""
+    """The GEMV finishing the SwiGLU of the [gate; up] projection against the plain GEMV then the
+    separate kernel, every config; the residual add + RMSNorm launch (the added row normed or not,
+    Ouro's exit gate after it, one row and several) against the torch reference; the models' calls
+    (one row: GEMV then that launch) against the reference ops, at Ouro's and Nanbeige's shapes."""
     from rlt.kernels import gemv as gv
     from rlt.kernels.activation import silu_mul
     from rlt.kernels.norm import add_rms_norm
+    from rlt.models import layers
     from rlt.models.ops import REFERENCE, TritonOps
 
     g = torch.Generator(device="cuda").manual_seed(0)
@@ -321,38 +321,39 @@ def test_gemv_epilogues_match_separate_launches():
         for N, K in ((2048, 2048), (2048, 5632), (37, 300), (2560, 4096)):
             x = torch.randn(1, K, device="cuda", generator=g).to(dtype)
             w, gate_up = ((torch.randn(n, K, device="cuda", generator=g) / K**0.5).to(dtype) for n in (N, 2 * N))
-            r = torch.randn(1, N, device="cuda", generator=g).to(dtype)
+            r = torch.randn(3, N, device="cuda", generator=g).to(dtype)
+            a = torch.randn(3, N, device="cuda", generator=g).to(dtype)
             wa, wo = ((1 + 0.1 * torch.randn(N, device="cuda", generator=g)).to(dtype) for _ in range(2))
+            gate_w, gate_b = torch.randn(1, N, device="cuda", generator=g), torch.randn(1, device="cuda", generator=g)
 
             def close(got, ref):
                 return (got.float() - ref.float()).abs().max() <= tol * max(1.0, ref.float().abs().max().item())
 
             for cfg in gv.CONFIGS:
                 assert close(gv.gemv_swiglu(x, gate_up, cfg), silu_mul(gv.gemv(x, gate_up, cfg))), (N, K, str(cfg))
+            for rows in (1, 3):
                 for weight_a in (None, wa):
-                    refs = add_rms_norm(r, gv.gemv(x, w, cfg), weight_a, wo, eps)
-                    got = gv.gemv_add_norm(x, w, r, weight_a, wo, eps, cfg)
-                    assert close(got[0], refs[0]) and close(got[1], refs[1]), (N, K, str(cfg), weight_a is None)
-            # with Ouro's exit gate on the normed output
-            gate_w, gate_b = torch.randn(1, N, device="cuda", generator=g), torch.randn(1, device="cuda", generator=g)
-            refs = add_rms_norm(r, gv.gemv(x, w), wa, wo, eps)
-            refs = (*refs, refs[1].float() @ gate_w.T + gate_b)
-            got = gv.gemv_add_norm(x, w, r, wa, wo, eps, exit_gate=(gate_w, gate_b))
-            assert got[2].dtype == torch.float32 and got[2].shape == (1,)
-            assert all(close(a, b.reshape(a.shape)) for a, b in zip(got, refs)), (N, K)
+                    got = add_rms_norm(r[:rows], a[:rows], weight_a, wo, eps, (gate_w, gate_b))
+                    ref = layers.add_norm(r[:rows], a[:rows], weight_a, wo, eps)
+                    assert got[2].dtype == torch.float32 and got[2].shape == (rows,)
+                    assert close(got[0], ref[0]) and close(got[1], ref[1]), (N, rows, weight_a is None)
+                    # the gate's logit from the h this call returns: a long dot product would turn the
+                    # last-bit differences between the two paths' h into more than tol of a logit near zero
+                    assert close(got[2], (got[1].float() @ gate_w.T + gate_b).reshape(-1)), (N, rows)
+                    assert all(
+                        torch.equal(p, q) for p, q in zip(got[:2], add_rms_norm(r[:rows], a[:rows], weight_a, wo, eps))
+                    )
             calls = {}
             for kernels, ops in (("triton", TritonOps()), ("reference", REFERENCE)):
                 calls[kernels] = (
                     ops.linear_swiglu(x, gate_up),
-                    *ops.linear_add_norm(x, w, r, wa, wo, eps, (gate_w, gate_b)),
+                    *ops.linear_add_norm(x, w, r[:1], wa, wo, eps, (gate_w, gate_b)),
                 )
             (*tri, gate), ref = calls["triton"], calls["reference"]
             assert torch.equal(tri[0], gv.gemv_swiglu(x, gate_up))  # the one-row GEMV and its epilogue ran
-            assert all(close(a, b) for a, b in zip(tri, ref)), (N, K)
-            # the gate's logit from the h this call returns: a long dot product would turn the last-bit
-            # differences between the two paths' h into more than tol of a logit near zero
+            assert all(torch.equal(p, q) for p, q in zip(tri[1:], add_rms_norm(r[:1], gv.gemv(x, w), wa, wo, eps)))
+            assert all(close(p, q) for p, q in zip(tri, ref)), (N, K)
             assert close(gate, (tri[2].float() @ gate_w.T + gate_b).reshape(-1)), (N, K)
-    assert gv._counter(torch.device("cuda", torch.cuda.current_device())).item() == 0
 
 
 def test_decode_attention_right_after_the_kv_store():

@@ -77,25 +77,30 @@ def kernels():
             ),
         )
 
-    def gemv_case(epilogue, row=1):
-        return (
-            gemv._gemv_kernel,
-            gemv_args,
-            dict(
-                BLOCK_N=2,
-                BLOCK_K=1024,
-                EPILOGUE=epilogue,
-                NORM_A=True,
-                GATE=epilogue == gemv.ADD_NORM,
-                ROW=row,
-                K_TILES=0,
-            ),
-        )
+    def gemv_case(epilogue):
+        return gemv._gemv_kernel, gemv_args, dict(BLOCK_N=2, BLOCK_K=1024, EPILOGUE=epilogue)
+
+    add_norm_args = dict(
+        x_ptr=p16,
+        a_ptr=p16,
+        wa_ptr=p16,
+        wo_ptr=p16,
+        xo_ptr=p16,
+        h_ptr=p16,
+        gw_ptr=p32,
+        gb_ptr=p32,
+        gate_ptr=p32,
+        stride_x=i,
+        stride_a=i,
+        stride_xo=i,
+        stride_h=i,
+        N=i,
+        eps=f,
+    )
 
     return {
         "gemv": gemv_case(gemv.PLAIN),
         "gemv_swiglu": gemv_case(gemv.SWIGLU),
-        "gemv_add_norm": gemv_case(gemv.ADD_NORM, 2048),
         "decode": decode_case(8),
         "decode_unsplit": decode_case(1),
         "decode_merge": (
@@ -103,24 +108,8 @@ def kernels():
             dict(o_ptr=p16, part_ptr=p32, ml_ptr=p32, pos_ptr=p64, stride_ot=i, stride_oh=i),
             dict(H=16, HEAD_DIM=128, D_PAD=128, BLOCK_N=32, SPLITS=8),
         ),
-        "add_rms_norm": (
-            norm._add_rms_norm_kernel,
-            dict(
-                x_ptr=p16,
-                a_ptr=p16,
-                wa_ptr=p16,
-                wo_ptr=p16,
-                xo_ptr=p16,
-                h_ptr=p16,
-                stride_x=i,
-                stride_a=i,
-                stride_xo=i,
-                stride_h=i,
-                N=i,
-                eps=f,
-            ),
-            dict(NORM_A=False, BLOCK=2048),
-        ),
+        "add_rms_norm": (norm._add_rms_norm_kernel, add_norm_args, dict(NORM_A=False, GATE=False, BLOCK=2048)),
+        "add_rms_norm_gate": (norm._add_rms_norm_kernel, add_norm_args, dict(NORM_A=True, GATE=True, BLOCK=2048)),
         "rms_norm": (
             norm._rms_norm_kernel,
             dict(x_ptr=p16, w_ptr=p16, y_ptr=p16, stride_x=i, stride_y=i, N=i, eps=f),
@@ -144,7 +133,6 @@ def kernels():
 EARLY_READS = {
     "gemv": {"w_ptr"},
     "gemv_swiglu": {"w_ptr"},
-    "gemv_add_norm": {"w_ptr"},
     "decode": {"pos_ptr", "table_ptr", "cache_ptr"},
     "decode_unsplit": {"pos_ptr"},  # unsplit passes read the cache after the wait
     "decode_merge": {"pos_ptr"},  # (its working slices' count)
@@ -152,6 +140,7 @@ EARLY_READS = {
     "rope_tokens": {"pos_ptr", "inv_ptr", "slot_ptr"},
     "rms_norm": {"w_ptr"},
     "add_rms_norm": {"wo_ptr"},
+    "add_rms_norm_gate": {"wa_ptr", "wo_ptr", "gw_ptr", "gb_ptr"},
 }
 
 
@@ -198,11 +187,11 @@ def ptx_of(name: str, pdl: bool) -> str:
     [
         "gemv",
         "gemv_swiglu",
-        "gemv_add_norm",
         "decode",
         "decode_unsplit",
         "decode_merge",
         "add_rms_norm",
+        "add_rms_norm_gate",
         "rms_norm",
         "rope",
         "rope_tokens",
@@ -223,67 +212,6 @@ def test_pdl_kernel_waits_before_touching_memory(name):
     assert re.search(r"\bld\.global", body[wait:])
     assert body.index("griddepcontrol.launch_dependents") < wait  # the next kernel released first
     assert "griddepcontrol" not in ptx[False]
-
-
-def sass_ops(name: str, **consts) -> list[str]:
-    """The opcodes of kernels()[name] with PDL (constants overridden) as ptxas compiles it for
-    sm_90a, with the JIT's alignment, through the nvdisasm bundled with Triton."""
-    import subprocess
-    import tempfile
-
-    fn, sig, base = kernels()[name]
-    cubin = occ.compile_sm90(fn, sig, {**base, **consts, "PDL": True}, aligned=True).asm["cubin"]
-    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-        f.write(cubin)
-        f.flush()
-        text = subprocess.run([occ.tool("nvdisasm"), "-c", f.name], capture_output=True, text=True, check=True).stdout
-    return re.findall(r"^\s*/\*[0-9a-f]+\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)", text, re.M)
-
-
-def test_only_short_add_norm_products_unroll():
-    from rlt.kernels import gemv
-
-    cfg = gemv.GemvConfig(2, 1024, 4)
-    assert [gemv.unrolled_tiles(K, cfg, gemv.ADD_NORM) for K in (300, 1024, 2048, 2049, 5632)] == [1, 1, 2, 0, 0]
-    assert [gemv.unrolled_tiles(2048, cfg, e) for e in (gemv.PLAIN, gemv.SWIGLU)] == [0, 0]
-
-
-@compiler_output
-def test_unrolled_gemv_loads_both_tiles_in_one_round():
-    """K_TILES (gemv.unrolled_tiles): after the PDL wait (ACQBULK) the o projection's GEMV (K = 2048,
-    two 1024-wide tiles) issues the second weight tile and both x tiles before any multiply-add; the
-    runtime loop multiplies the first tile (waiting for its x) before it loads the second."""
-
-    def after_wait(ops):
-        ops = ops[ops.index("ACQBULK") + 1 :]
-        return ops[: ops.index("FFMA")]
-
-    unrolled = after_wait(sass_ops("gemv_add_norm", K_TILES=2))
-    looped = after_wait(sass_ops("gemv_add_norm"))
-    assert unrolled.count("LDG") == 4  # second tile: two 16-byte loads per thread; x: one per tile
-    assert looped.count("LDG") < 4
-
-
-@compiler_output
-def test_last_arrival_finishes_after_an_acquire_release_handshake():
-    """The ADD_NORM GEMV's last program finishes the row: a CTA barrier, then one gpu-scope acq_rel
-    atomic on the arrival counter, before reading what the other programs stored."""
-    ptx = ptx_of("gemv_add_norm", False)
-    atom = ptx.index("atom.global.gpu.acq_rel.add")
-    assert "bar.sync" in ptx[:atom]
-
-
-@compiler_output
-def test_add_norm_tail_reads_in_one_round_trip():
-    """The ADD_NORM GEMV's last program issues every load of its tail (the product row, the residual,
-    both norm weights, the exit gate's weight and bias) before its first reduction: a load placed
-    after a reduction's barrier waits for it, one more dependent round trip each (it had four)."""
-    ptx = ptx_of("gemv_add_norm", False)
-    tail = ptx[ptx.index("atom.global.gpu.acq_rel.add") + 1 :]
-    tail = tail[: tail.index("atom.global")]  # up to the counter's reset
-    reduction = tail.index("shfl.sync")
-    assert len(re.findall(r"\bld\.global", tail[:reduction])) >= 6
-    assert not re.search(r"\bld\.global", tail[reduction:])
 
 
 def test_split_plan(monkeypatch):
@@ -315,5 +243,5 @@ def test_gemv_registers():
     sums in registers."""
     from rlt.kernels import gemv
 
-    (wide, _), (narrow, _) = (occ.gemv_registers(gemv.GemvConfig(2, k, 4), gemv.PLAIN, 1) for k in (2048, 1024))
+    (wide, _), (narrow, _) = (occ.gemv_registers(gemv.GemvConfig(2, k, 4), gemv.PLAIN) for k in (2048, 1024))
     assert 0 < narrow < wide <= 255

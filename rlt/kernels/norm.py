@@ -42,6 +42,9 @@ def _add_rms_norm_kernel(
     wo_ptr,
     xo_ptr,
     h_ptr,
+    gw_ptr,
+    gb_ptr,
+    gate_ptr,
     stride_x,
     stride_a,
     stride_xo,
@@ -49,9 +52,11 @@ def _add_rms_norm_kernel(
     N,
     eps,
     NORM_A: tl.constexpr,
+    GATE: tl.constexpr,
     BLOCK: tl.constexpr,
     PDL: tl.constexpr,
 ):
+    """GATE: also the exit gate's logit h @ gw.T + gb (float32) of the row, to gate_ptr[row]."""
     row = tl.program_id(0)
     offs = tl.arange(0, BLOCK)
     mask = offs < N
@@ -59,6 +64,8 @@ def _add_rms_norm_kernel(
     wo = tl.load(wo_ptr + offs, mask=mask, other=0.0)  # weights before the wait (never written in a pass)
     if NORM_A:
         wa = tl.load(wa_ptr + offs, mask=mask, other=0.0)
+    if GATE:
+        gw, gb = tl.load(gw_ptr + offs, mask=mask, other=0.0), tl.load(gb_ptr)
     pdl.begin(PDL)
     a = tl.load(a_ptr + row * stride_a + offs, mask=mask, other=0.0)
     x = tl.load(x_ptr + row * stride_x + offs, mask=mask, other=0.0)
@@ -66,7 +73,10 @@ def _add_rms_norm_kernel(
         a = norm_row(a.to(tl.float32), wa, N, eps, dt)
     x = (x.to(tl.float32) + a.to(tl.float32)).to(dt)
     tl.store(xo_ptr + row * stride_xo + offs, x, mask=mask)
-    tl.store(h_ptr + row * stride_h + offs, norm_row(x.to(tl.float32), wo, N, eps, dt), mask=mask)
+    h = norm_row(x.to(tl.float32), wo, N, eps, dt)
+    tl.store(h_ptr + row * stride_h + offs, h, mask=mask)
+    if GATE:
+        tl.store(gate_ptr + row, tl.sum(h.to(tl.float32) * gw, axis=0) + gb)
 
 
 def _rows(x: torch.Tensor) -> torch.Tensor:
@@ -95,12 +105,20 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 
 
 def add_rms_norm(
-    x: torch.Tensor, a: torch.Tensor, weight_a: torch.Tensor | None, weight_out: torch.Tensor, eps: float
-) -> tuple[torch.Tensor, torch.Tensor]:
+    x: torch.Tensor,
+    a: torch.Tensor,
+    weight_a: torch.Tensor | None,
+    weight_out: torch.Tensor,
+    eps: float,
+    exit_gate: tuple[torch.Tensor, torch.Tensor] | None = None,
+) -> tuple[torch.Tensor, ...]:
     """x_new = x + (rms_norm(a, weight_a) if weight_a is given else a); h = rms_norm(x_new, weight_out).
-    x, a [T, N] of one dtype (the weights' dtype too). Returns (x_new, h), one launch."""
+    x, a [T, N] of one dtype (the weights' dtype too). Returns (x_new, h), one launch; with exit_gate
+    (float32 weight [1, N], bias [1]: Ouro's last layer) also h.float() @ weight.T + bias [T]."""
     x2, a2 = _rows(x), _rows(a)
     xo, h = torch.empty_like(x2), torch.empty_like(x2)
+    gate = torch.empty(x2.shape[0], dtype=torch.float32, device=x.device) if exit_gate is not None else xo
+    gw, gb = (exit_gate[0].reshape(-1), exit_gate[1].reshape(-1)) if exit_gate is not None else (xo, xo)
     if x2.shape[0]:
         pdl.launch(
             _add_rms_norm_kernel,
@@ -111,6 +129,9 @@ def add_rms_norm(
             weight_out,
             xo,
             h,
+            gw,
+            gb,
+            gate,
             x2.stride(0),
             a2.stride(0),
             xo.stride(0),
@@ -118,7 +139,9 @@ def add_rms_norm(
             x2.shape[1],
             eps,
             NORM_A=weight_a is not None,
+            GATE=exit_gate is not None,
             BLOCK=triton.next_power_of_2(x2.shape[1]),
             like=x2,
         )
-    return xo.reshape(x.shape), h.reshape(x.shape)
+    out = xo.reshape(x.shape), h.reshape(x.shape)
+    return out if exit_gate is None else (*out, gate)

@@ -23,21 +23,11 @@ GEMV_SIGNATURE = dict(
     N="i32",
     K="i32",
     stride_wn="i32",
-    r_ptr="*bf16",
-    wa_ptr="*bf16",
-    wo_ptr="*bf16",
-    ro_ptr="*bf16",
-    h_ptr="*bf16",
-    count_ptr="*i32",
-    gw_ptr="*fp32",
-    gb_ptr="*fp32",
-    gate_ptr="*fp32",
-    eps="fp32",
 )
 
 
 def tool(name: str) -> str:
-    """The path of a CUDA tool bundled with triton: ptxas, nvdisasm, cuobjdump."""
+    """The path of a CUDA tool bundled with triton: ptxas, cuobjdump."""
     try:
         return getattr(triton.knobs.nvidia, name).path
     except AttributeError:
@@ -79,19 +69,9 @@ def registers(cubin: bytes) -> int:
     return int(re.search(r"REG:(\d+)", out)[1])
 
 
-def gemv_registers(config: gemv.GemvConfig, epilogue: int, row: int, k_tiles: int = 0) -> tuple[int, int]:
-    """(registers per thread, shared memory bytes per program) of one GEMV variant with PDL; row: the
-    ADD_NORM tail's padded row (1 otherwise); k_tiles > 0: the K loop unrolled (gemv.unrolled_tiles)."""
-    consts = dict(
-        BLOCK_N=config.rows,
-        BLOCK_K=config.k,
-        EPILOGUE=epilogue,
-        NORM_A=True,
-        GATE=False,
-        ROW=row,
-        K_TILES=k_tiles,
-        PDL=True,
-    )
+def gemv_registers(config: gemv.GemvConfig, epilogue: int) -> tuple[int, int]:
+    """(registers per thread, shared memory bytes per program) of one GEMV variant with PDL."""
+    consts = dict(BLOCK_N=config.rows, BLOCK_K=config.k, EPILOGUE=epilogue, PDL=True)
     kernel = compile_sm90(gemv._gemv_kernel, GEMV_SIGNATURE, consts, aligned=True, num_warps=config.warps)
     return registers(kernel.asm["cubin"]), kernel.metadata.shared
 

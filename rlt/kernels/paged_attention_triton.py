@@ -13,7 +13,7 @@ length (causal tiles, long and short contexts) balance as they finish. A pass of
 prefix hit's new rows over a long cached context, a small chunk) would leave most of the GPU idle
 while each item walks every key: then each tile's keys are split into slices (flash-decoding), the
 pass's slice count in the metadata (a device value, so one graph serves every pass of its bucket),
-and the last slice of a (tile, head) to finish merges them all, as the decode kernel does.
+and the last slice of a (tile, head) to finish merges them all (an arrival counter).
 Segments shorter than a tile (decode rows, short chunks) go to a second launch whose items take a
 GQA group's heads as their rows (KernelPlan.pack): each K/V tile read once for the group.
 Batch-invariant mode never splits nor packs.

@@ -43,8 +43,8 @@ class ReferenceOps:
 
 
 class TritonOps(ReferenceOps):
-    """The Triton kernels (CUDA): one launch per norm, residual add + norm and SwiGLU; a one-row
-    product (decode at one row) is a GEMV that also runs what follows it."""
+    """The Triton kernels (CUDA): one launch per norm, residual add + norm (with Ouro's exit gate)
+    and SwiGLU; a one-row product (decode at one row) is a GEMV, the [gate; up] one with its SwiGLU."""
 
     def __init__(self):
         from rlt.kernels import gemv
@@ -54,7 +54,7 @@ class TritonOps(ReferenceOps):
 
         self.rms_norm, self.add_norm, self.swiglu = rms_norm, add_rms_norm, silu_mul
         self.random_bits_rows = random_bits_rows  # (one launch: the reference's is some fifty)
-        self._gemv, self._gemv_swiglu, self._gemv_add_norm = gemv.gemv, gemv.gemv_swiglu, gemv.gemv_add_norm
+        self._gemv, self._gemv_swiglu = gemv.gemv, gemv.gemv_swiglu
 
     def linear(self, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
         if b is None and x.shape[0] == 1 and x.dtype == w.dtype:
@@ -67,9 +67,7 @@ class TritonOps(ReferenceOps):
         return self.swiglu(self.linear(x, gate_up_w))
 
     def linear_add_norm(self, x, w, residual, weight_a, weight_out, eps, exit_gate=None):
-        if x.shape[0] == 1 and x.dtype == w.dtype:
-            return self._gemv_add_norm(x, w, residual, weight_a, weight_out, eps, exit_gate=exit_gate)
-        return super().linear_add_norm(x, w, residual, weight_a, weight_out, eps, exit_gate)
+        return self.add_norm(residual, self.linear(x, w), weight_a, weight_out, eps, exit_gate)
 
 
 class BatchInvariantOps(TritonOps):
