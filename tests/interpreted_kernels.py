@@ -27,7 +27,7 @@ def check_decode_attention() -> bool:
     from rlt.kernels.paged_attention import paged_attention
 
     ok = True
-    for H, Hkv, D in ((2, 2, 16), (4, 2, 16), (3, 1, 8)):  # MHA (vector path), GQA (dot path, padded group)
+    for H, Hkv, D in ((2, 2, 16), (4, 2, 16), (3, 1, 8)):  # MHA, GQA (a padded group)
         cache, meta, tab, q, pos = decode_case(H, Hkv, D, torch.float32, "cpu", layers=1)
         ref = paged_attention(cache, 0, meta, q, None, None)
         for splits in (1, 4):
