@@ -1,44 +1,66 @@
-"""Where a concurrency-1 decode layer's attention time goes (Ouro-1.4B shapes by default): the
-q/k/v GEMV, RoPE with the K/V store, and the decode attention over a 1K context, timed in CUDA
-graphs of 24 layers' worth (PDL on, as in the engine):
+"""Where a concurrency-1 decode layer's attention half spends its time (Ouro-1.4B shapes by default),
+launched as the engine launches it (PDL on) in a CUDA graph of every layer: the q/k/v GEMV, RoPE with
+the K/V store, the decode attention (its key slices, then their merge), the o projection's GEMV and
+the residual add + RMSNorm. For each decode-attention choice (key slices, key tile, warps; a 0 field
+takes the engine's choice) it prints microseconds per layer; for the first, each kernel's mean start
+and end within a layer (µs after the layer's first kernel starts) and the busy time it adds past the
+kernels started before it (rlt/bench/profile.py), against the bytes it reads at the copy rate.
 
-- gemv: the q/k/v products alone; attention: the attention alone (RoPE + store, then attention);
-- engine: the three in sequence, as a layer runs them;
-- capped C: the same with the q/k/v product run by C programs per SM that loop over its row blocks,
-  leaving room on every SM for the attention's programs to become resident (and read their keys)
-  while the product still runs; the engine's GEMV has ~6 resident per SM and two waves.
+    python scripts/bench_decode_layer.py [--ctx 1088] [--attention 0,0,4 16,64,4 ...]
 
-Prints microseconds per layer and what the attention adds after the product.
-
-    python scripts/bench_decode_layer.py [--ctx 1088] [--caps 2,3,4]
+--device cpu (under TRITON_INTERPRET=1) runs each choice once, small, and prints its largest
+difference from the planned one: the script's own check.
 """
 
 import argparse
+import json
+import tempfile
 
 import torch
-import triton
-import triton.language as tl
 
 from rlt.bench import floors
-from rlt.kernels import gemv, pdl
+from rlt.bench.profile import attribute_busy, short_name
+from rlt.kernels import gemv, norm
 from rlt.kernels.decode_attention import decode_attention
 from rlt.kernels.rope import rope_write_kv
 from rlt.models import layers
 
 
-@triton.jit
-def _capped_gemv_kernel(x_ptr, w_ptr, y_ptr, N, K, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr):
-    """y = x @ w.T, row blocks shared out over the launch's programs (a grid smaller than the blocks)."""
-    offs_k = tl.arange(0, BLOCK_K)
-    pdl.begin(PDL)
-    for item in range(tl.program_id(0), tl.cdiv(N, BLOCK_N), tl.num_programs(0)):
-        rows = item * BLOCK_N + tl.arange(0, BLOCK_N)
-        acc = tl.zeros((BLOCK_N, BLOCK_K), tl.float32)
-        for k0 in range(0, K, BLOCK_K):
-            kk = k0 + offs_k
-            w = tl.load(w_ptr + rows[:, None] * K + kk[None, :], mask=(rows < N)[:, None] & (kk < K)[None, :])
-            acc += w.to(tl.float32) * tl.load(x_ptr + kk, mask=kk < K, other=0.0).to(tl.float32)[None, :]
-        tl.store(y_ptr + rows, tl.sum(acc, axis=1).to(y_ptr.dtype.element_ty), mask=rows < N)
+def layer_timeline(fn, n_layers: int, reps: int = 5) -> list[tuple[str, float, float, float]]:
+    """fn (one call runs n_layers layers) in a CUDA graph, replayed under torch.profiler -> per kernel
+    of a layer (in launch order): (name, mean start, mean end, busy µs it adds), over the middle layers."""
+    from torch.profiler import ProfilerActivity, profile
+
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side):
+        fn()
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        fn()
+    g.replay()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(reps):
+            g.replay()
+        torch.cuda.synchronize()
+    with tempfile.NamedTemporaryFile(suffix=".json") as f:
+        prof.export_chrome_trace(f.name)
+        with open(f.name) as trace:
+            events = json.load(trace)["traceEvents"]
+    ks = sorted((e for e in events if e.get("cat") == "kernel"), key=lambda e: e["ts"])
+    per = len(ks) // (reps * n_layers)
+    names = [short_name(k["name"]).split("::")[-1] for k in ks[:per]]
+    middle = [r * n_layers + i for r in range(reps) for i in range(n_layers // 4, n_layers - n_layers // 4)]
+    start, end = [0.0] * per, [0.0] * per
+    for layer in middle:
+        t0 = ks[layer * per]["ts"]
+        for j in range(per):
+            k = ks[layer * per + j]
+            start[j] += (k["ts"] - t0) / len(middle)
+            end[j] += (k["ts"] + k["dur"] - t0) / len(middle)
+    adds = attribute_busy([(str(i % per), k["ts"], k["ts"] + k["dur"]) for i, k in enumerate(ks)])
+    return [(names[j], start[j], end[j], adds.get(str(j), 0.0) / (reps * n_layers)) for j in range(per)]
 
 
 def main():
@@ -48,66 +70,63 @@ def main():
     ap.add_argument("--heads", type=int, default=16)
     ap.add_argument("--kv-heads", type=int, default=16)
     ap.add_argument("--ctx", type=int, default=1088)
-    ap.add_argument("--caps", default="2,3,4")
+    ap.add_argument("--attention", nargs="*", default=["0,0,4", "16,64,4", "64,32,4"], help="splits,block_n,warps")
+    ap.add_argument("--device", default="cuda")
     args = ap.parse_args()
-    dev, bs, D, L = "cuda", 16, 128, args.layers
-    H, Hkv = args.heads, args.kv_heads
+    cuda = args.device == "cuda"
+    dev, bs, D = args.device, 16, 128
+    L, hid, H, Hkv, ctx = (
+        (args.layers, args.hidden, args.heads, args.kv_heads, args.ctx) if cuda else (2, 64, 4, 2, 100)
+    )
     torch.manual_seed(0)
-    ws = [torch.randn((H + 2 * Hkv) * D, args.hidden, device=dev, dtype=torch.bfloat16) / 45 for _ in range(L)]
-    nb = -(-args.ctx // bs)
-    cache = torch.randn(nb + 1, L, 2, bs, Hkv, D, device=dev, dtype=torch.bfloat16)
+    dt = torch.bfloat16 if cuda else torch.float32
+    w_qkv = [torch.randn((H + 2 * Hkv) * D, hid, device=dev, dtype=dt) / hid**0.5 for _ in range(L)]
+    w_o = [torch.randn(hid, H * D, device=dev, dtype=dt) / (H * D) ** 0.5 for _ in range(L)]
+    n_w = [1 + 0.1 * torch.randn(hid, device=dev, dtype=dt) for _ in range(L)]
+    nb = -(-ctx // bs)
+    cache = torch.randn(nb + 1, L, 2, bs, Hkv, D, device=dev, dtype=dt)
     table = torch.randperm(nb, device=dev).view(1, nb)
-    pos = torch.tensor([args.ctx - 1], device=dev)
-    slot = table[0, -1:] * bs + (args.ctx - 1) % bs
+    pos = torch.tensor([ctx - 1], device=dev)
+    slot = table[0, -1:] * bs + (ctx - 1) % bs
     inv = layers.rope_inv_freq(D, 1e6).to(dev)
-    x = torch.randn(1, args.hidden, device=dev, dtype=torch.bfloat16)
-    qkv_out = torch.empty(1, (H + 2 * Hkv) * D, device=dev, dtype=torch.bfloat16)
-    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    x0, r0 = torch.randn(1, hid, device=dev, dtype=dt), torch.randn(1, hid, device=dev, dtype=dt)
 
-    def split(y):
-        return layers.split_qkv(y, H, Hkv, D)
+    def layers_of(splits: int, block_n: int, warps: int):
+        def run():
+            x, r = x0, r0
+            for i in range(L):
+                q, k, v = layers.split_qkv(gemv.gemv(x, w_qkv[i]), H, Hkv, D)
+                rope_write_kv(q, k, v, pos, inv, False, cache, i, slot, bs)
+                a = decode_attention(cache, i, q, table, pos, bs, splits or None, block_n or None, warps)
+                r, x = norm.add_rms_norm(r, gemv.gemv(a.view(1, -1), w_o[i]), n_w[i], n_w[i], 1e-6)
+            return x
 
-    def attend(i, y):
-        q, k, v = split(y)
-        rope_write_kv(q, k, v, pos, inv, False, cache, i, slot, bs)
-        return decode_attention(cache, i, q, table, pos, bs)
+        return run
 
-    def capped(w, cap):
-        N, K = w.shape
-        cfg = gemv.CONFIG
-        pdl.launch(
-            _capped_gemv_kernel,
-            (min(cap * sms, triton.cdiv(N, cfg.rows)),),
-            x,
-            w,
-            qkv_out,
-            N,
-            K,
-            BLOCK_N=cfg.rows,
-            BLOCK_K=cfg.k,
-            num_warps=cfg.warps,
-            like=x,
+    choices = [tuple(map(int, c.split(","))) for c in args.attention]
+    if not cuda:  # (the interpreter has no SM count to plan by: 4 slices stand for the plan)
+        ref = layers_of(4, 0, 4)()
+        for c in choices:
+            print(c, (layers_of(*(c if c[0] else (4, *c[1:])))() - ref).abs().max().item())
+        return
+    rate = floors.ceilings("cuda")["copy_gbps"] * 1e3  # bytes per µs
+    kv = ctx * Hkv * D * 2 * cache.element_size()
+    print(
+        f"{L} layers, {ctx} keys: q/k/v {w_qkv[0].numel() * 2 / 1e6:.1f} MB, KV {kv / 1e6:.1f} MB, o "
+        f"{w_o[0].numel() * 2 / 1e6:.1f} MB a layer; copy rate {rate / 1e6:.2f} TB/s"
+    )
+    for n, c in enumerate(choices):
+        run = layers_of(*c)
+        print(
+            f"attention splits {c[0] or 'planned'}, key tile {c[1] or 'default'}, warps {c[2]}: "
+            f"{floors.graph_us(run, L):.2f} µs a layer"
         )
-        return qkv_out
-
-    y0 = gemv.gemv(x, ws[0])
-
-    def engine(product):  # each layer: its q/k/v product, then RoPE + store and attention
-        return lambda: [attend(i, product(w)) for i, w in enumerate(ws)]
-
-    rows = [
-        ("gemv", floors.graph_us(lambda: [gemv.gemv(x, w) for w in ws], L)),
-        ("attention (RoPE + store, attention)", floors.graph_us(lambda: [attend(i, y0) for i in range(L)], L)),
-        ("engine: gemv, RoPE + store, attention", floors.graph_us(engine(lambda w: gemv.gemv(x, w)), L)),
-    ]
-    for cap in (int(c) for c in args.caps.split(",")):
-        rows.append((f"capped {cap}/SM gemv alone", floors.graph_us(lambda cap=cap: [capped(w, cap) for w in ws], L)))
-        then = floors.graph_us(engine(lambda w, c=cap: capped(w, c)), L)
-        rows.append((f"capped {cap}/SM gemv, RoPE + store, attention", then))
-    kv_mb = args.ctx * Hkv * D * 2 * 2 / 1e6
-    print(f"per layer: q/k/v weights {ws[0].numel() * 2 / 1e6:.1f} MB, KV {kv_mb:.1f} MB at a {args.ctx}-token context")
-    for name, us in rows:
-        print(f"{name:<48} {us:8.2f} us")
+        if n == 0:
+            reads = {"_gemv_kernel": [w_qkv[0].numel() * 2, w_o[0].numel() * 2], "_decode_kernel": [kv]}
+            for name, a, b, adds in layer_timeline(run, L):
+                bytes_read = reads.get(name)
+                floor = bytes_read.pop(0) / rate if bytes_read else 0.0
+                print(f"  {name:<24} start {a:6.2f} end {b:6.2f} µs, adds {adds:6.2f} (its bytes {floor:5.2f})")
 
 
 if __name__ == "__main__":
