@@ -13,13 +13,11 @@ difference from the planned one: the script's own check.
 """
 
 import argparse
-import json
-import tempfile
 
 import torch
 
 from rlt.bench import floors
-from rlt.bench.profile import attribute_busy, short_name
+from rlt.bench.profile import attribute_busy, traced_kernels
 from rlt.kernels import gemv, norm
 from rlt.kernels.decode_attention import decode_attention
 from rlt.kernels.rope import rope_write_kv
@@ -44,22 +42,18 @@ def layer_timeline(fn, n_layers: int, reps: int = 5) -> list[tuple[str, float, f
         for _ in range(reps):
             g.replay()
         torch.cuda.synchronize()
-    with tempfile.NamedTemporaryFile(suffix=".json") as f:
-        prof.export_chrome_trace(f.name)
-        with open(f.name) as trace:
-            events = json.load(trace)["traceEvents"]
-    ks = sorted((e for e in events if e.get("cat") == "kernel"), key=lambda e: e["ts"])
+    ks = traced_kernels(prof)  # (label, start, end) in launch order
     per = len(ks) // (reps * n_layers)
-    names = [short_name(k["name"]).split("::")[-1] for k in ks[:per]]
+    names = [label.split(" [")[0].split("::")[-1] for label, _, _ in ks[:per]]
     middle = [r * n_layers + i for r in range(reps) for i in range(n_layers // 4, n_layers - n_layers // 4)]
     start, end = [0.0] * per, [0.0] * per
     for layer in middle:
-        t0 = ks[layer * per]["ts"]
+        t0 = ks[layer * per][1]
         for j in range(per):
-            k = ks[layer * per + j]
-            start[j] += (k["ts"] - t0) / len(middle)
-            end[j] += (k["ts"] + k["dur"] - t0) / len(middle)
-    adds = attribute_busy([(str(i % per), k["ts"], k["ts"] + k["dur"]) for i, k in enumerate(ks)])
+            _, a, b = ks[layer * per + j]
+            start[j] += (a - t0) / len(middle)
+            end[j] += (b - t0) / len(middle)
+    adds = attribute_busy([(str(i % per), a, b) for i, (_, a, b) in enumerate(ks)])
     return [(names[j], start[j], end[j], adds.get(str(j), 0.0) / (reps * n_layers)) for j in range(per)]
 
 

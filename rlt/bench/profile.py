@@ -49,6 +49,14 @@ def labelled_kernels(trace: dict) -> list[tuple[str, float, float]]:
     return out
 
 
+def traced_kernels(prof) -> list[tuple[str, float, float]]:
+    """A finished torch.profiler run's GPU kernels, as labelled_kernels gives them."""
+    with tempfile.NamedTemporaryFile(suffix=".json") as f:
+        prof.export_chrome_trace(f.name)
+        with open(f.name) as trace:
+            return labelled_kernels(json.load(trace))
+
+
 def gpu_profile(engine, steps: int, top: int = 15) -> dict:
     """Two windows of `steps` engine steps on a warm CUDA engine whose requests all keep decoding:
     one plain (tokens per second), one under torch.profiler (GPU busy time per step, the idle
@@ -68,10 +76,7 @@ def gpu_profile(engine, steps: int, top: int = 15) -> dict:
             engine.step()
         torch.cuda.synchronize()
         wall = time.perf_counter() - t0
-    with tempfile.NamedTemporaryFile(suffix=".json") as f:
-        prof.export_chrome_trace(f.name)
-        with open(f.name) as trace:
-            critical = attribute_busy(labelled_kernels(json.load(trace)))
+    critical = attribute_busy(traced_kernels(prof))
     kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
     busy = busy_us([(e.time_range.start, e.time_range.end) for e in kernels])
     per = {}
