@@ -5,6 +5,8 @@ previous one's output, timed in CUDA graphs:
 - launched: one GEMV launch per product (rlt/kernels/gemv.py, PDL on as in the engine), plain, with
   the SwiGLU epilogue on [gate; up] and no norms, or as the engine runs them: the residual add +
   RMSNorm after o and down a launch of its own (rlt/kernels/norm.py);
+- the engine's launches with more K tiles read before each product's PDL wait (--early-tiles:
+  q/k/v, o, [gate; up], down; rlt/kernels/gemv.py's NORMED_EARLY_TILES is the engine's o and down);
 - launched with the add + RMSNorm as the next product's prologue instead: every program of the
   next product recomputes them from the previous output and the residual;
 - persistent: one launch whose programs (as many as fit on the GPU at once) take each product's
@@ -18,6 +20,7 @@ Prints microseconds per chain, per product boundary, and the share of the chain'
 measured copy rate (the roofline), so the choice for #36's loop-step kernel rests on numbers.
 
     python scripts/bench_persistent.py [--layers 24] [--rows-per-program 2] [--programs-per-sm 4]
+        [--early-tiles 1,1,1,1 1,3,1,3]
 """
 
 import argparse
@@ -198,6 +201,8 @@ def main():
     ap.add_argument("--block-k", type=int, default=1024)
     ap.add_argument("--warps", type=int, default=4)
     ap.add_argument("--programs-per-sm", type=str, default="2,4,8,16", help="(those that fit on an SM at once)")
+    early = ["1,1,1,1", "1,2,1,1", "1,2,1,2", "1,3,1,3", "2,2,1,2", "1,2,2,2"]
+    ap.add_argument("--early-tiles", nargs="*", default=early, help="K tiles before the wait: q/k/v,o,gate_up,down")
     args = ap.parse_args()
     torch.manual_seed(0)
     dims = shapes(layers=args.layers)
@@ -224,13 +229,14 @@ def main():
     r = torch.randn(1, hidden, device="cuda", dtype=torch.bfloat16)
     wa, wo = (1 + 0.1 * torch.randn(hidden, device="cuda", dtype=torch.bfloat16) for _ in range(2))
 
-    def launched_engine():  # a layer's products as the engine runs them (attention left out)
-        x, res = buf[0:1, :hidden], r
+    def launched_engine(early=(1, gemv.NORMED_EARLY_TILES, 1, gemv.NORMED_EARLY_TILES)):
+        x, res = buf[0:1, :hidden], r  # a layer's products as the engine runs them (attention left out)
         for qkv, o, gate_up, down in zip(*[iter(ws)] * 4):
-            q = gemv.gemv(x, qkv, cfg)[:, : o.shape[1]]
-            res, x = norm.add_rms_norm(res, gemv.gemv(q, o, cfg), wa, wo, 1e-6)
-            g = gemv.gemv_swiglu(x, gate_up, cfg)
-            res, x = norm.add_rms_norm(res, gemv.gemv(g, down, cfg), wa, wo, 1e-6)
+            q = gemv.gemv(x, qkv, cfg, early[0])[:, : o.shape[1]]
+            res, x = norm.add_rms_norm(res, gemv.gemv(q, o, cfg, early[1]), wa, wo, 1e-6)
+            g = gemv.gemv_swiglu(x, gate_up, cfg, early[2])
+            res, x = norm.add_rms_norm(res, gemv.gemv(g, down, cfg, early[3]), wa, wo, 1e-6)
+        return x
 
     def launched_swiglu():  # the SwiGLU epilogue alone (no norms): its price apart from the tails'
         x = buf[0:1, :hidden]
@@ -259,6 +265,11 @@ def main():
         ("launched as the engine runs them (+ add + RMSNorm launches)", floors.graph_us(launched_engine)),
         ("launched, add + RMSNorm as the next's prologue", floors.graph_us(launched_prologues)),
     ]
+    ref_engine = launched_engine((1, 1, 1, 1)).float()
+    for early in (tuple(map(int, e.split(","))) for e in args.early_tiles):
+        err = (launched_engine(early).float() - ref_engine).abs().max().item()
+        t = floors.graph_us(lambda e=early: launched_engine(e))
+        rows.append((f"as the engine, K tiles before the wait {early} (diff {err:.0e})", t))
     launched()  # (the persistent launches are checked against its output)
     ref = buf[-1, : dims[-1][0]].float().clone()
 

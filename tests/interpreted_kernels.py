@@ -144,6 +144,14 @@ def check_gemv() -> bool:
         err = max((gv.gemv(x, w, cfg) - x @ w.T).abs().max().item() / (x @ w.T).abs().max().item() for x, w in cases)
         print(f"gemv {cfg}: max error {err:.2e} (relative)")
         ok &= err <= 1e-5
+    cases.append((torch.randn(1, 4200, generator=g), torch.randn(37, 4200, generator=g)))  # a loop after 3 early tiles
+    for early in (2, 3):  # K tiles read before the wait (capped at K's)
+        err = max(
+            (gv.gemv(x, w, early_tiles=early) - x @ w.T).abs().max().item() / (x @ w.T).abs().max().item()
+            for x, w in cases
+        )
+        print(f"gemv {gv.CONFIG}, {early} early tiles: max error {err:.2e} (relative)")
+        ok &= err <= 1e-5
     return ok
 
 

@@ -285,7 +285,8 @@ def test_decode_attention_matches_reference(dtype, tol, H, Hkv, D):
 
 def test_gemv_matches_torch():
     """Every GEMV config, and the engine's one-row path, against F.linear, at decode shapes (Ouro's
-    q/k/v, output, gate/up, down projections) and a ragged one."""
+    q/k/v, output, gate/up, down projections) and a ragged one; more K tiles read before the PDL
+    wait change no bit."""
     import torch.nn.functional as F
 
     from rlt.kernels import gemv as gv
@@ -302,6 +303,8 @@ def test_gemv_matches_torch():
             for cfg in gv.CONFIGS:
                 assert (gv.gemv(x, w, cfg).float() - ref).abs().max() <= bound, (N, K, str(cfg))
             assert torch.equal(ops.linear(x, w), gv.gemv(x, w, gv.CONFIG))  # the engine's one-row path
+            for early in (2, 3):  # tiles read before the wait: the same sums in the same order
+                assert torch.equal(gv.gemv(x, w, gv.CONFIG, early), gv.gemv(x, w, gv.CONFIG)), (N, K, early)
 
 
 def test_gemv_epilogues_match_separate_launches():

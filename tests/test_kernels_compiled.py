@@ -77,8 +77,8 @@ def kernels():
             ),
         )
 
-    def gemv_case(epilogue):
-        return gemv._gemv_kernel, gemv_args, dict(BLOCK_N=2, BLOCK_K=1024, EPILOGUE=epilogue)
+    def gemv_case(epilogue, early=1):
+        return gemv._gemv_kernel, gemv_args, dict(BLOCK_N=2, BLOCK_K=1024, EPILOGUE=epilogue, EARLY=early)
 
     add_norm_args = dict(
         x_ptr=p16,
@@ -101,6 +101,7 @@ def kernels():
     return {
         "gemv": gemv_case(gemv.PLAIN),
         "gemv_swiglu": gemv_case(gemv.SWIGLU),
+        "gemv_early3": gemv_case(gemv.PLAIN, 3),
         "decode": decode_case(8),
         "decode_unsplit": decode_case(1),
         "decode_merge": (
@@ -133,6 +134,7 @@ def kernels():
 EARLY_READS = {
     "gemv": {"w_ptr"},
     "gemv_swiglu": {"w_ptr"},
+    "gemv_early3": {"w_ptr"},
     "decode": {"pos_ptr", "table_ptr", "cache_ptr"},
     "decode_unsplit": {"pos_ptr"},  # unsplit passes read the cache after the wait
     "decode_merge": {"pos_ptr"},  # (its working slices' count)
@@ -187,6 +189,7 @@ def ptx_of(name: str, pdl: bool) -> str:
     [
         "gemv",
         "gemv_swiglu",
+        "gemv_early3",
         "decode",
         "decode_unsplit",
         "decode_merge",
@@ -212,6 +215,18 @@ def test_pdl_kernel_waits_before_touching_memory(name):
     assert re.search(r"\bld\.global", body[wait:])
     assert body.index("griddepcontrol.launch_dependents") < wait  # the next kernel released first
     assert "griddepcontrol" not in ptx[False]
+
+
+@compiler_output
+def test_gemv_reads_its_early_tiles_before_the_wait():
+    """EARLY=3: three weight tiles' loads come before the PDL wait, one tile's with EARLY=1."""
+
+    def loads_before_wait(name):
+        body = ptx_of(name, True)
+        return len(re.findall(r"\bld\.global", body[: body.index("griddepcontrol.wait")]))
+
+    one = loads_before_wait("gemv")
+    assert one > 0 and loads_before_wait("gemv_early3") == 3 * one
 
 
 def test_split_plan(monkeypatch):

@@ -69,9 +69,9 @@ def registers(cubin: bytes) -> int:
     return int(re.search(r"REG:(\d+)", out)[1])
 
 
-def gemv_registers(config: gemv.GemvConfig, epilogue: int) -> tuple[int, int]:
+def gemv_registers(config: gemv.GemvConfig, epilogue: int, early_tiles: int = 1) -> tuple[int, int]:
     """(registers per thread, shared memory bytes per program) of one GEMV variant with PDL."""
-    consts = dict(BLOCK_N=config.rows, BLOCK_K=config.k, EPILOGUE=epilogue, PDL=True)
+    consts = dict(BLOCK_N=config.rows, BLOCK_K=config.k, EPILOGUE=epilogue, EARLY=early_tiles, PDL=True)
     kernel = compile_sm90(gemv._gemv_kernel, GEMV_SIGNATURE, consts, aligned=True, num_warps=config.warps)
     return registers(kernel.asm["cubin"]), kernel.metadata.shared
 

@@ -3,6 +3,8 @@ kernels of rlt/kernels, or those in batch-invariant mode. A worker's backend (rl
 builds one from its config and hands it to the model (model.ops); each operation is a method
 resolved when the set is built, so none asks at run time which set it belongs to."""
 
+import functools
+
 import torch
 import torch.nn.functional as F
 
@@ -55,6 +57,7 @@ class TritonOps(ReferenceOps):
         self.rms_norm, self.add_norm, self.swiglu = rms_norm, add_rms_norm, silu_mul
         self.random_bits_rows = random_bits_rows  # (one launch: the reference's is some fifty)
         self._gemv, self._gemv_swiglu = gemv.gemv, gemv.gemv_swiglu
+        self._gemv_normed = functools.partial(gemv.gemv, early_tiles=gemv.NORMED_EARLY_TILES)
 
     def linear(self, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
         if b is None and x.shape[0] == 1 and x.dtype == w.dtype:
@@ -67,7 +70,8 @@ class TritonOps(ReferenceOps):
         return self.swiglu(self.linear(x, gate_up_w))
 
     def linear_add_norm(self, x, w, residual, weight_a, weight_out, eps, exit_gate=None):
-        return self.add_norm(residual, self.linear(x, w), weight_a, weight_out, eps, exit_gate)
+        y = self._gemv_normed(x, w) if x.shape[0] == 1 and x.dtype == w.dtype else F.linear(x, w)
+        return self.add_norm(residual, y, weight_a, weight_out, eps, exit_gate)
 
 
 class BatchInvariantOps(TritonOps):
