@@ -1,10 +1,11 @@
 """Where a concurrency-1 decode layer's attention half spends its time (Ouro-1.4B shapes by default),
-launched as the engine launches it (PDL on) in a CUDA graph of every layer: the q/k/v GEMV, RoPE with
-the K/V store, the decode attention (its key slices, then their merge), the o projection's GEMV and
-the residual add + RMSNorm. For each decode-attention choice (key slices, key tile, warps; a 0 field
-takes the engine's choice) it prints microseconds per layer; for the first, each kernel's mean start
-and end within a layer (µs after the layer's first kernel starts) and the busy time it adds past the
-kernels started before it (rlt/bench/profile.py), against the bytes it reads at the copy rate.
+launched as the engine launches it (PDL on) in a CUDA graph of every layer: the q/k/v GEMV with RoPE
+and the K/V store as its epilogue, the decode attention (its key slices, then their merge), the o
+projection's GEMV and the residual add + RMSNorm. For each decode-attention choice (key slices, key
+tile, warps; a 0 field takes the engine's choice) it prints microseconds per layer; for the first,
+each kernel's mean start and end within a layer (µs after the layer's first kernel starts) and the
+busy time it adds past the kernels started before it (rlt/bench/profile.py), against the bytes it
+reads at the copy rate.
 
     python scripts/bench_decode_layer.py [--ctx 1088] [--attention 0,0,4 16,64,4 ...]
 
@@ -20,7 +21,7 @@ from rlt.bench import floors
 from rlt.bench.profile import attribute_busy, traced_kernels
 from rlt.kernels import gemv, norm
 from rlt.kernels.decode_attention import decode_attention
-from rlt.kernels.rope import rope_write_kv
+from rlt.kernels.qkv_rope import qkv_rope_write_kv
 from rlt.models import layers
 
 
@@ -89,10 +90,10 @@ def main():
         def run():
             x, r = x0, r0
             for i in range(L):
-                q, k, v = layers.split_qkv(gemv.gemv(x, w_qkv[i]), H, Hkv, D)
-                rope_write_kv(q, k, v, pos, inv, False, cache, i, slot, bs)
+                q = qkv_rope_write_kv(x, w_qkv[i], (H, Hkv, D), pos, inv, cache, i, slot, bs)
                 a = decode_attention(cache, i, q, table, pos, bs, splits or None, block_n or None, warps)
-                r, x = norm.add_rms_norm(r, gemv.gemv(a.view(1, -1), w_o[i]), n_w[i], n_w[i], 1e-6)
+                o = gemv.gemv(a.view(1, -1), w_o[i], early_tiles=gemv.NORMED_EARLY_TILES)
+                r, x = norm.add_rms_norm(r, o, n_w[i], n_w[i], 1e-6)
             return x
 
         return run
@@ -116,7 +117,8 @@ def main():
             f"{floors.graph_us(run, L):.2f} µs a layer"
         )
         if n == 0:
-            reads = {"_gemv_kernel": [w_qkv[0].numel() * 2, w_o[0].numel() * 2], "_decode_kernel": [kv]}
+            reads = {"_qkv_rope_kernel": [w_qkv[0].numel() * 2], "_gemv_kernel": [w_o[0].numel() * 2]}
+            reads["_decode_kernel"] = [kv]
             for name, a, b, adds in layer_timeline(run, L):
                 bytes_read = reads.get(name)
                 floor = bytes_read.pop(0) / rate if bytes_read else 0.0

@@ -4,7 +4,7 @@ import torch
 
 from rlt.config import ModelConfig
 from rlt.kernels.attention import causal_attention
-from rlt.models.layers import rope
+from rlt.models.layers import rope, split_qkv
 
 
 class DenseKV:
@@ -28,6 +28,9 @@ class DenseKV:
 
     def boundary(self, layer, q, k, v, rotary):
         return self._append_attend(self.boundary_kv, layer, *rope(q, k, *rotary), v)
+
+    def core_qkv(self, layer, linear, h, w, heads, rotary):
+        return self.core(layer, *split_qkv(linear(h, w), *heads), rotary)
 
     def finalize_exit(self, exit_depth: int) -> None:
         """The last position exited at exit_depth: copy its K/V there into every deeper plane."""

@@ -208,6 +208,32 @@ def check_rope_write_kv() -> bool:
     return ok
 
 
+def check_qkv_rope() -> bool:
+    """The one-row q/k/v product with RoPE and the K/V store as its epilogue against the GEMV, the
+    split and the RoPE + store launch: q and the cache equal bit for bit (GQA and MHA; K of 1 and 3
+    tiles)."""
+    from rlt.kernels import gemv
+    from rlt.kernels.qkv_rope import qkv_rope_write_kv
+    from rlt.kernels.rope import rope_write_kv
+    from rlt.models import layers
+
+    g = torch.Generator().manual_seed(3)
+    ok = True
+    for H, Hkv, K in ((4, 2, 300), (2, 2, 2100)):
+        D, bs = 16, 4
+        w, x = torch.randn((H + 2 * Hkv) * D, K, generator=g) / K**0.5, torch.randn(1, K, generator=g)
+        pos, slot, inv = torch.tensor([37]), torch.tensor([9]), layers.rope_inv_freq(D, 1e4)
+        cache = torch.randn(4, 2, 2, bs, Hkv, D, generator=g)
+        caches = [cache.clone(), cache.clone()]
+        q, k, v = layers.split_qkv(gemv.gemv(x, w), H, Hkv, D)
+        rope_write_kv(q, k, v, pos, inv, False, caches[0], 1, slot, bs)
+        got = qkv_rope_write_kv(x, w, (H, Hkv, D), pos, inv, caches[1], 1, slot, bs)
+        same = torch.equal(got, q) and torch.equal(*caches)
+        print(f"qkv_rope_write_kv heads {H}/{Hkv}, K {K}: equal to gemv + rope_write_kv: {same}")
+        ok &= same
+    return ok
+
+
 def check_norms() -> bool:
     """RMSNorm alone and after the residual add (the added rows normed or not; with Ouro's exit gate
     on the normed rows), rows of a ragged length, against the torch steps of rlt/models/layers.py."""
@@ -360,6 +386,7 @@ if __name__ == "__main__":
         check_gemv,
         check_gemv_epilogues,
         check_rope_write_kv,
+        check_qkv_rope,
         check_norms,
         check_penalty_slots,
         check_kv_copy,

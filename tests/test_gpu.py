@@ -359,6 +359,29 @@ def test_gemv_epilogues_match_separate_launches():
             assert close(gate, (tri[2].float() @ gate_w.T + gate_b).reshape(-1)), (N, K)
 
 
+def test_qkv_rope_equals_gemv_then_rope():
+    """The one-row q/k/v product with RoPE and the K/V store as its epilogue, at Ouro's and Nanbeige's
+    shapes in bf16 and float32: q and the cache bit for bit as the GEMV, the split and the RoPE launch."""
+    from rlt.kernels import gemv
+    from rlt.kernels.qkv_rope import qkv_rope_write_kv
+    from rlt.kernels.rope import rope_write_kv
+    from rlt.models import layers
+
+    g = torch.Generator(device="cuda").manual_seed(0)
+    for dtype in (torch.bfloat16, torch.float32):
+        for H, Hkv, D, K in ((16, 16, 128, 2048), (48, 8, 128, 3072)):
+            w = (torch.randn((H + 2 * Hkv) * D, K, device="cuda", generator=g) / K**0.5).to(dtype)
+            x = torch.randn(1, K, device="cuda", generator=g).to(dtype)
+            pos, slot = torch.tensor([1087], device="cuda"), torch.tensor([77], device="cuda")
+            inv = layers.rope_inv_freq(D, 1e6).cuda()
+            cache = torch.randn(8, 3, 2, 16, Hkv, D, device="cuda", generator=g).to(dtype)
+            caches = [cache.clone(), cache.clone()]
+            q, k, v = layers.split_qkv(gemv.gemv(x, w), H, Hkv, D)
+            rope_write_kv(q, k, v, pos, inv, False, caches[0], 2, slot, 16)
+            got = qkv_rope_write_kv(x, w, (H, Hkv, D), pos, inv, caches[1], 2, slot, 16)
+            assert torch.equal(got, q) and torch.equal(*caches), (dtype, H, Hkv)
+
+
 def test_decode_attention_right_after_the_kv_store():
     """With PDL the decode kernel reads its first key tile before waiting for the RoPE + K/V store
     launched just before it: the newest key, which that launch writes, must still be the new one.

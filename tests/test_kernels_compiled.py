@@ -26,7 +26,7 @@ compiler_output = pytest.mark.skipif(
 
 
 def kernels():
-    from rlt.kernels import activation, decode_attention, gemv, norm, rope
+    from rlt.kernels import activation, decode_attention, gemv, norm, qkv_rope, rope
 
     i, f, p16, p32, p64 = "i32", "fp32", "*bf16", "*fp32", "*i64"
     gemv_args = occ.GEMV_SIGNATURE
@@ -109,6 +109,12 @@ def kernels():
             dict(o_ptr=p16, part_ptr=p32, ml_ptr=p32, pos_ptr=p64, stride_ot=i, stride_oh=i),
             dict(H=16, HEAD_DIM=128, D_PAD=128, BLOCK_N=32, SPLITS=8),
         ),
+        "qkv_rope": (
+            qkv_rope._qkv_rope_kernel,
+            dict(x_ptr=p16, w_ptr=p16, q_ptr=p16, cache_ptr=p16, pos_ptr=p64, inv_ptr=p32, slot_ptr=p64, layer=i, K=i)
+            | {f"stride_{n}": i for n in ("wn", "qh", "cb", "cl", "ckv", "co", "ch")},
+            dict(HQ=16, HKV=16, HALF=64, BLOCK_SIZE=16, BLOCK_K=1024),
+        ),
         "add_rms_norm": (norm._add_rms_norm_kernel, add_norm_args, dict(NORM_A=False, GATE=False, BLOCK=2048)),
         "add_rms_norm_gate": (norm._add_rms_norm_kernel, add_norm_args, dict(NORM_A=True, GATE=True, BLOCK=2048)),
         "rms_norm": (
@@ -139,6 +145,7 @@ EARLY_READS = {
     "decode_unsplit": {"pos_ptr"},  # unsplit passes read the cache after the wait
     "decode_merge": {"pos_ptr"},  # (its working slices' count)
     "rope": {"pos_ptr", "inv_ptr", "slot_ptr"},
+    "qkv_rope": {"w_ptr", "pos_ptr", "inv_ptr", "slot_ptr"},
     "rope_tokens": {"pos_ptr", "inv_ptr", "slot_ptr"},
     "rms_norm": {"w_ptr"},
     "add_rms_norm": {"wo_ptr"},
@@ -198,6 +205,7 @@ def ptx_of(name: str, pdl: bool) -> str:
         "rms_norm",
         "rope",
         "rope_tokens",
+        "qkv_rope",
         "silu_mul",
     ],
 )

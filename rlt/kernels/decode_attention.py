@@ -8,9 +8,9 @@ tensor-core tile (padded to 16; MHA uses one of them). Small passes split the ke
 boundary measured cheaper than the last slice to finish merging behind an arrival counter (a
 fence and an atomic round trip before its reads). Slices past a row's keys exit at once, before
 the PDL wait, and the merge counts only the working ones. RoPE and the new K/V store run in the
-launch before (rlt/kernels/rope.py): fused here they make the pass slower. Tested against
-rlt/kernels/paged_attention.py's reference (the general Triton kernel keeps prompt chunks and
-batch-invariant mode).
+launch before (rlt/kernels/rope.py; at one row the q/k/v product's epilogue, rlt/kernels/qkv_rope.py):
+fused here they make the pass slower. Tested against rlt/kernels/paged_attention.py's reference
+(the general Triton kernel keeps prompt chunks and batch-invariant mode).
 """
 
 import torch

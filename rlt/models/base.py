@@ -40,6 +40,13 @@ class Attention(Protocol):
     def boundary(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rotary: Rotary) -> torch.Tensor:
         """Same for a boundary layer (stored once per position, not per depth)."""
 
+    def core_qkv(
+        self, layer: int, linear, h: torch.Tensor, w: torch.Tensor, heads: tuple[int, int, int], rotary: Rotary
+    ) -> torch.Tensor:
+        """core() on the fused q/k/v projection of h: linear(h, w) [T, (H + 2 Hkv) D] split head-major
+        (heads: H, Hkv, D), or one kernel doing the projection, RoPE and the K/V store where the
+        backend has one for this pass (CUDA: a decode pass of one row)."""
+
 
 class LoopedModel(Protocol):
     def embed(self, ids: torch.Tensor, positions: torch.Tensor, attn: Attention) -> torch.Tensor: ...

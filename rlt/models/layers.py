@@ -84,8 +84,8 @@ def llama_attention(ops, h, L: dict, fc, positions, inv_freq, attn, layer: int) 
     """Ouro / Nanbeige self-attention of one core layer on normed input h, up to the output
     projection (the caller applies L["o"]): fused q/k/v projection, then paged attention at this
     layer with rotate-half RoPE -> [T, H * D]. ops: the model's kernel set."""
-    q, k, v = split_qkv(ops.linear(h, L["qkv"]), fc.num_attention_heads, fc.num_key_value_heads, fc.head_dim)
-    return attn.core(layer, q, k, v, Rotary(positions, inv_freq, False)).flatten(1)
+    heads = (fc.num_attention_heads, fc.num_key_value_heads, fc.head_dim)
+    return attn.core_qkv(layer, ops.linear, h, L["qkv"], heads, Rotary(positions, inv_freq, False)).flatten(1)
 
 
 def gated_mlp(ops, x, gate_up_w, down_w):

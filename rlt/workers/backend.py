@@ -31,7 +31,7 @@ from rlt.kernels.paged_attention import (
 )
 from rlt.kernels.penalties import REFERENCE as REFERENCE_SLOTS
 from rlt.kernels.penalties import triton_slot_kernels
-from rlt.models.layers import rope
+from rlt.models.layers import rope, split_qkv
 from rlt.models.ops import REFERENCE, BatchInvariantOps, TritonOps
 from rlt.workers.cuda_graphs import BUCKETS, DecodeGraphs, PassGraphs
 from rlt.workers.pass_rows import padded, positions, row_slots
@@ -41,15 +41,19 @@ from rlt.workers.prompt_graphs import PromptGraphs
 
 class PassAttention:
     """The models' Attention interface (rlt/models/base.py) over the paged pool, for one pass:
-    core and boundary layers read their own metadata; attend is the backend's."""
+    core and boundary layers read their own metadata; attend and attend_qkv are the backend's."""
 
-    __slots__ = ("attend", "cache", "core_meta", "boundary_meta")
+    __slots__ = ("attend", "attend_qkv", "cache", "core_meta", "boundary_meta")
 
-    def __init__(self, attend, cache, core: PagedMetadata | None, boundary: PagedMetadata | None):
-        self.attend, self.cache, self.core_meta, self.boundary_meta = attend, cache, core, boundary
+    def __init__(self, attend, attend_qkv, cache, core: PagedMetadata | None, boundary: PagedMetadata | None):
+        self.attend, self.attend_qkv, self.cache = attend, attend_qkv, cache
+        self.core_meta, self.boundary_meta = core, boundary
 
     def core(self, layer, q, k, v, rotary):
         return self.attend(self.cache, layer, self.core_meta, q, k, v, rotary)
+
+    def core_qkv(self, layer, linear, h, w, heads, rotary):
+        return self.attend_qkv(self.cache, layer, self.core_meta, linear, h, w, heads, rotary)
 
     def boundary(self, layer, q, k, v, rotary):
         return self.attend(self.cache, layer, self.boundary_meta, q, k, v, rotary)
@@ -73,6 +77,10 @@ def reference_attend(cache, layer, meta: PagedMetadata, q, k, v, rotary):
     return paged_attention(cache, layer, meta, q, k, v)
 
 
+def reference_attend_qkv(cache, layer, meta: PagedMetadata, linear, h, w, heads, rotary):
+    return reference_attend(cache, layer, meta, *split_qkv(linear(h, w), *heads), rotary)
+
+
 class ReferenceBackend:
     """The torch reference: eager passes, attention by rlt/kernels/paged_attention.paged_attention."""
 
@@ -80,6 +88,7 @@ class ReferenceBackend:
     ops = REFERENCE
     slot_kernels = REFERENCE_SLOTS
     attend = staticmethod(reference_attend)
+    attend_qkv = staticmethod(reference_attend_qkv)
 
     finalize_copies = staticmethod(kv_copy.finalize_copies)
     _lane_rows = staticmethod(lane_rows.lane_rows)
@@ -108,7 +117,7 @@ class ReferenceBackend:
         return PagedMetadata(slots, table, row_starts, [g.start for g in groups], bs)
 
     def attention(self, core: PagedMetadata | None = None, boundary: PagedMetadata | None = None) -> PassAttention:
-        return PassAttention(self.attend, self.pool.cache, core, boundary)
+        return PassAttention(self.attend, self.attend_qkv, self.pool.cache, core, boundary)
 
     def core_pass(self, active: list, row_starts: list[int], pos: np.ndarray, tables: list[list[int]]) -> CorePass:
         """How the core pass over these groups (pos: every row's position, tables: each group's block
@@ -148,9 +157,11 @@ class TritonBackend(ReferenceBackend):
 
     def __init__(self, mc: ModelConfig, model, pool, cfg: EngineConfig):
         from rlt.kernels.attention_steps import num_sms
+        from rlt.kernels.decode_attention import decode_attention
         from rlt.kernels.kv_copy_triton import finalize_copies
         from rlt.kernels.lane_checks_triton import latent_checks
         from rlt.kernels.lane_rows_triton import lane_rows
+        from rlt.kernels.qkv_rope import qkv_rope_write_kv
         from rlt.kernels.rope import rope_write_kv
 
         super().__init__(mc, model, pool, cfg)
@@ -176,7 +187,17 @@ class TritonBackend(ReferenceBackend):
             )
             return kernel_paged_attention(cache, layer, meta, q, k, v)
 
-        self.attend = attend
+        def attend_qkv(cache, layer, meta: PagedMetadata, linear, h, w, heads, rotary):
+            if not (meta.plan.decode and h.shape[0] == 1 and h.dtype == w.dtype and rotary.q_bias is None):
+                return attend(cache, layer, meta, *split_qkv(linear(h, w), *heads), rotary)
+            assert not rotary.pairs  # (Huginn's adjacent pairs come with its q/k bias)
+            Progress.count += 1  # one row: the product, RoPE and the K/V store in one launch
+            q = qkv_rope_write_kv(
+                h, w, heads, rotary.positions, rotary.inv_freq, cache, layer, meta.slot_mapping, meta.block_size
+            )
+            return decode_attention(cache, layer, q, meta.block_table, meta.kernel["seg_q0"], meta.block_size)
+
+        self.attend, self.attend_qkv = attend, attend_qkv
         # a decode-only pass takes the decode kernel (batch-invariant: the general one, tiles of 16)
         self.decode_plan = KernelPlan() if self.batch_invariant else KernelPlan(decode=True)
         # passes of fewer tiles than fill the GPU (one program per tile and head) split their keys;
