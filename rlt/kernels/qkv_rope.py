@@ -16,6 +16,7 @@ import triton
 import triton.language as tl
 
 from rlt.kernels import pdl
+from rlt.kernels.rope import slot_offset
 
 BLOCK_K = 1024  # as the GEMV's config
 WARPS = 4
@@ -80,15 +81,8 @@ def _qkv_rope_kernel(
     else:
         which = is_v.to(tl.int32)  # 0: K, 1: V
         kv_head = h - HQ - which * HKV
-        dst = (
-            cache_ptr
-            + (slot // BLOCK_SIZE) * stride_cb
-            + layer * stride_cl
-            + (slot % BLOCK_SIZE) * stride_co
-            + which * stride_ckv
-            + kv_head * stride_ch
-        )
-        tl.store(dst + j + idx * HALF, out)
+        at = slot_offset(slot, layer, stride_cb, stride_cl, stride_co, BLOCK_SIZE) + which * stride_ckv
+        tl.store(cache_ptr + at + kv_head * stride_ch + j + idx * HALF, out)
 
 
 def qkv_rope_write_kv(

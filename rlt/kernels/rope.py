@@ -11,6 +11,13 @@ import triton.language as tl
 from rlt.kernels import pdl
 
 
+@triton.jit
+def slot_offset(slot, layer, stride_cb, stride_cl, stride_co, BLOCK_SIZE: tl.constexpr):
+    """Where a flat slot's position (its block, its row in the block) starts at this layer of cache
+    [blocks, layers, 2, block_size, Hkv, D], in elements."""
+    return (slot // BLOCK_SIZE) * stride_cb + layer * stride_cl + (slot % BLOCK_SIZE) * stride_co
+
+
 # One variant for every layer index (see _paged_attn_kernel).
 @triton.jit(do_not_specialize=["layer"])
 def _rope_kernel(
@@ -94,13 +101,8 @@ def _rope_kernel(
     if WRITE_KV:
         which = (h >= HQ + HKV).to(tl.int32)  # 0: K, 1: V
         kv_head = h - HQ - which * HKV
-        dst = (
-            cache_ptr
-            + (slot // BLOCK_SIZE) * stride_cb
-            + layer * stride_cl
-            + (slot % BLOCK_SIZE) * stride_co
-            + (which * stride_ckv + kv_head * stride_ch)[:, None]
-        )
+        at = slot_offset(slot, layer, stride_cb, stride_cl, stride_co, BLOCK_SIZE)
+        dst = cache_ptr + at + (which * stride_ckv + kv_head * stride_ch)[:, None]
         tl.store(dst + ia, ra, mask=is_k | is_v)
         tl.store(dst + ib, rb, mask=is_k | is_v)
 
@@ -184,7 +186,7 @@ def _rope_tokens_kernel(
     )
     if WRITE_KV:
         h = tl.arange(0, HKV_PAD)[None, :, None]
-        row = (slot // BLOCK_SIZE) * stride_cb + layer * stride_cl + (slot % BLOCK_SIZE) * stride_co
+        row = slot_offset(slot, layer, stride_cb, stride_cl, stride_co, BLOCK_SIZE)
         dst = cache_ptr + row[:, None, None] + h * stride_ch
         tl.store(dst + ia, ka, mask=m)
         tl.store(dst + ib, kb, mask=m)
