@@ -157,7 +157,6 @@ class TritonBackend(ReferenceBackend):
 
     def __init__(self, mc: ModelConfig, model, pool, cfg: EngineConfig):
         from rlt.kernels.attention_steps import num_sms
-        from rlt.kernels.decode_attention import decode_attention
         from rlt.kernels.kv_copy_triton import finalize_copies
         from rlt.kernels.lane_checks_triton import latent_checks
         from rlt.kernels.lane_rows_triton import lane_rows
@@ -188,14 +187,13 @@ class TritonBackend(ReferenceBackend):
             return kernel_paged_attention(cache, layer, meta, q, k, v)
 
         def attend_qkv(cache, layer, meta: PagedMetadata, linear, h, w, heads, rotary):
-            if not (meta.plan.decode and h.shape[0] == 1 and h.dtype == w.dtype and rotary.q_bias is None):
+            r = rotary  # one row of a decode pass, rotate-half, no bias: product, RoPE and K/V store in one launch
+            if not (meta.plan.decode and h.shape[0] == 1 and h.dtype == w.dtype and not r.pairs and r.q_bias is None):
                 return attend(cache, layer, meta, *split_qkv(linear(h, w), *heads), rotary)
-            assert not rotary.pairs  # (Huginn's adjacent pairs come with its q/k bias)
-            Progress.count += 1  # one row: the product, RoPE and the K/V store in one launch
-            q = qkv_rope_write_kv(
-                h, w, heads, rotary.positions, rotary.inv_freq, cache, layer, meta.slot_mapping, meta.block_size
-            )
-            return decode_attention(cache, layer, q, meta.block_table, meta.kernel["seg_q0"], meta.block_size)
+            Progress.count += 1
+            slots, bs = meta.slot_mapping, meta.block_size
+            q = qkv_rope_write_kv(h, w, heads, r.positions, r.inv_freq, cache, layer, slots, bs)
+            return kernel_paged_attention(cache, layer, meta, q, None, None)  # (the decode kernel)
 
         self.attend, self.attend_qkv = attend, attend_qkv
         # a decode-only pass takes the decode kernel (batch-invariant: the general one, tiles of 16)
