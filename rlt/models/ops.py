@@ -12,6 +12,11 @@ from rlt.kernels import random
 from rlt.models import layers
 
 
+def gemv_fits(x: torch.Tensor, w: torch.Tensor) -> bool:
+    """A product the one-row GEMV takes (rlt/kernels/gemv.py): one row, of the weight's dtype."""
+    return x.shape[0] == 1 and x.dtype == w.dtype
+
+
 class ReferenceOps:
     """The torch reference (rlt/models/layers.py): what the CPU runs, and CUDA with
     EngineConfig.kernels == "reference"."""
@@ -60,17 +65,17 @@ class TritonOps(ReferenceOps):
         self._gemv_normed = functools.partial(gemv.gemv, early_tiles=gemv.NORMED_EARLY_TILES)
 
     def linear(self, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
-        if b is None and x.shape[0] == 1 and x.dtype == w.dtype:
+        if b is None and gemv_fits(x, w):
             return self._gemv(x, w)
         return F.linear(x, w, b)
 
     def linear_swiglu(self, x: torch.Tensor, gate_up_w: torch.Tensor) -> torch.Tensor:
-        if x.shape[0] == 1 and x.dtype == gate_up_w.dtype:
+        if gemv_fits(x, gate_up_w):
             return self._gemv_swiglu(x, gate_up_w)
         return self.swiglu(self.linear(x, gate_up_w))
 
     def linear_add_norm(self, x, w, residual, weight_a, weight_out, eps, exit_gate=None):
-        y = self._gemv_normed(x, w) if x.shape[0] == 1 and x.dtype == w.dtype else F.linear(x, w)
+        y = self._gemv_normed(x, w) if gemv_fits(x, w) else F.linear(x, w)
         return self.add_norm(residual, y, weight_a, weight_out, eps, exit_gate)
 
 

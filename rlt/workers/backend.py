@@ -32,7 +32,7 @@ from rlt.kernels.paged_attention import (
 from rlt.kernels.penalties import REFERENCE as REFERENCE_SLOTS
 from rlt.kernels.penalties import triton_slot_kernels
 from rlt.models.layers import rope, split_qkv
-from rlt.models.ops import REFERENCE, BatchInvariantOps, TritonOps
+from rlt.models.ops import REFERENCE, BatchInvariantOps, TritonOps, gemv_fits
 from rlt.workers.cuda_graphs import BUCKETS, DecodeGraphs, PassGraphs
 from rlt.workers.pass_rows import padded, positions, row_slots
 from rlt.workers.progress import Progress
@@ -188,7 +188,7 @@ class TritonBackend(ReferenceBackend):
 
         def attend_qkv(cache, layer, meta: PagedMetadata, linear, h, w, heads, rotary):
             r = rotary  # one row of a decode pass, rotate-half, no bias: product, RoPE and K/V store in one launch
-            if not (meta.plan.decode and h.shape[0] == 1 and h.dtype == w.dtype and not r.pairs and r.q_bias is None):
+            if not (meta.plan.decode and gemv_fits(h, w) and not r.pairs and r.q_bias is None):
                 return attend(cache, layer, meta, *split_qkv(linear(h, w), *heads), rotary)
             Progress.count += 1
             slots, bs = meta.slot_mapping, meta.block_size
