@@ -3,7 +3,8 @@
 * ceilings: bf16 GEMM TFLOP/s (8192^3 torch.matmul) and copy bandwidth (a 2 GiB device copy,
   bytes read + written per second);
 * prefill floor: the same GEMMs + causal SDPA as the model's prefill, in plain torch on the
-  model's own weights, for one prompt of n tokens at full depth (norms, RoPE, KV writes excluded);
+  model's own weights, for one prompt of n tokens at full depth, and the LM head over its last row
+  (the first token's logits); norms, RoPE, KV writes excluded;
 * decode roofline: per decode step of c sequences, the core weights read once per loop plus every
   row's KV read at every loop, plus the LM head, over the measured copy bandwidth.
 """
@@ -77,8 +78,15 @@ def _boundary_layers(model) -> list[list[torch.Tensor]]:
     ]
 
 
+def _head(model) -> torch.Tensor:
+    """The LM head's weight [vocab, hidden] (Huginn's is its tied embedding, wte)."""
+    head = getattr(model, "lm_head", None)
+    return model.wte if head is None else head
+
+
 def prefill_floor_ms(model, mc, n: int, context: int = 0) -> float:
-    """Plain-torch GEMMs + SDPA of one n-token prompt through every loop, on the model's weights:
+    """Plain-torch GEMMs + SDPA of one n-token prompt through every loop, on the model's weights,
+    then the head's product over the last row (no first token without it):
     causal, or with `context` > n the n rows ending a cached `context`-token prefix (a prefix hit;
     every row sees the whole context: the last rows' causal mask saves under n / context of it; its
     keys laid out per query head beforehand, so SDPA takes its flash kernel whatever the GQA). Timed
@@ -88,6 +96,7 @@ def prefill_floor_ms(model, mc, n: int, context: int = 0) -> float:
     H = layers[0][0].shape[0] // D - 2 * Hkv
     x = torch.randn(n, mc.hidden_size, device=layers[0][0].device, dtype=layers[0][0].dtype)
     kv = torch.randn(2, 1, H, max(context, n), D, device=x.device, dtype=x.dtype) if context > n else None
+    head = _head(model)
 
     def run():
         for qkv, o, up, down in layers:
@@ -102,6 +111,7 @@ def prefill_floor_ms(model, mc, n: int, context: int = 0) -> float:
             _ = a.transpose(1, 2).reshape(n, H * D) @ o.t()
             g = x @ up.t()
             _ = g[:, : down.shape[1]] @ down.t()
+        _ = x[-1:] @ head.t()
 
     return graph_us(run, calls=1, reps=3) / 1e3
 
