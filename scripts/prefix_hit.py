@@ -8,8 +8,10 @@ from submission to its first token (lookup, block tables, the passes over the ne
 read-back), with each step's host time. Cold: --new-len tokens alone. Then one hit under
 torch.profiler (GPU busy time, idle gaps, the kernels and host operations taking the most time,
 and its timeline: when the GPU first and last worked and each engine step's host span, from the
-submission) and the floor (rlt/bench/floors.py: the GEMMs over the new rows and attention over the whole
-context, at every loop). --prefix-len 0: a lone prompt of --new-len tokens against its dense floor.
+submission). The floor (rlt/bench/floors.py: the GEMMs over the new rows and attention over the
+whole context, at every loop, and the head's row) is replayed after each hit, both taken as
+medians: a drift in the GPU's clocks reaches both. --prefix-len 0: a lone prompt of --new-len
+tokens against its dense floor.
 """
 
 import argparse
@@ -83,7 +85,15 @@ def main() -> None:
     for _ in range(2):  # warm-up: graphs and kernels for these shapes
         hit()
         first_token(tokens(args.new_len))
-    hits = [hit() for _ in range(args.repeat)]
+    floor_once = (
+        floors.prefill_floor(model, mc, args.new_len, args.prefix_len + args.new_len)
+        if args.device.startswith("cuda")
+        else lambda: float("nan")
+    )
+    hits, floor_runs = [], []
+    for _ in range(args.repeat):
+        hits.append(hit())
+        floor_runs.append(floor_once())
     cold = [first_token(tokens(args.new_len))[0] for _ in range(args.repeat)]
     if args.host_profile:  # where a hit's host time goes (Python frames, by own time)
         import cProfile
@@ -138,10 +148,7 @@ def main() -> None:
         end = b if end is None else max(end, b)
     host = prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=20)
     del prof
-    floor = float("nan")
-    if args.device.startswith("cuda"):
-        torch.cuda.empty_cache()
-        floor = floors.prefill_floor_ms(model, mc, args.new_len, args.prefix_len + args.new_len)
+    floor = statistics.median(floor_runs)
     res = {
         "prefix_len": args.prefix_len,
         "new_len": args.new_len,
@@ -150,6 +157,7 @@ def main() -> None:
         "hit_step_host_ms": [round(t, 2) for t in sorted(hits)[len(hits) // 2][1]],  # (the median run's)
         "cold_new_len_ms_median": round(statistics.median(cold), 2),
         "floor_ms": round(floor, 2),
+        "floor_ms_runs": [round(f, 2) for f in floor_runs],
         "x_floor": round(ms / floor, 2),
         "profiled_wall_ms": round(wall, 2),
         "profiled_gpu_busy_ms": round(busy, 2),

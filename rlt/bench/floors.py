@@ -4,10 +4,13 @@
   bytes read + written per second);
 * prefill floor: the same GEMMs + causal SDPA as the model's prefill, in plain torch on the
   model's own weights, for one prompt of n tokens at full depth, and the LM head over its last row
-  (the first token's logits); norms, RoPE, KV writes excluded;
+  (the first token's logits); norms, RoPE, KV writes excluded; one replay at a time, as a prompt;
 * decode roofline: per decode step of c sequences, the core weights read once per loop plus every
   row's KV read at every loop, plus the LM head, over the measured copy bandwidth.
 """
+
+import statistics
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -27,9 +30,9 @@ def _time_ms(fn, reps: int = 5) -> float:
     return sorted(times)[len(times) // 2]
 
 
-def graph_us(fn, units: int = 1, calls: int = 10, reps: int = 20) -> float:
-    """Microseconds per unit of fn (a call runs `units` of them), from a CUDA graph of `calls` calls
-    replayed `reps` times after a warm-up on a side stream (compilation, allocation)."""
+def _graph(fn, calls: int) -> torch.cuda.CUDAGraph:
+    """A CUDA graph of `calls` calls of fn, captured after a warm-up on a side stream (compilation,
+    allocation) and replayed once."""
     side = torch.cuda.Stream()
     with torch.cuda.stream(side):
         for _ in range(3):
@@ -41,6 +44,13 @@ def graph_us(fn, units: int = 1, calls: int = 10, reps: int = 20) -> float:
             fn()
     g.replay()
     torch.cuda.synchronize()
+    return g
+
+
+def graph_us(fn, units: int = 1, calls: int = 10, reps: int = 20) -> float:
+    """Microseconds per unit of fn (a call runs `units` of them), from a CUDA graph of `calls` calls
+    replayed `reps` times back to back."""
+    g = _graph(fn, calls)
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     start.record()
     for _ in range(reps):
@@ -48,6 +58,22 @@ def graph_us(fn, units: int = 1, calls: int = 10, reps: int = 20) -> float:
     end.record()
     torch.cuda.synchronize()
     return start.elapsed_time(end) * 1000 / (reps * calls * units)
+
+
+def replay_ms(fn) -> Callable[[], float]:
+    """fn in a CUDA graph -> a function replaying it once, alone on an idle GPU, returning its ms."""
+    g = _graph(fn, 1)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+
+    def once() -> float:
+        torch.cuda.synchronize()
+        start.record()
+        g.replay()
+        end.record()
+        end.synchronize()
+        return start.elapsed_time(end)
+
+    return once
 
 
 def ceilings(device: str) -> dict:
@@ -84,13 +110,15 @@ def _head(model) -> torch.Tensor:
     return model.wte if head is None else head
 
 
-def prefill_floor_ms(model, mc, n: int, context: int = 0) -> float:
+def prefill_floor(model, mc, n: int, context: int = 0) -> Callable[[], float]:
     """Plain-torch GEMMs + SDPA of one n-token prompt through every loop, on the model's weights,
     then the head's product over the last row (no first token without it):
     causal, or with `context` > n the n rows ending a cached `context`-token prefix (a prefix hit;
     every row sees the whole context: the last rows' causal mask saves under n / context of it; its
-    keys laid out per query head beforehand, so SDPA takes its flash kernel whatever the GQA). Timed
-    in a CUDA graph: run eagerly, its launches would hold the GPU back on short prompts."""
+    keys laid out per query head beforehand, so SDPA takes its flash kernel whatever the GQA). In a
+    CUDA graph (run eagerly, its launches would hold the GPU back on short prompts): returns a
+    function timing one replay, in ms, so a benchmark can interleave it with the passes it measures
+    (clocks under a long run of GEMMs drop: back-to-back replays read slower than one prompt's)."""
     layers = _layers(model) * mc.depth + _boundary_layers(model)
     Hkv, D = mc.kv.num_kv_heads, mc.kv.head_dim
     H = layers[0][0].shape[0] // D - 2 * Hkv
@@ -113,7 +141,13 @@ def prefill_floor_ms(model, mc, n: int, context: int = 0) -> float:
             _ = g[:, : down.shape[1]] @ down.t()
         _ = x[-1:] @ head.t()
 
-    return graph_us(run, calls=1, reps=3) / 1e3
+    return replay_ms(run)
+
+
+def prefill_floor_ms(model, mc, n: int, context: int = 0, samples: int = 7) -> float:
+    """prefill_floor's median over `samples` replays."""
+    once = prefill_floor(model, mc, n, context)
+    return statistics.median(once() for _ in range(samples))
 
 
 def decode_roofline(model, mc, concurrency: int, context: int, copy_gbps: float) -> dict:
