@@ -155,7 +155,7 @@ def decode_roofline(model, mc, concurrency: int, context: int, copy_gbps: float)
     weights = sum(w.numel() * w.element_size() for L in _layers(model) for w in L)
     g, es = mc.kv, _layers(model)[0][0].element_size()  # the KV pool and head use the weights' dtype
     kv_layer = context * 2 * g.num_kv_heads * g.head_dim * es  # one row's K and V of one layer
-    head = mc.vocab_size * mc.hidden_size * es
+    head = _head(model).numel() * es
     step_bytes = (
         mc.depth * (weights + concurrency * kv_layer * g.num_core_layers)
         + head

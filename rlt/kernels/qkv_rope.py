@@ -15,11 +15,10 @@ import torch
 import triton
 import triton.language as tl
 
-from rlt.kernels import pdl
+from rlt.kernels import gemv, pdl
 from rlt.kernels.rope import slot_offset
 
-BLOCK_K = 1024  # as the GEMV's config
-WARPS = 4
+BLOCK_K, WARPS = gemv.CONFIG.k, gemv.CONFIG.warps  # as the one-row GEMV's
 
 
 # One variant for every layer index (see _paged_attn_kernel).
