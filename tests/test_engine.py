@@ -334,6 +334,29 @@ def test_step_buffers_pack_and_append():
     assert w["y"].tolist() == list(range(30)) and big["x"].tolist() == list(range(40))
 
 
+def test_pass_rows_of_one_group_as_of_many():
+    """A lone group's positions and slots (the fast path a lone prompt takes) are the rows the
+    general layout gives that group inside a pass of several."""
+
+    from rlt.workers.pass_rows import padded, positions, row_slots, row_starts
+
+    class G:
+        def __init__(self, start, n):
+            self.start, self.n = start, n
+
+    groups, tables = [G(5, 1), G(70, 9), G(0, 3)], [[4], [9, 2, 7], [3]]
+    rs = row_starts(groups)
+    assert rs == [0, 1, 10, 13]
+    pos = positions(groups, rs)
+    slots = row_slots(padded(tables), rs, pos, 32)
+    for i, g in enumerate(groups):
+        alone = positions([g], row_starts([g]))
+        assert alone.tolist() == pos[rs[i] : rs[i + 1]].tolist() == list(range(g.start, g.start + g.n))
+        one = row_slots(padded([tables[i]]), row_starts([g]), alone, 32)
+        assert one.tolist() == slots[rs[i] : rs[i + 1]].tolist()
+    assert slots[1:10].tolist() == [7 * 32 + 6 + k for k in range(9)]  # positions 70..78: the table's third block (7)
+
+
 @pytest.mark.parametrize(
     "family,layout,fixed",
     [

@@ -64,10 +64,8 @@ class StepBuffers:
         return out
 
     def _pack(self, fields: dict, append: bool) -> dict:
-        arrays = {
-            k: (v.astype(np.float32).view(np.int32).astype(np.int64) if v.dtype.kind == "f" else v.astype(np.int64))
-            for k, v in fields.items()
-        }
+        # (floats as their bit patterns; every array is cast to int64 as it is written into the buffer)
+        arrays = {k: (v.astype(np.float32).view(np.int32) if v.dtype.kind == "f" else v) for k, v in fields.items()}
         start = _aligned(self.end) if append else 0
         total = start + sum(_aligned(a.size) for a in arrays.values())
         if total > self.host.numel():
@@ -84,15 +82,15 @@ class StepBuffers:
         off, spans = start, {}
         for k, a in arrays.items():
             host[off : off + a.size] = a.ravel()
-            spans[k] = (off, a.shape)
+            spans[k] = (off, a.size, a.shape)
             off += _aligned(a.size)
         if self.dev is not self.host:
             self.dev[start:total].copy_(self.host[start:total], non_blocking=True)
             self.copied[self.turn] = torch.cuda.Event()
             self.copied[self.turn].record()
         out = {}
-        for k, (o, shape) in spans.items():
-            t = self.dev[o : o + int(np.prod(shape, dtype=np.int64))].view(shape)
+        for k, (o, size, shape) in spans.items():
+            t = self.dev[o : o + size].view(shape)
             out[k] = t.to(torch.int32).view(torch.float32) if fields[k].dtype.kind == "f" else t
         return out
 
