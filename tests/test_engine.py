@@ -337,7 +337,6 @@ def test_step_buffers_pack_and_append():
 def test_pass_rows_of_one_group_as_of_many():
     """A lone group's positions and slots (the fast path a lone prompt takes) are the rows the
     general layout gives that group inside a pass of several."""
-
     from rlt.workers.pass_rows import padded, positions, row_slots, row_starts
 
     class G:
