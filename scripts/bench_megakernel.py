@@ -5,7 +5,9 @@ producer warp per block streams the block's weight rows into a shared-memory rin
 regardless of the chain, consumer warps wait on the previous product's completion counter (not a
 grid barrier) and multiply rows already on chip. Against the engine's launched GEMV chain (PDL) and
 the same kernel with no waits (the weight stream alone: its sums are wrong, its time is the
-stream's ceiling); each as a share of the chain's bytes over the measured copy rate.
+stream's ceiling); then with the engine's layer ops between the products (Ouro's add + RMSNorm
+before [gate; up] and the next q/k/v, SwiGLU before down; attention left out) against the engine's
+launches for them. Each as a share of the chain's bytes over the measured copy rate.
 
     python scripts/bench_megakernel.py [--layers 24] [--configs 6x32768x8 12x16384x8]
 
@@ -22,7 +24,7 @@ import threading
 import torch
 
 from rlt.bench import floors
-from rlt.kernels import gemv
+from rlt.kernels import gemv, norm
 
 SOURCE = pathlib.Path(__file__).with_name("megakernel_chain.cu")
 MAXV = 4  # (as the .cu file: 16-byte vectors of x a lane holds)
@@ -36,7 +38,7 @@ def shapes(hidden=2048, inter=5632, qkv=6144, layers=24):
 def build(stages: int, stage_bytes: int, cw: int):
     src = f"#define STAGES {stages}\n#define STAGE_BYTES {stage_bytes}\n#define CW {cw}\n" + SOURCE.read_text()
     kernel = torch.cuda._compile_kernel(src, "chain")
-    smem = stages * stage_bytes + 64 * cw * 4 + 2 * stages * 8
+    smem = stages * stage_bytes + 64 * cw * 4 + 32 * 4 + 2 * stages * 8
     if hasattr(kernel, "set_shared_memory_config"):
         kernel.set_shared_memory_config(smem)
     else:  # (older torch: the driver's attribute directly; 8 = CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES)
@@ -69,8 +71,25 @@ def main():
             x = gemv.gemv(x[:, :k], w)
         return x
 
-    ref = launched()[0].float()
-    rows = [("launched GEMVs (PDL)", floors.graph_us(launched), 0.0)]
+    hidden, inter, eps = dims[1][0], dims[3][1], 1e-6
+    res0 = torch.randn(hidden, device="cuda", dtype=torch.bfloat16)
+    wa, wo = (1 + 0.1 * torch.randn(hidden, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    resid = torch.empty(2, hidden, device="cuda", dtype=torch.bfloat16)
+
+    def launched_layers():  # the engine's launches for the same products and layer ops (no attention)
+        x, res = buf[0:1, :hidden], res0[None]
+        for qkv, o, gate_up, down in zip(*[iter(ws)] * 4):
+            q = gemv.gemv(x, qkv, early_tiles=1)[:, : o.shape[1]]
+            res, x = norm.add_rms_norm(res, gemv.gemv(q, o, early_tiles=gemv.NORMED_EARLY_TILES), wa, wo, eps)
+            d = gemv.gemv(gemv.gemv_swiglu(x, gate_up), down, early_tiles=gemv.NORMED_EARLY_TILES)
+            res, x = norm.add_rms_norm(res, d, wa, wo, eps)
+        return d
+
+    refs = {0: launched()[0].float(), 1: launched_layers()[0].float()}
+    rows = [
+        ("launched GEMVs (PDL)", floors.graph_us(launched), 0.0),
+        ("launched as the engine: + add + RMSNorm launches, SwiGLU epilogue", floors.graph_us(launched_layers), 0.0),
+    ]
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     weights = torch.tensor([w.data_ptr() for w in ws], device="cuda", dtype=torch.int64)
     n_of = torch.tensor([n for n, _ in dims], device="cuda", dtype=torch.int32)
@@ -87,23 +106,22 @@ def main():
         first = torch.tensor([0] + list(torch.tensor(counts).cumsum(0).tolist()), device="cuda", dtype=torch.int32)
         rows_of = torch.tensor(per, device="cuda", dtype=torch.int32)
 
-        def run(wait, kernel=kernel, smem=smem, cw=cw, first=first, rows_of=rows_of):
+        def run(wait, layer_ops, kernel=kernel, smem=smem, cw=cw, first=first, rows_of=rows_of):
             done.zero_()
-            kernel(
-                grid=(sms, 1, 1),
-                block=((cw + 1) * 32, 1, 1),
-                args=[weights, n_of, k_of, rows_of, first, buf, buf.stride(0), done, len(dims), wait],
-                shared_mem=smem,
-            )
+            resid[0].copy_(res0)
+            args = [weights, n_of, k_of, rows_of, first, buf, buf.stride(0), done, len(dims), wait, layer_ops]
+            args += [resid, wa, wo, eps, hidden, inter]
+            kernel(grid=(sms, 1, 1), block=((cw + 1) * 32, 1, 1), args=args, shared_mem=smem)
 
-        for wait in (0, 1):
+        for wait, layer_ops in ((0, 0), (1, 0), (1, 1)):
             buf[1:].zero_()
-            run(wait)
+            run(wait, layer_ops)
             torch.cuda.synchronize()
-            got = buf[len(dims), : dims[-1][0]].float()
+            got, ref = buf[len(dims), : dims[-1][0]].float(), refs[layer_ops]
             err = (got - ref).abs().max().item() / ref.abs().max().item()
-            name = f"persistent {cfg} (stages x bytes x consumer warps){'' if wait else ', no waits'}"
-            rows.append((name, floors.graph_us(lambda w=wait: run(w)), err))
+            what = ", no waits" if not wait else ", + layer ops" if layer_ops else ""
+            name = f"persistent {cfg} (stages x bytes x consumer warps){what}"
+            rows.append((name, floors.graph_us(lambda w=wait, lo=layer_ops: run(w, lo)), err))
     timer.cancel()
     print(f"{len(dims)} products, {nbytes / 1e9:.3f} GB, copy rate {rate / 1e12:.2f} TB/s, floor {floor_us:.1f} us")
     print(f"{'variant':<64} {'us/chain':>9} {'of roof':>8} {'rel. diff':>9}")

@@ -60,6 +60,25 @@ __device__ __forceinline__ unsigned short to_bf16(float f) {  // round to neares
     unsigned u = __float_as_uint(f);
     return (unsigned short)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
 }
+__device__ __forceinline__ void unpack8(uint4 v, float* out) {
+    const unsigned u[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+        out[2 * e] = bf_lo(u[e]);
+        out[2 * e + 1] = bf_hi(u[e]);
+    }
+}
+__device__ __forceinline__ float round_bf16(float f) { return __uint_as_float(((unsigned)to_bf16(f)) << 16); }
+__device__ float consumers_sum(float v, float* red) {  // every consumer thread's v, summed, to all
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    if (threadIdx.x % 32 == 0) red[threadIdx.x / 32] = v;
+    consumers_sync();
+    float t = 0.f;
+    for (int k = 0; k < CW; ++k) t += red[k];
+    consumers_sync();  // (red is reused)
+    return t;
+}
 __device__ __forceinline__ float dot8(uint4 w, const float* x) {
     return bf_lo(w.x) * x[0] + bf_hi(w.x) * x[1] + bf_lo(w.y) * x[2] + bf_hi(w.y) * x[3] + bf_lo(w.z) * x[4] +
            bf_hi(w.z) * x[5] + bf_lo(w.w) * x[6] + bf_hi(w.w) * x[7];
@@ -72,11 +91,17 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
           const int* __restrict__ first_chunk,  // [P + 1] the chain's chunk numbers where each product starts
           unsigned short* buf, int stride,      // buf[p] at buf + p * stride (bf16)
           int* done,                            // [P] chunks of each product finished (zero before the launch)
-          int P, int wait_for_inputs) {         // wait_for_inputs 0: the weight stream alone (wrong sums)
+          int P, int wait_for_inputs,           // wait_for_inputs 0: the weight stream alone (wrong sums)
+          int layer_ops,  // 1: products in fours (q/k/v, o, [gate; up], down) with the engine's add + RMSNorm
+                          // (Ouro's, sandwich) before [gate; up] and the next q/k/v, SwiGLU before down
+          unsigned short* resid,  // [2][hidden]: the residual, read from one half, written (block 0) to the other
+          const unsigned short* __restrict__ wa, const unsigned short* __restrict__ wo, double eps, int hidden,
+          int inter) {
     extern __shared__ __align__(128) unsigned char smem[];
     unsigned char* ring = smem;
-    float* part = (float*)(smem + STAGES * STAGE_BYTES);              // [rows][CW] partial sums
-    unsigned long long* full = (unsigned long long*)(part + 64 * CW);  // the slot's bytes landed
+    float* part = (float*)(smem + STAGES * STAGE_BYTES);  // [rows][CW] partial sums
+    float* red = part + 64 * CW;                          // [32] a sum's per-warp terms
+    unsigned long long* full = (unsigned long long*)(red + 32);  // the slot's bytes landed
     unsigned long long* empty = full + STAGES;                         // the consumers are done with it
     const int G = gridDim.x, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int total = first_chunk[P];
@@ -122,20 +147,70 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
             }
             consumers_sync();
             v0 = warp * V / CW, v1 = (warp + 1) * V / CW;
+            const int role = layer_ops ? p % 4 : 1;  // (0 q/k/v, 1 o or a plain product, 2 [gate; up], 3 down)
             const uint4* xv = (const uint4*)(buf + (size_t)p * stride);
-            uint4 raw[MAXV];
+            const uint4* up = xv + (role == 3 ? inter / 8 : 0);  // (SwiGLU: [gate; up], gate first)
+            uint4 raw[MAXV], raw_up[MAXV];
 #pragma unroll
             for (int j = 0; j < MAXV; ++j) {  // (all loads issued before any is used: one L2 round trip)
                 const int v = v0 + lane + 32 * j;
                 raw[j] = v < v1 ? __ldcg(xv + v) : make_uint4(0, 0, 0, 0);
+                raw_up[j] = v < v1 && role == 3 ? __ldcg(up + v) : make_uint4(0, 0, 0, 0);
             }
 #pragma unroll
-            for (int j = 0; j < MAXV; ++j) {
-                const unsigned u[4] = {raw[j].x, raw[j].y, raw[j].z, raw[j].w};
+            for (int j = 0; j < MAXV; ++j) unpack8(raw[j], x[j]);
+            if (role == 3) {  // silu(gate) * up, rounded as rlt/kernels/gemv.py's SwiGLU epilogue
 #pragma unroll
-                for (int e = 0; e < 4; ++e) {
-                    x[j][2 * e] = bf_lo(u[e]);
-                    x[j][2 * e + 1] = bf_hi(u[e]);
+                for (int j = 0; j < MAXV; ++j) {
+                    float u[8];
+                    unpack8(raw_up[j], u);
+#pragma unroll
+                    for (int e = 0; e < 8; ++e) {
+                        const float g = x[j][e];
+                        x[j][e] = round_bf16(round_bf16(g / (1.f + __expf(-g))) * u[e]);
+                    }
+                }
+            } else if (role == 2 || (role == 0 && p > 0)) {
+                // x: the last product's output a; the residual r' = r + rms_norm(a, wa), the input
+                // rms_norm(r', wo), rounded as rlt/kernels/norm.py's add + RMSNorm. Every block
+                // computes them; block 0 keeps r' for the next one (the other half of resid).
+                const int t = 2 * (p / 4) - (role == 0);  // (the chain's norms in order)
+                const uint4 *r_in = (const uint4*)(resid + (t % 2) * hidden), *wav = (const uint4*)wa,
+                            *wov = (const uint4*)wo;
+                uint4* r_out = (uint4*)(resid + ((t + 1) % 2) * hidden);
+                float ss = 0.f;
+#pragma unroll
+                for (int j = 0; j < MAXV; ++j)
+#pragma unroll
+                    for (int e = 0; e < 8; ++e) ss += x[j][e] * x[j][e];
+                const float ra = rsqrtf(consumers_sum(ss, red) / hidden + (float)eps);
+                ss = 0.f;
+#pragma unroll
+                for (int j = 0; j < MAXV; ++j) {
+                    const int v = v0 + lane + 32 * j;
+                    if (v >= v1) continue;
+                    float r[8], w_a[8];
+                    unpack8(__ldcg(r_in + v), r);
+                    unpack8(wav[v], w_a);
+                    unsigned packed[4] = {0, 0, 0, 0};
+#pragma unroll
+                    for (int e = 0; e < 8; ++e) {
+                        const float an = round_bf16(w_a[e] * round_bf16(x[j][e] * ra));
+                        x[j][e] = round_bf16(r[e] + an);  // (x now holds r')
+                        ss += x[j][e] * x[j][e];
+                        packed[e / 2] |= (unsigned)to_bf16(x[j][e]) << (16 * (e % 2));
+                    }
+                    if (blockIdx.x == 0) r_out[v] = make_uint4(packed[0], packed[1], packed[2], packed[3]);
+                }
+                const float rr = rsqrtf(consumers_sum(ss, red) / hidden + (float)eps);
+#pragma unroll
+                for (int j = 0; j < MAXV; ++j) {
+                    const int v = v0 + lane + 32 * j;
+                    if (v >= v1) continue;
+                    float w_o[8];
+                    unpack8(wov[v], w_o);
+#pragma unroll
+                    for (int e = 0; e < 8; ++e) x[j][e] = round_bf16(w_o[e] * round_bf16(x[j][e] * rr));
                 }
             }
             current = p;
