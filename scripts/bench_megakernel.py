@@ -19,6 +19,7 @@ import argparse
 import ctypes
 import os
 import pathlib
+import tempfile
 import threading
 
 import torch
@@ -37,7 +38,13 @@ def shapes(hidden=2048, inter=5632, qkv=6144, layers=24):
 
 def build(stages: int, stage_bytes: int, cw: int):
     src = f"#define STAGES {stages}\n#define STAGE_BYTES {stage_bytes}\n#define CW {cw}\n" + SOURCE.read_text()
-    kernel = torch.cuda._compile_kernel(src, "chain")
+    try:
+        kernel = torch.cuda._compile_kernel(src, "chain")
+    except OSError:  # no CUDA toolkit (CUDA_HOME) to take include paths from: the source needs none
+        from torch.utils import cpp_extension
+
+        cpp_extension.CUDA_HOME = tempfile.mkdtemp()
+        kernel = torch.cuda._compile_kernel(src, "chain")
     smem = stages * stage_bytes + 64 * cw * 4 + 32 * 4 + 2 * stages * 8
     if hasattr(kernel, "set_shared_memory_config"):
         kernel.set_shared_memory_config(smem)
