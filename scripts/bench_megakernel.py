@@ -38,12 +38,15 @@ def shapes(hidden=2048, inter=5632, qkv=6144, layers=24):
 
 def build(stages: int, stage_bytes: int, cw: int):
     src = f"#define STAGES {stages}\n#define STAGE_BYTES {stage_bytes}\n#define CW {cw}\n" + SOURCE.read_text()
+    from torch.utils import cpp_extension
+
+    if cpp_extension.CUDA_HOME is None:  # (no CUDA toolkit to take include paths from: the source needs none)
+        cpp_extension.CUDA_HOME = tempfile.mkdtemp()
     try:
         kernel = torch.cuda._compile_kernel(src, "chain")
-    except OSError:  # no CUDA toolkit (CUDA_HOME) to take include paths from: the source needs none
-        from torch.utils import cpp_extension
-
-        cpp_extension.CUDA_HOME = tempfile.mkdtemp()
+    except OSError:  # NVRTC not on the loader's path: the one torch's wheel brought
+        for lib in sorted(pathlib.Path(torch.__file__).parents[1].glob("nvidia/**/libnvrtc.so*")):
+            ctypes.CDLL(str(lib), mode=ctypes.RTLD_GLOBAL)
         kernel = torch.cuda._compile_kernel(src, "chain")
     smem = stages * stage_bytes + 64 * cw * 4 + 32 * 4 + 2 * stages * 8
     if hasattr(kernel, "set_shared_memory_config"):
