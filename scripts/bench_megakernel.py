@@ -48,7 +48,7 @@ def build(stages: int, stage_bytes: int, cw: int):
         for lib in sorted(pathlib.Path(torch.__file__).parents[1].glob("nvidia/**/libnvrtc.so*")):
             ctypes.CDLL(str(lib), mode=ctypes.RTLD_GLOBAL)
         kernel = torch.cuda._compile_kernel(src, "chain")
-    smem = stages * stage_bytes + 64 * cw * 4 + 32 * 4 + 2 * stages * 8
+    smem = stages * stage_bytes + 2 * 64 * cw * 4 + 32 * 4 + 2 * stages * 8
     if hasattr(kernel, "set_shared_memory_config"):
         kernel.set_shared_memory_config(smem)
     else:  # (older torch: the driver's attribute directly; 8 = CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES)

@@ -8,8 +8,9 @@
 //
 // Work: the products' rows cut into chunks (ROWS[p] rows, at most STAGE_BYTES), numbered through
 // the whole chain in order; block b takes chunks b, b + G, ... (so every block meets the products
-// in order: no block waits on work queued behind its own). All blocks must be resident at once
-// (grid <= SMs, one block an SM).
+// in order: no block waits on work queued behind its own). A block adds its count of p's chunks to
+// done[p] once, after its last one (one fence a product, not one a chunk). All blocks must be
+// resident at once (grid <= SMs, one block an SM).
 //
 // Built by scripts/bench_megakernel.py with torch.cuda._compile_kernel (NVRTC), STAGES,
 // STAGE_BYTES and CW (consumer warps) substituted as macros.
@@ -99,8 +100,8 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
           int inter) {
     extern __shared__ __align__(128) unsigned char smem[];
     unsigned char* ring = smem;
-    float* part = (float*)(smem + STAGES * STAGE_BYTES);  // [rows][CW] partial sums
-    float* red = part + 64 * CW;                          // [32] a sum's per-warp terms
+    float* part = (float*)(smem + STAGES * STAGE_BYTES);  // [2][rows][CW] partial sums
+    float* red = part + 2 * 64 * CW;                      // [32] a sum's per-warp terms
     unsigned long long* full = (unsigned long long*)(red + 32);  // the slot's bytes landed
     unsigned long long* empty = full + STAGES;                         // the consumers are done with it
     const int G = gridDim.x, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -133,7 +134,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
     // The consumers: warp w sums its slice of every row of a chunk against its slice of x, which
     // its lanes hold in registers for as long as the block stays on the product.
     float x[MAXV][8];
-    int p = 0, current = -1, v0 = 0, v1 = 0;
+    int p = 0, current = -1, v0 = 0, v1 = 0, mine = 0;  // mine: the block's chunks of p done
     for (int c = blockIdx.x, i = 0; c < total; c += G, ++i) {
         while (c >= first_chunk[p + 1]) ++p;
         const int s = i % STAGES, R = rows_of[p], K = k_of[p], V = K / 8;
@@ -213,10 +214,11 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
                     for (int e = 0; e < 8; ++e) x[j][e] = round_bf16(w_o[e] * round_bf16(x[j][e] * rr));
                 }
             }
-            current = p;
+            current = p, mine = 0;
         }
         mbar_wait(&full[s], (i / STAGES) & 1);
         const uint4* w = (const uint4*)(ring + s * STAGE_BYTES);
+        float* pt = part + (i & 1) * 64 * CW;  // (two in turn: a chunk's sums need no barrier after them)
         for (int r = 0; r < rows; ++r) {
             float acc = 0.f;
 #pragma unroll
@@ -226,19 +228,22 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
             }
 #pragma unroll
             for (int o = 16; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
-            if (lane == 0) part[r * CW + warp] = acc;
+            if (lane == 0) pt[r * CW + warp] = acc;
         }
         consumers_sync();
+        if (threadIdx.x == 0) mbar_arrive(&empty[s]);  // (the slot is read: the producer may refill it)
         if (threadIdx.x < rows) {
             float y = 0.f;
-            for (int k = 0; k < CW; ++k) y += part[threadIdx.x * CW + k];
+            for (int k = 0; k < CW; ++k) y += pt[threadIdx.x * CW + k];
             buf[(size_t)(p + 1) * stride + row0 + threadIdx.x] = to_bf16(y);
         }
-        consumers_sync();
-        if (threadIdx.x == 0) {
-            mbar_arrive(&empty[s]);
-            __threadfence();  // (after the barrier: every consumer's stores of this chunk, then the count)
-            atomicAdd(&done[p], 1);
+        ++mine;
+        if (c + G >= first_chunk[p + 1]) {  // the block's last chunk of p: its rows of p are counted at once
+            consumers_sync();
+            if (threadIdx.x == 0) {
+                __threadfence();  // (after the barrier: every consumer's stores, then the count)
+                atomicAdd(&done[p], mine);
+            }
         }
     }
 }
