@@ -1,13 +1,19 @@
-"""Can one persistent launch stream a loop step's one-row products faster than launched GEMVs?
-The chain of scripts/bench_persistent.py (Ouro-1.4B's 96 products: q/k/v, o, [gate; up], down per
-layer, each product's input the previous one's output) run by scripts/megakernel_chain.cu: a
-producer warp per block streams the block's weight rows into a shared-memory ring (1-D bulk copies)
-regardless of the chain, consumer warps wait on the previous product's completion counter (not a
-grid barrier) and multiply rows already on chip. Against the engine's launched GEMV chain (PDL) and
-the same kernel with no waits (the weight stream alone: its sums are wrong, its time is the
-stream's ceiling); then with the engine's layer ops between the products (Ouro's add + RMSNorm
-before [gate; up] and the next q/k/v, SwiGLU before down; attention left out) against the engine's
-launches for them. Each as a share of the chain's bytes over the measured copy rate.
+"""Can one persistent launch run a decode loop step at one row faster than launched kernels? Three
+chains at Ouro-1.4B's shapes (24 layers), each run by scripts/megakernel_chain.cu (a producer warp a
+block streams the block's share of the weights and cached keys into a shared-memory ring whatever
+the chain; consumer warps wait on the previous stage's completion counter, not a grid barrier) and
+by the engine's launches (rlt/kernels: one-row GEMVs with PDL, add + RMSNorm, the SwiGLU epilogue,
+the split decode attention and its merge):
+
+- products: q/k/v, o, [gate; up], down a layer, each product's input the previous one's output;
+- layers: the same with the engine's add + RMSNorm (Ouro's sandwich) before [gate; up] and the
+  next q/k/v, SwiGLU before down;
+- step: with the decode attention of q over a 1,024-key cache between q/k/v and o (no RoPE, no
+  new key: the cache is given).
+
+Prints each chain's time, its bytes (weights, cached keys) over the measured copy rate (of roof),
+and its result's largest difference from the engine's, relative to that result's largest value;
+with no waits, the persistent kernel's time is its byte stream's alone (its results are wrong).
 
     python scripts/bench_megakernel.py [--layers 24] [--configs 6x32768x8 12x16384x8]
 
@@ -26,29 +32,28 @@ import torch
 
 from rlt.bench import floors
 from rlt.kernels import gemv, norm
+from rlt.kernels.decode_attention import decode_attention
 
 SOURCE = pathlib.Path(__file__).with_name("megakernel_chain.cu")
-MAXV = 4  # (as the .cu file: 16-byte vectors of x a lane holds)
-
-
-def shapes(hidden=2048, inter=5632, qkv=6144, layers=24):
-    """(N, K) of each product of a loop step, in order (scripts/bench_persistent.py's)."""
-    return [(qkv, hidden), (hidden, qkv // 3), (2 * inter, hidden), (hidden, inter)] * layers
+GEMV, ATTN, MERGE = range(3)  # (as the .cu file)
+PLAIN, ADD_NORM, SWIGLU = range(3)
+MAXV, D, BLOCK = 4, 128, 16  # (the .cu file's x vectors a lane and head dimension; the engine's block size)
 
 
 def build(stages: int, stage_bytes: int, cw: int):
-    src = f"#define STAGES {stages}\n#define STAGE_BYTES {stage_bytes}\n#define CW {cw}\n" + SOURCE.read_text()
+    """The kernel for these macros, and its dynamic shared memory in bytes."""
     from torch.utils import cpp_extension
 
     if cpp_extension.CUDA_HOME is None:  # (no CUDA toolkit to take include paths from: the source needs none)
         cpp_extension.CUDA_HOME = tempfile.mkdtemp()
+    src = f"#define STAGES {stages}\n#define STAGE_BYTES {stage_bytes}\n#define CW {cw}\n" + SOURCE.read_text()
     try:
         kernel = torch.cuda._compile_kernel(src, "chain")
     except OSError:  # NVRTC not on the loader's path: the one torch's wheel brought
         for lib in sorted(pathlib.Path(torch.__file__).parents[1].glob("nvidia/**/libnvrtc.so*")):
             ctypes.CDLL(str(lib), mode=ctypes.RTLD_GLOBAL)
         kernel = torch.cuda._compile_kernel(src, "chain")
-    smem = stages * stage_bytes + 2 * 64 * cw * 4 + 32 * 4 + 2 * stages * 8
+    smem = stages * stage_bytes + (2 * 64 * cw + 32 + 2048 + 128 + cw * 32) * 4 + 2 * stages * 8
     if hasattr(kernel, "set_shared_memory_config"):
         kernel.set_shared_memory_config(smem)
     else:  # (older torch: the driver's attribute directly; 8 = CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES)
@@ -56,87 +61,134 @@ def build(stages: int, stage_bytes: int, cw: int):
     return kernel, smem
 
 
+class Model:
+    """Random weights and a cache at Ouro-1.4B's shapes; the activation buffer the chains share."""
+
+    def __init__(self, layers: int, ctx: int, hidden=2048, inter=5632, heads=16):
+        torch.manual_seed(0)
+        self.layers, self.ctx, self.hidden, self.inter, self.heads = layers, ctx, hidden, inter, heads
+        dims = [(3 * heads * D, hidden), (hidden, heads * D), (2 * inter, hidden), (hidden, inter)]
+        rand = lambda n, k: torch.randn(n, k, device="cuda", dtype=torch.bfloat16) / k**0.5  # noqa: E731
+        self.ws = [[rand(n, k) for n, k in dims] for _ in range(layers)]
+        self.kv = torch.randn(layers, 2, heads, ctx, D, device="cuda", dtype=torch.bfloat16)  # (contiguous)
+        # the same keys for the engine's paged kernel: [blocks, layers, 2, block, heads, D], blocks in order
+        self.cache = self.kv.view(layers, 2, heads, ctx // BLOCK, BLOCK, D).permute(3, 0, 1, 4, 2, 5).contiguous()
+        self.table = torch.arange(ctx // BLOCK, device="cuda", dtype=torch.int32)[None]
+        self.pos = torch.tensor([ctx - 1], device="cuda", dtype=torch.int32)  # (keys 0 .. ctx - 1)
+        self.x0 = torch.randn(hidden, device="cuda", dtype=torch.bfloat16)
+        self.res0 = torch.randn(hidden, device="cuda", dtype=torch.bfloat16)
+        self.wa, self.wo = (1 + 0.1 * torch.randn(hidden, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+        self.eps = 1e-6
+
+    def launched(self, chain: str):
+        """The engine's launches for a chain -> its last product's output [N]."""
+        x, res = self.x0[None], self.res0[None]
+        for layer, (qkv, o, gate_up, down) in enumerate(self.ws):
+            q = gemv.gemv(x, qkv)[:, : o.shape[1]]
+            if chain == "step":
+                q = q.view(1, self.heads, D)
+                q = decode_attention(self.cache, layer, q, self.table, self.pos, BLOCK).view(1, -1)
+            y = gemv.gemv(q, o, early_tiles=gemv.NORMED_EARLY_TILES)
+            if chain == "products":
+                x = d = gemv.gemv(gemv.gemv(y, gate_up)[:, : down.shape[1]], down)
+                continue
+            res, x = norm.add_rms_norm(res, y, self.wa, self.wo, self.eps)
+            d = gemv.gemv(gemv.gemv_swiglu(x, gate_up), down, early_tiles=gemv.NORMED_EARLY_TILES)
+            res, x = norm.add_rms_norm(res, d, self.wa, self.wo, self.eps)
+        return d[0]
+
+    def stages(self, chain: str, stage_bytes: int) -> tuple[list[dict], list[int]]:
+        """The persistent kernel's stages of a chain (their inputs and outputs in act; a chunk: a
+        slot's worth of GEMV rows, or a head's slice of keys), and each stage's chunks."""
+        out, st, norms = [0], [], iter(range(1 << 20))
+
+        def add(kind, n, k, rows, src, role=PLAIN, size=None, read=None):
+            at = out[-1] + (-out[-1] % 8)  # (16-byte aligned)
+            t = next(norms) if role == ADD_NORM else 0
+            st.append(dict(kind=kind, role=role, t=t, n=n, k=k, rows=rows, src=src, inp=read, out=at))
+            out.append(at + (size or n))
+            return at
+
+        x = 0  # act[0: hidden] holds x0
+        out[-1] = self.hidden
+        for layer, (qkv, o, gate_up, down) in enumerate(self.ws):
+            role = ADD_NORM if layer and chain != "products" else PLAIN
+            y = add(GEMV, *qkv.shape, None, qkv.data_ptr(), role, read=x)
+            if chain == "step":
+                y = add(ATTN, self.heads, self.ctx, None, self.kv[layer].data_ptr(), size=0, read=y)
+                y = add(MERGE, self.heads, None, 1, 0, size=self.heads * D, read=y)
+            y = add(GEMV, *o.shape, None, o.data_ptr(), read=y)
+            g = add(GEMV, *gate_up.shape, None, gate_up.data_ptr(), PLAIN if chain == "products" else ADD_NORM, read=y)
+            x = add(GEMV, *down.shape, None, down.data_ptr(), PLAIN if chain == "products" else SWIGLU, read=g)
+        keys = 1 << (min(128, stage_bytes // (4 * D)).bit_length() - 1)  # an attention item's (dividing ctx)
+        for s in st:
+            s["rows"] = max(1, stage_bytes // (2 * s["k"])) if s["kind"] == GEMV else s["rows"] or keys
+            if s["kind"] == MERGE:
+                s["k"] = self.ctx // keys  # (its slices a head)
+        counts = [s["n"] * self.ctx // s["rows"] if s["kind"] == ATTN else -(-s["n"] // s["rows"]) for s in st]
+        return st, counts
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--layers", type=int, default=24)
+    ap.add_argument("--ctx", type=int, default=1024)
     ap.add_argument("--configs", nargs="*", default=["6x32768x8", "12x16384x8", "4x49152x8", "6x32768x12"])
     ap.add_argument("--watchdog", type=float, default=60)
     args = ap.parse_args()
     timer = threading.Timer(args.watchdog, lambda: (print("watchdog: hung", flush=True), os._exit(3)))
     timer.daemon = True
     timer.start()
-    torch.manual_seed(0)
-    dims = shapes(layers=args.layers)
-    ws = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) / k**0.5 for n, k in dims]
-    width = max(max(n, k) for n, k in dims)
-    buf = torch.zeros(len(dims) + 1, width, device="cuda", dtype=torch.bfloat16)
-    buf[0].normal_()
-    nbytes = sum(w.numel() * 2 for w in ws)
+    m = Model(args.layers, args.ctx)
     rate = floors.ceilings("cuda")["copy_gbps"] * 1e9
-    floor_us = nbytes / rate * 1e6
-
-    def launched():  # the engine's one-row GEMV, one launch a product (PDL)
-        x = buf[0:1, : dims[0][1]]
-        for w, (n, k) in zip(ws, dims):
-            x = gemv.gemv(x[:, :k], w)
-        return x
-
-    hidden, inter, eps = dims[1][0], dims[3][1], 1e-6
-    res0 = torch.randn(hidden, device="cuda", dtype=torch.bfloat16)
-    wa, wo = (1 + 0.1 * torch.randn(hidden, device="cuda", dtype=torch.bfloat16) for _ in range(2))
-    resid = torch.empty(2, hidden, device="cuda", dtype=torch.bfloat16)
-
-    def launched_layers():  # the engine's launches for the same products and layer ops (no attention)
-        x, res = buf[0:1, :hidden], res0[None]
-        for qkv, o, gate_up, down in zip(*[iter(ws)] * 4):
-            q = gemv.gemv(x, qkv, early_tiles=1)[:, : o.shape[1]]
-            res, x = norm.add_rms_norm(res, gemv.gemv(q, o, early_tiles=gemv.NORMED_EARLY_TILES), wa, wo, eps)
-            d = gemv.gemv(gemv.gemv_swiglu(x, gate_up), down, early_tiles=gemv.NORMED_EARLY_TILES)
-            res, x = norm.add_rms_norm(res, d, wa, wo, eps)
-        return d
-
-    refs = {0: launched()[0].float(), 1: launched_layers()[0].float()}
-    rows = [
-        ("launched GEMVs (PDL)", floors.graph_us(launched), 0.0),
-        ("launched as the engine: + add + RMSNorm launches, SwiGLU epilogue", floors.graph_us(launched_layers), 0.0),
-    ]
+    weight_bytes = sum(w.numel() * 2 for ws in m.ws for w in ws)
+    chains = {"products": weight_bytes, "layers": weight_bytes, "step": weight_bytes + m.kv.numel() * 2}
+    refs = {c: m.launched(c).float() for c in chains}
+    rows = [(f"launched, {c}", floors.graph_us(lambda c=c: m.launched(c)), b, 0.0) for c, b in chains.items()]
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    weights = torch.tensor([w.data_ptr() for w in ws], device="cuda", dtype=torch.int64)
-    n_of = torch.tensor([n for n, _ in dims], device="cuda", dtype=torch.int32)
-    k_of = torch.tensor([k for _, k in dims], device="cuda", dtype=torch.int32)
-    done = torch.zeros(len(dims), device="cuda", dtype=torch.int32)
+    act = torch.zeros(1 << 22, device="cuda", dtype=torch.bfloat16)
+    act[: m.hidden] = m.x0
+    fpart = torch.zeros(m.heads * args.ctx * (D + 2), device="cuda", dtype=torch.float32)
+    resid = torch.empty(2, m.hidden, device="cuda", dtype=torch.bfloat16)
     for cfg in args.configs:
         stages, stage_bytes, cw = map(int, cfg.split("x"))
-        if any(-(-k // 8 // cw) > 32 * MAXV for _, k in dims):
-            print(f"{cfg}: skipped, a warp's slice of x is over {32 * MAXV} vectors")
+        if -(-m.inter // 8 // cw) > 32 * MAXV or cw * 32 % D:
+            print(f"{cfg}: skipped (a warp's slice of x over {32 * MAXV} vectors, or warps not a multiple of D)")
             continue
         kernel, smem = build(stages, stage_bytes, cw)
-        per = [max(1, stage_bytes // (2 * k)) for _, k in dims]
-        counts = [-(-n // r) for (n, _), r in zip(dims, per)]
-        first = torch.tensor([0] + list(torch.tensor(counts).cumsum(0).tolist()), device="cuda", dtype=torch.int32)
-        rows_of = torch.tensor(per, device="cuda", dtype=torch.int32)
+        for chain, nbytes in chains.items():
+            st, counts = m.stages(chain, stage_bytes)
 
-        def run(wait, layer_ops, kernel=kernel, smem=smem, cw=cw, first=first, rows_of=rows_of):
-            done.zero_()
-            resid[0].copy_(res0)
-            args = [weights, n_of, k_of, rows_of, first, buf, buf.stride(0), done, len(dims), wait, layer_ops]
-            args += [resid, wa, wo, eps, hidden, inter]
-            kernel(grid=(sms, 1, 1), block=((cw + 1) * 32, 1, 1), args=args, shared_mem=smem)
+            def col(key, dtype=torch.int32, st=st):
+                return torch.tensor([s[key] or 0 for s in st], device="cuda", dtype=dtype)
 
-        for wait, layer_ops in ((0, 0), (1, 0), (1, 1)):
-            buf[1:].zero_()
-            run(wait, layer_ops)
-            torch.cuda.synchronize()
-            got, ref = buf[len(dims), : dims[-1][0]].float(), refs[layer_ops]
-            err = (got - ref).abs().max().item() / ref.abs().max().item()
-            what = ", no waits" if not wait else ", + layer ops" if layer_ops else ""
-            name = f"persistent {cfg} (stages x bytes x consumer warps){what}"
-            rows.append((name, floors.graph_us(lambda w=wait, lo=layer_ops: run(w, lo)), err))
+            first = torch.tensor([0, *torch.tensor(counts).cumsum(0).tolist()], device="cuda", dtype=torch.int32)
+            tables = [col("src", torch.int64), col("kind"), col("role"), col("t"), col("n"), col("k"), col("rows")]
+            tables += [first, col("inp", torch.int64), col("out", torch.int64)]
+            end = st[-1]["out"]
+
+            done = torch.zeros(len(st), device="cuda", dtype=torch.int32)
+
+            def run(wait, kernel=kernel, smem=smem, cw=cw, tables=tables, done=done):
+                done.zero_()
+                resid[0].copy_(m.res0)
+                args_ = [*tables, act, fpart, done, len(done), wait, resid, m.wa, m.wo, m.eps, m.hidden, m.inter]
+                kernel(grid=(sms, 1, 1), block=((cw + 1) * 32, 1, 1), args=args_, shared_mem=smem)
+
+            for wait in (0, 1) if chain == "products" else (1,):
+                act[m.hidden :].zero_()
+                run(wait)
+                torch.cuda.synchronize()
+                ref = refs[chain]
+                got = act[end : end + len(ref)].float()
+                err = (got - ref).abs().max().item() / ref.abs().max().item()
+                name = f"persistent {cfg} (stages x bytes x consumer warps), {chain}{'' if wait else ', no waits'}"
+                rows.append((name, floors.graph_us(lambda w=wait, r=run: r(w)), nbytes, err))
     timer.cancel()
-    print(f"{len(dims)} products, {nbytes / 1e9:.3f} GB, copy rate {rate / 1e12:.2f} TB/s, floor {floor_us:.1f} us")
-    print(f"{'variant':<64} {'us/chain':>9} {'of roof':>8} {'rel. diff':>9}")
-    for name, t, err in rows:
-        print(f"{name:<64} {t:>9.1f} {floor_us / t:>8.3f} {err:>9.1e}")
+    print(f"{args.layers} layers, {args.ctx} cached keys, copy rate {rate / 1e12:.2f} TB/s")
+    print(f"{'chain':<80} {'us':>8} {'GB':>6} {'of roof':>8} {'rel. diff':>9}")
+    for name, t, nbytes, err in rows:
+        print(f"{name:<80} {t:>8.1f} {nbytes / 1e9:>6.3f} {nbytes / rate * 1e6 / t:>8.3f} {err:>9.1e}")
 
 
 if __name__ == "__main__":
