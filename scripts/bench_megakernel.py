@@ -134,6 +134,7 @@ def main():
     ap.add_argument("--layers", type=int, default=24)
     ap.add_argument("--ctx", type=int, default=1024)
     ap.add_argument("--configs", nargs="*", default=["6x32768x8", "12x16384x8", "4x49152x8", "6x32768x12"])
+    ap.add_argument("--chains", nargs="*", default=["products", "layers", "step"])
     ap.add_argument("--watchdog", type=float, default=60)
     args = ap.parse_args()
     timer = threading.Timer(args.watchdog, lambda: (print("watchdog: hung", flush=True), os._exit(3)))
@@ -143,8 +144,16 @@ def main():
     rate = floors.ceilings("cuda")["copy_gbps"] * 1e9
     weight_bytes = sum(w.numel() * 2 for ws in m.ws for w in ws)
     chains = {"products": weight_bytes, "layers": weight_bytes, "step": weight_bytes + m.kv.numel() * 2}
+    chains = {c: chains[c] for c in args.chains}
+    print(f"{args.layers} layers, {args.ctx} cached keys, copy rate {rate / 1e12:.2f} TB/s")
+    print(f"{'chain':<80} {'us':>8} {'GB':>6} {'of roof':>8} {'rel. diff':>9}", flush=True)
+
+    def row(name, t, nbytes, err):  # (printed as measured: a hang loses only the rest)
+        print(f"{name:<80} {t:>8.1f} {nbytes / 1e9:>6.3f} {nbytes / rate * 1e6 / t:>8.3f} {err:>9.1e}", flush=True)
+
     refs = {c: m.launched(c).float() for c in chains}
-    rows = [(f"launched, {c}", floors.graph_us(lambda c=c: m.launched(c)), b, 0.0) for c, b in chains.items()]
+    for c, b in chains.items():
+        row(f"launched, {c}", floors.graph_us(lambda c=c: m.launched(c)), b, 0.0)
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     act = torch.zeros(1 << 22, device="cuda", dtype=torch.bfloat16)
     act[: m.hidden] = m.x0
@@ -183,12 +192,8 @@ def main():
                 got = act[end : end + len(ref)].float()
                 err = (got - ref).abs().max().item() / ref.abs().max().item()
                 name = f"persistent {cfg} (stages x bytes x consumer warps), {chain}{'' if wait else ', no waits'}"
-                rows.append((name, floors.graph_us(lambda w=wait, r=run: r(w)), nbytes, err))
+                row(name, floors.graph_us(lambda w=wait, r=run: r(w)), nbytes, err)
     timer.cancel()
-    print(f"{args.layers} layers, {args.ctx} cached keys, copy rate {rate / 1e12:.2f} TB/s")
-    print(f"{'chain':<80} {'us':>8} {'GB':>6} {'of roof':>8} {'rel. diff':>9}")
-    for name, t, nbytes, err in rows:
-        print(f"{name:<80} {t:>8.1f} {nbytes / 1e9:>6.3f} {nbytes / rate * 1e6 / t:>8.3f} {err:>9.1e}")
 
 
 if __name__ == "__main__":
