@@ -8,8 +8,8 @@ the split decode attention and its merge):
 - products: q/k/v, o, [gate; up], down a layer, each product's input the previous one's output;
 - layers: the same with the engine's add + RMSNorm (Ouro's sandwich) before [gate; up] and the
   next q/k/v, SwiGLU before down;
-- step: with the decode attention of q over a 1,024-key cache between q/k/v and o (no RoPE, no
-  new key: the cache is given).
+- step: with the decode attention at the last of 1,024 positions between q/k/v and o: q and the new
+  key rotated (RoPE), the new key and value stored, the others cached.
 
 Prints each chain's time, its bytes (weights, cached keys) over the measured copy rate (of roof),
 and its result's largest difference from the engine's, relative to that result's largest value;
@@ -31,8 +31,9 @@ import threading
 import torch
 
 from rlt.bench import floors
-from rlt.kernels import gemv, norm
+from rlt.kernels import gemv, norm, rope
 from rlt.kernels.decode_attention import decode_attention
+from rlt.models.layers import rope_inv_freq
 
 SOURCE = pathlib.Path(__file__).with_name("megakernel_chain.cu")
 GEMV, ATTN, MERGE = range(3)  # (as the .cu file)
@@ -74,7 +75,8 @@ class Model:
         # the same keys for the engine's paged kernel: [blocks, layers, 2, block, heads, D], blocks in order
         self.cache = self.kv.view(layers, 2, heads, ctx // BLOCK, BLOCK, D).permute(3, 0, 1, 4, 2, 5).contiguous()
         self.table = torch.arange(ctx // BLOCK, device="cuda", dtype=torch.int32)[None]
-        self.pos = torch.tensor([ctx - 1], device="cuda", dtype=torch.int32)  # (keys 0 .. ctx - 1)
+        self.pos = torch.tensor([ctx - 1], device="cuda", dtype=torch.int32)  # (the new key's; slot = position)
+        self.inv_freq = rope_inv_freq(D, 10000.0).cuda()
         self.x0 = torch.randn(hidden, device="cuda", dtype=torch.bfloat16)
         self.res0 = torch.randn(hidden, device="cuda", dtype=torch.bfloat16)
         self.wa, self.wo = (1 + 0.1 * torch.randn(hidden, device="cuda", dtype=torch.bfloat16) for _ in range(2))
@@ -84,10 +86,12 @@ class Model:
         """The engine's launches for a chain -> its last product's output [N]."""
         x, res = self.x0[None], self.res0[None]
         for layer, (qkv, o, gate_up, down) in enumerate(self.ws):
-            q = gemv.gemv(x, qkv)[:, : o.shape[1]]
-            if chain == "step":
-                q = q.view(1, self.heads, D)
-                q = decode_attention(self.cache, layer, q, self.table, self.pos, BLOCK).view(1, -1)
+            q = gemv.gemv(x, qkv)
+            if chain == "step":  # (as the engine's unfused path: RoPE + the K/V store, then the attention)
+                q, k, v = (t.view(1, self.heads, D) for t in q.split(self.heads * D, dim=1))
+                rope.rope_write_kv(q, k, v, self.pos, self.inv_freq, False, self.cache, layer, self.pos.long(), BLOCK)
+                q = decode_attention(self.cache, layer, q, self.table, self.pos, BLOCK)
+            q = q.reshape(1, -1)[:, : o.shape[1]]
             y = gemv.gemv(q, o, early_tiles=gemv.NORMED_EARLY_TILES)
             if chain == "products":
                 x = d = gemv.gemv(gemv.gemv(y, gate_up)[:, : down.shape[1]], down)
@@ -182,6 +186,7 @@ def main():
                 done.zero_()
                 resid[0].copy_(m.res0)
                 args_ = [*tables, act, fpart, done, len(done), wait, resid, m.wa, m.wo, m.eps, m.hidden, m.inter]
+                args_ += [m.inv_freq, args.ctx - 1]
                 kernel(grid=(sms, 1, 1), block=((cw + 1) * 32, 1, 1), args=args_, shared_mem=smem)
 
             for wait in (0, 1) if chain == "products" else (1,):

@@ -3,8 +3,10 @@
 //   GEMV   act[out:out+N] = W @ x, x = act[in:in+K] as given (PLAIN), after the engine's add + RMSNorm
 //          (ADD_NORM: Ouro's sandwich, r' = r + rms_norm(x, wa), x = rms_norm(r', wo)) or SwiGLU
 //          (SWIGLU: silu(act[in:]) * act[in + inter:]), rounded as rlt/kernels/norm.py and gemv.py;
-//   ATTN   the decode attention of q = act[in:in+H*D] over a contiguous K/V cache ([2][H][ctx][D], bf16):
-//          an item per (head, slice of R keys) leaves its softmax partials (m, l, acc) in fpart;
+//   ATTN   the decode attention at position pos of q = act[in:in+H*D] (k, v after it) over a contiguous
+//          K/V cache ([2][H][ctx][D], bf16), q and the new k rotated (rotate-half RoPE, rounded as
+//          rlt/kernels/rope.py) and the new k, v stored at pos by the item whose slice holds it: an item
+//          per (head, slice of R keys) leaves its softmax partials (m, l, acc) in fpart;
 //   MERGE  an item per head merges its slices into act[out + h*D:] (bf16).
 // Weights and cached keys never depend on the chain, so each block's producer warp streams its
 // share of every stage's bytes into a shared-memory ring (1-D bulk copies, mbarriers) waiting for
@@ -98,9 +100,9 @@ __device__ float consumers_sum(float v, float* red) {  // every consumer thread'
 }
 
 // A GEMV stage's input slice of this lane (vectors v0 + lane + 32 j < v1), as the stage's role has it.
-__device__ __forceinline__ void gemv_input(float (*x)[8], int role, int t, const unsigned short* in, int v0, int v1, int lane,
-                           unsigned short* resid, const unsigned short* wa, const unsigned short* wo, float eps,
-                           int hidden, int inter, float* red) {
+__device__ __forceinline__ void gemv_input(float (*x)[8], int role, int t, const unsigned short* in, int v0, int v1,
+                                           int lane, unsigned short* resid, const unsigned short* wa,
+                                           const unsigned short* wo, float eps, int hidden, int inter, float* red) {
     const uint4* xv = (const uint4*)in;
     const uint4* up = xv + (role == SWIGLU ? inter / 8 : 0);
     uint4 raw[MAXV], raw_up[MAXV];
@@ -173,7 +175,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
           int P, int wait_for_inputs,         // 0: the byte stream alone (results wrong)
           unsigned short* resid,              // [2][hidden]: the residual, read from one half, written to the other
           const unsigned short* __restrict__ wa, const unsigned short* __restrict__ wo, double eps, int hidden,
-          int inter) {
+          int inter, const float* __restrict__ inv_freq, int pos) {  // RoPE's [D / 2] frequencies; the new key's
     extern __shared__ __align__(128) unsigned char smem[];
     unsigned char* ring = smem;
     float* part = (float*)(smem + STAGES * STAGE_BYTES);  // [2][64][CW] GEMV partial sums
@@ -239,9 +241,17 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
                 v0 = warp * V / CW, v1 = (warp + 1) * V / CW;
                 gemv_input(x, role[p], norm_t[p], act + in_off[p], v0, v1, lane, resid, wa, wo, (float)eps, hidden,
                            inter, red);
-            } else if (kd == ATTN) {
+            } else if (kd == ATTN) {  // q, rotated
                 const uint4* qv = (const uint4*)(act + in_off[p]);
                 for (int v = threadIdx.x; v < n_of[p] * D / 8; v += CW * 32) unpack8(__ldcg(qv + v), qs + 8 * v);
+                consumers_sync();
+                for (int e = threadIdx.x; e < n_of[p] * D / 2; e += CW * 32) {
+                    float* at = qs + (e / (D / 2)) * D + e % (D / 2);
+                    float sn, cs;
+                    sincosf(pos * inv_freq[e % (D / 2)], &sn, &cs);
+                    const float a = at[0], b = at[D / 2];
+                    at[0] = round_bf16(a * cs - b * sn), at[D / 2] = round_bf16(b * cs + a * sn);
+                }
                 consumers_sync();
             }
             current = p, mine = 0;
@@ -272,7 +282,25 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
             }
         } else if (kd == ATTN) {
             const int ctx = k_of[p], S = ctx / R, h = j / S, sl = j % S;
-            const unsigned short *ks = (const unsigned short*)slot, *vs = ks + R * D;
+            unsigned short *ks = (unsigned short*)slot, *vs = ks + R * D;
+            if (sl == pos / R) {  // the new key: rotated k and v from q/k/v into the slot and the cache
+                const int H = n_of[p], row = pos - sl * R, e = threadIdx.x % (D / 2), is_v = threadIdx.x >= D / 2;
+                const unsigned short* kv_new = act + in_off[p] + (size_t)(H + is_v * H) * D + h * D;
+                unsigned short* cache = (unsigned short*)src[p] + ((size_t)(is_v * H + h) * ctx + pos) * D;
+                unsigned short* dst = (is_v ? vs : ks) + row * D;
+                if (threadIdx.x < D) {
+                    float a = bf(__ldcg(kv_new + e)), b = bf(__ldcg(kv_new + e + D / 2));
+                    if (!is_v) {
+                        float sn, cs;
+                        sincosf(pos * inv_freq[e], &sn, &cs);
+                        const float ra = round_bf16(a * cs - b * sn), rb = round_bf16(b * cs + a * sn);
+                        a = ra, b = rb;
+                    }
+                    dst[e] = cache[e] = to_bf16(a), dst[e + D / 2] = cache[e + D / 2] = to_bf16(b);
+                    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // (bulk copies refill the slot)
+                }
+                consumers_sync();
+            }
             const float* q = qs + h * D + lane * 4;
             for (int k = warp; k < R; k += CW) {  // scores: a warp a key, a lane four dimensions
                 const uint2 kk = *(const uint2*)(ks + k * D + lane * 4);
