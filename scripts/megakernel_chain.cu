@@ -326,8 +326,9 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
                 out[threadIdx.x] = o;
                 if (threadIdx.x == 0) out[D] = m, out[D + 1] = l;
             }
-        } else {  // MERGE: head j's slices
-            if (threadIdx.x == 0) mbar_arrive(&empty[s]);
+        } else {  // MERGE: head j's slices (its slot holds nothing)
+            consumers_sync();  // (every consumer past this slot's wait before it is freed: a waiter that fell two
+            if (threadIdx.x == 0) mbar_arrive(&empty[s]);  //  phases behind would wait on the wrong one)
             const int S = k_of[p];
             const float* in = fpart + (size_t)j * S * (D + 2);
             float m = NEG_INF, l = 0.f, o = 0.f;
