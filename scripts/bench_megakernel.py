@@ -104,7 +104,7 @@ class Model:
     def stages(self, chain: str, stage_bytes: int) -> tuple[list[dict], list[int]]:
         """The persistent kernel's stages of a chain (their inputs and outputs in act; a chunk: a
         slot's worth of GEMV rows, or a head's slice of keys), and each stage's chunks."""
-        out, st, norms = [0], [], iter(range(1 << 20))
+        out, st, norms = [self.hidden], [], iter(range(1 << 20))  # (act[:hidden] holds x0)
 
         def add(kind, n, k, rows, src, role=PLAIN, size=None, read=None):
             at = out[-1] + (-out[-1] % 8)  # (16-byte aligned)
@@ -113,8 +113,7 @@ class Model:
             out.append(at + (size or n))
             return at
 
-        x = 0  # act[0: hidden] holds x0
-        out[-1] = self.hidden
+        x = 0
         for layer, (qkv, o, gate_up, down) in enumerate(self.ws):
             role = ADD_NORM if layer and chain != "products" else PLAIN
             y = add(GEMV, *qkv.shape, None, qkv.data_ptr(), role, read=x)

@@ -13,9 +13,8 @@ def kv_slots(table: list[int], start: int, n: int, bs: int) -> list[int]:
 def row_slots(tables: np.ndarray, row_starts: list[int], pos: np.ndarray, bs: int) -> np.ndarray:
     """The KV slot of every row of a pass: its group's block table (`padded`) at the row's position
     (vectorized: a 4,096-row prompt's slots in microseconds, not a Python loop per row)."""
-    if len(tables) == 1:
-        return tables[0, pos // bs] * bs + pos % bs
-    group = np.repeat(np.arange(len(tables)), np.diff(row_starts))
+    # (one group, a lone prompt chunk or decode row: its table without a per-row group index)
+    group = 0 if len(tables) == 1 else np.repeat(np.arange(len(tables)), np.diff(row_starts))
     return tables[group, pos // bs] * bs + pos % bs
 
 
