@@ -1,0 +1,120 @@
+"""The CUTLASS GEMMs scripts/cutlass/build.sh makes, on the GPU: does each load, match torch, and keep
+cuBLAS's pace at the prefill shapes (CUDA graphs)? Plain (three tilings) against `a @ w.T`; with RoPE on
+adjacent column pairs against cuBLAS + rope.py's launch in pairs mode; with SwiGLU on interleaved gate/up
+rows against cuBLAS + the engine's SwiGLU launch. Prints cuBLAS's time over each one's (> 1: faster).
+
+    python scripts/cutlass/check.py [--libs build/cutlass]
+"""
+
+import argparse
+import ctypes
+import pathlib
+
+import torch
+
+from rlt.bench import floors
+from rlt.kernels import rope
+from rlt.kernels.activation import silu_mul
+
+D = 128
+PLAIN = {
+    "ouro q/k/v": (6144, 2048),
+    "ouro o": (2048, 2048),
+    "ouro [gate; up]": (11264, 2048),
+    "ouro down": (2048, 5632),
+    "nanbeige q/k/v": (8192, 3072),
+    "nanbeige [gate; up]": (21504, 3072),
+    "nanbeige down": (3072, 10752),
+}
+QKV = {"ouro": (16, 16, 2048), "nanbeige": (48, 8, 3072)}  # query heads, KV heads, hidden
+MLP = {"ouro": (5632, 2048), "nanbeige": (10752, 3072)}  # intermediate, hidden
+
+
+def load(path: pathlib.Path, entry: str, pointers: int):
+    fn = getattr(ctypes.CDLL(str(path)), entry)
+    fn.argtypes = [ctypes.c_int] * 3 + [ctypes.c_void_p] * pointers + [ctypes.c_int, ctypes.c_void_p]
+    return fn
+
+
+def call(fn, *args):
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    assert fn(*args, sms, torch.cuda.current_stream().cuda_stream) == 0
+
+
+def randn(*shape, scale=1.0):
+    return torch.randn(*shape, device="cuda", dtype=torch.bfloat16) * scale
+
+
+def report(name, fused, unfused, got, want):
+    err = (got.float() - want.float()).abs().max().item()
+    t_fused, t_unfused = floors.graph_us(fused), floors.graph_us(unfused)
+    print(f"{name:34s} {t_fused:8.1f} us vs {t_unfused:8.1f}: {t_unfused / t_fused:.3f} (max diff {err:.3g})")
+
+
+def check_plain(tilings: dict, name: str, m: int, n: int, k: int) -> None:
+    a, w, d = randn(m, k), randn(n, k, scale=k**-0.5), randn(m, n)
+    want = a @ w.t()
+    for tiling, fn in tilings.items():
+
+        def gemm(fn=fn):
+            call(fn, m, n, k, a.data_ptr(), w.data_ptr(), d.data_ptr())
+
+        gemm()
+        report(f"{name} {m}{tiling}", gemm, lambda: a @ w.t(), d, want)
+
+
+def check_rope(fn, name: str, m: int, hq: int, hkv: int, k: int) -> None:
+    n = (hq + 2 * hkv) * D
+    inv = 1.0 / (10000.0 ** (torch.arange(0, D, 2, dtype=torch.float32) / D))
+    freq = torch.zeros(n)
+    freq[: (hq + hkv) * D] = inv.repeat_interleave(2).repeat(hq + hkv)  # (a pair shares a frequency; v: 0)
+    freq, inv = freq.cuda(), inv.cuda()
+    a, w, d = randn(m, k), randn(n, k, scale=k**-0.5), randn(m, n)
+    pos = torch.arange(m, device="cuda", dtype=torch.float32)
+
+    def fused():
+        call(fn, m, n, k, a.data_ptr(), w.data_ptr(), d.data_ptr(), freq.data_ptr(), pos.data_ptr())
+
+    def unfused():
+        y = a @ w.t()
+        q, kk = y[:, : hq * D].view(m, hq, D), y[:, hq * D : (hq + hkv) * D].view(m, hkv, D)
+        rope.rope_(q, kk, pos.long(), inv, True)
+        return y
+
+    fused()
+    report(f"{name} q/k/v + RoPE {m}", fused, unfused, d, unfused())
+
+
+def check_swiglu(fn, name: str, m: int, inter: int, k: int) -> None:
+    a, gate_up, out = randn(m, k), randn(2 * inter, k, scale=k**-0.5), randn(m, inter)
+    pairs = torch.stack([gate_up[:inter], gate_up[inter:]], 1).reshape(2 * inter, k).contiguous()  # g0 u0 g1 u1 ..
+
+    def fused():
+        call(fn, m, 2 * inter, k, a.data_ptr(), pairs.data_ptr(), out.data_ptr())
+
+    def unfused():
+        return silu_mul(a @ gate_up.t())
+
+    fused()
+    report(f"{name} [gate; up] + SwiGLU {m}", fused, unfused, out, unfused())
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--libs", default="build/cutlass")
+    libs = pathlib.Path(ap.parse_args().libs)
+    tilings = [p for p in sorted(libs.glob("libgemm*.so")) if p.stem not in ("libgemm_rope", "libgemm_swiglu")]
+    plain = {p.stem[len("libgemm") :] or "_coop128x128": load(p, "rlt_gemm", 3) for p in tilings}
+    rope_fn = load(libs / "libgemm_rope.so", "rlt_gemm_rope", 5)
+    swiglu_fn = load(libs / "libgemm_swiglu.so", "rlt_gemm_swiglu", 3)
+    for m in (1024, 4096):
+        for name, (n, k) in PLAIN.items():
+            check_plain(plain, name, m, n, k)
+        for name, (hq, hkv, k) in QKV.items():
+            check_rope(rope_fn, name, m, hq, hkv, k)
+        for name, (inter, k) in MLP.items():
+            check_swiglu(swiglu_fn, name, m, inter, k)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,133 @@
+// #34 item 3 experiment (scripts/cutlass/build.sh builds it, check.py runs it).
+// The [gate; up] GEMM with SwiGLU as its epilogue, for weights whose gate and up rows are interleaved
+// (row 2j: gate j, row 2j + 1: up j): each thread's accumulator fragment holds column pairs (2j, 2j + 1), so the
+// epilogue computes silu(gate) * up per pair (rounded as rlt/kernels/gemv.py's SwiGLU epilogue) and stores it at
+// column j of out [M, N / 2] itself (plain stores: the tile's TMA store of D is off, ElementD = void).
+#include "cutlass/cutlass.h"
+#include "cute/tensor.hpp"
+#include "cutlass/gemm/collective/collective_builder.hpp"
+#include "cutlass/epilogue/collective/collective_builder.hpp"
+#include "cutlass/epilogue/fusion/sm90_callbacks_tma_warpspecialized.hpp"
+#include "cutlass/gemm/kernel/gemm_universal.hpp"
+#include "cutlass/gemm/device/gemm_universal_adapter.h"
+#include "cutlass/util/packed_stride.hpp"
+using namespace cute;
+
+namespace rlt {
+using namespace cutlass::epilogue::fusion;
+
+template <class ElementOut>
+struct SwigluStore {
+  using ElementAux = ElementOut;  // (the epilogue's element in place of the absent D)
+  struct SharedStorage {};
+  struct Arguments {
+    ElementOut* ptr = nullptr;
+  };
+  using Params = Arguments;
+  template <class ProblemShape>
+  static constexpr Params to_underlying_arguments(ProblemShape const&, Arguments const& args, void*) { return args; }
+  template <class ProblemShape>
+  static bool can_implement(ProblemShape const&, Arguments const&) { return true; }
+  template <class ProblemShape>
+  static size_t get_workspace_size(ProblemShape const&, Arguments const&) { return 0; }
+  template <class ProblemShape>
+  static cutlass::Status initialize_workspace(ProblemShape const&, Arguments const&, void*, cudaStream_t,
+                                              cutlass::CudaHostAdapter* = nullptr) {
+    return cutlass::Status::kSuccess;
+  }
+  CUTLASS_DEVICE bool is_producer_load_needed() const { return false; }
+  CUTLASS_DEVICE bool is_C_load_needed() const { return false; }
+  CUTLASS_HOST_DEVICE SwigluStore() {}
+  CUTLASS_HOST_DEVICE SwigluStore(Params const& params, SharedStorage const&) : params(params) {}
+  Params params;
+
+  template <class... Args>
+  CUTLASS_DEVICE auto get_producer_load_callbacks(ProducerLoadArgs<Args...> const&) {
+    return EmptyProducerLoadCallbacks{};
+  }
+
+  template <class RTensor, class GTensor, class CTensor, class Residue>
+  struct ConsumerStoreCallbacks : EmptyConsumerStoreCallbacks {
+    CUTLASS_DEVICE ConsumerStoreCallbacks(RTensor&& r, GTensor&& g, CTensor c, Residue residue)
+        : tC_r(cute::forward<RTensor>(r)), tC_g(cute::forward<GTensor>(g)), tC_c(c), residue(residue) {}
+    RTensor tC_r;  // (CPY,CPY_M,CPY_N,EPI_M,EPI_N)
+    GTensor tC_g;  // the same elements' places in out: a pair's two columns share one
+    CTensor tC_c;
+    Residue residue;
+
+    template <typename ElementAccumulator, typename ElementInput, int FragmentSize>
+    CUTLASS_DEVICE cutlass::Array<ElementOut, FragmentSize> visit(cutlass::Array<ElementAccumulator,
+        FragmentSize> const&, int epi_v,
+                                                         int epi_m, int epi_n,
+                                                         cutlass::Array<ElementInput, FragmentSize> const& in) {
+      static_assert(FragmentSize % 2 == 0, "pairs of adjacent columns");
+      cutlass::Array<ElementOut, FragmentSize> out;
+      CUTLASS_PRAGMA_UNROLL
+      for (int i = 0; i < FragmentSize; i += 2) {
+        float g = float(ElementOut(in[i])), u = float(ElementOut(in[i + 1]));
+        float s = float(ElementOut(g / (1.f + __expf(-g))));
+        out[i] = out[i + 1] = ElementOut(s * u);
+      }
+      Tensor frg = recast<cutlass::Array<ElementOut, FragmentSize>>(coalesce(tC_r(_, _, _, epi_m, epi_n)));
+      frg(epi_v) = out;
+      return out;
+    }
+
+    CUTLASS_DEVICE void end() {
+      Tensor pred = cute::lazy::transform(tC_c, [&](auto const& c) { return elem_less(c, residue); });
+      copy_if(pred, tC_r, tC_g);
+    }
+  };
+
+  template <bool ReferenceSrc, class... Args>
+  CUTLASS_DEVICE auto get_consumer_store_callbacks(ConsumerStoreArgs<Args...> const& args) {
+    auto [M, N, K, L] = args.problem_shape_mnkl;
+    auto [m, n, k, l] = args.tile_coord_mnkl;
+    int half = N / 2;
+    auto layout = make_layout(make_shape(M, make_shape(_2{}, half), L),
+                              make_stride(int64_t(half), make_stride(_0{}, _1{}), int64_t(M) * half));
+    Tensor mO = make_tensor(make_gmem_ptr(params.ptr), layout);  // (M,N,L): column c -> c / 2
+    Tensor gO = local_tile(mO, take<0, 2>(args.tile_shape_mnk), make_coord(m, n, l));
+    Tensor tC_g = sm90_partition_for_epilogue<ReferenceSrc>(gO, args.epi_tile, args.tiled_copy, args.thread_idx);
+    Tensor tC_r = make_tensor<ElementOut>(shape(tC_g));
+    return ConsumerStoreCallbacks<decltype(tC_r), decltype(tC_g), decltype(args.tCcD), decltype(args.residue_tCcD)>(
+        cute::move(tC_r), cute::move(tC_g), args.tCcD, args.residue_tCcD);
+  }
+};
+}  // namespace rlt
+
+using Bf = cutlass::bfloat16_t;
+using LayoutA = cutlass::layout::RowMajor;
+using LayoutB = cutlass::layout::ColumnMajor;
+using LayoutC = cutlass::layout::RowMajor;
+using TileShape = Shape<_128, _128, _64>;
+using ClusterShape = Shape<_1, _1, _1>;
+using Swiglu = cutlass::epilogue::fusion::Sm90EVT<rlt::SwigluStore<Bf>, cutlass::epilogue::fusion::Sm90AccFetch>;
+using CollectiveEpilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
+    cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape, ClusterShape,
+    cutlass::epilogue::collective::EpilogueTileAuto, float, float, void, LayoutC, 8, void, LayoutC, 8,
+    cutlass::epilogue::TmaWarpSpecializedCooperative, Swiglu>::CollectiveOp;
+using CollectiveMainloop = typename cutlass::gemm::collective::CollectiveBuilder<
+    cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, Bf, LayoutA, 8, Bf, LayoutB, 8, float, TileShape, ClusterShape,
+    cutlass::gemm::collective::StageCountAutoCarveout<
+        static_cast<int>(sizeof(typename CollectiveEpilogue::SharedStorage))>,
+    cutlass::gemm::KernelTmaWarpSpecializedCooperative>::CollectiveOp;
+using GemmKernel = cutlass::gemm::kernel::GemmUniversal<Shape<int, int, int, int>, CollectiveMainloop,
+    CollectiveEpilogue>;
+using Gemm = cutlass::gemm::device::GemmUniversalAdapter<GemmKernel>;
+
+// out [M, N / 2] = swiglu(A [M, K] @ B [N, K]^T), B's rows gate and up interleaved.
+extern "C" int rlt_gemm_swiglu(int M, int N, int K, const void* A, const void* B, void* out, int sms, void* stream) {
+    auto sA = cutlass::make_cute_packed_stride(typename GemmKernel::StrideA{}, {M, K, 1});
+    auto sB = cutlass::make_cute_packed_stride(typename GemmKernel::StrideB{}, {N, K, 1});
+    auto sD = cutlass::make_cute_packed_stride(typename GemmKernel::StrideD{}, {M, N, 1});
+    cutlass::KernelHardwareInfo hw{0, sms};
+    typename Gemm::Arguments args{cutlass::gemm::GemmUniversalMode::kGemm, {M, N, K, 1},
+                                  {(const Bf*)A, sA, (const Bf*)B, sB}, {{}, nullptr, {}, nullptr, sD}, hw};
+    args.epilogue.thread = {{}, {(Bf*)out}};
+    Gemm gemm;
+    if (gemm.can_implement(args) != cutlass::Status::kSuccess) return 1;
+    if (Gemm::get_workspace_size(args) != 0) return 2;
+    if (gemm.initialize(args, nullptr, (cudaStream_t)stream) != cutlass::Status::kSuccess) return 3;
+    return gemm.run((cudaStream_t)stream) == cutlass::Status::kSuccess ? 0 : 4;
+}
