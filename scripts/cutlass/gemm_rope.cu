@@ -2,15 +2,7 @@
 // A CUTLASS 3 SM90 bf16 GEMM (D = A @ B^T) whose epilogue rotates adjacent column pairs (RoPE with each
 // head's q/k rows permuted so rotate-half pairs are adjacent): theta = pos[row] * freq[col] (freq 0 on v's columns).
 // The accumulator is rounded to bf16 first, then rotated in float32 and rounded: as the GEMM then rope.py would.
-#include "cutlass/cutlass.h"
-#include "cute/tensor.hpp"
-#include "cutlass/gemm/collective/collective_builder.hpp"
-#include "cutlass/epilogue/collective/collective_builder.hpp"
-#include "cutlass/epilogue/fusion/sm90_callbacks_tma_warpspecialized.hpp"
-#include "cutlass/gemm/kernel/gemm_universal.hpp"
-#include "cutlass/gemm/device/gemm_universal_adapter.h"
-#include "cutlass/util/packed_stride.hpp"
-using namespace cute;
+#include "common.cuh"
 
 namespace rlt {
 template <class T> struct RopePairs {};  // (a tag: the node below does the work)
@@ -45,43 +37,18 @@ struct Sm90Compute<rlt::RopePairs, ElementOutput, ElementCompute, RoundStyle> : 
 };
 }  // namespace cutlass::epilogue::fusion
 
-using Bf = cutlass::bfloat16_t;
-using LayoutA = cutlass::layout::RowMajor;
-using LayoutB = cutlass::layout::ColumnMajor;
-using LayoutC = cutlass::layout::RowMajor;
-using TileShape = Shape<_128, _128, _64>;
-using ClusterShape = Shape<_1, _1, _1>;
 namespace fu = cutlass::epilogue::fusion;
+using TileShape = Shape<_128, _128, _64>;
 using Freq = fu::Sm90RowBroadcast<0, TileShape, float, float, Stride<_0, _1, int64_t>>;
 using Pos = fu::Sm90ColBroadcast<0, TileShape, float, float, Stride<_1, _0, int64_t>>;
-using Rope = fu::Sm90EVT<fu::Sm90Compute<rlt::RopePairs, Bf, float, cutlass::FloatRoundStyle::round_to_nearest>,
+using Rope = fu::Sm90EVT<fu::Sm90Compute<rlt::RopePairs, rlt::Bf, float, cutlass::FloatRoundStyle::round_to_nearest>,
                          fu::Sm90AccFetch, Freq, Pos>;
-using CollectiveEpilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
-    cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape, ClusterShape,
-    cutlass::epilogue::collective::EpilogueTileAuto, float, float, void, LayoutC, 8, Bf, LayoutC, 8,
-    cutlass::epilogue::TmaWarpSpecializedCooperative, Rope>::CollectiveOp;
-using CollectiveMainloop = typename cutlass::gemm::collective::CollectiveBuilder<
-    cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, Bf, LayoutA, 8, Bf, LayoutB, 8, float, TileShape, ClusterShape,
-    cutlass::gemm::collective::StageCountAutoCarveout<
-        static_cast<int>(sizeof(typename CollectiveEpilogue::SharedStorage))>,
-    cutlass::gemm::KernelTmaWarpSpecializedCooperative>::CollectiveOp;
-using GemmKernel = cutlass::gemm::kernel::GemmUniversal<Shape<int, int, int, int>, CollectiveMainloop,
-    CollectiveEpilogue>;
-using Gemm = cutlass::gemm::device::GemmUniversalAdapter<GemmKernel>;
+using RopeGemm = rlt::Gemm<TileShape, void, rlt::Bf, Rope>;
 
 // D [M, N] = rope(A [M, K] @ B [N, K]^T): freq [N], pos [M] (float32).
 extern "C" int rlt_gemm_rope(int M, int N, int K, const void* A, const void* B, void* D, const float* freq,
                              const float* pos, int sms, void* stream) {
-    auto sA = cutlass::make_cute_packed_stride(typename GemmKernel::StrideA{}, {M, K, 1});
-    auto sB = cutlass::make_cute_packed_stride(typename GemmKernel::StrideB{}, {N, K, 1});
-    auto sD = cutlass::make_cute_packed_stride(typename GemmKernel::StrideD{}, {M, N, 1});
-    cutlass::KernelHardwareInfo hw{0, sms};
-    typename Gemm::Arguments args{cutlass::gemm::GemmUniversalMode::kGemm, {M, N, K, 1},
-                                  {(const Bf*)A, sA, (const Bf*)B, sB}, {{}, nullptr, {}, (Bf*)D, sD}, hw};
+    auto args = RopeGemm::arguments(M, N, K, A, B, D, sms);
     args.epilogue.thread = {{}, {freq, 0.f, {_0{}, _1{}, 0}}, {pos, 0.f, {_1{}, _0{}, 0}}, {}};
-    Gemm gemm;
-    if (gemm.can_implement(args) != cutlass::Status::kSuccess) return 1;
-    if (Gemm::get_workspace_size(args) != 0) return 2;
-    if (gemm.initialize(args, nullptr, (cudaStream_t)stream) != cutlass::Status::kSuccess) return 3;
-    return gemm.run((cudaStream_t)stream) == cutlass::Status::kSuccess ? 0 : 4;
+    return RopeGemm::run(args, stream);
 }

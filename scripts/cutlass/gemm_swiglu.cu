@@ -3,15 +3,7 @@
 // (row 2j: gate j, row 2j + 1: up j): each thread's accumulator fragment holds column pairs (2j, 2j + 1), so the
 // epilogue computes silu(gate) * up per pair (rounded as rlt/kernels/gemv.py's SwiGLU epilogue) and stores it at
 // column j of out [M, N / 2] itself (plain stores: the tile's TMA store of D is off, ElementD = void).
-#include "cutlass/cutlass.h"
-#include "cute/tensor.hpp"
-#include "cutlass/gemm/collective/collective_builder.hpp"
-#include "cutlass/epilogue/collective/collective_builder.hpp"
-#include "cutlass/epilogue/fusion/sm90_callbacks_tma_warpspecialized.hpp"
-#include "cutlass/gemm/kernel/gemm_universal.hpp"
-#include "cutlass/gemm/device/gemm_universal_adapter.h"
-#include "cutlass/util/packed_stride.hpp"
-using namespace cute;
+#include "common.cuh"
 
 namespace rlt {
 using namespace cutlass::epilogue::fusion;
@@ -96,38 +88,12 @@ struct SwigluStore {
 };
 }  // namespace rlt
 
-using Bf = cutlass::bfloat16_t;
-using LayoutA = cutlass::layout::RowMajor;
-using LayoutB = cutlass::layout::ColumnMajor;
-using LayoutC = cutlass::layout::RowMajor;
-using TileShape = Shape<_128, _128, _64>;
-using ClusterShape = Shape<_1, _1, _1>;
-using Swiglu = cutlass::epilogue::fusion::Sm90EVT<rlt::SwigluStore<Bf>, cutlass::epilogue::fusion::Sm90AccFetch>;
-using CollectiveEpilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
-    cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape, ClusterShape,
-    cutlass::epilogue::collective::EpilogueTileAuto, float, float, void, LayoutC, 8, void, LayoutC, 8,
-    cutlass::epilogue::TmaWarpSpecializedCooperative, Swiglu>::CollectiveOp;
-using CollectiveMainloop = typename cutlass::gemm::collective::CollectiveBuilder<
-    cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, Bf, LayoutA, 8, Bf, LayoutB, 8, float, TileShape, ClusterShape,
-    cutlass::gemm::collective::StageCountAutoCarveout<
-        static_cast<int>(sizeof(typename CollectiveEpilogue::SharedStorage))>,
-    cutlass::gemm::KernelTmaWarpSpecializedCooperative>::CollectiveOp;
-using GemmKernel = cutlass::gemm::kernel::GemmUniversal<Shape<int, int, int, int>, CollectiveMainloop,
-    CollectiveEpilogue>;
-using Gemm = cutlass::gemm::device::GemmUniversalAdapter<GemmKernel>;
+using Swiglu = cutlass::epilogue::fusion::Sm90EVT<rlt::SwigluStore<rlt::Bf>, cutlass::epilogue::fusion::Sm90AccFetch>;
+using SwigluGemm = rlt::Gemm<Shape<_128, _128, _64>, void, void, Swiglu>;
 
 // out [M, N / 2] = swiglu(A [M, K] @ B [N, K]^T), B's rows gate and up interleaved.
 extern "C" int rlt_gemm_swiglu(int M, int N, int K, const void* A, const void* B, void* out, int sms, void* stream) {
-    auto sA = cutlass::make_cute_packed_stride(typename GemmKernel::StrideA{}, {M, K, 1});
-    auto sB = cutlass::make_cute_packed_stride(typename GemmKernel::StrideB{}, {N, K, 1});
-    auto sD = cutlass::make_cute_packed_stride(typename GemmKernel::StrideD{}, {M, N, 1});
-    cutlass::KernelHardwareInfo hw{0, sms};
-    typename Gemm::Arguments args{cutlass::gemm::GemmUniversalMode::kGemm, {M, N, K, 1},
-                                  {(const Bf*)A, sA, (const Bf*)B, sB}, {{}, nullptr, {}, nullptr, sD}, hw};
-    args.epilogue.thread = {{}, {(Bf*)out}};
-    Gemm gemm;
-    if (gemm.can_implement(args) != cutlass::Status::kSuccess) return 1;
-    if (Gemm::get_workspace_size(args) != 0) return 2;
-    if (gemm.initialize(args, nullptr, (cudaStream_t)stream) != cutlass::Status::kSuccess) return 3;
-    return gemm.run((cudaStream_t)stream) == cutlass::Status::kSuccess ? 0 : 4;
+    auto args = SwigluGemm::arguments(M, N, K, A, B, nullptr, sms);
+    args.epilogue.thread = {{}, {(rlt::Bf*)out}};
+    return SwigluGemm::run(args, stream);
 }
