@@ -3,7 +3,7 @@
 # #36's persistent decode step (scripts/bench_megakernel.py: a 2-layer smoke run of each chain, then
 # 24 layers over the ring configs) and #34 item 3's CUTLASS GEMMs with RoPE / SwiGLU epilogues
 # (scripts/cutlass/check.py). Build the CUTLASS libraries here first (`bash scripts/cutlass/build.sh`,
-# no GPU needed) and carry them: run with carry [".whl", "build"]. Logs go to $OUT.
+# no GPU needed) and the wheels (scripts/device_wheels.sh), and carry them: carry [".whl", "build"]. Logs: $OUT.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/rlt-out}; mkdir -p "$OUT"

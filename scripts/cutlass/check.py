@@ -70,7 +70,7 @@ def check_rope(fn, name: str, m: int, hq: int, hkv: int, k: int) -> None:
     freq[: (hq + hkv) * D] = inv.repeat_interleave(2).repeat(hq + hkv)  # (a pair shares a frequency; v: 0)
     freq, inv = freq.cuda(), inv.cuda()
     a, w, d = randn(m, k), randn(n, k, scale=k**-0.5), randn(m, n)
-    pos = torch.arange(m, device="cuda", dtype=torch.float32)
+    pos = torch.arange(m, device="cuda")
 
     def fused():
         call(fn, m, n, k, a.data_ptr(), w.data_ptr(), d.data_ptr(), freq.data_ptr(), pos.data_ptr())
@@ -78,7 +78,7 @@ def check_rope(fn, name: str, m: int, hq: int, hkv: int, k: int) -> None:
     def unfused():
         y = a @ w.t()
         q, kk = y[:, : hq * D].view(m, hq, D), y[:, hq * D : (hq + hkv) * D].view(m, hkv, D)
-        rope.rope_(q, kk, pos.long(), inv, True)
+        rope.rope_(q, kk, pos, inv, True)
         return y
 
     fused()

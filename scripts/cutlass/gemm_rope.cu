@@ -40,15 +40,15 @@ struct Sm90Compute<rlt::RopePairs, ElementOutput, ElementCompute, RoundStyle> : 
 namespace fu = cutlass::epilogue::fusion;
 using TileShape = Shape<_128, _128, _64>;
 using Freq = fu::Sm90RowBroadcast<0, TileShape, float, float, Stride<_0, _1, int64_t>>;
-using Pos = fu::Sm90ColBroadcast<0, TileShape, float, float, Stride<_1, _0, int64_t>>;
+using Pos = fu::Sm90ColBroadcast<0, TileShape, int64_t, float, Stride<_1, _0, int64_t>>;  // (positions as the engine's)
 using Rope = fu::Sm90EVT<fu::Sm90Compute<rlt::RopePairs, rlt::Bf, float, cutlass::FloatRoundStyle::round_to_nearest>,
                          fu::Sm90AccFetch, Freq, Pos>;
 using RopeGemm = rlt::Gemm<TileShape, void, rlt::Bf, Rope>;
 
-// D [M, N] = rope(A [M, K] @ B [N, K]^T): freq [N], pos [M] (float32).
+// D [M, N] = rope(A [M, K] @ B [N, K]^T): freq [N] (float32), pos [M] (int64).
 extern "C" int rlt_gemm_rope(int M, int N, int K, const void* A, const void* B, void* D, const float* freq,
-                             const float* pos, int sms, void* stream) {
+                             const int64_t* pos, int sms, void* stream) {
     auto args = RopeGemm::arguments(M, N, K, A, B, D, sms);
-    args.epilogue.thread = {{}, {freq, 0.f, {_0{}, _1{}, 0}}, {pos, 0.f, {_1{}, _0{}, 0}}, {}};
+    args.epilogue.thread = {{}, {freq, 0.f, {_0{}, _1{}, 0}}, {pos, int64_t(0), {_1{}, _0{}, 0}}, {}};
     return RopeGemm::run(args, stream);
 }

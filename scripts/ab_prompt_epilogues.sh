@@ -1,0 +1,75 @@
+#!/usr/bin/env bash
+# On one H200 (device tool), #34 item 3's A/B: this tree (BASE) against VARIANT, a copy of it with
+# scripts/cutlass/prompt_epilogues.patch applied (q/k rows reordered as RoPE pairs and gate/up rows interleaved
+# at load; with RLT_CUTLASS_LIBS its prompt passes run the CUTLASS GEMMs with RoPE / SwiGLU epilogues,
+# rlt/kernels/cutlass_gemm.py). The patch's CPU tests pass on the commit it was cut from (apply it there and run
+# the suite); if it wins, it lands and this script goes. Build the libraries here first
+# (`bash scripts/cutlass/build.sh`; wheels: scripts/device_wheels.sh), then run with carry [".whl", "build"].
+# PART=tests: VARIANT's GPU tests, prompt passes on the CUTLASS GEMMs (-k $K, default all);
+# PART=prefill: lone prompts of 1,024 and 4,096 tokens against their dense floor (scripts/prefix_hit.py), BASE
+#   and VARIANT with the libraries, interleaved, two rounds;
+# PART=decode: decode of Ouro-1.4B shapes at 1K, concurrency 1 and 128, BASE and VARIANT (its one-row GEMV and
+#   q/k/v + RoPE launch read the reordered rows).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-/tmp/rlt-out}; mkdir -p "$OUT"
+BASE=$PWD; TREE=/tmp/variant; LIBS=$PWD/build/cutlass
+if [ ! -d $TREE ]; then
+  mkdir -p $TREE && cp -r rlt tests scripts pyproject.toml $TREE/
+  (cd $TREE && { git apply scripts/cutlass/prompt_epilogues.patch 2>/dev/null || patch -s -p1 < scripts/cutlass/prompt_epilogues.patch; }) \
+    || { echo "the patch does not apply"; exit 1; }
+fi
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
+export PYTHONUNBUFFERED=1 RLT_CACHE_DIR=/tmp/rltcache
+step() { echo "=== $1 ($(date +%T))"; }
+in_tree() { (cd "$1" && shift && PYTHONPATH=/tmp/site:$PWD "$@"); }
+checkpoints() {
+  export PYTHONPATH=/tmp/site:$BASE
+  [ -d /tmp/ouro ] || python3 -m rlt make-checkpoint --family ouro --preset full --out /tmp/ouro --device cuda >/dev/null &
+  [ -d /tmp/nb ] || python3 -m rlt make-checkpoint --family nanbeige --preset full --out /tmp/nb --device cuda >/dev/null
+  wait
+}
+case ${PART:-tests} in
+tests)
+  step "GPU tests, prompt passes on the CUTLASS GEMMs"
+  in_tree "$TREE" env RLT_CUTLASS_LIBS=$LIBS timeout ${TEST_TIMEOUT:-420} python3 -m pytest -m gpu -q -x -p no:cacheprovider \
+    -p no:xdist tests/test_gpu_cutlass.py tests/test_gpu.py ${K:+-k "$K"} 2>&1 | tee "$OUT/pytest_gpu.log" | tail -15
+  ;;
+prefill)
+  checkpoints
+  for round in 1 2; do
+    for model in ouro nb; do
+      for len in 1024 4096; do
+        for variant in base variant; do
+          tree=$BASE; libs=""
+          [ $variant = variant ] && tree=$TREE && libs=$LIBS
+          log="$OUT/prefill_${model}_${len}.log"
+          echo "--- round $round $model $len $variant" >> "$log"
+          in_tree "$tree" env RLT_CUTLASS_LIBS=$libs timeout 150 python3 scripts/prefix_hit.py --model /tmp/$model \
+            --prefix-len 0 --new-len $len --repeat 5 >> "$log" 2>&1
+          python3 - "$log" "$round $model $len $variant" <<'EOF'
+import json, re, sys
+text = open(sys.argv[1]).read().rsplit("--- round", 1)[1]
+m = re.search(r"^\{.*?^\}", text, re.S | re.M)
+r = json.loads(m.group(0)) if m else {}
+print(f"{sys.argv[2]:28s} hit {r.get('hit_ms_median')} ms, floor {r.get('floor_ms')} ms: x{r.get('x_floor')}, "
+      f"busy {r.get('profiled_gpu_busy_ms')} ms")
+EOF
+        done
+      done
+    done
+  done
+  ;;
+decode)
+  checkpoints
+  for round in 1 2; do
+    for variant in base variant; do
+      tree=$BASE; [ $variant = variant ] && tree=$TREE
+      step "decode, Ouro-1.4B shapes, 1K context, concurrency 1 and 128: $variant (round $round)"
+      in_tree "$tree" timeout 200 python3 -m rlt bench offline --model /tmp/ouro --device cuda --concurrency 1,128 \
+        --threshold 1.0 --prompt-len 1024 --max-tokens 64 --kv-gib 60 --floors 2>&1 | tee -a "$OUT/decode_$variant.log" \
+        | tail -4
+    done
+  done
+  ;;
+esac
