@@ -11,20 +11,15 @@
 # PART=decode: decode of Ouro-1.4B shapes at 1K, concurrency 1 and 128, BASE and VARIANT (its one-row GEMV and
 #   q/k/v + RoPE launch read the reordered rows).
 set -uo pipefail
-cd "$(dirname "$0")/.."
-OUT=${OUT:-/tmp/rlt-out}; mkdir -p "$OUT"
+. "$(dirname "$0")/device_env.sh"
 BASE=$PWD; TREE=/tmp/variant; LIBS=$PWD/build/cutlass
 if [ ! -d $TREE ]; then
   mkdir -p $TREE && cp -r rlt tests scripts pyproject.toml $TREE/
   (cd $TREE && { git apply scripts/cutlass/prompt_epilogues.patch 2>/dev/null || patch -s -p1 < scripts/cutlass/prompt_epilogues.patch; }) \
     || { echo "the patch does not apply"; exit 1; }
 fi
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
-export PYTHONUNBUFFERED=1 RLT_CACHE_DIR=/tmp/rltcache
-step() { echo "=== $1 ($(date +%T))"; }
 in_tree() { (cd "$1" && shift && PYTHONPATH=/tmp/site:$PWD "$@"); }
 checkpoints() {
-  export PYTHONPATH=/tmp/site:$BASE
   [ -d /tmp/ouro ] || python3 -m rlt make-checkpoint --family ouro --preset full --out /tmp/ouro --device cuda >/dev/null &
   [ -d /tmp/nb ] || python3 -m rlt make-checkpoint --family nanbeige --preset full --out /tmp/nb --device cuda >/dev/null
   wait

@@ -3,14 +3,11 @@
 # handoff and check 1p1d against single for Nanbeige4.2-3B shapes. Logs and JSON go to $OUT.
 # Speed (offline bench, profiles, serving) is scripts/gpu_speed.sh.
 set -uo pipefail
-cd "$(dirname "$0")/.."
-OUT=${OUT:-/tmp/rlt-out}; mkdir -p "$OUT"
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
-export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 RLT_CACHE_DIR=/tmp/rltcache NIXL_LOG_LEVEL=WARN
+. "$(dirname "$0")/device_env.sh"
+export NIXL_LOG_LEVEL=WARN
 nvidia-smi -L | tee "$OUT/gpus.txt"
 python3 -c "import torch, nixl, zmq, msgspec; print('torch', torch.__version__, 'gpus', torch.cuda.device_count())"
 git rev-parse --short HEAD 2>/dev/null | tee "$OUT/commit.txt"
-step() { echo "=== $1"; }
 step "pytest -m gpu"
 timeout 300 python3 -m pytest -m gpu -q -p no:cacheprovider -p no:xdist tests/test_gpu.py 2>&1 | tee "$OUT/pytest_gpu.log" | tail -5
 if [ "${SKIP_HANDOFF:-0}" != 1 ]; then

@@ -5,11 +5,7 @@
 # (scripts/cutlass/check.py). Build the CUTLASS libraries here first (`bash scripts/cutlass/build.sh`,
 # no GPU needed) and the wheels (scripts/device_wheels.sh), and carry them: carry [".whl", "build"]. Logs: $OUT.
 set -uo pipefail
-cd "$(dirname "$0")/.."
-OUT=${OUT:-/tmp/rlt-out}; mkdir -p "$OUT"
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
-export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 RLT_CACHE_DIR=/tmp/rltcache
-step() { echo "=== $1 ($(date +%T))"; }
+. "$(dirname "$0")/device_env.sh"
 step "megakernel smoke: 2 layers, each chain alone (a hang ends at the watchdog)"
 for chain in products layers step; do
   timeout 120 python3 scripts/bench_megakernel.py --layers 2 --configs 6x32768x8 --chains $chain --watchdog 30 \

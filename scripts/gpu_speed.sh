@@ -12,11 +12,7 @@
 # COMMIT (recorded in the JSON; default: git rev-parse --short HEAD, where the tree has its .git).
 # RLT_PDL set outside applies to the benchmarks.
 set -uo pipefail
-cd "$(dirname "$0")/.."
-OUT=${OUT:-/tmp/rlt-out}; mkdir -p "$OUT"
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
-export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 RLT_CACHE_DIR=/tmp/rltcache
-step() { echo "=== $1 ($(date +%T))"; }
+. "$(dirname "$0")/device_env.sh"
 COMMIT_ARG=${COMMIT:+--commit=$COMMIT}
 if [ "${SKIP_TESTS:-0}" != 1 ]; then
   # Alone on the machine: beside a benchmark on another GPU they slow it.

@@ -9,11 +9,8 @@
 # prefill decode"), TESTS (pytest's node ids, default tests/test_gpu.py), TEST_TIMEOUT, ROUNDS (decode's
 # rounds, default "1 2").
 set -uo pipefail
-cd "$(dirname "$0")/.."
-OUT=${OUT:-/tmp/rlt-out}; mkdir -p "$OUT"
 T0=$(date +%s)
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
-export PYTHONUNBUFFERED=1 RLT_CACHE_DIR=/tmp/rltcache PYTHONPATH=/tmp/site:$PWD
+. "$(dirname "$0")/device_env.sh"
 step() { echo "=== $1 ($(( $(date +%s) - T0 )) s)"; }
 has() { [[ " ${STEPS:-tests paged packs hits prefill decode} " == *" $1 "* ]]; }
 python3 -m rlt make-checkpoint --family ouro --preset full --out /tmp/ouro --device cuda >/dev/null &
