@@ -25,4 +25,5 @@ build libgemm.so gemm.cu
 build libgemm_pp64x128.so gemm.cu -DPINGPONG -DTILE_M=64 -DTILE_N=128
 build libgemm_coop128x256.so gemm.cu -DTILE_M=128 -DTILE_N=256
 build libgemm_rope.so gemm_rope.cu
+build libgemm_rope_kv.so gemm_rope_kv.cu
 build libgemm_swiglu.so gemm_swiglu.cu

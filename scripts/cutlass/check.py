@@ -1,7 +1,8 @@
 """The CUTLASS GEMMs scripts/cutlass/build.sh makes, on the GPU: does each load, match torch, and keep
 cuBLAS's pace at the prefill shapes (CUDA graphs)? Plain (three tilings) against `a @ w.T`; with RoPE on
-adjacent column pairs against cuBLAS + rope.py's launch in pairs mode; with SwiGLU on interleaved gate/up
-rows against cuBLAS + the engine's SwiGLU launch. Prints cuBLAS's time over each one's (> 1: faster).
+adjacent column pairs against cuBLAS + rope.py's launch in pairs mode, and with k and v stored into a paged KV
+cache by the epilogue against cuBLAS + rope.py's launch with the store; with SwiGLU on interleaved gate/up rows
+against cuBLAS + the engine's SwiGLU launch. Prints cuBLAS's time over each one's (> 1: faster).
 
     python scripts/cutlass/check.py [--libs build/cutlass]
 """
@@ -15,6 +16,7 @@ import torch
 from rlt.bench import floors
 from rlt.kernels import rope
 from rlt.kernels.activation import silu_mul
+from rlt.models.layers import split_qkv
 
 D = 128
 PLAIN = {
@@ -85,6 +87,56 @@ def check_rope(fn, name: str, m: int, hq: int, hkv: int, k: int) -> None:
     report(f"{name} q/k/v + RoPE {m}", fused, unfused, d, unfused())
 
 
+def check_rope_kv(fn, name: str, m: int, hq: int, hkv: int, k: int) -> None:
+    n, bs, layer = (hq + 2 * hkv) * D, 16, 1
+    inv = 1.0 / (10000.0 ** (torch.arange(0, D, 2, dtype=torch.float32) / D))
+    freq = torch.zeros(n)
+    freq[: (hq + hkv) * D] = inv.repeat_interleave(2).repeat(hq + hkv)
+    freq, inv = freq.cuda(), inv.cuda()
+    a, w = randn(m, k), randn(n, k, scale=k**-0.5)
+    pos = torch.arange(m, device="cuda")
+    blocks = -(-m // bs) + 3
+    slots = torch.randperm(blocks * bs, device="cuda")[:m]  # (scattered, as a paged pool's)
+    caches = [torch.zeros(blocks, 2, 2, bs, hkv, D, device="cuda", dtype=torch.bfloat16) for _ in range(2)]
+    q = torch.empty(m, hq * D, device="cuda", dtype=torch.bfloat16)
+    c = caches[0]
+    strides = (c.stride(0), c.stride(3), c.stride(2))  # block, position, k -> v
+
+    def fused():
+        at = c[:, layer].data_ptr()
+        call(
+            fn,
+            m,
+            n,
+            k,
+            a.data_ptr(),
+            w.data_ptr(),
+            q.data_ptr(),
+            at,
+            slots.data_ptr(),
+            freq.data_ptr(),
+            pos.data_ptr(),
+            hq * D,
+            bs,
+            *strides,
+        )
+
+    def unfused():
+        y = a @ w.t()
+        rope.rope_write_kv(*split_qkv(y, hq, hkv, D), pos, inv, True, caches[1], layer, slots, bs)
+        return y
+
+    fused()
+    want = unfused()[:, : hq * D]
+    report(
+        f"{name} q/k/v + RoPE + KV store {m}",
+        fused,
+        unfused,
+        torch.cat([q.flatten(), c.flatten()]),
+        torch.cat([want.flatten(), caches[1].flatten()]),
+    )
+
+
 def check_swiglu(fn, name: str, m: int, inter: int, k: int) -> None:
     a, gate_up, out = randn(m, k), randn(2 * inter, k, scale=k**-0.5), randn(m, inter)
     pairs = torch.stack([gate_up[:inter], gate_up[inter:]], 1).reshape(2 * inter, k).contiguous()  # g0 u0 g1 u1 ..
@@ -103,15 +155,20 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--libs", default="build/cutlass")
     libs = pathlib.Path(ap.parse_args().libs)
-    tilings = [p for p in sorted(libs.glob("libgemm*.so")) if p.stem not in ("libgemm_rope", "libgemm_swiglu")]
+    fused = ("libgemm_rope", "libgemm_rope_kv", "libgemm_swiglu")
+    tilings = [p for p in sorted(libs.glob("libgemm*.so")) if p.stem not in fused]
     plain = {p.stem[len("libgemm") :] or "_coop128x128": load(p, "rlt_gemm", 3) for p in tilings}
     rope_fn = load(libs / "libgemm_rope.so", "rlt_gemm_rope", 5)
     swiglu_fn = load(libs / "libgemm_swiglu.so", "rlt_gemm_swiglu", 3)
+    rope_kv_fn = ctypes.CDLL(str(libs / "libgemm_rope_kv.so")).rlt_gemm_rope_kv
+    rope_kv_fn.argtypes = [ctypes.c_int] * 3 + [ctypes.c_void_p] * 7 + [ctypes.c_int] * 2 + [ctypes.c_longlong] * 3
+    rope_kv_fn.argtypes += [ctypes.c_int, ctypes.c_void_p]
     for m in (1024, 4096):
         for name, (n, k) in PLAIN.items():
             check_plain(plain, name, m, n, k)
         for name, (hq, hkv, k) in QKV.items():
             check_rope(rope_fn, name, m, hq, hkv, k)
+            check_rope_kv(rope_kv_fn, name, m, hq, hkv, k)
         for name, (inter, k) in MLP.items():
             check_swiglu(swiglu_fn, name, m, inter, k)
 

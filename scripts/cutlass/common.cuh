@@ -13,6 +13,7 @@ using namespace cute;
 
 namespace rlt {
 using Bf = cutlass::bfloat16_t;
+using TileShape = Shape<_128, _128, _64>;  // (the fused GEMMs' tile)
 using Cooperative = cutlass::gemm::KernelTmaWarpSpecializedCooperative;
 using CooperativeEpilogue = cutlass::epilogue::TmaWarpSpecializedCooperative;
 
@@ -54,6 +55,35 @@ struct Gemm {
     if (Adapter::get_workspace_size(args) != 0) return 2;
     if (gemm.initialize(args, nullptr, (cudaStream_t)stream) != cutlass::Status::kSuccess) return 3;
     return gemm.run((cudaStream_t)stream) == cutlass::Status::kSuccess ? 0 : 4;
+  }
+};
+
+// What an epilogue-visitor node that stores its own results (ElementD = void: no TMA store) needs besides its
+// consumer callbacks: Args, its arguments as its parameters; no shared memory, workspace or loads.
+template <class Args>
+struct StoreNode {
+  struct SharedStorage {};
+  using Arguments = Args;
+  using Params = Args;
+  template <class ProblemShape>
+  static constexpr Params to_underlying_arguments(ProblemShape const&, Arguments const& args, void*) { return args; }
+  template <class ProblemShape>
+  static bool can_implement(ProblemShape const&, Arguments const&) { return true; }
+  template <class ProblemShape>
+  static size_t get_workspace_size(ProblemShape const&, Arguments const&) { return 0; }
+  template <class ProblemShape>
+  static cutlass::Status initialize_workspace(ProblemShape const&, Arguments const&, void*, cudaStream_t,
+                                              cutlass::CudaHostAdapter* = nullptr) {
+    return cutlass::Status::kSuccess;
+  }
+  CUTLASS_DEVICE bool is_producer_load_needed() const { return false; }
+  CUTLASS_DEVICE bool is_C_load_needed() const { return false; }
+  CUTLASS_HOST_DEVICE StoreNode() {}
+  CUTLASS_HOST_DEVICE StoreNode(Params const& params, SharedStorage const&) : params(params) {}
+  Params params;
+  template <class... Ts>
+  CUTLASS_DEVICE auto get_producer_load_callbacks(cutlass::epilogue::fusion::ProducerLoadArgs<Ts...> const&) {
+    return cutlass::epilogue::fusion::EmptyProducerLoadCallbacks{};
   }
 };
 }  // namespace rlt

@@ -1,54 +1,13 @@
 // #34 item 3 experiment (scripts/cutlass/build.sh builds it, check.py runs it).
-// A CUTLASS 3 SM90 bf16 GEMM (D = A @ B^T) whose epilogue rotates adjacent column pairs (RoPE with each
-// head's q/k rows permuted so rotate-half pairs are adjacent): theta = pos[row] * freq[col] (freq 0 on v's columns).
-// The accumulator is rounded to bf16 first, then rotated in float32 and rounded: as the GEMM then rope.py would.
-#include "common.cuh"
+// A CUTLASS 3 SM90 bf16 GEMM (D = A @ B^T) whose epilogue rotates adjacent column pairs (rope_pairs.cuh).
+#include "rope_pairs.cuh"
 
-namespace rlt {
-template <class T> struct RopePairs {};  // (a tag: the node below does the work)
-}
-
-namespace cutlass::epilogue::fusion {
-template <class ElementOutput, class ElementCompute, FloatRoundStyle RoundStyle>
-struct Sm90Compute<rlt::RopePairs, ElementOutput, ElementCompute, RoundStyle> : Sm90VisitorImpl<> {
-  using Sm90VisitorImpl<>::Sm90VisitorImpl;
-  struct ConsumerStoreCallbacks : EmptyConsumerStoreCallbacks {
-    template <typename ElementAccumulator, typename EA, typename EF, typename EP, int FragmentSize>
-    CUTLASS_DEVICE Array<ElementOutput, FragmentSize>
-    visit(Array<ElementAccumulator, FragmentSize> const& frg_acc, int epi_v, int epi_m, int epi_n,
-          Array<EA, FragmentSize> const& acc, Array<EF, FragmentSize> const& freq, Array<EP, FragmentSize> const& pos) {
-      static_assert(FragmentSize % 2 == 0, "pairs of adjacent columns");
-      Array<ElementOutput, FragmentSize> out;
-      CUTLASS_PRAGMA_UNROLL
-      for (int i = 0; i < FragmentSize; i += 2) {
-        float a = float(ElementOutput(acc[i])), b = float(ElementOutput(acc[i + 1]));
-        float s, c;
-        sincosf(float(pos[i]) * float(freq[i]), &s, &c);
-        out[i] = ElementOutput(a * c - b * s);
-        out[i + 1] = ElementOutput(b * c + a * s);
-      }
-      return out;
-    }
-  };
-  template <bool ReferenceSrc, class... Args>
-  CUTLASS_DEVICE auto get_consumer_store_callbacks(ConsumerStoreArgs<Args...> const& args) {
-    return ConsumerStoreCallbacks();
-  }
-};
-}  // namespace cutlass::epilogue::fusion
-
-namespace fu = cutlass::epilogue::fusion;
-using TileShape = Shape<_128, _128, _64>;
-using Freq = fu::Sm90RowBroadcast<0, TileShape, float, float, Stride<_0, _1, int64_t>>;
-using Pos = fu::Sm90ColBroadcast<0, TileShape, int64_t, float, Stride<_1, _0, int64_t>>;  // (positions as the engine's)
-using Rope = fu::Sm90EVT<fu::Sm90Compute<rlt::RopePairs, rlt::Bf, float, cutlass::FloatRoundStyle::round_to_nearest>,
-                         fu::Sm90AccFetch, Freq, Pos>;
-using RopeGemm = rlt::Gemm<TileShape, void, rlt::Bf, Rope>;
+using RopeGemm = rlt::Gemm<rlt::TileShape, void, rlt::Bf, rlt::Rope>;
 
 // D [M, N] = rope(A [M, K] @ B [N, K]^T): freq [N] (float32), pos [M] (int64).
 extern "C" int rlt_gemm_rope(int M, int N, int K, const void* A, const void* B, void* D, const float* freq,
                              const int64_t* pos, int sms, void* stream) {
     auto args = RopeGemm::arguments(M, N, K, A, B, D, sms);
-    args.epilogue.thread = {{}, {freq, 0.f, {_0{}, _1{}, 0}}, {pos, int64_t(0), {_1{}, _0{}, 0}}, {}};
+    args.epilogue.thread = rlt::rope_arguments(freq, pos);
     return RopeGemm::run(args, stream);
 }

@@ -8,35 +8,14 @@
 namespace rlt {
 using namespace cutlass::epilogue::fusion;
 
-template <class ElementOut>
-struct SwigluStore {
-  using ElementAux = ElementOut;  // (the epilogue's element in place of the absent D)
-  struct SharedStorage {};
-  struct Arguments {
-    ElementOut* ptr = nullptr;
-  };
-  using Params = Arguments;
-  template <class ProblemShape>
-  static constexpr Params to_underlying_arguments(ProblemShape const&, Arguments const& args, void*) { return args; }
-  template <class ProblemShape>
-  static bool can_implement(ProblemShape const&, Arguments const&) { return true; }
-  template <class ProblemShape>
-  static size_t get_workspace_size(ProblemShape const&, Arguments const&) { return 0; }
-  template <class ProblemShape>
-  static cutlass::Status initialize_workspace(ProblemShape const&, Arguments const&, void*, cudaStream_t,
-                                              cutlass::CudaHostAdapter* = nullptr) {
-    return cutlass::Status::kSuccess;
-  }
-  CUTLASS_DEVICE bool is_producer_load_needed() const { return false; }
-  CUTLASS_DEVICE bool is_C_load_needed() const { return false; }
-  CUTLASS_HOST_DEVICE SwigluStore() {}
-  CUTLASS_HOST_DEVICE SwigluStore(Params const& params, SharedStorage const&) : params(params) {}
-  Params params;
+struct SwigluArguments {
+  Bf* ptr = nullptr;  // out [M, N / 2]
+};
 
-  template <class... Args>
-  CUTLASS_DEVICE auto get_producer_load_callbacks(ProducerLoadArgs<Args...> const&) {
-    return EmptyProducerLoadCallbacks{};
-  }
+template <class ElementOut>
+struct SwigluStore : StoreNode<SwigluArguments> {
+  using ElementAux = ElementOut;  // (the epilogue's element in place of the absent D)
+  using StoreNode<SwigluArguments>::StoreNode;
 
   template <class RTensor, class GTensor, class CTensor, class Residue>
   struct ConsumerStoreCallbacks : EmptyConsumerStoreCallbacks {
