@@ -87,7 +87,8 @@ def check_rope(fn, name: str, m: int, hq: int, hkv: int, k: int) -> None:
     report(f"{name} q/k/v + RoPE {m}", fused, unfused, d, unfused())
 
 
-def check_rope_kv(fn, name: str, m: int, hq: int, hkv: int, k: int) -> None:
+def check_rope_kv(fns, name: str, m: int, hq: int, hkv: int, k: int) -> None:
+    """fns: (q alone, D) entries; k and v into a paged cache at scattered slots either way."""
     n, bs, layer = (hq + 2 * hkv) * D, 16, 1
     inv = 1.0 / (10000.0 ** (torch.arange(0, D, 2, dtype=torch.float32) / D))
     freq = torch.zeros(n)
@@ -97,44 +98,32 @@ def check_rope_kv(fn, name: str, m: int, hq: int, hkv: int, k: int) -> None:
     pos = torch.arange(m, device="cuda")
     blocks = -(-m // bs) + 3
     slots = torch.randperm(blocks * bs, device="cuda")[:m]  # (scattered, as a paged pool's)
-    caches = [torch.zeros(blocks, 2, 2, bs, hkv, D, device="cuda", dtype=torch.bfloat16) for _ in range(2)]
-    q = torch.empty(m, hq * D, device="cuda", dtype=torch.bfloat16)
-    c = caches[0]
-    strides = (c.stride(0), c.stride(3), c.stride(2))  # block, position, k -> v
-
-    def fused():
-        at = c[:, layer].data_ptr()
-        call(
-            fn,
-            m,
-            n,
-            k,
-            a.data_ptr(),
-            w.data_ptr(),
-            q.data_ptr(),
-            at,
-            slots.data_ptr(),
-            freq.data_ptr(),
-            pos.data_ptr(),
-            hq * D,
-            bs,
-            *strides,
-        )
+    cache, want_cache = (torch.zeros(blocks, 2, 2, bs, hkv, D, device="cuda", dtype=torch.bfloat16) for _ in "ab")
+    out = {"q": torch.empty(m, hq * D, device="cuda", dtype=torch.bfloat16), "D": randn(m, n)}
+    at, strides = cache[:, layer].data_ptr(), (cache.stride(0), cache.stride(3), cache.stride(2))
 
     def unfused():
         y = a @ w.t()
-        rope.rope_write_kv(*split_qkv(y, hq, hkv, D), pos, inv, True, caches[1], layer, slots, bs)
+        rope.rope_write_kv(*split_qkv(y, hq, hkv, D), pos, inv, True, want_cache, layer, slots, bs)
         return y
 
-    fused()
-    want = unfused()[:, : hq * D]
-    report(
-        f"{name} q/k/v + RoPE + KV store {m}",
-        fused,
-        unfused,
-        torch.cat([q.flatten(), c.flatten()]),
-        torch.cat([want.flatten(), caches[1].flatten()]),
-    )
+    want = unfused()
+    for (kind, o), fn in zip(out.items(), fns):
+
+        def fused(fn=fn, o=o):
+            ptrs = (a.data_ptr(), w.data_ptr(), o.data_ptr(), at, slots.data_ptr(), freq.data_ptr(), pos.data_ptr())
+            call(fn, m, n, k, *ptrs, hq * D, bs, *strides)
+
+        cache.zero_()
+        fused()
+        got, ref = o.flatten(), (want[:, : hq * D] if kind == "q" else want).flatten()
+        report(
+            f"{name} q/k/v + RoPE + KV ({kind}) {m}",
+            fused,
+            unfused,
+            torch.cat([got, cache.flatten()]),
+            torch.cat([ref, want_cache.flatten()]),
+        )
 
 
 def check_swiglu(fn, name: str, m: int, inter: int, k: int) -> None:
@@ -160,15 +149,17 @@ def main():
     plain = {p.stem[len("libgemm") :] or "_coop128x128": load(p, "rlt_gemm", 3) for p in tilings}
     rope_fn = load(libs / "libgemm_rope.so", "rlt_gemm_rope", 5)
     swiglu_fn = load(libs / "libgemm_swiglu.so", "rlt_gemm_swiglu", 3)
-    rope_kv_fn = ctypes.CDLL(str(libs / "libgemm_rope_kv.so")).rlt_gemm_rope_kv
-    rope_kv_fn.argtypes = [ctypes.c_int] * 3 + [ctypes.c_void_p] * 7 + [ctypes.c_int] * 2 + [ctypes.c_longlong] * 3
-    rope_kv_fn.argtypes += [ctypes.c_int, ctypes.c_void_p]
+    rope_kv = ctypes.CDLL(str(libs / "libgemm_rope_kv.so"))
+    rope_kv_fns = (rope_kv.rlt_gemm_rope_kv, rope_kv.rlt_gemm_rope_d_kv)
+    for fn in rope_kv_fns:
+        fn.argtypes = [ctypes.c_int] * 3 + [ctypes.c_void_p] * 7 + [ctypes.c_int] * 2 + [ctypes.c_longlong] * 3
+        fn.argtypes += [ctypes.c_int, ctypes.c_void_p]
     for m in (1024, 4096):
         for name, (n, k) in PLAIN.items():
             check_plain(plain, name, m, n, k)
         for name, (hq, hkv, k) in QKV.items():
             check_rope(rope_fn, name, m, hq, hkv, k)
-            check_rope_kv(rope_kv_fn, name, m, hq, hkv, k)
+            check_rope_kv(rope_kv_fns, name, m, hq, hkv, k)
         for name, (inter, k) in MLP.items():
             check_swiglu(swiglu_fn, name, m, inter, k)
 

@@ -1,15 +1,17 @@
 // #34 item 3 experiment (scripts/cutlass/build.sh builds it, check.py runs it).
-// The q/k/v GEMM with RoPE on adjacent column pairs (rope_pairs.cuh) whose epilogue stores q into Q [M, q_cols]
-// and k, v straight into the paged KV cache at each row's slot (as rope.py's store does after the product):
-// no [M, N] output, and no second launch reading k and v back. The cache's layer is given by its pointer;
-// a slot's block is slot / block_size, its row in the block slot % block_size, k then v at stride_kv.
+// The q/k/v GEMM with RoPE on adjacent column pairs (rope_pairs.cuh) whose epilogue writes k and v straight into
+// the paged KV cache at each row's slot (as rope.py's store does after the product), with no second launch reading
+// them back. rlt_gemm_rope_kv stores q alone into Q [M, q_cols] (no [M, N] output: a pass whose attention reads
+// the cache); rlt_gemm_rope_d_kv stores all of q, k, v into D [M, N] too, by the tile's TMA store (a lone prompt's
+// dense attention reads k and v there). The cache's layer is given by its pointer; a slot's block is
+// slot / block_size, its row in the block slot % block_size, k then v at stride_kv.
 #include "rope_pairs.cuh"
 
 namespace rlt {
 using namespace cutlass::epilogue::fusion;
 
 struct QkvArguments {
-  Bf* q = nullptr;             // [M, q_cols]
+  Bf* q = nullptr;             // [M, q_cols]; none: D holds q
   Bf* cache = nullptr;         // at the layer: element (block, pos, kv) at block * stride_block + ...
   const int64_t* slots = nullptr;  // [M]
   int q_cols = 0, kv_cols = 0, block_size = 16;
@@ -45,6 +47,7 @@ struct QkvStore : StoreNode<QkvArguments> {
     }
 
     // Where column col of row `row` goes: Q, or the cache at the row's slot (k, then v).
+    // (q's columns: only with a.q)
     CUTLASS_DEVICE ElementOut* place(int row, int col) const {
       if (col < a.q_cols) return (ElementOut*)a.q + (int64_t)row * a.q_cols + col;
       const int64_t s = a.slots[row];
@@ -60,15 +63,17 @@ struct QkvStore : StoreNode<QkvArguments> {
       CUTLASS_PRAGMA_UNROLL
       for (int i = 0; i < size(tC_r); i += 2) {
         auto c = tC_c(i), d = tC_c(i + 1);
-        const int row = m0 + get<0>(c), col = n0 + get<1>(c);
-        const bool in_c = elem_less(c, residue), in_d = elem_less(d, residue);
-        if (in_d && get<0>(d) == get<0>(c) && get<1>(d) == get<1>(c) + 1 && col % 2 == 0) {
+        const int row = m0 + get<0>(c), col = n0 + get<1>(c), col_d = n0 + get<1>(d);
+        // (without a.q, q's columns are D's alone; q_cols is even, so a pair is q's or not)
+        const bool in_c = (a.q != nullptr || col >= a.q_cols) && elem_less(c, residue);
+        const bool in_d = (a.q != nullptr || col_d >= a.q_cols) && elem_less(d, residue);
+        if (in_c && in_d && get<0>(d) == get<0>(c) && col_d == col + 1 && col % 2 == 0) {
           cutlass::Array<ElementOut, 2> two;
           two[0] = tC_r(i), two[1] = tC_r(i + 1);
           *reinterpret_cast<cutlass::Array<ElementOut, 2>*>(place(row, col)) = two;
         } else {
           if (in_c) *place(row, col) = tC_r(i);
-          if (in_d) *place(m0 + get<0>(d), n0 + get<1>(d)) = tC_r(i + 1);
+          if (in_d) *place(m0 + get<0>(d), col_d) = tC_r(i + 1);
         }
       }
     }
@@ -85,18 +90,37 @@ struct QkvStore : StoreNode<QkvArguments> {
 };
 
 using QkvRope = Sm90EVT<QkvStore<Bf>, Rope>;
-using QkvRopeGemm = Gemm<TileShape, void, void, QkvRope>;
+template <class ElementD>
+using QkvRopeGemm = Gemm<TileShape, void, ElementD, QkvRope>;
+
+template <class ElementD>
+int qkv_rope_kv(int M, int N, int K, const void* A, const void* B, void* D, void* q, void* cache,
+                const int64_t* slots, const float* freq, const int64_t* pos, int q_cols, int block_size,
+                long long stride_block, long long stride_pos, long long stride_kv, int sms, void* stream) {
+    using G = QkvRopeGemm<ElementD>;
+    auto args = G::arguments(M, N, K, A, B, D, sms);
+    QkvArguments store{(Bf*)q, (Bf*)cache, slots, q_cols, (N - q_cols) / 2, block_size, stride_block, stride_pos,
+                       stride_kv};
+    args.epilogue.thread = {rope_arguments(freq, pos), store};
+    return G::run(args, stream);
+}
 }  // namespace rlt
 
-// q [M, q_cols], and k, v into the cache, of rope(A [M, K] @ B [N, K]^T), N = q_cols + 2 kv_cols; freq [N]
-// (float32), pos and slots [M] (int64); cache at the layer, strides in elements.
+// rope(A [M, K] @ B [N, K]^T), N = q_cols + 2 kv_cols: q into q [M, q_cols], k and v into the cache at slots;
+// freq [N] (float32), pos and slots [M] (int64); cache at the layer, strides in elements.
 extern "C" int rlt_gemm_rope_kv(int M, int N, int K, const void* A, const void* B, void* q, void* cache,
                                 const int64_t* slots, const float* freq, const int64_t* pos, int q_cols,
                                 int block_size, long long stride_block, long long stride_pos, long long stride_kv,
                                 int sms, void* stream) {
-    auto args = rlt::QkvRopeGemm::arguments(M, N, K, A, B, nullptr, sms);
-    rlt::QkvArguments store{(rlt::Bf*)q, (rlt::Bf*)cache, slots, q_cols, (N - q_cols) / 2, block_size,
-                            stride_block, stride_pos, stride_kv};
-    args.epilogue.thread = {rlt::rope_arguments(freq, pos), store};
-    return rlt::QkvRopeGemm::run(args, stream);
+    return rlt::qkv_rope_kv<void>(M, N, K, A, B, nullptr, q, cache, slots, freq, pos, q_cols, block_size,
+                                  stride_block, stride_pos, stride_kv, sms, stream);
+}
+
+// The same with all of it into D [M, N] as well (q not stored apart).
+extern "C" int rlt_gemm_rope_d_kv(int M, int N, int K, const void* A, const void* B, void* D, void* cache,
+                                  const int64_t* slots, const float* freq, const int64_t* pos, int q_cols,
+                                  int block_size, long long stride_block, long long stride_pos, long long stride_kv,
+                                  int sms, void* stream) {
+    return rlt::qkv_rope_kv<rlt::Bf>(M, N, K, A, B, D, nullptr, cache, slots, freq, pos, q_cols, block_size,
+                                     stride_block, stride_pos, stride_kv, sms, stream);
 }
