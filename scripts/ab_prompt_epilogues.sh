@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # On one H200 (device tool), #34 item 3's A/B: this tree (BASE) against VARIANT, a copy of it with
-# scripts/cutlass/prompt_epilogues.patch applied (q/k rows reordered as RoPE pairs and gate/up rows interleaved
-# at load; with RLT_CUTLASS_LIBS its prompt passes run the CUTLASS GEMMs with RoPE / SwiGLU epilogues,
-# rlt/kernels/cutlass_gemm.py). The patch's CPU tests pass on the commit it was cut from (apply it there and run
-# the suite); if it wins, it lands and this script goes. Build the libraries here first
-# (`bash scripts/cutlass/build.sh`; wheels: scripts/device_wheels.sh), then run with carry [".whl", "build"].
+# scripts/cutlass/prompt_epilogues.patch applied: q/k rows reordered at load as RoPE pairs and gate/up rows
+# interleaved; with RLT_CUTLASS_LIBS its prompt passes (128 rows or more) run the CUTLASS GEMMs
+# (rlt/kernels/cutlass_gemm.py): q/k/v with RoPE and the K/V store as its epilogue (rlt_gemm_rope_d_kv), gate/up
+# with SwiGLU. The patch's CPU suite passes on the commit it was cut from (apply it there and run it); if it wins,
+# it lands and this script goes. Build the libraries here first (`bash scripts/cutlass/build.sh`; wheels:
+# scripts/device_wheels.sh), then run with carry [".whl", "build"].
 # PART=tests: VARIANT's GPU tests, prompt passes on the CUTLASS GEMMs (-k $K, default all);
 # PART=prefill: lone prompts of 1,024 and 4,096 tokens against their dense floor (scripts/prefix_hit.py), BASE
 #   and VARIANT with the libraries, interleaved, two rounds;
