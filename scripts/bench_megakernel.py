@@ -18,7 +18,9 @@ with no waits, the persistent kernel's time is its byte stream's alone (its resu
     python scripts/bench_megakernel.py [--layers 24] [--configs 6x32768x8 12x16384x8]
 
 Needs torch.cuda._compile_kernel (NVRTC; torch >= 2.8) and an sm_90 GPU. A hang (a wait that is
-never met) ends the process after --watchdog seconds.
+never met) ends the process --watchdog seconds after the chain's start, with each stage's completed chunks (read by a
+copy on another stream while the kernel still runs) against its count: the first short one is where
+the chain stopped.
 """
 
 import argparse
@@ -140,9 +142,26 @@ def main():
     ap.add_argument("--chains", nargs="*", default=["products", "layers", "step"])
     ap.add_argument("--watchdog", type=float, default=60)
     args = ap.parse_args()
-    timer = threading.Timer(args.watchdog, lambda: (print("watchdog: hung", flush=True), os._exit(3)))
-    timer.daemon = True
-    timer.start()
+    running = {}  # the launch in flight: its done counters, their pinned copy, each stage's chunks
+
+    def hung():
+        print("watchdog: hung", flush=True)
+        threading.Timer(10, lambda: os._exit(3)).start()  # (should the readout wait on the GPU too)
+        if running:
+            with torch.cuda.stream(running["side"]):
+                running["host"].copy_(running["done"], non_blocking=True)
+            running["side"].synchronize()
+            done = running["host"].tolist()
+            print("chunks done / of, by stage:", " ".join(f"{d}/{c}" for d, c in zip(done, running["counts"])))
+        os._exit(3)
+
+    def arm():  # (restarted before each build and chain: a slow compile or chain is not a hang)
+        running["timer"].cancel() if "timer" in running else None
+        running["timer"] = threading.Timer(args.watchdog, hung)
+        running["timer"].daemon = True
+        running["timer"].start()
+
+    arm()
     m = Model(args.layers, args.ctx)
     rate = floors.ceilings("cuda")["copy_gbps"] * 1e9
     weight_bytes = sum(w.numel() * 2 for ws in m.ws for w in ws)
@@ -167,6 +186,7 @@ def main():
         if -(-m.inter // 8 // cw) > 32 * MAXV or cw * 32 % D:
             print(f"{cfg}: skipped (a warp's slice of x over {32 * MAXV} vectors, or warps not a multiple of D)")
             continue
+        arm()
         kernel, smem = build(stages, stage_bytes, cw)
         for chain, nbytes in chains.items():
             st, counts = m.stages(chain, stage_bytes)
@@ -180,6 +200,9 @@ def main():
             end = st[-1]["out"]
 
             done = torch.zeros(len(st), device="cuda", dtype=torch.int32)
+            arm()
+            running.update(done=done, counts=counts, side=torch.cuda.Stream())
+            running["host"] = torch.empty(len(st), dtype=torch.int32, pin_memory=True)
 
             def run(wait, kernel=kernel, smem=smem, cw=cw, tables=tables, done=done):
                 done.zero_()
@@ -197,7 +220,7 @@ def main():
                 err = (got - ref).abs().max().item() / ref.abs().max().item()
                 name = f"persistent {cfg} (stages x bytes x consumer warps), {chain}{'' if wait else ', no waits'}"
                 row(name, floors.graph_us(lambda w=wait, r=run: r(w)), nbytes, err)
-    timer.cancel()
+    running["timer"].cancel()
 
 
 if __name__ == "__main__":
