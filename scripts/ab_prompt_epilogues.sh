@@ -8,7 +8,8 @@
 # scripts/device_wheels.sh), then run with carry [".whl", "build"].
 # PART=tests: VARIANT's GPU tests, prompt passes on the CUTLASS GEMMs (-k $K, default all);
 # PART=prefill: lone prompts of 1,024 and 4,096 tokens against their dense floor (scripts/prefix_hit.py), BASE
-#   and VARIANT with the libraries, interleaved, two rounds;
+#   and VARIANT with the libraries, interleaved, ROUNDS (default "1 2") over MODELS (default "ouro nb"; each
+#   run ~35 s: one model a call keeps a call under 10 minutes);
 # PART=decode: decode of Ouro-1.4B shapes at 1K, concurrency 1 and 128, BASE and VARIANT (its one-row GEMV and
 #   q/k/v + RoPE launch read the reordered rows).
 set -uo pipefail
@@ -20,9 +21,12 @@ if [ ! -d $TREE ]; then
     || { echo "the patch does not apply"; exit 1; }
 fi
 in_tree() { (cd "$1" && shift && PYTHONPATH=/tmp/site:$PWD "$@"); }
-checkpoints() {
-  [ -d /tmp/ouro ] || python3 -m rlt make-checkpoint --family ouro --preset full --out /tmp/ouro --device cuda >/dev/null &
-  [ -d /tmp/nb ] || python3 -m rlt make-checkpoint --family nanbeige --preset full --out /tmp/nb --device cuda >/dev/null
+checkpoints() {  # the models named (ouro, nb), at the official shapes with random weights, unless there already
+  for model in "$@"; do
+    family=$model; [ $model = nb ] && family=nanbeige
+    [ -d /tmp/$model ] || python3 -m rlt make-checkpoint --family $family --preset full --out /tmp/$model --device cuda \
+      >/dev/null &
+  done
   wait
 }
 case ${PART:-tests} in
@@ -32,9 +36,9 @@ tests)
     -p no:xdist tests/test_gpu_cutlass.py tests/test_gpu.py ${K:+-k "$K"} 2>&1 | tee "$OUT/pytest_gpu.log" | tail -15
   ;;
 prefill)
-  checkpoints
-  for round in 1 2; do
-    for model in ouro nb; do
+  checkpoints ${MODELS:-ouro nb}
+  for round in ${ROUNDS:-1 2}; do
+    for model in ${MODELS:-ouro nb}; do
       for len in 1024 4096; do
         for variant in base variant; do
           tree=$BASE; libs=""
@@ -57,8 +61,8 @@ EOF
   done
   ;;
 decode)
-  checkpoints
-  for round in 1 2; do
+  checkpoints ouro
+  for round in ${ROUNDS:-1 2}; do
     for variant in base variant; do
       tree=$BASE; [ $variant = variant ] && tree=$TREE
       step "decode, Ouro-1.4B shapes, 1K context, concurrency 1 and 128: $variant (round $round)"
