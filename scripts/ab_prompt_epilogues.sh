@@ -29,7 +29,8 @@ checkpoints() {  # the models named (ouro, nb), at the official shapes with rand
   done
   wait
 }
-case ${PART:-tests} in
+for part in ${PART:-tests}; do  # (several: "tests decode")
+case $part in
 tests)
   step "GPU tests, prompt passes on the CUTLASS GEMMs"
   in_tree "$TREE" env RLT_CUTLASS_LIBS=$LIBS timeout ${TEST_TIMEOUT:-420} python3 -m pytest -m gpu -q -x -p no:cacheprovider \
@@ -73,3 +74,4 @@ decode)
   done
   ;;
 esac
+done
