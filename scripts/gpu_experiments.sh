@@ -15,7 +15,7 @@ step "megakernel: 24 layers, four ring configs"
 timeout ${MEGA_TIMEOUT:-300} python3 scripts/bench_megakernel.py ${MEGA_ARGS:-} 2>&1 | tee "$OUT/megakernel.log" | tail -20
 if [ -d build/cutlass ]; then
   step "CUTLASS GEMMs against cuBLAS (+ the RoPE / SwiGLU launches) at the prefill shapes"
-  timeout 240 python3 scripts/cutlass/check.py --libs build/cutlass 2>&1 | tee "$OUT/cutlass.log" | tail -30
+  timeout 240 python3 scripts/cutlass/check.py --libs build/cutlass 2>&1 | tee "$OUT/cutlass.log" | tail -60
 else
   echo "no build/cutlass: run scripts/cutlass/build.sh here and carry build"
 fi
