@@ -15,7 +15,10 @@ step "megakernel: 24 layers, four ring configs"
 timeout ${MEGA_TIMEOUT:-300} python3 scripts/bench_megakernel.py ${MEGA_ARGS:-} 2>&1 | tee "$OUT/megakernel.log" | tail -20
 if [ -d build/cutlass ]; then
   step "CUTLASS GEMMs against cuBLAS (+ the RoPE / SwiGLU launches) at the prefill shapes"
-  timeout 240 python3 scripts/cutlass/check.py --libs build/cutlass 2>&1 | tee "$OUT/cutlass.log" | tail -60
+  for kind in plain rope rope_kv swiglu; do  # (a process each: a kernel's fault ends only its own checks)
+    timeout 120 python3 scripts/cutlass/check.py --libs build/cutlass --only $kind 2>&1 | tee -a "$OUT/cutlass.log" \
+      | tail -45
+  done
 else
   echo "no build/cutlass: run scripts/cutlass/build.sh here and carry build"
 fi

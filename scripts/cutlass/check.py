@@ -4,7 +4,9 @@ adjacent column pairs against cuBLAS + rope.py's launch in pairs mode, and with 
 cache by the epilogue against cuBLAS + rope.py's launch with the store; with SwiGLU on interleaved gate/up rows
 against cuBLAS + the engine's SwiGLU launch. Prints cuBLAS's time over each one's (> 1: faster).
 
-    python scripts/cutlass/check.py [--libs build/cutlass]
+    python scripts/cutlass/check.py [--libs build/cutlass] [--only plain rope rope_kv swiglu]
+
+(--only: some kinds, e.g. one a process, so a kernel's fault does not end the others' checks.)
 """
 
 import argparse
@@ -143,7 +145,9 @@ def check_swiglu(fn, name: str, m: int, inter: int, k: int) -> None:
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--libs", default="build/cutlass")
-    libs = pathlib.Path(ap.parse_args().libs)
+    ap.add_argument("--only", nargs="*", default=["plain", "rope", "rope_kv", "swiglu"])
+    args = ap.parse_args()
+    libs, only = pathlib.Path(args.libs), set(args.only)
     fused = ("libgemm_rope", "libgemm_rope_kv", "libgemm_swiglu")
     tilings = [p for p in sorted(libs.glob("libgemm*.so")) if p.stem not in fused]
     plain = {p.stem[len("libgemm") :] or "_coop128x128": load(p, "rlt_gemm", 3) for p in tilings}
@@ -155,12 +159,14 @@ def main():
         fn.argtypes = [ctypes.c_int] * 3 + [ctypes.c_void_p] * 7 + [ctypes.c_int] * 2 + [ctypes.c_longlong] * 3
         fn.argtypes += [ctypes.c_int, ctypes.c_void_p]
     for m in (1024, 4096):
-        for name, (n, k) in PLAIN.items():
+        for name, (n, k) in PLAIN.items() if "plain" in only else ():
             check_plain(plain, name, m, n, k)
         for name, (hq, hkv, k) in QKV.items():
-            check_rope(rope_fn, name, m, hq, hkv, k)
-            check_rope_kv(rope_kv_fns, name, m, hq, hkv, k)
-        for name, (inter, k) in MLP.items():
+            if "rope" in only:
+                check_rope(rope_fn, name, m, hq, hkv, k)
+            if "rope_kv" in only:
+                check_rope_kv(rope_kv_fns, name, m, hq, hkv, k)
+        for name, (inter, k) in MLP.items() if "swiglu" in only else ():
             check_swiglu(swiglu_fn, name, m, inter, k)
 
 
