@@ -29,10 +29,10 @@ struct QkvStore : StoreNode<QkvArguments> {
                                           int n0)
         : tC_r(cute::forward<RTensor>(r)), tC_c(c), residue(residue), a(a), m0(m0), n0(n0) {}
     RTensor tC_r;  // (CPY,CPY_M,CPY_N,EPI_M,EPI_N): the tile's results, stored at end()
-    CTensor tC_c;  // the same elements' coordinates in the tile
+    CTensor tC_c;  // the same elements' coordinates from the thread's first
     Residue residue;
     QkvArguments a;
-    int m0, n0;  // the tile's first row and column
+    int m0, n0;  // the thread's first element's row and column
 
     template <typename ElementAccumulator, typename ElementInput, int FragmentSize>
     CUTLASS_DEVICE cutlass::Array<ElementOut, FragmentSize> visit(
@@ -81,9 +81,12 @@ struct QkvStore : StoreNode<QkvArguments> {
 
   template <bool ReferenceSrc, class... Args>
   CUTLASS_DEVICE auto get_consumer_store_callbacks(ConsumerStoreArgs<Args...> const& args) {
-    auto [m, n, k, l] = args.tile_coord_mnkl;
+    // tCcD counts from this thread's first element, and residue_tCcD is (M, N) less that element's place
+    // (sm90_epilogue_tma_warpspecialized.hpp: make_coord_tensor, residue_tRS_cD): so that place is
+    // (M, N) - residue_tCcD, and an element's, that plus its tCcD coordinate
+    auto [M, N, K, L] = args.problem_shape_mnkl;
     Tensor tC_r = make_tensor<ElementOut>(shape(args.tCcD));
-    const int m0 = m * size<0>(args.tile_shape_mnk), n0 = n * size<1>(args.tile_shape_mnk);
+    const int m0 = M - get<0>(args.residue_tCcD), n0 = N - get<1>(args.residue_tCcD);
     return ConsumerStoreCallbacks<decltype(tC_r), decltype(args.tCcD), decltype(args.residue_tCcD)>(
         cute::move(tC_r), args.tCcD, args.residue_tCcD, params, m0, n0);
   }
