@@ -131,6 +131,9 @@ class Model:
             if s["kind"] == MERGE:
                 s["k"] = self.ctx // keys  # (its slices a head)
         counts = [s["n"] * self.ctx // s["rows"] if s["kind"] == ATTN else -(-s["n"] // s["rows"]) for s in st]
+        # the .cu file's fixed sizes: a GEMV chunk's sums (64 rows), an item's keys (R_MAX), q (Q_MAX)
+        assert all(s["rows"] <= 64 for s in st if s["kind"] == GEMV), "GEMV rows a chunk over 64"
+        assert keys <= 128 and self.ctx % keys == 0 and self.heads * D <= 2048, (keys, self.ctx, self.heads)
         return st, counts
 
 
