@@ -45,7 +45,10 @@ struct SwigluStore : StoreNode<SwigluArguments> {
     }
 
     CUTLASS_DEVICE void end() {
-      Tensor pred = cute::lazy::transform(tC_c, [&](auto const& c) { return elem_less(c, residue); });
+      // a pair's product once: from its even column (tC_c counts from the thread's first element, itself on an
+      // even column, so the parity is the column's)
+      Tensor pred = cute::lazy::transform(
+          tC_c, [&](auto const& c) { return elem_less(c, residue) && get<1>(c) % 2 == 0; });
       copy_if(pred, tC_r, tC_g);
     }
   };
