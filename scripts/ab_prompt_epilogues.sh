@@ -68,7 +68,7 @@ decode)
       tree=$BASE; [ $variant = variant ] && tree=$TREE
       step "decode, Ouro-1.4B shapes, 1K context, concurrency 1 and 128: $variant (round $round)"
       in_tree "$tree" timeout 200 python3 -m rlt bench offline --model /tmp/ouro --device cuda --concurrency 1,128 \
-        --threshold 1.0 --prompt-len 1024 --max-tokens 64 --kv-gib 60 --floors 2>&1 | tee -a "$OUT/decode_$variant.log" \
+        --threshold 1.0 --prompt-len 1024 --max-tokens 64 --kv-gib 120 --floors 2>&1 | tee -a "$OUT/decode_$variant.log" \
         | tail -4
     done
   done
