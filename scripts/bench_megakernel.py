@@ -159,7 +159,8 @@ def main():
         os._exit(3)
 
     def arm():  # (restarted before each build and chain: a slow compile or chain is not a hang)
-        running["timer"].cancel() if "timer" in running else None
+        if "timer" in running:
+            running["timer"].cancel()
         running["timer"] = threading.Timer(args.watchdog, hung)
         running["timer"].daemon = True
         running["timer"].start()

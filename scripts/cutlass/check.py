@@ -18,7 +18,7 @@ import torch
 from rlt.bench import floors
 from rlt.kernels import rope
 from rlt.kernels.activation import silu_mul
-from rlt.models.layers import split_qkv
+from rlt.models.layers import rope_inv_freq, split_qkv
 
 D = 128
 PLAIN = {
@@ -34,10 +34,20 @@ QKV = {"ouro": (16, 16, 2048), "nanbeige": (48, 8, 3072)}  # query heads, KV hea
 MLP = {"ouro": (5632, 2048), "nanbeige": (10752, 3072)}  # intermediate, hidden
 
 
-def load(path: pathlib.Path, entry: str, pointers: int):
+def load(path: pathlib.Path, entry: str, pointers: int, ints: int = 0, longs: int = 0):
+    """An entry taking M, N, K, then pointers, ints and long longs, then the SM count and the stream."""
     fn = getattr(ctypes.CDLL(str(path)), entry)
-    fn.argtypes = [ctypes.c_int] * 3 + [ctypes.c_void_p] * pointers + [ctypes.c_int, ctypes.c_void_p]
+    args = [ctypes.c_int] * 3 + [ctypes.c_void_p] * pointers + [ctypes.c_int] * ints
+    fn.argtypes = args + [ctypes.c_longlong] * longs + [ctypes.c_int, ctypes.c_void_p]
     return fn
+
+
+def rope_freq(hq: int, hkv: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(each q/k/v column's frequency: a pair shares one, v's 0; inv_freq), on the GPU."""
+    inv = rope_inv_freq(D, 10000.0)
+    freq = torch.zeros((hq + 2 * hkv) * D)
+    freq[: (hq + hkv) * D] = inv.repeat_interleave(2).repeat(hq + hkv)
+    return freq.cuda(), inv.cuda()
 
 
 def call(fn, *args):
@@ -68,11 +78,7 @@ def check_plain(tilings: dict, name: str, m: int, n: int, k: int) -> None:
 
 
 def check_rope(fn, name: str, m: int, hq: int, hkv: int, k: int) -> None:
-    n = (hq + 2 * hkv) * D
-    inv = 1.0 / (10000.0 ** (torch.arange(0, D, 2, dtype=torch.float32) / D))
-    freq = torch.zeros(n)
-    freq[: (hq + hkv) * D] = inv.repeat_interleave(2).repeat(hq + hkv)  # (a pair shares a frequency; v: 0)
-    freq, inv = freq.cuda(), inv.cuda()
+    n, (freq, inv) = (hq + 2 * hkv) * D, rope_freq(hq, hkv)
     a, w, d = randn(m, k), randn(n, k, scale=k**-0.5), randn(m, n)
     pos = torch.arange(m, device="cuda")
 
@@ -81,8 +87,7 @@ def check_rope(fn, name: str, m: int, hq: int, hkv: int, k: int) -> None:
 
     def unfused():
         y = a @ w.t()
-        q, kk = y[:, : hq * D].view(m, hq, D), y[:, hq * D : (hq + hkv) * D].view(m, hkv, D)
-        rope.rope_(q, kk, pos, inv, True)
+        rope.rope_(*split_qkv(y, hq, hkv, D)[:2], pos, inv, True)
         return y
 
     fused()
@@ -92,10 +97,7 @@ def check_rope(fn, name: str, m: int, hq: int, hkv: int, k: int) -> None:
 def check_rope_kv(fns, name: str, m: int, hq: int, hkv: int, k: int) -> None:
     """fns: (q alone, D) entries; k and v into a paged cache at scattered slots either way."""
     n, bs, layer = (hq + 2 * hkv) * D, 16, 1
-    inv = 1.0 / (10000.0 ** (torch.arange(0, D, 2, dtype=torch.float32) / D))
-    freq = torch.zeros(n)
-    freq[: (hq + hkv) * D] = inv.repeat_interleave(2).repeat(hq + hkv)
-    freq, inv = freq.cuda(), inv.cuda()
+    freq, inv = rope_freq(hq, hkv)
     a, w = randn(m, k), randn(n, k, scale=k**-0.5)
     pos = torch.arange(m, device="cuda")
     blocks = -(-m // bs) + 3
@@ -153,11 +155,7 @@ def main():
     plain = {p.stem[len("libgemm") :] or "_coop128x128": load(p, "rlt_gemm", 3) for p in tilings}
     rope_fn = load(libs / "libgemm_rope.so", "rlt_gemm_rope", 5)
     swiglu_fn = load(libs / "libgemm_swiglu.so", "rlt_gemm_swiglu", 3)
-    rope_kv = ctypes.CDLL(str(libs / "libgemm_rope_kv.so"))
-    rope_kv_fns = (rope_kv.rlt_gemm_rope_kv, rope_kv.rlt_gemm_rope_d_kv)
-    for fn in rope_kv_fns:
-        fn.argtypes = [ctypes.c_int] * 3 + [ctypes.c_void_p] * 7 + [ctypes.c_int] * 2 + [ctypes.c_longlong] * 3
-        fn.argtypes += [ctypes.c_int, ctypes.c_void_p]
+    rope_kv_fns = [load(libs / "libgemm_rope_kv.so", e, 7, 2, 3) for e in ("rlt_gemm_rope_kv", "rlt_gemm_rope_d_kv")]
     for m in (1024, 4096):
         for name, (n, k) in PLAIN.items() if "plain" in only else ():
             check_plain(plain, name, m, n, k)
