@@ -104,6 +104,27 @@ class EngineConfig(msgspec.Struct, kw_only=True, frozen=True):
         ),
     ] = "adaptive"
 
+    grammar_compile_timeout: Annotated[
+        Seconds,
+        _doc(
+            "seconds a grammar may take to compile in a worker before its request fails (the compile's process "
+            "is killed and its memory returned)"
+        ),
+    ] = 5.0
+    grammar_compile_processes: Annotated[
+        PositiveInt, _doc("processes per worker compiling grammars at once (more wait for one)")
+    ] = 2
+    max_grammar_bytes: Annotated[
+        PositiveInt,
+        _doc("bytes of a request's grammar at most: its JSON schema, regex, grammar, choices or tools' schemas"),
+    ] = 256 << 10
+    max_grammar_entries: Annotated[
+        PositiveInt, _doc("enum and choice entries of a request's grammar at most, all of them together")
+    ] = 2048
+    max_regex_length: Annotated[
+        PositiveInt, _doc("characters of a request's regex, or of one JSON schema pattern, at most")
+    ] = 4096
+
     def __post_init__(self) -> None:
         validate(self)
 

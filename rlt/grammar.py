@@ -1,10 +1,19 @@
 """Grammar-constrained decoding with xgrammar (chosen by measurement: scripts/grammar_bench.py), shared
-by the coordinator (checks a request's grammar at the call) and the workers (compile and match).
+by the coordinator (checks a request's grammar at the call) and the workers' compile processes.
 
 A request's StructuredOutput becomes a spec, (kind, text), that travels in ResolvedParams and keys
 the compiled-grammar caches. The tokenizer info covers the model's whole vocabulary: ids past the
 tokenizer's are never allowed; the model's EOS ids are the grammar's stop tokens. A grammar may wait
 for a token sequence in the output (`after`, e.g. the end of the reasoning) and start after it.
+
+Every JSON a grammar produces is RFC 8259 JSON that Python's strict `json.loads` reads: xgrammar's
+own string rule excludes raw control characters, but its length-bounded strings (minLength,
+maxLength) admit U+0000-U+001F; their character class is tightened in the grammar's text (xgrammar
+prints a grammar as EBNF and reads it back). JSON is compact: no whitespace but the one space after
+each `,` and `:` (as Python's json.dumps), so a weak model's whitespace cannot run to max_tokens.
+
+Size limits (EngineConfig's max_grammar_*) are checked at the call, before any worker work, each naming its field;
+what the limits cannot catch (a small regex with large repeats) is the compile deadline's.
 """
 
 import functools
@@ -13,7 +22,9 @@ import re
 
 from rlt.errors import RequestError
 
-KINDS = ("json", "regex", "choice", "grammar", "json_object")
+KINDS = ("json", "regex", "choice", "grammar", "json_object", "structural_tag")
+# the class of a length-bounded JSON string's characters as xgrammar 0.2.9 prints it, and RFC 8259's
+_LAX_CHARS, _STRICT_CHARS = r"[^\"\\\r\n]", r"[^\0-\x1f\"\\]"
 
 
 def spec_of(so) -> tuple[str, str] | None:
@@ -28,14 +39,14 @@ def spec_of(so) -> tuple[str, str] | None:
     if len(given) != 1:
         raise RequestError(f"structured_output must set exactly one of {', '.join(KINDS)}; got {given or 'none'}")
     kind, v = given[0], getattr(so, given[0])
-    if kind == "json":
+    if kind in ("json", "structural_tag"):
         if isinstance(v, str):
             try:
                 v = json.loads(v)
             except ValueError as e:
-                raise RequestError(f"structured_output.json: not JSON: {e}") from None
+                raise RequestError(f"structured_output.{kind}: not JSON: {e}") from None
         if not isinstance(v, dict):
-            raise RequestError(f"structured_output.json must be a JSON schema object, got {type(v).__name__}")
+            raise RequestError(f"structured_output.{kind} must be a JSON object, got {type(v).__name__}")
         return kind, json.dumps(v)  # (its property order is the output's)
     if kind == "json_object":
         if v is not True:
@@ -62,22 +73,84 @@ def after_of(so, vocab_size: int) -> tuple[int, ...]:
     return tuple(v)
 
 
+def check_limits(spec: tuple[str, str], limits) -> None:
+    """RequestError naming the field and the limit the spec passes (cheap: a walk of its JSON).
+    limits: an EngineConfig (max_grammar_bytes, max_grammar_entries, max_regex_length)."""
+    kind, text = spec
+    field = f"structured_output.{kind}"
+    if (n := len(text.encode())) > limits.max_grammar_bytes:
+        raise RequestError(f"{field} has {n} bytes, more than the limit {limits.max_grammar_bytes} (max_grammar_bytes)")
+    if kind == "regex" and len(text) > limits.max_regex_length:
+        raise RequestError(
+            f"{field} has {len(text)} characters, more than the limit {limits.max_regex_length} (max_regex_length)"
+        )
+    entries = len(json.loads(text)) if kind == "choice" else 0
+    if kind in ("json", "structural_tag"):
+        for path, node in _nodes(json.loads(text), "$"):
+            ref, enum, pattern = node.get("$ref"), node.get("enum"), node.get("pattern")
+            if isinstance(ref, str) and not ref.startswith("#"):
+                raise RequestError(f"{field}: {path}.$ref {ref!r} is external: only local references (#...) resolve")
+            entries += len(enum) if isinstance(enum, list) else 0
+            if isinstance(pattern, str) and len(pattern) > limits.max_regex_length:
+                raise RequestError(
+                    f"{field}: {path}.pattern has {len(pattern)} characters, more than the limit "
+                    f"{limits.max_regex_length} (max_regex_length)"
+                )
+    if entries > limits.max_grammar_entries:
+        raise RequestError(
+            f"{field} has {entries} enum and choice entries, more than the limit {limits.max_grammar_entries} "
+            "(max_grammar_entries)"
+        )
+
+
+def _nodes(v, path: str):
+    """Every object inside a JSON value, with its path ($.a.b[0])."""
+    stack = [(path, v)]
+    while stack:
+        path, v = stack.pop()
+        if isinstance(v, dict):
+            yield path, v
+            stack.extend((f"{path}.{k}", c) for k, c in v.items() if isinstance(c, (dict, list)))
+        elif isinstance(v, list):
+            stack.extend((f"{path}[{i}]", c) for i, c in enumerate(v) if isinstance(c, (dict, list)))
+
+
 def grammar_of(spec: tuple[str, str]):
     """A spec -> xgrammar's Grammar: its structure alone, no tokenizer (well under a millisecond for a
     6-field schema; the compile against the vocabulary is the workers')."""
     import xgrammar as xgr
 
     kind, text = spec
-    # JSON compact (no free whitespace: a weak model's whitespace could otherwise run to max_tokens)
     if kind == "json":
-        return xgr.Grammar.from_json_schema(text, any_whitespace=False)
+        return strict(xgr.Grammar.from_json_schema(text, any_whitespace=False))
     if kind == "json_object":  # any object (not strict: any properties)
-        return xgr.Grammar.from_json_schema('{"type": "object"}', any_whitespace=False, strict_mode=False)
+        return strict(xgr.Grammar.from_json_schema('{"type": "object"}', any_whitespace=False, strict_mode=False))
+    if kind == "structural_tag":  # (its JSON contents compact and strict as any other's)
+        return strict(xgr.Grammar.from_structural_tag(_compact_contents(json.loads(text))))
     if kind == "regex":
         return xgr.Grammar.from_regex(text)
     if kind == "choice":  # (JSON's string escapes are EBNF's)
         return xgr.Grammar.from_ebnf("root ::= " + " | ".join(json.dumps(s) for s in json.loads(text)))
     return xgr.Grammar.from_ebnf(text)
+
+
+def strict(grammar):
+    """A JSON grammar whose length-bounded strings admit no raw control character (module doc)."""
+    import xgrammar as xgr
+
+    text = str(grammar)
+    return xgr.Grammar.from_ebnf(text.replace(_LAX_CHARS, _STRICT_CHARS)) if _LAX_CHARS in text else grammar
+
+
+def _compact_contents(v):
+    """A structural tag whose `json_schema` contents become their compact, strict grammars."""
+    if isinstance(v, list):
+        return [_compact_contents(c) for c in v]
+    if not isinstance(v, dict):
+        return v
+    if v.get("type") == "json_schema" and v.get("style", "json") == "json" and not v.get("excludes"):
+        return {"type": "grammar", "grammar": str(grammar_of(("json", json.dumps(v.get("json_schema")))))}
+    return {k: _compact_contents(c) for k, c in v.items()}
 
 
 def error_text(spec: tuple[str, str], e: Exception) -> str:
@@ -86,7 +159,7 @@ def error_text(spec: tuple[str, str], e: Exception) -> str:
     return f"structured_output.{spec[0]}: {msg}"
 
 
-@functools.lru_cache(maxsize=1024)
+@functools.lru_cache(maxsize=256)
 def _problem(spec: tuple[str, str]) -> str | None:
     try:
         grammar_of(spec)
@@ -95,23 +168,10 @@ def _problem(spec: tuple[str, str]) -> str | None:
     return None
 
 
-def check(spec: tuple[str, str]) -> None:
-    """The coordinator's check at the call: RequestError naming the field if the spec is not a grammar
-    (its structure: cheap, and cached, so the event loop never waits for a compile)."""
+def check(spec: tuple[str, str], limits) -> None:
+    """The coordinator's check at the call: RequestError naming the field if the spec passes a limit
+    or is not a grammar (its structure, no tokenizer: cached; rlt serve runs it in its thread pool
+    first, so its event loop finds it cached)."""
+    check_limits(spec, limits)
     if (problem := _problem(spec)) is not None:
         raise RequestError(problem)
-
-
-class Grammars:
-    """Compiles specs against one tokenizer (xgrammar's compiler caches them by text)."""
-
-    def __init__(self, tokenizer, vocab_size: int, eos_token_ids):
-        import xgrammar as xgr
-
-        self.info = xgr.TokenizerInfo.from_huggingface(
-            tokenizer, vocab_size=vocab_size, stop_token_ids=list(eos_token_ids)
-        )
-        self.compiler = xgr.GrammarCompiler(self.info, max_threads=1, cache_limit_bytes=256 << 20)
-
-    def compile(self, spec: tuple[str, str]):
-        return self.compiler.compile_grammar(grammar_of(spec))

@@ -30,6 +30,9 @@ class StructuredOutput(msgspec.Struct, kw_only=True, omit_defaults=True, forbid_
     choice: list[str] | None = None  # the output is one of these strings
     grammar: str | None = None  # an EBNF (GBNF) grammar with a `root` rule
     json_object: bool | None = None  # True: any JSON object
+    # xgrammar's structural tag (a dict or its JSON text; vLLM's structural_tag): free text with tags,
+    # e.g. tool calls, constrained inside; its JSON schema contents are compact and strict
+    structural_tag: dict | str | None = None
     # the grammar starts after these token ids first appear in the output (e.g. `</think>`'s: the
     # reasoning before them is free, as vLLM's reasoning parsers); None: from the first token
     after: list[int] | None = None

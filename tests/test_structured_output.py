@@ -65,8 +65,8 @@ def check_valid(tok, got: dict) -> None:
     text = {r: tok.decode([o[0] for o in v], skip_special_tokens=True) for r, v in got.items()}
     for r in ("j1", "j2", "e", "r", "c", "o", "g"):
         assert got[r][-1][3] == "stop", (r, text[r])
-    for r in ("j1", "j2", "e"):  # (strict=False: xgrammar 0.2.9 lets maxLength strings hold raw control characters)
-        jsonschema.validate(json.loads(text[r], strict=False), SCHEMA)
+    for r in ("j1", "j2", "e"):
+        jsonschema.validate(json.loads(text[r]), SCHEMA)
     assert re.fullmatch(REGEX, text["r"]), text["r"]
     assert text["c"] in CHOICES
     assert json.loads(text["o"]) == {}
@@ -149,19 +149,22 @@ def test_mask_against_a_dense_reference():
 
 def test_ids_past_the_tokenizer_are_never_allowed(checkpoints):
     """A model vocabulary wider than the tokenizer's: the extra ids are never in a mask."""
-    from rlt.grammar import Grammars, spec_of
+    import xgrammar as xgr
+
+    from rlt.grammar import spec_of
     from rlt.workers.grammar import Constraint
+    from rlt.workers.grammar_compile import compile_spec, tokenizer_info
 
     mc, _ = make(checkpoints["ouro"], "ouro")
     tok = load_tokenizer(mc.path)
     V = len(tok) + 70
-    grammars = Grammars(tok, V, mc.eos_token_ids)
+    compiler = xgr.GrammarCompiler(tokenizer_info(tok, V, mc.eos_token_ids))
     for so in (
         StructuredOutput(json_object=True),
         StructuredOutput(regex=".*"),
         StructuredOutput(grammar='root ::= [^"]*'),
     ):
-        c = Constraint(grammars.compile(spec_of(so)), [])
+        c = Constraint(compile_spec(compiler, spec_of(so)), [])
         allowed = allowed_mask(torch.from_numpy(c.fill().astype("int64"))[None], V)[0]
         assert allowed[: len(tok)].any() and not allowed[len(tok) :].any(), so
 
@@ -218,22 +221,19 @@ def test_spec_shapes():
         spec_of(StructuredOutput(json_object=False))
 
 
-def test_a_grammar_that_fails_to_compile_fails_its_request_alone(checkpoints, monkeypatch):
+def test_a_grammar_that_fails_to_compile_fails_its_request_alone(checkpoints):
     """The coordinator checks a grammar's structure only; a compile that still fails in the worker
-    (injected) is reported for that request, naming the field, and holds nobody up (the worker then
-    fails it, as here)."""
-    from rlt.grammar import Grammars
+    (one that can match nothing; one past grammar_compile_timeout, its process killed) is reported
+    for that request, naming the field, and holds nobody up (the worker then fails it, as here)."""
     from rlt.validation import resolve_params
 
-    def compile_fails(self, spec):
-        raise RuntimeError("[07:00:00] /project/cpp/grammar_compiler.cc:1: injected")
-
-    monkeypatch.setattr(Grammars, "compile", compile_fails)
     mc, new_engine = make(checkpoints["ouro"], "ouro")
-    engine = new_engine()
+    engine = new_engine(grammar_compile_timeout=1.0, max_grammar_entries=100_000)
     free = SamplingParams(max_tokens=3, temperature=0, ignore_eos=True)
-    bad = msgspec.structs.replace(free, structured_output=StructuredOutput(regex="a+"))
-    engine.add_request(1, [5, 6], resolve_params(mc, 2, bad))
+    nothing = msgspec.structs.replace(free, structured_output=StructuredOutput(regex="[^\\s\\S]"))
+    slow = msgspec.structs.replace(free, structured_output=StructuredOutput(choice=[f"w{i} " * 4 for i in range(20_000)]))
+    engine.add_request(1, [5, 6], resolve_params(mc, 2, nothing))
+    engine.add_request(3, [5, 6], resolve_params(mc, 2, slow))
     engine.add_request(2, [5, 6], resolve_params(mc, 2, free))
     outs, failed = [], []
     while engine.has_work():
@@ -242,4 +242,8 @@ def test_a_grammar_that_fails_to_compile_fails_its_request_alone(checkpoints, mo
             failed.append((gen, error))
             assert engine.abort(gen)
         engine.grammars.wait(0.01)
-    assert outs == [2, 2, 2] and failed == [(1, "structured_output.regex: injected")]
+    engine.grammars.close()
+    assert outs == [2, 2, 2] and sorted(failed) == [
+        (1, "structured_output.regex: no output can match it"),
+        (3, "structured_output.choice: did not compile within 1 s (grammar_compile_timeout)"),
+    ]

@@ -172,7 +172,7 @@ class Engine:
         if (spec := ps[0].structured_output) is not None:  # compiled (ms; then cached) before any worker sees it
             if self.tokenizer is None:
                 raise RequestError(f"structured_output needs text: {self.model_config.path} has no tokenizer.json")
-            grammar.check(spec)
+            grammar.check(spec, self.engine_config)
         names = [request_id] if n == 1 else [f"{request_id}-{i}" for i in range(n)]
         lc = self._lifecycle
         for name in names:

@@ -50,7 +50,7 @@ class LoopEngine(SteadyStretches):
         self.backend = select_backend(device, cfg.kernels, cfg.batch_invariant)(mc, model, self.pool, cfg)
         model.ops = self.backend.ops
         self.runner = Runner(mc, model, self.pool, self.backend, device, cfg)
-        self.grammars = WorkerGrammars(mc)  # structured output (rlt/workers/grammar.py)
+        self.grammars = WorkerGrammars(mc, cfg)  # structured output (rlt/workers/grammar.py)
         self.sched = Scheduler(cfg, self.pool, self.runner.penalties, self.grammars)
         self._arrival = itertools.count()
         self._live: dict[int, Sequence] = {}

@@ -1,5 +1,6 @@
 """A worker's side of structured output (rlt/grammar.py): grammars compile off the worker's loop, in
-one thread, cached by spec; a request waits in the scheduler until its grammar is ready (as vLLM).
+its compile processes (rlt/workers/grammar_compile.py), cached by spec; a request waits in the
+scheduler until its grammar is ready (as vLLM), and its compile is abandoned if it goes first.
 Each constrained request then has a matcher (Constraint) that accepts its output tokens in order.
 Its next decode row starts before its last token is read back, like any other (the row's loops
 need only the token on the device); its mask is needed only when the row leaves the loop, by which
@@ -14,11 +15,9 @@ matcher replays outputs, so a decode worker, or a prefill worker's first token, 
 """
 
 from collections import OrderedDict
-from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from concurrent.futures import FIRST_COMPLETED, Future, wait
 
 import numpy as np
-
-from rlt.grammar import error_text
 
 MAX_CACHED = 512  # compiled grammars a worker keeps (least recently used out)
 
@@ -70,10 +69,13 @@ class Constraint:
 
 
 class WorkerGrammars:
-    def __init__(self, mc):
-        self.mc = mc
-        self._grammars = None  # rlt.grammar.Grammars, built in the thread at the first request
-        self._pool: ThreadPoolExecutor | None = None
+    """The worker's compiled grammars: a cache of futures by spec (MAX_CACHED, least recently used
+    out), filled by the compile pool (rlt/workers/grammar_compile.py), started at the first
+    constrained request (the warm-up's, before READY)."""
+
+    def __init__(self, mc, cfg):
+        self.mc, self.cfg = mc, cfg
+        self.pool = None  # CompilePool
         self._compiled: OrderedDict[tuple[str, str], Future] = OrderedDict()
         self.failed: dict[int, str] = {}  # requests whose grammar did not compile -> error (the worker fails them)
 
@@ -84,19 +86,32 @@ class WorkerGrammars:
             return True
         future = self._compiled.get(spec)
         if future is None:
-            if self._pool is None:
-                self._pool = ThreadPoolExecutor(1, thread_name_prefix="rlt-grammar")
-            future = self._compiled[spec] = self._pool.submit(self._compile, spec)
+            if self.pool is None:
+                from rlt.workers.grammar_compile import CompilePool
+
+                self.pool = CompilePool(self.mc, self.cfg.grammar_compile_processes, self.cfg.grammar_compile_timeout)
+            future = self._compiled[spec] = self.pool.submit(spec)
             while len(self._compiled) > MAX_CACHED:
                 self._compiled.popitem(last=False)
         self._compiled.move_to_end(spec)
         if not future.done():
             return False
-        if future.exception() is not None:  # (the coordinator checked its structure; the compile failed)
-            self.failed.setdefault(s.request_id, error_text(spec, future.exception()))
+        if future.exception() is not None:
+            self.failed.setdefault(s.request_id, str(future.exception()))
             return False
         s.matcher = Constraint(future.result(), s.output, s.params.grammar_after)
         return True
+
+    def keep(self, waiting) -> None:
+        """Abandon the compiles no waiting request needs any more (its requests aborted or failed):
+        their processes are killed, their memory returned."""
+        compiling = [spec for spec, f in self._compiled.items() if not f.done()]
+        if compiling:
+            wanted = {s.params.structured_output for s in waiting if s.matcher is None}
+            for spec in compiling:
+                if spec not in wanted:
+                    del self._compiled[spec]
+                    self.pool.cancel(spec)
 
     def take_failed(self) -> list[tuple[int, str]]:
         """(request, error) of each request whose grammar did not compile, once."""
@@ -104,19 +119,17 @@ class WorkerGrammars:
         return failed
 
     def wait(self, seconds: float) -> None:
-        """Nothing else to run: let a compile finish (rather than spin against its thread)."""
+        """Nothing else to run: let a compile finish (rather than spin against its process)."""
         compiling = [f for f in self._compiled.values() if not f.done()]
         if compiling:
             wait(compiling, seconds, return_when=FIRST_COMPLETED)
 
-    def _compile(self, spec):
-        if self._grammars is None:
-            from rlt.grammar import Grammars
-            from rlt.models.tokenizer import load_tokenizer
+    def stuck(self) -> str | None:
+        return None if self.pool is None else self.pool.stuck()
 
-            mc = self.mc
-            self._grammars = Grammars(load_tokenizer(mc.path), mc.vocab_size, mc.eos_token_ids)
-        return self._grammars.compile(spec)
+    def close(self) -> None:
+        if self.pool is not None:
+            self.pool.close()
 
     @staticmethod
     def accept(s, token: int) -> bool:

@@ -47,8 +47,10 @@ class Scheduler:
 
     def step(self) -> None:
         """Rows and blocks for the next pass; then admission, unless that preempted."""
-        if not self.running and self.waiting and self.grammars is not None:
-            self.grammars.wait(0.005)  # (only while a grammar compiles)
+        if self.grammars is not None and self.waiting:
+            self.grammars.keep(self.waiting)  # (abandons the compiles whose requests have gone)
+            if not self.running:
+                self.grammars.wait(0.005)  # (only while a grammar compiles)
         if self._schedule() and self._admit():
             self._schedule()
 

@@ -1,0 +1,225 @@
+"""A worker's grammar compiles, in child processes of its own: a bounded pool that no request can
+wedge. xgrammar's compile cannot be interrupted in a thread, and one grammar may take minutes and
+gigabytes, so each compile runs in a child (`python -m rlt.workers.grammar_compile`); a compile past
+its deadline, or whose requests have all gone, is abandoned by killing its child (its memory goes
+back to the system) and a fresh child takes its place. The result comes back serialized and is read
+into the worker against its own tokenizer info; identical specs compile once (the worker's cache,
+rlt/workers/grammar.py). A dispatcher thread owns the children: the worker's pass loop only looks
+at futures.
+
+The children start with the worker, before READY (each loads the tokenizer); a replacement starts
+at once and takes jobs when it says it is ready.
+"""
+
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections import OrderedDict
+from concurrent.futures import Future
+from multiprocessing.connection import Connection, wait
+
+from rlt.grammar import error_text
+
+
+class GrammarError(Exception):
+    """A spec that did not compile: its message names the field (structured_output.<kind>: ...)."""
+
+
+def tokenizer_info(tokenizer, vocab_size: int, eos_token_ids):
+    """xgrammar's view of the model's whole vocabulary (ids past the tokenizer's never allowed); the
+    model's EOS ids are the grammars' stop tokens."""
+    import xgrammar as xgr
+
+    return xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size, stop_token_ids=list(eos_token_ids))
+
+
+def _tokenizer_info(path: str, vocab_size: int, eos_token_ids):
+    from rlt.models.tokenizer import load_tokenizer
+
+    return tokenizer_info(load_tokenizer(path), vocab_size, eos_token_ids)
+
+
+def compile_spec(compiler, spec):
+    """-> the compiled grammar; GrammarError if it does not compile or can match nothing."""
+    import xgrammar as xgr
+
+    from rlt.grammar import grammar_of
+
+    try:
+        compiled = compiler.compile_grammar(grammar_of(spec))
+    except Exception as e:  # noqa: BLE001 - xgrammar's errors are the spec's
+        raise GrammarError(error_text(spec, e)) from None
+    matcher = xgr.GrammarMatcher(compiled)
+    mask = xgr.allocate_token_bitmask(1, compiled.tokenizer_info.vocab_size)
+    matcher.fill_next_token_bitmask(mask, 0)
+    if not mask.any():  # (a grammar that may end at once allows the stop tokens)
+        raise GrammarError(f"structured_output.{spec[0]}: no output can match it")
+    return compiled
+
+
+class _Child:
+    """One compile process and the job it runs (None: idle, or not ready yet)."""
+
+    def __init__(self, path: str, vocab_size: int, eos_token_ids):
+        here, there = socket.socketpair()
+        args = [sys.executable, "-m", "rlt.workers.grammar_compile", str(there.fileno()), path, str(vocab_size)]
+        self.proc = subprocess.Popen([*args, ",".join(map(str, eos_token_ids))], pass_fds=[there.fileno()])
+        there.close()
+        self.conn = Connection(here.detach())
+        self.ready = False
+        self.spec, self.deadline = None, 0.0
+
+    def kill(self) -> None:
+        self.proc.kill()
+        self.proc.wait()
+        self.conn.close()
+
+
+class CompilePool:
+    """Specs -> futures of compiled grammars, at most `processes` compiling at once; others queue."""
+
+    def __init__(self, mc, processes: int, timeout: float):
+        self.mc, self.timeout = mc, timeout
+        self.info = _tokenizer_info(mc.path, mc.vocab_size, mc.eos_token_ids)
+        self._lock = threading.Lock()
+        self._queued: OrderedDict[tuple, Future] = OrderedDict()
+        self._running: dict[tuple, Future] = {}
+        self._children = [self._new_child() for _ in range(processes)]
+        self._wake_r, self._wake_w = socket.socketpair()
+        self._closed = False
+        for c in self._children:  # (warm before READY)
+            self._await_ready(c)
+        self._thread = threading.Thread(target=self._run, name="rlt-grammar", daemon=True)
+        self._thread.start()
+
+    def _new_child(self) -> _Child:
+        return _Child(self.mc.path, self.mc.vocab_size, self.mc.eos_token_ids)
+
+    def _await_ready(self, c: _Child) -> None:
+        if not c.conn.poll(120):
+            raise RuntimeError("a grammar compile process did not start within 120 s")
+        c.conn.recv()
+        c.ready = True
+
+    def submit(self, spec) -> Future:
+        future = Future()
+        with self._lock:
+            self._queued[spec] = future
+        self._wake()
+        return future
+
+    def cancel(self, spec) -> None:
+        """Nobody waits for spec's grammar any more: drop it, or kill its compile."""
+        with self._lock:
+            if (f := self._queued.pop(spec, None)) is not None:
+                f.cancel()
+            elif spec in self._running:
+                for c in self._children:
+                    if c.spec == spec:
+                        c.deadline = 0.0  # (the dispatcher kills it at once)
+        self._wake()
+
+    def stuck(self) -> str | None:
+        """A reason the pool cannot compile now (every child past its deadline): for /health."""
+        now = time.monotonic()
+        busy = [c for c in self._children if c.spec is not None and now > c.deadline + 5.0]
+        if busy and len(busy) == len(self._children):
+            return "every grammar compile process is past its deadline"
+        return None
+
+    def close(self) -> None:
+        self._closed = True
+        self._wake()
+        self._thread.join(5)
+        for c in self._children:
+            c.kill()
+
+    def _wake(self) -> None:
+        try:
+            self._wake_w.send(b"x")
+        except OSError:
+            pass
+
+    def _run(self) -> None:
+        while not self._closed:
+            now = time.monotonic()
+            busy = [c for c in self._children if c.spec is not None]
+            timeout = min((c.deadline for c in busy), default=now + 1.0) - now
+            ready = wait([self._wake_r, *(c.conn for c in self._children)], max(0.0, timeout))
+            if self._wake_r in ready:
+                self._wake_r.recv(4096)
+            with self._lock:
+                for i, c in enumerate(self._children):
+                    if c.conn in ready:
+                        self._receive(i, c)
+                    elif c.spec is not None and time.monotonic() >= c.deadline:
+                        self._abandon(i, c)
+                for c in self._children:
+                    if c.ready and c.spec is None and self._queued:
+                        spec, future = self._queued.popitem(last=False)
+                        if future.set_running_or_notify_cancel():
+                            c.spec, c.deadline = spec, time.monotonic() + self.timeout
+                            self._running[spec] = future
+                            c.conn.send(spec)
+
+    def _receive(self, i: int, c: _Child) -> None:
+        try:
+            msg = c.conn.recv()
+        except (EOFError, OSError):  # it died (killed by the system for its memory, say)
+            return self._abandon(i, c, "the compile process died")
+        if not c.ready:
+            c.ready = True
+            return
+        spec, c.spec = c.spec, None
+        future = self._running.pop(spec)
+        ok, value = msg
+        if not ok:
+            return future.set_exception(GrammarError(value))
+        import xgrammar as xgr
+
+        future.set_result(xgr.CompiledGrammar.deserialize_json(value, self.info))
+
+    def _abandon(self, i: int, c: _Child, why: str | None = None) -> None:
+        """Kill c (its compile timed out, died, or nobody waits for it) and start its replacement."""
+        spec, timed_out = c.spec, c.deadline > 0.0
+        c.kill()
+        self._children[i] = self._new_child()
+        future = self._running.pop(spec, None) if spec is not None else None
+        if future is not None:
+            why = why or (
+                f"did not compile within {self.timeout:g} s (grammar_compile_timeout)" if timed_out else "abandoned"
+            )
+            future.set_exception(GrammarError(f"structured_output.{spec[0]}: {why}"))
+
+
+def main() -> int:
+    """A compile child: tokenizer info once, then spec -> (ok, serialized grammar or error text)."""
+    fd, path, vocab_size, eos = int(sys.argv[1]), sys.argv[2], int(sys.argv[3]), sys.argv[4]
+    if sys.platform == "linux":  # killed with its worker, even mid-compile (PR_SET_PDEATHSIG)
+        import ctypes
+        import signal
+
+        ctypes.CDLL(None).prctl(1, signal.SIGKILL)
+    conn = Connection(fd)
+    import xgrammar as xgr
+
+    info = _tokenizer_info(path, vocab_size, [int(t) for t in eos.split(",") if t])
+    compiler = xgr.GrammarCompiler(info, max_threads=1, cache_enabled=False)
+    conn.send("ready")
+    while True:
+        try:
+            spec = conn.recv()
+        except EOFError:  # the worker is gone
+            return 0
+        try:
+            conn.send((True, compile_spec(compiler, tuple(spec)).serialize_json()))
+        except GrammarError as e:
+            conn.send((False, str(e)))
+
+
+if __name__ == "__main__":
+    sys.stdout.flush()
+    os._exit(main())
