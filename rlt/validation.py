@@ -114,6 +114,11 @@ def resolve_params(mc: ModelConfig, prompt_len: int, p: SamplingParams) -> Resol
 def _exit_rule(mc: ModelConfig, p: SamplingParams) -> tuple[str, float]:
     """(exit_criterion, exit_threshold): the threshold is read per criterion."""
     crit = "gate" if p.exit_criterion is None else p.exit_criterion
+    if p.exit_criterion == "gate" and mc.has_exit_criteria:
+        raise RequestError(
+            f"exit_criterion 'gate' is Ouro's learned exit gate; this model ({mc.model_type}) has none: "
+            f"its criteria are {', '.join(EXIT_CRITERIA)}"
+        )
     if crit == "gate":
         thr = mc.default_exit_threshold if p.exit_threshold is None else _float("exit_threshold", p.exit_threshold)
         if not 0 <= thr <= 1:

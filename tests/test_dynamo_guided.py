@@ -32,18 +32,18 @@ TEMPLATE = (
 # coordinator's check and fails its compile in the worker
 INJECTED = "injected-compile-failure"
 SITECUSTOMIZE = f"""
-import rlt.grammar
+import rlt.workers.grammar_compile as gc
 
-_compile = rlt.grammar.Grammars.compile
+_compile = gc.compile_spec
 
 
-def compile(self, spec):
+def compile_spec(compiler, spec):
     if spec == ("regex", {INJECTED!r}):
-        raise RuntimeError("[07:00:00] /project/cpp/grammar_compiler.cc:1: injected")
-    return _compile(self, spec)
+        raise gc.GrammarError("structured_output.regex: injected")
+    return _compile(compiler, spec)
 
 
-rlt.grammar.Grammars.compile = compile
+gc.compile_spec = compile_spec
 """
 
 

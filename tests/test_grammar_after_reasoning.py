@@ -114,12 +114,15 @@ def test_a_rebuilt_matcher_replays_to_the_same_state(ouro):
     """Constraint built on any prefix of the outputs (a PD decode worker's, a resumed request's)
     equals the one fed token by token: started at the same output, the same mask; a marker matches
     across a repeated first id (a a b) and not across another id (a x b)."""
-    from rlt.grammar import Grammars, spec_of
+    import xgrammar as xgr
+
+    from rlt.grammar import spec_of
     from rlt.workers.grammar import Constraint
+    from rlt.workers.grammar_compile import compile_spec, tokenizer_info
 
     mc, new_engine, free, reqs = ouro
-    grammars = Grammars(load_tokenizer(mc.path), mc.vocab_size, mc.eos_token_ids)
-    compiled = grammars.compile(spec_of(StructuredOutput(json=SCHEMA)))
+    compiler = xgr.GrammarCompiler(tokenizer_info(load_tokenizer(mc.path), mc.vocab_size, mc.eos_token_ids))
+    compiled = compile_spec(compiler, spec_of(StructuredOutput(json=SCHEMA)))
     _, sp, k = reqs["two"]
     after = tuple(sp.structured_output.after)
     out = [o[0] for o in run(new_engine(), mc, {"two": (FREE["two"][0], sp)})["two"]]

@@ -12,6 +12,9 @@ from rlt.serve.errors import short
 from rlt.serve.limits import check_ids, check_text
 
 ROLES = ("system", "developer", "user", "assistant", "tool", "function")
+# a message's fields (OpenAI's, and vLLM's reasoning fields of an assistant turn): any other is a 400
+MESSAGE_FIELDS = {"role", "content", "name", "tool_calls", "tool_call_id", "function_call", "refusal"}
+MESSAGE_FIELDS |= {"reasoning_content", "reasoning"}
 # apply_chat_template's own arguments: not for chat_template_kwargs
 _RESERVED = {"conversation", "messages", "tools", "documents", "chat_template", "add_generation_prompt"}
 _RESERVED |= {"continue_final_message", "tokenize", "padding", "truncation", "max_length", "return_tensors"}
@@ -60,6 +63,8 @@ def messages_of(messages) -> list[dict]:
         role = m.get("role")
         if role not in ROLES:
             raise RequestError(f"messages[{i}].role must be one of {', '.join(ROLES)}, got {short(role)}")
+        if unknown := sorted(set(m) - MESSAGE_FIELDS):
+            raise RequestError(f"messages[{i}].{short(unknown[0])} is not a message field")
         m = m | {"content": _content(i, m.get("content"))}
         if m.get("tool_calls") is not None:
             m["tool_calls"] = _tool_calls(i, m["tool_calls"])
@@ -67,14 +72,25 @@ def messages_of(messages) -> list[dict]:
     return out
 
 
-def tools_of(tools) -> list[dict] | None:
-    """The request's tools as templates take them (OpenAI's {"type": "function", "function": {...}})."""
+def tools_of(tools, max_tools: int | None = None) -> list[dict] | None:
+    """The request's tools as templates take them (OpenAI's {"type": "function", "function": {...}}):
+    each a function with a non-empty name of its own, at most max_tools of them."""
     if not tools:
         return None
+    if not isinstance(tools, list):
+        raise RequestError(f"tools must be a list, got {short(tools)}")
+    if max_tools is not None and len(tools) > max_tools:
+        raise RequestError(f"tools has {len(tools)} entries, more than the limit {max_tools} (--max-tools)")
+    names = set()
     for i, t in enumerate(tools):
         fn = t.get("function") if isinstance(t, dict) and t.get("type") == "function" else None
-        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
-            raise RequestError(f"tools[{i}] must be a function tool with a name, got {short(t)}")
+        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str) or not fn["name"]:
+            raise RequestError(f"tools[{i}] must be a function tool with a non-empty name, got {short(t)}")
+        if fn["name"] in names:
+            raise RequestError(f"tools[{i}].function.name {short(fn['name'])} is the name of an earlier tool")
+        if "parameters" in fn and not isinstance(fn["parameters"], dict):
+            raise RequestError(f"tools[{i}].function.parameters must be a JSON schema object")
+        names.add(fn["name"])
     return tools
 
 

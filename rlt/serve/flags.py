@@ -12,6 +12,7 @@ class Limits:
     max_body_bytes: int = 4 << 20  # (why 4 MiB: limits.decode())
     body_timeout: float = 30.0
     max_prompts: int = 4096  # choices of one /v1/completions call: prompts x n
+    max_tools: int = 128  # a chat's tools (OpenAI's limit)
 
 
 @dataclass(frozen=True)
@@ -60,6 +61,7 @@ def add_flags(parser) -> None:
     add("--max-body-bytes", int, Limits.max_body_bytes, "a larger request body is refused (413)")
     add("--body-timeout", float, Limits.body_timeout, "seconds a request body may take to arrive (then 408)")
     add("--max-prompts", int, Limits.max_prompts, "choices one /v1/completions call may ask for: prompts x n (400)")
+    add("--max-tools", int, Limits.max_tools, "tools one chat request may give (400)")
     add("--timeout-keep-alive", float, 5.0, "seconds an idle kept-alive connection stays open")
     add("--header-timeout", float, 10.0, "seconds a request's headers may take to arrive before the connection closes")
     add("--max-connections", int, 4096, "connections open at once; past it a request gets a 503 with Retry-After")
@@ -104,7 +106,12 @@ def server_options_of(args) -> ServerOptions:
 
 
 def limits_of(args) -> Limits:
-    return Limits(max_body_bytes=args.max_body_bytes, body_timeout=args.body_timeout, max_prompts=args.max_prompts)
+    return Limits(
+        max_body_bytes=args.max_body_bytes,
+        body_timeout=args.body_timeout,
+        max_prompts=args.max_prompts,
+        max_tools=args.max_tools,
+    )
 
 
 def uvicorn_options(args) -> dict:

@@ -71,6 +71,7 @@ async def completion(request: Request, body: dict, served: Served, name: str):
             return ids, echo
 
         ids, echoes = await served.pool.run(tokenize)
+    await check_grammar(served, engine, params, opts)
     return await _respond(request, params, opts, ids, echoes, False, name)
 
 
@@ -78,14 +79,18 @@ async def chat(request: Request, body: dict, served: Served, name: str):
     state = request.app.state
     with bad_request():
         req = rq.parse(body, rq.ChatRequest)
+        chat_template.tools_of(req.tools, served.limits.max_tools)  # (before a forced call's schema is built)
         params, opts = rq.to_sampling_params(req, True, state.defaults)
         ids, text = await served.pool.run(
             chat_template.render, state.engine, req, served.chat_template, opts.add_special_tokens
         )
         ids = _truncate(ids, opts.truncate_prompt_tokens)
         opts.parsing, params = parsing(req, text, served, state.engine.tokenizer, params)
+        if opts.grammar_field is None and params.structured_output is not None:  # (the tools' call tag)
+            opts.grammar_field = "tools"
         last = req.messages[-1] if isinstance(req.messages, list) else {}
         echo = chat_template.messages_of([last])[0]["content"] if opts.echo and last.get("role") == "assistant" else ""
+    await check_grammar(served, state.engine, params, opts)
     return await _respond(request, params, opts, [ids], [echo], True, name)
 
 
@@ -99,6 +104,9 @@ def parsing(req, prompt_text: str, served: Served, tok, params):
     if tools and served.tool_parser is None:
         raise RequestError("tools: this server parses no tool calls (start it with --tool-call-parser hermes)")
     reasoning = served.reasoning_parser is not None
+    if tools and params.structured_output is None:  # (a call, once begun, is constrained: its arguments parse)
+        tag = structured.tool_call_tag(req.tools, one=req.parallel_tool_calls is False)
+        params = msgspec.structs.replace(params, structured_output=tag)
     so = params.structured_output
     if reasoning and so is not None and Think(prompt_text).state == "reasoning":
         # the engine starts the grammar after </think>'s ids in the output: the content is the grammar's
@@ -123,6 +131,19 @@ def parsing(req, prompt_text: str, served: Served, tok, params):
         drop=drop,
         forced=forced,
     ), params
+
+
+async def check_grammar(served: Served, engine, params, opts: rq.Options) -> None:
+    """The request's grammar checked in the pool (a large schema's structure takes a while; the
+    engine's own check at the call then finds it cached): a 400 naming the field it came from."""
+    from rlt import grammar
+
+    if params.structured_output is not None:
+        try:
+            spec = grammar.spec_of(params.structured_output)
+            await served.pool.run(grammar.check, spec, engine.engine_config)
+        except RequestError as e:
+            raise structured.rename(e, opts.grammar_field) or HTTPError(400, str(e)) from None
 
 
 def _decode(engine, ids: list[int]) -> str:

@@ -7,9 +7,12 @@ Forced tool calls follow vLLM: a named function's output is its `parameters` JSO
 one at most with parallel_tool_calls false); rlt/serve/forced.py turns the text into tool_calls.
 """
 
+import json
+
 from rlt.errors import RequestError
 from rlt.sampling_params import StructuredOutput
 from rlt.serve.errors import HTTPError, short
+from rlt.serve.parsers import CALL, END_CALL
 
 BACKEND = "xgrammar"  # the engine's grammar library (rlt/grammar.py)
 _KINDS = ("json", "regex", "choice", "grammar", "json_object")
@@ -81,6 +84,22 @@ def _tool_choice(req, tools: list) -> StructuredOutput | None:
     if name not in fns:
         raise _bad("tool_choice", f"names {short(name)}, which is not one of the tools")
     return StructuredOutput(json=_params(fns[name]))
+
+
+def tool_call_tag(tools: list, one: bool) -> StructuredOutput:
+    """tool_choice auto under the hermes parser: free text, and each `<tool_call>` the model begins is
+    one of the tools with arguments its `parameters` admit (`one`: at most one call)."""
+    tags = [
+        {
+            "type": "tag",
+            "begin": f'{CALL}\n{{"name": {json.dumps(t["function"]["name"])}, "arguments": ',
+            "content": {"type": "json_schema", "json_schema": _params(t["function"])},
+            "end": f"}}\n{END_CALL}",
+        }
+        for t in tools
+    ]
+    fmt = {"type": "triggered_tags", "triggers": [CALL], "tags": tags, "stop_after_first": one}
+    return StructuredOutput(structural_tag={"type": "structural_tag", "format": fmt})
 
 
 def _params(fn: dict) -> dict:

@@ -70,8 +70,7 @@ class Constraint:
 
 class WorkerGrammars:
     """The worker's compiled grammars: a cache of futures by spec (MAX_CACHED, least recently used
-    out), filled by the compile pool (rlt/workers/grammar_compile.py), started at the first
-    constrained request (the warm-up's, before READY)."""
+    out), filled by the compile pool (rlt/workers/grammar_compile.py)."""
 
     def __init__(self, mc, cfg):
         self.mc, self.cfg = mc, cfg
@@ -86,11 +85,7 @@ class WorkerGrammars:
             return True
         future = self._compiled.get(spec)
         if future is None:
-            if self.pool is None:
-                from rlt.workers.grammar_compile import CompilePool
-
-                self.pool = CompilePool(self.mc, self.cfg.grammar_compile_processes, self.cfg.grammar_compile_timeout)
-            future = self._compiled[spec] = self.pool.submit(spec)
+            future = self._compiled[spec] = self.start().submit(spec)
             while len(self._compiled) > MAX_CACHED:
                 self._compiled.popitem(last=False)
         self._compiled.move_to_end(spec)
@@ -101,6 +96,15 @@ class WorkerGrammars:
             return False
         s.matcher = Constraint(future.result(), s.output, s.params.grammar_after)
         return True
+
+    def start(self):
+        """The compile pool (its processes start; a worker calls it before its warm-up, an engine in
+        a test at its first constrained request)."""
+        if self.pool is None:
+            from rlt.workers.grammar_compile import CompilePool
+
+            self.pool = CompilePool(self.mc, self.cfg.grammar_compile_processes, self.cfg.grammar_compile_timeout)
+        return self.pool
 
     def keep(self, waiting) -> None:
         """Abandon the compiles no waiting request needs any more (its requests aborted or failed):

@@ -1,14 +1,14 @@
 """A worker's grammar compiles, in child processes of its own: a bounded pool that no request can
 wedge. xgrammar's compile cannot be interrupted in a thread, and one grammar may take minutes and
-gigabytes, so each compile runs in a child (`python -m rlt.workers.grammar_compile`); a compile past
+gigabytes, so each compile runs in a child process (main() below); a compile past
 its deadline, or whose requests have all gone, is abandoned by killing its child (its memory goes
 back to the system) and a fresh child takes its place. The result comes back serialized and is read
 into the worker against its own tokenizer info; identical specs compile once (the worker's cache,
 rlt/workers/grammar.py). A dispatcher thread owns the children: the worker's pass loop only looks
 at futures.
 
-The children start with the worker, before READY (each loads the tokenizer); a replacement starts
-at once and takes jobs when it says it is ready.
+The children start with the worker, beside its warm-up, and READY waits for them (each loads the
+tokenizer); a replacement starts at once and takes jobs when it says it is ready.
 """
 
 import os
@@ -60,12 +60,16 @@ def compile_spec(compiler, spec):
     return compiled
 
 
+_CHILD = "import os, rlt.workers.grammar_compile as c; os._exit(c.main())"
+
+
 class _Child:
     """One compile process and the job it runs (None: idle, or not ready yet)."""
 
     def __init__(self, path: str, vocab_size: int, eos_token_ids):
         here, there = socket.socketpair()
-        args = [sys.executable, "-m", "rlt.workers.grammar_compile", str(there.fileno()), path, str(vocab_size)]
+        # (-c, not -m: the child runs this module's main as imported, as a test's fault injection patches it)
+        args = [sys.executable, "-c", _CHILD, str(there.fileno()), path, str(vocab_size)]
         self.proc = subprocess.Popen([*args, ",".join(map(str, eos_token_ids))], pass_fds=[there.fileno()])
         there.close()
         self.conn = Connection(here.detach())
@@ -90,19 +94,19 @@ class CompilePool:
         self._children = [self._new_child() for _ in range(processes)]
         self._wake_r, self._wake_w = socket.socketpair()
         self._closed = False
-        for c in self._children:  # (warm before READY)
-            self._await_ready(c)
         self._thread = threading.Thread(target=self._run, name="rlt-grammar", daemon=True)
         self._thread.start()
 
     def _new_child(self) -> _Child:
         return _Child(self.mc.path, self.mc.vocab_size, self.mc.eos_token_ids)
 
-    def _await_ready(self, c: _Child) -> None:
-        if not c.conn.poll(120):
-            raise RuntimeError("a grammar compile process did not start within 120 s")
-        c.conn.recv()
-        c.ready = True
+    def wait_ready(self, timeout: float = 120.0) -> None:
+        """Until every child has loaded the tokenizer (the worker's READY waits for it)."""
+        end = time.monotonic() + timeout
+        while not all(c.ready for c in self._children):
+            if time.monotonic() > end:
+                raise RuntimeError(f"the grammar compile processes did not start within {timeout:g} s")
+            time.sleep(0.01)
 
     def submit(self, spec) -> Future:
         future = Future()
@@ -219,7 +223,3 @@ def main() -> int:
         except GrammarError as e:
             conn.send((False, str(e)))
 
-
-if __name__ == "__main__":
-    sys.stdout.flush()
-    os._exit(main())

@@ -120,9 +120,14 @@ def main(argv=None) -> int:
         p = engine.pool
         say = lambda line: print(f"{args.identity} {line}", flush=True)  # noqa: E731 - the worker's log
         say(f"KV pool: {p.num_blocks} blocks ({engine.pool_sizing})")
+        from rlt.workers.memory import grammar
         from rlt.workers.warmup import warm_up
 
+        if grammar(engine.mc):  # (its compile processes start beside the warm-up)
+            engine.grammars.start()
         say(warm_up(engine, decodes=h.role != "prefill", log=say))
+        if engine.grammars.pool is not None:
+            engine.grammars.pool.wait_ready()
         transport = None
         if h.role in ("prefill", "decode"):
             from rlt.workers.kv_transfer import KVTransport
