@@ -19,6 +19,7 @@ what the limits cannot catch (a small regex with large repeats) is the compile d
 import functools
 import json
 import re
+from typing import NamedTuple
 
 from rlt.errors import RequestError
 
@@ -79,10 +80,12 @@ def check_limits(spec: tuple[str, str], limits) -> None:
     kind, text = spec
     field = f"structured_output.{kind}"
     if (n := len(text.encode())) > limits.max_grammar_bytes:
-        raise RequestError(f"{field} has {n} bytes, more than the limit {limits.max_grammar_bytes} (max_grammar_bytes)")
+        raise RequestError(
+            f"{field}: has {n} bytes, more than the limit {limits.max_grammar_bytes} (max_grammar_bytes)"
+        )
     if kind == "regex" and len(text) > limits.max_regex_length:
         raise RequestError(
-            f"{field} has {len(text)} characters, more than the limit {limits.max_regex_length} (max_regex_length)"
+            f"{field}: has {len(text)} characters, more than the limit {limits.max_regex_length} (max_regex_length)"
         )
     entries = len(json.loads(text)) if kind == "choice" else 0
     if kind in ("json", "structural_tag"):
@@ -98,7 +101,7 @@ def check_limits(spec: tuple[str, str], limits) -> None:
                 )
     if entries > limits.max_grammar_entries:
         raise RequestError(
-            f"{field} has {entries} enum and choice entries, more than the limit {limits.max_grammar_entries} "
+            f"{field}: has {entries} enum and choice entries, more than the limit {limits.max_grammar_entries} "
             "(max_grammar_entries)"
         )
 
@@ -160,18 +163,27 @@ def error_text(spec: tuple[str, str], e: Exception) -> str:
 
 
 @functools.lru_cache(maxsize=256)
-def _problem(spec: tuple[str, str]) -> str | None:
+def _problem(spec: tuple[str, str], limits: tuple[int, int, int]) -> str | None:
     try:
+        check_limits(spec, _Limits(*limits))
         grammar_of(spec)
+    except RequestError as e:
+        return str(e)
     except Exception as e:
         return error_text(spec, e)
     return None
 
 
-def check(spec: tuple[str, str], limits) -> None:
+class _Limits(NamedTuple):
+    max_grammar_bytes: int
+    max_grammar_entries: int
+    max_regex_length: int
+
+
+def check(spec: tuple[str, str], cfg) -> None:
     """The coordinator's check at the call: RequestError naming the field if the spec passes a limit
-    or is not a grammar (its structure, no tokenizer: cached; rlt serve runs it in its thread pool
-    first, so its event loop finds it cached)."""
-    check_limits(spec, limits)
-    if (problem := _problem(spec)) is not None:
+    (cfg: an EngineConfig's max_grammar_*) or is not a grammar (its structure, no tokenizer). Cached:
+    rlt serve runs it in its thread pool first, so its event loop finds the answer."""
+    limits = _Limits(cfg.max_grammar_bytes, cfg.max_grammar_entries, cfg.max_regex_length)
+    if (problem := _problem(spec, limits)) is not None:
         raise RequestError(problem)

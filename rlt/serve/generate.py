@@ -192,6 +192,9 @@ async def _respond(request: Request, params, opts: rq.Options, prompts: list, ec
         for s, _ in per_prompt:
             await s.aclose()
     choices = [c for _, cs in per_prompt for c in cs]
+    for c in choices:  # a grammar that failed in the worker (its compile deadline, say): the request's 400
+        if c.out is not None and (c.out.error or "").startswith("structured_output"):
+            raise structured.rename(RequestError(c.out.error), opts.grammar_field)
     response = {
         "id": rid,
         "object": kind,

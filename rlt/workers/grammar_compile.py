@@ -4,8 +4,9 @@ gigabytes, so each compile runs in a child process (main() below); a compile pas
 its deadline, or whose requests have all gone, is abandoned by killing its child (its memory goes
 back to the system) and a fresh child takes its place. The result comes back serialized and is read
 into the worker against its own tokenizer info; identical specs compile once (the worker's cache,
-rlt/workers/grammar.py). A dispatcher thread owns the children: the worker's pass loop only looks
-at futures.
+rlt/workers/grammar.py). The smallest queued spec goes first, and with two or more children the
+first takes small specs only: a few large compiles cannot hold a small schema back. Children run at
+nice 10. A dispatcher thread owns them: the worker's pass loop only looks at futures.
 
 The children start with the worker, beside its warm-up, and READY waits for them (each loads the
 tokenizer); a replacement starts at once and takes jobs when it says it is ready.
@@ -22,6 +23,8 @@ from concurrent.futures import Future
 from multiprocessing.connection import Connection, wait
 
 from rlt.grammar import error_text
+
+SMALL_SPEC = 16 << 10  # characters of a spec the express child takes (a few-field schema is ~1 KiB)
 
 
 class GrammarError(Exception):
@@ -115,6 +118,15 @@ class CompilePool:
         self._wake()
         return future
 
+    def _next_job(self, express: bool):
+        """The smallest queued spec (a small schema does not wait behind large ones); the express
+        child takes small ones only (large ones cannot hold every child)."""
+        size = lambda spec: len(spec[1])  # noqa: E731
+        spec = min(self._queued, key=size, default=None)
+        if spec is None or (express and size(spec) > SMALL_SPEC):
+            return None, None
+        return spec, self._queued.pop(spec)
+
     def cancel(self, spec) -> None:
         """Nobody waits for spec's grammar any more: drop it, or kill its compile."""
         with self._lock:
@@ -161,10 +173,10 @@ class CompilePool:
                         self._receive(i, c)
                     elif c.spec is not None and time.monotonic() >= c.deadline:
                         self._abandon(i, c)
-                for c in self._children:
-                    if c.ready and c.spec is None and self._queued:
-                        spec, future = self._queued.popitem(last=False)
-                        if future.set_running_or_notify_cancel():
+                for i, c in enumerate(self._children):
+                    if c.ready and c.spec is None:
+                        spec, future = self._next_job(express=i == 0 and len(self._children) > 1)
+                        if future is not None and future.set_running_or_notify_cancel():
                             c.spec, c.deadline = spec, time.monotonic() + self.timeout
                             self._running[spec] = future
                             c.conn.send(spec)
@@ -208,6 +220,7 @@ def main() -> int:
 
         ctypes.CDLL(None).prctl(1, signal.SIGKILL)
     conn = Connection(fd)
+    os.nice(10)  # (a long compile yields the cores to the worker's passes)
     import xgrammar as xgr
 
     info = _tokenizer_info(path, vocab_size, [int(t) for t in eos.split(",") if t])
@@ -222,4 +235,3 @@ def main() -> int:
             conn.send((True, compile_spec(compiler, tuple(spec)).serialize_json()))
         except GrammarError as e:
             conn.send((False, str(e)))
-
