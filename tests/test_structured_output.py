@@ -248,3 +248,32 @@ def test_a_grammar_that_fails_to_compile_fails_its_request_alone(checkpoints):
         (1, "structured_output.regex: no output can match it"),
         (3, "structured_output.choice: did not compile within 1 s (grammar_compile_timeout)"),
     ]
+
+
+def test_json_strings_admit_no_control_characters():
+    """Every JSON grammar refuses a raw U+0000-U+001F inside a string (xgrammar 0.2.9's bounded
+    strings admitted them; a free string still takes the escaped form); tool calls' tags too."""
+    from xgrammar.testing import _is_grammar_accept_string as accepts
+
+    from rlt.grammar import grammar_of, spec_of
+    from rlt.serve.structured import tool_call_tag
+
+    bounded = {"type": "string", "maxLength": 4}
+    for schema in (
+        bounded,
+        {"type": "string", "minLength": 1},
+        {"type": "string"},
+        {"type": "array", "items": bounded},
+    ):
+        g = grammar_of(spec_of(StructuredOutput(json=schema)))
+        wrap = (lambda s: f"[{s}]") if schema.get("type") == "array" else (lambda s: s)
+        for c in ("\x00", "\x01", "\t", "\x1f"):
+            assert not accepts(g, wrap(f'"a{c}"')), (schema, c)
+        assert accepts(g, wrap('"ab"')), schema
+        assert accepts(g, wrap('"a\\tb"')) == (schema == {"type": "string"}), schema  # (length-bounded: no escapes)
+    tools = [
+        {"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {"a": bounded}}}}
+    ]
+    g = grammar_of(spec_of(tool_call_tag(tools, one=False)))
+    call = '<tool_call>\n{"name": "f", "arguments": {"a": "%s"}}\n</tool_call>'
+    assert accepts(g, "text " + call % "xy") and not accepts(g, "text " + call % "x\x01")

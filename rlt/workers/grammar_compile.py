@@ -8,8 +8,9 @@ rlt/workers/grammar.py). The smallest queued spec goes first, and with two or mo
 first takes small specs only: a few large compiles cannot hold a small schema back. Children run at
 nice 10. A dispatcher thread owns them: the worker's pass loop only looks at futures.
 
-The children start with the worker, beside its warm-up, and READY waits for them (each loads the
-tokenizer); a replacement starts at once and takes jobs when it says it is ready.
+A GPU worker starts the children beside its warm-up, and READY waits for them (each imports
+xgrammar and loads the tokenizer: ~2 s of CPU); a CPU worker, which warms nothing up, starts them at
+its first grammar. A replacement starts at once and takes jobs when it says it is ready.
 """
 
 import os
