@@ -76,6 +76,7 @@ class WorkerGrammars:
         self.mc, self.cfg = mc, cfg
         self.pool = None  # CompilePool
         self._compiled: OrderedDict[tuple[str, str], Future] = OrderedDict()
+        self._compiling: set[tuple[str, str]] = set()  # specs submitted, not done (a set lookup per waiting request)
         self.failed: dict[int, str] = {}  # requests whose grammar did not compile -> error (the worker fails them)
 
     def ready(self, s) -> bool:
@@ -83,14 +84,18 @@ class WorkerGrammars:
         spec = s.params.structured_output
         if spec is None or s.matcher is not None:
             return True
+        if spec in self._compiling:
+            return False
         future = self._compiled.get(spec)
         if future is None:
             future = self._compiled[spec] = self.start().submit(spec)
+            self._compiling.add(spec)
+            future.add_done_callback(lambda _: self._compiling.discard(spec))  # (the dispatcher's thread)
             while len(self._compiled) > MAX_CACHED:
                 self._compiled.popitem(last=False)
+            if not future.done():
+                return False
         self._compiled.move_to_end(spec)
-        if not future.done():
-            return False
         if future.exception() is not None:
             self.failed.setdefault(s.request_id, str(future.exception()))
             return False
@@ -109,13 +114,11 @@ class WorkerGrammars:
     def keep(self, waiting) -> None:
         """Abandon the compiles no waiting request needs any more (its requests aborted or failed):
         their processes are killed, their memory returned."""
-        compiling = [spec for spec, f in self._compiled.items() if not f.done()]
-        if compiling:
+        if self._compiling:
             wanted = {s.params.structured_output for s in waiting if s.matcher is None}
-            for spec in compiling:
-                if spec not in wanted:
-                    del self._compiled[spec]
-                    self.pool.cancel(spec)
+            for spec in self._compiling - wanted:
+                self._compiled.pop(spec, None)
+                self.pool.cancel(spec)
 
     def take_failed(self) -> list[tuple[int, str]]:
         """(request, error) of each request whose grammar did not compile, once."""

@@ -44,13 +44,13 @@ class Scheduler:
             self.freed_in_flight = True  # its last pass may still be computing (the host runs ahead)
         else:
             self.waiting.remove(s)
+            if self.grammars is not None and s.matcher is None and s.params.structured_output is not None:
+                self.grammars.keep(self.waiting)  # (abandons its compile if nobody else waits for it)
 
     def step(self) -> None:
         """Rows and blocks for the next pass; then admission, unless that preempted."""
-        if self.grammars is not None and self.waiting:
-            self.grammars.keep(self.waiting)  # (abandons the compiles whose requests have gone)
-            if not self.running:
-                self.grammars.wait(0.005)  # (only while a grammar compiles)
+        if not self.running and self.waiting and self.grammars is not None:
+            self.grammars.wait(0.005)  # (only while a grammar compiles)
         if self._schedule() and self._admit():
             self._schedule()
 
