@@ -6,11 +6,13 @@ the compiled-grammar caches. The tokenizer info covers the model's whole vocabul
 tokenizer's are never allowed; the model's EOS ids are the grammar's stop tokens. A grammar may wait
 for a token sequence in the output (`after`, e.g. the end of the reasoning) and start after it.
 
-Every JSON a grammar produces is RFC 8259 JSON that Python's strict `json.loads` reads: xgrammar's
-own string rule excludes raw control characters, but its length-bounded strings (minLength,
-maxLength) admit U+0000-U+001F; their character class is tightened in the grammar's text (xgrammar
-prints a grammar as EBNF and reads it back). JSON is compact: no whitespace but the one space after
-each `,` and `:` (as Python's json.dumps), so a weak model's whitespace cannot run to max_tokens.
+Every JSON a grammar produces is RFC 8259 JSON that Python's strict `json.loads` reads and whose
+strings are valid UTF-8: xgrammar's length-bounded strings (minLength, maxLength) admit raw
+U+0000-U+001F, and every string a UTF-16 surrogate (not UTF-8: it decodes to U+FFFD, and a
+maxLength counted in codepoints no longer holds); their character classes are tightened in the
+grammar's text (xgrammar prints a grammar as EBNF and reads it back). JSON is compact: no
+whitespace but the one space after each `,` and `:` (as Python's json.dumps), so a weak model's
+whitespace cannot run to max_tokens.
 
 Size limits (EngineConfig's max_grammar_*) are checked at the call, before any worker work, each naming its field;
 what the limits cannot catch (a small regex with large repeats) is the compile deadline's.
@@ -24,8 +26,11 @@ from typing import NamedTuple
 from rlt.errors import RequestError
 
 KINDS = ("json", "regex", "choice", "grammar", "json_object", "structural_tag")
-# the class of a length-bounded JSON string's characters as xgrammar 0.2.9 prints it, and RFC 8259's
-_LAX_CHARS, _STRICT_CHARS = r"[^\"\\\r\n]", r"[^\0-\x1f\"\\]"
+# a JSON string's characters as xgrammar 0.2.9 prints their classes (length-bounded strings', free
+# ones'), and RFC 8259's: no control character, and no UTF-16 surrogate (xgrammar would take its
+# 3-byte CESU form, which is not UTF-8: each byte decodes to U+FFFD)
+_LAX_CHARS = (r"[^\"\\\r\n]", r"[^\0-\x1f\"\\\r\n]")
+_STRICT_CHARS = r"[^\0-\x1f\"\\\uD800-\uDFFF]"
 
 
 def spec_of(so) -> tuple[str, str] | None:
@@ -142,7 +147,11 @@ def strict(grammar):
     import xgrammar as xgr
 
     text = str(grammar)
-    return xgr.Grammar.from_ebnf(text.replace(_LAX_CHARS, _STRICT_CHARS)) if _LAX_CHARS in text else grammar
+    if not any(lax in text for lax in _LAX_CHARS):
+        return grammar
+    for lax in _LAX_CHARS:
+        text = text.replace(lax, _STRICT_CHARS)
+    return xgr.Grammar.from_ebnf(text)
 
 
 def _compact_contents(v):

@@ -277,3 +277,18 @@ def test_json_strings_admit_no_control_characters():
     g = grammar_of(spec_of(tool_call_tag(tools, one=False)))
     call = '<tool_call>\n{"name": "f", "arguments": {"a": "%s"}}\n</tool_call>'
     assert accepts(g, "text " + call % "xy") and not accepts(g, "text " + call % "x\x01")
+
+
+def test_json_strings_are_utf8(checkpoints):
+    """A UTF-16 surrogate's 3-byte form (not UTF-8) is no JSON string character; other codepoints are."""
+    import xgrammar as xgr
+
+    from rlt.grammar import grammar_of, spec_of
+    from rlt.workers.grammar_compile import tokenizer_info
+
+    tok = load_tokenizer(checkpoints["ouro"])
+    compiler = xgr.GrammarCompiler(tokenizer_info(tok, len(tok), [len(tok) - 1]))
+    for schema in ({"type": "string"}, {"type": "string", "maxLength": 4}):
+        compiled = compiler.compile_grammar(grammar_of(spec_of(StructuredOutput(json=schema))))
+        for text, ok in ((b'"\xed\xa0\x80"', False), ('"\u00fc\u20ac"'.encode(), True)):
+            assert xgr.GrammarMatcher(compiled).accept_string(text) == ok, (schema, text)

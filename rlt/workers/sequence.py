@@ -19,7 +19,7 @@ from rlt.workers.prefix_cache import chain, prompt_keys
 from rlt.workers.prompt_logprobs import targets
 
 
-@dataclass
+@dataclass(eq=False)  # (one request each: list membership by identity, not by comparing every field)
 class Sequence:
     request_id: int
     prompt: list[int]
