@@ -99,6 +99,25 @@ def test_limits_are_400s_naming_the_field_and_the_limit(bombed):
         assert status == 400 and answer["error"]["message"].startswith(start), (start, answer)
 
 
+def test_chat_templates_are_bounded(bombed, ouro_server):
+    """A request's own template is refused unless the server trusts them; a trusting server renders
+    it under bounds: output past what the model could take, or a render past its time, is a 400."""
+    hi = [{"role": "user", "content": "hi"}]
+    status, answer = post(bombed[0], "/tokenize", {"messages": hi, "chat_template": "{{ messages }}"})
+    assert status == 400 and answer["error"]["message"].startswith("chat_template: a request's own chat template is")
+    bombs = {
+        "{{ 'a' * 300000000 }}": "the chat template's output would pass",
+        "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}": "took longer than",
+        "{% set s = namespace(v='ab') %}{% for i in range(60) %}{% set s.v = s.v + s.v %}{% endfor %}": "would pass",
+        "{{ 10 ** 100000 }}": "is too large",
+    }
+    for path in ("/tokenize", "/v1/chat/completions"):
+        for template, why in bombs.items():
+            body = {"messages": hi, "chat_template": template} | ({"max_tokens": 1} if path.startswith("/v1") else {})
+            status, answer = post(ouro_server, path, body)
+            assert status == 400 and why in answer["error"]["message"], (template, answer)
+
+
 def test_huginn_refuses_the_gate(checkpoints):
     from rlt.config import ModelConfig
     from rlt.errors import RequestError

@@ -38,7 +38,7 @@ def server(checkpoints, tmp_path_factory):
     _TOKENIZER[:] = [load_tokenizer(checkpoints["ouro"])]
     template = tmp_path_factory.mktemp("template") / "tools.jinja"
     template.write_text(TOOL_TEMPLATE)
-    with serving(checkpoints["ouro"], "--chat-template", str(template)) as url:
+    with serving(checkpoints["ouro"], "--chat-template", str(template), "--trust-request-chat-template") as url:
         yield url
 
 

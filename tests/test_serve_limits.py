@@ -200,6 +200,13 @@ def test_errors_in_openai_shape_name_the_field(server):
     status, _, body = request(url, "POST", "/v1/completions", ok, headers={"Authorization": "Bearer wrong"})
     assert status == 401 and openai_error(body, 401)["type"] == "authentication_error"
     assert request(url, "GET", "/v1/models", headers={"Authorization": f"bearer {KEY}"})[0] == 200
+    for method, path, body in (
+        ("POST", "/tokenize", {"prompt": "a"}),
+        ("GET", "/metrics", None),
+        ("GET", "/version", None),
+    ):
+        assert request(url, method, path, body, headers={})[0] == 401, path  # (every route but /health)
+    assert request(url, "GET", "/health", headers={})[0] == 200
     with openai.OpenAI(base_url=url, api_key=KEY, max_retries=0) as client:
         with pytest.raises(openai.BadRequestError) as e:
             client.completions.create(model="m", prompt=["a"] * 5, n=2)

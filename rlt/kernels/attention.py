@@ -11,6 +11,9 @@ def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_start:
     T, H, D = q.shape
     S, Hkv = k.shape[0], k.shape[1]
     q4, k4, v4 = (x.transpose(0, 1).unsqueeze(0) for x in (q, k, v))  # 4-D: SDPA's fused kernels
+    if T == 1 and q_start == S - 1:  # one query, the last position: it sees every key, no mask
+        out = F.scaled_dot_product_attention(q4, k4, v4, scale=D**-0.5, enable_gqa=Hkv != H)
+        return out.squeeze(0).transpose(0, 1)
     if q.device.type == "cpu" and 0 < q_start == S - T:
         return _prefix_then_causal_cpu(q4, k4, v4, q_start, D**-0.5).squeeze(0).transpose(0, 1)
     mask = torch.arange(S, device=q.device).unsqueeze(0) <= (q_start + torch.arange(T, device=q.device)).unsqueeze(1)

@@ -10,7 +10,7 @@ from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from rlt.errors import EngineDeadError
-from rlt.serve import errors, generate, middleware
+from rlt.serve import errors, generate, middleware, template_sandbox
 from rlt.serve.errors import HTTPError
 from rlt.serve.flags import Limits, ServerOptions
 from rlt.serve.limits import Pool, decode, read_body
@@ -35,8 +35,9 @@ def build_app(
     reasoning and tool-call parsers of chat responses (rlt/serve/parsers.py; None: none)."""
     names = [served_name] if isinstance(served_name, str) else list(served_name)
     served_name = names[0]
-    limits = limits or Limits()
-    served = generate.Served(limits, Pool(), chat_template, *parsers)
+    limits, options = limits or Limits(), options or ServerOptions()
+    served = generate.Served(limits, Pool(), chat_template, *parsers, options.trust_request_chat_template)
+    template_sandbox.install()
 
     async def lifespan(app: FastAPI):
         async with engine_factory() as engine:
@@ -50,7 +51,7 @@ def build_app(
     errors.install(app)
     if api_key is not None:
         app.add_middleware(_APIKey, key=api_key)
-    middleware.install(app, options or ServerOptions())  # CORS around the key check; request ids and log lines
+    middleware.install(app, options)  # CORS around the key check; request ids and log lines
 
     @app.get("/health")
     async def health(request: Request):
@@ -107,15 +108,15 @@ def build_app(
 
 
 class _APIKey:
-    """/v1 routes need `Authorization: Bearer KEY` (the scheme in any case; the key compared in
-    constant time). Plain ASGI (a decorator middleware would relay every streamed chunk through
-    another task and queue)."""
+    """Every route but /health needs `Authorization: Bearer KEY` (the scheme in any case; the key
+    compared in constant time): /tokenize renders templates, /metrics tells the load. Plain ASGI (a
+    decorator middleware would relay every streamed chunk through another task and queue)."""
 
     def __init__(self, app, key: str):
         self.app, self.key = app, key.encode()
 
     async def __call__(self, scope, receive, send):
-        if scope["type"] == "http" and scope["path"].startswith("/v1/"):
+        if scope["type"] == "http" and scope["path"] != "/health" and scope["method"] != "OPTIONS":
             scheme, _, key = dict(scope["headers"]).get(b"authorization", b"").partition(b" ")
             same = hmac.compare_digest(key.strip(), self.key)
             if scheme.lower() != b"bearer" or not same:

@@ -9,7 +9,8 @@ import json
 
 from rlt.errors import RequestError
 from rlt.serve.errors import short
-from rlt.serve.limits import check_ids, check_text
+from rlt.serve.limits import CHARS_PER_POSITION, check_ids, check_text
+from rlt.serve.template_sandbox import bounds
 
 ROLES = ("system", "developer", "user", "assistant", "tool", "function")
 # a message's fields (OpenAI's, and vLLM's reasoning fields of an assistant turn): any other is a 400
@@ -94,9 +95,11 @@ def tools_of(tools, max_tools: int | None = None) -> list[dict] | None:
     return tools
 
 
-def render(engine, req, default_template: str | None, add_special_tokens: bool) -> tuple[list[int], str]:
+def render(engine, req, served, add_special_tokens: bool) -> tuple[list[int], str]:
     """(prompt token ids, the rendered text); a template that writes the BOS itself does not get a
-    second one from the tokenizer."""
+    second one from the tokenizer. served: rlt/serve/generate.Served (--chat-template's text, whether
+    a request's own template is trusted, the rendering's time limit). Rendering is bounded
+    (rlt/serve/template_sandbox.py): its output by what the model could take, its time by the limit."""
     max_positions = engine.model_config.max_positions
     if isinstance(req.messages, list) and len(req.messages) > max_positions:  # each renders >= 1 token
         raise RequestError(
@@ -104,7 +107,12 @@ def render(engine, req, default_template: str | None, add_special_tokens: bool) 
         )
     messages = messages_of(req.messages)
     tok = engine.tokenizer
-    template = req.chat_template or default_template or getattr(tok, "chat_template", None)
+    if req.chat_template is not None and not served.trust_request_chat_template:
+        raise RequestError(
+            "chat_template: a request's own chat template is refused (the server was not started with "
+            "--trust-request-chat-template)"
+        )
+    template = req.chat_template or served.chat_template or getattr(tok, "chat_template", None)
     if tok is None or not template:
         raise RequestError("this model has no chat template: use /v1/completions or give chat_template")
     kwargs = req.chat_template_kwargs or {}
@@ -118,16 +126,17 @@ def render(engine, req, default_template: str | None, add_special_tokens: bool) 
         raise RequestError("continue_final_message needs the last message to be the assistant's")
     tools = tools_of(getattr(req, "tools", None))
     try:
-        text = tok.apply_chat_template(
-            messages,
-            documents=req.documents,
-            tools=tools,
-            chat_template=template,
-            add_generation_prompt=generation,
-            continue_final_message=cont,
-            tokenize=False,
-            **kwargs,
-        )
+        with bounds(CHARS_PER_POSITION * max_positions, served.limits.chat_template_timeout):
+            text = tok.apply_chat_template(
+                messages,
+                documents=req.documents,
+                tools=tools,
+                chat_template=template,
+                add_generation_prompt=generation,
+                continue_final_message=cont,
+                tokenize=False,
+                **kwargs,
+            )
     except Exception as e:  # noqa: BLE001 - a template error is the request's
         raise RequestError(f"messages cannot be rendered: {type(e).__name__}: {e}") from None
     check_text(text, "messages", max_positions)

@@ -13,6 +13,7 @@ class Limits:
     body_timeout: float = 30.0
     max_prompts: int = 4096  # choices of one /v1/completions call: prompts x n
     max_tools: int = 128  # a chat's tools (OpenAI's limit)
+    chat_template_timeout: float = 2.0  # seconds a chat's rendering may take
 
 
 @dataclass(frozen=True)
@@ -25,6 +26,7 @@ class ServerOptions:
     allowed_headers: tuple[str, ...] = ("*",)
     allow_credentials: bool = False
     log_requests: bool = True
+    trust_request_chat_template: bool = False  # a request may give its own chat_template
 
 
 def _json_list(text: str) -> tuple[str, ...]:
@@ -62,6 +64,12 @@ def add_flags(parser) -> None:
     add("--body-timeout", float, Limits.body_timeout, "seconds a request body may take to arrive (then 408)")
     add("--max-prompts", int, Limits.max_prompts, "choices one /v1/completions call may ask for: prompts x n (400)")
     add("--max-tools", int, Limits.max_tools, "tools one chat request may give (400)")
+    add(
+        "--chat-template-timeout",
+        float,
+        Limits.chat_template_timeout,
+        "seconds a chat template may take to render (400)",
+    )
     add("--timeout-keep-alive", float, 5.0, "seconds an idle kept-alive connection stays open")
     add("--header-timeout", float, 10.0, "seconds a request's headers may take to arrive before the connection closes")
     add("--max-connections", int, 4096, "connections open at once; past it a request gets a 503 with Retry-After")
@@ -89,6 +97,11 @@ def add_server_flags(parser) -> None:
         )
     g.add_argument("--allow-credentials", action="store_true", help="CORS: allow cookies and credentials")
     g.add_argument(
+        "--trust-request-chat-template",
+        action="store_true",
+        help="let a request give its own chat_template (rendered under the same bounds; default: refused, 400)",
+    )
+    g.add_argument(
         "--disable-log-requests",
         action="store_true",
         help="no INFO line per request on stderr (5xx responses are logged at WARNING still)",
@@ -102,6 +115,7 @@ def server_options_of(args) -> ServerOptions:
         allowed_headers=args.allowed_headers,
         allow_credentials=args.allow_credentials,
         log_requests=not args.disable_log_requests,
+        trust_request_chat_template=args.trust_request_chat_template,
     )
 
 
@@ -111,6 +125,7 @@ def limits_of(args) -> Limits:
         body_timeout=args.body_timeout,
         max_prompts=args.max_prompts,
         max_tools=args.max_tools,
+        chat_template_timeout=args.chat_template_timeout,
     )
 
 

@@ -35,6 +35,7 @@ class Served:
     chat_template: str | None = None
     reasoning_parser: str | None = None  # --reasoning-parser (rlt/serve/parsers.py)
     tool_parser: str | None = None  # --tool-call-parser
+    trust_request_chat_template: bool = False  # --trust-request-chat-template: a request may give its own
 
 
 @contextmanager
@@ -81,9 +82,7 @@ async def chat(request: Request, body: dict, served: Served, name: str):
         req = rq.parse(body, rq.ChatRequest)
         chat_template.tools_of(req.tools, served.limits.max_tools)  # (before a forced call's schema is built)
         params, opts = rq.to_sampling_params(req, True, state.defaults)
-        ids, text = await served.pool.run(
-            chat_template.render, state.engine, req, served.chat_template, opts.add_special_tokens
-        )
+        ids, text = await served.pool.run(chat_template.render, state.engine, req, served, opts.add_special_tokens)
         ids = _truncate(ids, opts.truncate_prompt_tokens)
         opts.parsing, params = parsing(req, text, served, state.engine.tokenizer, params)
         if opts.grammar_field is None and params.structured_output is not None:  # (the tools' call tag)
@@ -263,7 +262,7 @@ async def tokenize(request: Request, body: dict, served: Served) -> dict:
             raise RequestError("prompt: this model has no tokenizer")
         if req.messages is not None:
             add = req.add_special_tokens if req.add_special_tokens is not None else True
-            ids, _ = await served.pool.run(chat_template.render, engine, req, served.chat_template, add)
+            ids, _ = await served.pool.run(chat_template.render, engine, req, served, add)
         else:  # (any length, as vLLM: only generating needs the prompt to fit)
             add = req.add_special_tokens if req.add_special_tokens is not None else True
             ids = (await served.pool.run(lambda: engine.tokenizer(req.prompt, add_special_tokens=add))).input_ids
