@@ -201,6 +201,7 @@ class Heartbeat(msgspec.Struct, tag="heartbeat"):
     pid: int
     progress: int  # main-loop iterations so far
     busy: bool  # the main loop has work
+    trouble: str | None = None  # why it cannot serve though it beats (its grammar compiles stuck)
 
 
 class Fatal(msgspec.Struct, tag="fatal"):

@@ -169,3 +169,38 @@ def test_slow_grammars_wedge_nobody(bombed):
     assert finish[-1] == "length"  # (its pace while the bombs arrive: issue 61's note has the gaps measured)
     assert max(during + after) <= usual + 1.0, (usual, during, after)
     assert _rss(pid) <= 1.1 * rss, (rss, _rss(pid))
+
+
+async def test_health_says_when_a_worker_cannot_serve(checkpoints):
+    """A stopped worker (SIGSTOP) is unhealthy within a few heartbeats, before the coordinator kills
+    it, and healthy again once it runs (SIGCONT); the reason names it."""
+    import asyncio
+    import signal
+
+    import rlt
+    from rlt.errors import EngineDeadError
+
+    async with rlt.Engine.launch(
+        checkpoints["ouro"], heartbeat_interval=0.2, heartbeat_timeout=60.0, startup_timeout=60.0
+    ) as engine:
+        await engine.check_health()
+        pid = engine.stats().workers[0].pid
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            for _ in range(200):
+                try:
+                    await engine.check_health()
+                except EngineDeadError as e:
+                    assert "no unified worker can serve: unified0.0 sent no heartbeat for" in str(e)
+                    break
+                await asyncio.sleep(0.05)
+            else:
+                raise AssertionError("healthy while stopped")
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        for _ in range(200):
+            try:
+                return await engine.check_health()
+            except EngineDeadError:
+                await asyncio.sleep(0.05)
+        raise AssertionError("not healthy again")

@@ -237,7 +237,7 @@ class Supervisor(Liveness):
         elif isinstance(msg, pr.Heartbeat):
             if msg.progress != w.progress or not msg.busy:
                 w.progress, w.progress_at = msg.progress, time.monotonic()
-            w.busy = msg.busy
+            w.busy, w.trouble = msg.busy, msg.trouble
         elif isinstance(msg, pr.Hello):
             await self._send(
                 w,

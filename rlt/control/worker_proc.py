@@ -67,6 +67,7 @@ class WorkerProc:
         self.fatal: str | None = None  # the worker's own error text, if it sent one
         self.killed_because: str | None = None  # set when the coordinator kills it (no heartbeat, stuck)
         self.progress, self.progress_at, self.busy = -1, time.monotonic(), False
+        self.trouble: str | None = None  # its last heartbeat's reason it cannot serve
         self.credits = Credits()
         self.prefixes = PrefixIndex()
         self.outbox: asyncio.Queue = asyncio.Queue()

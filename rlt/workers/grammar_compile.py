@@ -77,7 +77,7 @@ class _Child:
         self.proc = subprocess.Popen([*args, ",".join(map(str, eos_token_ids))], pass_fds=[there.fileno()])
         there.close()
         self.conn = Connection(here.detach())
-        self.ready = False
+        self.ready, self.started = False, time.monotonic()
         self.spec, self.deadline = None, 0.0
 
     def kill(self) -> None:
@@ -140,11 +140,13 @@ class CompilePool:
         self._wake()
 
     def stuck(self) -> str | None:
-        """A reason the pool cannot compile now (every child past its deadline): for /health."""
+        """Why the pool cannot compile now (every child past its deadline and not yet replaced, or
+        not started within a minute): the worker's /health says so."""
         now = time.monotonic()
-        busy = [c for c in self._children if c.spec is not None and now > c.deadline + 5.0]
-        if busy and len(busy) == len(self._children):
+        if all(c.spec is not None and now > c.deadline + 5.0 for c in self._children):
             return "every grammar compile process is past its deadline"
+        if all(not c.ready and now > c.started + 60.0 for c in self._children):
+            return "no grammar compile process has started within 60 s"
         return None
 
     def close(self) -> None:

@@ -42,7 +42,7 @@ def _heartbeat(ctx, addr: str, identity: bytes, interval: float, parent: int, st
     while not stop.wait(interval):
         if os.getppid() != parent:
             os._exit(1)
-        sock.send(pr.encoder.encode(pr.Heartbeat(os.getpid(), Progress.count, Progress.busy)))
+        sock.send(pr.encoder.encode(pr.Heartbeat(os.getpid(), Progress.count, Progress.busy, Progress.trouble())))
     sock.close()
 
 
@@ -128,6 +128,9 @@ def main(argv=None) -> int:
         say(warm_up(engine, decodes=h.role != "prefill", log=say))
         if engine.grammars.pool is not None:
             engine.grammars.pool.wait_ready()
+        from rlt.workers.progress import Progress
+
+        Progress.trouble = engine.grammars.stuck
         transport = None
         if h.role in ("prefill", "decode"):
             from rlt.workers.kv_transfer import KVTransport
