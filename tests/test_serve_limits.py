@@ -147,6 +147,10 @@ def test_body_size_and_time_limits(server):
         s.sendall(chunk * 8 + b"1\r\n \r\n")  # one byte past it (all of it read: no reset)
         status, _, body = raw_response(s)
         assert status == 413 and openai_error(json.loads(body), 413)
+    with openai.OpenAI(base_url=url, api_key=KEY, max_retries=0) as client:  # uploading past it: reads the 413
+        with pytest.raises(openai.APIStatusError) as e:
+            client.completions.create(model="m", prompt="x" * (9 << 20))
+        assert e.value.status_code == 413 and "8388608" in e.value.message
     with socket.create_connection(address(url), timeout=30) as s:  # a body that stops coming
         t0 = time.monotonic()
         s.sendall(head + b'Content-Length: 100\r\n\r\n{"prompt": ')

@@ -15,15 +15,20 @@ from rlt.errors import RequestError
 from rlt.serve.errors import HTTPError, clip, short
 from rlt.serve.flags import Limits
 
+DRAIN_BYTES = 64 << 20  # a refused body up to this size is read before the 413 (read_body)
 CHARS_PER_POSITION = 32  # a text prompt longer than this many characters per position cannot fit (tokens
 # average ~4 characters; a single token covers at most a few dozen): refused before tokenizing it
 
 
 async def read_body(request: Request, limits: Limits) -> bytes:
-    """The body, at most max_body_bytes of it (413), within body_timeout seconds (408)."""
+    """The body, at most max_body_bytes of it (413), within body_timeout seconds (408). A refused
+    body of up to DRAIN_BYTES is read to its end and dropped first (nginx's lingering close): a client
+    still uploading then reads the 413 instead of a connection reset."""
     limit = limits.max_body_bytes
     length = request.headers.get("content-length", "")
     if length.isdigit() and (len(length) > 18 or int(length) > limit):  # (int() of 5,000 digits raises)
+        if len(length) <= 18 and int(length) <= DRAIN_BYTES:
+            await _drain(request, 0, limits.body_timeout)
         raise HTTPError(413, f"the request body has {clip(length, 20)} bytes, more than the limit {limit}")
     chunks, size = [], 0
     try:
@@ -31,13 +36,29 @@ async def read_body(request: Request, limits: Limits) -> bytes:
             async for chunk in request.stream():
                 size += len(chunk)
                 if size > limit:
-                    raise HTTPError(413, f"the request body is longer than the limit of {limit} bytes")
+                    break
                 chunks.append(chunk)
     except TimeoutError:
         raise HTTPError(408, f"the request body did not arrive within {limits.body_timeout:g} s") from None
     except ClientDisconnect:  # nobody reads the answer
         raise HTTPError(400, "the client disconnected before sending the whole body") from None
+    if size > limit:
+        await _drain(request, size, limits.body_timeout)
+        raise HTTPError(413, f"the request body is longer than the limit of {limit} bytes")
     return b"".join(chunks)
+
+
+async def _drain(request: Request, size: int, seconds: float) -> None:
+    """Read and drop the rest of a refused body, up to DRAIN_BYTES in all, for at most `seconds` (at
+    most 5: nginx's lingering_timeout)."""
+    try:
+        async with asyncio.timeout(min(seconds, 5.0)):
+            async for chunk in request.stream():
+                size += len(chunk)
+                if size > DRAIN_BYTES:
+                    return
+    except (TimeoutError, ClientDisconnect):
+        pass
 
 
 def decode(raw: bytes) -> dict:
