@@ -204,3 +204,38 @@ async def test_health_says_when_a_worker_cannot_serve(checkpoints):
             except EngineDeadError:
                 await asyncio.sleep(0.05)
         raise AssertionError("not healthy again")
+
+
+def test_health_is_503_while_the_server_starts(checkpoints):
+    """The port answers before the workers are READY: /health (and every route) a 503 saying the
+    engine is starting, then 200 once the ready line is out."""
+    import http.client
+    import subprocess
+    import sys
+
+    from test_serve import free_port
+
+    port = free_port()
+    argv = [sys.executable, "-m", "rlt", "serve", checkpoints["ouro"], "--port", str(port)]
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+
+    def health() -> tuple[int, bytes] | None:
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+        try:
+            conn.request("GET", "/health")
+            r = conn.getresponse()
+            return r.status, r.read()
+        except OSError:  # (not listening yet)
+            return None
+        finally:
+            conn.close()
+
+    try:
+        while (got := health()) is None:
+            time.sleep(0.02)
+        assert got[0] == 503 and b"the engine is starting" in got[1], got
+        assert "ready at" in proc.stdout.readline()
+        assert health()[0] == 200
+    finally:
+        proc.terminate()
+        proc.wait(30)

@@ -3,6 +3,7 @@ public API in the server's own event loop (uvicorn, uvloop), plus health, versio
 and vLLM's tokenize/detokenize. The generating routes are rlt/serve/generate.py's; every error is
 OpenAI-shaped (rlt/serve/errors.py)."""
 
+import asyncio
 import hmac
 
 from fastapi import FastAPI, Request
@@ -40,15 +41,29 @@ def build_app(
     template_sandbox.install()
 
     async def lifespan(app: FastAPI):
-        async with engine_factory() as engine:
-            app.state.engine = engine
+        """The engine starts beside the server: the port answers at once, every route with a 503
+        saying so until the workers are READY (app.state.start: rlt/serve/shutdown.py waits on it)."""
+        launch = engine_factory()
+        app.state.engine = None
+
+        async def start():
+            engine = await launch.__aenter__()
             app.state.metrics = Metrics(engine, engine.model_config.depth, served_name)
             app.state.defaults = defaults
+            app.state.engine = engine
+
+        app.state.start = asyncio.ensure_future(start())
+        try:
             yield
+        finally:
+            app.state.start.cancel()
+            await asyncio.gather(app.state.start, return_exceptions=True)
+            await launch.__aexit__(None, None, None)
 
     app = FastAPI(lifespan=lifespan)
 
     errors.install(app)
+    app.add_middleware(_Starting)
     if api_key is not None:
         app.add_middleware(_APIKey, key=api_key)
     middleware.install(app, options)  # CORS around the key check; request ids and log lines
@@ -105,6 +120,20 @@ def build_app(
         return await generate.detokenize(request, await body_of(request), served)
 
     return app
+
+
+class _Starting:
+    """Until the engine is READY, every request gets a 503 saying it is starting (/health too), with
+    Retry-After."""
+
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] == "http" and scope["app"].state.engine is None:
+            body = errors.body("the engine is starting: its workers are not READY yet", "service_unavailable", 503)
+            return await JSONResponse(body, status_code=503, headers={"Retry-After": "1"})(scope, receive, send)
+        await self.app(scope, receive, send)
 
 
 class _APIKey:

@@ -9,6 +9,7 @@ import asyncio
 import contextlib
 import logging
 import signal
+import sys
 import threading
 
 import uvicorn
@@ -21,15 +22,25 @@ class Server(uvicorn.Server):
         super().__init__(config)
         self.engine, self.shutdown_timeout, self.ready_line, self.exit_code = engine, shutdown_timeout, ready_line, 0
         self._deadline: asyncio.Task | None = None  # fails what is left after shutdown_timeout
-        self._watch: asyncio.Task | None = None  # exits when the engine cannot serve
+        self._watch: asyncio.Task | None = None  # the ready line, then exits when the engine cannot serve
 
     async def startup(self, sockets=None) -> None:
-        """(The app's start-up launches the engine; then uvicorn accepts on the socket rlt serve bound
-        and listened on before anything loaded: the ready line comes once every worker is READY.)"""
+        """(The app's start-up begins the engine's launch; uvicorn then accepts on the socket rlt serve
+        bound and listened on before anything loaded, answering 503 until every worker is READY: the
+        ready line comes then. A launch that fails ends the server with its error, status 1.)"""
         await super().startup(sockets)
         if self.started and not self.should_exit:
-            print(self.ready_line, flush=True)
-            self._watch = asyncio.ensure_future(self._exit_when_failed())
+            self._watch = asyncio.ensure_future(self._serve_while_able(self.config.app.state.start))
+
+    async def _serve_while_able(self, start: asyncio.Future) -> None:
+        try:
+            await asyncio.shield(start)
+        except Exception as e:  # noqa: BLE001 - the launch's error is the server's
+            print(f"rlt: error: {e}", file=sys.stderr, flush=True)
+            self.exit_code, self.should_exit = 1, True
+            return
+        print(self.ready_line, flush=True)
+        await self._exit_when_failed()
 
     @contextlib.contextmanager
     def capture_signals(self):
