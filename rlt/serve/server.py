@@ -26,7 +26,7 @@ def add_parser(sub, add_option_flags) -> None:
     g.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1; 0.0.0.0: every one)")
     g.add_argument("--port", type=_port, default=8000, help="port to listen on (default: 8000; 0: any free one)")
     g.add_argument("--revision", help="the hub id's branch, tag or commit (default: main)")
-    g.add_argument("--api-key", help="require `Authorization: Bearer KEY` on /v1 routes (default: none)")
+    g.add_argument("--api-key", help="require `Authorization: Bearer KEY` on every route but /health (default: none)")
     g.add_argument(
         "--served-model-name",
         nargs="+",
