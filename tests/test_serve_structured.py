@@ -84,6 +84,32 @@ def test_parse_with_a_pydantic_model(client):
     assert isinstance(r.choices[0].message.parsed, Answer)
 
 
+class Person(pydantic.BaseModel):
+    name: str = pydantic.Field(max_length=8)
+    age: int = pydantic.Field(ge=0, le=120)
+
+
+def test_a_newcomers_calls_always_return_objects_and_their_retries_are_accepted(client):
+    """Issue 61's newcomer, at temperature 1 on random weights: parse() with a bounded string field
+    100 times, and a named tool call 30 times, each sent back with its tool result (accepted)."""
+    for seed in range(100):
+        r = client.chat.completions.parse(
+            model="m", messages=USER, max_tokens=64, seed=seed, temperature=1.0, response_format=Person
+        )
+        assert isinstance(r.choices[0].message.parsed, Person), r.choices[0].message.content
+    tools, named = [openai.pydantic_function_tool(Person)], {"type": "function", "function": {"name": "Person"}}
+    for seed in range(30):
+        r = client.chat.completions.create(
+            model="m", messages=USER, tools=tools, tool_choice=named, seed=seed, temperature=1.0, max_tokens=64
+        )
+        m = r.choices[0].message
+        Person.model_validate_json(m.tool_calls[0].function.arguments)
+        result = {"role": "tool", "tool_call_id": m.tool_calls[0].id, "content": "ok"}
+        client.chat.completions.create(
+            model="m", messages=[*USER, m.model_dump(exclude_none=True), result], tools=tools, max_tokens=2
+        )
+
+
 def test_regex_and_choice_on_both_endpoints(client):
     for seed in range(3):
         for body in ({"structured_outputs": {"regex": REGEX}}, {"guided_regex": REGEX}):
