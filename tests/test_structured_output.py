@@ -243,7 +243,6 @@ def test_a_grammar_that_fails_to_compile_fails_its_request_alone(checkpoints):
             failed.append((gen, error))
             assert engine.abort(gen)
         engine.grammars.wait(0.01)
-    engine.grammars.close()
     assert outs == [2, 2, 2] and sorted(failed) == [
         (1, "structured_output.regex: no output can match it"),
         (3, "structured_output.choice: did not compile within 1 s (grammar_compile_timeout)"),

@@ -10,7 +10,6 @@ under a millisecond, and the workers compile it).
 
 import asyncio
 import importlib.util
-import time
 import uuid
 import weakref
 
@@ -257,10 +256,8 @@ class Engine:
         """Raises EngineDeadError (why) unless every role the topology needs has a worker that can
         serve (as vLLM's check_health): not while a needed worker is dead, restarting, not yet READY,
         silent for four heartbeats (stopped, say), stuck with work, or with its grammar compiles stuck."""
-        now, launch = time.monotonic(), self.launch_config
-        late = max(2.0, 4 * launch.heartbeat_interval)  # (a busy host delays heartbeats a little)
         for role in dict.fromkeys(role for role, _ in self._supervisor.local_slots):
-            reasons = [_unhealthy(w, now, late) for w in self._ready(role)]
+            reasons = [self._supervisor.unhealthy(w) for w in self._ready(role)]
             if all(reasons):
                 raise EngineDeadError(f"no {role} worker can serve: {reasons[0]}")
 
@@ -299,14 +296,3 @@ class Engine:
         if self._loop is not None:
             raise RuntimeError("watch_prefix_cache: call it before the engine is launched")
         self._supervisor.cache_relay = CacheRelay(self.model_config, self.engine_config.block_size, listener)
-
-
-def _unhealthy(w: WorkerProc, now: float, late: float) -> str | None:
-    """Why a READY worker cannot serve now (None: it can)."""
-    if not isinstance(w, WorkerProc):
-        return None  # (a remote proxy's liveness is its own)
-    if now - w.last_seen > late:
-        return f"{w.identity} sent no heartbeat for {now - w.last_seen:.1f} s"
-    if w.busy and now - w.progress_at > late:
-        return f"{w.identity}'s main loop has not moved for {now - w.progress_at:.1f} s with work"
-    return None if w.trouble is None else f"{w.identity}: {w.trouble}"

@@ -15,6 +15,18 @@ RESTART_BACKOFF_S, RESTART_BACKOFF_MAX_S = 0.5, 30.0
 class Liveness:
     """The Supervisor's liveness and restart half (its workers, slots, lifecycle, launch)."""
 
+    def unhealthy(self, w) -> str | None:
+        """Why a READY worker cannot serve now (None: it can): silent for four heartbeats (stopped,
+        say; a busy host delays them a little), its main loop stuck with work, or its own trouble."""
+        if not isinstance(w, WorkerProc):
+            return None  # (a remote proxy's liveness is its own)
+        now, late = time.monotonic(), max(2.0, 4 * self.launch.heartbeat_interval)
+        if now - w.last_seen > late:
+            return f"{w.identity} sent no heartbeat for {now - w.last_seen:.1f} s"
+        if w.busy and now - w.progress_at > late:
+            return f"{w.identity}'s main loop has not moved for {now - w.progress_at:.1f} s with work"
+        return None if w.trouble is None else f"{w.identity}: {w.trouble}"
+
     async def _watch_exit(self, w: WorkerProc) -> None:
         await w.wait()
         if not self.closing and self.workers[w.slot] is w:

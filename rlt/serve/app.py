@@ -44,13 +44,13 @@ def build_app(
         """The engine starts beside the server: the port answers at once, every route with a 503
         saying so until the workers are READY (app.state.start: rlt/serve/shutdown.py waits on it)."""
         launch = engine_factory()
-        app.state.engine = None
+        app.state.starting = True
 
         async def start():
             engine = await launch.__aenter__()
             app.state.metrics = Metrics(engine, engine.model_config.depth, served_name)
             app.state.defaults = defaults
-            app.state.engine = engine
+            app.state.engine, app.state.starting = engine, False
 
         app.state.start = asyncio.ensure_future(start())
         try:
@@ -130,7 +130,7 @@ class _Starting:
         self.app = app
 
     async def __call__(self, scope, receive, send):
-        if scope["type"] == "http" and scope["app"].state.engine is None:
+        if scope["type"] == "http" and getattr(scope["app"].state, "starting", False):
             body = errors.body("the engine is starting: its workers are not READY yet", "service_unavailable", 503)
             return await JSONResponse(body, status_code=503, headers={"Retry-After": "1"})(scope, receive, send)
         await self.app(scope, receive, send)

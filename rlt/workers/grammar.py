@@ -108,7 +108,9 @@ class WorkerGrammars:
         if self.pool is None:
             from rlt.workers.grammar_compile import CompilePool
 
-            self.pool = CompilePool(self.mc, self.cfg.grammar_compile_processes, self.cfg.grammar_compile_timeout)
+            self.pool = CompilePool.shared(
+                self.mc, self.cfg.grammar_compile_processes, self.cfg.grammar_compile_timeout
+            )
         return self.pool
 
     def keep(self, waiting) -> None:
@@ -117,8 +119,8 @@ class WorkerGrammars:
         if self._compiling:
             wanted = {s.params.structured_output for s in waiting if s.matcher is None}
             for spec in self._compiling - wanted:
-                self._compiled.pop(spec, None)
-                self.pool.cancel(spec)
+                if (future := self._compiled.pop(spec, None)) is not None:
+                    self.pool.cancel(spec, future)
 
     def take_failed(self) -> list[tuple[int, str]]:
         """(request, error) of each request whose grammar did not compile, once."""
@@ -133,10 +135,6 @@ class WorkerGrammars:
 
     def stuck(self) -> str | None:
         return None if self.pool is None else self.pool.stuck()
-
-    def close(self) -> None:
-        if self.pool is not None:
-            self.pool.close()
 
     @staticmethod
     def accept(s, token: int) -> bool:

@@ -19,7 +19,6 @@ import subprocess
 import sys
 import threading
 import time
-from collections import OrderedDict
 from concurrent.futures import Future
 from multiprocessing.connection import Connection, wait
 
@@ -87,17 +86,27 @@ class _Child:
 
 
 class CompilePool:
-    """Specs -> futures of compiled grammars, at most `processes` compiling at once; others queue."""
+    """Specs -> futures of compiled grammars, at most `processes` compiling at once; others queue.
+    One per process and model (shared()): a test process's engines share it. Each spec is one job
+    whatever its waiters; a job whose waiters have all cancelled is dropped, or its child killed."""
+
+    _shared: dict[tuple, "CompilePool"] = {}
+
+    @classmethod
+    def shared(cls, mc, processes: int, timeout: float) -> "CompilePool":
+        key = (mc.path, mc.vocab_size, tuple(mc.eos_token_ids), processes, timeout)
+        if key not in cls._shared:
+            cls._shared[key] = cls(mc, processes, timeout)
+        return cls._shared[key]
 
     def __init__(self, mc, processes: int, timeout: float):
         self.mc, self.timeout = mc, timeout
         self.info = _tokenizer_info(mc.path, mc.vocab_size, mc.eos_token_ids)
         self._lock = threading.Lock()
-        self._queued: OrderedDict[tuple, Future] = OrderedDict()
-        self._running: dict[tuple, Future] = {}
+        self._waiters: dict[tuple, list[Future]] = {}  # spec -> the futures of its job, queued or running
+        self._queued: list[tuple] = []  # specs not yet given to a child
         self._children = [self._new_child() for _ in range(processes)]
         self._wake_r, self._wake_w = socket.socketpair()
-        self._closed = False
         self._thread = threading.Thread(target=self._run, name="rlt-grammar", daemon=True)
         self._thread.start()
 
@@ -115,29 +124,38 @@ class CompilePool:
     def submit(self, spec) -> Future:
         future = Future()
         with self._lock:
-            self._queued[spec] = future
+            if spec not in self._waiters:
+                self._waiters[spec] = []
+                self._queued.append(spec)
+            self._waiters[spec].append(future)
         self._wake()
         return future
+
+    def cancel(self, spec, future: Future) -> None:
+        """future's waiter has gone: once a job has none, it is dropped, or its compile killed."""
+        with self._lock:
+            waiters = self._waiters.get(spec, [])
+            if future in waiters:
+                waiters.remove(future)
+                future.cancel()
+            if waiters or spec not in self._waiters:
+                return
+            if spec in self._queued:
+                self._queued.remove(spec)
+                del self._waiters[spec]
+            for c in self._children:
+                if c.spec == spec:
+                    c.deadline = 0.0  # (the dispatcher kills it at once)
+        self._wake()
 
     def _next_job(self, express: bool):
         """The smallest queued spec (a small schema does not wait behind large ones); the express
         child takes small ones only (large ones cannot hold every child)."""
-        size = lambda spec: len(spec[1])  # noqa: E731
-        spec = min(self._queued, key=size, default=None)
-        if spec is None or (express and size(spec) > SMALL_SPEC):
-            return None, None
-        return spec, self._queued.pop(spec)
-
-    def cancel(self, spec) -> None:
-        """Nobody waits for spec's grammar any more: drop it, or kill its compile."""
-        with self._lock:
-            if (f := self._queued.pop(spec, None)) is not None:
-                f.cancel()
-            elif spec in self._running:
-                for c in self._children:
-                    if c.spec == spec:
-                        c.deadline = 0.0  # (the dispatcher kills it at once)
-        self._wake()
+        spec = min(self._queued, key=lambda q: len(q[1]), default=None)
+        if spec is None or (express and len(spec[1]) > SMALL_SPEC):
+            return None
+        self._queued.remove(spec)
+        return spec
 
     def stuck(self) -> str | None:
         """Why the pool cannot compile now (every child past its deadline and not yet replaced, or
@@ -149,13 +167,6 @@ class CompilePool:
             return "no grammar compile process has started within 60 s"
         return None
 
-    def close(self) -> None:
-        self._closed = True
-        self._wake()
-        self._thread.join(5)
-        for c in self._children:
-            c.kill()
-
     def _wake(self) -> None:
         try:
             self._wake_w.send(b"x")
@@ -163,7 +174,7 @@ class CompilePool:
             pass
 
     def _run(self) -> None:
-        while not self._closed:
+        while True:
             now = time.monotonic()
             busy = [c for c in self._children if c.spec is not None]
             timeout = min((c.deadline for c in busy), default=now + 1.0) - now
@@ -178,11 +189,15 @@ class CompilePool:
                         self._abandon(i, c)
                 for i, c in enumerate(self._children):
                     if c.ready and c.spec is None:
-                        spec, future = self._next_job(express=i == 0 and len(self._children) > 1)
-                        if future is not None and future.set_running_or_notify_cancel():
+                        spec = self._next_job(express=i == 0 and len(self._children) > 1)
+                        if spec is not None:
                             c.spec, c.deadline = spec, time.monotonic() + self.timeout
-                            self._running[spec] = future
                             c.conn.send(spec)
+
+    def _finish(self, spec, result=None, error: str | None = None) -> None:
+        for future in self._waiters.pop(spec, []):
+            if future.set_running_or_notify_cancel():
+                future.set_exception(GrammarError(error)) if error is not None else future.set_result(result)
 
     def _receive(self, i: int, c: _Child) -> None:
         try:
@@ -193,25 +208,23 @@ class CompilePool:
             c.ready = True
             return
         spec, c.spec = c.spec, None
-        future = self._running.pop(spec)
         ok, value = msg
         if not ok:
-            return future.set_exception(GrammarError(value))
+            return self._finish(spec, error=value)
         import xgrammar as xgr
 
-        future.set_result(xgr.CompiledGrammar.deserialize_json(value, self.info))
+        self._finish(spec, xgr.CompiledGrammar.deserialize_json(value, self.info))
 
     def _abandon(self, i: int, c: _Child, why: str | None = None) -> None:
         """Kill c (its compile timed out, died, or nobody waits for it) and start its replacement."""
         spec, timed_out = c.spec, c.deadline > 0.0
         c.kill()
         self._children[i] = self._new_child()
-        future = self._running.pop(spec, None) if spec is not None else None
-        if future is not None:
+        if spec is not None:
             why = why or (
                 f"did not compile within {self.timeout:g} s (grammar_compile_timeout)" if timed_out else "abandoned"
             )
-            future.set_exception(GrammarError(f"structured_output.{spec[0]}: {why}"))
+            self._finish(spec, error=f"structured_output.{spec[0]}: {why}")
 
 
 def main() -> int:
