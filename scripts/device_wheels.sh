@@ -12,5 +12,6 @@ get() {
 }
 get 'pyzmq>=27,<28' 'msgspec>=0.19,<0.24' 'pytest-asyncio>=1.0,<2' xgrammar==0.2.9 'apache-tvm-ffi>=0.1.11'
 get pydantic==2.13.4 pydantic-core==2.46.4 annotated-types typing-inspection  # (xgrammar's structural tags)
+get jsonschema jsonschema-specifications referencing rpds-py attrs  # (the grammar tests' validation)
 if [ "${WITH_NIXL:-0}" = 1 ]; then get nixl==1.5.1 nixl-cu13==1.5.1; fi
 du -sh .whl
