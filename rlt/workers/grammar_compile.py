@@ -100,18 +100,26 @@ class CompilePool:
         return cls._shared[key]
 
     def __init__(self, mc, processes: int, timeout: float):
-        self.mc, self.timeout = mc, timeout
+        self.mc, self.timeout, self.processes = mc, timeout, processes
         self.info = _tokenizer_info(mc.path, mc.vocab_size, mc.eos_token_ids)
         self._lock = threading.Lock()
         self._waiters: dict[tuple, list[Future]] = {}  # spec -> the futures of its job, queued or running
         self._queued: list[tuple] = []  # specs not yet given to a child
-        self._children = [self._new_child() for _ in range(processes)]
+        self._children = [self._new_child()]  # (more as jobs wait: grow(); a GPU worker starts them all)
         self._wake_r, self._wake_w = socket.socketpair()
         self._thread = threading.Thread(target=self._run, name="rlt-grammar", daemon=True)
         self._thread.start()
 
     def _new_child(self) -> _Child:
         return _Child(self.mc.path, self.mc.vocab_size, self.mc.eos_token_ids)
+
+    def grow(self) -> None:
+        """Start every child now (a GPU worker before READY; a CPU worker starts the second only when
+        a job waits while the first is busy: each start is ~2 s of CPU, importing xgrammar)."""
+        with self._lock:
+            while len(self._children) < self.processes:
+                self._children.append(self._new_child())
+        self._wake()
 
     def wait_ready(self, timeout: float = 120.0) -> None:
         """Until every child has loaded the tokenizer (the worker's READY waits for it)."""
@@ -187,6 +195,10 @@ class CompilePool:
                         self._receive(i, c)
                     elif c.spec is not None and time.monotonic() >= c.deadline:
                         self._abandon(i, c)
+                starting = any(not c.ready for c in self._children)
+                if self._queued and not starting and len(self._children) < self.processes:
+                    if all(c.spec is not None for c in self._children):  # (a job waits for a child)
+                        self._children.append(self._new_child())
                 for i, c in enumerate(self._children):
                     if c.ready and c.spec is None:
                         spec = self._next_job(express=i == 0 and len(self._children) > 1)

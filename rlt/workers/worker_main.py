@@ -124,7 +124,7 @@ def main(argv=None) -> int:
         from rlt.workers.warmup import warm_up
 
         if grammar(engine.mc) and engine.backend.needs_warm_up:  # its compile processes start beside the
-            engine.grammars.start()  # warm-up (a CPU worker, which builds nothing, starts them at its first grammar)
+            engine.grammars.start().grow()  # warm-up (a CPU worker, which builds nothing, at its first grammar)
         say(warm_up(engine, decodes=h.role != "prefill", log=say))
         if engine.grammars.pool is not None:
             engine.grammars.pool.wait_ready()
