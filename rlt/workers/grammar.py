@@ -103,8 +103,8 @@ class WorkerGrammars:
         return True
 
     def start(self):
-        """The compile pool (its processes start; a worker calls it before its warm-up, an engine in
-        a test at its first constrained request)."""
+        """The compile pool, this process's for the model (a GPU worker starts it, grown to all its
+        processes, beside its warm-up; otherwise the first constrained request does)."""
         if self.pool is None:
             from rlt.workers.grammar_compile import CompilePool
 
