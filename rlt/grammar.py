@@ -14,8 +14,9 @@ grammar's text (xgrammar prints a grammar as EBNF and reads it back). JSON is co
 whitespace but the one space after each `,` and `:` (as Python's json.dumps), so a weak model's
 whitespace cannot run to max_tokens.
 
-Size limits (EngineConfig's max_grammar_*) are checked at the call, before any worker work, each naming its field;
-what the limits cannot catch (a small regex with large repeats) is the compile deadline's.
+Size limits (EngineConfig's max_grammar_*, max_regex_length) are checked at the call, before any
+worker work, each naming its field; what they cannot catch (a small regex with large repeats) is the
+compile deadline's (rlt/workers/grammar_compile.py).
 """
 
 import functools
