@@ -101,7 +101,7 @@ class CompilePool:
 
     def __init__(self, mc, processes: int, timeout: float):
         self.mc, self.timeout, self.processes = mc, timeout, processes
-        self.info = _tokenizer_info(mc.path, mc.vocab_size, mc.eos_token_ids)
+        self.info = None  # xgrammar's tokenizer info, to read results into: built in the dispatcher's thread
         self._lock = threading.Lock()
         self._waiters: dict[tuple, list[Future]] = {}  # spec -> the futures of its job, queued or running
         self._queued: list[tuple] = []  # specs not yet given to a child
@@ -182,6 +182,8 @@ class CompilePool:
             pass
 
     def _run(self) -> None:
+        # (xgrammar's import and the tokenizer's load take ~1 s: not on the worker's pass loop)
+        self.info = _tokenizer_info(self.mc.path, self.mc.vocab_size, self.mc.eos_token_ids)
         while True:
             now = time.monotonic()
             busy = [c for c in self._children if c.spec is not None]
