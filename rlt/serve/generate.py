@@ -140,7 +140,7 @@ async def check_grammar(served: Served, engine, params, opts: rq.Options) -> Non
     if params.structured_output is not None:
         try:
             spec = grammar.spec_of(params.structured_output)
-            await served.pool.run(grammar.check, spec, engine.engine_config)
+            await served.pool.check(grammar.check, spec, engine.engine_config)
         except RequestError as e:
             raise structured.rename(e, opts.grammar_field) or HTTPError(400, str(e)) from None
 

@@ -7,6 +7,8 @@ request never stalls the other streams (the tokenizer releases the GIL; a templa
 import asyncio
 import concurrent.futures
 import os
+import sys
+import threading
 
 import msgspec
 from starlette.requests import ClientDisconnect, Request
@@ -126,11 +128,23 @@ def check_ids(ids: list, field: str, max_positions: int) -> None:
 
 
 class Pool:
-    """The thread pool tokenizing prompts and rendering chats (a few threads: each holds a core)."""
+    """The thread pool tokenizing prompts and rendering chats (a few threads: each holds a core), and
+    two threads at nice 10 checking grammars' structure: a large schema's is tens of milliseconds of
+    C++ (xgrammar releases the GIL), which would otherwise take the cores from the worker's passes and
+    this loop while a burst of them arrives."""
 
     def __init__(self):
         workers = min(4, os.cpu_count() or 1)
         self.executor = concurrent.futures.ThreadPoolExecutor(workers, thread_name_prefix="rlt-tokenize")
+        self.checks = concurrent.futures.ThreadPoolExecutor(2, "rlt-grammar-check", initializer=_nice)
 
     async def run(self, fn, *args):
         return await asyncio.get_running_loop().run_in_executor(self.executor, fn, *args)
+
+    async def check(self, fn, *args):
+        return await asyncio.get_running_loop().run_in_executor(self.checks, fn, *args)
+
+
+def _nice() -> None:
+    if sys.platform == "linux":  # (Linux: a thread's own niceness, not the process's)
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 10)
