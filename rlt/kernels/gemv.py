@@ -12,8 +12,7 @@ The products before that launch (o after the attention, down after the SwiGLU pr
 K tiles before their PDL wait (NORMED_EARLY_TILES): the kernels they wait on leave HBM idle (the
 attention is a latency chain, a product's tail a part wave). A third tile takes registers enough to
 drop a resident program per SM (12 -> 10), and a 3,072-row product (Nanbeige4.2-3B) no longer fits
-in one wave; the q/k/v and [gate; up] products keep one (more measured slower: scripts/
-bench_persistent.py --early-tiles).
+in one wave; the q/k/v and [gate; up] products keep one (more measured slower).
 """
 
 from dataclasses import dataclass
