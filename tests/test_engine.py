@@ -433,7 +433,7 @@ def test_decode_roofline_arithmetic(checkpoints):
     weights = L * (H * (q + 2 * kv) + q * H + 2 * I * H + I * H) * 4  # float32 checkpoint
     kv_row_loop = 100 * L * 2 * kv * 4  # 100 positions, K and V
     head = mc.vocab_size * H * 4
-    got = floors.decode_roofline(model, mc, concurrency=3, context=100, copy_gbps=1.0)
+    got = floors.decode_roofline(model, mc, concurrency=3, context=100, read_gbps=1.0)
     assert got["bytes_per_step"] == mc.depth * (weights + 3 * kv_row_loop) + head
     assert got["ms_per_step"] == round(got["bytes_per_step"] / 1e6, 3)
 

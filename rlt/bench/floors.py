@@ -1,14 +1,17 @@
 """In-run ceilings and floors of the offline benchmark, measured on the device in use.
 
-* ceilings: bf16 GEMM TFLOP/s (8192^3 torch.matmul) and copy bandwidth (a 2 GiB device copy,
-  bytes read + written per second);
+* ceilings: bf16 GEMM TFLOP/s (8192^3 torch.matmul), read bandwidth (the best of a few streaming
+  read-only kernels over 2 GiB: what decode does, read weights and KV) and, for reference, copy
+  bandwidth (a 2 GiB device copy, bytes read + written per second: a read and a write stream share
+  the bus, so a copy understates what reads alone reach);
 * prefill floor: the same GEMMs + causal SDPA as the model's prefill, in plain torch on the
   model's own weights, for one prompt of n tokens at full depth, and the LM head over its last row
   (the first token's logits); norms, RoPE, KV writes excluded; one replay at a time, as a prompt;
 * decode roofline: per decode step of c sequences, the core weights read once per loop plus every
-  row's KV read at every loop, plus the LM head, over the measured copy bandwidth.
+  row's KV read at every loop, plus the LM head, over the measured read bandwidth.
 """
 
+import functools
 import statistics
 from collections.abc import Callable
 
@@ -82,12 +85,27 @@ def ceilings(device: str) -> dict:
     gemm_ms = _time_ms(lambda: mats[0] @ mats[1])
     mats.clear()
     src = torch.empty(1 << 30, dtype=torch.int16, device=device)
-    dst = torch.empty_like(src)
-    copy_ms = _time_ms(lambda: dst.copy_(src))
-    return {
-        "gemm_tflops": round(2 * n**3 / gemm_ms / 1e9, 1),
-        "copy_gbps": round(2 * src.numel() * 2 / copy_ms / 1e6, 1),
-    }
+    copy_gbps = round(2 * src.numel() * 2 / _time_ms(functools.partial(torch.empty_like(src).copy_, src)) / 1e6, 1)
+    return {"gemm_tflops": round(2 * n**3 / gemm_ms / 1e9, 1), "read_gbps": read_gbps(src), "copy_gbps": copy_gbps}
+
+
+def read_gbps(src: torch.Tensor) -> float:
+    """The best read rate over src (far larger than L2) of a few read-only kernels: programs striding
+    over tiles of it, each summing what it read (checked against torch: every byte is read once)."""
+    import triton
+
+    from rlt.bench.read_triton import read_kernel
+
+    src = src.view(torch.int32)
+    sms = torch.cuda.get_device_properties(src.device).multi_processor_count
+    best = 0.0
+    for block, per_sm, warps in ((4096, 4, 8), (8192, 2, 8), (8192, 4, 16), (16384, 2, 16)):
+        programs = min(sms * per_sm, triton.cdiv(src.numel(), block))
+        sums = torch.empty(programs, dtype=torch.int64, device=src.device)
+        ms = _time_ms(functools.partial(read_kernel[(programs,)], src, sums, src.numel(), BLOCK=block, num_warps=warps))
+        assert int(sums.sum()) == int(src.sum(dtype=torch.int64)), "the read kernel missed bytes"
+        best = max(best, src.numel() * 4 / ms / 1e6)
+    return round(best, 1)
 
 
 def _layers(model) -> list[dict]:
@@ -150,7 +168,7 @@ def prefill_floor_ms(model, mc, n: int, context: int = 0, samples: int = 7) -> f
     return statistics.median(once() for _ in range(samples))
 
 
-def decode_roofline(model, mc, concurrency: int, context: int, copy_gbps: float) -> dict:
+def decode_roofline(model, mc, concurrency: int, context: int, read_gbps: float) -> dict:
     """Time per decode step of `concurrency` sequences at `context` tokens, at full depth."""
     weights = sum(w.numel() * w.element_size() for L in _layers(model) for w in L)
     g, es = mc.kv, _layers(model)[0][0].element_size()  # the KV pool and head use the weights' dtype
@@ -161,5 +179,5 @@ def decode_roofline(model, mc, concurrency: int, context: int, copy_gbps: float)
         + head
         + concurrency * kv_layer * g.num_boundary_layers
     )
-    ms = step_bytes / copy_gbps / 1e6
+    ms = step_bytes / read_gbps / 1e6
     return {"bytes_per_step": step_bytes, "ms_per_step": round(ms, 3), "tok_per_s": round(concurrency / ms * 1e3, 1)}

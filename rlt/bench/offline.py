@@ -205,7 +205,7 @@ def against_floors(rows: list[dict], prefill: list[dict], model, mc, device: str
     ceil = floors.ceilings(device)
     for r in rows:
         context = r["prompt_len"] + max_tokens // 2
-        roof = floors.decode_roofline(model, mc, r["concurrency"], context, ceil["copy_gbps"])
+        roof = floors.decode_roofline(model, mc, r["concurrency"], context, ceil["read_gbps"])
         r["roofline_tok_per_s"] = roof["tok_per_s"]
         if r["full_conc_tok_per_s"]:
             r["of_roofline"] = round(r["full_conc_tok_per_s"] / roof["tok_per_s"], 3)
