@@ -1,21 +1,25 @@
 """A worker's grammar compiles, in child processes of its own: a bounded pool that no request can
 wedge. xgrammar's compile cannot be interrupted in a thread, and one grammar may take minutes and
-gigabytes, so each compile runs in a child process (main() below); a compile past
-its deadline, or whose requests have all gone, is abandoned by killing its child (its memory goes
-back to the system) and a fresh child takes its place. The result comes back serialized and is read
-into the worker against its own tokenizer info; identical specs compile once (the worker's cache,
-rlt/workers/grammar.py). The smallest queued spec goes first, and with two or more children the
-first takes small specs only: a few large compiles cannot hold a small schema back. Children run at
-nice 10. A dispatcher thread owns them: the worker's pass loop only looks at futures.
+gigabytes, so each compile runs in a child process; a compile past its deadline, or whose requests
+have all gone, is abandoned by killing its child (its memory goes back to the system) and a fresh
+child takes its place. Children fork from a zygote process that imported xgrammar and built the
+tokenizer info once (main() below): a child, or a replacement, starts in milliseconds. The result
+comes back serialized and is read into the worker against its own tokenizer info; identical specs
+compile once (the worker's cache, rlt/workers/grammar.py). The smallest queued spec goes first, and
+with two or more children the first takes small specs only: a few large compiles cannot hold a small
+schema back. All run at nice 10. A dispatcher thread owns them: the worker's pass loop only looks at
+futures.
 
-A GPU worker starts the children beside its warm-up, and READY waits for them (each imports
-xgrammar and loads the tokenizer: ~2 s of CPU); a CPU worker, which warms nothing up, starts them at
-its first grammar. A replacement starts at once and takes jobs when it says it is ready.
+A GPU worker starts the zygote and its children beside its warm-up, and READY waits for them (the
+zygote's start is ~2 s of CPU); a CPU worker, which warms nothing up, at its first grammar, with one
+child, and a second when a job waits while the first is busy.
 """
 
 import gc
 import os
+import signal
 import socket
+import struct
 import subprocess
 import sys
 import threading
@@ -64,25 +68,51 @@ def compile_spec(compiler, spec):
     return compiled
 
 
-_CHILD = "import os; os.nice(10); import rlt.workers.grammar_compile as c; os._exit(c.main())"
+_ZYGOTE = "import os; os.nice(10); import rlt.workers.grammar_compile as c; os._exit(c.main())"
 
 
-class _Child:
-    """One compile process and the job it runs (None: idle, or not ready yet)."""
+class _Zygote:
+    """The process compile children fork from (main() below): xgrammar imported and the tokenizer
+    info built once (~2 s of CPU), so a child, or its replacement after a kill, starts in a few
+    milliseconds. It says b"r" when ready; fork() hands it one end of a socket pair (SCM_RIGHTS)."""
 
     def __init__(self, path: str, vocab_size: int, eos_token_ids):
         here, there = socket.socketpair()
-        # (-c, not -m: the child runs this module's main as imported, as a test's fault injection patches it)
-        args = [sys.executable, "-c", _CHILD, str(there.fileno()), path, str(vocab_size)]
+        # (-c, not -m: the process runs this module's main as imported, as a test's fault injection patches it)
+        args = [sys.executable, "-c", _ZYGOTE, str(there.fileno()), path, str(vocab_size)]
         self.proc = subprocess.Popen([*args, ",".join(map(str, eos_token_ids))], pass_fds=[there.fileno()])
         there.close()
-        self.conn = Connection(here.detach())
-        self.ready, self.started = False, time.monotonic()
-        self.spec, self.deadline = None, 0.0
+        self.ctl, self.ready, self.started = here, False, time.monotonic()
+
+    def fork(self) -> "_Child":
+        here, there = socket.socketpair()
+        socket.send_fds(self.ctl, [b"f"], [there.fileno()])
+        there.close()
+        pid = b""
+        while len(pid) < 4:
+            if not (more := self.ctl.recv(4 - len(pid))):
+                raise ConnectionResetError("the compile zygote is gone")
+            pid += more
+        return _Child(struct.unpack("i", pid)[0], Connection(here.detach()))
 
     def kill(self) -> None:
         self.proc.kill()
         self.proc.wait()
+        self.ctl.close()
+
+
+class _Child:
+    """One compile process (the zygote's child: it reaps it) and the job it runs (None: idle)."""
+
+    def __init__(self, pid: int, conn: Connection):
+        self.pid, self.conn = pid, conn
+        self.spec, self.deadline = None, 0.0
+
+    def kill(self) -> None:
+        try:
+            os.kill(self.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
         self.conn.close()
 
 
@@ -106,26 +136,24 @@ class CompilePool:
         self._lock = threading.Lock()
         self._waiters: dict[tuple, list[Future]] = {}  # spec -> the futures of its job, queued or running
         self._queued: list[tuple] = []  # specs not yet given to a child
-        self._children = [self._new_child()]  # (more as jobs wait: grow(); a GPU worker starts them all)
+        self._zygote = _Zygote(mc.path, mc.vocab_size, mc.eos_token_ids)
+        # children, None where one is to be forked (once the zygote is ready): more as jobs wait (grow())
+        self._children: list[_Child | None] = [None]
         self._wake_r, self._wake_w = socket.socketpair()
         self._thread = threading.Thread(target=self._run, name="rlt-grammar", daemon=True)
         self._thread.start()
 
-    def _new_child(self) -> _Child:
-        return _Child(self.mc.path, self.mc.vocab_size, self.mc.eos_token_ids)
-
     def grow(self) -> None:
-        """Start every child now (a GPU worker before READY; a CPU worker starts the second only when
-        a job waits while the first is busy: each start is ~2 s of CPU, importing xgrammar)."""
+        """Every child (a GPU worker, before READY; otherwise a second one starts when a job waits
+        while the first is busy)."""
         with self._lock:
-            while len(self._children) < self.processes:
-                self._children.append(self._new_child())
+            self._children += [None] * (self.processes - len(self._children))
         self._wake()
 
     def wait_ready(self, timeout: float = 120.0) -> None:
-        """Until every child has loaded the tokenizer (the worker's READY waits for it)."""
+        """Until every child runs (the worker's READY waits for them)."""
         end = time.monotonic() + timeout
-        while not all(c.ready for c in self._children):
+        while self.info is None or not all(self._children):
             if time.monotonic() > end:
                 raise RuntimeError(f"the grammar compile processes did not start within {timeout:g} s")
             time.sleep(0.01)
@@ -168,11 +196,11 @@ class CompilePool:
 
     def stuck(self) -> str | None:
         """Why the pool cannot compile now (every child past its deadline and not yet replaced, or
-        not started within a minute): the worker's /health says so."""
+        the zygote not ready within a minute): the worker's /health says so."""
         now = time.monotonic()
-        if all(c.spec is not None and now > c.deadline + 5.0 for c in self._children):
+        if all(c is not None and c.spec is not None and now > c.deadline + 5.0 for c in self._children):
             return "every grammar compile process is past its deadline"
-        if all(not c.ready and now > c.started + 60.0 for c in self._children):
+        if not self._zygote.ready and now > self._zygote.started + 60.0:
             return "no grammar compile process has started within 60 s"
         return None
 
@@ -190,27 +218,51 @@ class CompilePool:
         gc.freeze()
         while True:
             now = time.monotonic()
-            busy = [c for c in self._children if c.spec is not None]
+            busy = [c for c in self._children if c is not None and c.spec is not None]
             timeout = min((c.deadline for c in busy), default=now + 1.0) - now
-            ready = wait([self._wake_r, *(c.conn for c in self._children)], max(0.0, timeout))
+            conns = [c.conn for c in self._children if c is not None]
+            ready = wait([self._wake_r, self._zygote.ctl, *conns], max(0.0, timeout))
             if self._wake_r in ready:
                 self._wake_r.recv(4096)
             with self._lock:
+                if self._zygote.ctl in ready:  # ready, or gone (it says nothing else unasked)
+                    if self._zygote.ready or self._zygote.ctl.recv(1) != b"r":
+                        self._restart_zygote()
+                    else:
+                        self._zygote.ready = True
                 for i, c in enumerate(self._children):
+                    if c is None:
+                        continue
                     if c.conn in ready:
                         self._receive(i, c)
                     elif c.spec is not None and time.monotonic() >= c.deadline:
                         self._abandon(i, c)
-                starting = any(not c.ready for c in self._children)
-                if self._queued and not starting and len(self._children) < self.processes:
+                if self._queued and len(self._children) < self.processes and all(self._children):
                     if all(c.spec is not None for c in self._children):  # (a job waits for a child)
-                        self._children.append(self._new_child())
+                        self._children.append(None)
+                try:
+                    for i, c in enumerate(self._children):
+                        if c is None and self._zygote.ready:
+                            self._children[i] = self._zygote.fork()
+                except OSError:
+                    self._restart_zygote()
                 for i, c in enumerate(self._children):
-                    if c.ready and c.spec is None:
+                    if c is not None and c.spec is None:
                         spec = self._next_job(express=i == 0 and len(self._children) > 1)
                         if spec is not None:
                             c.spec, c.deadline = spec, time.monotonic() + self.timeout
-                            c.conn.send(spec)
+                            try:
+                                c.conn.send(spec)
+                            except OSError:
+                                self._abandon(i, c, "the compile process died")
+
+    def _restart_zygote(self) -> None:
+        """The zygote died (killed by the system for its memory, say; its children with it): a new one."""
+        old = self._zygote
+        old.kill()
+        self._zygote = _Zygote(self.mc.path, self.mc.vocab_size, self.mc.eos_token_ids)
+        if not old.ready:  # (stuck() counts from the first of those that never started)
+            self._zygote.started = old.started
 
     def _finish(self, spec, result=None, error: str | None = None) -> None:
         for future in self._waiters.pop(spec, []):
@@ -219,14 +271,10 @@ class CompilePool:
 
     def _receive(self, i: int, c: _Child) -> None:
         try:
-            msg = c.conn.recv()
+            ok, value = c.conn.recv()
         except (EOFError, OSError):  # it died (killed by the system for its memory, say)
             return self._abandon(i, c, "the compile process died")
-        if not c.ready:
-            c.ready = True
-            return
         spec, c.spec = c.spec, None
-        ok, value = msg
         if not ok:
             return self._finish(spec, error=value)
         import xgrammar as xgr
@@ -234,10 +282,10 @@ class CompilePool:
         self._finish(spec, xgr.CompiledGrammar.deserialize_json(value, self.info))
 
     def _abandon(self, i: int, c: _Child, why: str | None = None) -> None:
-        """Kill c (its compile timed out, died, or nobody waits for it) and start its replacement."""
+        """Kill c (its compile timed out, died, or nobody waits for it); the zygote forks its replacement."""
         spec, timed_out = c.spec, c.deadline > 0.0
         c.kill()
-        self._children[i] = self._new_child()
+        self._children[i] = None
         if spec is not None:
             why = why or (
                 f"did not compile within {self.timeout:g} s (grammar_compile_timeout)" if timed_out else "abandoned"
@@ -246,26 +294,43 @@ class CompilePool:
 
 
 def main() -> int:
-    """A compile child: tokenizer info once, then spec -> (ok, serialized grammar or error text)."""
+    """The zygote: tokenizer info once, then a compile child forked for each socket the worker sends;
+    a child compiles spec -> (ok, serialized grammar or error text) until its socket closes."""
     fd, path, vocab_size, eos = int(sys.argv[1]), sys.argv[2], int(sys.argv[3]), sys.argv[4]
-    if sys.platform == "linux":  # killed with its worker, even mid-compile (PR_SET_PDEATHSIG)
-        import ctypes
-        import signal
-
-        ctypes.CDLL(None).prctl(1, signal.SIGKILL)
-    conn = Connection(fd)
-    os.nice(10)  # (a long compile yields the cores to the worker's passes)
+    _die_with_parent()
     import xgrammar as xgr
 
     info = _tokenizer_info(path, vocab_size, [int(t) for t in eos.split(",") if t])
-    compiler = xgr.GrammarCompiler(info, max_threads=1, cache_enabled=False)
-    conn.send("ready")
+    signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # (the children reaped as they end)
+    ctl = socket.socket(fileno=fd)
+    ctl.sendall(b"r")
     while True:
         try:
-            spec = conn.recv()
-        except EOFError:  # the worker is gone
+            _, fds, _, _ = socket.recv_fds(ctl, 1, 1)
+        except OSError:
             return 0
-        try:
-            conn.send((True, compile_spec(compiler, tuple(spec)).serialize_json()))
-        except GrammarError as e:
-            conn.send((False, str(e)))
+        if not fds:  # the worker is gone
+            return 0
+        if (pid := os.fork()) == 0:
+            ctl.close()
+            signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+            _die_with_parent()
+            conn, compiler = Connection(fds[0]), xgr.GrammarCompiler(info, max_threads=1, cache_enabled=False)
+            while True:
+                try:
+                    spec = conn.recv()
+                except EOFError:  # the worker is gone
+                    return 0
+                try:
+                    conn.send((True, compile_spec(compiler, tuple(spec)).serialize_json()))
+                except GrammarError as e:
+                    conn.send((False, str(e)))
+        os.close(fds[0])
+        ctl.sendall(struct.pack("i", pid))
+
+
+def _die_with_parent() -> None:
+    if sys.platform == "linux":  # killed with its parent, even mid-compile (PR_SET_PDEATHSIG)
+        import ctypes
+
+        ctypes.CDLL(None).prctl(1, signal.SIGKILL)
