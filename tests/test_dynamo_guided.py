@@ -32,7 +32,7 @@ TEMPLATE = (
 # coordinator's check and fails its compile in the worker
 INJECTED = "injected-compile-failure"
 SITECUSTOMIZE = f"""
-import rlt.workers.grammar_compile as gc
+import rlt.workers.grammar_zygote as gc
 
 _compile = gc.compile_spec
 

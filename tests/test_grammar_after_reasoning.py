@@ -118,7 +118,7 @@ def test_a_rebuilt_matcher_replays_to_the_same_state(ouro):
 
     from rlt.grammar import spec_of
     from rlt.workers.grammar import Constraint
-    from rlt.workers.grammar_compile import compile_spec, tokenizer_info
+    from rlt.workers.grammar_zygote import compile_spec, tokenizer_info
 
     mc, new_engine, free, reqs = ouro
     compiler = xgr.GrammarCompiler(tokenizer_info(load_tokenizer(mc.path), mc.vocab_size, mc.eos_token_ids))

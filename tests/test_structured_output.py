@@ -153,7 +153,7 @@ def test_ids_past_the_tokenizer_are_never_allowed(checkpoints):
 
     from rlt.grammar import spec_of
     from rlt.workers.grammar import Constraint
-    from rlt.workers.grammar_compile import compile_spec, tokenizer_info
+    from rlt.workers.grammar_zygote import compile_spec, tokenizer_info
 
     mc, _ = make(checkpoints["ouro"], "ouro")
     tok = load_tokenizer(mc.path)
@@ -283,7 +283,7 @@ def test_json_strings_are_utf8(checkpoints):
     import xgrammar as xgr
 
     from rlt.grammar import grammar_of, spec_of
-    from rlt.workers.grammar_compile import tokenizer_info
+    from rlt.workers.grammar_zygote import tokenizer_info
 
     tok = load_tokenizer(checkpoints["ouro"])
     compiler = xgr.GrammarCompiler(tokenizer_info(tok, len(tok), [len(tok) - 1]))

@@ -3,7 +3,8 @@ wedge. xgrammar's compile cannot be interrupted in a thread, and one grammar may
 gigabytes, so each compile runs in a child process; a compile past its deadline, or whose requests
 have all gone, is abandoned by killing its child (its memory goes back to the system) and a fresh
 child takes its place. Children fork from a zygote process that imported xgrammar and built the
-tokenizer info once (main() below): a child, or a replacement, starts in milliseconds. The result
+tokenizer info once
+(rlt/workers/grammar_zygote.py, with what they run): a child, or a replacement, starts in milliseconds. The result
 comes back serialized and is read into the worker against its own tokenizer info; identical specs
 compile once (the worker's cache, rlt/workers/grammar.py). The smallest queued spec goes first, and
 with two or more children the first takes small specs only: a few large compiles cannot hold a small
@@ -16,104 +17,15 @@ child, and a second when a job waits while the first is busy.
 """
 
 import gc
-import os
-import signal
 import socket
-import struct
-import subprocess
-import sys
 import threading
 import time
 from concurrent.futures import Future
-from multiprocessing.connection import Connection, wait
+from multiprocessing.connection import wait
 
-from rlt.grammar import error_text
+from rlt.workers.grammar_zygote import Child, GrammarError, Zygote, _tokenizer_info
 
 SMALL_SPEC = 16 << 10  # characters of a spec the express child takes (a few-field schema is ~1 KiB)
-
-
-class GrammarError(Exception):
-    """A spec that did not compile: its message names the field (structured_output.<kind>: ...)."""
-
-
-def tokenizer_info(tokenizer, vocab_size: int, eos_token_ids):
-    """xgrammar's view of the model's whole vocabulary (ids past the tokenizer's never allowed); the
-    model's EOS ids are the grammars' stop tokens."""
-    import xgrammar as xgr
-
-    return xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size, stop_token_ids=list(eos_token_ids))
-
-
-def _tokenizer_info(path: str, vocab_size: int, eos_token_ids):
-    from rlt.models.tokenizer import load_tokenizer
-
-    return tokenizer_info(load_tokenizer(path), vocab_size, eos_token_ids)
-
-
-def compile_spec(compiler, spec):
-    """-> the compiled grammar; GrammarError if it does not compile or can match nothing."""
-    import xgrammar as xgr
-
-    from rlt.grammar import grammar_of
-
-    try:
-        compiled = compiler.compile_grammar(grammar_of(spec))
-    except Exception as e:  # noqa: BLE001 - xgrammar's errors are the spec's
-        raise GrammarError(error_text(spec, e)) from None
-    matcher = xgr.GrammarMatcher(compiled)
-    mask = xgr.allocate_token_bitmask(1, compiled.tokenizer_info.vocab_size)
-    matcher.fill_next_token_bitmask(mask, 0)
-    if not mask.any():  # (a grammar that may end at once allows the stop tokens)
-        raise GrammarError(f"structured_output.{spec[0]}: no output can match it")
-    return compiled
-
-
-_ZYGOTE = "import os; os.nice(10); import rlt.workers.grammar_compile as c; os._exit(c.main())"
-
-
-class _Zygote:
-    """The process compile children fork from (main() below): xgrammar imported and the tokenizer
-    info built once (~2 s of CPU), so a child, or its replacement after a kill, starts in a few
-    milliseconds. It says b"r" when ready; fork() hands it one end of a socket pair (SCM_RIGHTS)."""
-
-    def __init__(self, path: str, vocab_size: int, eos_token_ids):
-        here, there = socket.socketpair()
-        # (-c, not -m: the process runs this module's main as imported, as a test's fault injection patches it)
-        args = [sys.executable, "-c", _ZYGOTE, str(there.fileno()), path, str(vocab_size)]
-        self.proc = subprocess.Popen([*args, ",".join(map(str, eos_token_ids))], pass_fds=[there.fileno()])
-        there.close()
-        self.ctl, self.ready, self.started = here, False, time.monotonic()
-
-    def fork(self) -> "_Child":
-        here, there = socket.socketpair()
-        socket.send_fds(self.ctl, [b"f"], [there.fileno()])
-        there.close()
-        pid = b""
-        while len(pid) < 4:
-            if not (more := self.ctl.recv(4 - len(pid))):
-                raise ConnectionResetError("the compile zygote is gone")
-            pid += more
-        return _Child(struct.unpack("i", pid)[0], Connection(here.detach()))
-
-    def kill(self) -> None:
-        self.proc.kill()
-        self.proc.wait()
-        self.ctl.close()
-
-
-class _Child:
-    """One compile process (the zygote's child: it reaps it) and the job it runs (None: idle)."""
-
-    def __init__(self, pid: int, conn: Connection):
-        self.pid, self.conn = pid, conn
-        self.spec, self.deadline = None, 0.0
-
-    def kill(self) -> None:
-        try:
-            os.kill(self.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        self.conn.close()
 
 
 class CompilePool:
@@ -136,9 +48,9 @@ class CompilePool:
         self._lock = threading.Lock()
         self._waiters: dict[tuple, list[Future]] = {}  # spec -> the futures of its job, queued or running
         self._queued: list[tuple] = []  # specs not yet given to a child
-        self._zygote = _Zygote(mc.path, mc.vocab_size, mc.eos_token_ids)
+        self._zygote = Zygote(mc.path, mc.vocab_size, mc.eos_token_ids)
         # children, None where one is to be forked (once the zygote is ready): more as jobs wait (grow())
-        self._children: list[_Child | None] = [None]
+        self._children: list[Child | None] = [None]
         self._wake_r, self._wake_w = socket.socketpair()
         self._thread = threading.Thread(target=self._run, name="rlt-grammar", daemon=True)
         self._thread.start()
@@ -260,7 +172,7 @@ class CompilePool:
         """The zygote died (killed by the system for its memory, say; its children with it): a new one."""
         old = self._zygote
         old.kill()
-        self._zygote = _Zygote(self.mc.path, self.mc.vocab_size, self.mc.eos_token_ids)
+        self._zygote = Zygote(self.mc.path, self.mc.vocab_size, self.mc.eos_token_ids)
         if not old.ready:  # (stuck() counts from the first of those that never started)
             self._zygote.started = old.started
 
@@ -269,7 +181,7 @@ class CompilePool:
             if future.set_running_or_notify_cancel():
                 future.set_exception(GrammarError(error)) if error is not None else future.set_result(result)
 
-    def _receive(self, i: int, c: _Child) -> None:
+    def _receive(self, i: int, c: Child) -> None:
         try:
             ok, value = c.conn.recv()
         except (EOFError, OSError):  # it died (killed by the system for its memory, say)
@@ -281,7 +193,7 @@ class CompilePool:
 
         self._finish(spec, xgr.CompiledGrammar.deserialize_json(value, self.info))
 
-    def _abandon(self, i: int, c: _Child, why: str | None = None) -> None:
+    def _abandon(self, i: int, c: Child, why: str | None = None) -> None:
         """Kill c (its compile timed out, died, or nobody waits for it); the zygote forks its replacement."""
         spec, timed_out = c.spec, c.deadline > 0.0
         c.kill()
@@ -291,46 +203,3 @@ class CompilePool:
                 f"did not compile within {self.timeout:g} s (grammar_compile_timeout)" if timed_out else "abandoned"
             )
             self._finish(spec, error=f"structured_output.{spec[0]}: {why}")
-
-
-def main() -> int:
-    """The zygote: tokenizer info once, then a compile child forked for each socket the worker sends;
-    a child compiles spec -> (ok, serialized grammar or error text) until its socket closes."""
-    fd, path, vocab_size, eos = int(sys.argv[1]), sys.argv[2], int(sys.argv[3]), sys.argv[4]
-    _die_with_parent()
-    import xgrammar as xgr
-
-    info = _tokenizer_info(path, vocab_size, [int(t) for t in eos.split(",") if t])
-    signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # (the children reaped as they end)
-    ctl = socket.socket(fileno=fd)
-    ctl.sendall(b"r")
-    while True:
-        try:
-            _, fds, _, _ = socket.recv_fds(ctl, 1, 1)
-        except OSError:
-            return 0
-        if not fds:  # the worker is gone
-            return 0
-        if (pid := os.fork()) == 0:
-            ctl.close()
-            signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-            _die_with_parent()
-            conn, compiler = Connection(fds[0]), xgr.GrammarCompiler(info, max_threads=1, cache_enabled=False)
-            while True:
-                try:
-                    spec = conn.recv()
-                except EOFError:  # the worker is gone
-                    return 0
-                try:
-                    conn.send((True, compile_spec(compiler, tuple(spec)).serialize_json()))
-                except GrammarError as e:
-                    conn.send((False, str(e)))
-        os.close(fds[0])
-        ctl.sendall(struct.pack("i", pid))
-
-
-def _die_with_parent() -> None:
-    if sys.platform == "linux":  # killed with its parent, even mid-compile (PR_SET_PDEATHSIG)
-        import ctypes
-
-        ctypes.CDLL(None).prctl(1, signal.SIGKILL)
