@@ -3,13 +3,12 @@ wedge. xgrammar's compile cannot be interrupted in a thread, and one grammar may
 gigabytes, so each compile runs in a child process; a compile past its deadline, or whose requests
 have all gone, is abandoned by killing its child (its memory goes back to the system) and a fresh
 child takes its place. Children fork from a zygote process that imported xgrammar and built the
-tokenizer info once
-(rlt/workers/grammar_zygote.py, with what they run): a child, or a replacement, starts in milliseconds. The result
-comes back serialized and is read into the worker against its own tokenizer info; identical specs
-compile once (the worker's cache, rlt/workers/grammar.py). The smallest queued spec goes first, and
-with two or more children the first takes small specs only: a few large compiles cannot hold a small
-schema back. All run at nice 10. A dispatcher thread owns them: the worker's pass loop only looks at
-futures.
+tokenizer info once (rlt/workers/grammar_zygote.py, with what they run): a child, or a replacement,
+starts in milliseconds. The result comes back serialized and is read into the worker against its own
+tokenizer info; identical specs compile once (the worker's cache, rlt/workers/grammar.py). The
+smallest queued spec goes first, and with two or more children the first takes small specs only: a
+few large compiles cannot hold a small schema back. All run at nice 10. A dispatcher thread owns
+them: the worker's pass loop only looks at futures.
 
 A GPU worker starts the zygote and its children beside its warm-up, and READY waits for them (the
 zygote's start is ~2 s of CPU); a CPU worker, which warms nothing up, at its first grammar, with one
