@@ -13,6 +13,7 @@ import time
 from multiprocessing.connection import Connection
 
 from rlt.grammar import error_text
+from rlt.workers.lifetime import die_with_parent
 
 
 class GrammarError(Exception):
@@ -103,7 +104,7 @@ def main() -> int:
     """The zygote: tokenizer info once, then a compile child forked for each socket the worker sends;
     a child compiles spec -> (ok, serialized grammar or error text) until its socket closes."""
     fd, path, vocab_size, eos = int(sys.argv[1]), sys.argv[2], int(sys.argv[3]), sys.argv[4]
-    _die_with_parent()
+    die_with_parent()
     import xgrammar as xgr
 
     info = _tokenizer_info(path, vocab_size, [int(t) for t in eos.split(",") if t])
@@ -120,7 +121,7 @@ def main() -> int:
         if (pid := os.fork()) == 0:
             ctl.close()
             signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-            _die_with_parent()
+            die_with_parent()
             conn, compiler = Connection(fds[0]), xgr.GrammarCompiler(info, max_threads=1, cache_enabled=False)
             while True:
                 try:
@@ -133,10 +134,3 @@ def main() -> int:
                     conn.send((False, str(e)))
         os.close(fds[0])
         ctl.sendall(struct.pack("i", pid))
-
-
-def _die_with_parent() -> None:
-    if sys.platform == "linux":  # killed with its parent, even mid-compile (PR_SET_PDEATHSIG)
-        import ctypes
-
-        ctypes.CDLL(None).prctl(1, signal.SIGKILL)

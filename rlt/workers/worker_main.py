@@ -7,12 +7,10 @@ parent that died before that is seen as a changed parent pid (checked then, and 
 """
 
 import argparse
-import ctypes
 import gc
 import hashlib
 import json
 import os
-import signal
 import socket
 import sys
 import threading
@@ -23,13 +21,7 @@ import zmq
 
 from rlt import envs
 from rlt import protocol as pr
-
-
-def _die_with_parent() -> None:
-    try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except OSError:
-        pass
+from rlt.workers.lifetime import die_with_parent
 
 
 def _heartbeat(ctx, addr: str, identity: bytes, interval: float, parent: int, stop: threading.Event) -> None:
@@ -93,7 +85,7 @@ def main(argv=None) -> int:
     ap.add_argument("--handshake-timeout", type=float, default=60.0)
     ap.add_argument("--parent-pid", type=int, required=True)
     args = ap.parse_args(argv)
-    _die_with_parent()
+    die_with_parent()
     parent = args.parent_pid
     if os.getppid() != parent:  # the coordinator died before the death signal was set
         return 1
