@@ -33,6 +33,23 @@ def worker_environ() -> dict[str, str]:
     return {**os.environ, "OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY", "PASSIVE")}
 
 
+# Read while torch and the worker's modules are imported: a CPU worker forked from a server that
+# imported them with other values would not see its own (rlt/control/forkserver.py keys servers by them).
+_IMPORT_TIME = ("PYTHONPATH", "PYTHONHOME", "PYTHONSTARTUP", "LD_PRELOAD", "LD_LIBRARY_PATH")
+_IMPORT_TIME_PREFIXES = ("OMP_", "MKL_", "KMP_", "GOMP_", "OPENBLAS_", "TORCH", "PYTORCH_")
+
+
+def import_time(environ: dict[str, str]) -> tuple[tuple[str, str], ...]:
+    """The variables of environ that take effect at import."""
+    return tuple(sorted((k, v) for k, v in environ.items() if k in _IMPORT_TIME or k.startswith(_IMPORT_TIME_PREFIXES)))
+
+
+def replace_environ(environ: dict[str, str]) -> None:
+    """This process's environment becomes environ (a forked worker's own)."""
+    os.environ.clear()
+    os.environ.update(environ)
+
+
 def ucx_settings() -> dict[str, str]:
     """The UCX variables that choose the KV transport, as this process sees them (for its log)."""
     return {k: os.environ.get(k, "(UCX's default)") for k in ("UCX_TLS", "UCX_NET_DEVICES")}

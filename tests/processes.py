@@ -21,6 +21,48 @@ def processes_mentioning(text: str) -> list[int]:
     return [int(d) for d in os.listdir("/proc") if d.isdigit() and text in cmdline(d)]
 
 
+def parent(pid: int | str) -> int | None:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def children(pid: int) -> list[int]:
+    return [int(d) for d in os.listdir("/proc") if d.isdigit() and parent(d) == pid]
+
+
+def workers_of(coordinator: int) -> list[int]:
+    """A coordinator process's rlt workers: its children, its fork server's (CPU workers) in the
+    server's place; a process exiting (its command line gone) is none."""
+    out = []
+    for c in children(coordinator):
+        cmd = cmdline(c)
+        out += children(c) if "rlt.workers.forkserver_main" in cmd else [c] if cmd else []
+    return out
+
+
+def rlt_processes_of(coordinator: int) -> list[int]:
+    """Every process a coordinator process started for its workers, its fork server included, even
+    once the coordinator is gone: "--parent-pid <coordinator>" ends each one's command line (a
+    worker forked from the server has the server's)."""
+    return processes_mentioning(f"--parent-pid {coordinator} ")
+
+
+def logging_to(directory: str) -> list[int]:
+    """Processes whose stdout is a file in directory (an engine's workers: their logs are in its run
+    directory), grammar compile processes (which inherit it) left out."""
+    out, directory = [], os.path.realpath(directory)
+    for d in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            if os.path.dirname(os.readlink(f"/proc/{d}/fd/1")) == directory and "grammar_zygote" not in cmdline(d):
+                out.append(int(d))
+        except OSError:
+            continue
+    return out
+
+
 @contextlib.contextmanager
 def as_from_a_terminal(argv: list[str], env: dict):
     """A command as a terminal runs it in the foreground: SIGINT at its default (a shell's background

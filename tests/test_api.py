@@ -15,6 +15,7 @@ import pytest
 import pytest_asyncio
 import torch
 from helpers import FAST, all_blocks_free
+from processes import parent, workers_of
 
 import rlt
 from rlt import EngineDeadError, RequestError, SamplingParams
@@ -136,6 +137,30 @@ async def test_a_long_prompt_chunk_is_not_a_hung_worker(checkpoints):
         assert out.finish_reason == "length" and engine.stats().workers[0].pid == pid
 
 
+async def test_cpu_workers_fork_from_a_server_whose_death_takes_them_along(checkpoints):
+    """CPU workers are children of this process's fork server, which the next launch reuses; a
+    SIGKILLed server takes its workers along (their death signal), the engine restarts them from a
+    new server and they give the same tokens."""
+    sp = SamplingParams(max_tokens=6, temperature=0, ignore_eos=True)
+    async with rlt.Engine.launch(checkpoints["ouro"], **FAST) as engine:
+        first = await collect(engine, [5, 6, 7], sp)
+        (server,) = {parent(w.pid) for w in engine.stats().workers}
+    async with rlt.Engine.launch(checkpoints["ouro"], topology="2x", **FAST) as engine:
+        pids = [w.pid for w in engine.stats().workers]
+        assert [parent(p) for p in pids] == [server, server] and parent(server) == os.getpid()
+        os.kill(server, signal.SIGKILL)
+        deadline = time.monotonic() + 30
+        while (
+            alive(server) or any(alive(p) for p in pids) or not all(w.state == "ready" for w in engine.stats().workers)
+        ):
+            assert time.monotonic() < deadline, engine.stats().workers
+            await asyncio.sleep(0.05)
+        (new,) = {parent(w.pid) for w in engine.stats().workers}
+        assert new not in (server, os.getpid()) and parent(new) == os.getpid()
+        outs = await asyncio.gather(*(collect(engine, [5, 6, 7], sp) for _ in range(2)))
+        assert [o.token_ids for o in outs] == [first.token_ids] * 2
+
+
 async def test_startup_failure_reports_cause_and_leaves_no_process(checkpoints, tmp_path):
     import shutil
 
@@ -161,8 +186,8 @@ def temp_dirs() -> set[str]:
 
 
 def children() -> list[int]:
-    out = subprocess.run(["pgrep", "-P", str(os.getpid())], capture_output=True, text=True).stdout
-    return [int(p) for p in out.split() if alive(int(p))]
+    """This process's workers, and any other child process."""
+    return [p for p in workers_of(os.getpid()) if alive(p)]
 
 
 async def test_engine_never_stalls_the_callers_loop(checkpoints):

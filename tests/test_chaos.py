@@ -24,7 +24,7 @@ import pytest_asyncio
 from helpers import FAST, FAST_PD, SMALL
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
-from processes import processes_mentioning
+from processes import logging_to, rlt_processes_of, workers_of
 from test_api import alive, collect, direct, workload
 from test_pd import wait_for
 
@@ -128,7 +128,7 @@ async def settled(engine, expected, gone=(), timeout=60.0):
     await wait_clean(engine, timeout)
     pids = {w.pid for w in engine.stats().workers}
     assert not [p for p in gone if alive(p)], "a killed worker is still there"
-    assert set(processes_mentioning(engine._supervisor._transport.dir)) == pids, "stray worker processes"
+    assert set(logging_to(engine._supervisor.log_dir)) == pids, "stray worker processes"
     outs = await asyncio.wait_for(asyncio.gather(*(collect(engine, p, sp, rid) for rid, (p, sp) in PROBES.items())), 60)
     for out in outs:
         assert (out.token_ids, out.exit_depths) == expected[out.request_id], out.request_id
@@ -575,8 +575,7 @@ asyncio.run(main(sys.argv[1], sys.argv[2], sys.argv[3] == "hold"))
 
 
 async def start_coordinator(path, topology, tmp_path, hold=False):
-    """The script above in its own process, its run directory (and so its workers' command lines)
-    under tmp_path."""
+    """The script above in its own process, its run directory under tmp_path."""
     return await asyncio.create_subprocess_exec(
         sys.executable,
         "-c",
@@ -590,10 +589,11 @@ async def start_coordinator(path, topology, tmp_path, hold=False):
     )
 
 
-async def nothing_left(tmp_path, pids=(), timeout=10.0):
+async def nothing_left(app, pids=(), timeout=10.0):
+    """No process the dead coordinator app started (its workers, its fork server) is left."""
     deadline = time.monotonic() + timeout
-    while processes_mentioning(str(tmp_path)) or any(alive(p) for p in pids):
-        assert time.monotonic() < deadline, f"orphans: {processes_mentioning(str(tmp_path))}"
+    while rlt_processes_of(app.pid) or any(alive(p) for p in pids):
+        assert time.monotonic() < deadline, f"orphans: {rlt_processes_of(app.pid)}"
         await asyncio.sleep(0.05)
 
 
@@ -604,14 +604,14 @@ async def test_coordinator_killed_during_launch_leaves_no_worker(checkpoints, tm
     launch has not returned yet."""
     app = await start_coordinator(checkpoints["ouro"], "1p1d", tmp_path, hold=when == "ready")
     if when == "spawned":
-        await wait_for(lambda: processes_mentioning(str(tmp_path)), 60)
+        await wait_for(lambda: workers_of(app.pid), 60)
     else:
         assert await asyncio.wait_for(app.stdout.readline(), 120) == b"held\n"
-        assert len(processes_mentioning(str(tmp_path))) == 2
+        assert len(workers_of(app.pid)) == 2
     app.kill()
     out, _ = await app.communicate()
     assert out == b"", "the launch had returned"
-    await nothing_left(tmp_path)
+    await nothing_left(app)
 
 
 @pytest.mark.parametrize("topology", ["single", "1p1d"])
@@ -624,4 +624,4 @@ async def test_coordinator_killed_mid_stream_leaves_no_worker(checkpoints, tmp_p
         streaming.add(await asyncio.wait_for(app.stdout.readline(), 60))
     app.kill()
     await app.wait()
-    await nothing_left(tmp_path, pids)
+    await nothing_left(app, pids)

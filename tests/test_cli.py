@@ -7,7 +7,7 @@ import subprocess
 import sys
 
 import pytest
-from processes import as_from_a_terminal, processes_mentioning
+from processes import as_from_a_terminal, rlt_processes_of, workers_of
 from reference import Ref, ref_generate
 
 PROMPTS = [[11, 42, 7, 300, 19, 5], [3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5]]
@@ -269,10 +269,9 @@ def test_ctrl_c_exits_with_one_line_and_leaves_nothing(checkpoints, tmp_path, si
         deadline = time.monotonic() + 60
         while not any(tmp_path.glob("rlt-*/control")) and time.monotonic() < deadline:
             time.sleep(0.1)
-        run_dir = next(tmp_path.glob("rlt-*"))  # the coordinator's socket dir: in its workers' command lines
         worker_pgid = None
         while time.monotonic() < deadline:  # the worker is up and generating
-            workers = processes_mentioning(str(run_dir))
+            workers = workers_of(p.pid)
             if workers:
                 worker_pgid = os.getpgid(workers[0])
                 break
@@ -283,7 +282,7 @@ def test_ctrl_c_exits_with_one_line_and_leaves_nothing(checkpoints, tmp_path, si
         out, err = p.communicate(timeout=60)
         assert p.returncode == 130 and err.strip() == "rlt: interrupted", err
         assert not any(tmp_path.glob("rlt-*"))
-        assert not processes_mentioning(str(run_dir))
+        assert not rlt_processes_of(p.pid)
 
 
 def test_every_flag_has_help_naming_its_default_and_there_is_a_version():

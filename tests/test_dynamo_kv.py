@@ -20,6 +20,7 @@ import tempfile
 import openai
 import pytest
 from helpers import FAST_ARGS
+from processes import workers_of
 from test_dynamo import Infra, _get, _start, _stop_all, _wait, assert_clean_exit
 
 # alone: each second turn must reach the router after the first turn's KV event and end have (they
@@ -168,18 +169,9 @@ def test_a_third_node_gets_new_prefixes(kv):
 
 
 def _worker_pid(node: subprocess.Popen) -> int:
-    """The node's rlt worker: its child process running rlt.workers."""
-    for d in os.listdir("/proc"):
-        try:
-            with open(f"/proc/{d}/stat") as f:
-                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
-            with open(f"/proc/{d}/cmdline", "rb") as f:
-                cmd = f.read()
-        except (OSError, ValueError, IndexError):
-            continue
-        if ppid == node.pid and b"rlt.workers" in cmd:
-            return int(d)
-    raise AssertionError(f"no rlt worker under {node.pid}")
+    """The node's rlt worker."""
+    [worker] = workers_of(node.pid)
+    return worker
 
 
 def test_a_node_whose_worker_died_is_unhealthy_and_traffic_moves(kv):

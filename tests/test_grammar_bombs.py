@@ -12,6 +12,7 @@ import time
 
 import openai
 import pytest
+from processes import processes_mentioning, workers_of
 from test_serve import serving
 from test_serve_fields import post
 
@@ -39,21 +40,11 @@ def _rss(pid: int) -> int:
 
 
 def _worker_pid(url: str) -> int:
-    """The worker process of the server listening on url's port (a child of that server)."""
+    """The worker process of the server listening on url's port."""
     port = url.rsplit(":", 1)[1].split("/")[0]
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                if b"rlt.workers.worker_main" not in f.read():
-                    continue
-            with open(f"/proc/{pid}/stat") as f:
-                parent = f.read().rsplit(")", 1)[1].split()[1]
-            with open(f"/proc/{parent}/cmdline", "rb") as f:
-                if port.encode() in f.read().split(b"\0"):
-                    return int(pid)
-        except OSError:  # (gone meanwhile)
-            continue
-    raise AssertionError(f"no worker of the server at {url}")
+    [server] = processes_mentioning(f"--port {port} ")
+    [worker] = workers_of(server)
+    return worker
 
 
 @pytest.fixture(scope="module")

@@ -14,7 +14,7 @@ import time
 
 import pytest
 from helpers import FAST_ARGS
-from processes import processes_mentioning
+from processes import processes_mentioning, rlt_processes_of, workers_of
 from test_serve import drain, free_port, scrape
 
 import rlt
@@ -124,7 +124,7 @@ class Server:
     def leftovers(self) -> tuple[list[str], list[int]]:
         """The server's temp dirs and worker processes still there."""
         dirs = [d for d in os.listdir(self.tmp) if d.startswith("rlt-")]
-        return dirs, processes_mentioning(self.tmp) + processes_mentioning(f"--parent-pid {self.proc.pid} ")
+        return dirs, processes_mentioning(self.tmp) + rlt_processes_of(self.proc.pid)
 
     def stop(self) -> None:
         if self.proc.poll() is None:
@@ -302,7 +302,7 @@ def test_a_server_whose_worker_will_not_restart_exits_non_zero(server):
     """--no-restart and the only worker killed: the server does not stay up answering 503; it exits
     with status 1 and says why, leaving nothing behind."""
     s = server("--no-restart")
-    (worker,) = [p for p in processes_mentioning(f"--parent-pid {s.proc.pid} ")]
+    (worker,) = workers_of(s.proc.pid)
     os.kill(worker, signal.SIGKILL)
     assert s.proc.wait(HANG_GUARD_S) == 1
     out = s.output()

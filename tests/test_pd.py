@@ -9,7 +9,7 @@ import time
 
 import pytest
 from helpers import FAST_PD, OV, SMALL, all_free
-from processes import as_from_a_terminal, processes_mentioning
+from processes import as_from_a_terminal, rlt_processes_of
 
 import rlt
 from rlt import EngineDeadError, SamplingParams
@@ -418,10 +418,9 @@ def test_launch_1p1d_ctrl_c_exits_with_one_line_and_leaves_nothing(checkpoints, 
         while not any(tmp_path.glob("rlt-*/control")) and time.monotonic() < deadline:
             time.sleep(0.1)
         time.sleep(8)  # both workers up and decoding
-        run_dir = str(next(tmp_path.glob("rlt-*")))
         p.send_signal(getattr(signal, sig))
         _, err = p.communicate(timeout=60)
         assert p.returncode == 130 and err.strip().splitlines()[-1] == "launch_1p1d: interrupted", err
         assert "Traceback" not in err, err
         assert not any(tmp_path.glob("rlt-*"))
-        assert not processes_mentioning(run_dir)
+        assert not rlt_processes_of(p.pid)

@@ -16,7 +16,7 @@ import urllib.parse
 
 import openai
 import pytest
-from processes import processes_mentioning
+from processes import processes_mentioning, workers_of
 from test_serve import serving
 
 KEY = "k1"
@@ -285,7 +285,7 @@ def test_a_dead_worker_is_a_generic_503(server):
     url, _ = server
     port = address(url)[1]
     [server_pid] = processes_mentioning(f"--port {port} ")
-    workers = processes_mentioning(f"--parent-pid {server_pid} ")
+    workers = workers_of(server_pid)
     assert workers
     for pid in workers:
         os.kill(pid, signal.SIGKILL)

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 from rlt import envs
 from rlt import protocol as pr
+from rlt.control.forkserver import ForkServer, exit_code
 from rlt.errors import EngineDeadError
 
 
@@ -59,7 +60,6 @@ class WorkerProc:
         self.identity = f"{role}{index}.{incarnation}"
         self.addr = addr
         self.log_path = os.path.join(log_dir, f"{self.identity}.log")
-        self.proc: subprocess.Popen | None = None
         self.pid: int | None = None
         self.ready: pr.Ready | None = None
         self.stats = pr.Stats(0, 0, 0)
@@ -75,37 +75,48 @@ class WorkerProc:
         self.ready_future = asyncio.get_running_loop().create_future()
 
     async def spawn(self, handshake_timeout: float) -> None:
-        """Start the worker without holding the caller's loop: Popen (vfork + exec, no copy of a
-        large coordinator's page tables, which a fork from the loop thread would make) runs in a
-        thread, and the exit is watched through a pidfd on the loop."""
+        """Start the worker without holding the caller's loop, and watch for its exit on the loop. A
+        CPU worker forks from the process's fork server (rlt/control/forkserver.py); another is
+        spawned: Popen (vfork + exec, no copy of a large coordinator's page tables, which a fork
+        from the loop thread would make) in a thread, its exit seen through a pidfd."""
         self._log = open(self.log_path, "wb")
-        argv = [sys.executable, "-u", "-m", "rlt.workers.worker_main", "--addr", self.addr, "--identity"]
-        argv += [self.identity, "--handshake-timeout", str(handshake_timeout), "--parent-pid", str(os.getpid())]
-        self.proc = await asyncio.to_thread(
+        args = ["--addr", self.addr, "--identity", self.identity, "--handshake-timeout", str(handshake_timeout)]
+        loop = asyncio.get_running_loop()
+        self._exit = loop.create_future()
+        if self.device == "cpu":
+            self.pid, status = await asyncio.to_thread(
+                ForkServer.fork, args, envs.worker_environ(), self._log.fileno(), handshake_timeout
+            )
+
+            def exited() -> None:
+                loop.remove_reader(status)
+                self._exit.set_result(exit_code(status))
+
+            loop.add_reader(status, exited)
+            return
+        proc = await asyncio.to_thread(
             subprocess.Popen,
-            argv,
+            [sys.executable, "-u", "-m", "rlt.workers.worker_main", *args, "--parent-pid", str(os.getpid())],
             stdin=subprocess.DEVNULL,
             stdout=self._log,
             stderr=self._log,
             env=envs.worker_environ(),
             start_new_session=True,  # its own process group: a terminal's Ctrl-C goes to the coordinator only
         )
-        self.pid = self.proc.pid
-        loop = asyncio.get_running_loop()
-        self._exit = loop.create_future()
+        self.pid = proc.pid
         pidfd = os.pidfd_open(self.pid)
 
         def reap() -> None:
             loop.remove_reader(pidfd)
             os.close(pidfd)
-            self._exit.set_result(self.proc.wait())  # exited: wait() returns at once
+            self._exit.set_result(proc.wait())  # exited: wait() returns at once
 
         loop.add_reader(pidfd, reap)
 
     @property
     def alive(self) -> bool:
         """Spawned and not yet seen exiting."""
-        return self.proc is not None and not self._exit.done()
+        return self.pid is not None and not self._exit.done()
 
     async def wait(self) -> int:
         """The exit code (negative: the signal that ended it)."""
@@ -130,7 +141,7 @@ class WorkerProc:
         """Why the coordinator killed it, else its exit code or signal."""
         if self.killed_because:
             return self.killed_because
-        rc = self._exit.result() if self.proc is not None and self._exit.done() else None
+        rc = self._exit.result() if self.pid is not None and self._exit.done() else None
         if rc is None:
             return "stopped answering"
         if rc < 0:
@@ -168,7 +179,7 @@ class WorkerProc:
             exited.cancel()
 
     async def stop(self, graceful_s: float = 5.0) -> None:
-        if self.proc is None:
+        if self.pid is None:
             return
         if self.alive:
             try:
