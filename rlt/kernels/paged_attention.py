@@ -6,6 +6,8 @@ Metadata is device tensors (slot mapping, padded block tables) plus the host int
 reference's per-segment loop needs; GPU kernels take the same tensors.
 """
 
+import functools
+import itertools
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -149,6 +151,15 @@ class PagedMetadata:
     def kv_len(self, s: int) -> int:
         return self.q_starts[s] + self.row_starts[s + 1] - self.row_starts[s]
 
+    @functools.cached_property
+    def blocks(self) -> tuple[torch.Tensor, list[int]]:
+        """The blocks holding each segment's keys, segment after segment, and where each segment's
+        start in them: the reference gathers a layer's keys for the whole pass at once."""
+        counts = [-(-self.kv_len(s) // self.block_size) for s in range(len(self.q_starts))]
+        n = torch.tensor(counts, device=self.block_table.device)
+        held = torch.arange(self.block_table.shape[1], device=n.device) < n.unsqueeze(1)
+        return self.block_table[held], list(itertools.accumulate(counts, initial=0))
+
 
 def write_kv(cache: torch.Tensor, layer: int, meta: PagedMetadata, k: torch.Tensor, v: torch.Tensor) -> None:
     """cache [num_blocks, layers, 2, block_size, Hkv, D], the reference (CUDA kernels store K/V in
@@ -164,10 +175,12 @@ def paged_attention(
     """q [T, H, D], k/v [T, Hkv, D] of the same rows (already written to the cache) -> [T, H, D]:
     the torch reference, a loop over the segments."""
     out = torch.empty_like(q)
+    blocks, first = meta.blocks
+    keys, values = cache[blocks, layer, 0], cache[blocks, layer, 1]  # [blocks, bs, Hkv, D] each
     for s in range(len(meta.q_starts)):
         r0, r1, kv_len = meta.row_starts[s], meta.row_starts[s + 1], meta.kv_len(s)
-        kv = cache[meta.block_table[s, : -(-kv_len // meta.block_size)], layer]  # [nb, 2, bs, Hkv, D]
-        K, V = kv[:, 0].flatten(0, 1)[:kv_len], kv[:, 1].flatten(0, 1)[:kv_len]
+        K = keys[first[s] : first[s + 1]].flatten(0, 1)[:kv_len]
+        V = values[first[s] : first[s + 1]].flatten(0, 1)[:kv_len]
         if meta.q_starts[s] == 0:  # no prefix: its keys are its own rows (flash SDPA, linear memory)
             out[r0:r1] = prefix_free_attention(q[r0:r1], K, V)
         else:

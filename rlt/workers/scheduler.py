@@ -13,6 +13,8 @@ its last token is fed at): it shares those blocks and computes from the first po
 While a running request is computing the next block of that prefix, it waits for it instead.
 """
 
+import bisect
+
 from rlt.config import EngineConfig
 from rlt.workers.kv_pool import KVPool
 from rlt.workers.penalties import PenaltyState
@@ -34,8 +36,7 @@ class Scheduler:
         self.freed_in_flight = False
 
     def wait(self, s: Sequence) -> None:
-        self.waiting.append(s)
-        self.waiting.sort(key=lambda q: q.order)
+        bisect.insort(self.waiting, s, key=_order)  # (kept in order: a sort per arrival is quadratic in a burst)
 
     def remove(self, s: Sequence) -> None:
         if s in self.running:
@@ -209,3 +210,7 @@ class Scheduler:
         self.pool.free(s.preempt())
         self.preemptions += 1
         self.wait(s)
+
+
+def _order(s: Sequence):
+    return s.order
