@@ -20,7 +20,7 @@ import tempfile
 import openai
 import pytest
 from helpers import FAST_ARGS
-from processes import workers_of
+from processes import parent, workers_of
 from test_dynamo import Infra, _get, _start, _stop_all, _wait, assert_clean_exit
 
 # alone: each second turn must reach the router after the first turn's KV event and end have (they
@@ -177,21 +177,28 @@ def _worker_pid(node: subprocess.Popen) -> int:
 def test_a_node_whose_worker_died_is_unhealthy_and_traffic_moves(kv):
     """Kill node c's rlt worker: c leaves discovery and fails the canary (its /health not ready)
     while the worker restarts; requests with the prefixes it held go to the other nodes meanwhile;
-    once its worker is READY again it is healthy and back in discovery."""
+    once its worker is READY again it is healthy and back in discovery. (The worker's fork server
+    is held stopped meanwhile: a restart takes a second, and this one waits for the test.)"""
     held = _conversations(4, 2)
     client = _client(kv)
     asyncio.run(_two_turns(kv, held))  # (the prefixes land somewhere; c's get killed with it)
-    os.kill(_worker_pid(kv.nodes["c"]), signal.SIGKILL)
-    _wait(lambda: "out of discovery" in open(kv.log("c")).read(), "c out of discovery", kv.nodes["c"], kv.log("c"))
-    _wait(lambda: kv.health("c") != "ready", "c unhealthy", kv.nodes["c"], kv.log("c"), timeout=20)
-    before = kv.served()
+    worker = _worker_pid(kv.nodes["c"])
+    server = parent(worker)
+    os.kill(server, signal.SIGSTOP)
+    try:
+        os.kill(worker, signal.SIGKILL)
+        _wait(lambda: "out of discovery" in open(kv.log("c")).read(), "c out of discovery", kv.nodes["c"], kv.log("c"))
+        _wait(lambda: kv.health("c") != "ready", "c unhealthy", kv.nodes["c"], kv.log("c"), timeout=20)
+        before = kv.served()
 
-    async def during():
-        return await asyncio.gather(*(_turn(client, p) for p in held))
+        async def during():
+            return await asyncio.gather(*(_turn(client, p) for p in held))
 
-    asyncio.run(during())  # all served, by a and b
-    after = kv.served()
-    assert after["c"] == before["c"] and sum(after.values()) - sum(before.values()) == 16
+        asyncio.run(during())  # all served, by a and b
+        after = kv.served()
+        assert after["c"] == before["c"] and sum(after.values()) - sum(before.values()) == 16
+    finally:
+        os.kill(server, signal.SIGCONT)
     kv.wait_ready("c")
     _wait(lambda: "back in discovery" in open(kv.log("c")).read(), "c back", kv.nodes["c"], kv.log("c"))
 

@@ -156,9 +156,9 @@ class PagedMetadata:
         """The blocks holding each segment's keys, segment after segment, and where each segment's
         start in them: the reference gathers a layer's keys for the whole pass at once."""
         counts = [-(-self.kv_len(s) // self.block_size) for s in range(len(self.q_starts))]
-        n = torch.tensor(counts, device=self.block_table.device)
-        held = torch.arange(self.block_table.shape[1], device=n.device) < n.unsqueeze(1)
-        return self.block_table[held], list(itertools.accumulate(counts, initial=0))
+        table = self.block_table[: len(counts)]  # (a pass graph's table has a row per row of its bucket)
+        held = torch.arange(table.shape[1], device=table.device) < torch.tensor(counts, device=table.device)[:, None]
+        return table[held], list(itertools.accumulate(counts, initial=0))
 
 
 def write_kv(cache: torch.Tensor, layer: int, meta: PagedMetadata, k: torch.Tensor, v: torch.Tensor) -> None:
