@@ -137,6 +137,11 @@ async def test_a_long_prompt_chunk_is_not_a_hung_worker(checkpoints):
         assert out.finish_reason == "length" and engine.stats().workers[0].pid == pid
 
 
+def restarted(workers, old: list[int]) -> bool:
+    """Every worker ready again, in a new process."""
+    return all(w.state == "ready" and w.pid not in old and alive(w.pid) for w in workers)
+
+
 async def test_cpu_workers_fork_from_a_server_whose_death_takes_them_along(checkpoints):
     """CPU workers are children of this process's fork server, which the next launch reuses; a
     SIGKILLed server takes its workers along (their death signal), the engine restarts them from a
@@ -150,9 +155,7 @@ async def test_cpu_workers_fork_from_a_server_whose_death_takes_them_along(check
         assert [parent(p) for p in pids] == [server, server] and parent(server) == os.getpid()
         os.kill(server, signal.SIGKILL)
         deadline = time.monotonic() + 30
-        while (
-            alive(server) or any(alive(p) for p in pids) or not all(w.state == "ready" for w in engine.stats().workers)
-        ):
+        while alive(server) or any(alive(p) for p in pids) or not restarted(engine.stats().workers, pids):
             assert time.monotonic() < deadline, engine.stats().workers
             await asyncio.sleep(0.05)
         (new,) = {parent(w.pid) for w in engine.stats().workers}

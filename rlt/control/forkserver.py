@@ -2,6 +2,7 @@
 per coordinator process and import-time environment, shared by its engines, started at the first
 CPU worker and gone once idle (then started again when needed)."""
 
+import concurrent.futures
 import os
 import pickle
 import signal
@@ -14,6 +15,10 @@ import threading
 from rlt import envs
 
 _MAIN = "import rlt.workers.forkserver_main as f; raise SystemExit(f.main())"
+# PR_SET_PDEATHSIG fires when the *thread* that started a process ends: the server, which serves
+# every event loop of the process, is started from a thread that lives as long as the process, not
+# from a loop's executor (a test's closed loop took the server and its workers down).
+_STARTER = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="rlt-forkserver")
 
 
 class ForkServer:
@@ -45,9 +50,14 @@ class ForkServer:
         here, there = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         argv = [sys.executable, "-u", "-c", _MAIN, str(there.fileno()), "--parent-pid", str(os.getpid())]
         # (its own session, as the workers: a terminal's Ctrl-C goes to the coordinator only)
-        self.proc = subprocess.Popen(
-            argv, pass_fds=[there.fileno()], stdin=subprocess.DEVNULL, env=environ, start_new_session=True
-        )
+        self.proc = _STARTER.submit(
+            subprocess.Popen,
+            argv,
+            pass_fds=[there.fileno()],
+            stdin=subprocess.DEVNULL,
+            env=environ,
+            start_new_session=True,
+        ).result()
         there.close()
         self.ctl, self._send = here, threading.Lock()
         threading.Thread(target=self.proc.wait, name="rlt-forkserver-reaper", daemon=True).start()  # (no zombie)

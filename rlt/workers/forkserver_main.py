@@ -9,10 +9,8 @@ On a SOCK_SEQPACKET socket the coordinator sends, per worker, its pickled (argum
 with two descriptors: its log (stdout and stderr) and its end of a socket pair, on which this
 process writes the worker's pid, then its exit code (negative: the signal) once reaped. A worker
 is a session of its own (as a spawned one: a terminal's Ctrl-C goes to the coordinator only) and
-dies with this process (PR_SET_PDEATHSIG). This process exits when the coordinator does (its socket
-closes; not by PR_SET_PDEATHSIG, which fires when the *thread* that started it ends: an event
-loop's executor thread, while the server serves the process's every loop); with no worker for
-IDLE_S it exits too, and the coordinator starts another when it needs one.
+dies with this process, which dies with the coordinator (PR_SET_PDEATHSIG, and the end of its socket);
+with no worker for IDLE_S it exits, and the coordinator starts another when it needs one.
 """
 
 import gc
@@ -33,7 +31,8 @@ IDLE_S = 30.0
 
 def main() -> int:
     fd, parent = int(sys.argv[1]), int(sys.argv[3])  # argv: fd --parent-pid N
-    if os.getppid() != parent:  # the coordinator is gone already
+    die_with_parent()
+    if os.getppid() != parent:  # the coordinator died before the death signal was set
         return 1
     import rlt.workers.worker  # noqa: F401 - torch and the worker's modules, once for every worker
 
