@@ -14,7 +14,7 @@ weights; some with `min_steps`; and fixed depth (`num_steps=k`, criterion "none"
     rlt make-checkpoint --family huginn --preset tiny --seed 1 --out /tmp/hg
     python -m venv /tmp/refvenv
     /tmp/refvenv/bin/pip install torch==2.13.0 'transformers==4.57.*' safetensors
-    /tmp/refvenv/bin/python scripts/huginn_reference.py --checkpoint /tmp/hg --seed 1 \
+    /tmp/refvenv/bin/python dev/huginn_reference.py --checkpoint /tmp/hg --seed 1 \
         --modeling <recurrent-pretraining>/recpre --out tests/huginn_reference.json
 
 The held-out check (tests/huginn_reference_heldout.json), made once rlt's criteria were built and
@@ -25,7 +25,7 @@ neither an exit nor a token; the script refuses a case that is closer (leave --o
 print each case's depths, margin and gap, e.g. while choosing thresholds):
 
     rlt make-checkpoint --family huginn --preset tiny --seed 2 --out /tmp/hg2
-    /tmp/refvenv/bin/python scripts/huginn_reference.py --checkpoint /tmp/hg2 --seed 2 \
+    /tmp/refvenv/bin/python dev/huginn_reference.py --checkpoint /tmp/hg2 --seed 2 \
         --modeling <recurrent-pretraining>/recpre --depth 10 --max-new-tokens 10 --min-gap 1e-3 \
         --prompts '[[7, 7, 123, 45, 301, 2, 99, 17, 64, 480, 33], [250, 12, 9, 400, 77],
                     [61, 3, 222, 18, 5, 390, 140, 8]]' \

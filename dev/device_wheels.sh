@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The wheels the GPU machine (device tool: Python 3.12, torch, Triton, transformers, uvloop; no registry)
 # lacks for rlt's GPU tests and benchmarks, downloaded here into .whl/ (git-ignored; carry it). The
-# device scripts install them with `pip install --no-index --no-deps --target /tmp/site .whl/*.whl`.
+# machine installs them (dev/device_env.sh: `pip install --no-index --no-deps --target /tmp/site .whl/*.whl`).
 # NIXL (nixl-cu13, 56 MiB of the 64 MiB a call carries) only for PD runs: WITH_NIXL=1.
 set -euo pipefail
 cd "$(dirname "$0")/.."
