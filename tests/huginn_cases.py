@@ -1,4 +1,4 @@
-"""The authors' reference outputs of Huginn's adaptive compute (scripts/huginn_reference.py) and how
+"""The authors' reference outputs of Huginn's adaptive compute (dev/huginn_reference.py) and how
 a case becomes rlt's request options: tests/huginn_reference.json (tests/conftest.py's tiny Huginn,
 seed 1) and the held-out tests/huginn_reference_heldout.json."""
 

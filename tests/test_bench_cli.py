@@ -9,6 +9,7 @@ import pytest
 from rlt.cli import main
 
 SUBCOMMANDS = ("offline", "serve", "prefix", "first-use")
+SUBCOMMANDS += ("profile", "grammar", "parity", "kv-handoff")
 
 
 def test_bench_help_lists_every_subcommand():
@@ -23,7 +24,8 @@ def test_bench_subcommand_help(name, capsys):
         main(["bench", name, "--help"])
     assert e.value.code == 0
     out = capsys.readouterr().out
-    assert out.startswith(f"usage: rlt bench {name}") and "--model" in out and "--device" in out
+    where = ("--src", "--dst") if name == "kv-handoff" else ("--model", "--device")  # (two pools)
+    assert out.startswith(f"usage: rlt bench {name}") and all(flag in out for flag in where)
 
 
 def test_bench_offline_tiny_run(checkpoints, tmp_path, capsys):
@@ -57,3 +59,51 @@ def test_bench_offline_rows_per_prompt_length_skip_what_the_pool_cannot_hold(che
     rows = json.loads(out.read_text())["rows"]
     assert [(r["concurrency"], r["prompt_len"]) for r in rows] == [(2, 8), (16, 8), (2, 40)]
     assert "cannot hold them at once): concurrency 16 at a 40-token prompt" in capsys.readouterr().out
+
+
+def test_bench_profile_tiny_run(checkpoints, tmp_path, capsys):
+    """Host side only (no --gpu): cProfile's table over the decode steps and the JSON."""
+    out = tmp_path / "profile.json"
+    argv = ["bench", "profile", "--model", checkpoints["ouro"], "--device", "cpu"]
+    argv += ["--concurrency", "2", "--prompt-len", "8", "--steps", "4", "--top", "3"]
+    argv += ["--kv-gib", "0.01", "--json-out", str(out)]
+    assert main(argv) == 0
+    result = json.loads(out.read_text())
+    assert result["concurrency"] == 2 and result["host_ms_per_step"] > 0
+    assert result["engine"]["max_num_seqs"] == 2 and "gpu_busy_ms_per_step" not in result
+    printed = capsys.readouterr().out
+    assert "4 steps at concurrency 2:" in printed and "Ordered by: internal time" in printed
+
+
+def test_bench_profile_refuses_a_pool_too_small(checkpoints):
+    argv = ["bench", "profile", "--model", checkpoints["ouro"], "--device", "cpu"]
+    argv += ["--concurrency", "64"]
+    with pytest.raises(SystemExit, match="raise --kv-gib"):
+        main(argv + ["--prompt-len", "64", "--steps", "4", "--kv-gib", "0.0001"])
+
+
+def test_bench_grammar_tiny_run(checkpoints, tmp_path):
+    out = tmp_path / "grammar.json"
+    argv = ["bench", "grammar", "--model", checkpoints["ouro"]]
+    argv += ["--streams", "2", "--prompt-len", "8"]
+    argv += ["--max-tokens", "12", "--neighbours", "2", "--arrival-ms", "5", "--ttft-reps", "2"]
+    assert main(argv + ["--repeat", "1", "--json-out", str(out)]) == 0
+    result = json.loads(out.read_text())
+    assert [r["mean_len"] for r in result["free"]] == [12]  # (EOS ignored: every token)
+    assert len(result["constrained"]) == 1 and result["decode_ratio"] > 0
+    assert set(result["ttft_ms"]) == {"free", "cached"}
+    assert [r["new_schemas"] for r in result["compile_stall"]] == [False, True]
+    assert all(r["arrivals"] >= 1 and r["itl_p50_ms"] > 0 for r in result["compile_stall"])
+
+
+def test_bench_parity_1p1d_matches_single(checkpoints, tmp_path):
+    """On CPU, float32: 1p1d gives single's tokens and exit depths, one at a time and at once."""
+    out = tmp_path / "parity.json"
+    argv = ["bench", "parity", "--model", checkpoints["ouro"], "--device", "cpu"]
+    argv += ["--dtype", "float32", "--lengths", "8,20,33", "--max-tokens", "3"]
+    argv += ["--prefill-chunk", "16", "--kv-gib", "0.01"]
+    assert main(argv + ["--json-out", str(out)]) == 0
+    report = json.loads(out.read_text())
+    for mode in ("sequential", "concurrent"):
+        assert (report[mode]["match"], report[mode]["of"], report[mode]["diffs"]) == (3, 3, [])
+    assert set(report["ready_s"]) == {"single", "1p1d"}

@@ -1,7 +1,7 @@
 """A request's depth options apply to its prompt as the families' references apply them (issue 33,
 item 3): max_loops = min_loops = k below the model's depth computes the prompt at depth k and the
 first token from depth k. Huginn: equal to the authors' `generate_with_adaptive_compute` with
-`num_steps=k` (tests/huginn_reference.json, made by scripts/huginn_reference.py; through 1p1d:
+`num_steps=k` (tests/huginn_reference.json, made by dev/huginn_reference.py; through 1p1d:
 tests/test_exit_criteria.py); Ouro and Nanbeige: equal to the dense reference run at depth k
 (tests/reference.py). The prefix cache keys prompt blocks by that depth."""
 

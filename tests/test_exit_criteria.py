@@ -1,5 +1,5 @@
 """Huginn's exit criteria as request options (issue 33, items 1 and 2), exact against the authors'
-`generate_with_adaptive_compute` (tests/huginn_reference.json, made by scripts/huginn_reference.py:
+`generate_with_adaptive_compute` (tests/huginn_reference.json, made by dev/huginn_reference.py:
 batch 1, greedy, zero initial state, latest-m4, the prompt at full depth): every criterion's tokens
 and per-token recurrence counts, alone and all at once (rows of six criteria and several depths in
 one pass), under preemption, with prefix caching, and through 1p1d and 2x. A held-out check of the

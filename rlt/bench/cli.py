@@ -1,6 +1,6 @@
-"""`rlt bench`: offline, serve, prefix and first-use (as `vllm bench`). The parsers only: each
-command's run is in rlt/bench/commands.py (offline, serve) or rlt/bench/phases.py (prefix, first-use),
-imported when it runs (`rlt --help` loads no torch)."""
+"""`rlt bench`: offline, serve, prefix, first-use, profile, grammar, parity and kv-handoff (as
+`vllm bench`). The parsers only: each command's run is the function RUNS names, imported when it
+runs (`rlt --help` loads no torch)."""
 
 import argparse
 
@@ -14,13 +14,36 @@ DESCRIPTION = {
     "length (rlt.Engine, default options)",
     "first-use": "CUDA-graph captures and Triton compilations after READY, per phase of a mixed workload "
     "(rlt.Engine; all zero when warm-up covered them)",
+    "profile": "where a decode step's time goes, by cProfile over the steps of one in-process "
+    "worker engine whose requests all keep decoding, and with --gpu first the GPU's side (CUDA: "
+    "ms per step, GPU busy and idle, the kernels adding the most busy time)",
+    "grammar": "what structured output costs, through rlt.Engine: decode tok/s of streams "
+    "constrained by a JSON schema against free ones, a cached schema's added TTFT, and free "
+    "streams' inter-token latency while requests with new schemas arrive",
+    "parity": "a topology (e.g. 1p1d) against single, token for token: greedy prompts one at a "
+    "time and all at once; per mode the requests equal in tokens and exit depths, and each "
+    "other's first divergence",
+    "kv-handoff": "KV handoff bandwidth, one prompt's KV blocks written by NIXL from one "
+    "process's pool into another's through rlt's KVTransport (the path PD uses), the blocks "
+    "consecutive and scattered",
+}
+RUNS = {  # command: (module of rlt.bench, function)
+    "offline": ("commands", "offline"),
+    "serve": ("commands", "serve"),
+    "prefix": ("phases", "prefix"),
+    "first-use": ("phases", "first_use"),
+    "profile": ("profile", "profile"),
+    "grammar": ("grammar", "grammar"),
+    "parity": ("parity", "command"),
+    "kv-handoff": ("kv_handoff", "command"),
 }
 
 
 def add_parser(sub) -> None:
-    b = sub.add_parser("bench", help="benchmarks: offline, serve, prefix, first-use", description=__doc__)
-    cmds = b.add_subparsers(dest="bench_command", required=True, metavar="{offline,serve,prefix,first-use}")
-    for name, add in (("offline", _offline), ("serve", _serve), ("prefix", _prefix), ("first-use", _first_use)):
+    b = sub.add_parser("bench", help="benchmarks: " + ", ".join(RUNS), description=__doc__)
+    cmds = b.add_subparsers(dest="bench_command", required=True, metavar="{" + ",".join(RUNS) + "}")
+    adds = (_offline, _serve, _prefix, _first_use, _profile, _grammar, _parity, _kv_handoff)
+    for name, add in zip(RUNS, adds, strict=True):
         p = cmds.add_parser(name, help=DESCRIPTION[name].split(",")[0], description=DESCRIPTION[name])
         add(p)
 
@@ -130,9 +153,59 @@ def _first_use(p) -> None:
     p.add_argument("--kv-gib", type=float, help="KV pool per worker in GiB (default: the engine's)")
 
 
+def _profile(p) -> None:
+    _common(p, device="cuda")
+    p.add_argument("--dtype", help="default: the engine's (bf16 on CUDA)")
+    p.add_argument("--concurrency", type=int, default=1, help="requests at once (default: 1)")
+    p.add_argument("--prompt-len", type=int, default=1024, help="default: 1024")
+    p.add_argument("--steps", type=int, default=200, help="loop steps per window (default: 200)")
+    p.add_argument("--top", type=int, default=30, help="functions and kernels shown (default: 30)")
+    p.add_argument("--threshold", default="1.0", help="as offline's: 0.5, latent-diff:0.5, depth:8")
+    p.add_argument("--exit-wait-passes", type=int, default=0, help="Huginn's criteria (default: 0)")
+    p.add_argument("--kv-gib", type=float, default=20, help="KV pool in GiB (default: 20)")
+    p.add_argument("--kernels", choices=("triton", "reference"), default="triton")
+    p.add_argument("--steady-decode", choices=("adaptive", "always", "never"), default="adaptive")
+    p.add_argument("--gpu", action="store_true", help="also the GPU's side of the steps (CUDA)")
+    p.add_argument("--json-out", help="write the results as JSON here")
+
+
+def _grammar(p) -> None:
+    _common(p)
+    p.add_argument("--streams", type=int, default=64, help="concurrent streams (default: 64)")
+    p.add_argument("--prompt-len", type=int, default=256, help="default: 256")
+    p.add_argument("--max-tokens", type=int, default=256, help="per stream (default: 256)")
+    p.add_argument("--neighbours", type=int, default=32, help="free streams (default: 32)")
+    p.add_argument("--arrival-ms", type=float, default=50.0, help="ms between (default: 50)")
+    p.add_argument("--ttft-reps", type=int, default=20, help="default: 20")
+    p.add_argument("--repeat", type=int, default=2, help="rounds of each (default: 2)")
+    p.add_argument("--json-out", help="write the results as JSON here")
+
+
+def _parity(p) -> None:
+    _common(p, device="cuda")
+    p.add_argument("--dtype", default="bfloat16", help="default: bfloat16")
+    p.add_argument("--topology", default="1p1d", help="compared with single (default: 1p1d)")
+    lengths = "128,512,1024,2048,4096,300,777,4096"
+    p.add_argument("--lengths", default=lengths, help=f"prompt lengths (default: {lengths})")
+    p.add_argument("--max-tokens", type=int, default=16, help="default: 16")
+    p.add_argument("--prefill-chunk", type=int, default=512, help="default: 512")
+    p.add_argument("--kv-gib", type=float, default=24, help="KV GiB per worker (default: 24)")
+    p.add_argument("--batch-invariant", action="store_true", help="batch-invariant GEMMs, RMSNorm")
+    p.add_argument("--json-out", help="write the report as JSON here")
+
+
+def _kv_handoff(p) -> None:
+    import dataclasses
+
+    from rlt.bench.kv_handoff import Handoff  # (no torch at import)
+
+    for f in dataclasses.fields(Handoff):
+        p.add_argument("--" + f.name.replace("_", "-"), type=type(f.default), default=f.default)
+    p.add_argument("--json-out", help="write the results as JSON here")
+
+
 def run(args: argparse.Namespace) -> int:
-    if args.bench_command in ("offline", "serve"):
-        from rlt.bench import commands as module
-    else:
-        from rlt.bench import phases as module
-    return getattr(module, args.bench_command.replace("-", "_"))(args) or 0
+    import importlib
+
+    module, function = RUNS[args.bench_command]
+    return getattr(importlib.import_module(f"rlt.bench.{module}"), function)(args) or 0

@@ -3,6 +3,7 @@ a "decode" process's pool, through rlt's own KVTransport (the path PD uses).
 
 Two layouts: the blocks consecutive on both sides (runs merge into one descriptor per plane) and
 scattered (one descriptor per block). The received bytes are checked against the sent ones.
+`rlt bench kv-handoff` runs it (NIXL and, by default, two GPUs).
 """
 
 import multiprocessing as mp
@@ -127,3 +128,24 @@ def measure(h: Handoff, timeout: float = 600) -> list[dict]:
     pp.join(60)
     pd.join(60)
     return results
+
+
+def command(args) -> None:
+    """`rlt bench kv-handoff` (the parser: rlt/bench/cli.py): the geometry's fields as options."""
+    import dataclasses
+    import json
+    import sys
+
+    h = Handoff(**{f.name: getattr(args, f.name) for f in dataclasses.fields(Handoff)})
+    results = measure(h)
+    meta = {"date": time.strftime("%Y-%m-%d"), "src": h.src, "dst": h.dst, "tokens": h.tokens}
+    meta["command"] = " ".join(sys.argv)
+    print(json.dumps(meta))
+    for r in results:
+        print(
+            f"{r['layout']:>12}: {r['blocks']} blocks, {r['bytes'] / 2**20:.0f} MiB, "
+            f"{r['median_ms']} ms, {r['GB_per_s']} GB/s"
+        )
+    if args.json_out:
+        with open(args.json_out, "w") as f:
+            json.dump({"meta": meta, "results": results}, f, indent=2)

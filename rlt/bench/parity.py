@@ -1,10 +1,13 @@
 """Does a PD topology (e.g. 1p1d) produce exactly what single produces? Greedy prompts served by
 each topology twice: one at a time (so both see the same batch shapes) and all at once; per mode,
 how many requests match token for token and exit depth for exit depth, and the first divergence
-of any that do not.
+of any that do not. `rlt bench parity` runs it (the parser: rlt/bench/cli.py).
 """
 
 import asyncio
+import json
+import random
+import sys
 import time
 
 import msgspec
@@ -70,3 +73,41 @@ def parity(model: str, topology: str, prompts: list[list[int]], max_tokens: int,
         }
     report["ready_s"] = {"single": round(single["ready_s"], 1), topology: round(pd["ready_s"], 1)}
     return report
+
+
+def command(args) -> None:
+    """`rlt bench parity`: random prompts of --lengths (seed 0), the report printed as JSON."""
+    from rlt.default_model import default_model_path
+
+    model = args.model or default_model_path()
+    mc = rlt.ModelConfig.from_pretrained(model)
+    rng = random.Random(0)
+    lengths = [int(n) for n in args.lengths.split(",")]
+    prompts = [[rng.randrange(3, mc.vocab_size) for _ in range(n)] for n in lengths]
+    launch = dict(
+        device=args.device,
+        dtype=args.dtype,
+        kv_memory_bytes=int(args.kv_gib * 2**30),
+        prefill_chunk=args.prefill_chunk,
+        max_num_seqs=64,
+        max_num_batched_tokens=max(4096, args.prefill_chunk),
+        startup_timeout=900.0,
+        heartbeat_timeout=120.0,
+        batch_invariant=args.batch_invariant,
+    )
+    report = {
+        "date": time.strftime("%Y-%m-%d"),
+        "model": model,
+        "family": mc.family,
+        "device": args.device,
+        "dtype": args.dtype,
+        "batch_invariant": args.batch_invariant,
+        "lengths": args.lengths,
+        "max_tokens": args.max_tokens,
+        "command": " ".join(sys.argv),
+        **parity(model, args.topology, prompts, args.max_tokens, **launch),
+    }
+    print(json.dumps(report, indent=1))
+    if args.json_out:
+        with open(args.json_out, "w") as f:
+            json.dump(report, f, indent=2)

@@ -1,6 +1,7 @@
 """Where a decode step's time goes: GPU busy and idle time from a torch.profiler trace, with the
 busy time split among kernels that overlap (programmatic dependent launch starts each before the
 previous one ends, so their durations overstate their cost), and host time under cProfile.
+`rlt bench profile` (the parser: rlt/bench/cli.py) runs them over an engine's decode steps.
 """
 
 import cProfile
@@ -114,3 +115,65 @@ def host_profile(engine, steps: int, device: str) -> tuple[float, pstats.Stats]:
     sync()
     prof.disable()
     return (time.perf_counter() - t0) / steps, pstats.Stats(prof)
+
+
+def profile(args) -> None:
+    """`rlt bench profile`: `--concurrency` requests decoding at once in one in-process worker
+    engine; after their prefills and a warm-up (graph captures), `--gpu` (CUDA) profiles two windows
+    of `--steps` loop steps (gpu_profile), then cProfile times `--steps` more (host_profile)."""
+    import msgspec
+
+    from rlt import envs
+    from rlt.bench import offline
+    from rlt.bench.commands import exits
+    from rlt.config import EngineConfig
+    from rlt.default_model import default_model_path
+    from rlt.workers.engine import LoopEngine
+
+    mc, dtype, model = offline.load(args.model or default_model_path(), args.device, args.dtype)
+    cfg = EngineConfig(
+        max_num_seqs=args.concurrency,
+        kv_memory_bytes=int(args.kv_gib * 2**30),
+        prefill_chunk=args.prompt_len,
+        max_num_batched_tokens=max(args.prompt_len, 16384),
+        kernels=args.kernels,
+        steady_decode=args.steady_decode,
+        exit_wait_passes=args.exit_wait_passes,
+    )
+    eng = LoopEngine(mc, model, cfg, dtype, args.device)
+    (threshold,) = exits(args.threshold)
+    warm = 8 * mc.depth
+    # (outlasts the warm-up and every window)
+    sp = offline.exit_params(threshold, max_tokens=warm + 3 * args.steps + 32)
+    try:
+        offline.check_pool(eng.pool, args.concurrency, args.prompt_len + sp.max_tokens)
+    except offline.PoolTooSmall as e:
+        raise SystemExit(f"{e}: raise --kv-gib (or lower --concurrency)") from None
+    offline.submit(eng, mc, args.concurrency, args.prompt_len, sp, low=3)
+    seen = set()
+    while len(seen) < args.concurrency:  # prefill: every request has its first token
+        seen |= {o.request_id for o in eng.step()}
+    for _ in range(warm):  # decode warm-up: graph captures happen here
+        eng.step()
+    res = {"concurrency": args.concurrency, "threshold": args.threshold}
+    res["steady_decode"] = args.steady_decode
+    if args.gpu:
+        res |= gpu_profile(eng, args.steps, top=args.top)
+        print(
+            f"{args.steps} steps: {res['clean_ms_per_step']} ms per step "
+            f"({res['tok_per_s']} tok/s), "
+            f"profiled {res['wall_ms_per_step']} ms, GPU busy {res['gpu_busy_ms_per_step']} ms, "
+            f"idle {res['gpu_idle_fraction']}, {res['kernels_per_step']} kernels per step"
+        )
+        print("busy time each kernel adds beyond those started before it, per step:")
+        for k in res["busy_by_kernel"]:
+            print(f"{k['us_per_step']:10.1f} us  {k['kernel']}")
+    per_step, stats = host_profile(eng, args.steps, args.device)
+    res |= {"host_ms_per_step": round(per_step * 1e3, 3), "steady_steps": eng.steady_steps}
+    res |= {"pdl": envs.pdl_enabled() if args.device.startswith("cuda") else None}
+    at = f"{args.steps} steps at concurrency {args.concurrency}"
+    print(f"{at}: {per_step * 1e3:.2f} ms per loop step (cProfile on)")
+    stats.sort_stats("tottime").print_stats(args.top)
+    if args.json_out:
+        with open(args.json_out, "w") as f:
+            json.dump(res | {"engine": msgspec.to_builtins(cfg)}, f, indent=2)

@@ -1,4 +1,5 @@
-"""What structured output costs, through rlt.Engine with default options (issue #32's speed items):
+"""`rlt bench grammar`: what structured output costs, through rlt.Engine with default options (the
+parser: rlt/bench/cli.py).
 
 1. decode: `--streams` concurrent requests constrained by a 6-field JSON schema against the same
    requests unconstrained (EOS ignored); output tok/s while every stream is running.
@@ -7,21 +8,24 @@
    schema each arrive every `--arrival-ms`, against the same arrivals unconstrained; the
    neighbours' inter-token latency (p50, p99).
 
-    python scripts/grammar_speed.py --model /tmp/ouro-full --device cuda [--json-out F]
-
 Random prompts and random weights: the schema's long strings and fixed-length array keep the
 constrained outputs long (the grammar, not the weights, decides their length).
 """
 
-import argparse
 import asyncio
 import json
 import random
 import statistics
 import time
 
+import msgspec
+
 import rlt
 from rlt import SamplingParams, StructuredOutput
+
+
+def random_prompt(rng, vocab: int, n: int) -> list[int]:
+    return [rng.randrange(3, vocab) for _ in range(n)]
 
 
 def schema(tag: str = "") -> dict:
@@ -40,14 +44,14 @@ def schema(tag: str = "") -> dict:
         "note": {"type": "string", "minLength": 64, "maxLength": 96},
     }
     props = {f"{k}{tag}": v for k, v in props.items()}
-    return {"type": "object", "properties": props, "required": list(props), "additionalProperties": False}
+    closed = {"additionalProperties": False}
+    return {"type": "object", "properties": props, "required": list(props)} | closed
 
 
 def params(max_tokens: int, so: dict | None, seed: int) -> SamplingParams:
     structured = StructuredOutput(json=so) if so is not None else None
-    return SamplingParams(
-        max_tokens=max_tokens, temperature=1.0, seed=seed, ignore_eos=so is None, structured_output=structured
-    )
+    sp = SamplingParams(max_tokens=max_tokens, temperature=1.0, seed=seed, ignore_eos=so is None)
+    return msgspec.structs.replace(sp, structured_output=structured)
 
 
 async def stream(engine, prompt, sp, log: list) -> None:
@@ -56,14 +60,22 @@ async def stream(engine, prompt, sp, log: list) -> None:
         log.append((time.perf_counter(), len(out.token_ids)))
 
 
+def inside(log: list, start: float, end: float) -> int:
+    """A stream's tokens between `start` and `end`, from its (time, tokens so far) log."""
+    return next(n for t, n in reversed(log) if t <= end) - next(n for t, n in log if t >= start)
+
+
+def per_token_ms(log: list) -> list[float]:
+    return [(b[0] - a[0]) * 1e3 / (b[1] - a[1]) for a, b in zip(log, log[1:]) if b[1] > a[1]]
+
+
 async def decode(engine, prompts, max_tokens: int, so) -> dict:
     logs = [[] for _ in prompts]
-    await asyncio.gather(
-        *(stream(engine, p, params(max_tokens, so, i), lg) for i, (p, lg) in enumerate(zip(prompts, logs)))
-    )
+    sps = [params(max_tokens, so, seed) for seed in range(len(prompts))]
+    await asyncio.gather(*(stream(engine, p, sp, log) for p, sp, log in zip(prompts, sps, logs)))
     start = max(lg[0][0] for lg in logs)  # every stream has its first token
     end = min(lg[-1][0] for lg in logs)  # the first stream ends
-    tokens = sum(next(n for t, n in reversed(lg) if t <= end) - next(n for t, n in lg if t >= start) for lg in logs)
+    tokens = sum(inside(lg, start, end) for lg in logs)
     lengths = [lg[-1][1] for lg in logs]
     return {
         "tok_per_s": round(tokens / (end - start), 1),
@@ -80,7 +92,7 @@ async def ttft(engine, prompt, so, seed: int) -> float:
 
 async def compile_stall(engine, rng, vocab, args, new_schemas: bool) -> dict:
     """Neighbours' inter-token latencies while requests arrive (each with a schema never seen)."""
-    prompts = [[rng.randrange(3, vocab) for _ in range(args.prompt_len)] for _ in range(args.neighbours)]
+    prompts = [random_prompt(rng, vocab, args.prompt_len) for _ in range(args.neighbours)]
     logs = [[] for _ in prompts]
     tasks = [
         asyncio.create_task(stream(engine, p, params(args.max_tokens, None, i), lg))
@@ -96,9 +108,8 @@ async def compile_stall(engine, rng, vocab, args, new_schemas: bool) -> dict:
         arrivals.append(asyncio.create_task(stream(engine, prompt, params(16, so, tag), [])))
         await asyncio.sleep(args.arrival_ms / 1e3)
     await asyncio.gather(*tasks, *arrivals)
-    gaps = sorted(
-        (b[0] - a[0]) * 1e3 / max(1, b[1] - a[1]) for lg in logs for a, b in zip(lg[1:], lg[2:]) if b[1] > a[1]
-    )
+    # ms per token between outputs after each stream's second (its first gap waits on the prefill)
+    gaps = sorted(itl for lg in logs for itl in per_token_ms(lg[1:]))
     q = lambda f: round(gaps[min(len(gaps) - 1, int(f * len(gaps)))], 2)  # noqa: E731
     return {
         "new_schemas": new_schemas,
@@ -109,19 +120,21 @@ async def compile_stall(engine, rng, vocab, args, new_schemas: bool) -> dict:
     }
 
 
-async def main(args) -> dict:
+async def _grammar(args) -> dict:
     result = {"streams": args.streams}
     async with rlt.Engine.launch(args.model, device=args.device, startup_timeout=900) as engine:
         rng, vocab = random.Random(0), engine.model_config.vocab_size
-        prompts = [[rng.randrange(3, vocab) for _ in range(args.prompt_len)] for _ in range(args.streams)]
-        await decode(engine, prompts[:4], 8, schema())  # warm: the schema compiled and cached, every path run
+        prompts = [random_prompt(rng, vocab, args.prompt_len) for _ in range(args.streams)]
+        # warm: the schema compiled and cached, every path run
+        await decode(engine, prompts[:4], 8, schema())
         for rep in range(args.repeat):
             for so in (None, schema()):
                 row = await decode(engine, prompts, args.max_tokens, so)
                 result.setdefault("constrained" if so else "free", []).append(row)
                 print("decode", "constrained" if so else "free", rep, row, flush=True)
         free = statistics.mean(r["tok_per_s"] for r in result["free"])
-        result["decode_ratio"] = round(statistics.mean(r["tok_per_s"] for r in result["constrained"]) / free, 3)
+        constrained = statistics.mean(r["tok_per_s"] for r in result["constrained"])
+        result["decode_ratio"] = round(constrained / free, 3)
         short = [rng.randrange(3, vocab) for _ in range(128)]
         t = {"free": [], "cached": []}
         for i in range(args.ttft_reps):
@@ -139,21 +152,9 @@ async def main(args) -> dict:
     return result
 
 
-if __name__ == "__main__":
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--model", required=True)
-    ap.add_argument("--device", default="cuda")
-    ap.add_argument("--streams", type=int, default=64)
-    ap.add_argument("--prompt-len", type=int, default=256)
-    ap.add_argument("--max-tokens", type=int, default=256)
-    ap.add_argument("--neighbours", type=int, default=32)
-    ap.add_argument("--arrival-ms", type=float, default=50.0)
-    ap.add_argument("--ttft-reps", type=int, default=20)
-    ap.add_argument("--repeat", type=int, default=2)
-    ap.add_argument("--json-out")
-    a = ap.parse_args()
-    res = asyncio.run(main(a))
+def grammar(args) -> None:
+    res = asyncio.run(_grammar(args))
     print(json.dumps(res))
-    if a.json_out:
-        with open(a.json_out, "w") as f:
+    if args.json_out:
+        with open(args.json_out, "w") as f:
             json.dump(res, f, indent=1)
