@@ -1,4 +1,4 @@
-"""Grammar-constrained decoding with xgrammar (chosen by measurement: scripts/grammar_bench.py), shared
+"""Grammar-constrained decoding with xgrammar (chosen over llguidance by measurement, issue 32), shared
 by the coordinator (checks a request's grammar at the call) and the workers' compile processes.
 
 A request's StructuredOutput becomes a spec, (kind, text), that travels in ResolvedParams and keys

@@ -901,3 +901,34 @@ def test_exit_criteria_on_cuda_equal_cpu_and_the_authors_code(checkpoints, layou
     assert tokens_depths("cuda", 256, wait=3) == cpu  # exited rows parked, K/V to scratch in the graphs' inputs
     if layout == "last_exited":
         expect({i: [(*o, None, None) for o in outs] for i, outs in cpu.items()}, CASES)
+
+
+def test_structured_output_after_warm_up_valid_and_steady_decode_neutral(checkpoints):
+    """Structured output on the Triton kernels and CUDA graphs, after the memory profile and
+    warm_up: every constrained output obeys its grammar, nothing compiles or captures after the
+    warm-up, and steady decode on or off gives the same tokens."""
+    from test_structured_output import check_valid, workload
+
+    from rlt.models.tokenizer import load_tokenizer
+    from rlt.workers.first_use import FirstUse
+    from rlt.workers.warmup import warm_up
+
+    path = checkpoints["ouro"]
+    mc = ModelConfig.from_pretrained(path)
+    model, tok = load_model(mc, torch.bfloat16, "cuda"), load_tokenizer(path)
+    reqs, tokens = workload(tok), {}
+    for steady in ("never", "always"):
+        cfg = EngineConfig(steady_decode=steady, max_num_seqs=16, gpu_memory_utilization=0.3)
+        eng = LoopEngine(mc, model, cfg, torch.bfloat16, "cuda")
+        warm_up(eng, log=lambda s: None)
+        before = (FirstUse.captures, FirstUse.compiles)
+        for rid, (p, sp) in reqs.items():
+            eng.add_request(rid, p, resolve_params(mc, len(p), sp))
+        out = {r: [] for r in reqs}
+        while eng.has_work():
+            for o in eng.step():
+                out[o.request_id].append((o.token_id, o.exit_depth, o.logprobs, o.finish_reason))
+        check_valid(tok, out)
+        assert (FirstUse.captures - before[0], FirstUse.compiles - before[1]) == (0, 0)
+        tokens[steady] = {r: [o[0] for o in v] for r, v in out.items()}
+    assert tokens["never"] == tokens["always"]

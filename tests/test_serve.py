@@ -340,7 +340,7 @@ def test_defaults_from_generation_config(checkpoints, tmp_path):
 
 
 async def test_the_serving_benchmark_over_http_counts_what_the_python_api_generates(checkpoints, ouro):
-    """scripts/bench.py --mode serve --base-url: the same workload and metrics as in process."""
+    """`rlt bench serve --base-url`: the same workload and metrics as in process."""
     from rlt.bench.serving import EngineTarget, HTTPTarget, closed_loop, one_rate
 
     http = HTTPTarget(ouro, "m", vocab_size=256)

@@ -21,7 +21,7 @@ from rlt.kernels import pdl
 from rlt.kernels.attention_steps import LOG2E, kv_tile, num_sms, softmax_step
 
 BLOCK_N = 64  # key tile of unsplit passes
-SPLIT_BLOCK_N = 32  # key tile of split passes: short slices (scripts/tune_decode.py times the choices)
+SPLIT_BLOCK_N = 32  # key tile of split passes (their key slices are short)
 MAX_SPLITS = 32
 MERGE_WARPS = 4
 

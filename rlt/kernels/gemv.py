@@ -39,9 +39,9 @@ class GemvConfig:
 # Few wide loads per program keep many bytes in flight. One config serves every shape: per-shape
 # picks from isolated timings are unstable and do not carry over to the engine. A program reads
 # only its first 1024-wide K tile before the PDL wait: wider tiles take more registers, fewer
-# programs per SM, and a 2048-row projection would not fit in one wave (scripts/gemv_occupancy.py).
+# programs per SM, and a 2048-row projection would not fit in one wave (rlt/kernels/occupancy.py).
 CONFIG = GemvConfig(2, 1024, 4)
-# The configs the kernel is tested over and scripts/tune_decode.py times (passed explicitly).
+# The configs the kernel is tested over (passed explicitly).
 CONFIGS = tuple(
     GemvConfig(*c) for c in ((2, 1024, 4), (4, 1024, 4), (2, 2048, 4), (8, 512, 4), (8, 1024, 8), (16, 256, 4))
 )

@@ -28,8 +28,8 @@ import triton.language as tl
 from rlt.kernels.attention_steps import LOG2E, num_sms, paged_item
 
 BLOCK_N = 64
-# Pipeline stages of the launch of whole tiles and of the packed one (tune_paged.py: 4 is faster on a
-# prefix hit's split tiles, 3 on packed decode rows)
+# Pipeline stages of the launch of whole tiles and of the packed one (timed on an H200: 4 is faster
+# on a prefix hit's split tiles, 3 on packed decode rows)
 NUM_STAGES, PACKED_STAGES = 4, 3
 
 
@@ -172,7 +172,7 @@ def paged_attention(
     block_size, Hkv, D]; k: kernel_fields() as device tensors, built for this KernelPlan (its tiles, its key
     slices at most; with plan.pack > 1 a second launch for the packed tiles). Rows of no tile (dense
     segments) are left for the caller. block_n, num_warps and
-    num_stages (both launches'; None: NUM_STAGES and PACKED_STAGES) are for tuning (scripts/tune_paged.py)."""
+    num_stages (both launches'; None: NUM_STAGES and PACKED_STAGES) are for tuning."""
     T, H, D = q.shape
     # q is read in place (a view of the fused projection: rows strided, each head's D contiguous)
     out = torch.empty(T, H, D, dtype=q.dtype, device=q.device)

@@ -196,7 +196,7 @@ def _rope_tokens_kernel(
 
 
 FEW_ROWS = 256  # up to this many rows (decode passes) a program per head: more programs, shorter chains
-BLOCK_T = 2  # tokens a program over more rows (tuned at Ouro's and Nanbeige's shapes: scripts/tune_rope.py)
+BLOCK_T = 2  # tokens a program over more rows (timed at Ouro's and Nanbeige's shapes)
 
 
 def _launch(q, k, v, positions, inv_freq, pairs, cache, layer, slots, block_size, q_bias=None, k_bias=None):
