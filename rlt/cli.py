@@ -75,11 +75,17 @@ _COMPOUND = {
 }
 
 
+# request fields whose engine option of the same name is the command's flag (its requests take it)
+ENGINE_SET = ("speculative_loops", "speculative_tokens")
+
+
 def _add_sampling_flags(group) -> None:
     """One flag per SamplingParams field, its help the field's description."""
     from rlt.sampling_params import SamplingParams
 
     for name, kind, default, doc in option_fields(SamplingParams):
+        if name in ENGINE_SET:
+            continue
         flag, default = "--" + name.replace("_", "-"), GENERATE_DEFAULTS.get(name, default)
         text = doc if default is None or "default" in doc else f"{doc} (default: {default})"
         if kind is bool:
@@ -138,6 +144,14 @@ def _add_make_checkpoint(sub):
     m.add_argument(
         "--device", default="cpu", help="where to draw the random weights (cuda: fast for full; default: cpu)"
     )
+    m.add_argument(
+        "--update-scale",
+        type=float,
+        default=1.0,
+        help="scale of each loop's change to the state (its output projections and norm deviations): below 1 "
+        "a token's first loops agree more often with its last, which sets self-speculation's acceptance "
+        "(default: 1)",
+    )
 
 
 def generate(args) -> int:
@@ -149,7 +163,7 @@ def generate(args) -> int:
 
     if not args.prompts:
         raise RequestError("give at least one --prompt or --prompt-token-ids")
-    sp = SamplingParams(**{name: getattr(args, name) for name in field_names(SamplingParams)})
+    sp = SamplingParams(**{name: getattr(args, name) for name in field_names(SamplingParams) if name not in ENGINE_SET})
     try:
         launch = Engine.launch(
             args.model, hf_overrides=args.hf_overrides, revision=args.revision, **option_values(args)
@@ -226,6 +240,7 @@ def make_checkpoint_cmd(args) -> int:
         dtype=args.dtype,
         num_shards=args.shards,
         device=args.device,
+        update_scale=args.update_scale,
     )
     print(path)
     return 0

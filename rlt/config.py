@@ -103,6 +103,25 @@ class EngineConfig(msgspec.Struct, kw_only=True, frozen=True):
             "path is faster at fixed depth), always, or never"
         ),
     ] = "adaptive"
+    speculative_loops: Annotated[
+        Count,
+        _doc(
+            "looped self-speculation: decode tokens at a fixed depth are drafted by this many loops and verified "
+            "by the rest in one pass, token for token as without it (0: off; a request may set its own)"
+        ),
+    ] = 0
+    speculative_tokens: Annotated[
+        int,
+        msgspec.Meta(ge=1, le=16),
+        _doc(
+            "draft tokens a speculation round checks, in [1, 16]: it outputs those that agree and one more "
+            "(a request may set its own)"
+        ),
+    ] = 3
+    speculative_max_streams: Annotated[
+        Count,
+        _doc("speculation rounds start only while at most this many requests decode (past it, rows are not free)"),
+    ] = 8
 
     grammar_compile_timeout: Annotated[
         Seconds,
@@ -210,7 +229,11 @@ class LaunchConfig(msgspec.Struct, kw_only=True, frozen=True):
 
     def check_with(self, mc: ModelConfig, engine: EngineConfig) -> None:
         """What the options say together with the model (capped at max_model_len): a KV budget that
-        holds no block."""
+        holds no block, speculation no family loop can run."""
+        if engine.speculative_loops >= mc.depth:
+            raise ValueError(f"speculative_loops {engine.speculative_loops} must be below the model's depth {mc.depth}")
+        if engine.speculative_loops and mc.kv.num_boundary_layers:
+            raise ValueError(f"speculative_loops: self-speculation does not run {mc.family} models yet")
         if engine.num_blocks is None and engine.kv_memory_bytes is not None:
             dtype = dtype_name(self.dtype, self.device, mc.torch_dtype)
             per_block = mc.kv.block_bytes(engine.block_size, DTYPE_BYTES[dtype])

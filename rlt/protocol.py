@@ -155,6 +155,9 @@ class Stats(msgspec.Struct, array_like=True):
     prefix_queried_tokens: int = 0  # prompt tokens looked up in the prefix cache since READY
     prefix_hit_tokens: int = 0  # of those, the ones found cached
     prefix_cached_blocks: int = 0  # KV blocks holding cached prefixes now (in use or free to evict)
+    spec_rounds: int = 0  # self-speculation since READY: rounds verified, draft tokens checked, accepted
+    spec_draft_tokens: int = 0
+    spec_accepted_tokens: int = 0
 
 
 class Token(msgspec.Struct, array_like=True):

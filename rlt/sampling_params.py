@@ -89,6 +89,17 @@ class SamplingParams(msgspec.Struct, kw_only=True, omit_defaults=True):
     structured_output: Annotated[
         StructuredOutput | None, _doc("constrain the output to a JSON schema, regex, choice or grammar")
     ] = None
+    speculative_loops: Annotated[
+        int | None,
+        _doc(
+            "self-speculation: loops that draft each token (0 = off; default: the engine's speculative_loops); "
+            "needs a fixed depth"
+        ),
+    ] = None
+    speculative_tokens: Annotated[
+        int | None,
+        _doc("self-speculation: draft tokens a round checks (default: the engine's speculative_tokens)"),
+    ] = None
 
 
 class ResolvedParams(msgspec.Struct, frozen=True, kw_only=True):
@@ -119,6 +130,15 @@ class ResolvedParams(msgspec.Struct, frozen=True, kw_only=True):
     min_tokens: int = 0  # EOS and stop_token_ids are masked before this many outputs
     structured_output: tuple[str, str] | None = None  # (kind, spec text): rlt/grammar.py spec_of
     grammar_after: tuple[int, ...] = ()  # StructuredOutput.after (empty: the grammar starts at once)
+    speculative_loops: int | None = None  # None: the engine's (rlt/workers/speculation.py)
+    speculative_tokens: int | None = None
+
+    @property
+    def exits_early(self) -> bool:
+        """Can a decode token leave the loop before max_loops (by the gate or a criterion)?"""
+        if self.min_loops >= self.max_loops:
+            return False
+        return self.exit_criterion in EXIT_CRITERIA or (self.exit_criterion == "gate" and self.exit_threshold < 1.0)
 
     @property
     def penalized(self) -> bool:

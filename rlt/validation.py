@@ -13,6 +13,7 @@ MAX_LOGPROBS = 20  # prompt_logprobs' top-K (vLLM's default max_logprobs)
 MAX_LOGIT_BIAS = 1024  # logit_bias entries
 MAX_STOP = 16  # stop strings
 MAX_CHOICES = 128  # n
+MAX_SPECULATIVE_TOKENS = 16  # a speculation round's drafts
 
 
 def _int(name, v, lo=None, hi=None, lo_text=None, hi_text=None):
@@ -85,7 +86,7 @@ def resolve_params(mc: ModelConfig, prompt_len: int, p: SamplingParams) -> Resol
         raise RequestError(f"ignore_eos must be a bool, got {p.ignore_eos!r}")
     logprobs = 0 if p.logprobs is None else _int("logprobs", p.logprobs, lo=0, hi=V, hi_text=f"vocab size ({V})")
     prompt_logprobs = None if p.prompt_logprobs is None else _int("prompt_logprobs", p.prompt_logprobs, 0, MAX_LOGPROBS)
-    return ResolvedParams(
+    rp = ResolvedParams(
         max_tokens=max_tokens,
         temperature=temperature,
         top_k=max(top_k, 0),
@@ -108,7 +109,28 @@ def resolve_params(mc: ModelConfig, prompt_len: int, p: SamplingParams) -> Resol
         min_tokens=_int("min_tokens", p.min_tokens, lo=0, hi=max_tokens, hi_text=f"max_tokens ({max_tokens})"),
         structured_output=spec_of(p.structured_output),  # (compiled against the tokenizer by the caller)
         grammar_after=after_of(p.structured_output, V),
+        speculative_loops=_speculative_loops(mc, p.speculative_loops, max_loops),
+        speculative_tokens=None
+        if p.speculative_tokens is None
+        else _int("speculative_tokens", p.speculative_tokens, lo=1, hi=MAX_SPECULATIVE_TOKENS),
     )
+    if rp.speculative_loops and (rp.exits_early or rp.penalized or rp.structured_output):
+        why = "exit early" if rp.exits_early else "a penalty" if rp.penalized else "structured output"
+        raise RequestError(
+            f"speculative_loops {rp.speculative_loops}: self-speculation needs a fixed depth, no penalties and no "
+            f"structured output; this request has {why} (set speculative_loops 0, or leave it to the engine: "
+            "it speculates only where it can)"
+        )
+    return rp
+
+
+def _speculative_loops(mc: ModelConfig, loops, max_loops: int) -> int | None:
+    if loops is None:
+        return None
+    _int("speculative_loops", loops, lo=0, hi=max_loops - 1, hi_text=f"max_loops - 1 ({max_loops - 1})")
+    if loops and mc.kv.num_boundary_layers:
+        raise RequestError(f"speculative_loops: self-speculation does not run {mc.family} models yet")
+    return loops
 
 
 def _exit_rule(mc: ModelConfig, p: SamplingParams) -> tuple[str, float]:

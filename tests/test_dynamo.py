@@ -195,8 +195,8 @@ def assert_clean_exit(log: str) -> None:
 
 
 def cases(family: str) -> tuple[list[dict], list[SamplingParams]]:
-    """Greedy and seeded (top-k, top-p) requests with logprobs, and adaptive exit (the loop options as
-    nvext annotations: Ouro's gate, Huginn's exit criterion), as the openai client's arguments and
+    """Greedy and seeded (top-k, top-p) requests with logprobs, and adaptive exit and speculation (the
+    loop options as nvext annotations: Ouro's gate, Huginn's exit criterion), as the openai client's arguments and
     as rlt SamplingParams. Each
     asks for the token ids and rlt's exit depths (nvext extra fields), and logprobs naming the
     token ids ("token_id:42")."""
@@ -213,6 +213,9 @@ def cases(family: str) -> tuple[list[dict], list[SamplingParams]]:
             dict(max_tokens=9, temperature=0, extra_body={"nvext": {"annotations": ["exit_threshold=0.5"]}})
         )
         sps.append(SamplingParams(max_tokens=9, temperature=0, exit_threshold=0.5, logprobs=1))
+        spec = ["speculative_loops=1", "speculative_tokens=2"]  # self-speculation: the same tokens
+        requests.append(dict(max_tokens=9, temperature=0, extra_body={"nvext": {"annotations": spec}}))
+        sps.append(SamplingParams(max_tokens=9, temperature=0, logprobs=1, speculative_loops=1, speculative_tokens=2))
     elif family == "huginn":  # an exit criterion; argmax-stability's threshold counts checks
         loop = ["exit_criterion=argmax-stability", "exit_threshold=2"]
         requests.append(dict(max_tokens=9, temperature=0, extra_body={"nvext": {"annotations": loop}}))

@@ -101,6 +101,13 @@ def _offline(p) -> None:
         "each (e.g. 0,4,8; default: 8, the engine's)",
     )
     p.add_argument("--prefill-lens", default="", help="e.g. 1024,4096: prefill latency by prompt length")
+    p.add_argument(
+        "--speculative-loops",
+        default="0",
+        help="self-speculation's draft loops, one engine each (e.g. 0,1: against the same rows without it, "
+        "with the drafts' acceptance; default: 0)",
+    )
+    p.add_argument("--speculative-tokens", type=int, default=3, help="draft tokens a round checks (default: 3)")
     p.add_argument("--floors", action="store_true", help="CUDA: measure ceilings and floors in the same run")
 
 

@@ -108,10 +108,13 @@ def offline(args) -> None:
                 steady_decode=args.steady_decode,
                 exit_wait_passes=wait,
                 kernels=args.kernels,
+                speculative_loops=spec,
+                speculative_tokens=args.speculative_tokens,
             ),
         )
         for plen in ints(args.prompt_len)
         for wait in ints(args.exit_wait_passes)
+        for spec in ints(args.speculative_loops)
     ]
     rows, skipped = [], []
     for plen, cfg in configs if concs else ():  # one engine per (--prompt-len, --exit-wait-passes) value
@@ -120,7 +123,10 @@ def offline(args) -> None:
         skipped += [f"concurrency {c} at a {plen}-token prompt" for c in concs if c not in fit]
         variants = (False, True) if args.penalties else (False,)
         found = measure.decode_rows(engine, mc, fit, thresholds, plen, args.max_tokens, variants)
-        rows += [r | {"exit_wait_passes": cfg.exit_wait_passes, "prompt_len": plen} for r in found]
+        rows += [
+            r | {"exit_wait_passes": cfg.exit_wait_passes, "prompt_len": plen, "spec": cfg.speculative_loops}
+            for r in found
+        ]
         del engine
         gc.collect()  # (an engine holds reference cycles: its KV pool goes only with them)
         if args.device.startswith("cuda"):
@@ -171,6 +177,8 @@ def offline(args) -> None:
                 f"conc {r['concurrency']} thr {r['threshold']} wait {r['exit_wait_passes']}: {r['compiles']} Triton "
                 f"compiles, {r['captures']} CUDA graph captures while measured (the warm-up missed them)"
             )
+    for line in _speculation(rows, args.speculative_tokens):
+        print(line)
     for plain, pen in zip(rows[::2], rows[1::2]) if args.penalties else ():
         keys = ("decode_tok_per_s", "full_conc_tok_per_s")
         ratios = [pen[k] / plain[k] if pen[k] and plain[k] else None for k in keys]
@@ -247,6 +255,22 @@ async def _serve(args, meta: dict, options: dict) -> list[dict]:
             shared_prefix_len=args.shared_prefix_len,
             ramp_s=args.ramp,
         )
+
+
+def _speculation(rows: list[dict], tokens: int) -> list[str]:
+    """Each speculating row's acceptance and its tok/s against the same row without speculation."""
+    lines = []
+    for r in rows:
+        key = ("concurrency", "prompt_len", "threshold", "exit_wait_passes", "penalized")
+        plain = next((p for p in rows if not p["spec"] and all(p[k] == r[k] for k in key)), None)
+        if not r["spec"] or plain is None or not (r["full_conc_tok_per_s"] and plain["full_conc_tok_per_s"]):
+            continue
+        x = r["full_conc_tok_per_s"] / plain["full_conc_tok_per_s"]
+        lines.append(
+            f"speculative_loops {r['spec']}, tokens {tokens}: conc {r['concurrency']} prompt {r['prompt_len']} "
+            f"thr {r['threshold']}: acceptance {r['acceptance']}, full conc tok/s x{x:.3f} of plain"
+        )
+    return lines
 
 
 def serve(args) -> None:

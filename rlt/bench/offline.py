@@ -92,6 +92,7 @@ def decode_run(
     criterion, threshold = threshold if isinstance(threshold, tuple) else ("gate", threshold)
     sp = exit_params(threshold if criterion == "gate" else (criterion, threshold), max_tokens)
     submit(engine, mc, concurrency, prompt_len, msgspec.structs.replace(sp, **PENALTIES) if penalized else sp)
+    drafts0, accepted0 = engine.spec_drafts, engine.spec_accepted
     t0 = time.perf_counter()
     seen, tokens, depths, decode_t0, full_t1, full_depths = set(), 0, [], None, None, []
     while engine.has_work():
@@ -130,6 +131,11 @@ def decode_run(
         "full_conc_mean_depth": round(sum(full_depths) / len(full_depths), 2) if full_depths else None,
         "full_conc_depth_sd": round(torch.tensor(full_depths, dtype=torch.float).std().item(), 2)
         if len(full_depths) > 1
+        else None,
+        # self-speculation: draft tokens checked, the share equal to their targets
+        "spec_drafts": engine.spec_drafts - drafts0,
+        "acceptance": round((engine.spec_accepted - accepted0) / (engine.spec_drafts - drafts0), 3)
+        if engine.spec_drafts > drafts0
         else None,
     }
 

@@ -38,6 +38,10 @@ class WorkerStats(msgspec.Struct, frozen=True, kw_only=True):
     captures_after_ready: int
     compiles_after_ready: int
     prefix_cache: PrefixCacheStats
+    # self-speculation: rounds verified, draft tokens checked, those equal to their targets
+    spec_rounds: int
+    spec_draft_tokens: int
+    spec_accepted_tokens: int
 
 
 class EngineStats(msgspec.Struct, frozen=True, kw_only=True):
@@ -72,6 +76,9 @@ def worker_stats(w, restarting: bool) -> WorkerStats:
         captures_after_ready=s.captures_after_ready,
         compiles_after_ready=s.compiles_after_ready,
         prefix_cache=prefix_cache(s.prefix_queried_tokens, s.prefix_hit_tokens, s.prefix_cached_blocks),
+        spec_rounds=s.spec_rounds,
+        spec_draft_tokens=s.spec_draft_tokens,
+        spec_accepted_tokens=s.spec_accepted_tokens,
     )
 
 

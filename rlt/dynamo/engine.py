@@ -9,7 +9,8 @@ named) becomes a StructuredOutput; an option rlt cannot honour is refused, never
 the stream goes back as token-id deltas, each chunk with its tokens' exit depths in `engine_data`
 (`exit_depths`; the last chunk also `request_exit_depths`, every token's), which a client gets
 with `nvext.extra_fields: ["engine_data"]`. Loop options come as the request's
-`nvext.annotations` ("exit_criterion=kl", "exit_threshold=0.5", "min_loops=2", "max_loops=3":
+`nvext.annotations` ("exit_criterion=kl", "exit_threshold=0.5", "min_loops=2", "max_loops=3",
+"speculative_loops=1":
 Dynamo's frontend rejects unknown body fields). Cancellation closes the rlt stream, which aborts
 the request.
 For Dynamo's KV-aware router, load signal, health canary and /metrics: rlt/dynamo/router_state.py.
@@ -35,7 +36,7 @@ log = logging.getLogger("rlt.dynamo")
 
 # rlt's finish reasons -> Dynamo's
 FINISH = {"stop": "stop", "length": "length", "abort": "cancelled", "error": "error"}
-LOOP_OPTIONS = ("exit_criterion", "exit_threshold", "min_loops", "max_loops")
+LOOP_OPTIONS = ("exit_criterion", "exit_threshold", "min_loops", "max_loops", "speculative_loops", "speculative_tokens")
 
 
 _SAMPLING = ("temperature", "top_p", "top_k", "min_p", "seed", "n")

@@ -8,6 +8,7 @@ hazards that vary between tokens (so adaptive exit exercises every depth).
 import json
 import math
 import os
+import re
 
 import torch
 from safetensors.torch import save_file
@@ -24,7 +25,13 @@ def official_config(family: str, preset: str, ids: dict[str, int], dtype: str) -
     return f.config_json(f.presets[preset], ids, dtype)
 
 
-def random_weights(mc: ModelConfig, seed: int, device: str = "cpu") -> dict[str, torch.Tensor]:
+def random_weights(
+    mc: ModelConfig, seed: int, device: str = "cpu", update_scale: float = 1.0
+) -> dict[str, torch.Tensor]:
+    """update_scale: the last weights of the loop's updates to its residual stream (Family.loop_outputs:
+    output projections, or Ouro's sandwich norms) and every norm's deviation from 1 times this:
+    below 1 each loop changes the state less, so a token's first loops predict what its last ones
+    do more often (self-speculation's acceptance)."""
     g = torch.Generator(device=device).manual_seed(seed)
     randn = lambda shape, generator: torch.randn(shape, generator=generator, device=device)  # noqa: E731
     family = FAMILIES[mc.model_type]
@@ -34,7 +41,7 @@ def random_weights(mc: ModelConfig, seed: int, device: str = "cpu") -> dict[str,
     tensors = family.expected_tensors(mc).items()
     for name, shape in tqdm(tensors, desc="rlt: drawing weights", unit="tensor", leave=False, disable=None):
         if name.endswith(("norm.weight", "layernorm.weight", "layernorm_2.weight", "ln_f.weight")) or ".norm_" in name:
-            t = 1.0 + 0.1 * randn(shape, g)
+            t = 1.0 + 0.1 * update_scale * randn(shape, g)
         elif name == "model.early_exit_gate.weight":
             t = randn(shape, g) * (2.0 / math.sqrt(shape[1]))  # gate logit std ~2
         elif name == "model.early_exit_gate.bias":
@@ -50,6 +57,8 @@ def random_weights(mc: ModelConfig, seed: int, device: str = "cpu") -> dict[str,
         else:  # projections: unit gain unless the family sets another (Family.init_gains)
             gain = next((v for suffix, v in family.init_gains.items() if name.endswith(suffix)), 1.0)
             t = randn(shape, g) * (gain / math.sqrt(shape[-1]))
+        if any(re.search(pattern, name) for pattern in family.loop_outputs):
+            t = t * update_scale
         out[name] = t
     if mc.family_config.tie_word_embeddings and "lm_head.weight" in out:
         out["lm_head.weight"] = out[family.embed_name]  # stored, equal to the tied embedding (as Huginn's)
@@ -90,9 +99,10 @@ def make_checkpoint(
     dtype: str | None = None,
     num_shards: int | None = None,
     device: str = "cpu",
+    update_scale: float = 1.0,
 ) -> str:
     """device: where the random weights are drawn (cuda is much faster for --preset full; the
-    values differ from a CPU draw with the same seed)."""
+    values differ from a CPU draw with the same seed); update_scale: random_weights'."""
     if family not in BY_NAME:
         raise ValueError(f"family must be one of {', '.join(BY_NAME)}, got {family!r}")
     f = BY_NAME[family]
@@ -105,7 +115,7 @@ def make_checkpoint(
     with open(os.path.join(out_dir, "config.json"), "w") as f:
         json.dump(cfg, f, indent=2)
     mc = ModelConfig.from_pretrained(out_dir)
-    weights = {n: t.to(DTYPES[dtype]) for n, t in random_weights(mc, seed, device).items()}
+    weights = {n: t.to(DTYPES[dtype]) for n, t in random_weights(mc, seed, device, update_scale).items()}
     if num_shards is None:
         num_shards = max(1, math.ceil(sum(t.numel() * t.element_size() for t in weights.values()) / 4e9))
     save_safetensors(weights, out_dir, num_shards)

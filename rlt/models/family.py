@@ -30,6 +30,9 @@ class Family:
     presets: Mapping[str, Mapping[str, int]]  # --preset -> the size fields of config.json
     config_json: Callable[[Mapping[str, int], dict[str, int], str], dict]  # (preset, special ids, dtype)
     init_gains: Mapping[str, float] = field(default_factory=dict)  # projection gain by tensor-name suffix
+    # the last weights of the loop's updates to its residual stream (regexes on tensor names): scaled
+    # by make-checkpoint's update_scale, so each loop changes the state little
+    loop_outputs: tuple[str, ...] = (r"\.o_proj\.weight$", r"\.down_proj\.weight$")
 
     @property
     def model_cls(self) -> type:
@@ -125,6 +128,8 @@ OURO = Family(
     config_json=_ouro_config_json,
     # twice the unit gain on v/o: more context mixing, less repetition from random weights
     init_gains={"v_proj.weight": 2.0, "o_proj.weight": 2.0},
+    # sandwich norms: the updates' scale is their weights', whatever the projections'
+    loop_outputs=(r"input_layernorm_2\.weight$", r"post_attention_layernorm_2\.weight$"),
 )
 
 
@@ -266,6 +271,7 @@ HUGINN = Family(
     model="rlt.models.huginn.HuginnModel",
     embed_name="transformer.wte.weight",
     ignored_suffixes=("freqs_cis",),
+    loop_outputs=(r"core_block\.\d+\.(attn|mlp)\.proj\.weight$",),
     tokenizer=TokenizerSpec(
         front_specials=(),
         back_specials=(

@@ -53,6 +53,17 @@ class _EngineState:
             yield self._one(GaugeMetricFamily(name, doc, labels=LABELS), value)
         for name, doc, value in (
             ("rlt:num_preemptions", "requests preempted (resumed by recompute)", sum(w.preemptions for w in ws)),
+            ("rlt:spec_decode_num_drafts", "self-speculation rounds verified", sum(w.spec_rounds for w in ws)),
+            (
+                "rlt:spec_decode_num_draft_tokens",
+                "self-speculation: draft tokens checked",
+                sum(w.spec_draft_tokens for w in ws),
+            ),
+            (
+                "rlt:spec_decode_num_accepted_tokens",
+                "self-speculation: draft tokens equal to the full depth's",
+                sum(w.spec_accepted_tokens for w in ws),
+            ),
             (
                 "rlt:prefix_cache_queries",
                 "prompt tokens looked up in the prefix cache",

@@ -55,6 +55,8 @@ class _Request(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     max_loops: Int | None = None
     exit_threshold: float | None = None
     exit_criterion: str | None = None  # gate, or Huginn's latent-diff, cosine, kl, ... (SamplingParams)
+    speculative_loops: Int | None = None  # self-speculation (0: off for this request)
+    speculative_tokens: Int | None = None
     # ---- the request and its response ----
     priority: Int | None = None  # lower runs first
     truncate_prompt_tokens: Int | None = None  # keep the prompt's last k tokens
@@ -160,6 +162,7 @@ _SAME = (
     *("temperature", "top_p", "top_k", "min_p", "seed", "n", "stop_token_ids", "ignore_eos", "min_tokens"),
     *("repetition_penalty", "presence_penalty", "frequency_penalty", "include_stop_str_in_output"),
     *("skip_special_tokens", "prompt_logprobs", "min_loops", "max_loops", "exit_threshold", "exit_criterion"),
+    *("speculative_loops", "speculative_tokens"),
 )
 
 

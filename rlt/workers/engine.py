@@ -27,6 +27,7 @@ from rlt.workers.prefix_cache import root_key
 from rlt.workers.runner import Runner
 from rlt.workers.scheduler import Scheduler
 from rlt.workers.sequence import Sequence
+from rlt.workers.speculation import speculated, speculation
 from rlt.workers.steady_stretch import SteadyStretches
 
 
@@ -63,6 +64,9 @@ class LoopEngine(SteadyStretches):
         self._steady = None  # SteadyDecode while a stretch runs
         self._steady_seqs: list[Sequence] = []  # the request of each steady lane
         self.steady_steps = 0  # passes run in steady decode (observability, tests)
+        # self-speculation: rounds verified, draft tokens checked, and those equal to their targets
+        self.spec_rounds = self.spec_drafts = self.spec_accepted = 0
+        self.passes = 0  # core passes run (observability, tests)
 
     # ---- requests ---------------------------------------------------------------------------
     def _check_live(self, request_id: int) -> None:
@@ -92,6 +96,7 @@ class LoopEngine(SteadyStretches):
             prompt_logprobs=None if params.prompt_logprobs is None else [None],  # (position 0 has none)
         )
         self._check_fits(request_id, len(prompt), 0 if prefill_only else params.max_tokens)
+        s.speculation = None if prefill_only else self._speculation(params)
         self._live[request_id] = s
         self.sched.wait(s)
 
@@ -123,9 +128,16 @@ class LoopEngine(SteadyStretches):
             depths=[params.max_loops],  # (its prompt ran, and its first token came, at max_loops)
             num_done=len(prompt),
             root=self._root(params),
+            speculation=self._speculation(params),
         )
         self._live[request_id] = s
         self.sched.wait(s)
+
+    def _speculation(self, params: ResolvedParams) -> tuple[int, int] | None:
+        cfg = self.cfg
+        return speculation(
+            params, cfg.speculative_loops, cfg.speculative_tokens, cfg.kv_layout, self.runner.embeds_tokens
+        )
 
     def _root(self, params: ResolvedParams) -> bytes:
         return (
@@ -166,7 +178,7 @@ class LoopEngine(SteadyStretches):
         if s.tables is not None:
             self.pool.free(s.tables)
             s.tables = None
-        s.group, s.replay = None, []
+        s.group, s.replay, s.spec = None, [], None
         del self._live[s.request_id]
 
     def device_mark(self):
@@ -223,11 +235,16 @@ class LoopEngine(SteadyStretches):
                 self._pending.append(lambda: self._resolve_steady(handle, lanes))
         elif groups := self._groups_in_flight():
             result = self.runner.step(groups)
+            self.passes += 1
             owner = {id(g): s for s in self.running for g in s.in_flight}
             for g in result.exited:
                 s = owner[id(g)]
                 if g.exit_depth is not None:
                     s.replayed(g)
+                    continue
+                if g.draft_of is not None or g.verify_of is not None:
+                    speculated(g)
+                    s.group = None
                     continue
                 s.num_done += g.n
                 if not g.decoding:
@@ -253,8 +270,30 @@ class LoopEngine(SteadyStretches):
         for s, smp in zip(seqs, tokens.resolve()):
             if s.feed is not None and s.feed[0] is tokens:  # (a later step may have sampled its next one)
                 s.feed = None
-            if self._live.get(s.request_id) is s:  # not aborted or finished meanwhile
-                outputs.append(self._append_token(s, smp.token, smp.group.depth, smp.logprobs))
+            if self._live.get(s.request_id) is not s:  # aborted or finished meanwhile
+                continue
+            g = smp.group
+            if g.draft_of is not None:
+                g.draft_of.tokens.append(smp.token)
+            elif g.verify_of is None:
+                outputs.append(self._append_token(s, smp.token, g.depth, smp.logprobs))
+            elif (r := g.verify_of).targets.update({g.start - r.start: (smp.token, smp.logprobs)}) or r.ready:
+                outputs += self._accept(s, r)
+        return outputs
+
+    def _accept(self, s: Sequence, r) -> list[StepOutput]:
+        """A speculation round's verify is back: the targets it keeps are the request's next tokens,
+        their positions final; the next round starts after them."""
+        outputs = []
+        self.spec_rounds += 1
+        self.spec_drafts += r.k - 1
+        self.spec_accepted += r.matched
+        for tok, top in r.accepted():
+            outputs.append(self._append_token(s, tok, s.params.max_loops, top))
+            if outputs[-1].finish_reason is not None:
+                return outputs
+        if s.spec is r:  # (not preempted meanwhile: then it recomputes them)
+            s.num_done, s.spec = r.start + len(outputs), None
         return outputs
 
     def _append_token(self, s: Sequence, tok: int, depth: int, top) -> StepOutput:

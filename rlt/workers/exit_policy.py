@@ -10,15 +10,6 @@ default), as the references run them at a given depth. Huginn's convergence crit
 
 import torch
 
-from rlt.sampling_params import EXIT_CRITERIA
-
-
-def exits_early(params) -> bool:
-    """Can a request with these (resolved) parameters leave the loop before max_loops?"""
-    if params.min_loops >= params.max_loops:
-        return False
-    return params.exit_criterion in EXIT_CRITERIA or (params.exit_criterion == "gate" and params.exit_threshold < 1.0)
-
 
 def update_survival(survival: torch.Tensor, gate_logit: torch.Tensor | None) -> torch.Tensor:
     """survival = prod(1 - lambda_i) so far, in float32; unchanged without a gate."""

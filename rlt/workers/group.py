@@ -8,7 +8,6 @@ import torch
 
 from rlt.kernels.sampler import top_dict
 from rlt.sampling_params import ResolvedParams
-from rlt.workers.exit_policy import exits_early
 from rlt.workers.kv_pool import BlockTables
 from rlt.workers.prompt_logprobs import PromptLogprobs
 from rlt.workers.step_buffers import DeviceReadback
@@ -38,6 +37,16 @@ class Group:
     listed: int = 0  # ... and the distinct prompt tokens that open that slot's token list
     prompt_targets: list[int] | None = None  # prompt_logprobs asked: the prompt tokens its rows predict
     matcher: object | None = None  # structured output: its request's Constraint (rlt/workers/grammar.py)
+    # Self-speculation (rlt/workers/speculation.py): the round this group drafts a token of, or verifies
+    draft_of: object | None = None
+    verify_of: object | None = None
+
+    @property
+    def last_depth(self) -> int:
+        """The depth it leaves the loop at (unless its request's exit rule ends it earlier)."""
+        if self.exit_depth is not None:
+            return self.exit_depth
+        return self.draft_of.loops if self.draft_of is not None else self.params.max_loops
 
     @property
     def gated(self) -> bool:
@@ -46,7 +55,7 @@ class Group:
             self.decoding
             and self.exit_depth is None
             and self.params.exit_criterion == "gate"
-            and exits_early(self.params)
+            and self.params.exits_early
         )
 
     @property

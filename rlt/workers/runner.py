@@ -46,7 +46,8 @@ class Runner:
         self.one = torch.ones(1, device=device)  # survival before the first loop (read-only)
         # Steady decode (rlt/workers/steady.py): the loop input is the token embedding, or the
         # family's boundary layers run in its boundary passes (steady_boundary.py)
-        self.supports_steady = pool.has_boundary or isinstance(model, EmbeddingInput)
+        self.embeds_tokens = isinstance(model, EmbeddingInput)  # (what speculation needs, for now)
+        self.supports_steady = pool.has_boundary or self.embeds_tokens
         self.pending = None  # the last pass's criterion verdicts (PendingVerdicts)
         self.exit_wait = cfg.exit_wait_passes
 
@@ -171,7 +172,7 @@ class Runner:
         (coda, head, sampling) runs anyway for another group, or it has waited exit_wait passes, or
         only parked rows are left: then all of them leave together."""
         parks = [g.parked is not None or id(g) in late for g in active]
-        leaving = [not p and g.depth >= (g.exit_depth or g.params.max_loops) for g, p in zip(active, parks)]
+        leaving = [not p and g.depth >= g.last_depth for g, p in zip(active, parks)]
         if not any(parks):
             return leaving
         waited = max(g.parked or 0 for g, p in zip(active, parks) if p)
@@ -194,7 +195,7 @@ class Runner:
         if pool.layout == "last_exited":
             src, dst = [], []
             for g in exited:
-                if g.decoding and g.depth < D:
+                if g.decoding and g.depth < D and g.draft_of is None:  # (a verify writes a draft's)
                     s = kv_slots(g.tables.core[g.depth - 1], g.start, 1, bs)
                     for plane in range(g.depth, D):
                         src += s

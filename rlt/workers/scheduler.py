@@ -151,28 +151,30 @@ class Scheduler:
         """Give each running request without rows its next rows, under the row budget, and every row
         its blocks (a row back from steady decode may need one too); False if that preempted."""
         running = self.running
-        in_flight = sum(s.group.n for s in running if s.group is not None) + sum(len(s.replay) for s in running)
+        in_flight = sum(g.n for s in running for g in s.in_flight)
         budget = self.cfg.max_num_batched_tokens - in_flight
         prompt_budget, first_prompt = self._prompt_budget(budget, in_flight)
         # SHARED keeps its meaning only position by position (later positions read earlier
         # positions' final KV at every depth).
         chunk = 1 if self.pool.layout == "shared" else self.cfg.prefill_chunk
         preemptions = self.preemptions
+        # a speculation round starts only while few streams decode: past that, rows are no longer free
+        speculate = sum(s.decoding for s in running) <= self.cfg.speculative_max_streams
         for s in list(running):  # (this runs every pass: nothing here may cost O(requests))
             if s.tables is None:  # preempted meanwhile
                 continue
             rows = budget if s.decoding else min(budget, max(prompt_budget, first_prompt))
-            new = s.next_groups(rows, chunk, self.pool.has_boundary) if s.group is None and rows > 0 else []
-            last = new[-1] if new else s.group or (s.replay[-1] if s.replay else None)  # its furthest row
-            if last is None:
+            coda = self.pool.has_boundary
+            new = s.next_groups(rows, chunk, coda, speculate) if s.group is None and rows > 0 else []
+            flying = new or s.in_flight
+            if not flying:
                 continue
+            last = flying[-1]  # its furthest row
             need = last.start + last.n
             if need > self.pool.capacity(s.tables) and not self._make_room(s, need):
                 continue
-            if new and new[0].exit_depth is None:
-                s.group = new[0]
-            else:
-                s.replay += new
+            if new:
+                s.take(new)
             taken = sum(g.n for g in new)
             budget -= taken
             if not s.decoding and taken:

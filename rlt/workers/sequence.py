@@ -17,6 +17,7 @@ from rlt.workers.group import Group
 from rlt.workers.kv_pool import BlockTables
 from rlt.workers.prefix_cache import chain, prompt_keys
 from rlt.workers.prompt_logprobs import targets
+from rlt.workers.speculation import SpecRound
 
 
 @dataclass(eq=False)  # (one request each: list membership by identity, not by comparing every field)
@@ -43,11 +44,25 @@ class Sequence:
     listed: int = 0  # its prompt's distinct tokens (the first entries of that slot's token list)
     prompt_logprobs: list | None = None  # asked for: per prompt position so far (rlt/workers/prompt_logprobs.py)
     matcher: object | None = None  # structured output: its Constraint, once its grammar is compiled
+    speculation: tuple[int, int] | None = None  # (draft loops, tokens) where it may speculate
+    spec: SpecRound | None = None  # its speculation round under way (rlt/workers/speculation.py)
 
     @property
     def in_flight(self) -> list[Group]:
-        """Its groups in the next pass: its prompt chunk or decode token, or positions it recomputes."""
-        return [self.group] if self.group is not None else self.replay
+        """Its groups in the next pass: its prompt chunk, decode token or draft, positions it
+        recomputes, or its verify rows."""
+        if self.group is not None:
+            return [self.group]
+        return self.spec.flying if self.spec is not None and self.spec.flying else self.replay
+
+    def take(self, new: list[Group]) -> None:
+        """Its next rows (next_groups') go in flight."""
+        if new[0].exit_depth is not None:
+            self.replay += new
+        elif new[0].verify_of is not None:
+            new[0].verify_of.flying = new
+        else:
+            self.group = new[0]
 
     @property
     def decoding(self) -> bool:
@@ -91,10 +106,11 @@ class Sequence:
             self.keys.append(chain(self.keys[-1] if self.keys else self.root, tokens, depths))
         return self.keys[: positions // block_size]
 
-    def next_groups(self, budget: int, chunk: int, coda: bool = False) -> list[Group]:
+    def next_groups(self, budget: int, chunk: int, coda: bool = False, speculate: bool = False) -> list[Group]:
         """Its rows for the next pass, at most `budget`: a prompt chunk (at most `chunk` rows),
-        positions to recompute, or its next decode token. Empty while it must wait. coda: the
-        family runs a coda over boundary K/V after the loop (Huginn)."""
+        positions to recompute, or its next decode token, draft or verify rows. Empty while it must
+        wait. coda: the family runs a coda over boundary K/V after the loop (Huginn); speculate: a
+        new speculation round may start."""
         s, p = self, self.params
         if not s.decoding:
             ids = s.prompt[s.num_done : s.num_done + min(chunk, budget)]
@@ -133,6 +149,13 @@ class Sequence:
             ]
         if s.replay or (s.feed is not None and (s.prefill_only or len(s.output) + 1 >= p.max_tokens)):
             return []  # still recomputing; or that token ends it (or hands it off): nothing to decode here
+        if s.spec is None and speculate and s.speculation is not None:
+            base = len(s.output) + (s.feed is not None)
+            d, n = s.speculation  # n drafts checked: n + 1 rows, up to n + 1 tokens a round
+            if (k := min(n + 1, p.max_tokens - base)) >= 2:
+                s.spec = SpecRound(s.num_done, base, k, d)
+        if s.spec is not None:
+            return s.spec_groups(budget)
         return [
             Group(
                 [0] if s.feed is not None else [s.output[-1]],
@@ -146,6 +169,34 @@ class Sequence:
                 matcher=s.matcher,
                 **s.penalty,
             )
+        ]
+
+    def spec_groups(self, budget: int) -> list[Group]:
+        """Its round's next draft, or its verify rows once every draft is out (none while the verify
+        runs or its tokens are on their way back)."""
+        s, r = self, self.spec
+        j = len(r.drafts)
+        if r.verified or (j == r.k and budget < r.k):
+            return []
+        common = dict(tables=s.tables, params=s.params, decoding=True, samples=True)
+        if j < r.k:
+            ids = [0] if s.feed is not None else [r.tokens[j - 1] if j else s.output[-1]]
+            draft = Group(ids, r.start + j, output_index=r.base + j, feed=s.feed, draft_of=r, **common)
+            draft.samples = j + 1 < r.k  # (the last one's token is checked by nothing: no head)
+            return [draft]
+        r.verified = True
+        return [
+            Group(
+                [0],
+                g.start,
+                output_index=r.base + i,
+                depth=r.loops,
+                inject=g.inject,
+                state=g.state,
+                verify_of=r,
+                **common,
+            )
+            for i, g in enumerate(r.drafts)
         ]
 
     @property
@@ -169,4 +220,5 @@ class Sequence:
         """Drop its rows in flight and hand back its blocks: resumed, it recomputes from position 0."""
         tables, self.tables = self.tables, None
         self.group, self.replay, self.num_done, self.replay_next, self.num_cached_blocks = None, [], 0, 0, 0
+        self.spec = None
         return tables

@@ -21,7 +21,7 @@ import torch
 
 from rlt.kernels.sampler import top_logprobs
 from rlt.workers.cuda_graphs import table_width
-from rlt.workers.exit_policy import exits_early, should_exit, update_survival
+from rlt.workers.exit_policy import should_exit, update_survival
 from rlt.workers.sampling import LaneSampling
 from rlt.workers.step_buffers import DeviceReadback
 
@@ -64,7 +64,7 @@ class SteadyDecode:
         self.top_k = max(p.logprobs for p in ps)
         # Fixed depth everywhere: the host knows on which loops a lane can exit and skips the head,
         # sampling and advance on the others (lanes ended on the device only make it cautious).
-        self.fixed = not any(map(exits_early, ps))
+        self.fixed = not any(p.exits_early for p in ps)
         self.host_depth, self.alive = [g.depth for g in groups], [True] * self.lanes
         # Lanes not embedded yet: their token is on the host (ids) or still on the device (feed).
         x, inject = [g.state for g in groups], [g.inject for g in groups]

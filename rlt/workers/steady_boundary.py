@@ -19,7 +19,6 @@ import torch
 from rlt.kernels.sampler import top_logprobs
 from rlt.sampling_params import EXIT_CRITERIA
 from rlt.workers.exit_criteria import LATENT, evaluate, initial_values
-from rlt.workers.exit_policy import exits_early
 from rlt.workers.steady import SteadyDecode
 from rlt.workers.step_buffers import DeviceReadback
 
@@ -34,7 +33,7 @@ class BoundarySteadyDecode(SteadyDecode):
         super().__init__(runner, groups)
         dev = runner.device
         # per lane: its criterion's index in CRITERIA, from 1 (0: fixed depth, no check)
-        self.names = names = [p.exit_criterion if exits_early(p) else None for p in self.params]
+        self.names = names = [p.exit_criterion if p.exits_early else None for p in self.params]
         self.crit = torch.tensor([CRITERIA.index(c) + 1 if c else 0 for c in names], device=dev)
         # Each criterion some lane has: its previous values over every lane (exit_criteria.evaluate's
         # form; the other lanes' rows unused), from the groups' last checks, else the initial ones.

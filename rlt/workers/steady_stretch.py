@@ -3,7 +3,6 @@ the blocks its lanes grow into, its lanes read back (as engine.StepOutputs) and 
 regular path."""
 
 from rlt.kernels.sampler import top_dict
-from rlt.workers.exit_policy import exits_early
 from rlt.workers.group import Group
 from rlt.workers.sequence import Sequence
 from rlt.workers.steady import SteadyDecode
@@ -24,11 +23,12 @@ class SteadyStretches:
                 and s.group.decoding
                 and s.group.n == 1
                 and s.group.exit_depth is None
+                and s.spec is None
                 and not s.prefill_only
                 and s.matcher is None
                 for s in self.running
             )
-            and (self.cfg.steady_decode == "always" or any(exits_early(s.group.params) for s in self.running))
+            and (self.cfg.steady_decode == "always" or any(s.group.params.exits_early for s in self.running))
             and self._lanes_fit()
         )
 

@@ -66,6 +66,9 @@ class Worker:
             prefix.queried_tokens if prefix is not None else 0,
             prefix.hit_tokens if prefix is not None else 0,
             e.pool.num_cached,
+            e.spec_rounds,
+            e.spec_drafts,
+            e.spec_accepted,
         )
 
     def cache_events(self) -> pr.CacheEvents | None:

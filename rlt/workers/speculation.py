@@ -1,0 +1,80 @@
+"""Looped self-speculation: a request's first d loops draft its next k tokens, its remaining loops
+verify them in one go.
+
+A round starts at position P (its input: the last output token). Draft j (j < k) is one row at
+position P + j run to depth d; the family's head on its depth-d state, sampled with the noise of
+output index base + j, gives the draft token, which is draft j + 1's input (taken on the device, as
+a decode row's token is). The drafts' states and their KV at depths 1..d are exactly what the full
+depth computes for those loops, so the verify goes on from there: k rows at positions P..P + k - 1
+(one group each, in one pass: a row's keys and values are stored before any row of the pass
+attends) run loops d + 1..D and are sampled with the same noise, writing their KV at depths
+d + 1..D. Target j is what a plain run samples at index base + j as long as drafts 0..j - 1 equal
+targets 0..j - 1: the round outputs the targets up to and including the first that differs from
+its draft (at least one token, at most k). Positions past the last output's stay unfinished: the
+next round writes them again before anything reads them. So a speculative stream equals a plain
+one token for token, greedy or sampled, with the same exit depths (every token at max_loops) and
+logprobs (the targets').
+
+Where it runs: decode tokens at a fixed depth (no early exit, whose depths a draft cannot know),
+with no penalties or grammar (whose state would take the drafts' tokens), on a LAST_EXITED pool,
+in families whose loop input is the token embedding. The scheduler starts rounds only while few
+requests decode (speculative_max_streams): past that a pass of more rows is no longer free.
+"""
+
+from dataclasses import dataclass, field
+
+
+@dataclass(eq=False)
+class SpecRound:
+    start: int  # position of draft 0 (its input: the last output token)
+    base: int  # output index of the token draft 0 predicts
+    k: int  # drafts (and verify rows): the first k - 1 drafts' tokens are checked, the last has none
+    loops: int  # d: the drafts' depth
+    drafts: list = field(default_factory=list)  # exited draft groups, in order (their depth-d states)
+    tokens: list[int] = field(default_factory=list)  # the drafts' tokens read back so far
+    flying: list = field(default_factory=list)  # the verify groups while they run
+    verified: bool = False  # the verify has been scheduled
+    targets: dict = field(default_factory=dict)  # verify row j -> (token, logprobs), as they come back
+
+    @property
+    def ready(self) -> bool:
+        """Every target and draft token is on the host."""
+        return len(self.targets) == self.k and len(self.tokens) >= self.k - 1
+
+    @property
+    def matched(self) -> int:
+        """Drafts equal to their targets before the first that differs (of k - 1 checked)."""
+        return next((j for j in range(self.k - 1) if self.tokens[j] != self.targets[j][0]), self.k - 1)
+
+    def accepted(self) -> list[tuple[int, dict | None]]:
+        """The targets the round outputs: up to and including the first that differs from its draft."""
+        out = []
+        for j in range(self.k):
+            out.append(self.targets[j])
+            if j + 1 < self.k and self.tokens[j] != self.targets[j][0]:
+                break
+        return out
+
+
+def speculation(params, engine_loops: int, engine_tokens: int, layout: str, embeds: bool) -> tuple[int, int] | None:
+    """(d, n: draft tokens a round checks) for a request, or None where it does not speculate (see
+    the module's doc)."""
+    d = engine_loops if params.speculative_loops is None else params.speculative_loops
+    n = engine_tokens if params.speculative_tokens is None else params.speculative_tokens
+    if not 1 <= d < params.max_loops or layout != "last_exited" or not embeds:
+        return None
+    if params.exits_early or params.exit_criterion != "gate" or params.penalized or params.structured_output:
+        return None
+    return d, n
+
+
+def speculated(g) -> None:
+    """A draft or verify group left the loop. A draft's depth-d state (and loop input) is kept for
+    its verify row, copied: the pass's output is a CUDA graph's, which its next replay overwrites."""
+    if g.draft_of is not None:
+        g.state = g.state.clone()
+        g.inject = None if g.inject is None else g.inject.clone()
+        g.draft_of.drafts.append(g)
+    else:
+        r = g.verify_of
+        r.flying = [f for f in r.flying if f is not g]
