@@ -229,11 +229,9 @@ class LaunchConfig(msgspec.Struct, kw_only=True, frozen=True):
 
     def check_with(self, mc: ModelConfig, engine: EngineConfig) -> None:
         """What the options say together with the model (capped at max_model_len): a KV budget that
-        holds no block, speculation no family loop can run."""
+        holds no block, speculation at the model's whole depth."""
         if engine.speculative_loops >= mc.depth:
             raise ValueError(f"speculative_loops {engine.speculative_loops} must be below the model's depth {mc.depth}")
-        if engine.speculative_loops and mc.kv.num_boundary_layers:
-            raise ValueError(f"speculative_loops: self-speculation does not run {mc.family} models yet")
         if engine.num_blocks is None and engine.kv_memory_bytes is not None:
             dtype = dtype_name(self.dtype, self.device, mc.torch_dtype)
             per_block = mc.kv.block_bytes(engine.block_size, DTYPE_BYTES[dtype])

@@ -128,8 +128,6 @@ def _speculative_loops(mc: ModelConfig, loops, max_loops: int) -> int | None:
     if loops is None:
         return None
     _int("speculative_loops", loops, lo=0, hi=max_loops - 1, hi_text=f"max_loops - 1 ({max_loops - 1})")
-    if loops and mc.kv.num_boundary_layers:
-        raise RequestError(f"speculative_loops: self-speculation does not run {mc.family} models yet")
     return loops
 
 

@@ -59,6 +59,8 @@ def random_weights(
             t = randn(shape, g) * (gain / math.sqrt(shape[-1]))
         if any(re.search(pattern, name) for pattern in family.loop_outputs):
             t = t * update_scale
+        if any(re.search(pattern, name) for pattern in family.state_inputs):
+            t[:, : shape[1] // 2] *= update_scale
         out[name] = t
     if mc.family_config.tie_word_embeddings and "lm_head.weight" in out:
         out["lm_head.weight"] = out[family.embed_name]  # stored, equal to the tied embedding (as Huginn's)

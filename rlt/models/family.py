@@ -33,6 +33,9 @@ class Family:
     # the last weights of the loop's updates to its residual stream (regexes on tensor names): scaled
     # by make-checkpoint's update_scale, so each loop changes the state little
     loop_outputs: tuple[str, ...] = (r"\.o_proj\.weight$", r"\.down_proj\.weight$")
+    # projections whose first half of inputs is the loop's state (Huginn's adapter, state then
+    # input): those columns are scaled too, so the recurrence contracts
+    state_inputs: tuple[str, ...] = ()
 
     @property
     def model_cls(self) -> type:
@@ -272,6 +275,7 @@ HUGINN = Family(
     embed_name="transformer.wte.weight",
     ignored_suffixes=("freqs_cis",),
     loop_outputs=(r"core_block\.\d+\.(attn|mlp)\.proj\.weight$",),
+    state_inputs=(r"adapter\.weight$",),
     tokenizer=TokenizerSpec(
         front_specials=(),
         back_specials=(

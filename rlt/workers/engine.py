@@ -135,9 +135,7 @@ class LoopEngine(SteadyStretches):
 
     def _speculation(self, params: ResolvedParams) -> tuple[int, int] | None:
         cfg = self.cfg
-        return speculation(
-            params, cfg.speculative_loops, cfg.speculative_tokens, cfg.kv_layout, self.runner.embeds_tokens
-        )
+        return speculation(params, cfg.speculative_loops, cfg.speculative_tokens, cfg.kv_layout)
 
     def _root(self, params: ResolvedParams) -> bytes:
         return (

@@ -46,8 +46,7 @@ class Runner:
         self.one = torch.ones(1, device=device)  # survival before the first loop (read-only)
         # Steady decode (rlt/workers/steady.py): the loop input is the token embedding, or the
         # family's boundary layers run in its boundary passes (steady_boundary.py)
-        self.embeds_tokens = isinstance(model, EmbeddingInput)  # (what speculation needs, for now)
-        self.supports_steady = pool.has_boundary or self.embeds_tokens
+        self.supports_steady = pool.has_boundary or isinstance(model, EmbeddingInput)
         self.pending = None  # the last pass's criterion verdicts (PendingVerdicts)
         self.exit_wait = cfg.exit_wait_passes
 

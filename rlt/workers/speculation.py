@@ -56,12 +56,12 @@ class SpecRound:
         return out
 
 
-def speculation(params, engine_loops: int, engine_tokens: int, layout: str, embeds: bool) -> tuple[int, int] | None:
+def speculation(params, engine_loops: int, engine_tokens: int, layout: str) -> tuple[int, int] | None:
     """(d, n: draft tokens a round checks) for a request, or None where it does not speculate (see
     the module's doc)."""
     d = engine_loops if params.speculative_loops is None else params.speculative_loops
     n = engine_tokens if params.speculative_tokens is None else params.speculative_tokens
-    if not 1 <= d < params.max_loops or layout != "last_exited" or not embeds:
+    if not 1 <= d < params.max_loops or layout != "last_exited":
         return None
     if params.exits_early or params.exit_criterion != "gate" or params.penalized or params.structured_output:
         return None
