@@ -97,21 +97,25 @@ def test_speculative_equals_plain(spec_checkpoints, family, level):
             assert_same(plain, spec)
             assert eng.spec_drafts > 0
             acceptance = eng.spec_accepted / eng.spec_drafts
-            if loops == 1:  # (drafts of more loops agree more often, even with random weights)
-                assert acceptance > 0.7 if level == "high" else acceptance < 0.4, (tokens, acceptance)
+            if loops == 1 and level == "high":  # (drafts of more loops agree more often, even at random)
+                assert acceptance > 0.7, (tokens, acceptance)
+            if loops == 1 and level == "low":  # rounds that do not pay pause it: 8, 16, 32 tokens
+                assert eng.spec_rounds <= 4 * len(reqs), eng.spec_rounds
 
 
-def test_high_acceptance_takes_fewer_passes(spec_checkpoints):
-    """At one stream and acceptance near 1 a round of 3 checked drafts (one loop each) and a verify
-    (three loops) gives up to 4 tokens: fewer passes than 4 loops a token."""
-    path = spec_checkpoints[("ouro", "high")]
-    req = {"0": (PROMPTS[0], SamplingParams(max_tokens=40, temperature=0, ignore_eos=True))}
+@pytest.mark.parametrize("level", ["low", "high"])
+def test_passes_against_plain(spec_checkpoints, level):
+    """One stream of 80 tokens: at acceptance near 1 a round of 3 checked drafts (one loop each) and
+    a verify (three loops) gives up to 4 tokens, fewer passes than 4 loops a token; near 0 the
+    request soon stops drafting and costs about what plain decoding does."""
+    path = spec_checkpoints[("ouro", level)]
+    req = {"0": (PROMPTS[0], SamplingParams(max_tokens=80, temperature=0, ignore_eos=True))}
     passes = {}
     for loops in (0, 1):
         mc, eng = engine(path, speculative_loops=loops, speculative_tokens=3)
         run(mc, eng, req)
         passes[loops] = eng.passes
-    assert passes[1] < 0.7 * passes[0], passes
+    assert passes[1] < 0.6 * passes[0] if level == "high" else passes[1] < 1.1 * passes[0], passes
 
 
 @pytest.mark.parametrize("family", ["ouro", "nanbeige", "huginn"])

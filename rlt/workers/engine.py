@@ -286,6 +286,8 @@ class LoopEngine(SteadyStretches):
         self.spec_rounds += 1
         self.spec_drafts += r.k - 1
         self.spec_accepted += r.matched
+        d, n = s.speculation
+        s.acceptance.update(r.k - 1, r.matched, n, d, s.params.max_loops, len(s.output) + r.k)
         for tok, top in r.accepted():
             outputs.append(self._append_token(s, tok, s.params.max_loops, top))
             if outputs[-1].finish_reason is not None:

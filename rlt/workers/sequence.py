@@ -17,7 +17,7 @@ from rlt.workers.group import Group
 from rlt.workers.kv_pool import BlockTables
 from rlt.workers.prefix_cache import chain, prompt_keys
 from rlt.workers.prompt_logprobs import targets
-from rlt.workers.speculation import SpecRound
+from rlt.workers.speculation import Acceptance, SpecRound
 
 
 @dataclass(eq=False)  # (one request each: list membership by identity, not by comparing every field)
@@ -46,6 +46,7 @@ class Sequence:
     matcher: object | None = None  # structured output: its Constraint, once its grammar is compiled
     speculation: tuple[int, int] | None = None  # (draft loops, tokens) where it may speculate
     spec: SpecRound | None = None  # its speculation round under way (rlt/workers/speculation.py)
+    acceptance: Acceptance = field(default_factory=Acceptance)  # ... and whether rounds pay for it
 
     @property
     def in_flight(self) -> list[Group]:
@@ -149,8 +150,8 @@ class Sequence:
             ]
         if s.replay or (s.feed is not None and (s.prefill_only or len(s.output) + 1 >= p.max_tokens)):
             return []  # still recomputing; or that token ends it (or hands it off): nothing to decode here
-        if s.spec is None and speculate and s.speculation is not None:
-            base = len(s.output) + (s.feed is not None)
+        base = len(s.output) + (s.feed is not None)
+        if s.spec is None and speculate and s.speculation is not None and base >= s.acceptance.pause_until:
             d, n = s.speculation  # n drafts checked: n + 1 rows, up to n + 1 tokens a round
             if (k := min(n + 1, p.max_tokens - base)) >= 2:
                 s.spec = SpecRound(s.num_done, base, k, d)

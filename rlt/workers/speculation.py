@@ -68,6 +68,37 @@ def speculation(params, engine_loops: int, engine_tokens: int, layout: str) -> t
     return d, n
 
 
+@dataclass
+class Acceptance:
+    """A request's recent acceptance, and whether speculating pays for it: a round of n checked drafts
+    at acceptance a outputs 1 + a + ... + a^n tokens on average for (n + 1) d + (D - d) loop passes,
+    where plain decoding takes D a token. When that does not pay (by a margin, for the drafts' heads
+    and the round's host work), the request decodes plainly for a while (twice as long each time in a
+    row), then tries a round again."""
+
+    checked: float = 0.0  # drafts checked and matched, decayed: recent rounds count most
+    matched: float = 0.0
+    pause_until: int = 0  # no round starts before the request has this many output tokens
+    misses: int = 0
+
+    DECAY = 0.75
+    MARGIN = 1.15
+    PAUSE = 8  # tokens, doubled per miss in a row
+    MOST = 512
+
+    def update(self, checked: int, matched: int, n: int, loops: int, depth: int, outputs: int) -> None:
+        self.checked = self.DECAY * self.checked + checked
+        self.matched = self.DECAY * self.matched + matched
+        a = self.matched / self.checked
+        tokens = sum(a**j for j in range(n + 1))
+        if tokens * depth >= self.MARGIN * ((n + 1) * loops + depth - loops):
+            self.misses = 0
+            return
+        self.pause_until = outputs + min(self.PAUSE << self.misses, self.MOST)
+        self.misses += 1
+        self.checked = self.matched = 0.0  # (a fresh estimate when it tries again)
+
+
 def speculated(g) -> None:
     """A draft or verify group left the loop. A draft's depth-d state (and loop input) is kept for
     its verify row, copied: the pass's output is a CUDA graph's, which its next replay overwrites."""
