@@ -114,12 +114,12 @@ def resolve_params(mc: ModelConfig, prompt_len: int, p: SamplingParams) -> Resol
         if p.speculative_tokens is None
         else _int("speculative_tokens", p.speculative_tokens, lo=1, hi=MAX_SPECULATIVE_TOKENS),
     )
-    if rp.speculative_loops and (rp.exits_early or rp.penalized or rp.structured_output):
-        why = "exit early" if rp.exits_early else "a penalty" if rp.penalized else "structured output"
+    if rp.speculative_loops and (rp.exits_early or rp.penalized):
+        why = "exit early" if rp.exits_early else "a penalty"
         raise RequestError(
-            f"speculative_loops {rp.speculative_loops}: self-speculation needs a fixed depth, no penalties and no "
-            f"structured output; this request has {why} (set speculative_loops 0, or leave it to the engine: "
-            "it speculates only where it can)"
+            f"speculative_loops {rp.speculative_loops}: self-speculation needs a fixed depth and no penalties; "
+            f"this request has {why} (set speculative_loops 0, or leave it to the engine: it speculates only "
+            "where it can)"
         )
     return rp
 

@@ -142,8 +142,8 @@ def test_preemption_prefix_hits_stops_and_max_tokens(spec_checkpoints, family):
 
 
 def test_no_speculation_where_it_cannot_run(spec_checkpoints):
-    """Adaptive exit, penalties and grammars run plain on a speculating engine (the engine's default
-    leaves them out); asking for it on such a request is refused, naming why."""
+    """Adaptive exit and penalties run plain on a speculating engine (the engine's default leaves
+    them out); asking for it on such a request is refused, naming why."""
     path = spec_checkpoints[("ouro", "high")]
     sps = [
         SamplingParams(max_tokens=10, temperature=0, exit_threshold=0.5),
@@ -156,11 +156,7 @@ def test_no_speculation_where_it_cannot_run(spec_checkpoints):
     _, eng = engine(path, speculative_loops=2)
     assert_same(plain, run(mc, eng, reqs))
     assert eng.spec_drafts == 0
-    for bad, why in (
-        (dict(exit_threshold=0.5), "exit early"),
-        (dict(presence_penalty=0.5), "a penalty"),
-        (dict(structured_output=rlt.StructuredOutput(regex="[ab]+")), "structured output"),
-    ):
+    for bad, why in ((dict(exit_threshold=0.5), "exit early"), (dict(presence_penalty=0.5), "a penalty")):
         with pytest.raises(RequestError, match=f"speculative_loops 1: .*this request has {why}"):
             resolve_params(mc, 3, SamplingParams(speculative_loops=1, **bad))
     with pytest.raises(RequestError, match=r"speculative_loops must be <= max_loops - 1 \(1\), got 2"):
@@ -187,6 +183,28 @@ async def generate_all(path, topology, reqs, **opts):
         got = await asyncio.gather(*(one(i, p, sp) for i, (p, sp) in enumerate(reqs)))
         await all_free(eng)
         return got, eng.stats()
+
+
+async def test_structured_output_masks_drafts_and_verify(spec_checkpoints):
+    """Grammars on a speculating engine (a JSON schema, a regex, choices, and a grammar that starts
+    after a token: plain until then): every output as without speculation, each valid, drafts taken."""
+    path = spec_checkpoints[("ouro", "high")]
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "string"}}, "required": ["a"]}
+    kinds = [
+        rlt.StructuredOutput(json=schema),
+        rlt.StructuredOutput(regex="(ab|cd)[0-9]{3,9}x"),
+        rlt.StructuredOutput(choice=["river", "mountain", "sea"]),
+        rlt.StructuredOutput(regex="[a-z ]{4,40}", after=[PROMPTS[1][0]]),
+    ]
+    reqs = [
+        (PROMPTS[i % 3], SamplingParams(max_tokens=40, temperature=t, seed=i, structured_output=so))
+        for i, so in enumerate(kinds)
+        for t in (0.0, 0.9)
+    ]
+    plain, _ = await generate_all(path, "single", reqs)
+    spec, stats = await generate_all(path, "single", reqs, speculative_loops=1, speculative_tokens=3)
+    assert spec == plain
+    assert sum(w.spec_draft_tokens for w in stats.workers) > 0
 
 
 @pytest.mark.parametrize("topology", ["single", "1p1d"])

@@ -272,7 +272,7 @@ class LoopEngine(SteadyStretches):
                 continue
             g = smp.group
             if g.draft_of is not None:
-                g.draft_of.tokens.append(smp.token)
+                g.draft_of.tokens[g.start - g.draft_of.start] = smp.token
             elif g.verify_of is None:
                 outputs.append(self._append_token(s, smp.token, g.depth, smp.logprobs))
             elif (r := g.verify_of).targets.update({g.start - r.start: (smp.token, smp.logprobs)}) or r.ready:
@@ -283,6 +283,8 @@ class LoopEngine(SteadyStretches):
         """A speculation round's verify is back: the targets it keeps are the request's next tokens,
         their positions final; the next round starts after them."""
         outputs = []
+        if s.matcher is not None:
+            s.matcher.end_round()
         self.spec_rounds += 1
         self.spec_drafts += r.k - 1
         self.spec_accepted += r.matched

@@ -34,6 +34,7 @@ class Constraint:
         self.accepted = 0  # output tokens accepted
         self.after, self.tail = tuple(after), ()  # the ids the grammar waits for; the last outputs before
         self.started = not after  # the grammar constrains the outputs after `after` (none yet: any token)
+        self.round, self.steps = None, 0  # a speculation round's (ended before it, drafts taken), accepts
         for i, t in enumerate(outputs):
             self.accept(t, i)
 
@@ -58,6 +59,38 @@ class Constraint:
             else:
                 self.ended = not self.matcher.accept_token(token) or self.matcher.is_terminated()
         return self.ended
+
+    def round_mask(self, g) -> np.ndarray:
+        """A speculation round's row (draft or verify j, rlt/workers/speculation.py): the bitmask after
+        the round's drafts 0..j - 1, which the matcher takes for the round (end_round gives them
+        back); a draft token still on the device is read now (the draft before it exited last pass)."""
+        r = g.draft_of or g.verify_of
+        j = g.start - r.start
+        if j not in r.masks:
+            if self.round is None:  # the round's first mask: every output before it taken first
+                if self.accepted < r.base:
+                    pending, row = (r.drafts[0] if r.drafts else g).feed
+                    self.accept(int(pending.tokens[row]), r.base - 1)
+                self.round = (self.ended, 0)
+            while self.round[1] < j:
+                i = self.round[1]
+                if i not in r.tokens:  # (its draft row was fed that token: one unread at most)
+                    pending, row = r.drafts[i + 1].feed if i + 1 < len(r.drafts) else g.feed
+                    r.tokens[i] = int(pending.tokens[row])
+                if not self.ended:
+                    ok = self.matcher.accept_token(r.tokens[i])
+                    self.steps += ok
+                    self.ended = not ok or self.matcher.is_terminated()
+                self.round = (self.round[0], i + 1)
+            r.masks[j] = self.fill().copy()
+        return r.masks[j]
+
+    def end_round(self) -> None:
+        """Give back what a speculation round's drafts advanced (their tokens come again as outputs)."""
+        if self.round is not None:
+            if self.steps:
+                self.matcher.rollback(self.steps)
+            self.ended, self.round, self.steps = self.round[0], None, 0
 
     def catch_up(self, g) -> None:
         """A row sampling output g.output_index while the token before it is still on the device
@@ -146,9 +179,12 @@ def mask_fields(groups: list) -> dict:
     """The constrained sampled rows' bitmasks, as step fields (empty: no row is constrained). A row
     whose grammar waits for `after` has no mask (its token before may have completed it: read first)."""
     rows = [i for i, g in enumerate(groups) if g.matcher is not None]
+    spec = {i for i in rows if groups[i].draft_of is not None or groups[i].verify_of is not None}
     for i in rows:
-        groups[i].matcher.catch_up(groups[i])
+        if i not in spec:
+            groups[i].matcher.catch_up(groups[i])
     rows = [i for i in rows if groups[i].matcher.started]
     if not rows:
         return {}
-    return {"gm_row": np.array(rows), "gm_mask": np.stack([groups[i].matcher.fill() for i in rows])}
+    masks = [groups[i].matcher.round_mask(groups[i]) if i in spec else groups[i].matcher.fill() for i in rows]
+    return {"gm_row": np.array(rows), "gm_mask": np.stack(masks)}

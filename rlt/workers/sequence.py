@@ -151,7 +151,13 @@ class Sequence:
         if s.replay or (s.feed is not None and (s.prefill_only or len(s.output) + 1 >= p.max_tokens)):
             return []  # still recomputing; or that token ends it (or hands it off): nothing to decode here
         base = len(s.output) + (s.feed is not None)
-        if s.spec is None and speculate and s.speculation is not None and base >= s.acceptance.pause_until:
+        if (
+            s.spec is None
+            and speculate
+            and s.speculation is not None
+            and base >= s.acceptance.pause_until
+            and (s.matcher is None or s.matcher.started)  # (a grammar waiting for `after`: plain)
+        ):
             d, n = s.speculation  # n drafts checked: n + 1 rows, up to n + 1 tokens a round
             if (k := min(n + 1, p.max_tokens - base)) >= 2:
                 s.spec = SpecRound(s.num_done, base, k, d)
@@ -179,7 +185,7 @@ class Sequence:
         j = len(r.drafts)
         if r.verified or (j == r.k and budget < r.k):
             return []
-        common = dict(tables=s.tables, params=s.params, decoding=True, samples=True)
+        common = dict(tables=s.tables, params=s.params, decoding=True, samples=True, matcher=s.matcher)
         if j < r.k:
             ids = [0] if s.feed is not None else [r.tokens[j - 1] if j else s.output[-1]]
             draft = Group(ids, r.start + j, output_index=r.base + j, feed=s.feed, draft_of=r, **common)
@@ -221,5 +227,7 @@ class Sequence:
         """Drop its rows in flight and hand back its blocks: resumed, it recomputes from position 0."""
         tables, self.tables = self.tables, None
         self.group, self.replay, self.num_done, self.replay_next, self.num_cached_blocks = None, [], 0, 0, 0
+        if self.spec is not None and self.matcher is not None:
+            self.matcher.end_round()
         self.spec = None
         return tables

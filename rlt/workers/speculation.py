@@ -15,10 +15,15 @@ next round writes them again before anything reads them. So a speculative stream
 one token for token, greedy or sampled, with the same exit depths (every token at max_loops) and
 logprobs (the targets').
 
+Structured output masks a round's row j, draft and verify alike, by the grammar's state after
+drafts 0..j - 1 (taken by the matcher for the round, rolled back when its verify is back): the
+only state in which target j counts.
+
 Where it runs: decode tokens at a fixed depth (no early exit, whose depths a draft cannot know),
-with no penalties or grammar (whose state would take the drafts' tokens), on a LAST_EXITED pool,
-in families whose loop input is the token embedding. The scheduler starts rounds only while few
-requests decode (speculative_max_streams): past that a pass of more rows is no longer free.
+with no penalties (whose counts would take the drafts' tokens), on a LAST_EXITED pool. The
+scheduler starts rounds only while few requests decode (speculative_max_streams): past that a pass
+of more rows is no longer free; and a request whose drafts do not pay stops drafting for a while
+(Acceptance).
 """
 
 from dataclasses import dataclass, field
@@ -31,15 +36,16 @@ class SpecRound:
     k: int  # drafts (and verify rows): the first k - 1 drafts' tokens are checked, the last has none
     loops: int  # d: the drafts' depth
     drafts: list = field(default_factory=list)  # exited draft groups, in order (their depth-d states)
-    tokens: list[int] = field(default_factory=list)  # the drafts' tokens read back so far
+    tokens: dict[int, int] = field(default_factory=dict)  # draft j -> its token, once on the host
     flying: list = field(default_factory=list)  # the verify groups while they run
     verified: bool = False  # the verify has been scheduled
     targets: dict = field(default_factory=dict)  # verify row j -> (token, logprobs), as they come back
+    masks: dict = field(default_factory=dict)  # structured output: row j -> its bitmask (draft and verify)
 
     @property
     def ready(self) -> bool:
         """Every target and draft token is on the host."""
-        return len(self.targets) == self.k and len(self.tokens) >= self.k - 1
+        return len(self.targets) == self.k and all(j in self.tokens for j in range(self.k - 1))
 
     @property
     def matched(self) -> int:
@@ -63,7 +69,7 @@ def speculation(params, engine_loops: int, engine_tokens: int, layout: str) -> t
     n = engine_tokens if params.speculative_tokens is None else params.speculative_tokens
     if not 1 <= d < params.max_loops or layout != "last_exited":
         return None
-    if params.exits_early or params.exit_criterion != "gate" or params.penalized or params.structured_output:
+    if params.exits_early or params.exit_criterion != "gate" or params.penalized:
         return None
     return d, n
 
