@@ -268,7 +268,8 @@ def _speculation(rows: list[dict], tokens: int) -> list[str]:
         x = r["full_conc_tok_per_s"] / plain["full_conc_tok_per_s"]
         lines.append(
             f"speculative_loops {r['spec']}, tokens {tokens}: conc {r['concurrency']} prompt {r['prompt_len']} "
-            f"thr {r['threshold']}: acceptance {r['acceptance']}, full conc tok/s x{x:.3f} of plain"
+            f"thr {r['threshold']}: acceptance {r['acceptance']}, {r['tokens_per_round']} tokens a round, "
+            f"full conc tok/s x{x:.3f} of plain"
         )
     return lines
 

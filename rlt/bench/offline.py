@@ -92,7 +92,12 @@ def decode_run(
     criterion, threshold = threshold if isinstance(threshold, tuple) else ("gate", threshold)
     sp = exit_params(threshold if criterion == "gate" else (criterion, threshold), max_tokens)
     submit(engine, mc, concurrency, prompt_len, msgspec.structs.replace(sp, **PENALTIES) if penalized else sp)
-    drafts0, accepted0 = engine.spec_drafts, engine.spec_accepted
+    drafts0, accepted0, rounds0, spec_tokens0 = (
+        engine.spec_drafts,
+        engine.spec_accepted,
+        engine.spec_rounds,
+        engine.spec_tokens,
+    )
     t0 = time.perf_counter()
     seen, tokens, depths, decode_t0, full_t1, full_depths = set(), 0, [], None, None, []
     while engine.has_work():
@@ -136,6 +141,9 @@ def decode_run(
         "spec_drafts": engine.spec_drafts - drafts0,
         "acceptance": round((engine.spec_accepted - accepted0) / (engine.spec_drafts - drafts0), 3)
         if engine.spec_drafts > drafts0
+        else None,
+        "tokens_per_round": round((engine.spec_tokens - spec_tokens0) / (engine.spec_rounds - rounds0), 2)
+        if engine.spec_rounds > rounds0
         else None,
     }
 

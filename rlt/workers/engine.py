@@ -64,8 +64,9 @@ class LoopEngine(SteadyStretches):
         self._steady = None  # SteadyDecode while a stretch runs
         self._steady_seqs: list[Sequence] = []  # the request of each steady lane
         self.steady_steps = 0  # passes run in steady decode (observability, tests)
-        # self-speculation: rounds verified, draft tokens checked, and those equal to their targets
-        self.spec_rounds = self.spec_drafts = self.spec_accepted = 0
+        # self-speculation: rounds verified, draft tokens checked, those equal to their targets, and
+        # the tokens the rounds output
+        self.spec_rounds = self.spec_drafts = self.spec_accepted = self.spec_tokens = 0
         self.passes = 0  # core passes run (observability, tests)
 
     # ---- requests ---------------------------------------------------------------------------
@@ -292,6 +293,7 @@ class LoopEngine(SteadyStretches):
         s.acceptance.update(r.k - 1, r.matched, n, d, s.params.max_loops, len(s.output) + r.k)
         for tok, top in r.accepted():
             outputs.append(self._append_token(s, tok, s.params.max_loops, top))
+            self.spec_tokens += 1
             if outputs[-1].finish_reason is not None:
                 return outputs
         if s.spec is r:  # (not preempted meanwhile: then it recomputes them)
