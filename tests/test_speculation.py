@@ -171,14 +171,14 @@ async def test_launch_refuses_speculation_at_the_whole_depth(checkpoints):
 
 
 async def generate_all(path, topology, reqs, **opts):
-    async with rlt.Engine.launch(path, topology=topology, **(SMALL | FAST_PD | opts)) as eng:
+    ov = OV["huginn"] if "huginn" in path else None
+    async with rlt.Engine.launch(path, topology=topology, hf_overrides=ov, **(SMALL | FAST_PD | opts)) as eng:
 
         async def one(i, prompt, sp):
-            outs = []
+            last = {}  # choice -> its last (cumulative) output
             async for out in eng.generate(prompt, sp, request_id=f"r{i}"):
-                pass
-            outs = out if isinstance(out, list) else [out]
-            return [(o.token_ids, o.exit_depths, o.finish_reason) for o in outs]
+                last[out.index] = out
+            return [(o.token_ids, o.exit_depths, o.finish_reason, o.text) for _, o in sorted(last.items())]
 
         got = await asyncio.gather(*(one(i, p, sp) for i, (p, sp) in enumerate(reqs)))
         await all_free(eng)
@@ -208,18 +208,24 @@ async def test_structured_output_masks_drafts_and_verify(spec_checkpoints):
 
 
 @pytest.mark.parametrize("topology", ["single", "1p1d"])
-async def test_engine_api_speculates_with_n_and_in_pd(spec_checkpoints, topology):
-    """Through rlt.Engine: n = 3 choices, a per-request opt-out, and the PD decode worker drafting;
-    each stream equals the engine's without speculation, and the stats count the drafts."""
-    path = spec_checkpoints[("nanbeige", "high")]
+@pytest.mark.parametrize("family", ["ouro", "nanbeige", "huginn"])
+async def test_engine_api_speculates_with_n_stop_strings_and_in_pd(spec_checkpoints, family, topology):
+    """Through rlt.Engine: n = 3 choices, a stop string met mid-way, a per-request opt-out, and the
+    PD decode worker drafting; every choice equals the engine's without speculation, and the stats
+    count the drafts."""
+    path = spec_checkpoints[(family, "high")]
+    greedy = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)
+    text = (await generate_all(path, "single", [(PROMPTS[1], greedy)]))[0][0][0][3]
+    stop = text[len(text) // 2 :][:2]  # (a string the greedy text holds past its start)
     reqs = [
         (PROMPTS[0], SamplingParams(max_tokens=15, temperature=0.8, seed=7, n=3, ignore_eos=True)),
-        (PROMPTS[1], SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)),
-        (PROMPTS[2], SamplingParams(max_tokens=12, temperature=0, ignore_eos=True, speculative_loops=0)),
+        (PROMPTS[1], msgspec.structs.replace(greedy, stop=[stop])),
+        (PROMPTS[2], msgspec.structs.replace(greedy, speculative_loops=0)),
     ]
     plain, _ = await generate_all(path, "single", reqs)
     spec, stats = await generate_all(path, topology, reqs, speculative_loops=1, speculative_tokens=3)
     assert spec == plain
+    assert len(plain[0]) == 3 and plain[1][0][2] == "stop" and stop not in plain[1][0][3]
     drafts = sum(w.spec_draft_tokens for w in stats.workers)
     accepted = sum(w.spec_accepted_tokens for w in stats.workers)
     assert drafts > 0 and accepted / drafts > 0.7, (drafts, accepted)
