@@ -16,6 +16,7 @@ from rlt.serve.errors import HTTPError
 from rlt.serve.flags import Limits, ServerOptions
 from rlt.serve.limits import Pool, decode, read_body
 from rlt.serve.metrics import Metrics
+from rlt.serve.responses import Store
 
 
 def build_app(
@@ -38,6 +39,7 @@ def build_app(
     served_name = names[0]
     limits, options = limits or Limits(), options or ServerOptions()
     served = generate.Served(limits, Pool(), chat_template, *parsers, options.trust_request_chat_template)
+    served.responses = Store(options.responses_store)
     template_sandbox.install()
 
     async def lifespan(app: FastAPI):
@@ -110,6 +112,19 @@ def build_app(
     async def chat(request: Request):
         body = await body_of(request)
         return await generate.chat(request, body, served, body.get("model") or served_name)
+
+    @app.post("/v1/responses")
+    async def responses(request: Request):
+        body = await body_of(request)
+        return await generate.responses(request, body, served, body.get("model") or served_name)
+
+    @app.get("/v1/responses/{response_id}")
+    async def get_response(response_id: str):
+        return served.responses.get(response_id)[0]
+
+    @app.delete("/v1/responses/{response_id}")
+    async def delete_response(response_id: str):
+        return served.responses.delete(response_id)
 
     @app.post("/tokenize")
     async def tokenize(request: Request):

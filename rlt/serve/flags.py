@@ -27,6 +27,7 @@ class ServerOptions:
     allow_credentials: bool = False
     log_requests: bool = True
     trust_request_chat_template: bool = False  # a request may give its own chat_template
+    responses_store: int = 0  # /v1/responses kept for GET, DELETE and previous_response_id (0: none)
 
 
 def _json_list(text: str) -> tuple[str, ...]:
@@ -102,6 +103,14 @@ def add_server_flags(parser) -> None:
         help="let a request give its own chat_template (rendered under the same bounds; default: refused, 400)",
     )
     g.add_argument(
+        "--responses-store",
+        type=int,
+        default=0,
+        metavar="N",
+        help="keep the last N /v1/responses in memory, for GET and DELETE /v1/responses/{id} and a later "
+        "request's previous_response_id (default: 0, none kept, as vLLM's store is off by default)",
+    )
+    g.add_argument(
         "--disable-log-requests",
         action="store_true",
         help="no INFO line per request on stderr (5xx responses are logged at WARNING still)",
@@ -116,6 +125,7 @@ def server_options_of(args) -> ServerOptions:
         allow_credentials=args.allow_credentials,
         log_requests=not args.disable_log_requests,
         trust_request_chat_template=args.trust_request_chat_template,
+        responses_store=max(0, args.responses_store),
     )
 
 

@@ -6,7 +6,7 @@ one watches for the disconnect while it waits)."""
 import asyncio
 import uuid
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import msgspec
 from fastapi import Request
@@ -16,7 +16,8 @@ from rlt.errors import EngineDeadError, EngineOverloadedError, RequestError
 from rlt.serve import chat as chat_template
 from rlt.serve import openai_api as oa
 from rlt.serve import requests as rq
-from rlt.serve import structured
+from rlt.serve import response_events, structured
+from rlt.serve import responses as rs
 from rlt.serve.choices import Choice, events, run, usage
 from rlt.serve.errors import HTTPError, short
 from rlt.serve.flags import Limits
@@ -36,6 +37,7 @@ class Served:
     reasoning_parser: str | None = None  # --reasoning-parser (rlt/serve/parsers.py)
     tool_parser: str | None = None  # --tool-call-parser
     trust_request_chat_template: bool = False  # --trust-request-chat-template: a request may give its own
+    responses: rs.Store = field(default_factory=lambda: rs.Store(0))  # --responses-store
 
 
 @contextmanager
@@ -91,6 +93,34 @@ async def chat(request: Request, body: dict, served: Served, name: str):
         echo = chat_template.messages_of([last])[0]["content"] if opts.echo and last.get("role") == "assistant" else ""
     await check_grammar(served, state.engine, params, opts)
     return await _respond(request, params, opts, [ids], [echo], True, name)
+
+
+async def responses(request: Request, body: dict, served: Served, name: str):
+    """/v1/responses: the request runs as a chat request (rlt/serve/responses.py), its response or
+    stream in the Responses shape; kept in the store unless it says store: false."""
+    req = rs.parse(body)
+    history = (
+        served.responses.get(req.previous_response_id, "previous_response_id")[1] if req.previous_response_id else []
+    )
+    chat_body = rs.chat_body(req, history)
+    try:
+        res = await chat(request, chat_body, served, name)
+    except HTTPError as e:
+        raise rs.renamed(e) from None
+    rid = rs.new_id("resp")
+
+    def done(response: dict) -> None:
+        if req.store is not False:
+            served.responses.put(response, rs.conversation(chat_body, response))
+
+    if isinstance(res, StreamingResponse):
+        events = response_events.events(req, res.body_iterator, rid, name, done)
+        return StreamingResponse(events, media_type="text/event-stream")
+    if res.status_code != 200:  # (499: the client went away)
+        return res
+    response = rs.from_chat(req, msgspec.json.decode(res.body), rid, name)
+    done(response)
+    return Response(_json.encode(response), media_type="application/json")
 
 
 def parsing(req, prompt_text: str, served: Served, tok, params):

@@ -1,0 +1,168 @@
+"""A streamed Response: the chat route's chunks (rlt/serve/choices.py's events) become OpenAI's
+typed server-sent events, in its order: response.created and .in_progress; per output item
+(reasoning, the message's text, each function call) .output_item.added, its parts' and deltas'
+events and .output_item.done; then response.completed (or .incomplete, cut by max_output_tokens;
+or .failed with an error event, when the engine failed mid-way). Items keep their ids from added
+to done to the final response, as the official client's stream accumulator checks."""
+
+import copy
+import itertools
+import json
+import time
+
+import msgspec
+
+from rlt.serve import responses as rs
+
+_json = msgspec.json.Encoder()
+
+
+class _Stream:
+    def __init__(self, req: rs.ResponsesRequest, rid: str, name: str):
+        self.req, self.seq = req, itertools.count()
+        self.response = rs.envelope(req, rid, name, int(time.time()))
+        self.output: list[dict] = []
+        self.open: dict | None = None  # the item receiving deltas
+        self.call_index: int | None = None  # the chat tool call the open function_call item is
+
+    def event(self, kind: str, **fields) -> bytes:
+        data = _json.encode({"type": kind, "sequence_number": next(self.seq), **fields})
+        return b"event: " + kind.encode() + b"\ndata: " + data + b"\n\n"
+
+    def lifecycle(self, kind: str) -> bytes:
+        return self.event(kind, response=self.response | {"output": copy.deepcopy(self.output)})
+
+    def start(self, item: dict) -> list[bytes]:
+        """A new output item (the open one closed first)."""
+        out = self.close()
+        self.output.append(item)
+        self.open, index = item, len(self.output) - 1
+        added = copy.deepcopy(item)
+        if item["type"] == "message":
+            added["content"] = []
+        out.append(self.event("response.output_item.added", output_index=index, item=added))
+        if item["type"] == "message":
+            part = {"type": "output_text", "text": "", "annotations": []}
+            out.append(self.part("response.content_part.added", part))
+        return out
+
+    def part(self, kind: str, part: dict) -> bytes:
+        return self.event(kind, item_id=self.open["id"], output_index=len(self.output) - 1, content_index=0, part=part)
+
+    def close(self) -> list[bytes]:
+        item, out = self.open, []
+        if item is None:
+            return out
+        index, ids = len(self.output) - 1, {"item_id": item["id"], "output_index": len(self.output) - 1}
+        if item["type"] == "reasoning":
+            text = item["content"][0]["text"]
+            out.append(self.event("response.reasoning_text.done", **ids, content_index=0, text=text))
+        elif item["type"] == "message":
+            part = item["content"][0]
+            logprobs = part.get("logprobs", [])
+            out.append(
+                self.event("response.output_text.done", **ids, content_index=0, text=part["text"], logprobs=logprobs)
+            )
+            out.append(self.part("response.content_part.done", part))
+        else:
+            args = item["arguments"]
+            out.append(self.event("response.function_call_arguments.done", **ids, arguments=args, name=item["name"]))
+        item["status"] = "completed"
+        out.append(self.event("response.output_item.done", output_index=index, item=copy.deepcopy(item)))
+        self.open = self.call_index = None
+        return out
+
+    def reasoning(self, text: str) -> list[bytes]:
+        out = []
+        if self.open is None or self.open["type"] != "reasoning":
+            part = {"type": "reasoning_text", "text": ""}
+            item = {
+                "id": rs.new_id("rs"),
+                "type": "reasoning",
+                "summary": [],
+                "content": [part],
+                "status": "in_progress",
+            }
+            out += self.start(item)
+        self.open["content"][0]["text"] += text
+        ids = {"item_id": self.open["id"], "output_index": len(self.output) - 1}
+        return out + [self.event("response.reasoning_text.delta", **ids, content_index=0, delta=text)]
+
+    def text(self, text: str, logprobs: list | None) -> list[bytes]:
+        out = []
+        if self.open is None or self.open["type"] != "message":
+            part = {"type": "output_text", "text": "", "annotations": []}
+            if logprobs is not None:
+                part["logprobs"] = []
+            item = {"id": rs.new_id("msg"), "type": "message", "status": "in_progress", "role": "assistant"}
+            out += self.start(item | {"content": [part]})
+        part = self.open["content"][0]
+        part["text"] += text
+        if logprobs is not None:
+            part["logprobs"] += logprobs
+        ids = {"item_id": self.open["id"], "output_index": len(self.output) - 1}
+        out.append(
+            self.event("response.output_text.delta", **ids, content_index=0, delta=text, logprobs=logprobs or [])
+        )
+        return out
+
+    def call(self, entry: dict) -> list[bytes]:
+        out, fn = [], entry.get("function", {})
+        if self.call_index != entry["index"]:
+            item = {
+                "id": rs.new_id("fc"),
+                "type": "function_call",
+                "call_id": entry.get("id"),
+                "name": fn.get("name"),
+                "arguments": "",
+                "status": "in_progress",
+            }
+            out += self.start(item)
+            self.call_index = entry["index"]
+        if fn.get("arguments"):
+            self.open["arguments"] += fn["arguments"]
+            ids = {"item_id": self.open["id"], "output_index": len(self.output) - 1}
+            out.append(self.event("response.function_call_arguments.delta", **ids, delta=fn["arguments"]))
+        return out
+
+
+async def events(req: rs.ResponsesRequest, chunks, rid: str, name: str, done):
+    """chunks: the chat route's server-sent events (bytes); done(response): called with the final
+    Response object (the store keeps it)."""
+    s, finish, usage = _Stream(req, rid, name), None, None
+    yield s.lifecycle("response.created")
+    yield s.lifecycle("response.in_progress")
+    async for raw in chunks:
+        payload = bytes(raw).removeprefix(b"data: ").strip()
+        if payload == b"[DONE]":
+            break
+        d = json.loads(payload)
+        if "error" in d:  # the engine failed mid-way: the response has started, it fails in the stream
+            for e in s.close():
+                yield e
+            err = d["error"]
+            yield s.event("error", code=str(err.get("code")), message=err.get("message"), param=err.get("param"))
+            s.response |= {"status": "failed", "error": {"code": "server_error", "message": err.get("message")}}
+            yield s.lifecycle("response.failed")
+            return
+        usage = d.get("usage") or usage
+        for c in d["choices"]:
+            delta = c.get("delta") or {}
+            lps = (c.get("logprobs") or {}).get("content") if req.top_logprobs else None
+            for e in s.reasoning(delta["reasoning_content"]) if delta.get("reasoning_content") else ():
+                yield e
+            for e in s.text(delta["content"], lps) if delta.get("content") else ():
+                yield e
+            for entry in delta.get("tool_calls") or ():
+                for e in s.call(entry):
+                    yield e
+            finish = c.get("finish_reason") or finish
+    for e in s.close():
+        yield e
+    if not s.output:  # (nothing generated: an empty message, as a whole response has)
+        for e in s.text("", None) + s.close():
+            yield e
+    s.response |= {"output": s.output, "usage": rs.usage_of(usage)}
+    rs.finish(s.response, finish)
+    done(s.response)
+    yield s.lifecycle("response.completed" if s.response["status"] == "completed" else "response.incomplete")
