@@ -1,6 +1,7 @@
 """`rlt bench`: every subcommand's help, and one tiny offline run (CPU, a few seconds)."""
 
 import json
+import re
 import subprocess
 import sys
 
@@ -107,3 +108,32 @@ def test_bench_parity_1p1d_matches_single(checkpoints, tmp_path):
     for mode in ("sequential", "concurrent"):
         assert (report[mode]["match"], report[mode]["of"], report[mode]["diffs"]) == (3, 3, [])
     assert set(report["ready_s"]) == {"single", "1p1d"}
+
+
+def test_bench_offline_speculation_against_plain(checkpoints, capsys):
+    """--speculative-loops 0,1: the same rows with and without drafting, with the acceptance, the
+    tokens a round gives and the ratio of tok/s."""
+    argv = ["bench", "offline", "--model", checkpoints["nanbeige"], "--concurrency", "1", "--threshold", "1.0"]
+    assert main(argv + ["--prompt-len", "8", "--max-tokens", "12", "--speculative-loops", "0,1"]) == 0
+    line = capsys.readouterr().out.splitlines()[-1]
+    assert re.fullmatch(
+        r"speculative_loops 1, tokens 3: conc 1 prompt 8 thr 1.0: acceptance [0-9.]+, [0-9.]+ tokens a round, "
+        r"full conc tok/s x[0-9.]+ of plain",
+        line,
+    ), line
+
+
+def test_bench_serve_takes_vllms_flags_and_prints_its_summary(checkpoints, capsys):
+    """`vllm bench serve`'s random-dataset flags: --max-concurrency 4 of --num-prompts 12 (its
+    request rate inf), then 6 at Poisson 50 req/s; vLLM's result block for each."""
+    argv = ["bench", "serve", "--model", checkpoints["ouro"], "--dataset-name", "random", "--random-input-len", "16"]
+    argv += ["--random-output-len", "4", "--ignore-eos"]
+    assert main(argv + ["--num-prompts", "12", "--max-concurrency", "4"]) == 0
+    out = capsys.readouterr().out
+    assert "============ Serving Benchmark Result ============" in out
+    assert re.search(r"Successful requests: +12\n", out) and re.search(r"Maximum request concurrency: +4\n", out)
+    assert re.search(r"Total input tokens: +192\nTotal generated tokens: +48\n", out)
+    assert all(f"{s} {m} (ms):" in out for s in ("Mean", "Median", "P99") for m in ("TTFT", "TPOT", "ITL"))
+    assert main(argv + ["--num-prompts", "6", "--request-rate", "50"]) == 0
+    out = capsys.readouterr().out
+    assert re.search(r"Successful requests: +6\nRequest rate configured \(RPS\): +50.00\n", out)

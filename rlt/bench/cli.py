@@ -144,6 +144,9 @@ def _serve(p) -> None:
     g.add_argument("--max-local-prefill-length", type=int, help="PD: prompts up to this prefill on the decode worker")
     g.add_argument("--max-prefill-queue-size", type=int, help="PD: past this queue the decode worker prefills")
     g.add_argument("--prefill-worker-chunk", type=int, help="PD: prompt rows per chunk on prefill workers")
+    from rlt.bench import vllm_flags
+
+    vllm_flags.add_flags(p)
 
 
 def _prefix(p) -> None:

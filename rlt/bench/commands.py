@@ -224,6 +224,7 @@ async def _target(args, options: dict):
 async def _serve(args, meta: dict, options: dict) -> list[dict]:
     """Every row, each printed and (with --json-out) written as soon as it is measured, so a run
     stopped by a time limit keeps the rates it finished."""
+    from rlt.bench import vllm_flags
     from rlt.bench.serving import sweep, warm_up
 
     async with _target(args, options) as target:
@@ -235,6 +236,8 @@ async def _serve(args, meta: dict, options: dict) -> list[dict]:
         def report(row, rows):
             load = row["rate"] if "rate" in row else f"{row['concurrency']} at once"
             print(" ".join(f"{str(row.get(c, load if c == 'load' else None)):>14}" for c in COLUMNS), flush=True)
+            if args.vllm:
+                print(vllm_flags.summary(row), flush=True)
             if args.json_out:  # replaced whole: a run killed mid-write keeps the previous file
                 with open(args.json_out + ".tmp", "w") as f:
                     json.dump({"meta": meta, "rows": rows}, f, indent=2)
@@ -254,6 +257,7 @@ async def _serve(args, meta: dict, options: dict) -> list[dict]:
             num_requests=args.num_prompts,
             shared_prefix_len=args.shared_prefix_len,
             ramp_s=args.ramp,
+            count=args.count,
         )
 
 
@@ -276,8 +280,11 @@ def _speculation(rows: list[dict], tokens: int) -> list[str]:
 
 def serve(args) -> None:
     from rlt import envs
+    from rlt.bench import vllm_flags
     from rlt.default_model import default_model_path
 
+    args.count = None  # (vLLM's --num-prompts at a --request-rate: apply sets it)
+    args.vllm = vllm_flags.apply(args)
     if args.model is None:  # (over HTTP: its vocabulary, unless --vocab-size)
         args.model = default_model_path()
     # the engine's defaults except where an option is given (a long first start is no failure)

@@ -15,6 +15,7 @@ random tokens (a system prompt, as SGLang's generated-shared-prefix workload), t
 
 import asyncio
 import itertools
+import math
 import random
 import statistics
 import time
@@ -108,12 +109,13 @@ def _prompt(rng, target, length: int, prefix: list[int] = ()) -> list[int]:
     return list(prefix) + [rng.randrange(3, target.vocab_size) for _ in range(length)]
 
 
-async def one_rate(target, rate, duration, prompt_lens, output_len, seed, prefix=()):
+async def one_rate(target, rate, duration, prompt_lens, output_len, seed, prefix=(), count=None):
+    """Poisson arrivals at `rate` for `duration` seconds, or `count` of them (vLLM's --num-prompts)."""
     rng = random.Random(seed)
     arrivals, t = [], 0.0
-    while True:
+    while len(arrivals) < (count or math.inf):
         t += rng.expovariate(rate)
-        if t > duration:
+        if count is None and t > duration:
             break
         arrivals.append(t)
     results = []
@@ -243,6 +245,7 @@ async def sweep(
     num_requests: int | None = None,
     shared_prefix_len: int = 0,
     ramp_s: float = 0.0,
+    count: int | None = None,
 ) -> list[dict]:
     """A row per rate of `rates`, then `sweep_rates` in order (each for `sweep_duration` seconds,
     default `duration`) until one is past capacity, then a row per concurrency of `concurrencies`
@@ -250,7 +253,8 @@ async def sweep(
     `on_row(row, rows)` sees every row as soon as it is measured (so a caller stopped by a time
     limit keeps the rates it finished). In process, each row also counts the prompts a PD decode
     worker prefilled itself. `shared_prefix_len`: tokens every prompt starts with; `ramp_s`: the
-    closed loops' clients start over this many seconds."""
+    closed loops' clients start over this many seconds; `count`: each rate sends this many
+    requests instead of `duration` seconds of them."""
     rows = []
     prefix = _prompt(random.Random(seed - 1), target, shared_prefix_len)
 
@@ -268,7 +272,7 @@ async def sweep(
         def finish(row):
             row["arrivals_s"], row["saturated"] = seconds, saturated(row)
 
-        await run(one_rate(target, rate, seconds, prompt_lens, output_len, seed, prefix), finish)
+        await run(one_rate(target, rate, seconds, prompt_lens, output_len, seed, prefix, count), finish)
 
     for rate in rates:
         await at_rate(rate, duration)
