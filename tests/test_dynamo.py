@@ -319,6 +319,23 @@ def test_completions_through_dynamo_equal_single(checkpoints, stack, single_outp
     assert_equal(got, single_outputs(family))
 
 
+def test_responses_through_dynamos_frontend(ouro_worker):
+    """OpenAI's Responses API through Dynamo's frontend (it turns /v1/responses into a chat request
+    for the worker): the same text as the chat request it stands for, streamed too."""
+    s, _ = ouro_worker
+    client = openai.OpenAI(base_url=s.url, api_key="none", max_retries=0, timeout=60)
+    question = "Where does the river run?"
+    kw = dict(model=s.model, input=question, max_output_tokens=6, temperature=0)
+    r = client.responses.create(**kw)
+    messages = [{"role": "user", "content": question}]
+    chat = client.chat.completions.create(model=s.model, messages=messages, max_tokens=6, temperature=0)
+    assert r.output_text == chat.choices[0].message.content and r.output_text
+    with client.responses.stream(**kw) as stream:
+        events = list(stream)
+    text = "".join(e.delta for e in events if e.type == "response.output_text.delta")
+    assert text == r.output_text
+
+
 def test_two_decode_nodes_share_a_prefill_node(checkpoints, stack):
     """Requests at once through two decode nodes (each numbering its own requests from 1) and one
     prefill node: each KV handoff lands in the right decode node's blocks under the right request."""
