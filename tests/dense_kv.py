@@ -2,9 +2,9 @@
 
 import torch
 
-from rlt.config import ModelConfig
 from rlt.kernels.attention import causal_attention
 from rlt.models.layers import rope, split_qkv
+from rlt.models.model_config import ModelConfig
 
 
 class DenseKV:

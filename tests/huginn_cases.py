@@ -5,7 +5,7 @@ seed 1) and the held-out tests/huginn_reference_heldout.json."""
 import json
 import os
 
-from rlt.sampling_params import EXIT_CRITERIA, SamplingParams
+from rlt.contract.sampling_params import EXIT_CRITERIA, SamplingParams
 
 
 def _load(name: str) -> dict:

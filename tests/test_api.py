@@ -19,9 +19,10 @@ from processes import parent, workers_of
 
 import rlt
 from rlt import EngineDeadError, RequestError, SamplingParams
-from rlt.config import EngineConfig, Faults, ModelConfig
+from rlt.contract.config import EngineConfig, Faults
+from rlt.contract.validation import resolve_params
 from rlt.models.loader import load_model
-from rlt.validation import resolve_params
+from rlt.models.model_config import ModelConfig
 from rlt.workers.engine import LoopEngine
 
 

@@ -30,7 +30,7 @@ from test_pd import wait_for
 
 import rlt
 from rlt import EngineDeadError, RequestError, SamplingParams
-from rlt.config import Faults, parse_topology
+from rlt.contract.config import Faults, parse_topology
 from rlt.control.lifecycle import Phase
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")

@@ -8,7 +8,7 @@ from huginn_cases import FIXTURE, VARIED, params
 from reference import Ref, shared_generate
 from test_engine import make, run
 
-from rlt.sampling_params import SamplingParams
+from rlt.contract.sampling_params import SamplingParams
 
 
 @pytest.mark.parametrize("criterion,wait", [("latent-diff", 0), ("kl", 0), ("latent-diff", 3)])

@@ -13,8 +13,8 @@ from reference import Ref, ref_generate
 from test_engine import make, run
 from test_models import Generated, assert_matches
 
-from rlt.sampling_params import SamplingParams
-from rlt.validation import resolve_params
+from rlt.contract.sampling_params import SamplingParams
+from rlt.contract.validation import resolve_params
 
 
 def fixed(k: int, n: int = N) -> SamplingParams:

@@ -8,7 +8,7 @@ import time
 import pytest
 from tokenizers import decoders
 
-from rlt.detokenizer import CONTEXT, IncrementalDetokenizer
+from rlt.control.detokenizer import CONTEXT, IncrementalDetokenizer
 from rlt.models.tokenizer import CORPUS, load_tokenizer
 
 FAMILIES = ("ouro", "nanbeige", "huginn")

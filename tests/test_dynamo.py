@@ -428,7 +428,7 @@ SLOWED_NODE = f"""
 import sys
 
 import rlt
-from rlt.config import Faults
+from rlt.contract.config import Faults
 
 _launch = rlt.Engine.launch
 faults = Faults(slow_transfer_first_token={SLOW}, slow_transfer_seconds={SLOW_S})

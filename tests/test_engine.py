@@ -5,11 +5,12 @@ import torch
 from reference import Ref, ref_generate, shared_generate
 
 from rlt import RequestError
-from rlt.config import EngineConfig, ModelConfig
+from rlt.contract.config import EngineConfig
+from rlt.contract.sampling_params import SamplingParams
+from rlt.contract.validation import resolve_params
 from rlt.kernels.random import truncated_normal
 from rlt.models.loader import load_model
-from rlt.sampling_params import SamplingParams
-from rlt.validation import resolve_params
+from rlt.models.model_config import ModelConfig
 from rlt.workers.engine import LoopEngine
 
 HUGINN = {"mean_recurrence": 6}  # like-init state, a few steps: keeps CPU tests fast
@@ -523,7 +524,7 @@ def test_reference_attention_matches_plain_softmax(rows, prefix, heads):
 def test_cpu_prefill_of_8192_tokens_is_one_pass(checkpoints):
     """The default tiny model prefills 8,192 tokens with default options in one pass per loop (its
     speed is a benchmark: docs/performance.md, CPU)."""
-    from rlt.default_model import default_model_path
+    from rlt.models.default_model import default_model_path
 
     mc = ModelConfig.from_pretrained(default_model_path())
     eng = LoopEngine(mc, load_model(mc, torch.float32), EngineConfig(), torch.float32)
@@ -540,7 +541,7 @@ def test_a_grammar_that_does_not_compile_fails_the_start(checkpoints):
     """The memory profile and the warm-up run requests with a grammar to their end: one whose
     compile fails (here a regex no check caught before the worker) raises, naming it, where the
     worker would otherwise wait for it forever and never say READY."""
-    from rlt.sampling_params import StructuredOutput
+    from rlt.contract.sampling_params import StructuredOutput
     from rlt.workers.memory import finish
 
     mc, new_engine = make(checkpoints["ouro"], "ouro")

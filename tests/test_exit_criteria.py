@@ -15,10 +15,10 @@ from test_engine import make, run
 
 import rlt
 from rlt import RequestError
-from rlt.config import ModelConfig
-from rlt.sampling_params import EXIT_CRITERIA, SamplingParams
+from rlt.contract.sampling_params import EXIT_CRITERIA, SamplingParams
+from rlt.contract.validation import resolve_params
+from rlt.models.model_config import ModelConfig
 from rlt.serve.requests import CompletionRequest, to_sampling_params
-from rlt.validation import resolve_params
 from rlt.workers.exit_criteria import LATENT
 
 

@@ -10,12 +10,13 @@ import torch
 from kernel_cases import decode_case
 
 import rlt
-from rlt.config import EngineConfig, ModelConfig
+from rlt.contract.config import EngineConfig
+from rlt.contract.sampling_params import SamplingParams
+from rlt.contract.validation import resolve_params
 from rlt.kernels.random import random_bits
 from rlt.kernels.sampler import SamplingTensors, sample
 from rlt.models.loader import load_model
-from rlt.sampling_params import SamplingParams
-from rlt.validation import resolve_params
+from rlt.models.model_config import ModelConfig
 from rlt.workers.engine import LoopEngine
 
 pytestmark = pytest.mark.gpu

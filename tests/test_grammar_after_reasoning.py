@@ -16,9 +16,9 @@ from test_pd import run_all
 from test_preemption import spy_preemptions
 
 from rlt import SamplingParams, StructuredOutput
+from rlt.contract.validation import resolve_params
 from rlt.errors import RequestError
 from rlt.models.tokenizer import load_tokenizer
-from rlt.validation import resolve_params
 
 SCHEMA = {
     "type": "object",
@@ -116,7 +116,7 @@ def test_a_rebuilt_matcher_replays_to_the_same_state(ouro):
     across a repeated first id (a a b) and not across another id (a x b)."""
     import xgrammar as xgr
 
-    from rlt.grammar import spec_of
+    from rlt.contract.grammar import spec_of
     from rlt.workers.grammar import Constraint
     from rlt.workers.grammar_zygote import compile_spec, tokenizer_info
 

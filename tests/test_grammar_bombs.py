@@ -16,7 +16,7 @@ from processes import processes_mentioning, workers_of
 from test_serve import serving
 from test_serve_fields import post
 
-from rlt.validation import resolve_params
+from rlt.contract.validation import resolve_params
 
 SMALL = {"type": "object", "properties": {"a": {"type": "string", "maxLength": 4}}, "required": ["a"]}
 
@@ -110,9 +110,9 @@ def test_chat_templates_are_bounded(bombed, ouro_server):
 
 
 def test_huginn_refuses_the_gate(checkpoints):
-    from rlt.config import ModelConfig
+    from rlt.contract.sampling_params import SamplingParams
     from rlt.errors import RequestError
-    from rlt.sampling_params import SamplingParams
+    from rlt.models.model_config import ModelConfig
 
     mc = ModelConfig.from_pretrained(checkpoints["huginn"])
     with pytest.raises(RequestError, match="exit_criterion 'gate' is Ouro's learned exit gate; this model"):

@@ -5,11 +5,12 @@ import torch
 from dense_kv import DenseKV
 from reference import Ref, ref_generate
 
-from rlt.config import EngineConfig, ModelConfig
+from rlt.contract.config import EngineConfig
+from rlt.contract.sampling_params import SamplingParams
+from rlt.contract.validation import resolve_params
 from rlt.kernels.random import truncated_normal
 from rlt.models.loader import load_model
-from rlt.sampling_params import SamplingParams
-from rlt.validation import resolve_params
+from rlt.models.model_config import ModelConfig
 from rlt.workers.engine import LoopEngine
 
 PROMPT = [11, 42, 7, 300, 19, 5, 88, 250, 3]

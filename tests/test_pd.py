@@ -13,7 +13,7 @@ from processes import as_from_a_terminal, rlt_processes_of
 
 import rlt
 from rlt import EngineDeadError, SamplingParams
-from rlt.config import Faults
+from rlt.contract.config import Faults
 from rlt.control.lifecycle import Phase
 
 

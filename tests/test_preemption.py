@@ -8,8 +8,8 @@ import torch
 from test_engine import PROMPTS, make, mixed_params, run
 
 from rlt import RequestError
-from rlt.sampling_params import SamplingParams
-from rlt.validation import resolve_params
+from rlt.contract.sampling_params import SamplingParams
+from rlt.contract.validation import resolve_params
 
 
 def workload(family, fixed: bool):

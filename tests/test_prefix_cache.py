@@ -13,8 +13,8 @@ from test_engine import make, mixed_params
 from test_pd import requests as pd_requests
 
 import rlt
-from rlt.sampling_params import SamplingParams
-from rlt.validation import resolve_params
+from rlt.contract.sampling_params import SamplingParams
+from rlt.contract.validation import resolve_params
 from rlt.workers.prefix_cache import PrefixCache
 
 BS = 4  # test_engine.make's block size

@@ -10,7 +10,7 @@ from test_preemption import spy_preemptions
 
 import rlt
 from rlt import SamplingParams
-from rlt.validation import resolve_params
+from rlt.contract.validation import resolve_params
 
 TOL = {"ouro": 1e-4, "nanbeige": 1e-4, "huginn": 1e-3}  # float32, other GEMM shapes (see test_engine)
 

@@ -328,7 +328,7 @@ def test_penalty_slots_follow_the_outputs():
     exit): penalizing from the slots equals the dense reference with explicit counts every pass."""
     from types import SimpleNamespace
 
-    from rlt.sampling_params import ResolvedParams
+    from rlt.contract.sampling_params import ResolvedParams
     from rlt.workers.penalties import PenaltyState
 
     g = torch.Generator().manual_seed(3)

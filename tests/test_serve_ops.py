@@ -21,7 +21,7 @@ import pytest
 from processes import processes_mentioning
 from test_serve import free_port, serving
 
-from rlt.config import ModelConfig
+from rlt.models.model_config import ModelConfig
 
 MAX_MODEL_LEN = 64
 OK_ORIGIN, BAD_ORIGIN = "https://ok.example", "https://evil.example"

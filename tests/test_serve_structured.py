@@ -1,9 +1,9 @@
 """Structured output and forced tool calls through `rlt serve` (rlt/serve/structured.py,
-rlt/serve/forced.py) on the tiny Ouro, with the official `openai` client: random weights, so only
-the grammar makes the output valid. OpenAI's response_format (json_schema, json_object, a pydantic
-model through .parse), vLLM's structured_outputs and guided_* (regex, choice), tool_choice required
-and named (tool_calls whose arguments validate, streamed deltas that assemble into the same calls),
-and bad grammars or two sources as 400s naming the field."""
+rlt/frontends/forced.py) on the tiny Ouro, with the official `openai` client: random weights, so
+only the grammar makes the output valid. OpenAI's response_format (json_schema, json_object, a
+pydantic model through .parse), vLLM's structured_outputs and guided_* (regex, choice), tool_choice
+required and named (tool_calls whose arguments validate, streamed deltas that assemble into the same
+calls), and bad grammars or two sources as 400s naming the field."""
 
 import json
 import re
@@ -15,7 +15,7 @@ import pydantic
 import pytest
 from test_serve_fields import post
 
-from rlt.serve.forced import Forced
+from rlt.frontends.forced import Forced
 
 SCHEMA = {
     "type": "object",

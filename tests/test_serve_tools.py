@@ -1,7 +1,7 @@
-"""Reasoning and tool-call parsing of chat responses (rlt/serve/parsers.py): the parsers on exact
-texts, whole and cut at every character or at the real tokenizer's tokens (the same split either
-way), and through `rlt serve` on the tiny Nanbeige (its defaults: deepseek_r1, hermes) with the
-official `openai` client: reasoning_content and content from the real tokens, streamed as deltas
+"""Reasoning and tool-call parsing of chat responses (rlt/frontends/parsers.py): the parsers on
+exact texts, whole and cut at every character or at the real tokenizer's tokens (the same split
+either way), and through `rlt serve` on the tiny Nanbeige (its defaults: deepseek_r1, hermes) with
+the official `openai` client: reasoning_content and content from the real tokens, streamed as deltas
 that add up to the whole response, include_reasoning false, tools reaching the template."""
 
 import json
@@ -10,9 +10,9 @@ import openai
 import pytest
 from test_serve_fields import post
 
-from rlt.detokenizer import IncrementalDetokenizer
+from rlt.control.detokenizer import IncrementalDetokenizer
+from rlt.frontends.parsers import Parsing, assemble, default_parsers
 from rlt.models.tokenizer import load_tokenizer
-from rlt.serve.parsers import Parsing, assemble, default_parsers
 
 OPEN = "<|im_start|>assistant\n<think>\n"  # a prompt that opens the think block (Nanbeige's)
 CALL1 = (
@@ -187,7 +187,7 @@ def test_choice_streams_tool_call_deltas_that_assemble_into_the_whole_message(ch
     """rlt/serve/choices.py on the engine's delta outputs of the tiny Nanbeige's tokens of TEXT (one
     token each, the text its detokenizer makes final, EOS last): the chunks' deltas add up to the
     whole message, and both finish with tool_calls."""
-    from rlt.outputs import RequestOutput
+    from rlt.control.outputs import RequestOutput
     from rlt.serve import openai_api as oa
     from rlt.serve.choices import Choice
     from rlt.serve.requests import Options

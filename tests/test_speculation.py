@@ -14,10 +14,11 @@ from helpers import FAST_PD, OV, SMALL, all_free
 
 import rlt
 from rlt import RequestError, SamplingParams
-from rlt.config import EngineConfig, ModelConfig
+from rlt.contract.config import EngineConfig
+from rlt.contract.validation import resolve_params
 from rlt.models.checkpoint import make_checkpoint
 from rlt.models.loader import load_model
-from rlt.validation import resolve_params
+from rlt.models.model_config import ModelConfig
 from rlt.workers.engine import LoopEngine
 
 # update_scale of the test checkpoints by acceptance: random weights (~0) and small loop updates (high)

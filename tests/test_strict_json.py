@@ -20,10 +20,10 @@ from test_engine import make
 
 import rlt
 from rlt import SamplingParams, StructuredOutput
+from rlt.contract.validation import resolve_params
 from rlt.models.tokenizer import load_tokenizer
 from rlt.serve.chat import messages_of
 from rlt.serve.structured import _tool_choice
-from rlt.validation import resolve_params
 
 PER_KIND = int(os.environ.get("RLT_STRICT_JSON_PER_KIND", 0))  # 0: 1,000 for Ouro's one engine, else 150
 PD_FAMILIES = ["ouro", "nanbeige", "huginn"] if PER_KIND else ["ouro"]

@@ -1,8 +1,8 @@
-"""Grammar-constrained decoding (rlt/grammar.py, rlt/workers/grammar.py): with random weights only the
-grammar can make the output valid. Every family's seeded JSON-schema samples validate, regex and
-choice outputs match; the same tokens on every path (steady decode allowed for the others, chunked,
-preempted, prefix-cache hits) and in 1p1d as in single; bad specs are refused at the call, by name;
-the sampler's mask against a dense reference."""
+"""Grammar-constrained decoding (rlt/contract/grammar.py, rlt/workers/grammar.py): with random
+weights only the grammar can make the output valid. Every family's seeded JSON-schema samples
+validate, regex and choice outputs match; the same tokens on every path (steady decode allowed for
+the others, chunked, preempted, prefix-cache hits) and in 1p1d as in single; bad specs are refused
+at the call, by name; the sampler's mask against a dense reference."""
 
 import json
 import re
@@ -151,7 +151,7 @@ def test_ids_past_the_tokenizer_are_never_allowed(checkpoints):
     """A model vocabulary wider than the tokenizer's: the extra ids are never in a mask."""
     import xgrammar as xgr
 
-    from rlt.grammar import spec_of
+    from rlt.contract.grammar import spec_of
     from rlt.workers.grammar import Constraint
     from rlt.workers.grammar_zygote import compile_spec, tokenizer_info
 
@@ -210,7 +210,7 @@ async def test_bad_specs_are_refused_at_the_call(checkpoints):
 def test_spec_shapes():
     """A schema as a dict or as its JSON text is one spec (one cache entry); unknown keys and a
     json_object of false are refused."""
-    from rlt.grammar import spec_of
+    from rlt.contract.grammar import spec_of
 
     assert spec_of(StructuredOutput(json=SCHEMA)) == spec_of(StructuredOutput(json=json.dumps(SCHEMA)))
     assert spec_of(StructuredOutput(choice=["a", 'b"'])) == ("choice", '["a", "b\\""]')
@@ -225,7 +225,7 @@ def test_a_grammar_that_fails_to_compile_fails_its_request_alone(checkpoints):
     """The coordinator checks a grammar's structure only; a compile that still fails in the worker
     (one that can match nothing; one past grammar_compile_timeout, its process killed) is reported
     for that request, naming the field, and holds nobody up (the worker then fails it, as here)."""
-    from rlt.validation import resolve_params
+    from rlt.contract.validation import resolve_params
 
     mc, new_engine = make(checkpoints["ouro"], "ouro")
     engine = new_engine(grammar_compile_timeout=1.0, max_grammar_entries=100_000)
@@ -254,7 +254,7 @@ def test_json_strings_admit_no_control_characters():
     strings admitted them; a free string still takes the escaped form); tool calls' tags too."""
     from xgrammar.testing import _is_grammar_accept_string as accepts
 
-    from rlt.grammar import grammar_of, spec_of
+    from rlt.contract.grammar import grammar_of, spec_of
     from rlt.serve.structured import tool_call_tag
 
     bounded = {"type": "string", "maxLength": 4}
@@ -282,7 +282,7 @@ def test_json_strings_are_utf8(checkpoints):
     """A UTF-16 surrogate's 3-byte form (not UTF-8) is no JSON string character; other codepoints are."""
     import xgrammar as xgr
 
-    from rlt.grammar import grammar_of, spec_of
+    from rlt.contract.grammar import grammar_of, spec_of
     from rlt.workers.grammar_zygote import tokenizer_info
 
     tok = load_tokenizer(checkpoints["ouro"])

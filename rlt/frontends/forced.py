@@ -1,6 +1,6 @@
 """Tool calls the grammar forced (tool_choice required or named, rlt/serve/structured.py): the
 output is plain JSON, not the model's tool syntax, parsed incrementally into the same events as
-rlt/serve/parsers.py's Hermes: ("call", (index, id, name)) once a call's name is known, then
+rlt/frontends/parsers.py's Hermes: ("call", (index, id, name)) once a call's name is known, then
 ("args", (index, text)) as its arguments are written (so a stream's fragments join into the whole
 response's). Named: the whole output is the arguments. Required: `[{"name": ..., "parameters":
 {...}}, ...]`, each call's parameters text its arguments (as vLLM). Scanned a character at a time,

@@ -1,5 +1,6 @@
-"""The configuration: ModelConfig (what the checkpoint is: rlt/model_config.py), EngineConfig (how a
-worker runs it) and LaunchConfig (how the coordinator runs the workers).
+"""The options: EngineConfig (how a worker runs the model) and LaunchConfig (how the coordinator
+runs the workers); what the checkpoint is, ModelConfig, lives with the models
+(rlt/models/model_config.py).
 """
 
 import re
@@ -7,10 +8,8 @@ from typing import Annotated, Literal
 
 import msgspec
 
-from rlt.fields import field_names, validate
-from rlt.model_config import KVGeometry, ModelConfig, read_json_object
-
-__all__ = ["KVGeometry", "ModelConfig", "read_json_object", "EngineConfig", "LaunchConfig", "Faults"]
+from rlt.contract.fields import field_names, validate
+from rlt.models.model_config import DTYPE_BYTES, ModelConfig, dtype_name
 
 # ---- engine and launch options ----------------------------------------------------------------
 # Each option is a typed field with its default and help in one place: Engine.launch(**options)
@@ -254,18 +253,6 @@ class LaunchConfig(msgspec.Struct, kw_only=True, frozen=True):
         return msgspec.structs.replace(
             engine, prefill_chunk=chunk, max_num_batched_tokens=max(chunk, engine.max_num_batched_tokens)
         )
-
-
-DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
-
-
-def dtype_name(dtype: str | None, device: str, checkpoint_dtype: str) -> str:
-    """None picks float32 on CPU (exact reference numerics) and the checkpoint's half type on GPU."""
-    if dtype is not None:
-        return dtype
-    if device.startswith("cuda"):
-        return "float16" if checkpoint_dtype == "float16" else "bfloat16"
-    return "float32"
 
 
 def parse_topology(topology: str) -> list[tuple[str, int]]:

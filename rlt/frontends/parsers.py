@@ -19,7 +19,7 @@ import re
 import uuid
 from dataclasses import dataclass, field
 
-from rlt.serve.forced import Forced
+from rlt.frontends.forced import Forced
 
 REASONING_PARSERS = ("deepseek_r1", "qwen3")
 TOOL_PARSERS = ("hermes",)
@@ -188,7 +188,8 @@ class Parsing:
     strip: tuple[str, ...] = ()
     one_call: bool = False  # parallel_tool_calls false: the first call only (as vLLM)
     drop: tuple[str, ...] = ()  # special markers left over in the text once parsed (skip_special_tokens drops them)
-    forced: str | None = None  # tool_choice "required" or the named function: plain JSON (rlt/serve/forced.py)
+    # tool_choice "required" or the named function: plain JSON (rlt/frontends/forced.py)
+    forced: str | None = None
 
     def new(self) -> "Split":
         return Split(self)

@@ -7,8 +7,8 @@ stays in the coordinator.
 
 import msgspec
 
-from rlt.config import EngineConfig, LaunchConfig
-from rlt.sampling_params import ResolvedParams
+from rlt.contract.config import EngineConfig, LaunchConfig
+from rlt.contract.sampling_params import ResolvedParams
 
 
 # ---- coordinator -> worker ------------------------------------------------------------------------
@@ -175,7 +175,7 @@ class Token(msgspec.Struct, array_like=True):
 class CacheEvents(msgspec.Struct, array_like=True):
     """What changed in a worker's prefix cache since its last Outputs (when the Handshake asks): the
     blocks inserted, as (generation, logical block index, key id: the key's first 8 bytes as a
-    signed int, rlt/prefix_keys.py key_id), and the key ids evicted. Tokens travel only
+    signed int, rlt/contract/prefix_keys.py key_id), and the key ids evicted. Tokens travel only
     the other way: the coordinator has them."""
 
     stored: list[tuple[int, int, int]]

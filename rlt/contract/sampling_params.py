@@ -128,7 +128,8 @@ class ResolvedParams(msgspec.Struct, frozen=True, kw_only=True):
     min_p: float = 0.0  # after temperature
     logit_bias: dict[int, float] = {}
     min_tokens: int = 0  # EOS and stop_token_ids are masked before this many outputs
-    structured_output: tuple[str, str] | None = None  # (kind, spec text): rlt/grammar.py spec_of
+    # (kind, spec text): rlt/contract/grammar.py spec_of
+    structured_output: tuple[str, str] | None = None
     grammar_after: tuple[int, ...] = ()  # StructuredOutput.after (empty: the grammar starts at once)
     speculative_loops: int | None = None  # None: the engine's (rlt/workers/speculation.py)
     speculative_tokens: int | None = None

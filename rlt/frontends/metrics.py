@@ -10,7 +10,7 @@ engine.stats() at each scrape.
 A request's phases, vLLM's queue / prefill / decode histograms: queue = from its arrival at the
 engine until a worker was given it, prefill = from then to its first token, decode = from its first
 token to its end. Only the engine sees the first two apart: they come from the engine's own times
-(`out.metrics`, rlt.outputs.RequestMetrics: arrival_time, scheduled_time, first_token_time,
+(`out.metrics`, rlt.control.outputs.RequestMetrics: arrival_time, scheduled_time, first_token_time,
 finished_time, time.monotonic() seconds) where a RequestOutput carries them, else they are not
 observed; decode then falls back to what the server sees (its first token here to its end).
 """

@@ -8,13 +8,26 @@ from dataclasses import dataclass
 from typing import Any
 
 from rlt.errors import ConfigError
-from rlt.json_object import read_json_object
 from rlt.models.configs import FamilyConfig
 from rlt.models.family import FAMILIES
+from rlt.models.json_object import read_json_object
 
 # raw's key for the engine's context cap (EngineConfig.max_model_len): in raw, so a worker rebuilding
 # the ModelConfig from the handshake's config dict gets the same max_positions as the coordinator
 MAX_MODEL_LEN_KEY = "rlt_max_model_len"
+
+# bytes of one weight or KV element of each dtype the engine runs in
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+
+
+def dtype_name(dtype: str | None, device: str, checkpoint_dtype: str) -> str:
+    """None picks float32 on CPU (exact reference numerics) and the checkpoint's half type on
+    GPU."""
+    if dtype is not None:
+        return dtype
+    if device.startswith("cuda"):
+        return "float16" if checkpoint_dtype == "float16" else "bfloat16"
+    return "float32"
 
 
 @dataclass(frozen=True)

@@ -39,7 +39,7 @@ def spec_of(so) -> tuple[str, str] | None:
     """A StructuredOutput (or None) -> its spec, shape-checked (RequestError naming the field)."""
     if so is None:
         return None
-    from rlt.sampling_params import StructuredOutput
+    from rlt.contract.sampling_params import StructuredOutput
 
     if not isinstance(so, StructuredOutput):
         raise RequestError(f"structured_output must be rlt.StructuredOutput, got {type(so).__name__}")

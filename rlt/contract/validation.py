@@ -3,10 +3,10 @@
 import math
 import secrets
 
-from rlt.config import ModelConfig
+from rlt.contract.grammar import after_of, spec_of
+from rlt.contract.sampling_params import EXIT_CRITERIA, ResolvedParams, SamplingParams
 from rlt.errors import RequestError
-from rlt.grammar import after_of, spec_of
-from rlt.sampling_params import EXIT_CRITERIA, ResolvedParams, SamplingParams
+from rlt.models.model_config import ModelConfig
 
 INT64 = (-(2**63), 2**63 - 1)  # what msgpack and the workers' int64 tensors carry
 MAX_LOGPROBS = 20  # prompt_logprobs' top-K (vLLM's default max_logprobs)
