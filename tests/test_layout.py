@@ -1,7 +1,8 @@
 """The codebase's own rules: one module reads the environment, modules stay small, every import
 goes down the declared floors (FLOORS), the coordinator and the workers import across no process
-boundary, no import circle, no private attribute of rlt.control used outside it. Imports are read
-with ast: every import statement, lazy ones too."""
+boundary, no import circle, no private attribute of rlt.control used outside it; and the tests'
+own: tests/ mirrors rlt/, no test module imports another. Imports are read with ast: every import
+statement, lazy ones too."""
 
 import ast
 import pathlib
@@ -203,3 +204,30 @@ def test_no_module_level_kernel_switch():
             if isinstance(node, ast.Global):
                 rebinding.append(f"{name}:{node.lineno} global {', '.join(node.names)}")
     assert rebinding == []
+
+
+TESTS = pathlib.Path(__file__).resolve().parent
+
+
+def test_no_test_module_imports_another():
+    """What test modules share lives in conftest.py fixtures and helper modules (tests/helpers.py,
+    tests/<folder>/helpers.py, ...): no module of tests/ imports a test_*.py module."""
+    found = []
+    for p in TESTS.rglob("*.py"):
+        for node in ast.walk(ast.parse(p.read_text())):
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                names = [node.module or ""] + [f"{node.module}.{a.name}" for a in node.names]
+            else:
+                continue
+            if any(part.startswith("test_") for n in names for part in n.split(".")):
+                found.append(f"{p.relative_to(TESTS)}:{node.lineno}")
+    assert found == []
+
+
+def test_test_folders_mirror_the_package():
+    """tests/<folder>/ holds the tests of rlt/<folder>/ (the top: rlt's own modules and the
+    whole)."""
+    folders = {p.parent.name for p in TESTS.rglob("test_*.py") if p.parent != TESTS}
+    assert sorted(f for f in folders if not (RLT / f).is_dir()) == []
