@@ -3,7 +3,8 @@
 # carried wheels (.whl/, made here by dev/device_wheels.sh) installed into /tmp/site, rlt's
 # environment there, and step() to mark each part of the log. A typical call (carry .whl):
 #   . dev/device_env.sh
-#   step tests; python3 -m pytest -m gpu -q -x -p no:cacheprovider -p no:xdist tests/test_gpu.py
+#   step tests; python3 -m pytest -m gpu -q -x -p no:cacheprovider -p no:xdist \
+#       tests/kernels/test_gpu_kernels.py tests/workers/test_gpu_engine.py
 #   python3 -m rlt make-checkpoint --family ouro --preset full --out /tmp/ouro-full --device cuda
 #   step bench; python3 -m rlt bench offline --model /tmp/ouro-full --device cuda --floors ...
 # The measurements and their commands: docs/performance.md and `rlt bench --help`.

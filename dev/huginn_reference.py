@@ -15,11 +15,11 @@ weights; some with `min_steps`; and fixed depth (`num_steps=k`, criterion "none"
     python -m venv /tmp/refvenv
     /tmp/refvenv/bin/pip install torch==2.13.0 'transformers==4.57.*' safetensors
     /tmp/refvenv/bin/python dev/huginn_reference.py --checkpoint /tmp/hg --seed 1 \
-        --modeling <recurrent-pretraining>/recpre --out tests/huginn_reference.json
+        --modeling <recurrent-pretraining>/recpre --out tests/workers/huginn_reference.json
 
-The held-out check (tests/huginn_reference_heldout.json), made once rlt's criteria were built and
-never used to build them: another seed's checkpoint, depth 10, other prompts, thresholds and
-min_steps. Every checked value is more than 0.1 % from its threshold (--min-margin) and every
+The held-out check (tests/workers/huginn_reference_heldout.json), made once rlt's criteria were
+built and never used to build them: another seed's checkpoint, depth 10, other prompts, thresholds
+and min_steps. Every checked value is more than 0.1 % from its threshold (--min-margin) and every
 coda output's two largest logits more than 1e-3 apart (--min-gap), so float32 noise can flip
 neither an exit nor a token; the script refuses a case that is closer (leave --out out to only
 print each case's depths, margin and gap, e.g. while choosing thresholds):
@@ -32,7 +32,7 @@ print each case's depths, margin and gap, e.g. while choosing thresholds):
         --cases '[["latent-diff", 0.9, 0], ["latent-diff", 0.75, 2], ["cosine", 0.45, 0], ["kl", 0.7, 0],
                   ["kl", 0.5, 3], ["minp-kl", 0.1, 0], ["entropy-diff", 0.1, 0], ["entropy-diff", 0.3, 2],
                   ["argmax-stability", 1, 0], ["argmax-stability", 3, 1]]' \
-        --fixed-depths '[2, 4, 7]' --out tests/huginn_reference_heldout.json
+        --fixed-depths '[2, 4, 7]' --out tests/workers/huginn_reference_heldout.json
 """
 
 import argparse

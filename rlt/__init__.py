@@ -1,10 +1,10 @@
 """rlt: a serving engine for recurrent-depth (looped) language models."""
 
-from rlt.config import KVGeometry, ModelConfig
+from rlt.contract.sampling_params import SamplingParams, StructuredOutput
 from rlt.control.frontend import Engine
+from rlt.control.outputs import RequestOutput
 from rlt.errors import CheckpointError, ConfigError, EngineDeadError, EngineOverloadedError, RequestError
-from rlt.outputs import RequestOutput
-from rlt.sampling_params import SamplingParams, StructuredOutput
+from rlt.models.model_config import KVGeometry, ModelConfig
 
 __all__ = [
     "Engine",

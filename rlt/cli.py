@@ -5,9 +5,9 @@ import json
 import sys
 import time
 
-from rlt.config import EngineConfig, LaunchConfig
+from rlt.contract.fields import field_names, option_fields
 from rlt.errors import CheckpointError, ConfigError, EngineDeadError, RequestError
-from rlt.fields import field_names, option_fields
+from rlt.frontends.flags import add_option_flags, option_values
 
 LONG_PROMPT_TOKENS = 2048  # a prompt this long gets a line on stderr when its prefill starts and ends
 
@@ -57,7 +57,7 @@ def _logit_bias(text: str) -> dict[int, float]:
 def _structured_output(text: str):
     import msgspec
 
-    from rlt.sampling_params import StructuredOutput
+    from rlt.contract.sampling_params import StructuredOutput
 
     try:
         return msgspec.json.decode(text, type=StructuredOutput)
@@ -81,7 +81,7 @@ ENGINE_SET = ("speculative_loops", "speculative_tokens")
 
 def _add_sampling_flags(group) -> None:
     """One flag per SamplingParams field, its help the field's description."""
-    from rlt.sampling_params import SamplingParams
+    from rlt.contract.sampling_params import SamplingParams
 
     for name, kind, default, doc in option_fields(SamplingParams):
         if name in ENGINE_SET:
@@ -98,30 +98,6 @@ def _add_sampling_flags(group) -> None:
             group.add_argument(flag, action="append", default=[], help=f"{doc} (repeatable)")
         else:
             group.add_argument(flag, type=kind, default=default, help=text)
-
-
-def add_option_flags(parser: argparse.ArgumentParser) -> None:
-    """One flag per EngineConfig / LaunchConfig field, its type, choices, help and default taken
-    from the field (unset flags are not passed: Engine.launch applies the defaults)."""
-    for title, cls in (("engine options", EngineConfig), ("launch options", LaunchConfig)):
-        group = parser.add_argument_group(title)
-        for name, kind, default, doc in option_fields(cls):
-            if name == "faults":  # testing only
-                continue
-            flag = "--" + name.replace("_", "-")
-            text = doc if default is None or "default" in doc else f"{doc} (default: {default})"
-            if kind is bool:
-                group.add_argument(flag, action=argparse.BooleanOptionalAction, default=None, help=text)
-            elif isinstance(kind, tuple):
-                group.add_argument(flag, choices=kind, default=None, help=text)
-            else:
-                group.add_argument(flag, type=kind, default=None, help=text)
-
-
-def option_values(args: argparse.Namespace) -> dict:
-    """The EngineConfig / LaunchConfig options given on the command line."""
-    names = [n for cls in (EngineConfig, LaunchConfig) for n, *_ in option_fields(cls) if n != "faults"]
-    return {n: getattr(args, n) for n in names if getattr(args, n, None) is not None}
 
 
 def _add_make_checkpoint(sub):
@@ -157,9 +133,9 @@ def _add_make_checkpoint(sub):
 def generate(args) -> int:
     import asyncio
 
+    from rlt.contract.sampling_params import SamplingParams
     from rlt.control.frontend import Engine
     from rlt.control.run import run_command
-    from rlt.sampling_params import SamplingParams
 
     if not args.prompts:
         raise RequestError("give at least one --prompt or --prompt-token-ids")
@@ -173,7 +149,7 @@ def generate(args) -> int:
             raise
         raise RequestError(str(e)) from e
     engine = launch.engine
-    from rlt.validation import output_options, resolve_params
+    from rlt.contract.validation import output_options, resolve_params
 
     # Every prompt is validated before any process is spawned: the options and token ids before the
     # tokenizer loads (a bad flag is refused without transformers' import), text prompts after.
@@ -263,7 +239,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"rlt {_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
     _add_generate(sub)
-    add_parser(sub, add_option_flags)
+    add_parser(sub)
     _add_make_checkpoint(sub)
     add_bench(sub)
     return parser

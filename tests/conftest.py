@@ -40,12 +40,12 @@ def checkpoints(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def served(checkpoints):
-    """family -> the base URL of `rlt serve` of its tiny checkpoint with test_serve's default flags
-    (Huginn at test_engine's 6 loops), started when first asked for and kept for the session: for
-    the tests that only send requests (test_serve, test_serve_structured, test_serve_tools,
-    test_grammar_after_reasoning, test_lm_eval)."""
-    from test_engine import HUGINN
-    from test_serve import serving
+    """family -> the base URL of `rlt serve` of its tiny checkpoint with the serve tests' default
+    flags (Huginn at 6 loops: tests/helpers.py's HUGINN), started when first asked for and kept for
+    the session: for the tests that only send requests (test_serve, test_serve_structured,
+    test_serve_tools, test_grammar_after_reasoning, test_lm_eval)."""
+    from tests.helpers import HUGINN
+    from tests.serve.helpers import serving
 
     urls = {}
     with contextlib.ExitStack() as servers:

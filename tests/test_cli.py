@@ -7,8 +7,9 @@ import subprocess
 import sys
 
 import pytest
-from processes import as_from_a_terminal, rlt_processes_of, workers_of
-from reference import Ref, ref_generate
+
+from tests.processes import as_from_a_terminal, rlt_processes_of, workers_of
+from tests.reference import Ref, ref_generate
 
 PROMPTS = [[11, 42, 7, 300, 19, 5], [3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5]]
 
@@ -326,8 +327,8 @@ def test_a_hub_id_resolves_offline_from_the_cache(checkpoints, tmp_path):
     import signal
     import urllib.request
 
-    from helpers import FAST_ARGS
-    from test_serve import free_port
+    from tests.helpers import FAST_ARGS
+    from tests.serve.helpers import free_port
 
     env = {**os.environ, "HF_HUB_CACHE": _hub_cache(tmp_path / "hub", checkpoints["ouro"], "acme/ouro-tiny")}
     env["HF_HUB_OFFLINE"] = "1"

@@ -1,6 +1,8 @@
-"""The codebase's own rules: one module reads the environment, modules stay small, the coordinator
-and the workers import across no process boundary, no import circle, no private attribute of
-rlt.control used outside it. Imports are read with ast: every import statement, lazy ones too."""
+"""The codebase's own rules: one module reads the environment, modules stay small, every import
+goes down the declared floors (FLOORS), the coordinator and the workers import across no process
+boundary, no import circle, no private attribute of rlt.control used outside it; and the tests'
+own: tests/ mirrors rlt/, no test module imports another. Imports are read with ast: every import
+statement, lazy ones too."""
 
 import ast
 import pathlib
@@ -70,10 +72,57 @@ def _imports(name: str) -> set[str]:
 IMPORTS = {name: _imports(name) for name in MODULES}
 
 
+# The house from the top floor down, as the processes meet: the front ends (the `rlt` command,
+# rlt.bench, rlt.dynamo, the public API, rlt.serve), what they share (rlt.frontends), the
+# coordinator (rlt.control) and the workers (rlt.workers), what those two agree on (rlt.contract),
+# the model families and their kernels, and the ground every floor stands on. A module imports
+# modules of its own place or of a place below it, never above: no arrow runs back up. A new
+# package or top-level module takes its place here.
+FLOORS = (
+    "rlt.__main__",
+    "rlt.cli",
+    "rlt.bench",
+    "rlt.dynamo",
+    "rlt",  # rlt/__init__.py: the public API (Engine, SamplingParams, RequestOutput, errors)
+    "rlt.serve",
+    "rlt.frontends",
+    "rlt.control",
+    "rlt.workers",
+    "rlt.contract",
+    "rlt.models",
+    "rlt.kernels",
+    "rlt.errors",
+    "rlt.envs",
+)
+
+
+def _place(name: str) -> str | None:
+    """The entry of FLOORS that holds module `name` ("rlt" holds rlt/__init__.py alone)."""
+    held = [p for p in FLOORS if name == p or (p != "rlt" and name.startswith(p + "."))]
+    return max(held, key=len, default=None)
+
+
+def test_every_module_has_a_floor():
+    assert sorted(name for name in MODULES if _place(name) is None) == []
+
+
+def test_every_import_goes_down_the_floors():
+    """No module imports one of a place above its own (lazy imports too): the places' graph runs
+    one way, so no circle can form between packages either."""
+    floor = {p: i for i, p in enumerate(FLOORS)}
+    up = sorted(
+        f"{name} -> {dep}"
+        for name, deps in IMPORTS.items()
+        for dep in deps
+        if _place(name) and _place(dep) and floor[_place(dep)] < floor[_place(name)]
+    )
+    assert up == []
+
+
 def test_coordinator_and_workers_import_across_no_process_boundary():
     """The coordinator (rlt.control, and rlt.serve on it) never imports the workers' package, nor a
-    worker module the coordinator's: what both need lives outside both (rlt.validation,
-    rlt.prefix_keys, rlt.json_object, rlt.protocol, ...)."""
+    worker module the coordinator's: what both need lives outside both (rlt.contract, rlt.models,
+    rlt.errors, rlt.envs)."""
     crossing = sorted(
         f"{name} -> {dep}"
         for name, deps in IMPORTS.items()
@@ -155,3 +204,30 @@ def test_no_module_level_kernel_switch():
             if isinstance(node, ast.Global):
                 rebinding.append(f"{name}:{node.lineno} global {', '.join(node.names)}")
     assert rebinding == []
+
+
+TESTS = pathlib.Path(__file__).resolve().parent
+
+
+def test_no_test_module_imports_another():
+    """What test modules share lives in conftest.py fixtures and helper modules (tests/helpers.py,
+    tests/<folder>/helpers.py, ...): no module of tests/ imports a test_*.py module."""
+    found = []
+    for p in TESTS.rglob("*.py"):
+        for node in ast.walk(ast.parse(p.read_text())):
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                names = [node.module or ""] + [f"{node.module}.{a.name}" for a in node.names]
+            else:
+                continue
+            if any(part.startswith("test_") for n in names for part in n.split(".")):
+                found.append(f"{p.relative_to(TESTS)}:{node.lineno}")
+    assert found == []
+
+
+def test_test_folders_mirror_the_package():
+    """tests/<folder>/ holds the tests of rlt/<folder>/ (the top: rlt's own modules and the
+    whole)."""
+    folders = {p.parent.name for p in TESTS.rglob("test_*.py") if p.parent != TESTS}
+    assert sorted(f for f in folders if not (RLT / f).is_dir()) == []

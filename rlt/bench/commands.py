@@ -209,7 +209,7 @@ async def _target(args, options: dict):
     if vocab is None:
         if args.model is None or not os.path.isfile(os.path.join(args.model, "config.json")):
             raise SystemExit("--base-url needs --vocab-size or --model DIR (its config.json's vocab_size)")
-        from rlt.config import read_json_object
+        from rlt.models.json_object import read_json_object
 
         vocab = read_json_object(os.path.join(args.model, "config.json"))["vocab_size"]
     target = HTTPTarget(args.base_url, args.served_model_name, vocab, args.api_key)
@@ -281,7 +281,7 @@ def _speculation(rows: list[dict], tokens: int) -> list[str]:
 def serve(args) -> None:
     from rlt import envs
     from rlt.bench import vllm_flags
-    from rlt.default_model import default_model_path
+    from rlt.models.default_model import default_model_path
 
     args.count = None  # (vLLM's --num-prompts at a --request-rate: apply sets it)
     args.vllm = vllm_flags.apply(args)

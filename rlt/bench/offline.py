@@ -13,10 +13,11 @@ import torch
 
 from rlt import envs
 from rlt.bench import floors
-from rlt.config import EngineConfig, ModelConfig
+from rlt.contract.config import EngineConfig
+from rlt.contract.sampling_params import SamplingParams
+from rlt.contract.validation import resolve_params
 from rlt.models.loader import load_model, resolve_dtype
-from rlt.sampling_params import SamplingParams
-from rlt.validation import resolve_params
+from rlt.models.model_config import ModelConfig
 from rlt.workers.engine import LoopEngine
 from rlt.workers.first_use import FirstUse
 

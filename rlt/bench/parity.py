@@ -13,7 +13,7 @@ import time
 import msgspec
 
 import rlt
-from rlt.sampling_params import SamplingParams
+from rlt.contract.sampling_params import SamplingParams
 
 
 async def serve(model: str, topology: str, prompts: list[list[int]], sp: SamplingParams, **launch) -> dict:
@@ -77,7 +77,7 @@ def parity(model: str, topology: str, prompts: list[list[int]], max_tokens: int,
 
 def command(args) -> None:
     """`rlt bench parity`: random prompts of --lengths (seed 0), the report printed as JSON."""
-    from rlt.default_model import default_model_path
+    from rlt.models.default_model import default_model_path
 
     model = args.model or default_model_path()
     mc = rlt.ModelConfig.from_pretrained(model)

@@ -126,8 +126,8 @@ def profile(args) -> None:
     from rlt import envs
     from rlt.bench import offline
     from rlt.bench.commands import exits
-    from rlt.config import EngineConfig
-    from rlt.default_model import default_model_path
+    from rlt.contract.config import EngineConfig
+    from rlt.models.default_model import default_model_path
     from rlt.workers.engine import LoopEngine
 
     mc, dtype, model = offline.load(args.model or default_model_path(), args.device, args.dtype)

@@ -22,7 +22,7 @@ import time
 from collections.abc import AsyncIterator, Callable
 
 from rlt.bench.http_client import Client
-from rlt.sampling_params import SamplingParams
+from rlt.contract.sampling_params import SamplingParams
 
 
 def percentile(values, q):

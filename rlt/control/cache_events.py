@@ -3,7 +3,7 @@ stored and removed, each with its tokens, so the router can hash a request's tok
 worker holding its longest prefix.
 
 rlt keys a block by its tokens AND the depth every position up to it ran at (and Huginn's state
-seed: rlt/prefix_keys.py); a router hashes tokens alone. So only the blocks a request with
+seed: rlt/contract/prefix_keys.py); a router hashes tokens alone. So only the blocks a request with
 the default loop options (every position at the model's full depth, state seed 0) would hit are
 reported: a block whose key is the full-depth chain of its tokens. Those are a hit in the router
 exactly when they are a hit in rlt for such a request; a block some position of which ran shallower
@@ -16,8 +16,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
-from rlt import protocol as pr
-from rlt.prefix_keys import key_id, prompt_keys, root_key
+from rlt.contract import protocol as pr
+from rlt.contract.prefix_keys import key_id, prompt_keys, root_key
 
 
 @dataclass(frozen=True, slots=True)

@@ -8,7 +8,7 @@ n choices of one call share the stream's event: `dirty` says which of them moved
 import asyncio
 import time
 
-from rlt.outputs import RequestOutput
+from rlt.control.outputs import RequestOutput
 
 
 class Collector:

@@ -15,8 +15,8 @@ a worker half:
 import asyncio
 from typing import Protocol
 
-from rlt import protocol as pr
-from rlt.config import LaunchConfig
+from rlt.contract import protocol as pr
+from rlt.contract.config import LaunchConfig
 from rlt.control.worker_proc import Credits, PrefixIndex
 from rlt.errors import EngineDeadError
 

@@ -15,22 +15,22 @@ import weakref
 
 import msgspec
 
-from rlt import grammar
-from rlt.config import EngineConfig, LaunchConfig, ModelConfig, split_options
+from rlt.contract import grammar, validation
+from rlt.contract.config import EngineConfig, LaunchConfig, split_options
+from rlt.contract.sampling_params import SamplingParams
 from rlt.control import router
 from rlt.control.cache_events import CacheListener, CacheRelay
 from rlt.control.collector import Collector
 from rlt.control.connector import PrefillConnector
 from rlt.control.launch import Launch
 from rlt.control.lifecycle import Phase, Request
+from rlt.control.outputs import RequestOutput
 from rlt.control.stats import EngineStats, engine_stats
 from rlt.control.stream import OUTPUT_KINDS, RequestStream
 from rlt.control.supervisor import Supervisor
 from rlt.control.worker_proc import WorkerProc
 from rlt.errors import EngineDeadError, EngineOverloadedError, RequestError
-from rlt.outputs import RequestOutput
-from rlt.sampling_params import SamplingParams
-from rlt.validation import output_options, resolve_params, validate_priority, validate_prompt
+from rlt.models.model_config import ModelConfig
 
 WORKER_DEPTH = 2  # requests a worker holds, in units of max_num_seqs (Engine._has_room)
 
@@ -60,10 +60,11 @@ class Engine:
         remote_prefill: PrefillConnector | None = None,
         **options,
     ) -> Launch:
-        """Build the ModelConfig and check every option (rlt.config.EngineConfig and LaunchConfig
-        fields) before any process is spawned; await the result, or use it with `async with`. model:
-        a checkpoint directory, a Hugging Face Hub id (at `revision`), or None (the embedded default).
-        remote_prefill: a PD topology's prefill slots served elsewhere (rlt/control/connector.py)."""
+        """Build the ModelConfig and check every option (rlt.contract.config's EngineConfig and
+        LaunchConfig fields) before any process is spawned; await the result, or use it with `async
+        with`. model: a checkpoint directory, a Hugging Face Hub id (at `revision`), or None (the
+        embedded default). remote_prefill: a PD topology's prefill slots served elsewhere
+        (rlt/control/connector.py)."""
         engine, launch = split_options(options)
         if remote_prefill is not None and not launch.disaggregated:
             raise ValueError(f"remote_prefill: topology {launch.topology!r} has no prefill worker")
@@ -73,7 +74,7 @@ class Engine:
                 "installed: pip install 'rlt[pd]'"
             )
         if model is None:
-            from rlt.default_model import default_model_path
+            from rlt.models.default_model import default_model_path
 
             model = default_model_path()
         mc = ModelConfig.from_pretrained(model, hf_overrides=hf_overrides, revision=revision)
@@ -114,7 +115,7 @@ class Engine:
             last = self._last_prompt  # pair: a server's tokenizing thread may replace it meanwhile
             if prompt is last[0] and prompt == last[1]:
                 return list(last[1])
-        checked = validate_prompt(self.model_config, prompt)
+        checked = validation.validate_prompt(self.model_config, prompt)
         self._last_prompt = (prompt, checked)
         return list(checked)
 
@@ -133,7 +134,7 @@ class Engine:
         The call is validated (RequestError) and submitted at the call, its choices admitted together
         or not at all; cancelling the consuming task or closing the iterator aborts them."""
         p = params if params is not None else SamplingParams()
-        n, stop = output_options(p) if isinstance(p, SamplingParams) else (1, [])
+        n, stop = validation.output_options(p) if isinstance(p, SamplingParams) else (1, [])
         if stop and self.tokenizer is None:
             raise RequestError(f"stop strings need text: {self.model_config.path} has no tokenizer.json")
         if output_kind not in OUTPUT_KINDS:
@@ -164,11 +165,11 @@ class Engine:
 
     def _admit(self, prompt, params: SamplingParams, request_id, priority, n, wake) -> list[Request]:
         ids = self.tokenize(prompt)
-        ps = [resolve_params(self.model_config, len(ids), params)]
+        ps = [validation.resolve_params(self.model_config, len(ids), params)]
         for i in range(1, n):  # choice i: seed + i (one past int64 is refused by name), or its own random seed
             seeded = params if params.seed is None else msgspec.structs.replace(params, seed=params.seed + i)
-            ps.append(resolve_params(self.model_config, len(ids), seeded))
-        priority = validate_priority(priority)
+            ps.append(validation.resolve_params(self.model_config, len(ids), seeded))
+        priority = validation.validate_priority(priority)
         if (spec := ps[0].structured_output) is not None:  # compiled (ms; then cached) before any worker sees it
             if self.tokenizer is None:
                 raise RequestError(f"structured_output needs text: {self.model_config.path} has no tokenizer.json")

@@ -21,11 +21,11 @@ import itertools
 import time
 from collections.abc import Callable
 
-from rlt import protocol as pr
+from rlt.contract import protocol as pr
+from rlt.contract.sampling_params import ResolvedParams
 from rlt.control.request import Holding, Phase, Request
 from rlt.control.worker_proc import WorkerProc
 from rlt.errors import EngineDeadError
-from rlt.sampling_params import ResolvedParams
 
 __all__ = ["Holding", "Lifecycle", "Phase", "Request"]
 

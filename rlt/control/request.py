@@ -4,9 +4,9 @@ credits it holds on its workers."""
 import enum
 from dataclasses import dataclass
 
+from rlt.contract.sampling_params import ResolvedParams
 from rlt.control.collector import Collector
 from rlt.control.worker_proc import WorkerProc
-from rlt.sampling_params import ResolvedParams
 
 
 class Phase(enum.Enum):

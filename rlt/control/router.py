@@ -5,12 +5,13 @@ A prompt goes to the worker most likely to hold its longest cached prefix (the c
 of the prompts it sent each worker: rlt/control/worker_proc.py PrefixIndex), unless that worker is
 much busier than the least loaded one (then balance wins, as SGLang's cache-aware router does)."""
 
-from rlt import protocol as pr
-from rlt.config import LaunchConfig, ModelConfig
+from rlt.contract import protocol as pr
+from rlt.contract.config import LaunchConfig
+from rlt.contract.prefix_keys import prompt_keys as chain_keys
+from rlt.contract.prefix_keys import root_key
+from rlt.contract.sampling_params import ResolvedParams
 from rlt.control.worker_proc import WorkerProc
-from rlt.prefix_keys import prompt_keys as chain_keys
-from rlt.prefix_keys import root_key
-from rlt.sampling_params import ResolvedParams
+from rlt.models.model_config import ModelConfig
 
 # A worker holding the prefix is passed over when it has more requests in flight than the least
 # loaded worker by more than this many, and by more than this factor.

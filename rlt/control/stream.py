@@ -18,10 +18,10 @@ of their life; aborting is idempotent.
 import asyncio
 from collections import deque
 
+from rlt.contract.sampling_params import SamplingParams
+from rlt.control.detokenizer import IncrementalDetokenizer
 from rlt.control.lifecycle import Lifecycle, Request
-from rlt.detokenizer import IncrementalDetokenizer
-from rlt.outputs import RequestOutput
-from rlt.sampling_params import SamplingParams
+from rlt.control.outputs import RequestOutput
 
 OUTPUT_KINDS = ("cumulative", "delta", "final_only")
 

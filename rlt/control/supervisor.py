@@ -12,8 +12,8 @@ import itertools
 import logging
 import time
 
-from rlt import protocol as pr
-from rlt.config import EngineConfig, LaunchConfig, ModelConfig, parse_topology
+from rlt.contract import protocol as pr
+from rlt.contract.config import EngineConfig, LaunchConfig, parse_topology
 from rlt.control.connector import EventSink, PrefillConnector, RemoteWorker
 from rlt.control.devices import check_devices, device_for
 from rlt.control.lifecycle import Lifecycle
@@ -21,6 +21,7 @@ from rlt.control.liveness import Liveness
 from rlt.control.log_dir import new_run_dir
 from rlt.control.transport import Transport
 from rlt.control.worker_proc import WorkerProc
+from rlt.models.model_config import ModelConfig
 
 log = logging.getLogger("rlt")
 PEER_DEATH_GRACE_S = 1.0  # how long a prefill worker's failure waits for its decode peer's death

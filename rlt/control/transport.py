@@ -14,7 +14,7 @@ import tempfile
 import zmq
 import zmq.asyncio
 
-from rlt import protocol as pr
+from rlt.contract import protocol as pr
 
 SEND_RETRY_S, SEND_RETRY_MAX_S = 0.001, 0.02  # a full worker queue is retried at these intervals
 

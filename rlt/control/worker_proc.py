@@ -10,7 +10,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 
 from rlt import envs
-from rlt import protocol as pr
+from rlt.contract import protocol as pr
 from rlt.control.forkserver import ForkServer, exit_code
 from rlt.errors import EngineDeadError
 

@@ -28,7 +28,7 @@ class Node:
 
 
 def parser() -> argparse.ArgumentParser:
-    from rlt.cli import add_option_flags
+    from rlt.frontends.flags import add_option_flags
 
     p = argparse.ArgumentParser(prog="python -m rlt.dynamo", description=__doc__.split("\n\n")[0])
     p.add_argument("model", nargs="?", help="checkpoint directory (default: the embedded tiny Ouro)")
@@ -74,9 +74,9 @@ def parse(argv=None) -> Node:
     from dynamo.common.backend.worker import WorkerConfig
 
     import rlt
-    from rlt.cli import option_values
-    from rlt.default_model import default_model_path
     from rlt.dynamo.remote import DynamoPrefill
+    from rlt.frontends.flags import option_values
+    from rlt.models.default_model import default_model_path
 
     args = parser().parse_args(argv)
     template = args.custom_jinja_template
@@ -117,9 +117,9 @@ def parse(argv=None) -> Node:
 
 def parsers(engine, args, template: str | None) -> tuple[str | None, str | None]:
     """(reasoning parser, tool-call parser) the node registers for Dynamo's frontend to run: auto is
-    the family's default for its chat template, as `rlt serve`'s (rlt/serve/parsers.py)."""
+    the family's default for its chat template, as `rlt serve`'s (rlt/frontends/parsers.py)."""
+    from rlt.frontends.parsers import default_parsers
     from rlt.models.family import FAMILIES
-    from rlt.serve.parsers import default_parsers
 
     chosen = (args.dyn_reasoning_parser, args.dyn_tool_call_parser)
     auto = (None, None)

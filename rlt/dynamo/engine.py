@@ -26,11 +26,11 @@ from dynamo.common.backend.health_check import is_probe
 from dynamo.llm.exceptions import EngineShutdown, InvalidArgument
 
 import rlt
+from rlt.contract.sampling_params import SamplingParams, StructuredOutput
 from rlt.control.stats import EngineStats
 from rlt.dynamo.router_state import KvEvents, NodeWatch, RouterHooks
 from rlt.errors import EngineDeadError, EngineOverloadedError, RequestError
-from rlt.sampling_params import SamplingParams, StructuredOutput
-from rlt.serve.parsers import END_THINK, REASONING_PARSERS, Think
+from rlt.frontends.parsers import END_THINK, REASONING_PARSERS, Think
 
 log = logging.getLogger("rlt.dynamo")
 

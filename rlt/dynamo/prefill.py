@@ -14,7 +14,7 @@ import itertools
 
 import msgspec
 
-from rlt import protocol as pr
+from rlt.contract import protocol as pr
 from rlt.control.connector import EventSink
 from rlt.control.supervisor import Supervisor
 from rlt.dynamo import wire

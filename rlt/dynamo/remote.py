@@ -14,7 +14,7 @@ its stream breaks (the node died, or is cut off), once its transfer deadline has
 import asyncio
 import itertools
 
-from rlt import protocol as pr
+from rlt.contract import protocol as pr
 from rlt.control.connector import RemoteWorker, SlotHost
 from rlt.dynamo import wire
 

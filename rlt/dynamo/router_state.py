@@ -11,7 +11,7 @@ backends do: KV events, load, health, metrics.
 - Health: while the node's rlt worker cannot serve (dead, restarting: rlt.Engine.check_health),
   its endpoint leaves discovery, so the frontend routes elsewhere, and the canary fails; it comes
   back once the worker is READY again.
-- Metrics: rlt's own `rlt:` metrics (rlt/serve/metrics.py: exit depth, KV handoff, prefix cache,
+- Metrics: rlt's own `rlt:` metrics (rlt/frontends/metrics.py: exit depth, KV handoff, prefix cache,
   requests running and waiting) in Dynamo's /metrics, with the labels Dynamo adds to each node's.
 """
 
@@ -143,8 +143,9 @@ class RouterHooks:
         return build_health_check_payload(bos if bos is not None else 0)
 
     async def register_prometheus(self, metrics) -> None:
-        """rlt's `rlt:` metrics (rlt/serve/metrics.py) in Dynamo's /metrics, with the node's labels."""
-        from rlt.serve.metrics import Metrics
+        """rlt's `rlt:` metrics (rlt/frontends/metrics.py) in Dynamo's /metrics, with the node's
+        labels."""
+        from rlt.frontends.metrics import Metrics
 
         e = self.launch.engine  # (the rlt.Engine, launched or not: stats() is read at each scrape)
         self.metrics = Metrics(e, e.model_config.depth, self.served_name)

@@ -14,7 +14,7 @@ import base64
 
 import msgspec
 
-from rlt import protocol as pr
+from rlt.contract import protocol as pr
 
 
 class InfoCall(msgspec.Struct, tag="info"):

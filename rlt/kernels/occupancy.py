@@ -1,6 +1,7 @@
 """Kernels compiled for Hopper (sm_90a) on the CPU, and what ptxas makes of them: registers per
 thread and programs resident per SM on an H100 / H200. No GPU needed, only triton (its compiler
-and bundled CUDA tools). Used by tests/test_kernels_compiled.py; the engine never imports it.
+and bundled CUDA tools). Used by tests/kernels/test_kernels_compiled.py; the engine never imports
+it.
 """
 
 import os

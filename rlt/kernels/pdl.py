@@ -10,8 +10,8 @@ Each kernel first lets its successor launch (griddepcontrol.launch_dependents), 
 the previous kernel (griddepcontrol.wait: all its writes visible) before touching anything another
 kernel writes. Releasing before the wait lets the successor issue its early reads (weights, older
 keys) while the kernel before this one still runs. Safe because no kernel reads, before its wait,
-anything a kernel of the pass writes (tests/test_kernels_compiled.py checks each kernel's early
-reads), and the successor's own wait still waits for this kernel to complete.
+anything a kernel of the pass writes (tests/kernels/test_kernels_compiled.py checks each kernel's
+early reads), and the successor's own wait still waits for this kernel to complete.
 """
 
 import functools

@@ -43,7 +43,8 @@ class SkinnyConfig:
         return f"{self.block_n}x{self.block_k}/s{split}/{self.warps}w{self.stages}st"
 
 
-# The candidates scripts/bench_skinny_gemm.py times (and tests/skinny_gemm_interpreted.py checks).
+# The candidates scripts/bench_skinny_gemm.py times (and tests/kernels/skinny_gemm_interpreted.py
+# checks).
 CONFIGS = tuple(
     SkinnyConfig(*c)
     for c in (

@@ -13,9 +13,9 @@ import re
 import torch
 from safetensors.torch import save_file
 
-from rlt.config import ModelConfig
 from rlt.models.family import BY_NAME, FAMILIES
 from rlt.models.loader import DTYPES
+from rlt.models.model_config import ModelConfig
 from rlt.models.tokenizer import train_tokenizer
 
 

@@ -9,10 +9,10 @@ adjacent pairs. Prelude and coda are boundary layers (KV stored once); core laye
 import torch
 import torch.nn.functional as F
 
-from rlt.config import ModelConfig
 from rlt.kernels.random import STREAM_STATE_INIT, truncated_normal_of
 from rlt.models.base import Attention, Rotary
 from rlt.models.layers import gated_mlp, rope_inv_freq
+from rlt.models.model_config import ModelConfig
 from rlt.models.ops import REFERENCE
 
 _BLOCK_TENSORS = (

@@ -6,15 +6,15 @@ import os
 import torch
 from safetensors import safe_open
 
-from rlt.config import ModelConfig, dtype_name
 from rlt.errors import CheckpointError
 from rlt.models.family import FAMILIES
+from rlt.models.model_config import ModelConfig, dtype_name
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 def resolve_dtype(name: str | None, device: str, mc: ModelConfig) -> torch.dtype:
-    """rlt.config.dtype_name's choice as a torch dtype."""
+    """rlt.models.model_config.dtype_name's choice as a torch dtype."""
     name = dtype_name(name, device, mc.torch_dtype)
     if name not in DTYPES:
         raise CheckpointError(f"dtype {name!r} is not supported (supported: {', '.join(DTYPES)})")

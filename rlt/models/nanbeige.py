@@ -4,9 +4,9 @@ loop) unless skip_loop_final_norm, in which case only after the last."""
 
 import torch
 
-from rlt.config import ModelConfig
 from rlt.models.base import Attention
 from rlt.models.layers import EmbeddingInput, fused_llama_layer, llama_attention, rope_inv_freq
+from rlt.models.model_config import ModelConfig
 from rlt.models.ops import REFERENCE
 
 

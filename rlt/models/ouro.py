@@ -6,9 +6,9 @@ x = model.norm(x). The normed x feeds the next loop, the exit gate and the LM he
 
 import torch
 
-from rlt.config import ModelConfig
 from rlt.models.base import Attention
 from rlt.models.layers import EmbeddingInput, fused_llama_layer, llama_attention, rope_inv_freq
+from rlt.models.model_config import ModelConfig
 from rlt.models.ops import REFERENCE
 
 _LAYER_TENSORS = (

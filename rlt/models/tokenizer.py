@@ -83,7 +83,7 @@ def load_tokenizer(path: str):
     AutoTokenizer: the latter reads config.json's auto_map and would ask to run remote code. A file
     that is not a JSON object, or a tokenizer that does not load, is a ConfigError naming the file."""
     from rlt.errors import ConfigError
-    from rlt.json_object import read_json_object
+    from rlt.models.json_object import read_json_object
 
     if not os.path.isfile(os.path.join(path, "tokenizer.json")):
         return None

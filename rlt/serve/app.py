@@ -11,11 +11,11 @@ from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from rlt.errors import EngineDeadError
+from rlt.frontends.metrics import Metrics
 from rlt.serve import errors, generate, middleware, template_sandbox
 from rlt.serve.errors import HTTPError
 from rlt.serve.flags import Limits, ServerOptions
 from rlt.serve.limits import Pool, decode, read_body
-from rlt.serve.metrics import Metrics
 from rlt.serve.responses import Store
 
 
@@ -34,7 +34,7 @@ def build_app(
     what one request may ask (rlt/serve/limits.py); chat_template: --chat-template's text; served_name:
     the model's name, or its names (a request may give any; metrics and a request that gives none
     name the first); options: CORS and the request log (rlt/serve/middleware.py); parsers: the
-    reasoning and tool-call parsers of chat responses (rlt/serve/parsers.py; None: none)."""
+    reasoning and tool-call parsers of chat responses (rlt/frontends/parsers.py; None: none)."""
     names = [served_name] if isinstance(served_name, str) else list(served_name)
     served_name = names[0]
     limits, options = limits or Limits(), options or ServerOptions()

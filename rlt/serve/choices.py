@@ -9,9 +9,9 @@ import contextlib
 
 import msgspec
 
+from rlt.frontends.parsers import assemble
 from rlt.serve import errors
 from rlt.serve import openai_api as oa
-from rlt.serve.parsers import assemble
 from rlt.serve.requests import Options
 
 _json = msgspec.json.Encoder()  # server-sent events: several times json.dumps's speed

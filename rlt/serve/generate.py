@@ -13,6 +13,7 @@ from fastapi import Request
 from fastapi.responses import Response, StreamingResponse
 
 from rlt.errors import EngineDeadError, EngineOverloadedError, RequestError
+from rlt.frontends.parsers import CALL, END_CALL, END_THINK, THINK, Parsing, Think
 from rlt.serve import chat as chat_template
 from rlt.serve import openai_api as oa
 from rlt.serve import requests as rq
@@ -22,7 +23,6 @@ from rlt.serve.choices import Choice, events, run, usage
 from rlt.serve.errors import HTTPError, short
 from rlt.serve.flags import Limits
 from rlt.serve.limits import Pool, check_prompts, token_ids
-from rlt.serve.parsers import CALL, END_CALL, END_THINK, THINK, Parsing, Think
 
 _json = msgspec.json.Encoder()
 
@@ -34,7 +34,7 @@ class Served:
     limits: Limits
     pool: Pool
     chat_template: str | None = None
-    reasoning_parser: str | None = None  # --reasoning-parser (rlt/serve/parsers.py)
+    reasoning_parser: str | None = None  # --reasoning-parser (rlt/frontends/parsers.py)
     tool_parser: str | None = None  # --tool-call-parser
     trust_request_chat_template: bool = False  # --trust-request-chat-template: a request may give its own
     responses: rs.Store = field(default_factory=lambda: rs.Store(0))  # --responses-store
@@ -165,7 +165,7 @@ def parsing(req, prompt_text: str, served: Served, tok, params):
 async def check_grammar(served: Served, engine, params, opts: rq.Options) -> None:
     """The request's grammar checked in the pool (a large schema's structure takes a while; the
     engine's own check at the call then finds it cached): a 400 naming the field it came from."""
-    from rlt import grammar
+    from rlt.contract import grammar
 
     if params.structured_output is not None:
         try:

@@ -14,12 +14,12 @@ from typing import Annotated, Any
 
 import msgspec
 
+from rlt.contract.sampling_params import SamplingParams
+from rlt.contract.validation import INT64
 from rlt.errors import RequestError
-from rlt.sampling_params import SamplingParams
+from rlt.frontends.parsers import Parsing
 from rlt.serve import structured
 from rlt.serve.errors import HTTPError, short
-from rlt.serve.parsers import Parsing
-from rlt.validation import INT64
 
 Int = Annotated[int, msgspec.Meta(ge=INT64[0], le=INT64[1])]  # what the engine carries
 
@@ -184,7 +184,8 @@ class Options:
     truncate_prompt_tokens: int | None
     add_special_tokens: bool
     id: str | None
-    parsing: Parsing | None = None  # a chat's reasoning and tool-call parsing (rlt/serve/parsers.py)
+    # a chat's reasoning and tool-call parsing (rlt/frontends/parsers.py)
+    parsing: Parsing | None = None
     grammar_field: str | None = None  # the field the request's grammar came from (its errors name it)
 
 

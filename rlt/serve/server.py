@@ -11,13 +11,14 @@ import os
 import socket
 import sys
 
+from rlt.frontends.flags import add_option_flags
 from rlt.serve.flags import add_flags as add_http_flags
 from rlt.serve.flags import add_server_flags
 
 BACKLOG = 2048  # uvicorn's default: connections the kernel holds before the server accepts them
 
 
-def add_parser(sub, add_option_flags) -> None:
+def add_parser(sub) -> None:
     s = sub.add_parser("serve", help="serve a model over OpenAI's HTTP API")
     s.add_argument(
         "model", nargs="?", help="checkpoint directory or Hugging Face Hub id (default: the embedded tiny Ouro)"
@@ -46,7 +47,7 @@ def add_parser(sub, add_option_flags) -> None:
         "--chat-template",
         help="a Jinja chat template, or the file holding one, for requests that give none (default: the checkpoint's)",
     )
-    from rlt.serve.parsers import REASONING_PARSERS, TOOL_PARSERS
+    from rlt.frontends.parsers import REASONING_PARSERS, TOOL_PARSERS
 
     for flag, names, what in (
         ("--reasoning-parser", REASONING_PARSERS, "<think> blocks into reasoning_content"),
@@ -75,8 +76,8 @@ _port.__name__ = "port (0 to 65535)"
 
 def sampling_defaults(path: str, source: str, overrides: dict) -> dict:
     """generation_config.json's sampling fields (source "auto"), then the overrides."""
-    from rlt.config import read_json_object
     from rlt.errors import ConfigError
+    from rlt.models.json_object import read_json_object
     from rlt.serve.requests import GENERATION_DEFAULTS
 
     if not isinstance(overrides, dict) or set(overrides) - set(GENERATION_DEFAULTS):
@@ -134,8 +135,8 @@ def _serve(args: argparse.Namespace, options: dict, sock: socket.socket) -> int:
 
 def parsers_of(args, engine, template: str | None) -> tuple[str | None, str | None]:
     """--reasoning-parser and --tool-call-parser: auto is the family's default for its template."""
+    from rlt.frontends.parsers import default_parsers
     from rlt.models.family import FAMILIES
-    from rlt.serve.parsers import default_parsers
 
     tok = engine.tokenizer
     template = template or getattr(tok, "chat_template", None)

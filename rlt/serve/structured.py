@@ -4,17 +4,17 @@ request), and the request field that the engine's errors about it are renamed to
 
 Forced tool calls follow vLLM: a named function's output is its `parameters` JSON (the arguments),
 `required`'s a JSON list of one or more `{"name": ..., "parameters": {...}}` (one of the tools each;
-one at most with parallel_tool_calls false); rlt/serve/forced.py turns the text into tool_calls.
+one at most with parallel_tool_calls false); rlt/frontends/forced.py turns the text into tool_calls.
 """
 
 import json
 
+from rlt.contract.sampling_params import StructuredOutput
 from rlt.errors import RequestError
-from rlt.sampling_params import StructuredOutput
+from rlt.frontends.parsers import CALL, END_CALL
 from rlt.serve.errors import HTTPError, short
-from rlt.serve.parsers import CALL, END_CALL
 
-BACKEND = "xgrammar"  # the engine's grammar library (rlt/grammar.py)
+BACKEND = "xgrammar"  # the engine's grammar library (rlt/contract/grammar.py)
 _KINDS = ("json", "regex", "choice", "grammar", "json_object")
 # vLLM's structured_outputs keys that change nothing here: rlt's JSON is always compact (no free
 # whitespace), which every whitespace setting allows

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from rlt.config import EngineConfig, ModelConfig
+from rlt.contract.config import EngineConfig
 from rlt.kernels import kv_copy, lane_checks, lane_rows
 from rlt.kernels.paged_attention import (
     KERNEL_BLOCK_M,
@@ -32,6 +32,7 @@ from rlt.kernels.paged_attention import (
 from rlt.kernels.penalties import REFERENCE as REFERENCE_SLOTS
 from rlt.kernels.penalties import triton_slot_kernels
 from rlt.models.layers import rope, split_qkv
+from rlt.models.model_config import ModelConfig
 from rlt.models.ops import REFERENCE, BatchInvariantOps, TritonOps, gemv_fits
 from rlt.workers.cuda_graphs import BUCKETS, DecodeGraphs, PassGraphs
 from rlt.workers.pass_rows import padded, positions, row_slots

@@ -15,9 +15,10 @@ from dataclasses import dataclass
 
 import torch
 
-from rlt.config import EngineConfig, ModelConfig
+from rlt.contract.config import EngineConfig
+from rlt.contract.sampling_params import ResolvedParams
 from rlt.errors import RequestError
-from rlt.sampling_params import ResolvedParams
+from rlt.models.model_config import ModelConfig
 from rlt.workers.backend import select_backend
 from rlt.workers.grammar import WorkerGrammars
 from rlt.workers.group import Group

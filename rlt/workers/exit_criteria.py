@@ -28,7 +28,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from rlt.sampling_params import EXIT_CRITERIA
+from rlt.contract.sampling_params import EXIT_CRITERIA
 from rlt.workers.pass_rows import positions, row_starts
 from rlt.workers.step_buffers import DeviceReadback
 

@@ -4,8 +4,8 @@ installed by worker_main only when faults are asked for, so no product path chec
 import hashlib
 import time
 
-from rlt import protocol as pr
-from rlt.config import Faults
+from rlt.contract import protocol as pr
+from rlt.contract.config import Faults
 from rlt.workers.kv_transfer import TransferError
 from rlt.workers.progress import Progress
 from rlt.workers.worker import Worker

@@ -1,6 +1,7 @@
-"""A worker's side of structured output (rlt/grammar.py): grammars compile off the worker's loop, in
-its compile processes (rlt/workers/grammar_compile.py), cached by spec; a request waits in the
-scheduler until its grammar is ready (as vLLM), and its compile is abandoned if it goes first.
+"""A worker's side of structured output (rlt/contract/grammar.py): grammars compile off the
+worker's loop, in its compile processes (rlt/workers/grammar_compile.py), cached by spec; a request
+waits in the scheduler until its grammar is ready (as vLLM), and its compile is abandoned if it
+goes first.
 Each constrained request then has a matcher (Constraint) that accepts its output tokens in order.
 Its next decode row starts before its last token is read back, like any other (the row's loops
 need only the token on the device); its mask is needed only when the row leaves the loop, by which

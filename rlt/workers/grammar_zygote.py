@@ -12,7 +12,7 @@ import sys
 import time
 from multiprocessing.connection import Connection
 
-from rlt.grammar import error_text
+from rlt.contract.grammar import error_text
 from rlt.workers.lifetime import die_with_parent
 
 
@@ -38,7 +38,7 @@ def compile_spec(compiler, spec):
     """-> the compiled grammar; GrammarError if it does not compile or can match nothing."""
     import xgrammar as xgr
 
-    from rlt.grammar import grammar_of
+    from rlt.contract.grammar import grammar_of
 
     try:
         compiled = compiler.compile_grammar(grammar_of(spec))

@@ -6,8 +6,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from rlt.contract.sampling_params import ResolvedParams
 from rlt.kernels.sampler import top_dict
-from rlt.sampling_params import ResolvedParams
 from rlt.workers.kv_pool import BlockTables
 from rlt.workers.prompt_logprobs import PromptLogprobs
 from rlt.workers.step_buffers import DeviceReadback

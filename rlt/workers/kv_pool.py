@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from rlt.config import ModelConfig
+from rlt.models.model_config import ModelConfig
 from rlt.workers.prefix_cache import CachedBlock, PrefixCache
 
 LAYOUTS = ("last_exited", "shared")

@@ -12,7 +12,7 @@ import time
 import numpy as np
 import torch
 
-from rlt.protocol import PeerInfo
+from rlt.contract.protocol import PeerInfo
 
 
 class TransferError(RuntimeError):

@@ -13,8 +13,9 @@ import os
 import msgspec
 import torch
 
-from rlt.config import CPU_KV_BYTES, EngineConfig, ModelConfig
-from rlt.sampling_params import SamplingParams, StructuredOutput
+from rlt.contract.config import CPU_KV_BYTES, EngineConfig
+from rlt.contract.sampling_params import SamplingParams, StructuredOutput
+from rlt.models.model_config import ModelConfig
 from rlt.workers.kv_pool import KVPool
 
 MAX_BLOCKS = 1 << 20  # (host bookkeeping is per block; Huginn's 33 planes fill an H200 with ~70k)
@@ -61,7 +62,7 @@ def pool_blocks(
 
 
 def _left_for_kv(mc, model, cfg: EngineConfig, dtype, device, engine_cls) -> tuple[int, str]:
-    from rlt.validation import MAX_LOGPROBS, resolve_params
+    from rlt.contract.validation import MAX_LOGPROBS, resolve_params
 
     torch.cuda.empty_cache()
     torch.cuda.reset_peak_memory_stats(device)

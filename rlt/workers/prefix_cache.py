@@ -6,7 +6,8 @@ positions ran at (prompt positions: their request's max_loops; generated positio
 token exited at), and, for a family that draws its initial latent at random (Huginn's like-init),
 of the request's state seed. Within one worker the weights and the KV layout are fixed. So a block
 is keyed by a hash chain over (tokens, depths) block by block, rooted in the state seed where it
-matters (rlt/prefix_keys.py): equal keys, equal KV on every plane, bit for bit where the passes are batch invariant.
+matters (rlt/contract/prefix_keys.py): equal keys, equal KV on every plane, bit for bit where the
+passes are batch invariant.
 
 A cached block is one logical block of every plane together (`blocks`: its physical block per
 plane). A request sharing it holds a reference; at zero references it stays cached but counts as
@@ -21,7 +22,7 @@ coordinator (an external KV-aware router's events: rlt/control/cache_events.py).
 from collections import OrderedDict
 from dataclasses import dataclass
 
-from rlt.prefix_keys import chain, key_id, prompt_keys, root_key
+from rlt.contract.prefix_keys import chain, key_id, prompt_keys, root_key
 
 __all__ = ["CachedBlock", "PrefixCache", "chain", "key_id", "prompt_keys", "root_key"]
 

@@ -18,10 +18,11 @@ import itertools
 import numpy as np
 import torch
 
-from rlt.config import EngineConfig, ModelConfig
+from rlt.contract.config import EngineConfig
+from rlt.contract.sampling_params import EXIT_CRITERIA
 from rlt.kernels.sampler import top_logprobs
 from rlt.models.layers import EmbeddingInput
-from rlt.sampling_params import EXIT_CRITERIA
+from rlt.models.model_config import ModelConfig
 from rlt.workers.cuda_graphs import table_width
 from rlt.workers.exit_criteria import CriterionChecks, checks_after, initial
 from rlt.workers.exit_policy import should_exit, update_survival

@@ -15,7 +15,7 @@ While a running request is computing the next block of that prefix, it waits for
 
 import bisect
 
-from rlt.config import EngineConfig
+from rlt.contract.config import EngineConfig
 from rlt.workers.kv_pool import KVPool
 from rlt.workers.penalties import PenaltyState
 from rlt.workers.prefix_cache import CachedBlock

@@ -12,7 +12,7 @@ resumed, it starts after the longest cached prefix of the positions it knows.
 
 from dataclasses import dataclass, field
 
-from rlt.sampling_params import ResolvedParams
+from rlt.contract.sampling_params import ResolvedParams
 from rlt.workers.group import Group
 from rlt.workers.kv_pool import BlockTables
 from rlt.workers.prefix_cache import chain, prompt_keys

@@ -16,8 +16,8 @@ the passes where lanes reach it).
 
 import torch
 
+from rlt.contract.sampling_params import EXIT_CRITERIA
 from rlt.kernels.sampler import top_logprobs
-from rlt.sampling_params import EXIT_CRITERIA
 from rlt.workers.exit_criteria import LATENT, evaluate, initial_values
 from rlt.workers.steady import SteadyDecode
 from rlt.workers.step_buffers import DeviceReadback

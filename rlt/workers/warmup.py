@@ -17,8 +17,8 @@ On CPU (the torch reference kernels) there is nothing to warm.
 
 import time
 
-from rlt.sampling_params import SamplingParams
-from rlt.validation import resolve_params
+from rlt.contract.sampling_params import SamplingParams
+from rlt.contract.validation import resolve_params
 from rlt.workers.first_use import FirstUse
 from rlt.workers.memory import EDITS, finish, grammar
 

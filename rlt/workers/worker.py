@@ -5,7 +5,7 @@ a decode worker reserves blocks, counts chunk notifications and activates)."""
 import time
 from dataclasses import dataclass, field
 
-from rlt import protocol as pr
+from rlt.contract import protocol as pr
 from rlt.errors import RequestError
 from rlt.workers.first_use import FirstUse
 from rlt.workers.kv_transfer import TransferError

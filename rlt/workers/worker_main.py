@@ -20,7 +20,7 @@ import traceback
 import zmq
 
 from rlt import envs
-from rlt import protocol as pr
+from rlt.contract import protocol as pr
 from rlt.workers.lifetime import die_with_parent
 
 
@@ -55,9 +55,10 @@ def fingerprint(mc, weights: dict, dtype: str, engine_cfg) -> str:
 def build(h: pr.Handshake):
     import torch
 
-    from rlt.config import ModelConfig, parse_topology
+    from rlt.contract.config import parse_topology
     from rlt.models.family import FAMILIES
     from rlt.models.loader import load_weights, resolve_dtype
+    from rlt.models.model_config import ModelConfig
     from rlt.workers.engine import LoopEngine
 
     mc = ModelConfig.from_dict(h.config, h.model_path)
