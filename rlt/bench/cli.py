@@ -1,4 +1,4 @@
-"""`rlt bench`: offline, serve, prefix, first-use, profile, grammar, parity and kv-handoff (as
+"""`rlt bench`: offline, serve, prefix, first-use, profile, grammar, parity, kv-handoff and gemm (as
 `vllm bench`). The parsers only: each command's run is the function RUNS names, imported when it
 runs (`rlt --help` loads no torch)."""
 
@@ -23,6 +23,8 @@ DESCRIPTION = {
     "parity": "a topology (e.g. 1p1d) against single, token for token: greedy prompts one at a "
     "time and all at once; per mode the requests equal in tokens and exit depths, and each "
     "other's first divergence",
+    "gemm": "the few-row products of decode passes (1 to 32 rows, the families' projections) through "
+    "cuBLAS, the one-row GEMV and the skinny GEMM's configs, as the engine launches them (CUDA)",
     "kv-handoff": "KV handoff bandwidth, one prompt's KV blocks written by NIXL from one "
     "process's pool into another's through rlt's KVTransport (the path PD uses), the blocks "
     "consecutive and scattered",
@@ -36,13 +38,14 @@ RUNS = {  # command: (module of rlt.bench, function)
     "grammar": ("grammar", "grammar"),
     "parity": ("parity", "command"),
     "kv-handoff": ("kv_handoff", "command"),
+    "gemm": ("gemm", "command"),
 }
 
 
 def add_parser(sub) -> None:
     b = sub.add_parser("bench", help="benchmarks: " + ", ".join(RUNS), description=__doc__)
     cmds = b.add_subparsers(dest="bench_command", required=True, metavar="{" + ",".join(RUNS) + "}")
-    adds = (_offline, _serve, _prefix, _first_use, _profile, _grammar, _parity, _kv_handoff)
+    adds = (_offline, _serve, _prefix, _first_use, _profile, _grammar, _parity, _kv_handoff, _gemm)
     for name, add in zip(RUNS, adds, strict=True):
         p = cmds.add_parser(name, help=DESCRIPTION[name].split(",")[0], description=DESCRIPTION[name])
         add(p)
@@ -212,6 +215,12 @@ def _kv_handoff(p) -> None:
     for f in dataclasses.fields(Handoff):
         p.add_argument("--" + f.name.replace("_", "-"), type=type(f.default), default=f.default)
     p.add_argument("--json-out", help="write the results as JSON here")
+
+
+def _gemm(p) -> None:
+    from rlt.bench.gemm import add_arguments  # (no torch at import)
+
+    add_arguments(p)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -1,6 +1,7 @@
 """Skinny GEMM in Triton, for decode passes of 2 to 32 rows: y = x @ w.T with x [M, K], M <= 32.
 
-An experiment (scripts/bench_skinny_gemm.py times it against cuBLAS). Like the one-row GEMV
+The engine takes it where rlt/models/ops.py's skinny_fits says (`rlt bench gemm` times it against
+cuBLAS per product and config). Like the one-row GEMV
 (rlt/kernels/gemv.py) such a product reads every weight once and does little else, so its speed is
 its share of HBM bandwidth; cuBLAS reaches some 50-70% of the read rate at these row counts.
 
@@ -43,8 +44,7 @@ class SkinnyConfig:
         return f"{self.block_n}x{self.block_k}/s{split}/{self.warps}w{self.stages}st"
 
 
-# The candidates scripts/bench_skinny_gemm.py times (and tests/kernels/skinny_gemm_interpreted.py
-# checks).
+# The candidates `rlt bench gemm` times (and tests/kernels/skinny_gemm_interpreted.py checks).
 CONFIGS = tuple(
     SkinnyConfig(*c)
     for c in (
@@ -62,7 +62,7 @@ CONFIGS = tuple(
         (32, 128, 8, 4, 4),
     )
 )
-CONFIG = CONFIGS[0]  # (provisional: until the benchmark has run on an H100 / H200)
+CONFIG = CONFIGS[0]  # the engine's (its passes were measured with it): enough K splits to fill the SMs
 
 
 @triton.jit

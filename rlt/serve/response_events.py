@@ -129,6 +129,14 @@ class _Stream:
 async def events(req: rs.ResponsesRequest, chunks, rid: str, name: str, done):
     """chunks: the chat route's server-sent events (bytes); done(response): called with the final
     Response object (the store keeps it)."""
+    try:
+        async for event in _events(req, chunks, rid, name, done):
+            yield event
+    finally:  # finished, or the client went away: the chat stream closes (its requests abort)
+        await chunks.aclose()
+
+
+async def _events(req: rs.ResponsesRequest, chunks, rid: str, name: str, done):
     s, finish, usage = _Stream(req, rid, name), None, None
     yield s.lifecycle("response.created")
     yield s.lifecycle("response.in_progress")

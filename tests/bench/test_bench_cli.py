@@ -10,7 +10,7 @@ import pytest
 from rlt.cli import main
 
 SUBCOMMANDS = ("offline", "serve", "prefix", "first-use")
-SUBCOMMANDS += ("profile", "grammar", "parity", "kv-handoff")
+SUBCOMMANDS += ("profile", "grammar", "parity", "kv-handoff", "gemm")
 
 
 def test_bench_help_lists_every_subcommand():
@@ -25,7 +25,8 @@ def test_bench_subcommand_help(name, capsys):
         main(["bench", name, "--help"])
     assert e.value.code == 0
     out = capsys.readouterr().out
-    where = ("--src", "--dst") if name == "kv-handoff" else ("--model", "--device")  # (two pools)
+    # (kv-handoff: two pools; gemm: the families' shapes, no model)
+    where = {"kv-handoff": ("--src", "--dst"), "gemm": ("--shapes", "--rows")}.get(name, ("--model", "--device"))
     assert out.startswith(f"usage: rlt bench {name}") and all(flag in out for flag in where)
 
 

@@ -3,7 +3,7 @@ plain and with its SwiGLU, against a float32 torch reference: rows 2 to 32 (BLOC
 padded), N a multiple of no block, K whole and ragged tiles, K split or not. bf16 in and out. Prints
 one line per case; exits non-zero on a mismatch.
 
-    TRITON_INTERPRET=1 python tests/kernels/skinny_gemm_interpreted.py
+    TRITON_INTERPRET=1 python tests/kernels/skinny_gemm_interpreted.py [CONFIG INDEX ...]
 """
 
 import os
@@ -61,7 +61,8 @@ def check(config, swiglu: bool, M: int, N: int, K: int, g: torch.Generator) -> f
     return ((got.float() - ref).abs().max() / ref.abs().max()).item()
 
 
-def main() -> int:
+def main(argv: list[str]) -> int:
+    """argv: indices into skinny_gemm.CONFIGS to check (default: all)."""
     if os.environ.get("TRITON_INTERPRET") != "1":
         print("run with TRITON_INTERPRET=1 (Triton's interpreter, on the CPU)")
         return 2
@@ -77,7 +78,7 @@ def main() -> int:
     sg._scratch = recorded
     g = torch.Generator().manual_seed(0)
     ok, worst, split = True, 0.0, 0
-    for config in sg.CONFIGS:
+    for config in [sg.CONFIGS[int(i)] for i in argv] or sg.CONFIGS:
         for swiglu in (False, True):
             for N, K in SHAPES:
                 for M in ROWS:
@@ -97,4 +98,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(sys.argv[1:]))

@@ -205,6 +205,34 @@ def test_gemv_matches_torch():
                 assert torch.equal(gv.gemv(x, w, gv.CONFIG, early), gv.gemv(x, w, gv.CONFIG)), (N, K, early)
 
 
+def test_skinny_gemm_in_the_engines_few_row_products():
+    """2 to 32 rows: the skinny GEMM (every config, plain and with the SwiGLU) against the float32
+    product; the engine's ops take it for q/k/v-like and [gate; up] products where K >= 3,072 and
+    keep cuBLAS below that (Ouro's) and at one row (the GEMV)."""
+    import torch.nn.functional as F
+
+    from rlt.kernels import skinny_gemm as sg
+    from rlt.models import layers
+    from rlt.models.ops import TritonOps
+
+    ops = TritonOps()
+    g = torch.Generator(device="cuda").manual_seed(0)
+    for N, K in ((8192, 3072), (10752, 3072), (6144, 2048), (40, 3100)):
+        w, gate_up = ((torch.randn(n, K, device="cuda", generator=g) / K**0.5).bfloat16() for n in (N, 2 * N))
+        for M in (2, 5, 16, 32):
+            x = torch.randn(M, K, device="cuda", generator=g).bfloat16()
+            ref, ref_swiglu = F.linear(x.float(), w.float()), layers.swiglu(F.linear(x.float(), gate_up.float()))
+            for cfg in sg.CONFIGS:
+                err = (sg.skinny_gemm(x, w, cfg).float() - ref).abs().max() / ref.abs().max()
+                assert err <= 1e-2, (N, K, M, str(cfg), err)
+                got = sg.skinny_gemm_swiglu(x, gate_up, cfg).float()
+                assert (got - ref_swiglu).abs().max() <= 2e-2 * ref_swiglu.abs().max(), (N, K, M, str(cfg))
+            skinny = K >= 3072
+            assert torch.equal(ops.linear(x, w), sg.skinny_gemm(x, w) if skinny else F.linear(x, w))
+            want = sg.skinny_gemm_swiglu(x, gate_up) if skinny else ops.swiglu(F.linear(x, gate_up))
+            assert torch.equal(ops.linear_swiglu(x, gate_up), want)
+
+
 def test_gemv_epilogues_match_separate_launches():
     """The GEMV finishing the SwiGLU of the [gate; up] projection against the plain GEMV then the
     separate kernel, every config; the residual add + RMSNorm launch (the added row normed or not,

@@ -6,6 +6,8 @@ tool). The random weights write long strings, so the schemas bound theirs (their
 
 import asyncio
 import json
+import time
+import urllib.request
 from typing import Annotated
 
 import openai
@@ -77,6 +79,24 @@ def test_text_equals_chat_and_its_stream(client):
     assert [e.sequence_number for e in events] == list(range(len(events)))
     deltas = "".join(e.delta for e in events if e.type == "response.output_text.delta")
     assert deltas == events[-1].response.output_text == r.output_text
+
+
+def test_a_client_that_leaves_a_stream_aborts_its_request(server, client):
+    """A stream closed after a few events: its request is aborted at once, not run to its end."""
+    body = {"ignore_eos": True}
+    with client.responses.stream(model="m", input="Go on.", max_output_tokens=3000, extra_body=body) as s:
+        for i, _ in enumerate(s):
+            if i == 6:
+                break
+    metrics = server.removesuffix("/v1") + "/metrics"
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        with urllib.request.urlopen(metrics, timeout=10) as r:
+            running = [ln for ln in r.read().decode().splitlines() if ln.startswith("rlt:num_requests_running{")]
+        if running and float(running[0].rsplit(" ", 1)[1]) == 0:
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"still running: {running}")
 
 
 def test_store_continues_a_conversation(client):
@@ -182,7 +202,7 @@ def test_pydantic_ai_gives_a_structured_result_and_calls_a_tool(server):
     model = OpenAIResponsesModel("m", provider=OpenAIProvider(base_url=server, api_key="none"))
     # its output is a tool of its own: every turn the grammar makes the model call one of the two
     # (seed 2: the tool twice, then the result)
-    settings = {"max_tokens": 200, "temperature": 1.0, "seed": 2}
+    settings = {"max_tokens": 200, "temperature": 1.0, "extra_body": {"seed": 2}}
     agent = pydantic_ai.Agent(model, output_type=City, model_settings=settings)
     calls = []
 

@@ -1,20 +1,17 @@
-"""The skinny GEMM (rlt/kernels/skinny_gemm.py) against cuBLAS (F.linear) on one GPU, for decode
-passes of 1 to 32 rows on Ouro-1.4B's and Nanbeige4.2-3B's projections: is it worth taking M >= 2
-off cuBLAS? CUDA only (an H100 / H200).
-
-    python scripts/bench_skinny_gemm.py [--quick] [--shapes ouro nanbeige:down] [--rows 2 4 8]
+"""`rlt bench gemm`: the few-row products of decode passes (1 to 32 rows, Ouro-1.4B's and
+Nanbeige4.2-3B's projections) through cuBLAS (F.linear), the one-row GEMV (rlt/kernels/gemv.py)
+and the skinny GEMM's configs (rlt/kernels/skinny_gemm.py). CUDA only.
 
 Each variant is timed as the engine runs it: many calls in a CUDA graph (do_bench_cudagraph, its
 median), each call on the next of a rotating set of weight copies (together several times the L2),
 so every call reads its weights from HBM. The [gate; up] products' cuBLAS row is the engine's path
-at M >= 2: F.linear, then the SwiGLU launch (rlt/kernels/activation.py); at M = 1 the one-row GEMV
-(rlt/kernels/gemv.py) is timed too. Skinny launches use PDL as the engine does (RLT_PDL=0: off).
-GB/s counts the bytes a product must move (weights + x + y) over its time, for every variant;
-"read" is its fraction of the streaming read rate measured first (rlt/bench/floors.py). Each
-result is checked against the float32 product; a mismatch is flagged and never counts as best.
+without the skinny GEMM: F.linear, then the SwiGLU launch (rlt/kernels/activation.py). Launches use
+PDL as the engine does (RLT_PDL=0: off). GB/s counts the bytes a product must move (weights + x +
+y) over its time; "read" is its share of the streaming read rate measured first
+(rlt/bench/floors.py). Each result is checked against the float32 product; a mismatch is flagged
+and never counts as best.
 """
 
-import argparse
 import functools
 import math
 import sys
@@ -34,25 +31,22 @@ QUICK = (0, 1, 3, 7)  # indices into skinny_gemm.CONFIGS timed with --quick
 TOLERANCE = {False: 1e-2, True: 2e-2}  # max error over the reference's max magnitude, by SwiGLU
 
 
-def parse_args(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--quick", action="store_true", help=f"time only skinny_gemm.CONFIGS{list(QUICK)}")
-    ap.add_argument("--shapes", nargs="*", help="model[:product] filters, e.g. ouro nanbeige:down (default: all)")
-    ap.add_argument("--rows", nargs="*", type=int, default=list(ROWS), help="row counts M (default: %(default)s)")
-    ap.add_argument("--l2-mb", type=float, default=50.0, help="L2 size in MB (default: %(default)s)")
-    ap.add_argument("--rotate", type=float, default=4.0, help="weight copies total this many L2s (default: 4)")
-    ap.add_argument("--rep", type=int, default=20, help="ms of calls per CUDA graph (default: %(default)s)")
-    return ap.parse_args(argv)
+def add_arguments(p) -> None:
+    p.add_argument("--quick", action="store_true", help=f"time only skinny_gemm.CONFIGS{list(QUICK)}")
+    p.add_argument("--shapes", nargs="*", help="model[:product] filters, e.g. ouro nanbeige:down (default: all)")
+    p.add_argument("--rows", nargs="*", type=int, default=list(ROWS), help="row counts M (default: %(default)s)")
+    p.add_argument("--l2-mb", type=float, default=50.0, help="L2 size in MB (default: %(default)s)")
+    p.add_argument("--rotate", type=float, default=4.0, help="weight copies total this many L2s (default: 4)")
+    p.add_argument("--rep", type=int, default=20, help="ms of calls per CUDA graph (default: %(default)s)")
 
 
-def main(argv=None):
-    args = parse_args(argv)
+def command(args) -> None:
     import torch
     import torch.nn.functional as F
     import triton
 
     if not torch.cuda.is_available():
-        sys.exit("bench_skinny_gemm.py needs a CUDA device")
+        sys.exit("rlt bench gemm needs a CUDA device")
     from rlt.bench.floors import read_gbps
     from rlt.kernels import gemv, pdl
     from rlt.kernels import skinny_gemm as sg
@@ -150,7 +144,3 @@ def _table(summary, read: float) -> None:
         speed = cublas / sk if cublas and sk else nan
         line = f"{shape:16s} {M:2d} {cublas or nan:9.2f} {frac(cublas)}  {best or '-':22s} {sk or nan:7.2f}"
         print(f"{line} {speed:7.2f} {frac(sk)} {f'{gv:7.2f}' if gv else ''}".rstrip())
-
-
-if __name__ == "__main__":
-    main()
