@@ -24,6 +24,7 @@ class _Stream:
         self.output: list[dict] = []
         self.open: dict | None = None  # the item receiving deltas
         self.call_index: int | None = None  # the chat tool call the open function_call item is
+        self.depths: list[int] = []  # return_exit_depths: every output token's, in order
 
     def event(self, kind: str, **fields) -> bytes:
         data = _json.encode({"type": kind, "sequence_number": next(self.seq), **fields})
@@ -88,7 +89,7 @@ class _Stream:
         ids = {"item_id": self.open["id"], "output_index": len(self.output) - 1}
         return out + [self.event("response.reasoning_text.delta", **ids, content_index=0, delta=text)]
 
-    def text(self, text: str, logprobs: list | None) -> list[bytes]:
+    def text(self, text: str, logprobs: list | None, depths: list | None = None) -> list[bytes]:
         out = []
         if self.open is None or self.open["type"] != "message":
             part = {"type": "output_text", "text": "", "annotations": []}
@@ -101,10 +102,11 @@ class _Stream:
         if logprobs is not None:
             part["logprobs"] += logprobs
         ids = {"item_id": self.open["id"], "output_index": len(self.output) - 1}
-        out.append(
-            self.event("response.output_text.delta", **ids, content_index=0, delta=text, logprobs=logprobs or [])
+        extra = {} if depths is None else {"exit_depths": depths}  # (rlt's: the delta's tokens' depths)
+        event = self.event(
+            "response.output_text.delta", **ids, content_index=0, delta=text, logprobs=logprobs or [], **extra
         )
-        return out
+        return out + [event]
 
     def call(self, entry: dict) -> list[bytes]:
         out, fn = [], entry.get("function", {})
@@ -159,7 +161,10 @@ async def _events(req: rs.ResponsesRequest, chunks, rid: str, name: str, done):
             lps = (c.get("logprobs") or {}).get("content") if req.top_logprobs else None
             for e in s.reasoning(delta["reasoning_content"]) if delta.get("reasoning_content") else ():
                 yield e
-            for e in s.text(delta["content"], lps) if delta.get("content") else ():
+            depths = c.get("exit_depths") if req.return_exit_depths else None
+            if depths is not None:
+                s.depths += depths
+            for e in s.text(delta["content"], lps, depths) if delta.get("content") else ():
                 yield e
             for entry in delta.get("tool_calls") or ():
                 for e in s.call(entry):
@@ -171,6 +176,8 @@ async def _events(req: rs.ResponsesRequest, chunks, rid: str, name: str, done):
         for e in s.text("", None) + s.close():
             yield e
     s.response |= {"output": s.output, "usage": rs.usage_of(usage)}
+    if req.return_exit_depths:
+        s.response["exit_depths"] = s.depths
     rs.finish(s.response, finish)
     done(s.response)
     yield s.lifecycle("response.completed" if s.response["status"] == "completed" else "response.incomplete")

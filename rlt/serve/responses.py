@@ -66,6 +66,7 @@ class ResponsesRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True)
     exit_criterion: str | None = None
     speculative_loops: Int | None = None
     speculative_tokens: Int | None = None
+    return_exit_depths: bool | None = None  # every output token's loop depth, as chat's
 
 
 # fields passed to chat as they are
@@ -73,7 +74,7 @@ _SAME = (
     *("temperature", "top_p", "tool_choice", "parallel_tool_calls", "top_k", "min_p", "seed", "stop"),
     *("repetition_penalty", "presence_penalty", "frequency_penalty", "ignore_eos", "priority", "request_id"),
     *("min_loops", "max_loops", "exit_threshold", "exit_criterion", "speculative_loops", "speculative_tokens"),
-    *("user", "metadata", "service_tier", "safety_identifier", "prompt_cache_key"),
+    *("user", "metadata", "service_tier", "safety_identifier", "prompt_cache_key", "return_exit_depths"),
 )
 # a chat field an error names -> the Responses field it came from
 RENAMED = {
@@ -284,6 +285,8 @@ def from_chat(req: ResponsesRequest, chat: dict, rid: str, name: str) -> dict:
     logprobs = (choice.get("logprobs") or {}).get("content") if req.top_logprobs else None
     response["output"] = output_items(choice["message"], logprobs)
     response["usage"] = usage_of(chat.get("usage"))
+    if req.return_exit_depths:
+        response["exit_depths"] = choice["exit_depths"]
     return finish(response, choice.get("finish_reason"))
 
 

@@ -216,3 +216,39 @@ def test_pydantic_ai_gives_a_structured_result_and_calls_a_tool(server):
     assert isinstance(result.output, City) and calls
     returns = [p for m in result.all_messages() for p in m.parts if p.part_kind == "tool-return"]
     assert [p.content for p in returns if p.tool_name == "rank_of"] == [7] * len(calls)
+
+
+def test_exit_depths_as_chat_gives_them(client):
+    """rlt's return_exit_depths (with Ouro's gate at 0.1): the response's every token's depth, the
+    same streamed (the final event's; each text delta carries its own, which the client's stream
+    helper does not keep) and as the chat request's."""
+    body = {"return_exit_depths": True, "exit_threshold": 0.1}
+    kw = dict(model="m", input="Where?", max_output_tokens=12, temperature=0, extra_body=body)
+    r = client.responses.create(**kw)
+    depths = r.model_extra["exit_depths"]
+    assert len(depths) == 12 and len(set(depths)) > 1  # (the gate exits some tokens early)
+    with client.responses.stream(**kw) as s:
+        events = list(s)
+    assert events[-1].response.model_extra["exit_depths"] == depths
+    chat = client.chat.completions.create(
+        model="m", messages=[{"role": "user", "content": "Where?"}], max_tokens=12, temperature=0, extra_body=body
+    )
+    assert chat.choices[0].model_extra["exit_depths"] == depths
+
+
+def test_reasoning_is_an_output_item(checkpoints):
+    """With --reasoning-parser qwen3 and a template that opens <think> (Nanbeige's), the text inside
+    the block is a reasoning item's (as chat's reasoning_content), streamed as reasoning_text deltas."""
+    with serving(checkpoints["nanbeige"], "--reasoning-parser", "qwen3") as url:
+        client = openai.OpenAI(base_url=url, api_key="none", max_retries=0)
+        kw = dict(model="m", input="Think.", max_output_tokens=10, temperature=0)
+        r = client.responses.create(**kw)
+        chat = client.chat.completions.create(
+            model="m", messages=[{"role": "user", "content": "Think."}], max_tokens=10, temperature=0
+        )
+        with client.responses.stream(**kw) as s:
+            events = list(s)
+    reasoning = chat.choices[0].message.model_extra["reasoning_content"]
+    assert r.output[0].type == "reasoning" and r.output[0].content[0].text == reasoning and reasoning
+    deltas = "".join(e.delta for e in events if e.type == "response.reasoning_text.delta")
+    assert deltas == reasoning
