@@ -76,11 +76,12 @@ def speculation(params, engine_loops: int, engine_tokens: int, layout: str) -> t
 
 @dataclass
 class Acceptance:
-    """A request's recent acceptance, and whether speculating pays for it: a round of n checked drafts
+    """A request's recent acceptance, and what speculating pays for it: a round of n checked drafts
     at acceptance a outputs 1 + a + ... + a^n tokens on average for (n + 1) d + (D - d) loop passes,
-    where plain decoding takes D a token. When that does not pay (by a margin, for the drafts' heads
-    and the round's host work), the request decodes plainly for a while (twice as long each time in a
-    row), then tries a round again."""
+    where plain decoding takes D a token. Each round checks the n (up to the request's) that gives
+    the most tokens a loop pass at the recent acceptance; where even the best does not pay (by a
+    margin, for the drafts' heads and the round's host work), the request decodes plainly for a
+    while (twice as long each time in a row), then tries a round again."""
 
     checked: float = 0.0  # drafts checked and matched, decayed: recent rounds count most
     matched: float = 0.0
@@ -92,12 +93,22 @@ class Acceptance:
     PAUSE = 8  # tokens, doubled per miss in a row
     MOST = 512
 
-    def update(self, checked: int, matched: int, n: int, loops: int, depth: int, outputs: int) -> None:
+    def drafts(self, most: int, loops: int, depth: int) -> int:
+        """The drafts the next round checks: the n <= most with the most tokens a loop pass (most
+        before any round: nothing measured yet)."""
+        if not self.checked:
+            return most
+        return max(range(1, most + 1), key=lambda n: self._gain(n, loops, depth))
+
+    def _gain(self, n: int, loops: int, depth: int) -> float:
+        """A round's loop passes saved over plain decoding's, as a ratio (> 1: faster)."""
+        a = self.matched / self.checked
+        return sum(a**j for j in range(n + 1)) * depth / ((n + 1) * loops + depth - loops)
+
+    def update(self, checked: int, matched: int, most: int, loops: int, depth: int, outputs: int) -> None:
         self.checked = self.DECAY * self.checked + checked
         self.matched = self.DECAY * self.matched + matched
-        a = self.matched / self.checked
-        tokens = sum(a**j for j in range(n + 1))
-        if tokens * depth >= self.MARGIN * ((n + 1) * loops + depth - loops):
+        if self._gain(self.drafts(most, loops, depth), loops, depth) >= self.MARGIN:
             self.misses = 0
             return
         self.pause_until = outputs + min(self.PAUSE << self.misses, self.MOST)
