@@ -1,8 +1,8 @@
 """The codebase's own rules: one module reads the environment, modules stay small, every import
 goes down the declared floors (FLOORS), the coordinator and the workers import across no process
-boundary, no import circle, no private attribute of rlt.control used outside it; and the tests'
-own: tests/ mirrors rlt/, no test module imports another. Imports are read with ast: every import
-statement, lazy ones too."""
+boundary, no import circle, no private attribute of rlt.control used outside it; the docs' sizes;
+and the tests' own: tests/ mirrors rlt/, no test module imports another. Imports are read with
+ast: every import statement, lazy ones too."""
 
 import ast
 import pathlib
@@ -23,6 +23,14 @@ def test_only_envs_reads_the_environment():
 def test_no_module_over_350_lines():
     big = {str(p.relative_to(RLT)): n for p in RLT.rglob("*.py") if (n := len(p.read_text().splitlines())) > 350}
     assert big == {}
+
+
+def test_docs_sized_for_reading():
+    """docs/architecture.md stays the big picture (each package's docstring carries its own
+    detail) and the README an introduction."""
+    limits = {"docs/architecture.md": 250, "README.md": 150}
+    sizes = {name: len((RLT.parent / name).read_text().splitlines()) for name in limits}
+    assert {name: n for name, n in sizes.items() if n > limits[name]} == {}
 
 
 def test_no_coordinator_module_over_300_lines():
