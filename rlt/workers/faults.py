@@ -7,7 +7,6 @@ import time
 from rlt.contract import protocol as pr
 from rlt.contract.config import Faults
 from rlt.workers.kv_transfer import TransferError
-from rlt.workers.progress import Progress
 from rlt.workers.worker import Worker
 
 
@@ -57,7 +56,7 @@ class _FaultyWorker(Worker):
     def handle(self, msg) -> bool:
         if isinstance(msg, (pr.Add, pr.Prefill)):
             if msg.prompt[0] == self._faults.stall_first_token:
-                Progress.busy = True
+                self.counters.busy = True
                 while True:  # a stuck kernel: the heartbeat thread keeps beating, the main loop does not
                     time.sleep(1)
             # (keyed by the generation its KV writes' notifications name: a remote caller's own)

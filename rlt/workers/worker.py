@@ -7,9 +7,7 @@ from dataclasses import dataclass, field
 
 from rlt.contract import protocol as pr
 from rlt.errors import RequestError
-from rlt.workers.first_use import FirstUse
 from rlt.workers.kv_transfer import TransferError
-from rlt.workers.progress import Progress
 
 
 @dataclass
@@ -48,8 +46,9 @@ class Worker:
         self.unposted: list[tuple[object | None, list]] = []
         self.started: list[int] = []
         self.changed = False
-        self.first_use_at_ready = (FirstUse.captures, FirstUse.compiles)  # (built when READY is sent)
-        FirstUse.ready = True
+        self.counters = c = engine.counters
+        self.first_use_at_ready = (c.captures, c.compiles)  # (built when READY is sent)
+        c.ready = True
 
     def send(self, msg) -> None:
         self.sock.send(pr.encoder.encode(msg))
@@ -61,8 +60,8 @@ class Worker:
             len(e.waiting),
             e.num_free_blocks,
             e.preemptions,
-            FirstUse.captures - self.first_use_at_ready[0],
-            FirstUse.compiles - self.first_use_at_ready[1],
+            self.counters.captures - self.first_use_at_ready[0],
+            self.counters.compiles - self.first_use_at_ready[1],
             prefix.queried_tokens if prefix is not None else 0,
             prefix.hit_tokens if prefix is not None else 0,
             e.pool.num_cached,
@@ -260,9 +259,9 @@ class Worker:
     def run(self) -> None:
         while True:
             self.changed = False
-            Progress.count += 1
-            Progress.busy = self.busy()
-            timeout = 0 if self.engine.has_work() else (1 if Progress.busy else 50)
+            self.counters.progress += 1
+            self.counters.busy = self.busy()
+            timeout = 0 if self.engine.has_work() else (1 if self.counters.busy else 50)
             while self.sock.poll(timeout):
                 timeout = 0
                 if not self.handle(pr.to_worker.decode(self.sock.recv())):
