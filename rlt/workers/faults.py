@@ -50,8 +50,9 @@ class _FaultyWorker(Worker):
     def __init__(self, worker: Worker, faults: Faults):
         self.__dict__.update(worker.__dict__)
         self._faults, self._first_tokens = faults, {}
-        if self.transport is not None:
-            self.transport = _FaultyTransport(self.transport, faults, self._first_tokens)
+        side = self.side  # (the role's part writes and polls the transport)
+        if side.transport is not None:
+            side.transport = _FaultyTransport(side.transport, faults, self._first_tokens)
 
     def handle(self, msg) -> bool:
         if isinstance(msg, (pr.Add, pr.Prefill)):
