@@ -85,12 +85,14 @@ def offline(args) -> None:
     from rlt.bench import offline as measure
     from rlt.envs import cache_dir
     from rlt.models.checkpoint import make_checkpoint
+    from rlt.workers.counters import WorkerCounters
     from rlt.workers.engine import LoopEngine
 
+    counters = WorkerCounters()  # every engine's here: rows report what compiled while they ran
     if args.device.startswith("cuda"):
-        from rlt.workers.first_use import count_triton_compiles
+        from rlt.workers.counters import count_triton_compiles
 
-        count_triton_compiles()  # (rows report what compiled while they ran)
+        count_triton_compiles(counters)
     path = args.model or os.path.join(cache_dir(), "bench", f"{args.family}-{args.preset}")
     if args.model is None and not os.path.isfile(os.path.join(path, "config.json")):
         make_checkpoint(args.family, path, preset=args.preset)  # (a --model that is missing fails to load)
@@ -118,7 +120,7 @@ def offline(args) -> None:
     ]
     rows, skipped = [], []
     for plen, cfg in configs if concs else ():  # one engine per (--prompt-len, --exit-wait-passes) value
-        engine = LoopEngine(mc, model, cfg, dtype, args.device)
+        engine = LoopEngine(mc, model, cfg, dtype, args.device, counters)
         fit = [c for c in concs if measure.pool_holds(engine.pool, c, plen + args.max_tokens)]
         skipped += [f"concurrency {c} at a {plen}-token prompt" for c in concs if c not in fit]
         variants = (False, True) if args.penalties else (False,)

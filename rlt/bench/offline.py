@@ -19,7 +19,6 @@ from rlt.contract.validation import resolve_params
 from rlt.models.loader import load_model, resolve_dtype
 from rlt.models.model_config import ModelConfig
 from rlt.workers.engine import LoopEngine
-from rlt.workers.first_use import FirstUse
 
 
 def load(path: str, device: str, dtype: str | None = None):
@@ -171,16 +170,17 @@ def decode_rows(
     for c, t, p in rows:
         decode_run(engine, mc, c, t, prompt_len, max_tokens if p == penalized[0] else 8, p)
         decode_run(engine, mc, c, t, prompt_len, 2, p)  # (the measured run's passes: prefix hits)
-    return [first_uses(decode_run, engine, mc, c, t, prompt_len, max_tokens, p) for c, t, p in rows]
+    run = (decode_run, engine, mc)
+    return [first_uses(engine.counters, *run, c, t, prompt_len, max_tokens, p) for c, t, p in rows]
 
 
-def first_uses(run, *args) -> dict:
+def first_uses(counters, run, *args) -> dict:
     """run(*args)'s row with the Triton specializations built and CUDA graphs captured while it ran
-    (counted once rlt.workers.first_use.count_triton_compiles is on): a row that pays them is not
-    measuring steady work (the warm-up missed a shape)."""
-    c0, k0 = FirstUse.compiles, FirstUse.captures
+    (the engine's WorkerCounters; compiles counted once rlt.workers.counters.count_triton_compiles
+    is on): a row that pays them is not measuring steady work (the warm-up missed a shape)."""
+    c0, k0 = counters.compiles, counters.captures
     row = run(*args)
-    return row | {"compiles": FirstUse.compiles - c0, "captures": FirstUse.captures - k0}
+    return row | {"compiles": counters.compiles - c0, "captures": counters.captures - k0}
 
 
 def prefill_ms(mc, model, dtype, device: str, n: int, reps: int = 3, **options) -> float:

@@ -150,7 +150,7 @@ class Stats(msgspec.Struct, array_like=True):
     waiting: int
     kv_blocks_free: int
     preemptions: int = 0  # requests preempted (and later resumed by recompute) since READY
-    captures_after_ready: int = 0  # CUDA graphs captured since READY (rlt/workers/first_use.py)
+    captures_after_ready: int = 0  # CUDA graphs captured since READY (rlt/workers/counters.py)
     compiles_after_ready: int = 0  # Triton specializations built or loaded since READY
     prefix_queried_tokens: int = 0  # prompt tokens looked up in the prefix cache since READY
     prefix_hit_tokens: int = 0  # of those, the ones found cached

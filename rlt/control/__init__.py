@@ -72,7 +72,7 @@ attached). A dead worker fails only the requests it held (their streams raise En
 the others' resources are released in the same order. The supervisor notices death by process
 exit; it kills a worker whose heartbeat goes silent (a thread with its own socket, so a long step
 still beats) or whose progress stops while it has work for heartbeat_timeout
-(rlt/workers/progress.py). A watch that itself wakes late (the caller's loop held up, the whole
+(rlt/workers/counters.py). A watch that itself wakes late (the caller's loop held up, the whole
 machine paused) judges nobody on that tick: the silence was shared, and heartbeats sent meanwhile
 are still unread. The requests' error says how the worker ended (the signal or exit code, "killed
 after no heartbeat for N s", "main loop stuck") and the exception that ended its log, if any. It

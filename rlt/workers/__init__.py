@@ -9,9 +9,12 @@ Modules:
   forkserver_main.py  the fork server: torch and the worker's modules imported once, a worker
                       forked per request (its own session, log, environment), exit codes reported
   lifetime.py         a worker-side process's tie to its parent
-  worker.py           the main loop; PD roles (post KV writes, reserve, count notifications)
-  progress.py         what the heartbeat thread reads to tell a slow step from a stuck worker
-  first_use.py        captures and Triton specializations built after READY, counted for stats()
+  worker.py           the main loop: drains messages, steps the engine, drives its role's part
+  roles/              each role's part behind one interface (Side): unified; PrefillSide (posts KV
+                      writes, reports them done); DecodeSide (reserves, counts notifications)
+  outbox.py           every message the worker sends, and failing a request
+  counters.py         WorkerCounters: progress for the heartbeat thread, and the captures and Triton
+                      specializations built after READY, counted for stats()
   engine.py           LoopEngine: one step (launch a pass, read the last one back)
   steady_stretch.py   LoopEngine's stretches of steady decode: enter, leave, grow lanes, read back
   scheduler.py        which requests run: admission, blocks as requests grow, preemption
@@ -57,7 +60,7 @@ the decode worker gives up on missing notifications after it; either fails that 
 One block of one plane is contiguous across layers, so a prompt's KV moves as runs of consecutive
 blocks merged into few large NIXL descriptors.
 
-Liveness. A heartbeat thread with its own socket beats through a long step; progress.py's count
+Liveness. A heartbeat thread with its own socket beats through a long step; the counters' progress
 moves with every main-loop iteration and every layer of a pass, so a long prompt chunk is not a
 hang. Workers share a CPU politely: OMP_WAIT_POLICY=PASSIVE unless set, and a CPU worker's grammar
 pool freezes the heap again after importing xgrammar at its first grammar (else a full collection
@@ -228,7 +231,7 @@ and sampled, fixed depth and adaptive exit) after capturing every graph bucket (
 smaller graphs reuse the graph memory) up to the widest table a request can have; its log has the
 progress and the duration. Layer indices, table widths and row counts are not Triton
 specializations (do_not_specialize): one variant serves them all. stats() counts per worker the
-captures and specializations built after READY (first_use.py; a GPU test holds them at 0 through a
+captures and specializations built after READY (counters.py; a GPU test holds them at 0 through a
 mixed run).
 
 Fault injection: Engine.launch(faults=rlt.contract.config.Faults(...)) (a LaunchConfig field)

@@ -34,9 +34,9 @@ from rlt.kernels.penalties import triton_slot_kernels
 from rlt.models.layers import rope, split_qkv
 from rlt.models.model_config import ModelConfig
 from rlt.models.ops import REFERENCE, BatchInvariantOps, TritonOps, gemv_fits
+from rlt.workers.counters import WorkerCounters
 from rlt.workers.cuda_graphs import BUCKETS, DecodeGraphs, PassGraphs
 from rlt.workers.pass_rows import padded, positions, row_slots
-from rlt.workers.progress import Progress
 from rlt.workers.prompt_graphs import PromptGraphs
 
 
@@ -71,15 +71,19 @@ class CorePass:
     run: Callable
 
 
-def reference_attend(cache, layer, meta: PagedMetadata, q, k, v, rotary):
-    Progress.count += 1  # a layer of the pass: a long step is not a stuck one
-    q, k = rope(q, k, *rotary)
-    write_kv(cache, layer, meta, k, v)
-    return paged_attention(cache, layer, meta, q, k, v)
+def reference_attend(counters: WorkerCounters):
+    """The reference attention of a layer (its K/V stored first), counting into `counters`."""
 
+    def attend(cache, layer, meta: PagedMetadata, q, k, v, rotary):
+        counters.progress += 1  # a layer of the pass: a long step is not a stuck one
+        q, k = rope(q, k, *rotary)
+        write_kv(cache, layer, meta, k, v)
+        return paged_attention(cache, layer, meta, q, k, v)
 
-def reference_attend_qkv(cache, layer, meta: PagedMetadata, linear, h, w, heads, rotary):
-    return reference_attend(cache, layer, meta, *split_qkv(linear(h, w), *heads), rotary)
+    def attend_qkv(cache, layer, meta: PagedMetadata, linear, h, w, heads, rotary):
+        return attend(cache, layer, meta, *split_qkv(linear(h, w), *heads), rotary)
+
+    return attend, attend_qkv
 
 
 class ReferenceBackend:
@@ -88,15 +92,14 @@ class ReferenceBackend:
     needs_warm_up = False  # no Triton specialization or CUDA graph to build before READY
     ops = REFERENCE
     slot_kernels = REFERENCE_SLOTS
-    attend = staticmethod(reference_attend)
-    attend_qkv = staticmethod(reference_attend_qkv)
 
     finalize_copies = staticmethod(kv_copy.finalize_copies)
     _lane_rows = staticmethod(lane_rows.lane_rows)
     latent_checks = staticmethod(lane_checks.latent_checks)  # (steady decode's checks, Huginn)
 
-    def __init__(self, mc: ModelConfig, model, pool, cfg: EngineConfig):
-        self.model, self.pool = model, pool
+    def __init__(self, mc: ModelConfig, model, pool, cfg: EngineConfig, counters: WorkerCounters):
+        self.model, self.pool, self.counters = model, pool, counters
+        self.attend, self.attend_qkv = reference_attend(counters)
 
     def finalize(self, tables: torch.Tensor, pos: torch.Tensor, depth: torch.Tensor, done: torch.Tensor) -> None:
         """Steady decode's LAST_EXITED finalize copies (rlt/kernels/kv_copy.py) for lanes done now."""
@@ -156,7 +159,7 @@ class TritonBackend(ReferenceBackend):
     packs_gqa = True  # short segments' attention items take a GQA group's heads (KernelPlan.pack)
     ops_class = TritonOps
 
-    def __init__(self, mc: ModelConfig, model, pool, cfg: EngineConfig):
+    def __init__(self, mc: ModelConfig, model, pool, cfg: EngineConfig, counters: WorkerCounters):
         from rlt.kernels.attention_steps import num_sms
         from rlt.kernels.kv_copy_triton import finalize_copies
         from rlt.kernels.lane_checks_triton import latent_checks
@@ -164,12 +167,12 @@ class TritonBackend(ReferenceBackend):
         from rlt.kernels.qkv_rope import qkv_rope_write_kv
         from rlt.kernels.rope import rope_write_kv
 
-        super().__init__(mc, model, pool, cfg)
+        super().__init__(mc, model, pool, cfg, counters)
         self.ops, self.slot_kernels = self.ops_class(), triton_slot_kernels()
         self.finalize_copies, self.latent_checks, self._lane_rows = finalize_copies, latent_checks, lane_rows
 
         def attend(cache, layer, meta: PagedMetadata, q, k, v, rotary):
-            Progress.count += 1
+            counters.progress += 1
             r = rotary  # (and the K/V store)
             rope_write_kv(
                 q,
@@ -191,7 +194,7 @@ class TritonBackend(ReferenceBackend):
             r = rotary  # one row of a decode pass, rotate-half, no bias: product, RoPE and K/V store in one launch
             if not (meta.plan.decode and gemv_fits(h, w) and not r.pairs and r.q_bias is None):
                 return attend(cache, layer, meta, *split_qkv(linear(h, w), *heads), rotary)
-            Progress.count += 1
+            counters.progress += 1
             slots, bs = meta.slot_mapping, meta.block_size
             q = qkv_rope_write_kv(h, w, heads, r.positions, r.inv_freq, cache, layer, slots, bs)
             return kernel_paged_attention(cache, layer, meta, q, None, None)  # (the decode kernel)
@@ -207,7 +210,7 @@ class TritonBackend(ReferenceBackend):
         self.decode_graphs = self.pass_graphs = self.prompt_graphs = None
         self.lane_fixed: dict[int, dict] = {}  # lane_meta's fixed tensors, by lane count
         if cfg.cuda_graph_max_batch > 0:
-            shape = (model, pool, mc.hidden_size, pool.cache.dtype, pool.cache.device)
+            shape = (model, pool, mc.hidden_size, pool.cache.dtype, pool.cache.device, counters)
             self.decode_graphs = DecodeGraphs(*shape, cfg.cuda_graph_max_batch, self.attention, self.decode_plan)
             # batch-invariant mode tiles every pass alike (as its eager passes do)
             rows = KERNEL_BLOCK_M if self.batch_invariant else PREFILL_BLOCK_M

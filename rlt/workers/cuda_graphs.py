@@ -18,7 +18,6 @@ import numpy as np
 import torch
 
 from rlt.kernels.paged_attention import KernelPlan, PagedMetadata, kernel_fields, split_count
-from rlt.workers.first_use import FirstUse
 from rlt.workers.pass_rows import row_slots
 
 BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
@@ -58,8 +57,9 @@ class DecodeGraphs:
     """attention: the backend's (core metadata -> the models' Attention); plan: its attention's
     plan for a decode-only pass (rlt/workers/backend.py)."""
 
-    def __init__(self, model, pool, hidden: int, dtype, device, max_batch: int, attention, plan: KernelPlan):
+    def __init__(self, model, pool, hidden, dtype, device, counters, max_batch, attention, plan):
         self.model, self.pool, self.hidden, self.dtype, self.device = model, pool, hidden, dtype, device
+        self.counters = counters  # (WorkerCounters: each capture counted)
         self.max_batch = max_batch
         self.attention, self.plan = attention, plan
         self.graphs: dict[tuple[int, int], _Graph] = {}
@@ -97,8 +97,7 @@ class DecodeGraphs:
             self.graphs[(B, W)] = self._capture(B, W)
 
     def _capture(self, B: int, W: int) -> _Graph:
-        FirstUse.captures += 1
-        FirstUse.log(f"CUDA graph of {B} rows, block tables {W} wide")
+        self.counters.captured(f"{B} rows, block tables {W} wide")
         dev, bs = self.device, self.pool.block_size
         ar = torch.arange(B, device=dev)
         ints = torch.zeros(B * (2 + W), dtype=torch.int64, device=dev)
@@ -199,8 +198,9 @@ class PassGraphs:
     attention: the backend's (core metadata -> the models' Attention); plan: its tiling (no dense
     segments, not the decode kernel)."""
 
-    def __init__(self, model, pool, hidden, dtype, device, max_rows: int, attention, plan: KernelPlan):
+    def __init__(self, model, pool, hidden, dtype, device, counters, max_rows, attention, plan):
         self.model, self.pool, self.hidden, self.dtype, self.device = model, pool, hidden, dtype, device
+        self.counters = counters  # (WorkerCounters: each capture counted)
         self.attention, self.plan = attention, plan
         self.buckets = [b for b in PASS_BUCKETS if b < max_rows] + [b for b in PASS_BUCKETS if b >= max_rows][:1]
         self.tile_rows = plan.tile_rows
@@ -268,8 +268,7 @@ class PassGraphs:
             self.graphs[(R, W)] = self._capture(R, W)
 
     def _capture(self, R: int, W: int) -> _Graph:
-        FirstUse.captures += 1
-        FirstUse.log(f"CUDA graph of a {R}-row pass, block tables {W} wide")
+        self.counters.captured(f"a {R}-row pass, block tables {W} wide")
         S = self._shape(R)[0]
         at = self._layout(R, W)
         ints = torch.zeros(at["table"].stop, dtype=torch.int64, device=self.device)

@@ -20,6 +20,7 @@ from rlt.contract.sampling_params import ResolvedParams
 from rlt.errors import RequestError
 from rlt.models.model_config import ModelConfig
 from rlt.workers.backend import select_backend
+from rlt.workers.counters import WorkerCounters
 from rlt.workers.grammar import WorkerGrammars
 from rlt.workers.group import Group
 from rlt.workers.kv_pool import BlockTables, KVPool
@@ -44,12 +45,25 @@ class StepOutput:
 
 
 class LoopEngine(SteadyStretches):
-    def __init__(self, mc: ModelConfig, model, cfg: EngineConfig, dtype: torch.dtype, device: str = "cpu"):
+    def __init__(
+        self,
+        mc: ModelConfig,
+        model,
+        cfg: EngineConfig,
+        dtype: torch.dtype,
+        device: str = "cpu",
+        counters: WorkerCounters | None = None,
+    ):
+        """counters: what the worker counts (its progress and first uses), moved by the engine's
+        backend and graphs; a fresh one if not given."""
         self.mc, self.cfg = mc, cfg
-        num_blocks, self.pool_sizing = pool_blocks(mc, model, cfg, dtype, device, type(self))
+        self.counters = WorkerCounters() if counters is None else counters
+        sized = pool_blocks(mc, model, cfg, dtype, device, type(self), self.counters)
+        num_blocks, self.pool_sizing = sized
         self.pool = KVPool(mc, cfg.kv_layout, cfg.block_size, num_blocks, dtype, device, cfg.enable_prefix_caching)
         # this worker's kernels, chosen once: the model's layers run its operations
-        self.backend = select_backend(device, cfg.kernels, cfg.batch_invariant)(mc, model, self.pool, cfg)
+        backend = select_backend(device, cfg.kernels, cfg.batch_invariant)
+        self.backend = backend(mc, model, self.pool, cfg, self.counters)
         model.ops = self.backend.ops
         self.runner = Runner(mc, model, self.pool, self.backend, device, cfg)
         self.grammars = WorkerGrammars(mc, cfg)  # structured output (rlt/workers/grammar.py)

@@ -7,7 +7,6 @@ import time
 from rlt.contract import protocol as pr
 from rlt.contract.config import Faults
 from rlt.workers.kv_transfer import TransferError
-from rlt.workers.progress import Progress
 from rlt.workers.worker import Worker
 
 
@@ -51,13 +50,14 @@ class _FaultyWorker(Worker):
     def __init__(self, worker: Worker, faults: Faults):
         self.__dict__.update(worker.__dict__)
         self._faults, self._first_tokens = faults, {}
-        if self.transport is not None:
-            self.transport = _FaultyTransport(self.transport, faults, self._first_tokens)
+        side = self.side  # (the role's part writes and polls the transport)
+        if side.transport is not None:
+            side.transport = _FaultyTransport(side.transport, faults, self._first_tokens)
 
     def handle(self, msg) -> bool:
         if isinstance(msg, (pr.Add, pr.Prefill)):
             if msg.prompt[0] == self._faults.stall_first_token:
-                Progress.busy = True
+                self.counters.busy = True
                 while True:  # a stuck kernel: the heartbeat thread keeps beating, the main loop does not
                     time.sleep(1)
             # (keyed by the generation its KV writes' notifications name: a remote caller's own)

@@ -45,23 +45,24 @@ def finish(engine) -> None:
 
 
 def pool_blocks(
-    mc: ModelConfig, model, cfg: EngineConfig, dtype: torch.dtype, device: str, engine_cls
+    mc: ModelConfig, model, cfg: EngineConfig, dtype: torch.dtype, device: str, engine_cls, counters
 ) -> tuple[int, str]:
     """-> (blocks, how they were sized: a line for the worker's log). engine_cls: the LoopEngine
-    class, whose largest passes the profile runs (passed in: this module is the engine's)."""
+    class, whose largest passes the profile runs (passed in: this module is the engine's), with
+    the engine's counters (its passes move the worker's progress)."""
     per_block = mc.kv.block_bytes(cfg.block_size, torch.finfo(dtype).bits // 8)
     if cfg.num_blocks is not None:
         return cfg.num_blocks, "num_blocks"
     if cfg.kv_memory_bytes is not None or not device.startswith("cuda"):
         budget = cfg.kv_memory_bytes or CPU_KV_BYTES
         return max(1, min(MAX_BLOCKS, budget // per_block)), f"kv_memory_bytes {budget}"
-    budget, how = _left_for_kv(mc, model, cfg, dtype, device, engine_cls)
+    budget, how = _left_for_kv(mc, model, cfg, dtype, device, engine_cls, counters)
     if budget < per_block:
         raise MemoryError(f"no KV block fits: {how}; one block is {per_block} bytes (raise gpu_memory_utilization)")
     return min(MAX_BLOCKS, budget // per_block), how
 
 
-def _left_for_kv(mc, model, cfg: EngineConfig, dtype, device, engine_cls) -> tuple[int, str]:
+def _left_for_kv(mc, model, cfg: EngineConfig, dtype, device, engine_cls, counters) -> tuple:
     from rlt.contract.validation import MAX_LOGPROBS, resolve_params
 
     torch.cuda.empty_cache()
@@ -72,7 +73,8 @@ def _left_for_kv(mc, model, cfg: EngineConfig, dtype, device, engine_cls) -> tup
     probe = msgspec.structs.replace(cfg, prefill_chunk=rows, cuda_graph_max_batch=0, steady_decode="never")
     planes = KVPool.planes(mc, cfg.kv_layout)
     blocks = planes * (-(-(rows + 1) // cfg.block_size) + seqs * -(-2 // cfg.block_size))
-    engine = engine_cls(mc, model, msgspec.structs.replace(probe, num_blocks=blocks), dtype, device)
+    sized = msgspec.structs.replace(probe, num_blocks=blocks)
+    engine = engine_cls(mc, model, sized, dtype, device, counters)
     # (its prompt logprobs: every row projected, max_num_seqs rows at a time)
     first = SamplingParams(max_tokens=1, temperature=0, ignore_eos=True, prompt_logprobs=MAX_LOGPROBS)
     prompt = [0] * min(rows, mc.max_positions - 1)  # (a model of fewer positions: its longest prompt)

@@ -11,18 +11,18 @@ import torch
 
 from rlt.kernels.paged_attention import DENSE_MIN_ROWS, KernelPlan, PagedMetadata
 from rlt.workers.cuda_graphs import _Graph, _record, replay
-from rlt.workers.first_use import FirstUse
 
 PROMPT_BUCKETS = (128, 256, 512, 1024, 2048, 4096, 8192, 16384)
 DENSE = KernelPlan(dense=(0,))  # one segment, on dense SDPA (rlt/kernels/paged_attention.py)
 
 
 class PromptGraphs:
-    def __init__(self, model, pool, hidden, dtype, device, max_rows: int, attention, mempool):
+    def __init__(self, model, pool, hidden, dtype, device, counters, max_rows, attention, mempool):
         """max_rows: the longest prompt chunk a pass carries (prefill_chunk, at most
         max_num_batched_tokens); mempool: shared with the other graphs of passes carrying prompt
         chunks (one pass replays at a time)."""
         self.model, self.pool, self.hidden, self.dtype, self.device = model, pool, hidden, dtype, device
+        self.counters = counters  # (WorkerCounters: each capture counted)
         self.attention, self.mempool = attention, mempool
         self.buckets = [b for b in PROMPT_BUCKETS if b < max_rows] + [b for b in PROMPT_BUCKETS if b >= max_rows][:1]
         self.graphs: dict[int, _Graph] = {}
@@ -52,8 +52,7 @@ class PromptGraphs:
             self.graphs[R] = self._capture(R)
 
     def _capture(self, R: int) -> _Graph:
-        FirstUse.captures += 1
-        FirstUse.log(f"CUDA graph of a lone {R}-row prompt chunk")
+        self.counters.captured(f"a lone {R}-row prompt chunk")
         ints = torch.zeros(2 * R, dtype=torch.int64, device=self.device)
         ints[R:] = self.scratch_slot
         pos, slots = ints[:R], ints[R:]

@@ -19,7 +19,6 @@ import time
 
 from rlt.contract.sampling_params import SamplingParams
 from rlt.contract.validation import resolve_params
-from rlt.workers.first_use import FirstUse
 from rlt.workers.memory import EDITS, finish, grammar
 
 
@@ -78,7 +77,8 @@ def warm_up(engine, decodes: bool = True, log=print) -> str:
     (it hands every request off after its first token: no decode graphs)."""
     if not engine.backend.needs_warm_up:
         return "warm-up: nothing to build (torch reference kernels)"
-    t0, captures, compiles = time.monotonic(), FirstUse.captures, FirstUse.compiles
+    counters = engine.counters
+    t0, captures, compiles = time.monotonic(), counters.captures, counters.compiles
     shapes = engine.backend.graph_shapes(engine.runner.max_table_width, decodes)
     for i, (graphs, rows, w) in enumerate(shapes):
         graphs.capture(rows, w)
@@ -104,6 +104,7 @@ def warm_up(engine, decodes: bool = True, log=print) -> str:
         _run(engine, [(prompt(1 + k, k), sp if k % 2 else kinds[1]) for k in range(min(8, engine.cfg.max_num_seqs))])
     log(f"warm-up: mixed passes ({time.monotonic() - t0:.1f} s)")
     return (
-        f"warm-up: {FirstUse.captures - captures} CUDA graphs, {FirstUse.compiles - compiles} Triton "
+        f"warm-up: {counters.captures - captures} CUDA graphs, "
+        f"{counters.compiles - compiles} Triton "
         f"specializations in {time.monotonic() - t0:.1f} s"
     )

@@ -24,9 +24,9 @@ from rlt.contract import protocol as pr
 from rlt.workers.lifetime import die_with_parent
 
 
-def _heartbeat(ctx, addr: str, identity: bytes, interval: float, parent: int, stop: threading.Event) -> None:
-    from rlt.workers.progress import Progress
-
+def _heartbeat(ctx, addr: str, identity: bytes, interval: float, parent: int, stop, counters):
+    """Beat every `interval` s until `stop` (a threading.Event) is set, with the progress, busy
+    and trouble of `counters` (the worker's WorkerCounters)."""
     sock = ctx.socket(zmq.DEALER)
     sock.setsockopt(zmq.IDENTITY, identity)
     sock.setsockopt(zmq.LINGER, 0)
@@ -34,7 +34,8 @@ def _heartbeat(ctx, addr: str, identity: bytes, interval: float, parent: int, st
     while not stop.wait(interval):
         if os.getppid() != parent:
             os._exit(1)
-        sock.send(pr.encoder.encode(pr.Heartbeat(os.getpid(), Progress.count, Progress.busy, Progress.trouble())))
+        beat = pr.Heartbeat(os.getpid(), counters.progress, counters.busy, counters.trouble())
+        sock.send(pr.encoder.encode(beat))
     sock.close()
 
 
@@ -52,7 +53,8 @@ def fingerprint(mc, weights: dict, dtype: str, engine_cfg) -> str:
     return h.hexdigest()[:16]
 
 
-def build(h: pr.Handshake):
+def build(h: pr.Handshake, counters):
+    """-> (the engine, counting into `counters`, and the fingerprint)."""
     import torch
 
     from rlt.contract.config import parse_topology
@@ -65,9 +67,9 @@ def build(h: pr.Handshake):
     if h.device.startswith("cuda"):
         torch.cuda.set_device(h.device)  # NIXL/UCX register VRAM in the current device's context
         if h.engine.kernels == "triton":
-            from rlt.workers.first_use import count_triton_compiles
+            from rlt.workers.counters import count_triton_compiles
 
-            count_triton_compiles()
+            count_triton_compiles(counters)
     else:  # CPU workers share the cores and leave one to the coordinator: a stream's tokens pass through
         # it (two threads in a lone worker on two cores: the same tok/s, inter-token gaps up to 10x longer)
         cores = len(os.sched_getaffinity(0)) - 1
@@ -76,7 +78,7 @@ def build(h: pr.Handshake):
     weights = load_weights(mc, dtype, h.device)
     fp = fingerprint(mc, weights, str(dtype), h.engine)
     model = FAMILIES[mc.model_type].model_cls(mc, weights)
-    return LoopEngine(mc, model, h.engine, dtype, h.device), fp
+    return LoopEngine(mc, model, h.engine, dtype, h.device, counters), fp
 
 
 def main(argv=None) -> int:
@@ -90,6 +92,7 @@ def main(argv=None) -> int:
     parent = args.parent_pid
     if os.getppid() != parent:  # the coordinator died before the death signal was set
         return 1
+    from rlt.workers.counters import WorkerCounters
     from rlt.workers.worker import Worker  # torch: only once the worker dies with its parent
 
     ctx = zmq.Context()
@@ -98,6 +101,7 @@ def main(argv=None) -> int:
     sock.setsockopt(zmq.LINGER, 2000)  # so a final Fatal is flushed
     sock.connect(args.addr)
     stop = threading.Event()
+    counters = WorkerCounters()  # the engine moves them, the loop and the heartbeat read them
     try:
         sock.send(pr.encoder.encode(pr.Hello(os.getpid())))
         if not sock.poll(int(args.handshake_timeout * 1000)):
@@ -108,10 +112,18 @@ def main(argv=None) -> int:
         threading.Thread(
             target=_heartbeat,
             daemon=True,
-            args=(ctx, args.addr, args.identity.encode() + b"/hb", h.launch.heartbeat_interval, parent, stop),
+            args=(
+                ctx,
+                args.addr,
+                args.identity.encode() + b"/hb",
+                h.launch.heartbeat_interval,
+                parent,
+                stop,
+                counters,
+            ),
         ).start()
         t0 = time.monotonic()
-        engine, fp = build(h)
+        engine, fp = build(h, counters)
         p = engine.pool
         say = lambda line: print(f"{args.identity} {line}", flush=True)  # noqa: E731 - the worker's log
         say(f"KV pool: {p.num_blocks} blocks ({engine.pool_sizing})")
@@ -123,9 +135,7 @@ def main(argv=None) -> int:
         say(warm_up(engine, decodes=h.role != "prefill", log=say))
         if engine.grammars.pool is not None:
             engine.grammars.pool.wait_ready()
-        from rlt.workers.progress import Progress
-
-        Progress.trouble = engine.grammars.stuck
+        counters.trouble = engine.grammars.stuck
         transport = None
         if h.role in ("prefill", "decode"):
             from rlt.workers.kv_transfer import KVTransport

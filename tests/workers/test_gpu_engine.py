@@ -465,7 +465,7 @@ def test_structured_output_after_warm_up_valid_and_steady_decode_neutral(checkpo
     warm_up: every constrained output obeys its grammar, nothing compiles or captures after the
     warm-up, and steady decode on or off gives the same tokens."""
     from rlt.models.tokenizer import load_tokenizer
-    from rlt.workers.first_use import FirstUse
+    from rlt.workers.counters import count_triton_compiles
     from rlt.workers.warmup import warm_up
     from tests.workers.grammar_cases import check_valid, workload
 
@@ -476,8 +476,9 @@ def test_structured_output_after_warm_up_valid_and_steady_decode_neutral(checkpo
     for steady in ("never", "always"):
         cfg = EngineConfig(steady_decode=steady, max_num_seqs=16, gpu_memory_utilization=0.3)
         eng = LoopEngine(mc, model, cfg, torch.bfloat16, "cuda")
+        count_triton_compiles(eng.counters)
         warm_up(eng, log=lambda s: None)
-        before = (FirstUse.captures, FirstUse.compiles)
+        before = (eng.counters.captures, eng.counters.compiles)
         for rid, (p, sp) in reqs.items():
             eng.add_request(rid, p, resolve_params(mc, len(p), sp))
         out = {r: [] for r in reqs}
@@ -485,6 +486,6 @@ def test_structured_output_after_warm_up_valid_and_steady_decode_neutral(checkpo
             for o in eng.step():
                 out[o.request_id].append((o.token_id, o.exit_depth, o.logprobs, o.finish_reason))
         check_valid(tok, out)
-        assert (FirstUse.captures - before[0], FirstUse.compiles - before[1]) == (0, 0)
+        assert (eng.counters.captures - before[0], eng.counters.compiles - before[1]) == (0, 0)
         tokens[steady] = {r: [o[0] for o in v] for r, v in out.items()}
     assert tokens["never"] == tokens["always"]
