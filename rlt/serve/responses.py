@@ -33,8 +33,12 @@ class ResponsesRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True)
     tools: list[Any] | None = None
     tool_choice: Any = None
     parallel_tool_calls: bool | None = None
-    text: dict[str, Any] | None = None  # {"format": {"type": "text" | "json_object" | "json_schema", ...}}
-    reasoning: dict[str, Any] | None = None  # {"effort", "summary"}: a reasoning parser's output is an item
+    text: dict[str, Any] | None = (
+        None  # {"format": {"type": "text" | "json_object" | "json_schema", ...}}
+    )
+    reasoning: dict[str, Any] | None = (
+        None  # {"effort", "summary"}: a reasoning parser's output is an item
+    )
     previous_response_id: str | None = None
     store: bool | None = None
     stream: bool | None = None
@@ -71,10 +75,40 @@ class ResponsesRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True)
 
 # fields passed to chat as they are
 _SAME = (
-    *("temperature", "top_p", "tool_choice", "parallel_tool_calls", "top_k", "min_p", "seed", "stop"),
-    *("repetition_penalty", "presence_penalty", "frequency_penalty", "ignore_eos", "priority", "request_id"),
-    *("min_loops", "max_loops", "exit_threshold", "exit_criterion", "speculative_loops", "speculative_tokens"),
-    *("user", "metadata", "service_tier", "safety_identifier", "prompt_cache_key", "return_exit_depths"),
+    *(
+        "temperature",
+        "top_p",
+        "tool_choice",
+        "parallel_tool_calls",
+        "top_k",
+        "min_p",
+        "seed",
+        "stop",
+    ),
+    *(
+        "repetition_penalty",
+        "presence_penalty",
+        "frequency_penalty",
+        "ignore_eos",
+        "priority",
+        "request_id",
+    ),
+    *(
+        "min_loops",
+        "max_loops",
+        "exit_threshold",
+        "exit_criterion",
+        "speculative_loops",
+        "speculative_tokens",
+    ),
+    *(
+        "user",
+        "metadata",
+        "service_tier",
+        "safety_identifier",
+        "prompt_cache_key",
+        "return_exit_depths",
+    ),
 )
 # a chat field an error names -> the Responses field it came from
 RENAMED = {
@@ -91,16 +125,32 @@ def parse(body: dict) -> ResponsesRequest:
     req = rq.parse(body, ResponsesRequest)
     for name, asks_nothing, why in (
         ("background", lambda v: not v, "background responses are not supported"),
-        ("truncation", lambda v: v == "disabled", "only truncation 'disabled' is supported (a long input is a 400)"),
+        (
+            "truncation",
+            lambda v: v == "disabled",
+            "only truncation 'disabled' is supported (a long input is a 400)",
+        ),
         ("include", lambda v: not v, "include: no extra output data is supported"),
-        ("max_tool_calls", lambda v: False, "max_tool_calls is not supported: use parallel_tool_calls false"),
-        ("stream_options", lambda v: set(v) <= {"include_obfuscation"}, "only include_obfuscation is supported"),
+        (
+            "max_tool_calls",
+            lambda v: False,
+            "max_tool_calls is not supported: use parallel_tool_calls false",
+        ),
+        (
+            "stream_options",
+            lambda v: set(v) <= {"include_obfuscation"},
+            "only include_obfuscation is supported",
+        ),
     ):
         v = getattr(req, name)
         if v is not None and not asks_nothing(v):
             raise HTTPError(400, f"{name} {short(v)}: {why}", param=name)
     if req.reasoning and req.reasoning.get("effort") not in (None,):
-        raise HTTPError(400, f"reasoning.effort {short(req.reasoning['effort'])} is not supported", param="reasoning")
+        raise HTTPError(
+            400,
+            f"reasoning.effort {short(req.reasoning['effort'])} is not supported",
+            param="reasoning",
+        )
     if req.input is None:
         raise HTTPError(400, "input: a text or a list of items is required", param="input")
     return req
@@ -116,7 +166,10 @@ def chat_body(req: ResponsesRequest, history: list[dict]) -> dict:
     if req.tools is not None:
         body["tools"] = [_tool(i, t) for i, t in enumerate(req.tools)]
     if isinstance(req.tool_choice, dict) and req.tool_choice.get("type") == "function":
-        body["tool_choice"] = {"type": "function", "function": {"name": req.tool_choice.get("name")}}
+        body["tool_choice"] = {
+            "type": "function",
+            "function": {"name": req.tool_choice.get("name")},
+        }
     if req.top_logprobs:
         body |= {"logprobs": True, "top_logprobs": req.top_logprobs}
     fmt = (req.text or {}).get("format")
@@ -134,7 +187,9 @@ def messages_of(items) -> list[dict]:
     if isinstance(items, str):
         return [{"role": "user", "content": items}]
     if not isinstance(items, list):
-        raise HTTPError(400, f"input must be a text or a list of items, got {short(items)}", param="input")
+        raise HTTPError(
+            400, f"input must be a text or a list of items, got {short(items)}", param="input"
+        )
     out = []
     for i, item in enumerate(items):
         kind = item.get("type", "message") if isinstance(item, dict) else None
@@ -152,7 +207,9 @@ def messages_of(items) -> list[dict]:
             output = output if isinstance(output, str) else _text(i, output)
             out.append({"role": "tool", "tool_call_id": item.get("call_id"), "content": output})
         elif kind != "reasoning":
-            raise HTTPError(400, f"input[{i}]: items of type {short(kind)} are not supported", param="input")
+            raise HTTPError(
+                400, f"input[{i}]: items of type {short(kind)} are not supported", param="input"
+            )
     return out
 
 
@@ -163,9 +220,17 @@ def _text(i: int, content) -> str:
         raise HTTPError(400, f"input[{i}].content must be a text or a list of parts", param="input")
     texts = []
     for part in content:
-        if not isinstance(part, dict) or part.get("type") not in ("input_text", "output_text", "text"):
+        if not isinstance(part, dict) or part.get("type") not in (
+            "input_text",
+            "output_text",
+            "text",
+        ):
             kind = part.get("type") if isinstance(part, dict) else part
-            raise HTTPError(400, f"input[{i}].content: parts of type {short(kind)} are not supported", param="input")
+            raise HTTPError(
+                400,
+                f"input[{i}].content: parts of type {short(kind)} are not supported",
+                param="input",
+            )
         texts.append(part.get("text", ""))
     return "".join(texts)
 
@@ -173,14 +238,20 @@ def _text(i: int, content) -> str:
 def _tool(i: int, t) -> dict:
     if not isinstance(t, dict) or t.get("type") != "function":
         kind = t.get("type") if isinstance(t, dict) else t
-        raise HTTPError(400, f"tools[{i}].type {short(kind)}: only function tools are supported", param="tools")
+        raise HTTPError(
+            400, f"tools[{i}].type {short(kind)}: only function tools are supported", param="tools"
+        )
     fn = {k: t[k] for k in ("name", "description", "parameters", "strict") if t.get(k) is not None}
     return {"type": "function", "function": fn}
 
 
 def _format(fmt) -> dict:
     if not isinstance(fmt, dict) or fmt.get("type") not in ("text", "json_object", "json_schema"):
-        raise HTTPError(400, f"text.format must be text, json_object or json_schema, got {short(fmt)}", param="text")
+        raise HTTPError(
+            400,
+            f"text.format must be text, json_object or json_schema, got {short(fmt)}",
+            param="text",
+        )
     if fmt["type"] != "json_schema":
         return {"type": fmt["type"]}
     js = {k: fmt[k] for k in ("name", "schema", "strict", "description") if k in fmt}
@@ -234,12 +305,26 @@ def output_items(message: dict, logprobs: list | None, status: str = "completed"
     items = []
     if message.get("reasoning_content"):
         part = {"type": "reasoning_text", "text": message["reasoning_content"]}
-        items.append({"id": new_id("rs"), "type": "reasoning", "summary": [], "content": [part], "status": status})
+        items.append(
+            {
+                "id": new_id("rs"),
+                "type": "reasoning",
+                "summary": [],
+                "content": [part],
+                "status": status,
+            }
+        )
     if message.get("content") or not message.get("tool_calls"):
         part = {"type": "output_text", "text": message.get("content") or "", "annotations": []}
         if logprobs is not None:
             part["logprobs"] = logprobs
-        msg = {"id": new_id("msg"), "type": "message", "status": status, "role": "assistant", "content": [part]}
+        msg = {
+            "id": new_id("msg"),
+            "type": "message",
+            "status": status,
+            "role": "assistant",
+            "content": [part],
+        }
         items.append(msg)
     for call in message.get("tool_calls") or []:
         fn = call["function"]
@@ -272,7 +357,10 @@ def usage_of(chat_usage: dict | None) -> dict | None:
 def finish(response: dict, finish_reason: str | None) -> dict:
     """Its status by the chat choice's finish reason: cut by max_output_tokens is incomplete."""
     if finish_reason == "length":
-        response["status"], response["incomplete_details"] = "incomplete", {"reason": "max_output_tokens"}
+        response["status"], response["incomplete_details"] = (
+            "incomplete",
+            {"reason": "max_output_tokens"},
+        )
     else:
         response["status"] = "completed"
     return response
@@ -293,10 +381,21 @@ def from_chat(req: ResponsesRequest, chat: dict, rid: str, name: str) -> dict:
 def conversation(body: dict, response: dict) -> list[dict]:
     """The chat messages a later response continues from: this one's, and its output as the
     assistant's message (without the instructions: each request gives its own, as OpenAI's)."""
-    messages = [m for m in body["messages"] if not (m["role"] == "system" and m is body["messages"][0])]
-    text = "".join(p["text"] for item in response["output"] if item["type"] == "message" for p in item["content"])
+    messages = [
+        m for m in body["messages"] if not (m["role"] == "system" and m is body["messages"][0])
+    ]
+    text = "".join(
+        p["text"]
+        for item in response["output"]
+        if item["type"] == "message"
+        for p in item["content"]
+    )
     calls = [
-        {"id": i["call_id"], "type": "function", "function": {"name": i["name"], "arguments": i["arguments"]}}
+        {
+            "id": i["call_id"],
+            "type": "function",
+            "function": {"name": i["name"], "arguments": i["arguments"]},
+        }
         for i in response["output"]
         if i["type"] == "function_call"
     ]
@@ -323,11 +422,16 @@ class Store:
         if not self.size:
             raise HTTPError(
                 400,
-                f"{field or 'id'}: the response store is off (start the server with --responses-store N)",
+                f"{field or 'id'}: the response store is off "
+                "(start the server with --responses-store N)",
                 param=field,
             )
         if rid not in self._items:
-            raise HTTPError(404, f"no response with id {short(rid)} (stored are the last {self.size})", param=field)
+            raise HTTPError(
+                404,
+                f"no response with id {short(rid)} (stored are the last {self.size})",
+                param=field,
+            )
         return self._items[rid]
 
     def delete(self, rid: str) -> dict:

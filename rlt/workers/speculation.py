@@ -33,14 +33,20 @@ from dataclasses import dataclass, field
 class SpecRound:
     start: int  # position of draft 0 (its input: the last output token)
     base: int  # output index of the token draft 0 predicts
-    k: int  # drafts (and verify rows): the first k - 1 drafts' tokens are checked, the last has none
+    k: int  # drafts (and verify rows): the first k - 1 drafts' tokens are checked, the last's none
     loops: int  # d: the drafts' depth
-    drafts: list = field(default_factory=list)  # exited draft groups, in order (their depth-d states)
+    drafts: list = field(
+        default_factory=list
+    )  # exited draft groups, in order (their depth-d states)
     tokens: dict[int, int] = field(default_factory=dict)  # draft j -> its token, once on the host
     flying: list = field(default_factory=list)  # the verify groups while they run
     verified: bool = False  # the verify has been scheduled
-    targets: dict = field(default_factory=dict)  # verify row j -> (token, logprobs), as they come back
-    masks: dict = field(default_factory=dict)  # structured output: row j -> its bitmask (draft and verify)
+    targets: dict = field(
+        default_factory=dict
+    )  # verify row j -> (token, logprobs), as they come back
+    masks: dict = field(
+        default_factory=dict
+    )  # structured output: row j -> its bitmask (draft and verify)
 
     @property
     def ready(self) -> bool:
@@ -50,10 +56,13 @@ class SpecRound:
     @property
     def matched(self) -> int:
         """Drafts equal to their targets before the first that differs (of k - 1 checked)."""
-        return next((j for j in range(self.k - 1) if self.tokens[j] != self.targets[j][0]), self.k - 1)
+        return next(
+            (j for j in range(self.k - 1) if self.tokens[j] != self.targets[j][0]), self.k - 1
+        )
 
     def accepted(self) -> list[tuple[int, dict | None]]:
-        """The targets the round outputs: up to and including the first that differs from its draft."""
+        """The targets the round outputs: up to and including the first that differs from its
+        draft."""
         out = []
         for j in range(self.k):
             out.append(self.targets[j])
@@ -62,7 +71,9 @@ class SpecRound:
         return out
 
 
-def speculation(params, engine_loops: int, engine_tokens: int, layout: str) -> tuple[int, int] | None:
+def speculation(
+    params, engine_loops: int, engine_tokens: int, layout: str
+) -> tuple[int, int] | None:
     """(d, n: draft tokens a round checks) for a request, or None where it does not speculate (see
     the module's doc)."""
     d = engine_loops if params.speculative_loops is None else params.speculative_loops
@@ -105,7 +116,9 @@ class Acceptance:
         a = self.matched / self.checked
         return sum(a**j for j in range(n + 1)) * depth / ((n + 1) * loops + depth - loops)
 
-    def update(self, checked: int, matched: int, most: int, loops: int, depth: int, outputs: int) -> None:
+    def update(
+        self, checked: int, matched: int, most: int, loops: int, depth: int, outputs: int
+    ) -> None:
         self.checked = self.DECAY * self.checked + checked
         self.matched = self.DECAY * self.matched + matched
         if self._gain(self.drafts(most, loops, depth), loops, depth) >= self.MARGIN:
@@ -118,7 +131,8 @@ class Acceptance:
 
 def speculated(g) -> None:
     """A draft or verify group left the loop. A draft's depth-d state (and loop input) is kept for
-    its verify row, copied: the pass's output is a CUDA graph's, which its next replay overwrites."""
+    its verify row, copied: the pass's output is a CUDA graph's, which its next replay
+    overwrites."""
     if g.draft_of is not None:
         g.state = g.state.clone()
         g.inject = None if g.inject is None else g.inject.clone()
