@@ -41,13 +41,7 @@ _IMPORT_TIME_PREFIXES = ("OMP_", "MKL_", "KMP_", "GOMP_", "OPENBLAS_", "TORCH", 
 
 def import_time(environ: dict[str, str]) -> tuple[tuple[str, str], ...]:
     """The variables of environ that take effect at import."""
-    return tuple(
-        sorted(
-            (k, v)
-            for k, v in environ.items()
-            if k in _IMPORT_TIME or k.startswith(_IMPORT_TIME_PREFIXES)
-        )
-    )
+    return tuple(sorted((k, v) for k, v in environ.items() if k in _IMPORT_TIME or k.startswith(_IMPORT_TIME_PREFIXES)))
 
 
 def replace_environ(environ: dict[str, str]) -> None:

@@ -6,9 +6,7 @@ import os
 import shutil
 import tempfile
 
-os.environ.setdefault(
-    "OMP_WAIT_POLICY", "PASSIVE"
-)  # (as rlt's workers: no spinning threads on 2 shared cores)
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # (as rlt's workers: no spinning threads on 2 shared cores)
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
@@ -106,9 +104,7 @@ def _alone(request):
 
 @pytest.fixture(autouse=True)
 def _shared(request):
-    if (
-        request.node.get_closest_marker("alone") is not None
-    ):  # (its module holds the exclusive lock)
+    if request.node.get_closest_marker("alone") is not None:  # (its module holds the exclusive lock)
         yield
         return
     fd = _lock(fcntl.LOCK_SH)

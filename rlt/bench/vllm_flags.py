@@ -10,44 +10,23 @@ SENT = "============ Serving Benchmark Result ============"
 
 
 def add_flags(p) -> None:
-    g = p.add_argument_group(
-        "vLLM's `vllm bench serve` flags (random prompts; any of them: that one load)"
-    )
+    g = p.add_argument_group("vLLM's `vllm bench serve` flags (random prompts; any of them: that one load)")
     g.add_argument("--dataset-name", choices=("random",), help="the prompts: random token ids")
     g.add_argument("--random-input-len", type=int, help="prompt tokens (rlt: --prompt-lens)")
     g.add_argument("--random-output-len", type=int, help="tokens per request (rlt: --output-len)")
-    g.add_argument(
-        "--random-prefix-len",
-        type=int,
-        help="tokens every prompt starts with (rlt: --shared-prefix-len)",
-    )
-    g.add_argument(
-        "--random-range-ratio", type=float, default=0.0, help="only 0: every prompt the same length"
-    )
-    g.add_argument(
-        "--request-rate",
-        type=float,
-        help="Poisson req/s for --num-prompts requests; inf: all at once",
-    )
+    g.add_argument("--random-prefix-len", type=int, help="tokens every prompt starts with (rlt: --shared-prefix-len)")
+    g.add_argument("--random-range-ratio", type=float, default=0.0, help="only 0: every prompt the same length")
+    g.add_argument("--request-rate", type=float, help="Poisson req/s for --num-prompts requests; inf: all at once")
     g.add_argument("--ignore-eos", action="store_true", help="(rlt's requests always ignore EOS)")
-    g.add_argument(
-        "--backend", choices=("vllm", "openai"), help="(rlt's client: OpenAI's completions)"
-    )
+    g.add_argument("--backend", choices=("vllm", "openai"), help="(rlt's client: OpenAI's completions)")
     g.add_argument("--endpoint", choices=("/v1/completions",), help="(rlt's client's)")
 
 
 def apply(args) -> bool:
-    """vLLM's flags as rlt's (args changed in place); -> whether they were given (vLLM's one
-    load)."""
+    """vLLM's flags as rlt's (args changed in place); -> whether they were given (vLLM's one load)."""
     given = any(
         getattr(args, n) is not None
-        for n in (
-            "dataset_name",
-            "random_input_len",
-            "random_output_len",
-            "random_prefix_len",
-            "request_rate",
-        )
+        for n in ("dataset_name", "random_input_len", "random_output_len", "random_prefix_len", "request_rate")
     )
     if not given:
         return False
@@ -64,9 +43,7 @@ def apply(args) -> bool:
     if math.isinf(rate):  # all at once, or --max-concurrency at a time
         args.rates, args.max_concurrency = "", args.max_concurrency or str(args.num_prompts)
     elif args.max_concurrency:
-        raise SystemExit(
-            "--max-concurrency with a finite --request-rate is not supported: give one of them"
-        )
+        raise SystemExit("--max-concurrency with a finite --request-rate is not supported: give one of them")
     else:
         args.rates, args.count = str(rate), args.num_prompts
     args.sweep_rates = ""

@@ -37,12 +37,7 @@ WORKER_DEPTH = 2  # requests a worker holds, in units of max_num_seqs (Engine._h
 
 class Engine:
     def __init__(
-        self,
-        mc: ModelConfig,
-        engine: EngineConfig,
-        launch: LaunchConfig,
-        *,
-        remote_prefill: PrefillConnector = None,
+        self, mc: ModelConfig, engine: EngineConfig, launch: LaunchConfig, *, remote_prefill: PrefillConnector = None
     ):
         self.model_config, self.engine_config, self.launch_config = mc, engine, launch
         self.tokenizer = None  # the checkpoint's, once launch has loaded it (None: it ships none)
@@ -51,13 +46,8 @@ class Engine:
         self._lifecycle = self._supervisor.lifecycle
         self._loop: asyncio.AbstractEventLoop | None = None  # the caller's, once launched
         self._pump_scheduled = False
-        self._calls = (
-            weakref.WeakValueDictionary()
-        )  # calls with n > 1, by request id (their choices: "{id}-{i}")
-        self._last_prompt: tuple = (
-            None,
-            None,
-        )  # the last prompt tokenize() checked, and its checked copy
+        self._calls = weakref.WeakValueDictionary()  # calls with n > 1, by request id (their choices: "{id}-{i}")
+        self._last_prompt: tuple = (None, None)  # the last prompt tokenize() checked, and its checked copy
         self._lifecycle.freed = self._supervisor.on_worker_ready = self._schedule_pump
 
     @classmethod
@@ -88,9 +78,7 @@ class Engine:
 
             model = default_model_path()
         mc = ModelConfig.from_pretrained(model, hf_overrides=hf_overrides, revision=revision)
-        mc = mc.with_max_model_len(
-            engine.max_model_len
-        )  # (its raw carries the cap to every worker)
+        mc = mc.with_max_model_len(engine.max_model_len)  # (its raw carries the cap to every worker)
         launch.check_with(mc, engine)
         return Launch(cls(mc, engine, launch, remote_prefill=remote_prefill))
 
@@ -108,9 +96,7 @@ class Engine:
             from rlt.models.tokenizer import load_tokenizer
 
             self.tokenizer = load_tokenizer(self.model_config.path)
-            if (
-                self.tokenizer is not None and grammars
-            ):  # structured output's checks: xgrammar (it imports torch)
+            if self.tokenizer is not None and grammars:  # structured output's checks: xgrammar (it imports torch)
                 import xgrammar  # noqa: F401
             self._tokenizer_loaded = True
 
@@ -120,15 +106,11 @@ class Engine:
         tokenizer's special tokens (e.g. BOS) unless add_special_tokens is False."""
         if isinstance(prompt, str):
             if self.tokenizer is None:
-                raise RequestError(
-                    f"{self.model_config.path} has no tokenizer.json: give token ids, not text"
-                )
+                raise RequestError(f"{self.model_config.path} has no tokenizer.json: give token ids, not text")
             try:
                 prompt = self.tokenizer(prompt, add_special_tokens=add_special_tokens).input_ids
             except Exception as e:  # e.g. a lone surrogate: not encodable text
-                raise RequestError(
-                    f"prompt text cannot be tokenized: {type(e).__name__}: {e}"
-                ) from None
+                raise RequestError(f"prompt text cannot be tokenized: {type(e).__name__}: {e}") from None
         else:  # n choices of one prompt list: checked once (a compare is ~20x cheaper). One read of the
             last = self._last_prompt  # pair: a server's tokenizing thread may replace it meanwhile
             if prompt is last[0] and prompt == last[1]:
@@ -154,22 +136,16 @@ class Engine:
         p = params if params is not None else SamplingParams()
         n, stop = validation.output_options(p) if isinstance(p, SamplingParams) else (1, [])
         if stop and self.tokenizer is None:
-            raise RequestError(
-                f"stop strings need text: {self.model_config.path} has no tokenizer.json"
-            )
+            raise RequestError(f"stop strings need text: {self.model_config.path} has no tokenizer.json")
         if output_kind not in OUTPUT_KINDS:
-            raise RequestError(
-                f"output_kind must be one of {', '.join(OUTPUT_KINDS)}, got {output_kind!r}"
-            )
+            raise RequestError(f"output_kind must be one of {', '.join(OUTPUT_KINDS)}, got {output_kind!r}")
         if request_id is None:
             request_id = uuid.uuid4().hex
         elif not isinstance(request_id, str) or not request_id:
             raise RequestError(f"request_id must be a non-empty string, got {request_id!r}")
         wake = asyncio.Event()
         requests = self._admit(prompt, p, request_id, priority, n, wake)
-        stream = RequestStream(
-            self._lifecycle, request_id, requests, self.tokenizer, p, stop, wake, output_kind
-        )
+        stream = RequestStream(self._lifecycle, request_id, requests, self.tokenizer, p, stop, wake, output_kind)
         if n > 1:
             self._calls[request_id] = stream
         return stream
@@ -187,44 +163,28 @@ class Engine:
         refilled at its next step, without a round trip); further requests wait in the coordinator."""
         return w.credits.slots < WORKER_DEPTH * self.engine_config.max_num_seqs
 
-    def _admit(
-        self, prompt, params: SamplingParams, request_id, priority, n, wake
-    ) -> list[Request]:
+    def _admit(self, prompt, params: SamplingParams, request_id, priority, n, wake) -> list[Request]:
         ids = self.tokenize(prompt)
         ps = [validation.resolve_params(self.model_config, len(ids), params)]
-        for i in range(
-            1, n
-        ):  # choice i: seed + i (one past int64 is refused by name), or its own random seed
-            seeded = (
-                params
-                if params.seed is None
-                else msgspec.structs.replace(params, seed=params.seed + i)
-            )
+        for i in range(1, n):  # choice i: seed + i (one past int64 is refused by name), or its own random seed
+            seeded = params if params.seed is None else msgspec.structs.replace(params, seed=params.seed + i)
             ps.append(validation.resolve_params(self.model_config, len(ids), seeded))
         priority = validation.validate_priority(priority)
-        if (
-            spec := ps[0].structured_output
-        ) is not None:  # compiled (ms; then cached) before any worker sees it
+        if (spec := ps[0].structured_output) is not None:  # compiled (ms; then cached) before any worker sees it
             if self.tokenizer is None:
-                raise RequestError(
-                    f"structured_output needs text: {self.model_config.path} has no tokenizer.json"
-                )
+                raise RequestError(f"structured_output needs text: {self.model_config.path} has no tokenizer.json")
             grammar.check(spec, self.engine_config)
         names = [request_id] if n == 1 else [f"{request_id}-{i}" for i in range(n)]
         lc = self._lifecycle
         for name in names:
             old = lc.live.get(name)
-            if (
-                old is not None and old.abandoned
-            ):  # its stream was dropped (e.g. `break`): abort it now
+            if old is not None and old.abandoned:  # its stream was dropped (e.g. `break`): abort it now
                 lc.cancel(old)
         call = self._calls.get(request_id)
         if any(name in lc.live for name in names) or (call is not None and not call.finished):
             raise RequestError(f"request_id {request_id!r} is already live")
         if self._decode_role == "decode" and self._supervisor.remote_prefill is None:
-            self._ready(
-                "prefill"
-            )  # none ready: refused at the call (one already queued waits for the restart)
+            self._ready("prefill")  # none ready: refused at the call (one already queued waits for the restart)
         d = max(self._ready(self._decode_role), key=lambda w: w.ready.kv_blocks_total)
         need = router.blocks_for(d.ready, len(ids) + ps[0].max_tokens)
         if need > d.ready.kv_blocks_total:
@@ -237,10 +197,7 @@ class Engine:
             out = RequestOutput(name, ids, logprobs=[] if p.logprobs else None, index=i)
             requests.append(lc.queue(name, ids, p, priority, Collector(out, wake)))
         self._pump()
-        if (
-            any(r.phase == Phase.QUEUED for r in requests)
-            and lc.num_queued > self.launch_config.max_queued_requests
-        ):
+        if any(r.phase == Phase.QUEUED for r in requests) and lc.num_queued > self.launch_config.max_queued_requests:
             for r in requests:
                 lc.cancel(r)
             raise EngineOverloadedError(
@@ -251,9 +208,7 @@ class Engine:
 
     @property
     def _decode_role(self) -> str:
-        return (
-            "decode" if self._supervisor.slots[0][0] == "prefill" else "unified"
-        )  # (the topology, parsed once)
+        return "decode" if self._supervisor.slots[0][0] == "prefill" else "unified"  # (the topology, parsed once)
 
     def _pump(self) -> None:
         """Admit queued requests, first the lowest priority value, while a worker has room. A request
@@ -284,23 +239,15 @@ class Engine:
             return False
         caching = self.engine_config.enable_prefix_caching
         keys = router.prompt_keys(
-            self.model_config,
-            caching,
-            ids,
-            r.params,
-            self._supervisor.ready("prefill") if pd else workers,
+            self.model_config, caching, ids, r.params, self._supervisor.ready("prefill") if pd else workers
         )
-        d, prefill = router.route(
-            self.launch_config, len(ids), workers, self._ready("prefill") if pd else None, keys
-        )
+        d, prefill = router.route(self.launch_config, len(ids), workers, self._ready("prefill") if pd else None, keys)
         if pd and prefill is None:
             self._lifecycle.prefilled_locally()
         self._lifecycle.admit(
             r,
             d,
-            router.blocks_for(
-                d.ready, len(ids) + 1
-            ),  # what it holds at first: it grows as it decodes
+            router.blocks_for(d.ready, len(ids) + 1),  # what it holds at first: it grows as it decodes
             prefill,
             router.blocks_for(prefill.ready, len(ids)) if prefill else 0,
         )
@@ -349,6 +296,4 @@ class Engine:
         launch is awaited; a dead worker's blocks are reported removed."""
         if self._loop is not None:
             raise RuntimeError("watch_prefix_cache: call it before the engine is launched")
-        self._supervisor.cache_relay = CacheRelay(
-            self.model_config, self.engine_config.block_size, listener
-        )
+        self._supervisor.cache_relay = CacheRelay(self.model_config, self.engine_config.block_size, listener)

@@ -25,9 +25,7 @@ from rlt.models.model_config import ModelConfig
 
 log = logging.getLogger("rlt")
 PEER_DEATH_GRACE_S = 1.0  # how long a prefill worker's failure waits for its decode peer's death
-SHUTDOWN_SEND_S = (
-    2.0  # how long shutdown waits to hand a worker its last messages before killing it
-)
+SHUTDOWN_SEND_S = 2.0  # how long shutdown waits to hand a worker its last messages before killing it
 
 
 class Supervisor(Liveness):
@@ -48,19 +46,13 @@ class Supervisor(Liveness):
         self.mc, self.engine, self.launch = mc, engine, launch
         self.slots = slots if slots is not None else parse_topology(launch.topology)
         self.remote_prefill = remote_prefill
-        self.cache_relay = (
-            None  # set before start to have workers report their prefix caches (CacheRelay)
-        )
+        self.cache_relay = None  # set before start to have workers report their prefix caches (CacheRelay)
         self.workers: list[WorkerProc | RemoteWorker | None] = [None] * len(self.slots)
         self.lifecycle = events if events is not None else Lifecycle(self.post)
         self.closing = False
         self.dead_reason: str | None = None  # why no worker of some role is ready, while restarting
-        self.gave_up = (
-            asyncio.Event()
-        )  # set once a role the topology needs has no worker and none restarting
-        self.on_worker_ready = lambda: (
-            None
-        )  # called when a worker is back (or given up on): queued requests
+        self.gave_up = asyncio.Event()  # set once a role the topology needs has no worker and none restarting
+        self.on_worker_ready = lambda: None  # called when a worker is back (or given up on): queued requests
         self.restarting: dict[int, int] = {}  # slot -> restart attempt under way
         self._by_identity: dict[str, WorkerProc] = {}
         self._incarnations = itertools.count()
@@ -81,9 +73,7 @@ class Supervisor(Liveness):
     def local_slots(self) -> list[tuple[str, int]]:
         """The slots (role, index) run here (a remote prefill slot takes no device; its liveness is its
         proxy's)."""
-        return [
-            (role, i) for role, i in self.slots if role != "prefill" or self.remote_prefill is None
-        ]
+        return [(role, i) for role, i in self.slots if role != "prefill" or self.remote_prefill is None]
 
     # ---- start / stop -----------------------------------------------------------------------------
     async def start(self) -> None:
@@ -137,9 +127,7 @@ class Supervisor(Liveness):
         odd = [w for w in self.workers if w.ready.fingerprint != ref]
         if odd:
             first = next(w for w in self.workers if w.ready.fingerprint == ref)
-            names = ", ".join(
-                f"{w.role} worker {w.index} (fingerprint {w.ready.fingerprint})" for w in odd
-            )
+            names = ", ".join(f"{w.role} worker {w.index} (fingerprint {w.ready.fingerprint})" for w in odd)
             raise RuntimeError(
                 f"{names} differs from {first.role} worker {first.index} (fingerprint {ref}): "
                 "config, weights, dtype or KV layout differ"
@@ -209,9 +197,7 @@ class Supervisor(Liveness):
             except Exception as e:  # noqa: BLE001 - one request's message must not stop the sender
                 log.exception("could not send %s to %s", type(msg).__name__, w.identity)
                 if (gen := getattr(msg, "gen", None)) is not None:
-                    self.lifecycle.on_failed(
-                        w, pr.Failed(gen, f"could not send to the worker: {e!r}")
-                    )
+                    self.lifecycle.on_failed(w, pr.Failed(gen, f"could not send to the worker: {e!r}"))
 
     async def _recv_loop(self) -> None:
         while True:
@@ -233,12 +219,8 @@ class Supervisor(Liveness):
         lc = self.lifecycle
         if isinstance(msg, pr.Outputs):
             w.stats = msg.stats
-            if (
-                msg.cache is not None and self.cache_relay is not None
-            ):  # (before the tokens: a finish retires)
-                self.cache_relay.on_events(
-                    "{}{}".format(*self.slots[w.slot]), msg.cache, lc.tokens_of
-                )
+            if msg.cache is not None and self.cache_relay is not None:  # (before the tokens: a finish retires)
+                self.cache_relay.on_events("{}{}".format(*self.slots[w.slot]), msg.cache, lc.tokens_of)
             lc.on_started(msg.started)
             for t in msg.tokens:
                 lc.on_token(w, t)

@@ -36,9 +36,7 @@ class Transport:
             try:
                 await self._sock.send_multipart(frames, flags=zmq.NOBLOCK)
                 return True
-            except (
-                zmq.ZMQError
-            ):  # EAGAIN: its pipe is full; EHOSTUNREACH: not connected (yet, or any more)
+            except zmq.ZMQError:  # EAGAIN: its pipe is full; EHOSTUNREACH: not connected (yet, or any more)
                 if not w.alive:
                     return False
             await asyncio.sleep(delay)

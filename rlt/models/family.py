@@ -28,12 +28,8 @@ class Family:
     # ---- `rlt make-checkpoint` ----
     tokenizer: TokenizerSpec
     presets: Mapping[str, Mapping[str, int]]  # --preset -> the size fields of config.json
-    config_json: Callable[
-        [Mapping[str, int], dict[str, int], str], dict
-    ]  # (preset, special ids, dtype)
-    init_gains: Mapping[str, float] = field(
-        default_factory=dict
-    )  # projection gain by tensor-name suffix
+    config_json: Callable[[Mapping[str, int], dict[str, int], str], dict]  # (preset, special ids, dtype)
+    init_gains: Mapping[str, float] = field(default_factory=dict)  # projection gain by tensor-name suffix
     # the last weights of the loop's updates to its residual stream (regexes on tensor names): scaled
     # by make-checkpoint's update_scale, so each loop changes the state little
     loop_outputs: tuple[str, ...] = (r"\.o_proj\.weight$", r"\.down_proj\.weight$")
@@ -187,9 +183,7 @@ NANBEIGE = Family(
         eos="<|im_end|>",
         pad="<unk>",
         prepend_bos=True,
-        chat_template=_CHATML.replace(
-            "'<|im_start|>assistant\\n'", "'<|im_start|>assistant\\n<think>\\n'"
-        ),
+        chat_template=_CHATML.replace("'<|im_start|>assistant\\n'", "'<|im_start|>assistant\\n<think>\\n'"),
     ),
     presets={
         "tiny": dict(

@@ -54,41 +54,29 @@ class KVGeometry:
 class ModelConfig:
     path: str
     model_type: str  # config.json's model_type: a key of rlt.models.family.FAMILIES
-    family_config: (
-        FamilyConfig  # config.json parsed by the family's own config class (its config_cls)
-    )
-    raw: dict[
-        str, Any
-    ]  # config.json after hf_overrides, and the context cap (what a worker rebuilds this from)
+    family_config: FamilyConfig  # config.json parsed by the family's own config class (its config_cls)
+    raw: dict[str, Any]  # config.json after hf_overrides, and the context cap (what a worker rebuilds this from)
     torch_dtype: str  # the checkpoint's declared dtype
 
     @classmethod
-    def from_pretrained(
-        cls, path: str, hf_overrides: dict | None = None, revision: str | None = None
-    ) -> "ModelConfig":
+    def from_pretrained(cls, path: str, hf_overrides: dict | None = None, revision: str | None = None) -> "ModelConfig":
         """path: a checkpoint directory, or a Hugging Face Hub id (rlt/models/hub.py; revision: its
         branch, tag or commit)."""
         if not isinstance(path, (str, os.PathLike)):
-            raise ConfigError(
-                f"model must be a checkpoint directory's path or a hub id, got {path!r}"
-            )
+            raise ConfigError(f"model must be a checkpoint directory's path or a hub id, got {path!r}")
         from rlt.models.hub import resolve
 
         path = os.path.abspath(resolve(os.fspath(path), revision))
         if not os.path.isdir(path):
             raise ConfigError(
-                f"model path {path} is not a directory"
-                if os.path.exists(path)
-                else f"model path {path} does not exist"
+                f"model path {path} is not a directory" if os.path.exists(path) else f"model path {path} does not exist"
             )
         if not os.path.isfile(os.path.join(path, "config.json")):
             raise ConfigError(f"model path {path} has no config.json (not a checkpoint directory?)")
         raw = read_json_object(os.path.join(path, "config.json"))
         if hf_overrides is not None:
             if not isinstance(hf_overrides, dict):
-                raise ConfigError(
-                    f"hf_overrides must be a dict of config.json fields, got {hf_overrides!r}"
-                )
+                raise ConfigError(f"hf_overrides must be a dict of config.json fields, got {hf_overrides!r}")
             raw = {**raw, **hf_overrides}
         gen = os.path.join(path, "generation_config.json")
         if os.path.isfile(gen):  # generate() stops on generation_config.json's eos ids too

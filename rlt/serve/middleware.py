@@ -34,12 +34,8 @@ class RequestRecord:
     """One HTTP request, as its handler fills it in (None: not known, left out of the log line)."""
 
     request_id: str
-    start: float = field(
-        default_factory=time.monotonic
-    )  # time.monotonic() when the request arrived
-    model: str | None = (
-        None  # the served model name the request used (or the first, if it named none)
-    )
+    start: float = field(default_factory=time.monotonic)  # time.monotonic() when the request arrived
+    model: str | None = None  # the served model name the request used (or the first, if it named none)
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
     ttft: float | None = None  # seconds from `start` to the first generated token
@@ -92,9 +88,7 @@ class RequestMiddleware:
         level = logging.WARNING if status is None or status >= 500 else logging.INFO
         if level == logging.INFO and not self.log_requests:
             return
-        path = clip(
-            scope["path"].encode("unicode_escape").decode("ascii"), 200
-        )  # (no control characters)
+        path = clip(scope["path"].encode("unicode_escape").decode("ascii"), 200)  # (no control characters)
         parts = [scope["method"], path, str(status or "-"), f"request_id={record.request_id}"]
         for name in ("prompt_tokens", "completion_tokens"):
             if (v := getattr(record, name)) is not None:

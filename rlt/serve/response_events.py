@@ -12,13 +12,13 @@ import time
 
 import msgspec
 
-from rlt.serve import responses as rs
+from rlt.serve import response_objects as rs
 
 _json = msgspec.json.Encoder()
 
 
 class _Stream:
-    def __init__(self, req: rs.ResponsesRequest, rid: str, name: str):
+    def __init__(self, req: object, rid: str, name: str):
         self.req, self.seq = req, itertools.count()
         self.response = rs.envelope(req, rid, name, int(time.time()))
         self.output: list[dict] = []
@@ -48,54 +48,28 @@ class _Stream:
         return out
 
     def part(self, kind: str, part: dict) -> bytes:
-        return self.event(
-            kind,
-            item_id=self.open["id"],
-            output_index=len(self.output) - 1,
-            content_index=0,
-            part=part,
-        )
+        return self.event(kind, item_id=self.open["id"], output_index=len(self.output) - 1, content_index=0, part=part)
 
     def close(self) -> list[bytes]:
         item, out = self.open, []
         if item is None:
             return out
-        index, ids = (
-            len(self.output) - 1,
-            {"item_id": item["id"], "output_index": len(self.output) - 1},
-        )
+        index, ids = len(self.output) - 1, {"item_id": item["id"], "output_index": len(self.output) - 1}
         if item["type"] == "reasoning":
             text = item["content"][0]["text"]
-            out.append(
-                self.event("response.reasoning_text.done", **ids, content_index=0, text=text)
-            )
+            out.append(self.event("response.reasoning_text.done", **ids, content_index=0, text=text))
         elif item["type"] == "message":
             part = item["content"][0]
             logprobs = part.get("logprobs", [])
             out.append(
-                self.event(
-                    "response.output_text.done",
-                    **ids,
-                    content_index=0,
-                    text=part["text"],
-                    logprobs=logprobs,
-                )
+                self.event("response.output_text.done", **ids, content_index=0, text=part["text"], logprobs=logprobs)
             )
             out.append(self.part("response.content_part.done", part))
         else:
             args = item["arguments"]
-            out.append(
-                self.event(
-                    "response.function_call_arguments.done",
-                    **ids,
-                    arguments=args,
-                    name=item["name"],
-                )
-            )
+            out.append(self.event("response.function_call_arguments.done", **ids, arguments=args, name=item["name"]))
         item["status"] = "completed"
-        out.append(
-            self.event("response.output_item.done", output_index=index, item=copy.deepcopy(item))
-        )
+        out.append(self.event("response.output_item.done", output_index=index, item=copy.deepcopy(item)))
         self.open = self.call_index = None
         return out
 
@@ -113,9 +87,7 @@ class _Stream:
             out += self.start(item)
         self.open["content"][0]["text"] += text
         ids = {"item_id": self.open["id"], "output_index": len(self.output) - 1}
-        return out + [
-            self.event("response.reasoning_text.delta", **ids, content_index=0, delta=text)
-        ]
+        return out + [self.event("response.reasoning_text.delta", **ids, content_index=0, delta=text)]
 
     def text(self, text: str, logprobs: list | None, depths: list | None = None) -> list[bytes]:
         out = []
@@ -123,28 +95,16 @@ class _Stream:
             part = {"type": "output_text", "text": "", "annotations": []}
             if logprobs is not None:
                 part["logprobs"] = []
-            item = {
-                "id": rs.new_id("msg"),
-                "type": "message",
-                "status": "in_progress",
-                "role": "assistant",
-            }
+            item = {"id": rs.new_id("msg"), "type": "message", "status": "in_progress", "role": "assistant"}
             out += self.start(item | {"content": [part]})
         part = self.open["content"][0]
         part["text"] += text
         if logprobs is not None:
             part["logprobs"] += logprobs
         ids = {"item_id": self.open["id"], "output_index": len(self.output) - 1}
-        extra = (
-            {} if depths is None else {"exit_depths": depths}
-        )  # (rlt's: the delta's tokens' depths)
+        extra = {} if depths is None else {"exit_depths": depths}  # (rlt's: the delta's tokens' depths)
         event = self.event(
-            "response.output_text.delta",
-            **ids,
-            content_index=0,
-            delta=text,
-            logprobs=logprobs or [],
-            **extra,
+            "response.output_text.delta", **ids, content_index=0, delta=text, logprobs=logprobs or [], **extra
         )
         return out + [event]
 
@@ -164,13 +124,11 @@ class _Stream:
         if fn.get("arguments"):
             self.open["arguments"] += fn["arguments"]
             ids = {"item_id": self.open["id"], "output_index": len(self.output) - 1}
-            out.append(
-                self.event("response.function_call_arguments.delta", **ids, delta=fn["arguments"])
-            )
+            out.append(self.event("response.function_call_arguments.delta", **ids, delta=fn["arguments"]))
         return out
 
 
-async def events(req: rs.ResponsesRequest, chunks, rid: str, name: str, done):
+async def events(req: object, chunks, rid: str, name: str, done):
     """chunks: the chat route's server-sent events (bytes); done(response): called with the final
     Response object (the store keeps it)."""
     try:
@@ -180,7 +138,7 @@ async def events(req: rs.ResponsesRequest, chunks, rid: str, name: str, done):
         await chunks.aclose()
 
 
-async def _events(req: rs.ResponsesRequest, chunks, rid: str, name: str, done):
+async def _events(req: object, chunks, rid: str, name: str, done):
     s, finish, usage = _Stream(req, rid, name), None, None
     yield s.lifecycle("response.created")
     yield s.lifecycle("response.in_progress")
@@ -189,31 +147,19 @@ async def _events(req: rs.ResponsesRequest, chunks, rid: str, name: str, done):
         if payload == b"[DONE]":
             break
         d = json.loads(payload)
-        if (
-            "error" in d
-        ):  # the engine failed mid-way: the response has started, it fails in the stream
+        if "error" in d:  # the engine failed mid-way: the response has started, it fails in the stream
             for e in s.close():
                 yield e
             err = d["error"]
-            yield s.event(
-                "error",
-                code=str(err.get("code")),
-                message=err.get("message"),
-                param=err.get("param"),
-            )
-            s.response |= {
-                "status": "failed",
-                "error": {"code": "server_error", "message": err.get("message")},
-            }
+            yield s.event("error", code=str(err.get("code")), message=err.get("message"), param=err.get("param"))
+            s.response |= {"status": "failed", "error": {"code": "server_error", "message": err.get("message")}}
             yield s.lifecycle("response.failed")
             return
         usage = d.get("usage") or usage
         for c in d["choices"]:
             delta = c.get("delta") or {}
             lps = (c.get("logprobs") or {}).get("content") if req.top_logprobs else None
-            for e in (
-                s.reasoning(delta["reasoning_content"]) if delta.get("reasoning_content") else ()
-            ):
+            for e in s.reasoning(delta["reasoning_content"]) if delta.get("reasoning_content") else ():
                 yield e
             depths = c.get("exit_depths") if req.return_exit_depths else None
             if depths is not None:
@@ -234,6 +180,4 @@ async def _events(req: rs.ResponsesRequest, chunks, rid: str, name: str, done):
         s.response["exit_depths"] = s.depths
     rs.finish(s.response, finish)
     done(s.response)
-    yield s.lifecycle(
-        "response.completed" if s.response["status"] == "completed" else "response.incomplete"
-    )
+    yield s.lifecycle("response.completed" if s.response["status"] == "completed" else "response.incomplete")

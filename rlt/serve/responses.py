@@ -3,21 +3,24 @@ store on) as a second shape of the chat pipeline: a request becomes a chat reque
 `instructions` a system message, its input items messages, assistant tool calls and tool results;
 its function tools, `tool_choice`, `text.format` and `max_output_tokens` chat's fields), runs
 through rlt/serve/generate.py's chat route, and the chat response or chunks become a Response
-object or its typed server-sent events (rlt/serve/response_events.py) in OpenAI's order. A chat
-error names the chat field; here it names the Responses field it came from. The store (off unless
-`--responses-store N`) keeps the last N responses with their conversations, for GET, DELETE and
-`previous_response_id`.
+object (rlt/serve/response_objects.py) or its typed server-sent events
+(rlt/serve/response_events.py) in OpenAI's order. A chat error names the chat field; here it names
+the Responses field it came from. The store (off unless `--responses-store N`) keeps the last N
+responses with their conversations, for GET, DELETE and `previous_response_id`.
 """
 
-import time
-import uuid
-from collections import OrderedDict
 from typing import Any
 
 import msgspec
+from fastapi import Request
+from fastapi.responses import Response, StreamingResponse
 
+from rlt.serve import generate, response_events
 from rlt.serve import requests as rq
+from rlt.serve import response_objects as ro
 from rlt.serve.errors import HTTPError, short
+
+_json = msgspec.json.Encoder()
 
 Int = rq.Int
 
@@ -33,12 +36,10 @@ class ResponsesRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True)
     tools: list[Any] | None = None
     tool_choice: Any = None
     parallel_tool_calls: bool | None = None
-    text: dict[str, Any] | None = (
-        None  # {"format": {"type": "text" | "json_object" | "json_schema", ...}}
-    )
-    reasoning: dict[str, Any] | None = (
-        None  # {"effort", "summary"}: a reasoning parser's output is an item
-    )
+    # {"format": {"type": "text" | "json_object" | "json_schema", ...}}
+    text: dict[str, Any] | None = None
+    # {"effort", "summary"}: a reasoning parser's output is an item
+    reasoning: dict[str, Any] | None = None
     previous_response_id: str | None = None
     store: bool | None = None
     stream: bool | None = None
@@ -187,9 +188,7 @@ def messages_of(items) -> list[dict]:
     if isinstance(items, str):
         return [{"role": "user", "content": items}]
     if not isinstance(items, list):
-        raise HTTPError(
-            400, f"input must be a text or a list of items, got {short(items)}", param="input"
-        )
+        raise HTTPError(400, f"input must be a text or a list of items, got {short(items)}", param="input")
     out = []
     for i, item in enumerate(items):
         kind = item.get("type", "message") if isinstance(item, dict) else None
@@ -207,9 +206,7 @@ def messages_of(items) -> list[dict]:
             output = output if isinstance(output, str) else _text(i, output)
             out.append({"role": "tool", "tool_call_id": item.get("call_id"), "content": output})
         elif kind != "reasoning":
-            raise HTTPError(
-                400, f"input[{i}]: items of type {short(kind)} are not supported", param="input"
-            )
+            raise HTTPError(400, f"input[{i}]: items of type {short(kind)} are not supported", param="input")
     return out
 
 
@@ -238,9 +235,7 @@ def _text(i: int, content) -> str:
 def _tool(i: int, t) -> dict:
     if not isinstance(t, dict) or t.get("type") != "function":
         kind = t.get("type") if isinstance(t, dict) else t
-        raise HTTPError(
-            400, f"tools[{i}].type {short(kind)}: only function tools are supported", param="tools"
-        )
+        raise HTTPError(400, f"tools[{i}].type {short(kind)}: only function tools are supported", param="tools")
     fn = {k: t[k] for k in ("name", "description", "parameters", "strict") if t.get(k) is not None}
     return {"type": "function", "function": fn}
 
@@ -266,175 +261,29 @@ def renamed(e: HTTPError) -> HTTPError:
     return e
 
 
-def new_id(prefix: str) -> str:
-    return f"{prefix}_{uuid.uuid4().hex}"
-
-
-def envelope(req: ResponsesRequest, rid: str, name: str, created: int) -> dict:
-    """The Response object around its output (status, output and usage set by the caller)."""
-    fmt = (req.text or {}).get("format") or {"type": "text"}
-    return {
-        "id": rid,
-        "object": "response",
-        "created_at": created,
-        "status": "in_progress",
-        "error": None,
-        "incomplete_details": None,
-        "instructions": req.instructions,
-        "max_output_tokens": req.max_output_tokens,
-        "model": name,
-        "output": [],
-        "parallel_tool_calls": req.parallel_tool_calls is not False,
-        "previous_response_id": req.previous_response_id,
-        "reasoning": {"effort": None, "summary": None},
-        "store": bool(req.store is not False),
-        "temperature": req.temperature,
-        "text": {"format": fmt},
-        "tool_choice": req.tool_choice if req.tool_choice is not None else "auto",
-        "tools": req.tools or [],
-        "top_p": req.top_p,
-        "truncation": "disabled",
-        "usage": None,
-        "user": req.user,
-        "metadata": req.metadata or {},
-    }
-
-
-def output_items(message: dict, logprobs: list | None, status: str = "completed") -> list[dict]:
-    """A chat message -> Responses output items: reasoning, the message's text, each tool call."""
-    items = []
-    if message.get("reasoning_content"):
-        part = {"type": "reasoning_text", "text": message["reasoning_content"]}
-        items.append(
-            {
-                "id": new_id("rs"),
-                "type": "reasoning",
-                "summary": [],
-                "content": [part],
-                "status": status,
-            }
-        )
-    if message.get("content") or not message.get("tool_calls"):
-        part = {"type": "output_text", "text": message.get("content") or "", "annotations": []}
-        if logprobs is not None:
-            part["logprobs"] = logprobs
-        msg = {
-            "id": new_id("msg"),
-            "type": "message",
-            "status": status,
-            "role": "assistant",
-            "content": [part],
-        }
-        items.append(msg)
-    for call in message.get("tool_calls") or []:
-        fn = call["function"]
-        items.append(
-            {
-                "id": new_id("fc"),
-                "type": "function_call",
-                "call_id": call["id"],
-                "name": fn["name"],
-                "arguments": fn["arguments"],
-                "status": status,
-            }
-        )
-    return items
-
-
-def usage_of(chat_usage: dict | None) -> dict | None:
-    if chat_usage is None:
-        return None
-    cached = (chat_usage.get("prompt_tokens_details") or {}).get("cached_tokens", 0)
-    return {
-        "input_tokens": chat_usage["prompt_tokens"],
-        "input_tokens_details": {"cached_tokens": cached or 0},
-        "output_tokens": chat_usage["completion_tokens"],
-        "output_tokens_details": {"reasoning_tokens": 0},
-        "total_tokens": chat_usage["total_tokens"],
-    }
-
-
-def finish(response: dict, finish_reason: str | None) -> dict:
-    """Its status by the chat choice's finish reason: cut by max_output_tokens is incomplete."""
-    if finish_reason == "length":
-        response["status"], response["incomplete_details"] = (
-            "incomplete",
-            {"reason": "max_output_tokens"},
-        )
-    else:
-        response["status"] = "completed"
-    return response
-
-
-def from_chat(req: ResponsesRequest, chat: dict, rid: str, name: str) -> dict:
-    """A whole chat response -> the Response object."""
-    response = envelope(req, rid, name, int(time.time()))
-    choice = chat["choices"][0]
-    logprobs = (choice.get("logprobs") or {}).get("content") if req.top_logprobs else None
-    response["output"] = output_items(choice["message"], logprobs)
-    response["usage"] = usage_of(chat.get("usage"))
-    if req.return_exit_depths:
-        response["exit_depths"] = choice["exit_depths"]
-    return finish(response, choice.get("finish_reason"))
-
-
-def conversation(body: dict, response: dict) -> list[dict]:
-    """The chat messages a later response continues from: this one's, and its output as the
-    assistant's message (without the instructions: each request gives its own, as OpenAI's)."""
-    messages = [
-        m for m in body["messages"] if not (m["role"] == "system" and m is body["messages"][0])
-    ]
-    text = "".join(
-        p["text"]
-        for item in response["output"]
-        if item["type"] == "message"
-        for p in item["content"]
+async def respond(request: Request, body: dict, served: generate.Served, name: str):
+    """/v1/responses: the request runs as a chat request, its response or stream in the Responses
+    shape; kept in the store unless it says store: false."""
+    req = parse(body)
+    history = (
+        served.responses.get(req.previous_response_id, "previous_response_id")[1] if req.previous_response_id else []
     )
-    calls = [
-        {
-            "id": i["call_id"],
-            "type": "function",
-            "function": {"name": i["name"], "arguments": i["arguments"]},
-        }
-        for i in response["output"]
-        if i["type"] == "function_call"
-    ]
-    reply = {"role": "assistant", "content": text or None}
-    if calls:
-        reply["tool_calls"] = calls
-    return messages + [reply]
+    chat = chat_body(req, history)
+    try:
+        res = await generate.chat(request, chat, served, name)
+    except HTTPError as e:
+        raise renamed(e) from None
+    rid = ro.new_id("resp")
 
+    def done(response: dict) -> None:
+        if req.store is not False:
+            served.responses.put(response, ro.conversation(chat, response))
 
-class Store:
-    """The last `size` responses (least recently stored out), each with its conversation."""
-
-    def __init__(self, size: int):
-        self.size = size
-        self._items: OrderedDict[str, tuple[dict, list[dict]]] = OrderedDict()
-
-    def put(self, response: dict, messages: list[dict]) -> None:
-        if self.size:
-            self._items[response["id"]] = (response, messages)
-            while len(self._items) > self.size:
-                self._items.popitem(last=False)
-
-    def get(self, rid: str, field: str | None = None) -> tuple[dict, list[dict]]:
-        if not self.size:
-            raise HTTPError(
-                400,
-                f"{field or 'id'}: the response store is off "
-                "(start the server with --responses-store N)",
-                param=field,
-            )
-        if rid not in self._items:
-            raise HTTPError(
-                404,
-                f"no response with id {short(rid)} (stored are the last {self.size})",
-                param=field,
-            )
-        return self._items[rid]
-
-    def delete(self, rid: str) -> dict:
-        self.get(rid)
-        del self._items[rid]
-        return {"id": rid, "object": "response", "deleted": True}
+    if isinstance(res, StreamingResponse):
+        events = response_events.events(req, res.body_iterator, rid, name, done)
+        return StreamingResponse(events, media_type="text/event-stream")
+    if res.status_code != 200:  # (499: the client went away)
+        return res
+    response = ro.from_chat(req, msgspec.json.decode(res.body), rid, name)
+    done(response)
+    return Response(_json.encode(response), media_type="application/json")

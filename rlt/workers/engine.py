@@ -29,7 +29,7 @@ from rlt.workers.prefix_cache import root_key
 from rlt.workers.runner import Runner
 from rlt.workers.scheduler import Scheduler
 from rlt.workers.sequence import Sequence
-from rlt.workers.speculation import speculated, speculation
+from rlt.workers.speculation import speculated, speculation, verified
 from rlt.workers.steady_stretch import SteadyStretches
 
 
@@ -39,15 +39,9 @@ class StepOutput:
     token_id: int
     exit_depth: int
     logprobs: dict[int, float] | None
-    finish_reason: (
-        str | None
-    )  # None while running (or, prefill-only, handed off for decoding elsewhere)
-    num_cached_tokens: int | None = (
-        None  # with a request's first token: prompt positions the prefix cache held
-    )
-    prompt_logprobs: list | None = (
-        None  # with a request's first token, if asked: per prompt position
-    )
+    finish_reason: str | None  # None while running (or, prefill-only, handed off for decoding elsewhere)
+    num_cached_tokens: int | None = None  # with a request's first token: prompt positions the prefix cache held
+    prompt_logprobs: list | None = None  # with a request's first token, if asked: per prompt position
 
 
 class LoopEngine(SteadyStretches):
@@ -66,9 +60,7 @@ class LoopEngine(SteadyStretches):
         self.counters = WorkerCounters() if counters is None else counters
         sized = pool_blocks(mc, model, cfg, dtype, device, type(self), self.counters)
         num_blocks, self.pool_sizing = sized
-        self.pool = KVPool(
-            mc, cfg.kv_layout, cfg.block_size, num_blocks, dtype, device, cfg.enable_prefix_caching
-        )
+        self.pool = KVPool(mc, cfg.kv_layout, cfg.block_size, num_blocks, dtype, device, cfg.enable_prefix_caching)
         # this worker's kernels, chosen once: the model's layers run its operations
         backend = select_backend(device, cfg.kernels, cfg.batch_invariant)
         self.backend = backend(mc, model, self.pool, cfg, self.counters)
@@ -82,9 +74,7 @@ class LoopEngine(SteadyStretches):
         # done (held); a decode worker reserves blocks for a prompt being prefilled elsewhere.
         self.held: dict[int, BlockTables] = {}
         self.reserved: dict[int, BlockTables] = {}
-        self.chunk_events: list[
-            tuple[int, int, int]
-        ] = []  # (request, start, end) prompt positions final
+        self.chunk_events: list[tuple[int, int, int]] = []  # (request, start, end) prompt positions final
         self._pending: list = []  # callables: read back a launched step's tokens -> outputs
         self._steady = None  # SteadyDecode while a stretch runs
         self._steady_seqs: list[Sequence] = []  # the request of each steady lane
@@ -109,12 +99,7 @@ class LoopEngine(SteadyStretches):
             )
 
     def add_request(
-        self,
-        request_id: int,
-        prompt: list[int],
-        params: ResolvedParams,
-        priority: int = 0,
-        prefill_only: bool = False,
+        self, request_id: int, prompt: list[int], params: ResolvedParams, priority: int = 0, prefill_only: bool = False
     ) -> None:
         self._check_live(request_id)
         s = Sequence(
@@ -124,12 +109,10 @@ class LoopEngine(SteadyStretches):
             (priority, next(self._arrival)),
             prefill_only=prefill_only,
             root=self._root(params),
-            prompt_logprobs=None
-            if params.prompt_logprobs is None
-            else [None],  # (position 0 has none)
+            prompt_logprobs=None if params.prompt_logprobs is None else [None],  # (position 0 has none)
         )
         self._check_fits(request_id, len(prompt), 0 if prefill_only else params.max_tokens)
-        s.speculation = None if prefill_only else self._speculation(params)
+        s.speculation = None if prefill_only else speculation(params, self.cfg)
         self._live[request_id] = s
         self.sched.wait(s)
 
@@ -141,21 +124,14 @@ class LoopEngine(SteadyStretches):
         positions = min(prompt_len + 1, prompt_len + max_tokens)
         if self.pool.blocks_needed(positions) > self.pool.num_free:
             return None
-        if (
-            self.sched.freed_in_flight and self.pool.cache.is_cuda
-        ):  # a peer will write these blocks (NIXL)
+        if self.sched.freed_in_flight and self.pool.cache.is_cuda:  # a peer will write these blocks (NIXL)
             torch.cuda.synchronize(self.pool.cache.device)
         self.sched.freed_in_flight = False
         self.reserved[request_id] = self.pool.allocate(positions)
         return self.reserved[request_id]
 
     def activate(
-        self,
-        request_id: int,
-        prompt: list[int],
-        params: ResolvedParams,
-        first_token: int,
-        priority: int = 0,
+        self, request_id: int, prompt: list[int], params: ResolvedParams, first_token: int, priority: int = 0
     ) -> None:
         """Decode side: the prompt's KV is in the reserved blocks; continue from its first token."""
         s = Sequence(
@@ -168,14 +144,10 @@ class LoopEngine(SteadyStretches):
             depths=[params.max_loops],  # (its prompt ran, and its first token came, at max_loops)
             num_done=len(prompt),
             root=self._root(params),
-            speculation=self._speculation(params),
+            speculation=speculation(params, self.cfg),
         )
         self._live[request_id] = s
         self.sched.wait(s)
-
-    def _speculation(self, params: ResolvedParams) -> tuple[int, int] | None:
-        cfg = self.cfg
-        return speculation(params, cfg.speculative_loops, cfg.speculative_tokens, cfg.kv_layout)
 
     def _root(self, params: ResolvedParams) -> bytes:
         return (
@@ -306,9 +278,7 @@ class LoopEngine(SteadyStretches):
     def _resolve_tokens(self, tokens, seqs: list[Sequence]) -> list[StepOutput]:
         outputs = []
         for s, smp in zip(seqs, tokens.resolve()):
-            if (
-                s.feed is not None and s.feed[0] is tokens
-            ):  # (a later step may have sampled its next one)
+            if s.feed is not None and s.feed[0] is tokens:  # (a later step may have sampled its next one)
                 s.feed = None
             if self._live.get(s.request_id) is not s:  # aborted or finished meanwhile
                 continue
@@ -317,24 +287,16 @@ class LoopEngine(SteadyStretches):
                 g.draft_of.tokens[g.start - g.draft_of.start] = smp.token
             elif g.verify_of is None:
                 outputs.append(self._append_token(s, smp.token, g.depth, smp.logprobs))
-            elif (r := g.verify_of).targets.update(
-                {g.start - r.start: (smp.token, smp.logprobs)}
-            ) or r.ready:
+            elif (r := g.verify_of).targets.update({g.start - r.start: (smp.token, smp.logprobs)}) or r.ready:
                 outputs += self._accept(s, r)
         return outputs
 
     def _accept(self, s: Sequence, r) -> list[StepOutput]:
         """A speculation round's verify is back: the targets it keeps are the request's next tokens,
         their positions final; the next round starts after them."""
-        outputs = []
-        if s.matcher is not None:
-            s.matcher.end_round()
-        self.spec_rounds += 1
-        self.spec_drafts += r.k - 1
-        self.spec_accepted += r.matched
-        d, n = s.speculation
-        s.acceptance.update(r.k - 1, r.matched, n, d, s.params.max_loops, len(s.output) + r.k)
-        for tok, top in r.accepted():
+        self.spec_rounds, self.spec_drafts = self.spec_rounds + 1, self.spec_drafts + r.k - 1
+        outputs, self.spec_accepted = [], self.spec_accepted + r.matched
+        for tok, top in verified(s, r):
             outputs.append(self._append_token(s, tok, s.params.max_loops, top))
             self.spec_tokens += 1
             if outputs[-1].finish_reason is not None:
@@ -347,10 +309,7 @@ class LoopEngine(SteadyStretches):
         s.output.append(tok)
         s.depths.append(depth)
         p = s.params
-        reason, ended = (
-            None,
-            self.grammars.accept(s, tok),
-        )  # (a grammar ends at a stop token it took)
+        reason, ended = None, self.grammars.accept(s, tok)  # (a grammar ends at a stop token it took)
         if ended or (not p.ignore_eos and tok in self.mc.eos_token_ids) or tok in p.stop_token_ids:
             reason = "stop"
         elif len(s.output) >= p.max_tokens:

@@ -30,22 +30,12 @@ class Constraint:
         import xgrammar as xgr
 
         self.matcher = xgr.GrammarMatcher(compiled)
-        self.mask = xgr.allocate_token_bitmask(
-            1, compiled.tokenizer_info.vocab_size
-        )  # [1, ceil(V / 32)] int32
+        self.mask = xgr.allocate_token_bitmask(1, compiled.tokenizer_info.vocab_size)  # [1, ceil(V / 32)] int32
         self.ended = False
         self.accepted = 0  # output tokens accepted
-        self.after, self.tail = (
-            tuple(after),
-            (),
-        )  # the ids the grammar waits for; the last outputs before
-        self.started = (
-            not after
-        )  # the grammar constrains the outputs after `after` (none yet: any token)
-        self.round, self.steps = (
-            None,
-            0,
-        )  # a speculation round's (ended before it, drafts taken), accepts
+        self.after, self.tail = tuple(after), ()  # the ids the grammar waits for; the last outputs before
+        self.started = not after  # the grammar constrains the outputs after `after` (none yet: any token)
+        self.round, self.steps = None, 0  # a speculation round's (ended before it, drafts taken), accepts
         for i, t in enumerate(outputs):
             self.accept(t, i)
 
@@ -107,9 +97,7 @@ class Constraint:
         """A row sampling output g.output_index while the token before it is still on the device
         (its row exits in its first pass): read that token now."""
         if self.accepted < g.output_index:
-            assert g.feed is not None and self.accepted == g.output_index - 1, (
-                "one token unread at most"
-            )
+            assert g.feed is not None and self.accepted == g.output_index - 1, "one token unread at most"
             pending, i = g.feed
             self.accept(int(pending.tokens[i]), g.output_index - 1)
 
@@ -122,12 +110,8 @@ class WorkerGrammars:
         self.mc, self.cfg = mc, cfg
         self.pool = None  # CompilePool
         self._compiled: OrderedDict[tuple[str, str], Future] = OrderedDict()
-        self._compiling: set[tuple[str, str]] = (
-            set()
-        )  # specs submitted, not done (a set lookup per waiting request)
-        self.failed: dict[
-            int, str
-        ] = {}  # requests whose grammar did not compile -> error (the worker fails them)
+        self._compiling: set[tuple[str, str]] = set()  # specs submitted, not done (a set lookup per waiting request)
+        self.failed: dict[int, str] = {}  # requests whose grammar did not compile -> error (the worker fails them)
 
     def ready(self, s) -> bool:
         """Can the request run (its matcher built, or it has no grammar)? Starts its compile."""
@@ -140,9 +124,7 @@ class WorkerGrammars:
         if future is None:
             future = self._compiled[spec] = self.start().submit(spec)
             self._compiling.add(spec)
-            future.add_done_callback(
-                lambda _: self._compiling.discard(spec)
-            )  # (the dispatcher's thread)
+            future.add_done_callback(lambda _: self._compiling.discard(spec))  # (the dispatcher's thread)
             while len(self._compiled) > MAX_CACHED:
                 self._compiled.popitem(last=False)
             if not future.done():
@@ -205,8 +187,5 @@ def mask_fields(groups: list) -> dict:
     rows = [i for i in rows if groups[i].matcher.started]
     if not rows:
         return {}
-    masks = [
-        groups[i].matcher.round_mask(groups[i]) if i in spec else groups[i].matcher.fill()
-        for i in rows
-    ]
+    masks = [groups[i].matcher.round_mask(groups[i]) if i in spec else groups[i].matcher.fill() for i in rows]
     return {"gm_row": np.array(rows), "gm_mask": np.stack(masks)}

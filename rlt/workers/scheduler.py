@@ -26,12 +26,8 @@ class Scheduler:
     def __init__(self, cfg: EngineConfig, pool: KVPool, penalties: PenaltyState, grammars=None):
         self.cfg, self.pool = cfg, pool
         self.penalties = penalties  # a slot for each running request that is penalized
-        self.grammars = (
-            grammars  # WorkerGrammars: a constrained request waits for its grammar's compile
-        )
-        self.cached_events: list[
-            tuple[int, int, int]
-        ] = []  # (request, 0, end): prompt positions found cached
+        self.grammars = grammars  # WorkerGrammars: a constrained request waits for its grammar's compile
+        self.cached_events: list[tuple[int, int, int]] = []  # (request, 0, end): prompt positions found cached
         self.waiting: list[Sequence] = []
         self.running: list[Sequence] = []
         self.preemptions = 0
@@ -40,27 +36,17 @@ class Scheduler:
         self.freed_in_flight = False
 
     def wait(self, s: Sequence) -> None:
-        bisect.insort(
-            self.waiting, s, key=_order
-        )  # (kept in order: a sort per arrival is quadratic in a burst)
+        bisect.insort(self.waiting, s, key=_order)  # (kept in order: a sort per arrival is quadratic in a burst)
 
     def remove(self, s: Sequence) -> None:
         if s in self.running:
             self.running.remove(s)
             self.penalties.give(s)
-            self.freed_in_flight = (
-                True  # its last pass may still be computing (the host runs ahead)
-            )
+            self.freed_in_flight = True  # its last pass may still be computing (the host runs ahead)
         else:
             self.waiting.remove(s)
-            if (
-                self.grammars is not None
-                and s.matcher is None
-                and s.params.structured_output is not None
-            ):
-                self.grammars.keep(
-                    self.waiting
-                )  # (abandons its compile if nobody else waits for it)
+            if self.grammars is not None and s.matcher is None and s.params.structured_output is not None:
+                self.grammars.keep(self.waiting)  # (abandons its compile if nobody else waits for it)
 
     def step(self) -> None:
         """Rows and blocks for the next pass; then admission, unless that preempted."""
@@ -86,14 +72,10 @@ class Scheduler:
                 continue  # compiling (off the loop): it holds nobody up
             if s.tables is not None:
                 return s, []
-            if (
-                head and s.feed is None
-            ):  # (a preempted one with a token on its way back: resumed once it is read)
+            if head and s.feed is None:  # (a preempted one with a token on its way back: resumed once it is read)
                 hits = self._hits(s)
                 planes = self.pool.num_planes
-                need = self.pool.blocks_needed(s.admit_positions) - planes * sum(
-                    c.refs > 0 for c in hits
-                )
+                need = self.pool.blocks_needed(s.admit_positions) - planes * sum(c.refs > 0 for c in hits)
                 if need <= self.pool.num_free:
                     if not self._computed_by_another(s, len(hits)):
                         return s, hits
@@ -111,9 +93,7 @@ class Scheduler:
             return False
         key, end = s.keys[m], (m + 1) * bs
         return any(
-            not r.decoding
-            and r.num_done < end <= r.replay_end
-            and r.block_keys(end, r.params.max_loops, bs)[m] == key
+            not r.decoding and r.num_done < end <= r.replay_end and r.block_keys(end, r.params.max_loops, bs)[m] == key
             for r in self.running
         )
 
@@ -130,9 +110,7 @@ class Scheduler:
             blocks, n, hits = s.replay_end // bs, 1, []
             while True:
                 keys = s.block_keys(min(n, blocks) * bs, s.params.max_loops, bs)
-                hits += prefix.match(
-                    keys[len(hits) :]
-                )  # (the run's new keys: the earlier ones all hit)
+                hits += prefix.match(keys[len(hits) :])  # (the run's new keys: the earlier ones all hit)
                 if len(hits) < len(keys) or len(keys) == blocks:
                     break
                 n *= 2
@@ -164,9 +142,7 @@ class Scheduler:
         """Its full blocks of final positions whose depths are known go to the prefix cache."""
         if self.pool.prefix is None or s.tables is None:
             return
-        keys = s.block_keys(
-            min(s.num_done, s.known_positions), s.params.max_loops, self.pool.block_size
-        )
+        keys = s.block_keys(min(s.num_done, s.known_positions), s.params.max_loops, self.pool.block_size)
         for i in range(s.num_cached_blocks, len(keys)):
             self.pool.cache_block(s.tables, i, keys[i], s.request_id)
         s.num_cached_blocks = max(s.num_cached_blocks, len(keys))
@@ -189,9 +165,7 @@ class Scheduler:
                 continue
             rows = budget if s.decoding else min(budget, max(prompt_budget, first_prompt))
             coda = self.pool.has_boundary
-            new = (
-                s.next_groups(rows, chunk, coda, speculate) if s.group is None and rows > 0 else []
-            )
+            new = s.next_groups(rows, chunk, coda, speculate) if s.group is None and rows > 0 else []
             flying = new or s.in_flight
             if not flying:
                 continue

@@ -33,20 +33,14 @@ from dataclasses import dataclass, field
 class SpecRound:
     start: int  # position of draft 0 (its input: the last output token)
     base: int  # output index of the token draft 0 predicts
-    k: int  # drafts (and verify rows): the first k - 1 drafts' tokens are checked, the last's none
+    k: int  # drafts (and verify rows): the first k - 1 drafts' tokens are checked, the last has none
     loops: int  # d: the drafts' depth
-    drafts: list = field(
-        default_factory=list
-    )  # exited draft groups, in order (their depth-d states)
+    drafts: list = field(default_factory=list)  # exited draft groups, in order (their depth-d states)
     tokens: dict[int, int] = field(default_factory=dict)  # draft j -> its token, once on the host
     flying: list = field(default_factory=list)  # the verify groups while they run
     verified: bool = False  # the verify has been scheduled
-    targets: dict = field(
-        default_factory=dict
-    )  # verify row j -> (token, logprobs), as they come back
-    masks: dict = field(
-        default_factory=dict
-    )  # structured output: row j -> its bitmask (draft and verify)
+    targets: dict = field(default_factory=dict)  # verify row j -> (token, logprobs), as they come back
+    masks: dict = field(default_factory=dict)  # structured output: row j -> its bitmask (draft and verify)
 
     @property
     def ready(self) -> bool:
@@ -56,13 +50,10 @@ class SpecRound:
     @property
     def matched(self) -> int:
         """Drafts equal to their targets before the first that differs (of k - 1 checked)."""
-        return next(
-            (j for j in range(self.k - 1) if self.tokens[j] != self.targets[j][0]), self.k - 1
-        )
+        return next((j for j in range(self.k - 1) if self.tokens[j] != self.targets[j][0]), self.k - 1)
 
     def accepted(self) -> list[tuple[int, dict | None]]:
-        """The targets the round outputs: up to and including the first that differs from its
-        draft."""
+        """The targets the round outputs: up to and including the first that differs from its draft."""
         out = []
         for j in range(self.k):
             out.append(self.targets[j])
@@ -71,14 +62,12 @@ class SpecRound:
         return out
 
 
-def speculation(
-    params, engine_loops: int, engine_tokens: int, layout: str
-) -> tuple[int, int] | None:
-    """(d, n: draft tokens a round checks) for a request, or None where it does not speculate (see
-    the module's doc)."""
-    d = engine_loops if params.speculative_loops is None else params.speculative_loops
-    n = engine_tokens if params.speculative_tokens is None else params.speculative_tokens
-    if not 1 <= d < params.max_loops or layout != "last_exited":
+def speculation(params, cfg) -> tuple[int, int] | None:
+    """(d, n: the most draft tokens a round checks) for a request on an engine of config cfg, or
+    None where it does not speculate (see the module's doc)."""
+    d = cfg.speculative_loops if params.speculative_loops is None else params.speculative_loops
+    n = cfg.speculative_tokens if params.speculative_tokens is None else params.speculative_tokens
+    if not 1 <= d < params.max_loops or cfg.kv_layout != "last_exited":
         return None
     if params.exits_early or params.exit_criterion != "gate" or params.penalized:
         return None
@@ -116,9 +105,7 @@ class Acceptance:
         a = self.matched / self.checked
         return sum(a**j for j in range(n + 1)) * depth / ((n + 1) * loops + depth - loops)
 
-    def update(
-        self, checked: int, matched: int, most: int, loops: int, depth: int, outputs: int
-    ) -> None:
+    def update(self, checked: int, matched: int, most: int, loops: int, depth: int, outputs: int) -> None:
         self.checked = self.DECAY * self.checked + checked
         self.matched = self.DECAY * self.matched + matched
         if self._gain(self.drafts(most, loops, depth), loops, depth) >= self.MARGIN:
@@ -131,8 +118,7 @@ class Acceptance:
 
 def speculated(g) -> None:
     """A draft or verify group left the loop. A draft's depth-d state (and loop input) is kept for
-    its verify row, copied: the pass's output is a CUDA graph's, which its next replay
-    overwrites."""
+    its verify row, copied: the pass's output is a CUDA graph's, which its next replay overwrites."""
     if g.draft_of is not None:
         g.state = g.state.clone()
         g.inject = None if g.inject is None else g.inject.clone()
@@ -140,3 +126,13 @@ def speculated(g) -> None:
     else:
         r = g.verify_of
         r.flying = [f for f in r.flying if f is not g]
+
+
+def verified(s, r: SpecRound) -> list[tuple[int, dict | None]]:
+    """Request s's round r is back from its verify: its grammar gives back the drafts, its
+    acceptance takes the round in; -> the targets it outputs."""
+    if s.matcher is not None:
+        s.matcher.end_round()
+    d, most = s.speculation
+    s.acceptance.update(r.k - 1, r.matched, most, d, s.params.max_loops, len(s.output) + r.k)
+    return r.accepted()

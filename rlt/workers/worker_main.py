@@ -105,9 +105,7 @@ def main(argv=None) -> int:
     try:
         sock.send(pr.encoder.encode(pr.Hello(os.getpid())))
         if not sock.poll(int(args.handshake_timeout * 1000)):
-            raise TimeoutError(
-                f"no handshake from the coordinator within {args.handshake_timeout} s"
-            )
+            raise TimeoutError(f"no handshake from the coordinator within {args.handshake_timeout} s")
         h = pr.to_worker.decode(sock.recv())
         if not isinstance(h, pr.Handshake):
             raise RuntimeError(f"expected a handshake, got {type(h).__name__}")
@@ -132,9 +130,7 @@ def main(argv=None) -> int:
         from rlt.workers.memory import grammar
         from rlt.workers.warmup import warm_up
 
-        if (
-            grammar(engine.mc) and engine.backend.needs_warm_up
-        ):  # its compile processes start beside the
+        if grammar(engine.mc) and engine.backend.needs_warm_up:  # its compile processes start beside the
             engine.grammars.start().grow()  # warm-up (a CPU worker, which builds nothing, at its first grammar)
         say(warm_up(engine, decodes=h.role != "prefill", log=say))
         if engine.grammars.pool is not None:
@@ -145,9 +141,7 @@ def main(argv=None) -> int:
             from rlt.workers.kv_transfer import KVTransport
 
             # unique across hosts and coordinators (a Dynamo prefill node serves many decode nodes)
-            transport = KVTransport(
-                f"{args.identity}@{socket.gethostname()}:{os.getpid()}", p.cache
-            )
+            transport = KVTransport(f"{args.identity}@{socket.gethostname()}:{os.getpid()}", p.cache)
             say(
                 f"KV transport: NIXL agent {transport.name} over UCX, {envs.ucx_settings()}; UCX_PROTO_INFO=y logs the "
                 "transports UCX picks for each peer (RDMA: rc_/dc_/ud_ ..., or tcp)"
