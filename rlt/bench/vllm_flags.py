@@ -7,28 +7,36 @@ Any of these flags runs that one load instead of rlt's own --rates; rlt's flags 
 import math
 
 SENT = "============ Serving Benchmark Result ============"
+# the flags that, given, make the run vLLM's one load
+FLAGS = (
+    "dataset_name",
+    "random_input_len",
+    "random_output_len",
+    "random_prefix_len",
+    "request_rate",
+)
 
 
 def add_flags(p) -> None:
-    g = p.add_argument_group("vLLM's `vllm bench serve` flags (random prompts; any of them: that one load)")
-    g.add_argument("--dataset-name", choices=("random",), help="the prompts: random token ids")
-    g.add_argument("--random-input-len", type=int, help="prompt tokens (rlt: --prompt-lens)")
-    g.add_argument("--random-output-len", type=int, help="tokens per request (rlt: --output-len)")
-    g.add_argument("--random-prefix-len", type=int, help="tokens every prompt starts with (rlt: --shared-prefix-len)")
-    g.add_argument("--random-range-ratio", type=float, default=0.0, help="only 0: every prompt the same length")
-    g.add_argument("--request-rate", type=float, help="Poisson req/s for --num-prompts requests; inf: all at once")
-    g.add_argument("--ignore-eos", action="store_true", help="(rlt's requests always ignore EOS)")
-    g.add_argument("--backend", choices=("vllm", "openai"), help="(rlt's client: OpenAI's completions)")
-    g.add_argument("--endpoint", choices=("/v1/completions",), help="(rlt's client's)")
+    title = "vLLM's `vllm bench serve` flags (random prompts; any of them: that one load)"
+    add = p.add_argument_group(title).add_argument
+    add("--dataset-name", choices=("random",), help="the prompts: random token ids")
+    add("--random-input-len", type=int, help="prompt tokens (rlt: --prompt-lens)")
+    add("--random-output-len", type=int, help="tokens per request (rlt: --output-len)")
+    prefix = "tokens every prompt starts with (rlt: --shared-prefix-len)"
+    add("--random-prefix-len", type=int, help=prefix)
+    add("--random-range-ratio", type=float, default=0.0, help="only 0: prompts of one length")
+    rate = "Poisson req/s for --num-prompts requests; inf: all at once"
+    add("--request-rate", type=float, help=rate)
+    add("--ignore-eos", action="store_true", help="(rlt's requests always ignore EOS)")
+    add("--backend", choices=("vllm", "openai"), help="(rlt's client: OpenAI's completions)")
+    add("--endpoint", choices=("/v1/completions",), help="(rlt's client's)")
 
 
 def apply(args) -> bool:
-    """vLLM's flags as rlt's (args changed in place); -> whether they were given (vLLM's one load)."""
-    given = any(
-        getattr(args, n) is not None
-        for n in ("dataset_name", "random_input_len", "random_output_len", "random_prefix_len", "request_rate")
-    )
-    if not given:
+    """vLLM's flags as rlt's (args changed in place); -> whether they were given (vLLM's one
+    load)."""
+    if all(getattr(args, n) is None for n in FLAGS):
         return False
     if args.random_range_ratio != 0.0:
         raise SystemExit("--random-range-ratio: only 0 (prompts of one length) is supported")
@@ -43,7 +51,8 @@ def apply(args) -> bool:
     if math.isinf(rate):  # all at once, or --max-concurrency at a time
         args.rates, args.max_concurrency = "", args.max_concurrency or str(args.num_prompts)
     elif args.max_concurrency:
-        raise SystemExit("--max-concurrency with a finite --request-rate is not supported: give one of them")
+        why = "--max-concurrency with a finite --request-rate is not supported: give one of them"
+        raise SystemExit(why)
     else:
         args.rates, args.count = str(rate), args.num_prompts
     args.sweep_rates = ""

@@ -27,6 +27,8 @@ class _Stream:
         self.depths: list[int] = []  # return_exit_depths: every output token's, in order
 
     def event(self, kind: str, **fields) -> bytes:
+        """An event of `kind` ("response." and it, but for "error")."""
+        kind = kind if kind == "error" else "response." + kind
         data = _json.encode({"type": kind, "sequence_number": next(self.seq), **fields})
         return b"event: " + kind.encode() + b"\ndata: " + data + b"\n\n"
 
@@ -41,35 +43,40 @@ class _Stream:
         added = copy.deepcopy(item)
         if item["type"] == "message":
             added["content"] = []
-        out.append(self.event("response.output_item.added", output_index=index, item=added))
+        out.append(self.event("output_item.added", output_index=index, item=added))
         if item["type"] == "message":
             part = {"type": "output_text", "text": "", "annotations": []}
-            out.append(self.part("response.content_part.added", part))
+            out.append(self.part("content_part.added", part))
         return out
 
+    def at(self, content: bool = False) -> dict:
+        """The open item's place in the output (and its content part's, `content`)."""
+        at = {"item_id": self.open["id"], "output_index": len(self.output) - 1}
+        return at | {"content_index": 0} if content else at
+
     def part(self, kind: str, part: dict) -> bytes:
-        return self.event(kind, item_id=self.open["id"], output_index=len(self.output) - 1, content_index=0, part=part)
+        return self.event(kind, **self.at(True), part=part)
 
     def close(self) -> list[bytes]:
         item, out = self.open, []
         if item is None:
             return out
-        index, ids = len(self.output) - 1, {"item_id": item["id"], "output_index": len(self.output) - 1}
+        index = len(self.output) - 1
         if item["type"] == "reasoning":
             text = item["content"][0]["text"]
-            out.append(self.event("response.reasoning_text.done", **ids, content_index=0, text=text))
+            out.append(self.event("reasoning_text.done", **self.at(True), text=text))
         elif item["type"] == "message":
             part = item["content"][0]
-            logprobs = part.get("logprobs", [])
-            out.append(
-                self.event("response.output_text.done", **ids, content_index=0, text=part["text"], logprobs=logprobs)
-            )
-            out.append(self.part("response.content_part.done", part))
+            lps = part.get("logprobs", [])
+            done = self.event("output_text.done", **self.at(True), text=part["text"], logprobs=lps)
+            out += [done, self.part("content_part.done", part)]
         else:
-            args = item["arguments"]
-            out.append(self.event("response.function_call_arguments.done", **ids, arguments=args, name=item["name"]))
+            args, name = item["arguments"], item["name"]
+            fields = {"arguments": args, "name": name}
+            out.append(self.event("function_call_arguments.done", **self.at(), **fields))
         item["status"] = "completed"
-        out.append(self.event("response.output_item.done", output_index=index, item=copy.deepcopy(item)))
+        done = copy.deepcopy(item)
+        out.append(self.event("output_item.done", output_index=index, item=done))
         self.open = self.call_index = None
         return out
 
@@ -86,8 +93,7 @@ class _Stream:
             }
             out += self.start(item)
         self.open["content"][0]["text"] += text
-        ids = {"item_id": self.open["id"], "output_index": len(self.output) - 1}
-        return out + [self.event("response.reasoning_text.delta", **ids, content_index=0, delta=text)]
+        return out + [self.event("reasoning_text.delta", **self.at(True), delta=text)]
 
     def text(self, text: str, logprobs: list | None, depths: list | None = None) -> list[bytes]:
         out = []
@@ -95,18 +101,15 @@ class _Stream:
             part = {"type": "output_text", "text": "", "annotations": []}
             if logprobs is not None:
                 part["logprobs"] = []
-            item = {"id": rs.new_id("msg"), "type": "message", "status": "in_progress", "role": "assistant"}
-            out += self.start(item | {"content": [part]})
+            item = {"id": rs.new_id("msg"), "type": "message", "status": "in_progress"}
+            out += self.start(item | {"role": "assistant", "content": [part]})
         part = self.open["content"][0]
         part["text"] += text
         if logprobs is not None:
             part["logprobs"] += logprobs
-        ids = {"item_id": self.open["id"], "output_index": len(self.output) - 1}
-        extra = {} if depths is None else {"exit_depths": depths}  # (rlt's: the delta's tokens' depths)
-        event = self.event(
-            "response.output_text.delta", **ids, content_index=0, delta=text, logprobs=logprobs or [], **extra
-        )
-        return out + [event]
+        # (rlt's exit_depths: the delta's tokens' depths)
+        extra = {"logprobs": logprobs or []} | ({} if depths is None else {"exit_depths": depths})
+        return out + [self.event("output_text.delta", **self.at(True), delta=text, **extra)]
 
     def call(self, entry: dict) -> list[bytes]:
         out, fn = [], entry.get("function", {})
@@ -123,8 +126,8 @@ class _Stream:
             self.call_index = entry["index"]
         if fn.get("arguments"):
             self.open["arguments"] += fn["arguments"]
-            ids = {"item_id": self.open["id"], "output_index": len(self.output) - 1}
-            out.append(self.event("response.function_call_arguments.delta", **ids, delta=fn["arguments"]))
+            delta = fn["arguments"]
+            out.append(self.event("function_call_arguments.delta", **self.at(), delta=delta))
         return out
 
 
@@ -140,26 +143,31 @@ async def events(req: object, chunks, rid: str, name: str, done):
 
 async def _events(req: object, chunks, rid: str, name: str, done):
     s, finish, usage = _Stream(req, rid, name), None, None
-    yield s.lifecycle("response.created")
-    yield s.lifecycle("response.in_progress")
+    yield s.lifecycle("created")
+    yield s.lifecycle("in_progress")
     async for raw in chunks:
         payload = bytes(raw).removeprefix(b"data: ").strip()
         if payload == b"[DONE]":
             break
         d = json.loads(payload)
-        if "error" in d:  # the engine failed mid-way: the response has started, it fails in the stream
+        # the engine failed mid-way: the response has started, it fails in the stream
+        if "error" in d:
             for e in s.close():
                 yield e
             err = d["error"]
-            yield s.event("error", code=str(err.get("code")), message=err.get("message"), param=err.get("param"))
-            s.response |= {"status": "failed", "error": {"code": "server_error", "message": err.get("message")}}
-            yield s.lifecycle("response.failed")
+            message = err.get("message")
+            code, param = str(err.get("code")), err.get("param")
+            yield s.event("error", code=code, message=message, param=param)
+            failed = {"code": "server_error", "message": message}
+            s.response |= {"status": "failed", "error": failed}
+            yield s.lifecycle("failed")
             return
         usage = d.get("usage") or usage
         for c in d["choices"]:
             delta = c.get("delta") or {}
             lps = (c.get("logprobs") or {}).get("content") if req.top_logprobs else None
-            for e in s.reasoning(delta["reasoning_content"]) if delta.get("reasoning_content") else ():
+            thought = delta.get("reasoning_content")
+            for e in s.reasoning(thought) if thought else ():
                 yield e
             depths = c.get("exit_depths") if req.return_exit_depths else None
             if depths is not None:
@@ -180,4 +188,4 @@ async def _events(req: object, chunks, rid: str, name: str, done):
         s.response["exit_depths"] = s.depths
     rs.finish(s.response, finish)
     done(s.response)
-    yield s.lifecycle("response.completed" if s.response["status"] == "completed" else "response.incomplete")
+    yield s.lifecycle("completed" if s.response["status"] == "completed" else "incomplete")

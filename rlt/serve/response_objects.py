@@ -124,8 +124,10 @@ def from_chat(req, chat: dict, rid: str, name: str) -> dict:
 def conversation(body: dict, response: dict) -> list[dict]:
     """The chat messages a later response continues from: this one's, and its output as the
     assistant's message (without the instructions: each request gives its own, as OpenAI's)."""
-    messages = [m for m in body["messages"] if not (m["role"] == "system" and m is body["messages"][0])]
-    text = "".join(p["text"] for item in response["output"] if item["type"] == "message" for p in item["content"])
+    first = body["messages"][0]
+    messages = [m for m in body["messages"] if not (m["role"] == "system" and m is first)]
+    texts = (p["text"] for i in response["output"] if i["type"] == "message" for p in i["content"])
+    text = "".join(texts)
     calls = [
         {
             "id": i["call_id"],
@@ -156,11 +158,8 @@ class Store:
 
     def get(self, rid: str, field: str | None = None) -> tuple[dict, list[dict]]:
         if not self.size:
-            raise HTTPError(
-                400,
-                f"{field or 'id'}: the response store is off (start the server with --responses-store N)",
-                param=field,
-            )
+            off = "the response store is off (start the server with --responses-store N)"
+            raise HTTPError(400, f"{field or 'id'}: {off}", param=field)
         if rid not in self._items:
             raise HTTPError(
                 404,

@@ -188,7 +188,8 @@ def messages_of(items) -> list[dict]:
     if isinstance(items, str):
         return [{"role": "user", "content": items}]
     if not isinstance(items, list):
-        raise HTTPError(400, f"input must be a text or a list of items, got {short(items)}", param="input")
+        why = f"input must be a text or a list of items, got {short(items)}"
+        raise HTTPError(400, why, param="input")
     out = []
     for i, item in enumerate(items):
         kind = item.get("type", "message") if isinstance(item, dict) else None
@@ -206,7 +207,8 @@ def messages_of(items) -> list[dict]:
             output = output if isinstance(output, str) else _text(i, output)
             out.append({"role": "tool", "tool_call_id": item.get("call_id"), "content": output})
         elif kind != "reasoning":
-            raise HTTPError(400, f"input[{i}]: items of type {short(kind)} are not supported", param="input")
+            why = f"input[{i}]: items of type {short(kind)} are not supported"
+            raise HTTPError(400, why, param="input")
     return out
 
 
@@ -235,7 +237,8 @@ def _text(i: int, content) -> str:
 def _tool(i: int, t) -> dict:
     if not isinstance(t, dict) or t.get("type") != "function":
         kind = t.get("type") if isinstance(t, dict) else t
-        raise HTTPError(400, f"tools[{i}].type {short(kind)}: only function tools are supported", param="tools")
+        why = f"tools[{i}].type {short(kind)}: only function tools are supported"
+        raise HTTPError(400, why, param="tools")
     fn = {k: t[k] for k in ("name", "description", "parameters", "strict") if t.get(k) is not None}
     return {"type": "function", "function": fn}
 
@@ -265,9 +268,9 @@ async def respond(request: Request, body: dict, served: generate.Served, name: s
     """/v1/responses: the request runs as a chat request, its response or stream in the Responses
     shape; kept in the store unless it says store: false."""
     req = parse(body)
-    history = (
-        served.responses.get(req.previous_response_id, "previous_response_id")[1] if req.previous_response_id else []
-    )
+    history = []
+    if req.previous_response_id:
+        history = served.responses.get(req.previous_response_id, "previous_response_id")[1]
     chat = chat_body(req, history)
     try:
         res = await generate.chat(request, chat, served, name)

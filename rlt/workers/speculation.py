@@ -33,14 +33,18 @@ from dataclasses import dataclass, field
 class SpecRound:
     start: int  # position of draft 0 (its input: the last output token)
     base: int  # output index of the token draft 0 predicts
-    k: int  # drafts (and verify rows): the first k - 1 drafts' tokens are checked, the last has none
+    # drafts (and verify rows): the first k - 1 drafts' tokens are checked, the last one's none
+    k: int
     loops: int  # d: the drafts' depth
-    drafts: list = field(default_factory=list)  # exited draft groups, in order (their depth-d states)
+    # exited draft groups, in order (their depth-d states)
+    drafts: list = field(default_factory=list)
     tokens: dict[int, int] = field(default_factory=dict)  # draft j -> its token, once on the host
     flying: list = field(default_factory=list)  # the verify groups while they run
     verified: bool = False  # the verify has been scheduled
-    targets: dict = field(default_factory=dict)  # verify row j -> (token, logprobs), as they come back
-    masks: dict = field(default_factory=dict)  # structured output: row j -> its bitmask (draft and verify)
+    # verify row j -> (token, logprobs), as they come back
+    targets: dict = field(default_factory=dict)
+    # structured output: row j -> its bitmask (draft and verify)
+    masks: dict = field(default_factory=dict)
 
     @property
     def ready(self) -> bool:
@@ -50,10 +54,12 @@ class SpecRound:
     @property
     def matched(self) -> int:
         """Drafts equal to their targets before the first that differs (of k - 1 checked)."""
-        return next((j for j in range(self.k - 1) if self.tokens[j] != self.targets[j][0]), self.k - 1)
+        differ = (j for j in range(self.k - 1) if self.tokens[j] != self.targets[j][0])
+        return next(differ, self.k - 1)
 
     def accepted(self) -> list[tuple[int, dict | None]]:
-        """The targets the round outputs: up to and including the first that differs from its draft."""
+        """The targets the round outputs: up to and including the first that differs from its
+        draft."""
         out = []
         for j in range(self.k):
             out.append(self.targets[j])
@@ -105,7 +111,7 @@ class Acceptance:
         a = self.matched / self.checked
         return sum(a**j for j in range(n + 1)) * depth / ((n + 1) * loops + depth - loops)
 
-    def update(self, checked: int, matched: int, most: int, loops: int, depth: int, outputs: int) -> None:
+    def update(self, checked: int, matched: int, most: int, loops: int, depth: int, outputs: int):
         self.checked = self.DECAY * self.checked + checked
         self.matched = self.DECAY * self.matched + matched
         if self._gain(self.drafts(most, loops, depth), loops, depth) >= self.MARGIN:
@@ -118,7 +124,8 @@ class Acceptance:
 
 def speculated(g) -> None:
     """A draft or verify group left the loop. A draft's depth-d state (and loop input) is kept for
-    its verify row, copied: the pass's output is a CUDA graph's, which its next replay overwrites."""
+    its verify row, copied: the pass's output is a CUDA graph's, which its next replay
+    overwrites."""
     if g.draft_of is not None:
         g.state = g.state.clone()
         g.inject = None if g.inject is None else g.inject.clone()
