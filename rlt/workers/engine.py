@@ -287,8 +287,11 @@ class LoopEngine(SteadyStretches):
                 g.draft_of.tokens[g.start - g.draft_of.start] = smp.token
             elif g.verify_of is None:
                 outputs.append(self._append_token(s, smp.token, g.depth, smp.logprobs))
-            elif (r := g.verify_of).targets.update({g.start - r.start: (smp.token, smp.logprobs)}) or r.ready:
-                outputs += self._accept(s, r)
+            else:  # a verify row's target: the round's tokens go out once all of them are back
+                r = g.verify_of
+                r.targets[g.start - r.start] = (smp.token, smp.logprobs)
+                if r.ready:
+                    outputs += self._accept(s, r)
         return outputs
 
     def _accept(self, s: Sequence, r) -> list[StepOutput]:
