@@ -4,7 +4,8 @@ every request's lifecycle and the credits it holds on the workers, and talks to 
 docstring the detail, each module's own docstring the rest.
 
 Modules:
-  frontend.py      rlt.Engine: validation, the admission queue, routing, abort, health, stats
+  frontend.py      rlt.Engine: validation, abort, health, stats
+  admission.py     the admission queue: a checked request to a worker with room (router.py), in order
   launch.py        what Engine.launch returns: await it or `async with` it
   request.py       Request (one choice's life), Holding, Phase
   lifecycle.py     request phases (QUEUED first) and every phase change; credits taken and returned

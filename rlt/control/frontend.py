@@ -1,7 +1,7 @@
 """rlt.Engine: the coordinator's front end, running in the caller's event loop.
 
-It owns the ModelConfig, validates every request before any worker sees it, routes it
-(rlt/control/router.py), hands it to the Lifecycle (every phase change) and streams its outputs
+It owns the ModelConfig, validates every request before any worker sees it, queues it for a worker
+(rlt/control/admission.py), the Lifecycle taking every phase change, and streams its outputs
 from a per-request collector, detokenized incrementally. Worker processes, transport and liveness
 are the Supervisor's. It never blocks the event loop and imports no torch itself (xgrammar, which
 does, loads with the tokenizer in a thread at launch; a grammar's check reads its structure only, well
@@ -18,21 +18,16 @@ import msgspec
 from rlt.contract import grammar, validation
 from rlt.contract.config import EngineConfig, LaunchConfig, split_options
 from rlt.contract.sampling_params import SamplingParams
-from rlt.control import router
+from rlt.control.admission import Admission
 from rlt.control.cache_events import CacheListener, CacheRelay
-from rlt.control.collector import Collector
 from rlt.control.connector import PrefillConnector
 from rlt.control.launch import Launch
 from rlt.control.lifecycle import Phase, Request
-from rlt.control.outputs import RequestOutput
 from rlt.control.stats import EngineStats, engine_stats
 from rlt.control.stream import OUTPUT_KINDS, RequestStream
 from rlt.control.supervisor import Supervisor
-from rlt.control.worker_proc import WorkerProc
-from rlt.errors import EngineDeadError, EngineOverloadedError, RequestError
+from rlt.errors import EngineDeadError, RequestError
 from rlt.models.model_config import ModelConfig
-
-WORKER_DEPTH = 2  # requests a worker holds, in units of max_num_seqs (Engine._has_room)
 
 
 class Engine:
@@ -44,11 +39,9 @@ class Engine:
         self._tokenizer_loaded = False
         self._supervisor = Supervisor(mc, engine, launch, remote_prefill=remote_prefill)
         self._lifecycle = self._supervisor.lifecycle
-        self._loop: asyncio.AbstractEventLoop | None = None  # the caller's, once launched
-        self._pump_scheduled = False
+        self._admission = Admission(self._supervisor, engine, launch)
         self._calls = weakref.WeakValueDictionary()  # calls with n > 1, by request id (their choices: "{id}-{i}")
         self._last_prompt: tuple = (None, None)  # the last prompt tokenize() checked, and its checked copy
-        self._lifecycle.freed = self._supervisor.on_worker_ready = self._schedule_pump
 
     @classmethod
     def launch(
@@ -150,19 +143,6 @@ class Engine:
             self._calls[request_id] = stream
         return stream
 
-    def _ready(self, role: str) -> list[WorkerProc]:
-        if self._supervisor.closing:
-            raise EngineDeadError("the engine was shut down")
-        workers = self._supervisor.ready(role)
-        if not workers:
-            raise EngineDeadError(self._supervisor.dead_reason or f"no {role} worker is ready")
-        return workers
-
-    def _has_room(self, w: WorkerProc) -> bool:
-        """A worker holds up to max_num_seqs running and as many waiting (so a slot that frees is
-        refilled at its next step, without a round trip); further requests wait in the coordinator."""
-        return w.credits.slots < WORKER_DEPTH * self.engine_config.max_num_seqs
-
     def _admit(self, prompt, params: SamplingParams, request_id, priority, n, wake) -> list[Request]:
         ids = self.tokenize(prompt)
         ps = [validation.resolve_params(self.model_config, len(ids), params)]
@@ -183,82 +163,15 @@ class Engine:
         call = self._calls.get(request_id)
         if any(name in lc.live for name in names) or (call is not None and not call.finished):
             raise RequestError(f"request_id {request_id!r} is already live")
-        if self._decode_role == "decode" and self._supervisor.remote_prefill is None:
-            self._ready("prefill")  # none ready: refused at the call (one already queued waits for the restart)
-        d = max(self._ready(self._decode_role), key=lambda w: w.ready.kv_blocks_total)
-        need = router.blocks_for(d.ready, len(ids) + ps[0].max_tokens)
-        if need > d.ready.kv_blocks_total:
-            raise RequestError(
-                f"prompt {len(ids)} + max_tokens {ps[0].max_tokens} needs {need} KV blocks, "
-                f"the worker has {d.ready.kv_blocks_total}: it can never fit"
-            )
-        requests = []
-        for i, (name, p) in enumerate(zip(names, ps)):
-            out = RequestOutput(name, ids, logprobs=[] if p.logprobs else None, index=i)
-            requests.append(lc.queue(name, ids, p, priority, Collector(out, wake)))
-        self._pump()
-        if any(r.phase == Phase.QUEUED for r in requests) and lc.num_queued > self.launch_config.max_queued_requests:
-            for r in requests:
-                lc.cancel(r)
-            raise EngineOverloadedError(
-                f"the engine is full: its workers hold their share and max_queued_requests "
-                f"({self.launch_config.max_queued_requests}) more wait; retry later"
-            )
-        return requests
-
-    @property
-    def _decode_role(self) -> str:
-        return "decode" if self._supervisor.slots[0][0] == "prefill" else "unified"  # (the topology, parsed once)
-
-    def _pump(self) -> None:
-        """Admit queued requests, first the lowest priority value, while a worker has room. A request
-        whose role has no ready worker waits while one restarts, else fails."""
-        self._pump_scheduled = False
-        lc = self._lifecycle
-        while (r := lc.next_queued()) is not None:
-            try:
-                if not self._dispatch(r):
-                    return
-            except EngineDeadError as e:
-                if self._supervisor.restarting and not self._supervisor.closing:
-                    return  # pumped again when the worker is back
-                lc.fail_queued(r, e)
-
-    def _schedule_pump(self) -> None:
-        """A worker's slot came back: admit at the next loop turn (not inside the event that freed it).
-        (The loop as launch found it: Dynamo's runtime closes a stream where no loop is running.)"""
-        if not self._pump_scheduled:
-            self._pump_scheduled = True
-            self._loop.call_soon_threadsafe(self._pump)
-
-    def _dispatch(self, r: Request) -> bool:
-        """Send a queued request to its workers (rlt/control/router.py route), if one has room."""
-        ids, pd = r.prompt, self._decode_role == "decode"
-        workers = [w for w in self._ready(self._decode_role) if self._has_room(w)]
-        if not workers:
-            return False
-        caching = self.engine_config.enable_prefix_caching
-        keys = router.prompt_keys(
-            self.model_config, caching, ids, r.params, self._supervisor.ready("prefill") if pd else workers
-        )
-        d, prefill = router.route(self.launch_config, len(ids), workers, self._ready("prefill") if pd else None, keys)
-        if pd and prefill is None:
-            self._lifecycle.prefilled_locally()
-        self._lifecycle.admit(
-            r,
-            d,
-            router.blocks_for(d.ready, len(ids) + 1),  # what it holds at first: it grows as it decodes
-            prefill,
-            router.blocks_for(prefill.ready, len(ids)) if prefill else 0,
-        )
-        return True
+        self._admission.check_fits(len(ids), ps[0].max_tokens)
+        return self._admission.queue(names, ids, ps, priority, wake)
 
     async def check_health(self) -> None:
         """Raises EngineDeadError (why) unless every role the topology needs has a worker that can
         serve (as vLLM's check_health): not while a needed worker is dead, restarting, not yet READY,
         silent for four heartbeats (stopped, say), stuck with work, or with its grammar compiles stuck."""
         for role in dict.fromkeys(role for role, _ in self._supervisor.local_slots):
-            reasons = [self._supervisor.unhealthy(w) for w in self._ready(role)]
+            reasons = [self._supervisor.unhealthy(w) for w in self._admission.ready(role)]
             if all(reasons):
                 raise EngineDeadError(f"no {role} worker can serve: {reasons[0]}")
 
@@ -294,6 +207,6 @@ class Engine:
         default loop options would hit, stored and removed, with their tokens (for a KV-aware router
         outside rlt, such as NVIDIA Dynamo's: rlt/control/cache_events.py). Call it before the
         launch is awaited; a dead worker's blocks are reported removed."""
-        if self._loop is not None:
+        if self._admission.loop is not None:
             raise RuntimeError("watch_prefix_cache: call it before the engine is launched")
         self._supervisor.cache_relay = CacheRelay(self.model_config, self.engine_config.block_size, listener)

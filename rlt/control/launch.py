@@ -21,7 +21,7 @@ class Launch:
         # objects made since, instead of stalling the loop for the whole heap (~100 ms with torch
         # loaded) at random moments.
         engine = self.engine
-        engine._loop = asyncio.get_running_loop()
+        engine._admission.loop = asyncio.get_running_loop()
         gc.freeze()
         tokenizer = asyncio.ensure_future(asyncio.to_thread(engine.load_tokenizer))
         try:

@@ -364,7 +364,7 @@ def test_prefix_cache_hits_equal_the_cache_off_run_on_the_gpu(checkpoints):
 def test_nothing_compiles_or_captures_after_ready(checkpoints):
     """Default options: the pool is sized from the device's memory and the worker warms up before
     READY; a mixed run (prompt lengths from 1 to 3,000, decode batches up to 64, greedy, sampled
-    with logprobs, adaptive exit, logit edits, penalties and prompt logprobs) then builds no CUDA
+    with logprobs, adaptive exit, logit edits, penalties, prompt logprobs and self-speculation) then builds no CUDA
     graph and no Triton specialization."""
     from rlt.workers.memory import EDITS
 
@@ -375,6 +375,7 @@ def test_nothing_compiles_or_captures_after_ready(checkpoints):
         SamplingParams(max_tokens=24, temperature=0, ignore_eos=True, max_loops=3),
         SamplingParams(max_tokens=24, temperature=0.9, seed=2, exit_threshold=0.6, logprobs=2, **EDITS),
         SamplingParams(max_tokens=24, temperature=0, ignore_eos=True, prompt_logprobs=5, **EDITS),
+        SamplingParams(max_tokens=24, temperature=0.7, seed=3, ignore_eos=True, speculative_loops=1),
     ]
     lengths = [1, 5, 16, 17, 31, 64, 100, 255, 300, 700, 1500, 3000]
 
@@ -489,3 +490,26 @@ def test_structured_output_after_warm_up_valid_and_steady_decode_neutral(checkpo
         assert (eng.counters.captures - before[0], eng.counters.compiles - before[1]) == (0, 0)
         tokens[steady] = {r: [o[0] for o in v] for r, v in out.items()}
     assert tokens["never"] == tokens["always"]
+
+
+@pytest.mark.parametrize("family", ["ouro", "nanbeige", "huginn"])
+def test_speculation_equals_plain_on_cuda(tmp_path, family):
+    """Self-speculation in bf16 with CUDA graphs and batch-invariant kernels (a verify pass of k rows
+    computes each row as a one-row pass does): tokens, depths and logprobs equal the plain run's,
+    greedy and sampled, and most drafts are taken (small loop updates)."""
+    from rlt.models.checkpoint import make_checkpoint
+
+    path = make_checkpoint(family, str(tmp_path / family), seed=1, update_scale=0.01)
+    mc = ModelConfig.from_pretrained(path, hf_overrides={"mean_recurrence": 6} if family == "huginn" else None)
+    model = load_model(mc, torch.bfloat16, "cuda")
+    sps = [
+        SamplingParams(max_tokens=40, temperature=0, ignore_eos=True, logprobs=3),
+        SamplingParams(max_tokens=33, temperature=0.8, top_k=40, seed=3, ignore_eos=True, logprobs=2),
+    ]
+    runs = {}
+    for loops in (0, 1):
+        cfg = EngineConfig(num_blocks=512, prefill_chunk=8, batch_invariant=True, speculative_loops=loops)
+        runs[loops] = [decode_all(mc, model, cfg, PROMPTS, sp) for sp in sps]
+    for (plain, _), (spec, eng) in zip(runs[0], runs[1]):
+        assert spec == plain
+        assert eng.spec_accepted > 0.7 * eng.spec_drafts, (eng.spec_accepted, eng.spec_drafts)
