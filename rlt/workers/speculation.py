@@ -85,9 +85,9 @@ class Acceptance:
     """A request's recent acceptance, and what speculating pays for it: a round of n checked drafts
     at acceptance a outputs 1 + a + ... + a^n tokens on average for (n + 1) d + (D - d) loop passes,
     where plain decoding takes D a token. Each round checks the n (up to the request's) that gives
-    the most tokens a loop pass at the recent acceptance; where even the best does not pay (by a
-    margin, for the drafts' heads and the round's host work), the request decodes plainly for a
-    while (twice as long each time in a row), then tries a round again."""
+    the most tokens a loop pass at the recent acceptance (the first round checks one); where even
+    the best does not pay (by a margin, for the drafts' heads and the round's host work), the
+    request decodes plainly for a while (twice as long each time in a row), then probes again."""
 
     checked: float = 0.0  # drafts checked and matched, decayed: recent rounds count most
     matched: float = 0.0
@@ -100,10 +100,11 @@ class Acceptance:
     MOST = 512
 
     def drafts(self, most: int, loops: int, depth: int) -> int:
-        """The drafts the next round checks: the n <= most with the most tokens a loop pass (most
-        before any round: nothing measured yet)."""
+        """The drafts the next round checks: the n <= most with the most tokens a loop pass (one
+        while nothing is measured: a request's first round, or its first after a pause, is a cheap
+        probe, so that drafts that never match cost little more than plain decoding)."""
         if not self.checked:
-            return most
+            return 1
         return max(range(1, most + 1), key=lambda n: self._gain(n, loops, depth))
 
     def _gain(self, n: int, loops: int, depth: int) -> float:
