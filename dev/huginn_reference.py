@@ -87,7 +87,11 @@ def build_model(mod, checkpoint: str, overrides: dict):
     with open(os.path.join(checkpoint, "config.json")) as f:
         cfg = json.load(f) | overrides
     config = mod.RavenConfig(**{k: v for k, v in cfg.items() if k != "auto_map"})
-    assert (config.n_embd, config.n_heads, config.head_dim) == (cfg["n_embd"], cfg["n_heads"], cfg["head_dim"])
+    assert (config.n_embd, config.n_heads, config.head_dim) == (
+        cfg["n_embd"],
+        cfg["n_heads"],
+        cfg["head_dim"],
+    )
     assert config.mean_recurrence == cfg["mean_recurrence"] and config.test_time_noise == 0
     model = mod.RavenForCausalLM(config).float().eval()
     weights = {}
@@ -164,13 +168,26 @@ def margin(values, threshold, criterion) -> float:
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--checkpoint", required=True, help="an rlt tiny Huginn checkpoint")
-    ap.add_argument("--seed", type=int, required=True, help="the seed the checkpoint was made with (recorded)")
-    ap.add_argument("--modeling", required=True, help="folder with raven_modeling_minimal.py, raven_config_minimal.py")
-    ap.add_argument("--out", help="the fixture to write (left out: only report each case and its margins)")
     ap.add_argument(
-        "--prompts", type=json.loads, default=PROMPTS, help="JSON list of token-id prompts (a held-out check: others)"
+        "--seed", type=int, required=True, help="the seed the checkpoint was made with (recorded)"
+    )
+    ap.add_argument(
+        "--modeling",
+        required=True,
+        help="folder with raven_modeling_minimal.py, raven_config_minimal.py",
+    )
+    ap.add_argument(
+        "--out", help="the fixture to write (left out: only report each case and its margins)"
+    )
+    ap.add_argument(
+        "--prompts",
+        type=json.loads,
+        default=PROMPTS,
+        help="JSON list of token-id prompts (a held-out check: others)",
     )
     ap.add_argument(
         "--cases",
@@ -178,8 +195,12 @@ def main():
         default=CASES,
         help="JSON list of [criterion, exit_threshold, min_steps], e.g. '[[\"kl\", 0.25, 1]]' (default: CASES)",
     )
-    ap.add_argument("--fixed-depths", type=json.loads, default=FIXED_DEPTHS, help="JSON list of num_steps k")
-    ap.add_argument("--depth", type=int, default=DEPTH, help="mean_recurrence (the tests run the same override)")
+    ap.add_argument(
+        "--fixed-depths", type=json.loads, default=FIXED_DEPTHS, help="JSON list of num_steps k"
+    )
+    ap.add_argument(
+        "--depth", type=int, default=DEPTH, help="mean_recurrence (the tests run the same override)"
+    )
     ap.add_argument("--max-new-tokens", type=int, default=MAX_NEW_TOKENS)
     ap.add_argument(
         "--min-margin",
@@ -200,7 +221,9 @@ def main():
     mod = load_reference(a.modeling)
     overrides = {"mean_recurrence": a.depth}
     model = build_model(mod, a.checkpoint, overrides)
-    auto = {c: mod.get_adaptive_exit_evaluator(model, c, "auto").exit_threshold for c, _, _ in a.cases}
+    auto = {
+        c: mod.get_adaptive_exit_evaluator(model, c, "auto").exit_threshold for c, _, _ in a.cases
+    }
     cases, refused = [], []
     for prompt in a.prompts:
         for criterion, threshold, min_steps in a.cases:
@@ -246,7 +269,11 @@ def main():
         checkpoint=dict(family="huginn", preset="tiny", seed=a.seed),
         overrides=overrides | {"state_init": "zero"},
         settings=dict(
-            init_scale=0.0, cache_lookup_strategy="latest-m4", do_not_exit_in_prefill=True, greedy=True, batch=1
+            init_scale=0.0,
+            cache_lookup_strategy="latest-m4",
+            do_not_exit_in_prefill=True,
+            greedy=True,
+            batch=1,
         ),
         max_new_tokens=a.max_new_tokens,
         cases=cases,

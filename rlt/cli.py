@@ -9,14 +9,17 @@ from rlt.contract.fields import field_names, option_fields
 from rlt.errors import CheckpointError, ConfigError, EngineDeadError, RequestError
 from rlt.frontends.flags import add_option_flags, option_values
 
-LONG_PROMPT_TOKENS = 2048  # a prompt this long gets a line on stderr when its prefill starts and ends
+# a prompt this long gets a line on stderr when its prefill starts and ends
+LONG_PROMPT_TOKENS = 2048
 
 
 def _token_ids(text: str) -> list[int]:
     try:
         return [int(x) for x in text.split(",") if x.strip() != ""]
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated token ids, got {text!r}") from None
+        raise argparse.ArgumentTypeError(
+            f"expected comma-separated token ids, got {text!r}"
+        ) from None
 
 
 class _PromptAction(argparse.Action):
@@ -30,9 +33,18 @@ class _PromptAction(argparse.Action):
 
 def _add_generate(sub):
     g = sub.add_parser("generate", help="generate continuations of prompts")
-    g.add_argument("--model", help="checkpoint directory or Hugging Face Hub id (default: the embedded tiny Ouro)")
+    g.add_argument(
+        "--model",
+        help="checkpoint directory or Hugging Face Hub id (default: the embedded tiny Ouro)",
+    )
     g.add_argument("--revision", help="the hub id's branch, tag or commit (default: main)")
-    g.add_argument("--prompt", action=_PromptAction, dest="prompts", type=str, help="a text prompt (repeatable)")
+    g.add_argument(
+        "--prompt",
+        action=_PromptAction,
+        dest="prompts",
+        type=str,
+        help="a text prompt (repeatable)",
+    )
     g.add_argument(
         "--prompt-token-ids",
         action=_PromptAction,
@@ -40,7 +52,9 @@ def _add_generate(sub):
         type=_token_ids,
         help="a prompt as comma-separated token ids (repeatable)",
     )
-    g.add_argument("--hf-overrides", type=json.loads, help="JSON object replacing config.json fields")
+    g.add_argument(
+        "--hf-overrides", type=json.loads, help="JSON object replacing config.json fields"
+    )
     g.add_argument("--json", action="store_true", help="one JSON object per prompt, one per line")
     _add_sampling_flags(g.add_argument_group("sampling (rlt.SamplingParams)"))
     add_option_flags(g)
@@ -51,7 +65,9 @@ def _logit_bias(text: str) -> dict[int, float]:
         bias = json.loads(text)
         return {int(k): v for k, v in bias.items()}
     except (ValueError, AttributeError):
-        raise argparse.ArgumentTypeError(f"expected a JSON object of token id -> bias, got {text!r}") from None
+        raise argparse.ArgumentTypeError(
+            f"expected a JSON object of token id -> bias, got {text!r}"
+        ) from None
 
 
 def _structured_output(text: str):
@@ -62,10 +78,13 @@ def _structured_output(text: str):
     try:
         return msgspec.json.decode(text, type=StructuredOutput)
     except msgspec.DecodeError as e:
-        raise argparse.ArgumentTypeError(f"expected a JSON structured output, got {text!r}: {e}") from None
+        raise argparse.ArgumentTypeError(
+            f"expected a JSON structured output, got {text!r}: {e}"
+        ) from None
 
 
-# rlt generate's own defaults where they differ from SamplingParams' (a command line is read by a person: greedy)
+# rlt generate's own defaults where they differ from SamplingParams' (a command line is read by a
+# person: greedy)
 GENERATE_DEFAULTS = {"temperature": 0.0, "stop_token_ids": [], "stop": [], "logit_bias": {}}
 # fields whose values are not one scalar: (type, how the help shows it)
 _COMPOUND = {
@@ -103,7 +122,9 @@ def _add_sampling_flags(group) -> None:
 def _add_make_checkpoint(sub):
     from rlt.models.family import BY_NAME
 
-    m = sub.add_parser("make-checkpoint", help="write a random-weight checkpoint in an official schema")
+    m = sub.add_parser(
+        "make-checkpoint", help="write a random-weight checkpoint in an official schema"
+    )
     m.add_argument("--family", required=True, choices=list(BY_NAME), help="the model family")
     m.add_argument("--out", required=True, help="the directory to write (created)")
     m.add_argument(
@@ -114,11 +135,15 @@ def _add_make_checkpoint(sub):
     )
     m.add_argument("--seed", type=int, default=0, help="seed of the random weights (default: 0)")
     m.add_argument(
-        "--dtype", choices=["float32", "bfloat16", "float16"], help="default: float32 for tiny, bfloat16 for full"
+        "--dtype",
+        choices=["float32", "bfloat16", "float16"],
+        help="default: float32 for tiny, bfloat16 for full",
     )
     m.add_argument("--shards", type=int, help="number of safetensors shards (default: ~4 GB each)")
     m.add_argument(
-        "--device", default="cpu", help="where to draw the random weights (cuda: fast for full; default: cpu)"
+        "--device",
+        default="cpu",
+        help="where to draw the random weights (cuda: fast for full; default: cpu)",
     )
     m.add_argument(
         "--update-scale",
@@ -139,10 +164,19 @@ def generate(args) -> int:
 
     if not args.prompts:
         raise RequestError("give at least one --prompt or --prompt-token-ids")
-    sp = SamplingParams(**{name: getattr(args, name) for name in field_names(SamplingParams) if name not in ENGINE_SET})
+    sp = SamplingParams(
+        **{
+            name: getattr(args, name)
+            for name in field_names(SamplingParams)
+            if name not in ENGINE_SET
+        }
+    )
     try:
         launch = Engine.launch(
-            args.model, hf_overrides=args.hf_overrides, revision=args.revision, **option_values(args)
+            args.model,
+            hf_overrides=args.hf_overrides,
+            revision=args.revision,
+            **option_values(args),
         )
     except ValueError as e:
         if isinstance(e, (RequestError, ConfigError, CheckpointError)):
@@ -162,7 +196,10 @@ def generate(args) -> int:
 
     given = [None if isinstance(p, str) else checked(p) for p in args.prompts]
     engine.load_tokenizer(grammars=sp.structured_output is not None)
-    requests = [(str(i), checked(p) if ids is None else ids) for i, (p, ids) in enumerate(zip(args.prompts, given))]
+    requests = [
+        (str(i), checked(p) if ids is None else ids)
+        for i, (p, ids) in enumerate(zip(args.prompts, given))
+    ]
 
     async def run():
         t0, terminal = time.monotonic(), sys.stderr.isatty()
@@ -171,12 +208,18 @@ def generate(args) -> int:
             print(f"rlt: starting {lc.topology} on {lc.device}", file=sys.stderr)
         async with launch:
             if terminal:
-                print(f"rlt: ready after {time.monotonic() - t0:.1f} s", file=sys.stderr, flush=True)
+                print(
+                    f"rlt: ready after {time.monotonic() - t0:.1f} s", file=sys.stderr, flush=True
+                )
 
             async def one(rid, ids):
                 finals, long, t0 = {}, len(ids) >= LONG_PROMPT_TOKENS, time.monotonic()
                 if long:
-                    print(f"rlt: prompt {rid}: prefilling {len(ids):,} tokens", file=sys.stderr, flush=True)
+                    print(
+                        f"rlt: prompt {rid}: prefilling {len(ids):,} tokens",
+                        file=sys.stderr,
+                        flush=True,
+                    )
                 async for out in engine.generate(ids, sp, request_id=rid):
                     if long and not finals:
                         print(
@@ -195,7 +238,9 @@ def generate(args) -> int:
             print(json.dumps(out.to_json()), flush=True)
         else:
             prompt_text = (
-                engine.tokenizer.decode(out.prompt_token_ids) if engine.tokenizer else str(out.prompt_token_ids)
+                engine.tokenizer.decode(out.prompt_token_ids)
+                if engine.tokenizer
+                else str(out.prompt_token_ids)
             )
             print(
                 f"[{out.request_id}] {prompt_text!r} -> {out.text!r}  ({out.finish_reason}; "
@@ -235,7 +280,9 @@ def build_parser() -> argparse.ArgumentParser:
     from rlt.bench.cli import add_parser as add_bench
     from rlt.serve.server import add_parser
 
-    parser = argparse.ArgumentParser(prog="rlt", description="serving engine for looped language models")
+    parser = argparse.ArgumentParser(
+        prog="rlt", description="serving engine for looped language models"
+    )
     parser.add_argument("--version", action="version", version=f"rlt {_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
     _add_generate(sub)
@@ -266,7 +313,8 @@ def main(argv=None) -> int:
     except (EngineDeadError, RuntimeError, TimeoutError) as e:
         print(f"rlt: error: {e}", file=sys.stderr)
         return 1
-    except KeyboardInterrupt:  # the engine was shut down on the way out: workers and temp files gone
+    # the engine was shut down on the way out: workers and temp files gone
+    except KeyboardInterrupt:
         print("rlt: interrupted", file=sys.stderr)
         return 130
 

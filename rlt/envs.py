@@ -34,14 +34,21 @@ def worker_environ() -> dict[str, str]:
 
 
 # Read while torch and the worker's modules are imported: a CPU worker forked from a server that
-# imported them with other values would not see its own (rlt/control/forkserver.py keys servers by them).
+# imported them with other values would not see its own (rlt/control/forkserver.py keys servers by
+# them).
 _IMPORT_TIME = ("PYTHONPATH", "PYTHONHOME", "PYTHONSTARTUP", "LD_PRELOAD", "LD_LIBRARY_PATH")
 _IMPORT_TIME_PREFIXES = ("OMP_", "MKL_", "KMP_", "GOMP_", "OPENBLAS_", "TORCH", "PYTORCH_")
 
 
 def import_time(environ: dict[str, str]) -> tuple[tuple[str, str], ...]:
     """The variables of environ that take effect at import."""
-    return tuple(sorted((k, v) for k, v in environ.items() if k in _IMPORT_TIME or k.startswith(_IMPORT_TIME_PREFIXES)))
+    return tuple(
+        sorted(
+            (k, v)
+            for k, v in environ.items()
+            if k in _IMPORT_TIME or k.startswith(_IMPORT_TIME_PREFIXES)
+        )
+    )
 
 
 def replace_environ(environ: dict[str, str]) -> None:

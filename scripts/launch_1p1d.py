@@ -38,13 +38,17 @@ def pick_device() -> str:
 
 
 async def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("prompts", nargs="*", help="prompts (default: one per line from stdin)")
     ap.add_argument("--model")
     ap.add_argument("--max-tokens", type=int, default=32)
     ap.add_argument("--temperature", type=float, default=0.0)
     ap.add_argument("--exit-threshold", type=float)
-    ap.add_argument("--device", default=None, help="cpu or cuda (default: cuda with 2+ GPUs, else cpu)")
+    ap.add_argument(
+        "--device", default=None, help="cpu or cuda (default: cuda with 2+ GPUs, else cpu)"
+    )
     ap.add_argument("--dtype")
     ap.add_argument("--hf-overrides", type=json.loads)
     ap.add_argument(
@@ -76,7 +80,9 @@ async def main() -> int:
         roles = ", ".join(f"{w.role} pid {w.pid}" for w in engine.stats().workers)
         print(f"ready in {time.perf_counter() - t0:.1f} s on {device}: {roles}", file=sys.stderr)
         sp = rlt.SamplingParams(
-            max_tokens=args.max_tokens, temperature=args.temperature, exit_threshold=args.exit_threshold
+            max_tokens=args.max_tokens,
+            temperature=args.temperature,
+            exit_threshold=args.exit_threshold,
         )
 
         async def one(i: int, prompt: str):
@@ -102,6 +108,7 @@ async def main() -> int:
 if __name__ == "__main__":
     try:
         sys.exit(run_command(main()))
-    except KeyboardInterrupt:  # the engine was shut down on the way out: workers and temp files gone
+    # the engine was shut down on the way out: workers and temp files gone
+    except KeyboardInterrupt:
         print("launch_1p1d: interrupted", file=sys.stderr)
         sys.exit(130)

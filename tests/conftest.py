@@ -6,7 +6,8 @@ import os
 import shutil
 import tempfile
 
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # (as rlt's workers: no spinning threads on 2 shared cores)
+# (as rlt's workers: no spinning threads on 2 shared cores)
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
@@ -14,8 +15,10 @@ import torch  # noqa: E402
 from rlt.models.family import BY_NAME
 
 # Under pytest-xdist (`--numprocesses 2` in pyproject's addopts) each worker process gets a temp dir
-# and an rlt cache of its own, inherited by the servers and workers its tests start: tests that count
-# the coordinators' rlt-* dirs in $TMPDIR, or launches that prune old log dirs under the cache, never
+# and an rlt cache of its own, inherited by the servers and workers its tests start: tests that
+# count
+# the coordinators' rlt-* dirs in $TMPDIR, or launches that prune old log dirs under the cache,
+# never
 # see another worker's.
 WORKER = os.environ.get("PYTEST_XDIST_WORKER")  # gw0, gw1, ...; None when not under xdist
 if WORKER:
@@ -104,7 +107,8 @@ def _alone(request):
 
 @pytest.fixture(autouse=True)
 def _shared(request):
-    if request.node.get_closest_marker("alone") is not None:  # (its module holds the exclusive lock)
+    # (its module holds the exclusive lock)
+    if request.node.get_closest_marker("alone") is not None:
         yield
         return
     fd = _lock(fcntl.LOCK_SH)

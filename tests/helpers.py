@@ -19,7 +19,8 @@ async def all_blocks_free(engine, timeout=5.0):
     while time.monotonic() < deadline:
         st = engine.stats()
         if st.live_requests == 0 and all(
-            w.kv_blocks_free == w.kv_blocks_total and w.running == 0 and w.waiting == 0 for w in st.workers
+            w.kv_blocks_free == w.kv_blocks_total and w.running == 0 and w.waiting == 0
+            for w in st.workers
         ):
             return True
         await asyncio.sleep(0.05)

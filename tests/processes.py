@@ -56,7 +56,9 @@ def logging_to(directory: str) -> list[int]:
     out, directory = [], os.path.realpath(directory)
     for d in filter(str.isdigit, os.listdir("/proc")):
         try:
-            if os.path.dirname(os.readlink(f"/proc/{d}/fd/1")) == directory and "grammar_zygote" not in cmdline(d):
+            if os.path.dirname(
+                os.readlink(f"/proc/{d}/fd/1")
+            ) == directory and "grammar_zygote" not in cmdline(d):
                 out.append(int(d))
         except OSError:
             continue

@@ -90,9 +90,9 @@ class Ref:
 
     def _mlp_llama(self, p, x):
         w = self.w
-        return (silu(x @ w[p + "mlp.gate_proj.weight"].T) * (x @ w[p + "mlp.up_proj.weight"].T)) @ w[
-            p + "mlp.down_proj.weight"
-        ].T
+        return (
+            silu(x @ w[p + "mlp.gate_proj.weight"].T) * (x @ w[p + "mlp.up_proj.weight"].T)
+        ) @ w[p + "mlp.down_proj.weight"].T
 
     def _huginn_block(self, p, x, pos, kv_hook):
         w, eps, E = self.w, self.eps, self.nh * self.hd
@@ -145,11 +145,17 @@ class Ref:
             e = w["transformer.wte.weight"][ids] * scale
             for j in range(self.cfg["n_layers_in_prelude"]):
                 e = self._huginn_block(f"transformer.prelude.{j}.", e, pos, boundary_hook(j))
-            x = torch.zeros(T, self.H, dtype=torch.float64) if state_noise is None else state_noise.double()
+            x = (
+                torch.zeros(T, self.H, dtype=torch.float64)
+                if state_noise is None
+                else state_noise.double()
+            )
             for d in range(1, self.depth + 1):
                 new = torch.cat([x, e], -1) @ w["transformer.adapter.weight"].T
                 for j in range(self.cfg["n_layers_in_recurrent_block"]):
-                    new = self._huginn_block(f"transformer.core_block.{j}.", new, pos, hook_for(d, j))
+                    new = self._huginn_block(
+                        f"transformer.core_block.{j}.", new, pos, hook_for(d, j)
+                    )
                 x = torch.where((exits >= d)[:, None], new, x)
                 states[d] = x
             self._coda_pos = pos
@@ -171,13 +177,17 @@ class Ref:
                     q, k, v = self._qkv_llama(p, norm(h, w[p + "input_layernorm.weight"], eps), pos)
                     k, v = hook_for(d, i)(k, v)
                     h = h + attend(q, k, v).reshape(T, -1) @ w[p + "self_attn.o_proj.weight"].T
-                    h = h + self._mlp_llama(p, norm(h, w[p + "post_attention_layernorm.weight"], eps))
+                    h = h + self._mlp_llama(
+                        p, norm(h, w[p + "post_attention_layernorm.weight"], eps)
+                    )
             if not self.cfg.get("skip_loop_final_norm", False):
                 h = norm(h, w["model.norm.weight"], eps)
             x = torch.where((exits >= d)[:, None], h, x)
             states[d] = x
             if self.kind == "ouro":
-                gates[d] = (x @ w["model.early_exit_gate.weight"].T + w["model.early_exit_gate.bias"]).squeeze(-1)
+                gates[d] = (
+                    x @ w["model.early_exit_gate.weight"].T + w["model.early_exit_gate.bias"]
+                ).squeeze(-1)
         return states, gates
 
     def logits(self, state, boundary_hook=None):
@@ -197,7 +207,9 @@ class Ref:
         return state @ head.T
 
 
-def ref_generate(ref: Ref, prompt, max_tokens, min_loops=1, max_loops=None, threshold=1.0, noise_fn=None):
+def ref_generate(
+    ref: Ref, prompt, max_tokens, min_loops=1, max_loops=None, threshold=1.0, noise_fn=None
+):
     """Greedy generation: exit depth of each new token by the CDF rule on its own gate values. The
     prompt runs at max_loops (as the families' references run it at a given depth)."""
     D = ref.depth
@@ -231,7 +243,14 @@ def ref_generate(ref: Ref, prompt, max_tokens, min_loops=1, max_loops=None, thre
 
 
 def shared_generate(
-    ref: Ref, prompt, max_tokens, min_loops=1, max_loops=None, threshold=1.0, noise_fn=None, exits=None
+    ref: Ref,
+    prompt,
+    max_tokens,
+    min_loops=1,
+    max_loops=None,
+    threshold=1.0,
+    noise_fn=None,
+    exits=None,
 ):
     """SHARED layout reference, position by position: a position's loop d attends to its own
     loop-d K/V and to every earlier position's final (exit-depth) K/V, at every depth. The prompt
@@ -265,7 +284,9 @@ def shared_generate(
             return hook
 
         noise = noise_fn(q + 1)[q:] if noise_fn else None
-        states, gates = ref.run([tok], [D], noise, start=q, core_hook=core_hook, boundary_hook=boundary_hook)
+        states, gates = ref.run(
+            [tok], [D], noise, start=q, core_hook=core_hook, boundary_hook=boundary_hook
+        )
         e = max_loops
         if decode and exits is not None:
             e = exits[q - len(prompt)]

@@ -43,7 +43,17 @@ CASES = [
 
 @pytest.mark.parametrize("family,overrides", CASES)
 def test_greedy_continuations_match_reference(checkpoints, family, overrides):
-    args = ["--model", checkpoints[family], "--max-tokens", 6, "--ignore-eos", "--logprobs", 5, "--dtype", "float32"]
+    args = [
+        "--model",
+        checkpoints[family],
+        "--max-tokens",
+        6,
+        "--ignore-eos",
+        "--logprobs",
+        5,
+        "--dtype",
+        "float32",
+    ]
     for p in PROMPTS:
         args += ["--prompt-token-ids", ",".join(map(str, p))]
     if overrides:
@@ -92,13 +102,16 @@ def test_text_prompts_and_order(checkpoints):
 
 def test_stops_on_eos_and_stop_token_ids(checkpoints):
     base = ["--model", checkpoints["ouro"], "--prompt-token-ids", "11,42,7", "--max-tokens", 8]
-    first = ref_generate(Ref(checkpoints["ouro"]), [11, 42, 7], 8)[0]  # (the CLI's greedy tokens: as above)
+    # (the CLI's greedy tokens: as above)
+    first = ref_generate(Ref(checkpoints["ouro"]), [11, 42, 7], 8)[0]
     second = first[1]
     out = generate_json(*base, "--stop-token-ids", f"{second},500")[0]
     assert out["token_ids"] == first[:2] and out["finish_reason"] == "stop"
     out = generate_json(*base, "--hf-overrides", json.dumps({"eos_token_id": first[0]}))[0]
     assert out["token_ids"] == first[:1] and out["finish_reason"] == "stop"
-    out = generate_json(*base, "--hf-overrides", json.dumps({"eos_token_id": first[0]}), "--ignore-eos")[0]
+    out = generate_json(
+        *base, "--hf-overrides", json.dumps({"eos_token_id": first[0]}), "--ignore-eos"
+    )[0]
     assert out["token_ids"] == first and out["finish_reason"] == "length"
 
 
@@ -148,7 +161,10 @@ def test_adaptive_exit_through_cli(checkpoints):
     "args,message",
     [
         (["--max-tokens", 0], "max_tokens must be >= 1"),
-        (["--prompt-token-ids", "1,512"], "token id 512 at index 1 is outside the vocabulary [0, 512)"),
+        (
+            ["--prompt-token-ids", "1,512"],
+            "token id 512 at index 1 is outside the vocabulary [0, 512)",
+        ),
         (["--min-loops", 3, "--max-loops", 2], "min_loops must be <= max_loops (2)"),
         (["--max-loops", 5], "max_loops must be <= the model's depth 4"),
         (["--top-p", 0], "top_p must be in (0, 1]"),
@@ -164,14 +180,25 @@ def test_adaptive_exit_through_cli(checkpoints):
 )
 def test_bad_input_is_a_clear_error(checkpoints, args, message):
     """One line on stderr, exit 2, no worker started."""
-    r = rlt("generate", "--model", checkpoints["ouro"], "--prompt-token-ids", "1,2,3", *args, "--json")
+    r = rlt(
+        "generate", "--model", checkpoints["ouro"], "--prompt-token-ids", "1,2,3", *args, "--json"
+    )
     assert r.returncode == 2
     assert message in r.stderr and r.stdout == "" and len(r.stderr.splitlines()) == 1
 
 
 def test_long_prompt_shows_its_prefill_on_stderr(checkpoints):
     ids = ",".join(str((i * 7) % 400 + 3) for i in range(3000))
-    r = rlt("generate", "--model", checkpoints["ouro"], "--prompt-token-ids", ids, "--max-tokens", 2, "--json")
+    r = rlt(
+        "generate",
+        "--model",
+        checkpoints["ouro"],
+        "--prompt-token-ids",
+        ids,
+        "--max-tokens",
+        2,
+        "--json",
+    )
     assert r.returncode == 0, r.stderr
     lines = r.stderr.splitlines()
     assert lines[0] == "rlt: prompt 0: prefilling 3,000 tokens"
@@ -208,7 +235,9 @@ def test_default_model_is_made_on_first_use(tmp_path):
 def test_cpu_generation_needs_no_triton(checkpoints, family, tmp_path):
     """The README's first command installs no triton (a test extra): the CPU path never imports it."""
     (tmp_path / "triton").mkdir()
-    (tmp_path / "triton" / "__init__.py").write_text("raise ImportError('triton is not installed')\n")
+    (tmp_path / "triton" / "__init__.py").write_text(
+        "raise ImportError('triton is not installed')\n"
+    )
     path = os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])
     args = [
         "--model",
@@ -228,16 +257,33 @@ def test_cpu_generation_needs_no_triton(checkpoints, family, tmp_path):
 
 
 def test_make_checkpoint_cli(tmp_path):
-    r = rlt("make-checkpoint", "--family", "huginn", "--out", tmp_path / "h", "--seed", 3, "--shards", 2)
+    r = rlt(
+        "make-checkpoint", "--family", "huginn", "--out", tmp_path / "h", "--seed", 3, "--shards", 2
+    )
     assert r.returncode == 0, r.stderr
     names = sorted(os.listdir(tmp_path / "h"))
-    assert "model.safetensors.index.json" in names and "tokenizer.json" in names and "config.json" in names
+    assert (
+        "model.safetensors.index.json" in names
+        and "tokenizer.json" in names
+        and "config.json" in names
+    )
     cfg = json.loads((tmp_path / "h" / "config.json").read_text())
-    assert cfg["model_type"] == "huginn_raven" and cfg["mean_recurrence"] == 32 and cfg["n_layers"] == 8
+    assert (
+        cfg["model_type"] == "huginn_raven"
+        and cfg["mean_recurrence"] == 32
+        and cfg["n_layers"] == 8
+    )
     tcfg = json.loads((tmp_path / "h" / "tokenizer_config.json").read_text())
     assert "chat_template" in tcfg and tcfg["eos_token"] == "<|end_text|>"
     out = generate_json(
-        "--model", tmp_path / "h", "--prompt", "Hi", "--max-tokens", 2, "--hf-overrides", '{"mean_recurrence": 2}'
+        "--model",
+        tmp_path / "h",
+        "--prompt",
+        "Hi",
+        "--max-tokens",
+        2,
+        "--hf-overrides",
+        '{"mean_recurrence": 2}',
     )
     assert len(out) == 1
 
@@ -301,8 +347,14 @@ def test_every_flag_has_help_naming_its_default_and_there_is_a_version():
                 continue
             assert a.help, (name, a.option_strings)
             if a.default not in (None, False, [], {}, argparse.SUPPRESS):
-                assert "default" in a.help or a.choices is not None and str(a.default) in a.help, (name, a.dest, a.help)
-    out = subprocess.run([sys.executable, "-m", "rlt", "--version"], capture_output=True, text=True, check=True)
+                assert "default" in a.help or a.choices is not None and str(a.default) in a.help, (
+                    name,
+                    a.dest,
+                    a.help,
+                )
+    out = subprocess.run(
+        [sys.executable, "-m", "rlt", "--version"], capture_output=True, text=True, check=True
+    )
     assert out.stdout.strip() == f"rlt {version('rlt')}"
 
 
@@ -330,11 +382,18 @@ def test_a_hub_id_resolves_offline_from_the_cache(checkpoints, tmp_path):
     from tests.helpers import FAST_ARGS
     from tests.serve.helpers import free_port
 
-    env = {**os.environ, "HF_HUB_CACHE": _hub_cache(tmp_path / "hub", checkpoints["ouro"], "acme/ouro-tiny")}
+    env = {
+        **os.environ,
+        "HF_HUB_CACHE": _hub_cache(tmp_path / "hub", checkpoints["ouro"], "acme/ouro-tiny"),
+    }
     env["HF_HUB_OFFLINE"] = "1"
     argv = ["--prompt-token-ids", "5,6,7", "--max-tokens", "4", "--json"]
     outs = [
-        subprocess.run([sys.executable, "-m", "rlt", "generate", "--model", m, *argv], env=env, capture_output=True)
+        subprocess.run(
+            [sys.executable, "-m", "rlt", "generate", "--model", m, *argv],
+            env=env,
+            capture_output=True,
+        )
         for m in ("acme/ouro-tiny", checkpoints["ouro"])
     ]
     assert outs[0].returncode == 0 and outs[0].stdout == outs[1].stdout, outs[0].stderr
@@ -346,13 +405,28 @@ def test_a_hub_id_resolves_offline_from_the_cache(checkpoints, tmp_path):
     )
     assert missing.returncode == 2 and "hf download acme/missing" in missing.stderr, missing.stderr
     port = free_port()
-    serve = [sys.executable, "-m", "rlt", "serve", "acme/ouro-tiny", "--port", str(port), *FAST_ARGS]
-    p = subprocess.Popen(serve, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    serve = [
+        sys.executable,
+        "-m",
+        "rlt",
+        "serve",
+        "acme/ouro-tiny",
+        "--port",
+        str(port),
+        *FAST_ARGS,
+    ]
+    p = subprocess.Popen(
+        serve, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
     try:
         assert "acme/ouro-tiny ready at" in p.stdout.readline()
-        body = json.dumps({"model": "acme/ouro-tiny", "prompt": [5, 6, 7], "max_tokens": 4, "temperature": 0})
+        body = json.dumps(
+            {"model": "acme/ouro-tiny", "prompt": [5, 6, 7], "max_tokens": 4, "temperature": 0}
+        )
         req = urllib.request.Request(
-            f"http://127.0.0.1:{port}/v1/completions", body.encode(), {"Content-Type": "application/json"}
+            f"http://127.0.0.1:{port}/v1/completions",
+            body.encode(),
+            {"Content-Type": "application/json"},
         )
         with urllib.request.urlopen(req, timeout=60) as r:
             assert json.loads(r.read())["usage"]["completion_tokens"] == 4

@@ -47,11 +47,15 @@ def add_parser(sub) -> None:
     cmds = b.add_subparsers(dest="bench_command", required=True, metavar="{" + ",".join(RUNS) + "}")
     adds = (_offline, _serve, _prefix, _first_use, _profile, _grammar, _parity, _kv_handoff, _gemm)
     for name, add in zip(RUNS, adds, strict=True):
-        p = cmds.add_parser(name, help=DESCRIPTION[name].split(",")[0], description=DESCRIPTION[name])
+        p = cmds.add_parser(
+            name, help=DESCRIPTION[name].split(",")[0], description=DESCRIPTION[name]
+        )
         add(p)
 
 
-def _common(p, device="cpu", model_help="checkpoint directory (default: the embedded tiny Ouro)") -> None:
+def _common(
+    p, device="cpu", model_help="checkpoint directory (default: the embedded tiny Ouro)"
+) -> None:
     p.add_argument("--model", help=model_help)
     p.add_argument("--device", default=device, help=f"cpu, cuda or cuda:N (default: {device})")
 
@@ -70,21 +74,34 @@ def _record(p) -> None:
 
 
 def _offline(p) -> None:
-    _common(p, model_help="checkpoint directory (default: a random one of --family and --preset, made once)")
+    _common(
+        p,
+        model_help="checkpoint directory (default: a random one of --family and --preset, made once)",
+    )
     p.add_argument("--family", default="ouro", help="without --model (default: ouro)")
-    p.add_argument("--preset", default="tiny", choices=("tiny", "full"), help="without --model (default: tiny)")
-    p.add_argument("--concurrency", default="1,16", help="requests at once, one row each (default: 1,16)")
+    p.add_argument(
+        "--preset", default="tiny", choices=("tiny", "full"), help="without --model (default: tiny)"
+    )
+    p.add_argument(
+        "--concurrency", default="1,16", help="requests at once, one row each (default: 1,16)"
+    )
     p.add_argument(
         "--threshold",
         default="1.0,0.5",
         help="exit thresholds, one row each: Ouro's gate's, Huginn's criterion:threshold, or depth:k (every "
         "token at depth k) (e.g. 1.0,kl:0.3,latent-diff:0.4,depth:8; default: 1.0,0.5)",
     )
-    p.add_argument("--prompt-len", default="32", help="prompt lengths, one engine each (e.g. 1024,8192; default: 32)")
+    p.add_argument(
+        "--prompt-len",
+        default="32",
+        help="prompt lengths, one engine each (e.g. 1024,8192; default: 32)",
+    )
     p.add_argument("--max-tokens", type=int, default=32, help="default: 32")
     p.add_argument("--kv-layout", default="last_exited", help="default: last_exited")
     _record(p)
-    p.add_argument("--cuda-graph-max-batch", type=int, default=256, help="0: eager decode (default: 256)")
+    p.add_argument(
+        "--cuda-graph-max-batch", type=int, default=256, help="0: eager decode (default: 256)"
+    )
     p.add_argument(
         "--steady-decode",
         choices=("adaptive", "always", "never"),
@@ -103,50 +120,100 @@ def _offline(p) -> None:
         help="Huginn's criteria: passes an exited token may wait for others to share its tail, one engine "
         "each (e.g. 0,4,8; default: 8, the engine's)",
     )
-    p.add_argument("--prefill-lens", default="", help="e.g. 1024,4096: prefill latency by prompt length")
+    p.add_argument(
+        "--prefill-lens", default="", help="e.g. 1024,4096: prefill latency by prompt length"
+    )
     p.add_argument(
         "--speculative-loops",
         default="0",
         help="self-speculation's draft loops, one engine each (e.g. 0,1: against the same rows without it, "
         "with the drafts' acceptance; default: 0)",
     )
-    p.add_argument("--speculative-tokens", type=int, default=3, help="draft tokens a round checks (default: 3)")
-    p.add_argument("--floors", action="store_true", help="CUDA: measure ceilings and floors in the same run")
+    p.add_argument(
+        "--speculative-tokens", type=int, default=3, help="draft tokens a round checks (default: 3)"
+    )
+    p.add_argument(
+        "--floors", action="store_true", help="CUDA: measure ceilings and floors in the same run"
+    )
 
 
 def _serve(p) -> None:
     _common(p)
     _record(p)
-    p.add_argument("--base-url", help="an OpenAI-compatible server's /v1 URL (default: rlt.Engine in process)")
-    p.add_argument("--served-model-name", help="HTTP: the model name to send (default: the server's first)")
-    p.add_argument("--api-key", help="HTTP: sent as `Authorization: Bearer KEY`")
-    p.add_argument("--vocab-size", type=int, help="HTTP: prompt token ids lie below it (default: --model's)")
-    p.add_argument("--topology", default="single", help="in process: single, Nx or XpYd (default: single)")
-    p.add_argument("--rates", default="0.25,0.5,1", help="Poisson arrival rates, req/s (default: 0.25,0.5,1)")
-    p.add_argument("--duration", type=float, default=60.0, help="seconds of arrivals per rate (default: 60)")
     p.add_argument(
-        "--sweep-rates", default="", help="e.g. 2,4,8: after --rates, these in order until one is past capacity"
+        "--base-url", help="an OpenAI-compatible server's /v1 URL (default: rlt.Engine in process)"
     )
-    p.add_argument("--sweep-duration", type=float, help="seconds of arrivals per sweep rate (default: --duration)")
+    p.add_argument(
+        "--served-model-name", help="HTTP: the model name to send (default: the server's first)"
+    )
+    p.add_argument("--api-key", help="HTTP: sent as `Authorization: Bearer KEY`")
+    p.add_argument(
+        "--vocab-size", type=int, help="HTTP: prompt token ids lie below it (default: --model's)"
+    )
+    p.add_argument(
+        "--topology", default="single", help="in process: single, Nx or XpYd (default: single)"
+    )
+    p.add_argument(
+        "--rates", default="0.25,0.5,1", help="Poisson arrival rates, req/s (default: 0.25,0.5,1)"
+    )
+    p.add_argument(
+        "--duration", type=float, default=60.0, help="seconds of arrivals per rate (default: 60)"
+    )
+    p.add_argument(
+        "--sweep-rates",
+        default="",
+        help="e.g. 2,4,8: after --rates, these in order until one is past capacity",
+    )
+    p.add_argument(
+        "--sweep-duration",
+        type=float,
+        help="seconds of arrivals per sweep rate (default: --duration)",
+    )
     p.add_argument("--max-concurrency", default="", help="e.g. 1,64: closed loops after the rates")
-    p.add_argument("--num-prompts", type=int, help="requests per closed loop (default: 4 per slot, at least 16)")
+    p.add_argument(
+        "--num-prompts",
+        type=int,
+        help="requests per closed loop (default: 4 per slot, at least 16)",
+    )
     p.add_argument(
         "--ramp",
         type=float,
         default=0.0,
         help="closed loops: their clients start evenly over this many seconds (default: 0)",
     )
-    p.add_argument("--prompt-lens", default="128,4096", help="prompts cycle through these (default: 128,4096)")
-    p.add_argument("--output-len", type=int, default=64, help="tokens per request, EOS ignored (default: 64)")
-    p.add_argument("--shared-prefix-len", type=int, default=0, help="tokens every prompt starts with (default: 0)")
+    p.add_argument(
+        "--prompt-lens", default="128,4096", help="prompts cycle through these (default: 128,4096)"
+    )
+    p.add_argument(
+        "--output-len", type=int, default=64, help="tokens per request, EOS ignored (default: 64)"
+    )
+    p.add_argument(
+        "--shared-prefix-len",
+        type=int,
+        default=0,
+        help="tokens every prompt starts with (default: 0)",
+    )
     p.add_argument("--seed", type=int, default=0, help="default: 0")
     g = p.add_argument_group("engine options (in process; default: the engine's)")
     g.add_argument("--no-prefix-caching", action="store_true", help="enable_prefix_caching=False")
-    for flag in ("--prefill-chunk", "--max-num-batched-tokens", "--decode-pass-rows", "--max-num-seqs"):
+    for flag in (
+        "--prefill-chunk",
+        "--max-num-batched-tokens",
+        "--decode-pass-rows",
+        "--max-num-seqs",
+    ):
         g.add_argument(flag, type=int)
-    g.add_argument("--max-local-prefill-length", type=int, help="PD: prompts up to this prefill on the decode worker")
-    g.add_argument("--max-prefill-queue-size", type=int, help="PD: past this queue the decode worker prefills")
-    g.add_argument("--prefill-worker-chunk", type=int, help="PD: prompt rows per chunk on prefill workers")
+    g.add_argument(
+        "--max-local-prefill-length",
+        type=int,
+        help="PD: prompts up to this prefill on the decode worker",
+    )
+    g.add_argument(
+        "--max-prefill-queue-size", type=int, help="PD: past this queue the decode worker prefills"
+    )
+    g.add_argument(
+        "--prefill-worker-chunk", type=int, help="PD: prompt rows per chunk on prefill workers"
+    )
     from rlt.bench import vllm_flags
 
     vllm_flags.add_flags(p)
@@ -154,10 +221,18 @@ def _serve(p) -> None:
 
 def _prefix(p) -> None:
     _common(p)
-    p.add_argument("--prefix-len", type=int, default=4096, help="the first turn's prompt (default: 4096)")
-    p.add_argument("--new-len", type=int, default=128, help="new tokens of the second turn (default: 128)")
-    p.add_argument("--first-output", type=int, default=64, help="the first turn's output tokens (default: 64)")
-    p.add_argument("--repeat", type=int, default=8, help="repetitions, each a fresh first turn (default: 8)")
+    p.add_argument(
+        "--prefix-len", type=int, default=4096, help="the first turn's prompt (default: 4096)"
+    )
+    p.add_argument(
+        "--new-len", type=int, default=128, help="new tokens of the second turn (default: 128)"
+    )
+    p.add_argument(
+        "--first-output", type=int, default=64, help="the first turn's output tokens (default: 64)"
+    )
+    p.add_argument(
+        "--repeat", type=int, default=8, help="repetitions, each a fresh first turn (default: 8)"
+    )
 
 
 def _first_use(p) -> None:

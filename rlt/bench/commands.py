@@ -57,7 +57,9 @@ ENGINE_OPTIONS = (
 
 def git_commit() -> str:
     here = os.path.dirname(os.path.abspath(__file__))
-    git = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=here)
+    git = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=here
+    )
     return git.stdout.strip()
 
 
@@ -71,7 +73,11 @@ def exits(csv: str) -> list:
     out = []
     for x in filter(None, csv.split(",")):
         name, _, v = x.rpartition(":")
-        out.append((name, int(v) if name in ("argmax-stability", "depth") else float(v)) if name else float(v))
+        out.append(
+            (name, int(v) if name in ("argmax-stability", "depth") else float(v))
+            if name
+            else float(v)
+        )
     return out
 
 
@@ -95,7 +101,8 @@ def offline(args) -> None:
         count_triton_compiles(counters)
     path = args.model or os.path.join(cache_dir(), "bench", f"{args.family}-{args.preset}")
     if args.model is None and not os.path.isfile(os.path.join(path, "config.json")):
-        make_checkpoint(args.family, path, preset=args.preset)  # (a --model that is missing fails to load)
+        # (a --model that is missing fails to load)
+        make_checkpoint(args.family, path, preset=args.preset)
     mc, dtype, model = measure.load(path, args.device, args.dtype)
     concs, thresholds = ints(args.concurrency), exits(args.threshold)
     configs = [  # (prompt length, its engine's config)
@@ -119,14 +126,20 @@ def offline(args) -> None:
         for spec in ints(args.speculative_loops)
     ]
     rows, skipped = [], []
-    for plen, cfg in configs if concs else ():  # one engine per (--prompt-len, --exit-wait-passes) value
+    # one engine per (--prompt-len, --exit-wait-passes) value
+    for plen, cfg in configs if concs else ():
         engine = LoopEngine(mc, model, cfg, dtype, args.device, counters)
         fit = [c for c in concs if measure.pool_holds(engine.pool, c, plen + args.max_tokens)]
         skipped += [f"concurrency {c} at a {plen}-token prompt" for c in concs if c not in fit]
         variants = (False, True) if args.penalties else (False,)
         found = measure.decode_rows(engine, mc, fit, thresholds, plen, args.max_tokens, variants)
         rows += [
-            r | {"exit_wait_passes": cfg.exit_wait_passes, "prompt_len": plen, "spec": cfg.speculative_loops}
+            r
+            | {
+                "exit_wait_passes": cfg.exit_wait_passes,
+                "prompt_len": plen,
+                "spec": cfg.speculative_loops,
+            }
             for r in found
         ]
         del engine
@@ -138,7 +151,10 @@ def offline(args) -> None:
         ms = measure.prefill_ms(mc, model, dtype, args.device, n, kernels=args.kernels)
         prefill.append({"prompt_len": n, "ms": round(ms, 2)})
     if skipped:
-        print(f"not run (the KV pool of {args.kv_gib or 1.0} GiB cannot hold them at once): " + ", ".join(skipped))
+        print(
+            f"not run (the KV pool of {args.kv_gib or 1.0} GiB cannot hold them at once): "
+            + ", ".join(skipped)
+        )
         if not rows:
             raise SystemExit("no row fits: raise --kv-gib (or lower --concurrency, --prompt-len)")
     ceilings = None
@@ -210,7 +226,9 @@ async def _target(args, options: dict):
     vocab = args.vocab_size
     if vocab is None:
         if args.model is None or not os.path.isfile(os.path.join(args.model, "config.json")):
-            raise SystemExit("--base-url needs --vocab-size or --model DIR (its config.json's vocab_size)")
+            raise SystemExit(
+                "--base-url needs --vocab-size or --model DIR (its config.json's vocab_size)"
+            )
         from rlt.models.json_object import read_json_object
 
         vocab = read_json_object(os.path.join(args.model, "config.json"))["vocab_size"]
@@ -237,7 +255,10 @@ async def _serve(args, meta: dict, options: dict) -> list[dict]:
 
         def report(row, rows):
             load = row["rate"] if "rate" in row else f"{row['concurrency']} at once"
-            print(" ".join(f"{str(row.get(c, load if c == 'load' else None)):>14}" for c in COLUMNS), flush=True)
+            print(
+                " ".join(f"{str(row.get(c, load if c == 'load' else None)):>14}" for c in COLUMNS),
+                flush=True,
+            )
             if args.vllm:
                 print(vllm_flags.summary(row), flush=True)
             if args.json_out:  # replaced whole: a run killed mid-write keeps the previous file
@@ -269,7 +290,11 @@ def _speculation(rows: list[dict], tokens: int) -> list[str]:
     for r in rows:
         key = ("concurrency", "prompt_len", "threshold", "exit_wait_passes", "penalized")
         plain = next((p for p in rows if not p["spec"] and all(p[k] == r[k] for k in key)), None)
-        if not r["spec"] or plain is None or not (r["full_conc_tok_per_s"] and plain["full_conc_tok_per_s"]):
+        if (
+            not r["spec"]
+            or plain is None
+            or not (r["full_conc_tok_per_s"] and plain["full_conc_tok_per_s"])
+        ):
             continue
         x = r["full_conc_tok_per_s"] / plain["full_conc_tok_per_s"]
         lines.append(
@@ -295,7 +320,9 @@ def serve(args) -> None:
         options["kv_memory_bytes"] = int(args.kv_gib * 2**30)
     if args.no_prefix_caching:
         options["enable_prefix_caching"] = False
-    options |= {name: getattr(args, name) for name in ENGINE_OPTIONS if getattr(args, name) is not None}
+    options |= {
+        name: getattr(args, name) for name in ENGINE_OPTIONS if getattr(args, name) is not None
+    }
     meta = {
         "date": time.strftime("%Y-%m-%d"),
         "commit": args.commit or git_commit(),

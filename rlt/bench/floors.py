@@ -85,8 +85,14 @@ def ceilings(device: str) -> dict:
     gemm_ms = _time_ms(lambda: mats[0] @ mats[1])
     mats.clear()
     src = torch.empty(1 << 30, dtype=torch.int16, device=device)
-    copy_gbps = round(2 * src.numel() * 2 / _time_ms(functools.partial(torch.empty_like(src).copy_, src)) / 1e6, 1)
-    return {"gemm_tflops": round(2 * n**3 / gemm_ms / 1e9, 1), "read_gbps": read_gbps(src), "copy_gbps": copy_gbps}
+    copy_gbps = round(
+        2 * src.numel() * 2 / _time_ms(functools.partial(torch.empty_like(src).copy_, src)) / 1e6, 1
+    )
+    return {
+        "gemm_tflops": round(2 * n**3 / gemm_ms / 1e9, 1),
+        "read_gbps": read_gbps(src),
+        "copy_gbps": copy_gbps,
+    }
 
 
 def read_gbps(src: torch.Tensor) -> float:
@@ -102,7 +108,11 @@ def read_gbps(src: torch.Tensor) -> float:
     for block, per_sm, warps in ((4096, 4, 8), (8192, 2, 8), (8192, 4, 16), (16384, 2, 16)):
         programs = min(sms * per_sm, triton.cdiv(src.numel(), block))
         sums = torch.empty(programs, dtype=torch.int64, device=src.device)
-        ms = _time_ms(functools.partial(read_kernel[(programs,)], src, sums, src.numel(), BLOCK=block, num_warps=warps))
+        ms = _time_ms(
+            functools.partial(
+                read_kernel[(programs,)], src, sums, src.numel(), BLOCK=block, num_warps=warps
+            )
+        )
         assert int(sums.sum()) == int(src.sum(dtype=torch.int64)), "the read kernel missed bytes"
         best = max(best, src.numel() * 4 / ms / 1e6)
     return round(best, 1)
@@ -141,19 +151,26 @@ def prefill_floor(model, mc, n: int, context: int = 0) -> Callable[[], float]:
     Hkv, D = mc.kv.num_kv_heads, mc.kv.head_dim
     H = layers[0][0].shape[0] // D - 2 * Hkv
     x = torch.randn(n, mc.hidden_size, device=layers[0][0].device, dtype=layers[0][0].dtype)
-    kv = torch.randn(2, 1, H, max(context, n), D, device=x.device, dtype=x.dtype) if context > n else None
+    kv = (
+        torch.randn(2, 1, H, max(context, n), D, device=x.device, dtype=x.dtype)
+        if context > n
+        else None
+    )
     head = _head(model)
 
     def run():
         for qkv, o, up, down in layers:
             y = x @ qkv.t()
-            # [1, heads, n, D]: SDPA's fused kernels need the batch dimension (3-D inputs fall back to math)
+            # [1, heads, n, D]: SDPA's fused kernels need the batch dimension (3-D inputs fall back
+            # to math)
             q = y[:, : H * D].view(1, n, H, D).transpose(1, 2)
             k = y[:, H * D : (H + Hkv) * D].view(1, n, Hkv, D).transpose(1, 2)
             v = y[:, (H + Hkv) * D :].view(1, n, Hkv, D).transpose(1, 2)
             if kv is not None:
                 k, v = kv
-            a = F.scaled_dot_product_attention(q, k, v, is_causal=kv is None, enable_gqa=k.shape[1] != H)
+            a = F.scaled_dot_product_attention(
+                q, k, v, is_causal=kv is None, enable_gqa=k.shape[1] != H
+            )
             _ = a.transpose(1, 2).reshape(n, H * D) @ o.t()
             g = x @ up.t()
             _ = g[:, : down.shape[1]] @ down.t()
@@ -171,7 +188,8 @@ def prefill_floor_ms(model, mc, n: int, context: int = 0, samples: int = 7) -> f
 def decode_roofline(model, mc, concurrency: int, context: int, read_gbps: float) -> dict:
     """Time per decode step of `concurrency` sequences at `context` tokens, at full depth."""
     weights = sum(w.numel() * w.element_size() for L in _layers(model) for w in L)
-    g, es = mc.kv, _layers(model)[0][0].element_size()  # the KV pool and head use the weights' dtype
+    # the KV pool and head use the weights' dtype
+    g, es = mc.kv, _layers(model)[0][0].element_size()
     kv_layer = context * 2 * g.num_kv_heads * g.head_dim * es  # one row's K and V of one layer
     head = _head(model).numel() * es
     step_bytes = (
@@ -180,4 +198,8 @@ def decode_roofline(model, mc, concurrency: int, context: int, read_gbps: float)
         + concurrency * kv_layer * g.num_boundary_layers
     )
     ms = step_bytes / read_gbps / 1e6
-    return {"bytes_per_step": step_bytes, "ms_per_step": round(ms, 3), "tok_per_s": round(concurrency / ms * 1e3, 1)}
+    return {
+        "bytes_per_step": step_bytes,
+        "ms_per_step": round(ms, 3),
+        "tok_per_s": round(concurrency / ms * 1e3, 1),
+    }

@@ -32,12 +32,28 @@ TOLERANCE = {False: 1e-2, True: 2e-2}  # max error over the reference's max magn
 
 
 def add_arguments(p) -> None:
-    p.add_argument("--quick", action="store_true", help=f"time only skinny_gemm.CONFIGS{list(QUICK)}")
-    p.add_argument("--shapes", nargs="*", help="model[:product] filters, e.g. ouro nanbeige:down (default: all)")
-    p.add_argument("--rows", nargs="*", type=int, default=list(ROWS), help="row counts M (default: %(default)s)")
+    p.add_argument(
+        "--quick", action="store_true", help=f"time only skinny_gemm.CONFIGS{list(QUICK)}"
+    )
+    p.add_argument(
+        "--shapes",
+        nargs="*",
+        help="model[:product] filters, e.g. ouro nanbeige:down (default: all)",
+    )
+    p.add_argument(
+        "--rows",
+        nargs="*",
+        type=int,
+        default=list(ROWS),
+        help="row counts M (default: %(default)s)",
+    )
     p.add_argument("--l2-mb", type=float, default=50.0, help="L2 size in MB (default: %(default)s)")
-    p.add_argument("--rotate", type=float, default=4.0, help="weight copies total this many L2s (default: 4)")
-    p.add_argument("--rep", type=int, default=20, help="ms of calls per CUDA graph (default: %(default)s)")
+    p.add_argument(
+        "--rotate", type=float, default=4.0, help="weight copies total this many L2s (default: 4)"
+    )
+    p.add_argument(
+        "--rep", type=int, default=20, help="ms of calls per CUDA graph (default: %(default)s)"
+    )
 
 
 def command(args) -> None:
@@ -58,14 +74,21 @@ def command(args) -> None:
     src = torch.empty(1 << 30, dtype=torch.int16, device=dev)
     read = read_gbps(src)
     del src
-    print(f"{torch.cuda.get_device_name(dev)}: streaming read {read:.0f} GB/s; PDL {'on' if pdl.enabled() else 'off'}")
+    print(
+        f"{torch.cuda.get_device_name(dev)}: streaming read {read:.0f} GB/s; PDL {'on' if pdl.enabled() else 'off'}"
+    )
     summary = []
     for model, name, rows_w, K, swiglu in shapes:
         N = rows_w // 2 if swiglu else rows_w
         w_bytes = rows_w * K * 2
         copies = max(2, math.ceil(args.rotate * args.l2_mb * 1e6 / w_bytes))
-        ws = [torch.randn(rows_w, K, device=dev, dtype=torch.bfloat16) * K**-0.5 for _ in range(copies)]
-        print(f"\n== {model} {name}: w [{rows_w}, {K}]{' + SwiGLU' if swiglu else ''}, {copies} copies rotating")
+        ws = [
+            torch.randn(rows_w, K, device=dev, dtype=torch.bfloat16) * K**-0.5
+            for _ in range(copies)
+        ]
+        print(
+            f"\n== {model} {name}: w [{rows_w}, {K}]{' + SwiGLU' if swiglu else ''}, {copies} copies rotating"
+        )
         for M in args.rows:
             x = torch.randn(M, K, device=dev, dtype=torch.bfloat16)
             ref = x.float() @ ws[0].float().T
@@ -78,7 +101,9 @@ def command(args) -> None:
             if M == 1:
                 variants["gemv"] = gemv.gemv_swiglu if swiglu else gemv.gemv
             for c in configs:
-                variants[f"skinny {c}"] = _bound(sg.skinny_gemm_swiglu if swiglu else sg.skinny_gemm, c)
+                variants[f"skinny {c}"] = _bound(
+                    sg.skinny_gemm_swiglu if swiglu else sg.skinny_gemm, c
+                )
             results = {}
             for label, op in variants.items():
                 try:
@@ -86,19 +111,28 @@ def command(args) -> None:
                     err = float("nan") if y.shape != ref.shape else _rel(y, ref)
                     us = _time_us(op, x, ws, args.rep, triton)
                 except Exception as e:  # a config that does not fit (shared memory, registers)
-                    print(f"  M={M:2d} {label:34s} failed: {type(e).__name__}: {str(e).splitlines()[0][:100]}")
+                    print(
+                        f"  M={M:2d} {label:34s} failed: {type(e).__name__}: {str(e).splitlines()[0][:100]}"
+                    )
                     continue
                 bad = not err <= TOLERANCE[swiglu] and label != "cublas linear only"
                 results[label] = (us, bad)
                 gbps = moved / us / 1e3
                 flag = "  MISMATCH" if bad else ""
-                print(f"  M={M:2d} {label:34s} {us:8.2f} us {gbps:7.0f} GB/s  read {gbps / read:5.1%}", end="")
+                print(
+                    f"  M={M:2d} {label:34s} {us:8.2f} us {gbps:7.0f} GB/s  read {gbps / read:5.1%}",
+                    end="",
+                )
                 print(f"  err {err:.1e}{flag}")
-            skinny = {k: us for k, (us, bad) in results.items() if k.startswith("skinny") and not bad}
+            skinny = {
+                k: us for k, (us, bad) in results.items() if k.startswith("skinny") and not bad
+            }
             best = min(skinny, key=skinny.get) if skinny else None
             good = {k: us for k, (us, bad) in results.items() if not bad}
             row = (f"{model}:{name}", M, moved, good.get("cublas"), good.get("gemv"))
-            summary.append(row + ((best.removeprefix("skinny "), skinny[best]) if best else (None, None)))
+            summary.append(
+                row + ((best.removeprefix("skinny "), skinny[best]) if best else (None, None))
+            )
         del ws
         torch.cuda.empty_cache()
     _table(summary, read)
@@ -132,7 +166,9 @@ def _frac(moved: int, read: float, us: float | None) -> str:
 
 
 def _table(summary, read: float) -> None:
-    print(f"\nspeedup = cuBLAS us / best skinny us; read = GB/s (weights + x + y) over {read:.0f} GB/s;")
+    print(
+        f"\nspeedup = cuBLAS us / best skinny us; read = GB/s (weights + x + y) over {read:.0f} GB/s;"
+    )
     print("cuBLAS on [gate; up]: F.linear + the SwiGLU launch (the engine's path at M >= 2)")
     print(
         f"{'shape':16s} {'M':>2s} {'cuBLAS us':>9s} {'read':>5s}  {'best skinny':22s} {'us':>7s} {'speedup':>7s}"

@@ -22,14 +22,23 @@ class Client:
 
     def __init__(self, base_url: str, api_key: str | None = None):
         u = urlsplit(base_url)
-        self.host, self.port, self.netloc, self.prefix = u.hostname, u.port or 80, u.netloc, u.path.rstrip("/")
+        self.host, self.port, self.netloc, self.prefix = (
+            u.hostname,
+            u.port or 80,
+            u.netloc,
+            u.path.rstrip("/"),
+        )
         self.api_key = api_key
         self.idle: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = []
 
     async def _request(self, method: str, path: str, payload: bytes | None, accept: str):
         """Send a request on an idle connection (or a new one, also when the server closed the idle
         one) -> (reader, writer, status, headers, chunked)."""
-        head = [f"{method} {self.prefix}{path} HTTP/1.1", f"Host: {self.netloc}", f"Accept: {accept}"]
+        head = [
+            f"{method} {self.prefix}{path} HTTP/1.1",
+            f"Host: {self.netloc}",
+            f"Accept: {accept}",
+        ]
         if payload is not None:
             head += ["Content-Type: application/json", f"Content-Length: {len(payload)}"]
         if self.api_key:
@@ -37,7 +46,9 @@ class Client:
         message = ("\r\n".join(head) + "\r\n\r\n").encode() + (payload or b"")
         while True:
             reused = bool(self.idle)
-            reader, writer = self.idle.pop() if reused else await asyncio.open_connection(self.host, self.port)
+            reader, writer = (
+                self.idle.pop() if reused else await asyncio.open_connection(self.host, self.port)
+            )
             try:
                 writer.write(message)
                 await writer.drain()
@@ -54,7 +65,13 @@ class Client:
         while (line := await reader.readline()) not in (b"\r\n", b""):
             k, _, v = line.decode().partition(":")
             headers[k.strip().lower()] = v.strip()
-        return reader, writer, int(status_line.split()[1]), headers, headers.get("transfer-encoding") == "chunked"
+        return (
+            reader,
+            writer,
+            int(status_line.split()[1]),
+            headers,
+            headers.get("transfer-encoding") == "chunked",
+        )
 
     def _done(self, reader, writer, headers: dict) -> None:
         """The response was read to its end: keep the connection unless the server ends it."""
@@ -96,7 +113,9 @@ class Client:
 
     async def get_json(self, path: str) -> dict:
         """GET and its JSON answer (e.g. /models)."""
-        reader, writer, status, headers, chunked = await self._request("GET", path, None, "application/json")
+        reader, writer, status, headers, chunked = await self._request(
+            "GET", path, None, "application/json"
+        )
         body = b"".join([p async for p in _pieces(reader, headers, chunked)])
         self._done(reader, writer, headers)
         if status != 200:

@@ -61,7 +61,9 @@ def check_pool(pool, concurrency: int, positions: int) -> None:
         )
 
 
-def submit(engine, mc, concurrency: int, prompt_len: int, sp: SamplingParams, low: int = 0, seed: int = 0) -> None:
+def submit(
+    engine, mc, concurrency: int, prompt_len: int, sp: SamplingParams, low: int = 0, seed: int = 0
+) -> None:
     """`concurrency` requests '0', '1', ... of random token ids in [low, vocab)."""
     g = torch.Generator().manual_seed(seed)
     for i in range(concurrency):
@@ -84,14 +86,26 @@ def exit_params(threshold, max_tokens: int) -> SamplingParams:
 
 
 def decode_run(
-    engine, mc, concurrency: int, threshold, prompt_len: int, max_tokens: int, penalized: bool = False
+    engine,
+    mc,
+    concurrency: int,
+    threshold,
+    prompt_len: int,
+    max_tokens: int,
+    penalized: bool = False,
 ) -> dict:
     """One row: `concurrency` requests at once, each `max_tokens` tokens at this exit threshold (a
     float: Ouro's gate; (criterion, threshold): Huginn's exit criteria; ("depth", k): every token at
     depth k) (penalized: with PENALTIES)."""
     criterion, threshold = threshold if isinstance(threshold, tuple) else ("gate", threshold)
     sp = exit_params(threshold if criterion == "gate" else (criterion, threshold), max_tokens)
-    submit(engine, mc, concurrency, prompt_len, msgspec.structs.replace(sp, **PENALTIES) if penalized else sp)
+    submit(
+        engine,
+        mc,
+        concurrency,
+        prompt_len,
+        msgspec.structs.replace(sp, **PENALTIES) if penalized else sp,
+    )
     drafts0, accepted0, rounds0, spec_tokens0 = (
         engine.spec_drafts,
         engine.spec_accepted,
@@ -129,11 +143,15 @@ def decode_run(
         "tok_per_s": round(tokens / (t1 - t0), 2),
         "decode_tok_per_s": rate(decode_tokens, t1 - decode_t0),
         # decode while every request is still running: the rate at exactly `concurrency`
-        "full_conc_tok_per_s": rate(full_tokens - decode_tokens0, full_t1 - decode_t0) if full_t1 else None,
+        "full_conc_tok_per_s": rate(full_tokens - decode_tokens0, full_t1 - decode_t0)
+        if full_t1
+        else None,
         "mean_decode_depth": round(sum(depths) / len(depths), 2) if depths else None,
         # the tokens of that window: with exits, shallow requests make more of them, so the
         # depth-ratio ideal for the window's rate is 4 / this, not 4 / the run's mean
-        "full_conc_mean_depth": round(sum(full_depths) / len(full_depths), 2) if full_depths else None,
+        "full_conc_mean_depth": round(sum(full_depths) / len(full_depths), 2)
+        if full_depths
+        else None,
         "full_conc_depth_sd": round(torch.tensor(full_depths, dtype=torch.float).std().item(), 2)
         if len(full_depths) > 1
         else None,
@@ -142,7 +160,9 @@ def decode_run(
         "acceptance": round((engine.spec_accepted - accepted0) / (engine.spec_drafts - drafts0), 3)
         if engine.spec_drafts > drafts0
         else None,
-        "tokens_per_round": round((engine.spec_tokens - spec_tokens0) / (engine.spec_rounds - rounds0), 2)
+        "tokens_per_round": round(
+            (engine.spec_tokens - spec_tokens0) / (engine.spec_rounds - rounds0), 2
+        )
         if engine.spec_rounds > rounds0
         else None,
     }
@@ -200,7 +220,8 @@ def prefill_ms(mc, model, dtype, device: str, n: int, reps: int = 3, **options) 
     g = torch.Generator().manual_seed(n)
     times = []
     for i in range(reps + 1):  # the first is warm-up (compilation)
-        prompt = torch.randint(0, mc.vocab_size, (n,), generator=g).tolist()  # a new one: no prefix cache hit
+        # a new one: no prefix cache hit
+        prompt = torch.randint(0, mc.vocab_size, (n,), generator=g).tolist()
         engine.add_request(str(i), prompt, resolve_params(mc, n, sp))
         t0 = time.perf_counter()
         while not engine.step():
@@ -211,7 +232,9 @@ def prefill_ms(mc, model, dtype, device: str, n: int, reps: int = 3, **options) 
     return sorted(times[1:])[reps // 2]
 
 
-def against_floors(rows: list[dict], prefill: list[dict], model, mc, device: str, max_tokens: int) -> dict:
+def against_floors(
+    rows: list[dict], prefill: list[dict], model, mc, device: str, max_tokens: int
+) -> dict:
     """CUDA: measure the ceilings, then add to each decode row its HBM roofline at its concurrency
     and mean context (its prompt and half of max_tokens) and the fraction of it reached at full
     concurrency, and to each prefill row ({"prompt_len", "ms"}) its dense floor. Returns the

@@ -16,7 +16,9 @@ import rlt
 from rlt.contract.sampling_params import SamplingParams
 
 
-async def serve(model: str, topology: str, prompts: list[list[int]], sp: SamplingParams, **launch) -> dict:
+async def serve(
+    model: str, topology: str, prompts: list[list[int]], sp: SamplingParams, **launch
+) -> dict:
     """Every prompt's (token ids, exit depths), sequentially and concurrently, with timings."""
     t0 = time.perf_counter()
     async with rlt.Engine.launch(model, topology=topology, **launch) as engine:
@@ -50,7 +52,8 @@ def compare(a, b) -> tuple[int, list[dict]]:
             same += 1
         else:
             k = next(
-                (j for j in range(min(len(ta), len(tb))) if ta[j] != tb[j] or da[j] != db[j]), min(len(ta), len(tb))
+                (j for j in range(min(len(ta), len(tb))) if ta[j] != tb[j] or da[j] != db[j]),
+                min(len(ta), len(tb)),
             )  # else one is a prefix of the other
             diffs.append({"request": i, "first_divergence": k})
     return same, diffs

@@ -80,7 +80,9 @@ async def _first_use(args) -> None:
         print(f"{'phase':<26} {'s':>6} {'captures':>9} {'compiles':>9}  (since READY)")
         for name, lens, out, thr in PHASES:
             t0 = time.perf_counter()
-            sp = rlt.SamplingParams(max_tokens=out, temperature=0, ignore_eos=True, exit_threshold=thr)
+            sp = rlt.SamplingParams(
+                max_tokens=out, temperature=0, ignore_eos=True, exit_threshold=thr
+            )
 
             async def one(n, i, sp=sp):
                 async for _ in engine.generate([3 + (i * 7 + j) % 500 for j in range(n)], sp):
@@ -90,4 +92,7 @@ async def _first_use(args) -> None:
             ws = engine.stats().workers
             captures = sum(w.captures_after_ready for w in ws)
             compiles = sum(w.compiles_after_ready for w in ws)
-            print(f"{name:<26} {time.perf_counter() - t0:>6.2f} {captures:>9} {compiles:>9}", flush=True)
+            print(
+                f"{name:<26} {time.perf_counter() - t0:>6.2f} {captures:>9} {compiles:>9}",
+                flush=True,
+            )

@@ -33,14 +33,18 @@ def busy_us(intervals: list[tuple[float, float]]) -> float:
 def short_name(kernel: str) -> str:
     """A kernel's name without return type, template arguments and parameters:
     'void at::native::(anonymous namespace)::foo<float>(...)' -> 'at::native::anon::foo'."""
-    name = re.sub(r"^(void |std::enable_if<.*?>::type )", "", kernel).replace("(anonymous namespace)", "anon")
+    name = re.sub(r"^(void |std::enable_if<.*?>::type )", "", kernel).replace(
+        "(anonymous namespace)", "anon"
+    )
     return re.split(r"[<(]", name, maxsplit=1)[0].strip()[:80]
 
 
 def labelled_kernels(trace: dict) -> list[tuple[str, float, float]]:
     """A chrome trace's GPU kernels as (name [grid] after previous, start, end) in µs; the label
     tells the projections of a layer apart."""
-    ks = sorted((e for e in trace["traceEvents"] if e.get("cat") == "kernel"), key=lambda e: e["ts"])
+    ks = sorted(
+        (e for e in trace["traceEvents"] if e.get("cat") == "kernel"), key=lambda e: e["ts"]
+    )
     out, prev = [], "-"
     for e in ks:
         name = short_name(e["name"])

@@ -64,7 +64,9 @@ class HTTPTarget:
     `token_ids`; from a server that sends none, a chunk with text counts as one token (as vLLM's
     benchmark counts) and the final `usage` corrects the total."""
 
-    def __init__(self, base_url: str, model: str | None, vocab_size: int, api_key: str | None = None):
+    def __init__(
+        self, base_url: str, model: str | None, vocab_size: int, api_key: str | None = None
+    ):
         self.client, self.model, self.vocab_size = Client(base_url, api_key), model, vocab_size
 
     async def stream(self, prompt: list[int], output_len: int) -> AsyncIterator[int]:
@@ -87,7 +89,8 @@ class HTTPTarget:
                     n += new
                     yield n
             usage = event.get("usage")
-            if usage and usage.get("completion_tokens", n) > n:  # tokens no chunk counted arrive with the last
+            # tokens no chunk counted arrive with the last
+            if usage and usage.get("completion_tokens", n) > n:
                 n = usage["completion_tokens"]
                 yield n
 
@@ -139,7 +142,9 @@ async def closed_loop(
     next one left (0: all at once; in process they then all reach the worker before its next pass,
     over HTTP they cannot)."""
     rng = random.Random(seed)
-    prompts = [_prompt(rng, target, prompt_lens[i % len(prompt_lens)], prefix) for i in range(num_requests)]
+    prompts = [
+        _prompt(rng, target, prompt_lens[i % len(prompt_lens)], prefix) for i in range(num_requests)
+    ]
     queue = iter(prompts[concurrency:])
     results = []
 
@@ -161,7 +166,9 @@ def measure(results: list[dict]) -> dict:
     span = max(r["submit"] for r in results) - first
     ttft = [r["stamps"][0] - r["submit"] for r in results]
     e2el = [r["stamps"][-1] - r["submit"] for r in results]
-    tpot = [(r["stamps"][-1] - r["stamps"][0]) / (r["tokens"] - 1) for r in results if r["tokens"] > 1]
+    tpot = [
+        (r["stamps"][-1] - r["stamps"][0]) / (r["tokens"] - 1) for r in results if r["tokens"] > 1
+    ]
     itl = [b - a for r in results for a, b in zip(r["stamps"], r["stamps"][1:])]
     out_tokens = sum(r["tokens"] for r in results)
     return {
@@ -272,7 +279,9 @@ async def sweep(
         def finish(row):
             row["arrivals_s"], row["saturated"] = seconds, saturated(row)
 
-        await run(one_rate(target, rate, seconds, prompt_lens, output_len, seed, prefix, count), finish)
+        await run(
+            one_rate(target, rate, seconds, prompt_lens, output_len, seed, prefix, count), finish
+        )
 
     for rate in rates:
         await at_rate(rate, duration)

@@ -11,7 +11,7 @@ import msgspec
 from rlt.contract.fields import field_names, validate
 from rlt.models.model_config import DTYPE_BYTES, ModelConfig, dtype_name
 
-# ---- engine and launch options ----------------------------------------------------------------
+# ---- engine and launch options -------------------------------------------------------------------
 # Each option is a typed field with its default and help in one place: Engine.launch(**options)
 # validates against these fields, the handshake carries the Structs, and the CLI builds its flags
 # from them. Meta(ge=...) / Literal / `| None` are what validate() checks.
@@ -31,10 +31,14 @@ class EngineConfig(msgspec.Struct, kw_only=True, frozen=True):
 
     kv_layout: Annotated[
         Literal["last_exited", "shared"],
-        _doc("last_exited: one KV plane per loop depth (exact); shared: one plane overwritten by every loop"),
+        _doc(
+            "last_exited: one KV plane per loop depth (exact); shared: one plane overwritten by every loop"
+        ),
     ] = "last_exited"
     block_size: Annotated[PositiveInt, _doc("token positions per KV block")] = 16
-    num_blocks: Annotated[PositiveInt | None, _doc("KV blocks per worker (default: sized from kv_memory_bytes)")] = None
+    num_blocks: Annotated[
+        PositiveInt | None, _doc("KV blocks per worker (default: sized from kv_memory_bytes)")
+    ] = None
     kv_memory_bytes: Annotated[
         PositiveInt | None,
         _doc(
@@ -50,7 +54,10 @@ class EngineConfig(msgspec.Struct, kw_only=True, frozen=True):
         ),
     ] = 0.9
     enable_prefix_caching: Annotated[
-        bool, _doc("reuse the KV blocks of a cached prefix whose tokens and loop depths match the request's")
+        bool,
+        _doc(
+            "reuse the KV blocks of a cached prefix whose tokens and loop depths match the request's"
+        ),
     ] = True
     max_model_len: Annotated[
         PositiveInt | None,
@@ -61,7 +68,10 @@ class EngineConfig(msgspec.Struct, kw_only=True, frozen=True):
     ] = None
     max_num_seqs: Annotated[PositiveInt, _doc("requests running at once per worker")] = 64
     prefill_chunk: Annotated[
-        PositiveInt, _doc("prompt rows per request per pass (a lone prompt may take the whole pass, as in vLLM)")
+        PositiveInt,
+        _doc(
+            "prompt rows per request per pass (a lone prompt may take the whole pass, as in vLLM)"
+        ),
     ] = 8192
     max_num_batched_tokens: Annotated[PositiveInt, _doc("rows per core pass")] = 8192
     decode_pass_rows: Annotated[
@@ -76,10 +86,15 @@ class EngineConfig(msgspec.Struct, kw_only=True, frozen=True):
     ] = 1536
     kernels: Annotated[
         Literal["triton", "reference"],
-        _doc("CUDA: the Triton kernels and CUDA graphs, or the plain torch reference (the CPU always runs it)"),
+        _doc(
+            "CUDA: the Triton kernels and CUDA graphs, or the plain torch reference (the CPU always runs it)"
+        ),
     ] = "triton"
     batch_invariant: Annotated[
-        bool, _doc("CUDA: kernels whose per-row result does not depend on the batch (PD equal to single, bit for bit)")
+        bool,
+        _doc(
+            "CUDA: kernels whose per-row result does not depend on the batch (PD equal to single, bit for bit)"
+        ),
     ] = False
     cuda_graph_max_batch: Annotated[
         Count,
@@ -119,7 +134,9 @@ class EngineConfig(msgspec.Struct, kw_only=True, frozen=True):
     ] = 3
     speculative_max_streams: Annotated[
         Count,
-        _doc("speculation rounds start only while at most this many requests decode (past it, rows are not free)"),
+        _doc(
+            "speculation rounds start only while at most this many requests decode (past it, rows are not free)"
+        ),
     ] = 8
 
     grammar_compile_timeout: Annotated[
@@ -134,10 +151,13 @@ class EngineConfig(msgspec.Struct, kw_only=True, frozen=True):
     ] = 2
     max_grammar_bytes: Annotated[
         PositiveInt,
-        _doc("bytes of a request's grammar at most: its JSON schema, regex, grammar, choices or tools' schemas"),
+        _doc(
+            "bytes of a request's grammar at most: its JSON schema, regex, grammar, choices or tools' schemas"
+        ),
     ] = 256 << 10
     max_grammar_entries: Annotated[
-        PositiveInt, _doc("enum and choice entries of a request's grammar at most, all of them together")
+        PositiveInt,
+        _doc("enum and choice entries of a request's grammar at most, all of them together"),
     ] = 2048
     max_regex_length: Annotated[
         PositiveInt, _doc("characters of a request's regex, or of one JSON schema pattern, at most")
@@ -151,7 +171,8 @@ class Faults(msgspec.Struct, kw_only=True, frozen=True):
     """Testing only (Engine.launch(faults=...)): faults the workers inject, keyed by a prompt's first
     token id or a worker role; rlt/workers/faults.py applies them, nothing else reads them."""
 
-    stall_first_token: int | None = None  # the main loop hangs on such a request; the heartbeat goes on
+    # the main loop hangs on such a request; the heartbeat goes on
+    stall_first_token: int | None = None
     fail_transfer_first_token: int | None = None  # prefill: such a prompt's KV write fails
     lose_notif_first_token: int | None = None  # prefill: its KV lands, its notifications are lost
     hang_transfer_first_token: int | None = None  # prefill: its KV writes never report done
@@ -163,24 +184,34 @@ class Faults(msgspec.Struct, kw_only=True, frozen=True):
 class LaunchConfig(msgspec.Struct, kw_only=True, frozen=True):
     """How the coordinator runs the workers: topology, devices, supervision, PD routing."""
 
-    topology: Annotated[str, _doc("single, Nx (N unified replicas, e.g. 2x) or XpYd (e.g. 1p1d)")] = "single"
-    device: Annotated[str, _doc("cpu, cuda or cuda:N (topologies of several workers take cuda:0, cuda:1, ...)")] = "cpu"
+    topology: Annotated[
+        str, _doc("single, Nx (N unified replicas, e.g. 2x) or XpYd (e.g. 1p1d)")
+    ] = "single"
+    device: Annotated[
+        str, _doc("cpu, cuda or cuda:N (topologies of several workers take cuda:0, cuda:1, ...)")
+    ] = "cpu"
     dtype: Annotated[
         Literal["float32", "bfloat16", "float16"] | None,
         _doc("weights and KV (default: float32 on CPU, the checkpoint's half type on GPU)"),
     ] = None
-    startup_timeout: Annotated[Seconds, _doc("seconds a worker may take to load and warm up")] = 300.0
+    startup_timeout: Annotated[Seconds, _doc("seconds a worker may take to load and warm up")] = (
+        300.0
+    )
     heartbeat_interval: Annotated[
         float,
         msgspec.Meta(ge=0.01),
         _doc("seconds between worker heartbeats (at least 0.01: a busier beat only burns CPU)"),
     ] = 0.5
     heartbeat_timeout: Annotated[
-        Seconds, _doc("seconds of silence, or of a stuck main loop with work, before a worker is killed and restarted")
+        Seconds,
+        _doc(
+            "seconds of silence, or of a stuck main loop with work, before a worker is killed and restarted"
+        ),
     ] = 10.0
     restart: Annotated[bool, _doc("restart a worker that died")] = True
     restart_attempts: Annotated[
-        PositiveInt, _doc("attempts to restart a dead worker, with exponential backoff from 0.5 s up to 30 s")
+        PositiveInt,
+        _doc("attempts to restart a dead worker, with exponential backoff from 0.5 s up to 30 s"),
     ] = 10
     max_queued_requests: Annotated[
         Count,
@@ -189,17 +220,26 @@ class LaunchConfig(msgspec.Struct, kw_only=True, frozen=True):
             "past it a request is refused at the call (EngineOverloadedError; HTTP 503 with Retry-After)"
         ),
     ] = 4096
-    transfer_timeout: Annotated[Seconds, _doc("PD: seconds a KV transfer may take before its request fails")] = 30.0
+    transfer_timeout: Annotated[
+        Seconds, _doc("PD: seconds a KV transfer may take before its request fails")
+    ] = 30.0
     max_local_prefill_length: Annotated[
-        Count, _doc("PD: prompts up to this many tokens are prefilled by the decode worker itself (0: off)")
+        Count,
+        _doc(
+            "PD: prompts up to this many tokens are prefilled by the decode worker itself (0: off)"
+        ),
     ] = 0
     max_prefill_queue_size: Annotated[
         Count | None,
-        _doc("PD: while a prefill worker holds this many requests, new ones are prefilled by the decode worker"),
+        _doc(
+            "PD: while a prefill worker holds this many requests, new ones are prefilled by the decode worker"
+        ),
     ] = None
     prefill_worker_chunk: Annotated[
         PositiveInt | None,
-        _doc("PD: prefill workers take prompts in chunks of this many rows (default: prefill_chunk)"),
+        _doc(
+            "PD: prefill workers take prompts in chunks of this many rows (default: prefill_chunk)"
+        ),
     ] = None
     log_dir: Annotated[
         str | None,
@@ -222,15 +262,23 @@ class LaunchConfig(msgspec.Struct, kw_only=True, frozen=True):
             raise ValueError(f"device {self.device!r} is not supported (cpu, cuda, cuda:N)")
         if not self.disaggregated:
             defaults = {f.name: f.default for f in msgspec.structs.fields(self)}
-            for name in ("max_local_prefill_length", "max_prefill_queue_size", "prefill_worker_chunk"):
+            for name in (
+                "max_local_prefill_length",
+                "max_prefill_queue_size",
+                "prefill_worker_chunk",
+            ):
                 if getattr(self, name) != defaults[name]:
-                    raise ValueError(f"{name} applies to prefill/decode topologies (XpYd), not {self.topology!r}")
+                    raise ValueError(
+                        f"{name} applies to prefill/decode topologies (XpYd), not {self.topology!r}"
+                    )
 
     def check_with(self, mc: ModelConfig, engine: EngineConfig) -> None:
         """What the options say together with the model (capped at max_model_len): a KV budget that
         holds no block, speculation at the model's whole depth."""
         if engine.speculative_loops >= mc.depth:
-            raise ValueError(f"speculative_loops {engine.speculative_loops} must be below the model's depth {mc.depth}")
+            raise ValueError(
+                f"speculative_loops {engine.speculative_loops} must be below the model's depth {mc.depth}"
+            )
         if engine.num_blocks is None and engine.kv_memory_bytes is not None:
             dtype = dtype_name(self.dtype, self.device, mc.torch_dtype)
             per_block = mc.kv.block_bytes(engine.block_size, DTYPE_BYTES[dtype])
@@ -251,7 +299,9 @@ class LaunchConfig(msgspec.Struct, kw_only=True, frozen=True):
         if role != "prefill" or chunk is None:
             return engine
         return msgspec.structs.replace(
-            engine, prefill_chunk=chunk, max_num_batched_tokens=max(chunk, engine.max_num_batched_tokens)
+            engine,
+            prefill_chunk=chunk,
+            max_num_batched_tokens=max(chunk, engine.max_num_batched_tokens),
         )
 
 
@@ -264,8 +314,12 @@ def parse_topology(topology: str) -> list[tuple[str, int]]:
         if m := re.fullmatch(r"([1-9]\d*)x", topology):
             return [("unified", i) for i in range(int(m.group(1)))]
         if m := re.fullmatch(r"([1-9]\d*)p([1-9]\d*)d", topology):
-            return [("prefill", i) for i in range(int(m.group(1)))] + [("decode", i) for i in range(int(m.group(2)))]
-    raise ValueError(f"topology {topology!r} is not supported (single, Nx replicas such as 2x, or XpYd such as 1p1d)")
+            return [("prefill", i) for i in range(int(m.group(1)))] + [
+                ("decode", i) for i in range(int(m.group(2)))
+            ]
+    raise ValueError(
+        f"topology {topology!r} is not supported (single, Nx replicas such as 2x, or XpYd such as 1p1d)"
+    )
 
 
 def split_options(options: dict) -> tuple[EngineConfig, LaunchConfig]:
@@ -273,7 +327,9 @@ def split_options(options: dict) -> tuple[EngineConfig, LaunchConfig]:
     engine_fields, launch_fields = field_names(EngineConfig), field_names(LaunchConfig)
     for name in options:
         if name not in engine_fields and name not in launch_fields:
-            raise ValueError(f"unknown option {name!r} (known: {', '.join(engine_fields + launch_fields)})")
+            raise ValueError(
+                f"unknown option {name!r} (known: {', '.join(engine_fields + launch_fields)})"
+            )
     return (
         EngineConfig(**{k: v for k, v in options.items() if k in engine_fields}),
         LaunchConfig(**{k: v for k, v in options.items() if k in launch_fields}),

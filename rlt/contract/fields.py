@@ -65,15 +65,26 @@ def validate(obj: msgspec.Struct) -> None:
             continue
         if s.choices:
             if v not in s.choices or isinstance(v, bool):
-                raise ValueError(f"{f.name} {v!r} is not supported ({', '.join(map(str, s.choices))})")
+                raise ValueError(
+                    f"{f.name} {v!r} is not supported ({', '.join(map(str, s.choices))})"
+                )
         elif s.kind is bool:
             if not isinstance(v, bool):
                 raise ValueError(f"{f.name} must be True or False, got {v!r}")
         elif s.kind in (int, float):
-            ok = isinstance(v, int) if s.kind is int else isinstance(v, (int, float)) and math.isfinite(v)
+            ok = (
+                isinstance(v, int)
+                if s.kind is int
+                else isinstance(v, (int, float)) and math.isfinite(v)
+            )
             what = "an integer" if s.kind is int else "a number"
             bound = f" >= {s.ge}" if s.ge is not None else f" > {s.gt}" if s.gt is not None else ""
-            if not ok or isinstance(v, bool) or (s.ge is not None and v < s.ge) or (s.gt is not None and v <= s.gt):
+            if (
+                not ok
+                or isinstance(v, bool)
+                or (s.ge is not None and v < s.ge)
+                or (s.gt is not None and v <= s.gt)
+            ):
                 raise ValueError(f"{f.name} must be {what}{bound}, got {v!r}")
         elif isinstance(s.kind, type) and not isinstance(v, s.kind):
             raise ValueError(f"{f.name} must be {s.kind.__name__}, got {v!r}")

@@ -42,10 +42,14 @@ def spec_of(so) -> tuple[str, str] | None:
     from rlt.contract.sampling_params import StructuredOutput
 
     if not isinstance(so, StructuredOutput):
-        raise RequestError(f"structured_output must be rlt.StructuredOutput, got {type(so).__name__}")
+        raise RequestError(
+            f"structured_output must be rlt.StructuredOutput, got {type(so).__name__}"
+        )
     given = [k for k in KINDS if getattr(so, k) not in (None, False)]
     if len(given) != 1:
-        raise RequestError(f"structured_output must set exactly one of {', '.join(KINDS)}; got {given or 'none'}")
+        raise RequestError(
+            f"structured_output must set exactly one of {', '.join(KINDS)}; got {given or 'none'}"
+        )
     kind, v = given[0], getattr(so, given[0])
     if kind in ("json", "structural_tag"):
         if isinstance(v, str):
@@ -54,7 +58,9 @@ def spec_of(so) -> tuple[str, str] | None:
             except ValueError as e:
                 raise RequestError(f"structured_output.{kind}: not JSON: {e}") from None
         if not isinstance(v, dict):
-            raise RequestError(f"structured_output.{kind} must be a JSON object, got {type(v).__name__}")
+            raise RequestError(
+                f"structured_output.{kind} must be a JSON object, got {type(v).__name__}"
+            )
         return kind, json.dumps(v)  # (its property order is the output's)
     if kind == "json_object":
         if v is not True:
@@ -62,7 +68,9 @@ def spec_of(so) -> tuple[str, str] | None:
         return kind, ""
     if kind == "choice":
         if not isinstance(v, list) or not v or not all(isinstance(c, str) and c for c in v):
-            raise RequestError(f"structured_output.choice must be a non-empty list of non-empty strings, got {v!r}")
+            raise RequestError(
+                f"structured_output.choice must be a non-empty list of non-empty strings, got {v!r}"
+            )
         return kind, json.dumps(v)
     if not isinstance(v, str) or not v:
         raise RequestError(f"structured_output.{kind} must be a non-empty string, got {v!r}")
@@ -74,7 +82,11 @@ def after_of(so, vocab_size: int) -> tuple[int, ...]:
     v = None if so is None else so.after
     if v is None:
         return ()
-    if not isinstance(v, (list, tuple)) or not v or not all(type(t) is int and 0 <= t < vocab_size for t in v):
+    if (
+        not isinstance(v, (list, tuple))
+        or not v
+        or not all(type(t) is int and 0 <= t < vocab_size for t in v)
+    ):
         raise RequestError(
             f"structured_output.after must be a non-empty list of token ids in [0, {vocab_size}), got {v!r}"
         )
@@ -99,7 +111,9 @@ def check_limits(spec: tuple[str, str], limits) -> None:
         for path, node in _nodes(json.loads(text), "$"):
             ref, enum, pattern = node.get("$ref"), node.get("enum"), node.get("pattern")
             if isinstance(ref, str) and not ref.startswith("#"):
-                raise RequestError(f"{field}: {path}.$ref {ref!r} is external: only local references (#...) resolve")
+                raise RequestError(
+                    f"{field}: {path}.$ref {ref!r} is external: only local references (#...) resolve"
+                )
             entries += len(enum) if isinstance(enum, list) else 0
             if isinstance(pattern, str) and len(pattern) > limits.max_regex_length:
                 raise RequestError(
@@ -122,7 +136,9 @@ def _nodes(v, path: str):
             yield path, v
             stack.extend((f"{path}.{k}", c) for k, c in v.items() if isinstance(c, (dict, list)))
         elif isinstance(v, list):
-            stack.extend((f"{path}[{i}]", c) for i, c in enumerate(v) if isinstance(c, (dict, list)))
+            stack.extend(
+                (f"{path}[{i}]", c) for i, c in enumerate(v) if isinstance(c, (dict, list))
+            )
 
 
 def grammar_of(spec: tuple[str, str]):
@@ -134,13 +150,20 @@ def grammar_of(spec: tuple[str, str]):
     if kind == "json":
         return strict(xgr.Grammar.from_json_schema(text, any_whitespace=False))
     if kind == "json_object":  # any object (not strict: any properties)
-        return strict(xgr.Grammar.from_json_schema('{"type": "object"}', any_whitespace=False, strict_mode=False))
+        return strict(
+            xgr.Grammar.from_json_schema(
+                '{"type": "object"}', any_whitespace=False, strict_mode=False
+            )
+        )
     if kind == "structural_tag":  # (its JSON contents compact and strict as any other's)
         return strict(xgr.Grammar.from_structural_tag(_compact_contents(json.loads(text))))
     if kind == "regex":
         return xgr.Grammar.from_regex(text)
-    if kind == "choice":  # (JSON's string escapes are EBNF's; json.dumps's own, without its overhead per call)
-        return xgr.Grammar.from_ebnf("root ::= " + " | ".join(map(encode_basestring_ascii, json.loads(text))))
+    # (JSON's string escapes are EBNF's; json.dumps's own, without its overhead per call)
+    if kind == "choice":
+        return xgr.Grammar.from_ebnf(
+            "root ::= " + " | ".join(map(encode_basestring_ascii, json.loads(text)))
+        )
     return xgr.Grammar.from_ebnf(text)
 
 
@@ -162,8 +185,15 @@ def _compact_contents(v):
         return [_compact_contents(c) for c in v]
     if not isinstance(v, dict):
         return v
-    if v.get("type") == "json_schema" and v.get("style", "json") == "json" and not v.get("excludes"):
-        return {"type": "grammar", "grammar": str(grammar_of(("json", json.dumps(v.get("json_schema")))))}
+    if (
+        v.get("type") == "json_schema"
+        and v.get("style", "json") == "json"
+        and not v.get("excludes")
+    ):
+        return {
+            "type": "grammar",
+            "grammar": str(grammar_of(("json", json.dumps(v.get("json_schema"))))),
+        }
     return {k: _compact_contents(c) for k, c in v.items()}
 
 

@@ -22,18 +22,26 @@ def key_id(key: bytes) -> int:
 
 def chain(parent: bytes, tokens, depths) -> bytes:
     """The key of a block whose positions take `tokens` and ran to `depths`, after `parent`."""
-    return _chain(parent, np.asarray(tokens, dtype=np.int64).tobytes(), np.asarray(depths, dtype=np.int16).tobytes())
+    return _chain(
+        parent,
+        np.asarray(tokens, dtype=np.int64).tobytes(),
+        np.asarray(depths, dtype=np.int16).tobytes(),
+    )
 
 
 def _chain(parent: bytes, tokens: bytes, depths: bytes) -> bytes:
     return hashlib.sha256(parent + tokens + depths).digest()
 
 
-def prompt_keys(parent: bytes, prompt: list[int], depth: int, block_size: int, first: int = 0) -> list[bytes]:
+def prompt_keys(
+    parent: bytes, prompt: list[int], depth: int, block_size: int, first: int = 0
+) -> list[bytes]:
     """Keys of a prompt's full blocks from block `first` on (every position at `depth`), the
     chain continuing from `parent` (the root for block 0). One encoding of the tokens, sliced per
     block: a long prompt's keys cost well under a millisecond per 4K tokens."""
-    tokens = np.asarray(prompt[first * block_size : len(prompt) // block_size * block_size], dtype=np.int64).tobytes()
+    tokens = np.asarray(
+        prompt[first * block_size : len(prompt) // block_size * block_size], dtype=np.int64
+    ).tobytes()
     depths, step = np.full(block_size, depth, dtype=np.int16).tobytes(), block_size * 8
     keys = []
     for i in range(0, len(tokens), step):

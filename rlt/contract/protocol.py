@@ -11,7 +11,7 @@ from rlt.contract.config import EngineConfig, LaunchConfig
 from rlt.contract.sampling_params import ResolvedParams
 
 
-# ---- coordinator -> worker ------------------------------------------------------------------------
+# ---- coordinator -> worker -----------------------------------------------------------------------
 class Handshake(msgspec.Struct, tag="handshake", kw_only=True):
     """The ModelConfig (as config.json after overrides: the worker rebuilds it without reading files),
     this worker's place, and the typed options."""
@@ -105,7 +105,7 @@ class Shutdown(msgspec.Struct, tag="shutdown"):
 ToWorker = Handshake | Add | Abort | Shutdown | Connect | Reserve | Prefill | Cancel | Activate
 
 
-# ---- worker -> coordinator ------------------------------------------------------------------------
+# ---- worker -> coordinator -----------------------------------------------------------------------
 class Hello(msgspec.Struct, tag="hello"):
     pid: int
 
@@ -155,7 +155,8 @@ class Stats(msgspec.Struct, array_like=True):
     prefix_queried_tokens: int = 0  # prompt tokens looked up in the prefix cache since READY
     prefix_hit_tokens: int = 0  # of those, the ones found cached
     prefix_cached_blocks: int = 0  # KV blocks holding cached prefixes now (in use or free to evict)
-    spec_rounds: int = 0  # self-speculation since READY: rounds verified, draft tokens checked, accepted
+    # self-speculation since READY: rounds verified, draft tokens checked, accepted
+    spec_rounds: int = 0
     spec_draft_tokens: int = 0
     spec_accepted_tokens: int = 0
 
@@ -166,8 +167,10 @@ class Token(msgspec.Struct, array_like=True):
     depth: int
     logprobs: dict[int, float] | None
     finish: str | None  # "stop" | "length" | None while running
-    num_cached_tokens: int | None = None  # a request's first token: its prompt positions found in the prefix cache
-    # a request's first token, if asked: per prompt position, top-K and the prompt token {id: logprob}
+    # a request's first token: its prompt positions found in the prefix cache
+    num_cached_tokens: int | None = None
+    # a request's first token, if asked: per prompt position, top-K and the prompt token {id:
+    # logprob}
     # (the first None). Last: Token is array_like
     prompt_logprobs: list[dict[int, float] | None] | None = None
 
@@ -213,7 +216,9 @@ class Fatal(msgspec.Struct, tag="fatal"):
     error: str
 
 
-FromWorker = Hello | Ready | Outputs | Failed | Heartbeat | Fatal | Reserved | TransferDone | Drained
+FromWorker = (
+    Hello | Ready | Outputs | Failed | Heartbeat | Fatal | Reserved | TransferDone | Drained
+)
 
 encoder = msgspec.msgpack.Encoder()
 to_worker = msgspec.msgpack.Decoder(ToWorker)

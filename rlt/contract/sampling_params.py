@@ -22,7 +22,9 @@ EXIT_CRITERIA = {
 }
 
 
-class StructuredOutput(msgspec.Struct, kw_only=True, omit_defaults=True, forbid_unknown_fields=True):
+class StructuredOutput(
+    msgspec.Struct, kw_only=True, omit_defaults=True, forbid_unknown_fields=True
+):
     """Output constrained by a grammar (vLLM's StructuredOutputsParams); exactly one field set."""
 
     json: dict | str | None = None  # a JSON schema (a dict, or its JSON text)
@@ -30,7 +32,8 @@ class StructuredOutput(msgspec.Struct, kw_only=True, omit_defaults=True, forbid_
     choice: list[str] | None = None  # the output is one of these strings
     grammar: str | None = None  # an EBNF (GBNF) grammar with a `root` rule
     json_object: bool | None = None  # True: any JSON object
-    # xgrammar's structural tag (a dict or its JSON text; vLLM's structural_tag): free text with tags,
+    # xgrammar's structural tag (a dict or its JSON text; vLLM's structural_tag): free text with
+    # tags,
     # e.g. tool calls, constrained inside; its JSON schema contents are compact and strict
     structural_tag: dict | str | None = None
     # the grammar starts after these token ids first appear in the output (e.g. `</think>`'s: the
@@ -46,8 +49,12 @@ class SamplingParams(msgspec.Struct, kw_only=True, omit_defaults=True):
     top_k: Annotated[int, _doc("sample among the k most likely tokens; -1 or 0 = off")] = -1
     top_p: Annotated[float, _doc("sample within this probability mass (nucleus); 1 = off")] = 1.0
     seed: Annotated[int | None, _doc("seed of the sampling noise (default: a random one)")] = None
-    min_loops: Annotated[int | None, _doc("loops a token runs at least before it may exit (default: 1)")] = None
-    max_loops: Annotated[int | None, _doc("loops a token runs at most (default: the model's depth)")] = None
+    min_loops: Annotated[
+        int | None, _doc("loops a token runs at least before it may exit (default: 1)")
+    ] = None
+    max_loops: Annotated[
+        int | None, _doc("loops a token runs at most (default: the model's depth)")
+    ] = None
     exit_criterion: Annotated[
         str | None,
         _doc(
@@ -63,31 +70,52 @@ class SamplingParams(msgspec.Struct, kw_only=True, omit_defaults=True):
             "once the argmax held for this many checks; default: the criterion's auto threshold)"
         ),
     ] = None
-    stop_token_ids: Annotated[list[int], _doc("token ids that end the output, besides the model's EOS")] = []
+    stop_token_ids: Annotated[
+        list[int], _doc("token ids that end the output, besides the model's EOS")
+    ] = []
     ignore_eos: Annotated[bool, _doc("go on past EOS")] = False
     logprobs: Annotated[
-        int | None, _doc("top-K logprobs per output position, with the sampled token's (default: none)")
+        int | None,
+        _doc("top-K logprobs per output position, with the sampled token's (default: none)"),
     ] = None
     prompt_logprobs: Annotated[
         int | None,
-        _doc("top-K logprobs per prompt position, with the prompt token's; the first is None (default: none)"),
+        _doc(
+            "top-K logprobs per prompt position, with the prompt token's; the first is None (default: none)"
+        ),
     ] = None
     repetition_penalty: Annotated[
-        float, _doc("divide positive logits (multiply negative ones) of prompt and output tokens by this; 1 = off")
+        float,
+        _doc(
+            "divide positive logits (multiply negative ones) of prompt and output tokens by this; 1 = off"
+        ),
     ] = 1.0
-    presence_penalty: Annotated[float, _doc("subtract this from the logit of each token already output; 0 = off")] = 0.0
+    presence_penalty: Annotated[
+        float, _doc("subtract this from the logit of each token already output; 0 = off")
+    ] = 0.0
     frequency_penalty: Annotated[
         float, _doc("subtract this times its count in the output from each token's logit; 0 = off")
     ] = 0.0
-    min_p: Annotated[float, _doc("drop tokens less likely than min_p times the most likely one; 0 = off")] = 0.0
-    logit_bias: Annotated[dict[int, float], _doc("token id -> a bias added to its logit, in [-100, 100]")] = {}
-    min_tokens: Annotated[int, _doc("tokens to generate before EOS, stop_token_ids or stop may end the output")] = 0
-    stop: Annotated[list[str], _doc("strings that end the output (the text stops before them)")] = []
-    include_stop_str_in_output: Annotated[bool, _doc("keep the stop string that ended the output in its text")] = False
+    min_p: Annotated[
+        float, _doc("drop tokens less likely than min_p times the most likely one; 0 = off")
+    ] = 0.0
+    logit_bias: Annotated[
+        dict[int, float], _doc("token id -> a bias added to its logit, in [-100, 100]")
+    ] = {}
+    min_tokens: Annotated[
+        int, _doc("tokens to generate before EOS, stop_token_ids or stop may end the output")
+    ] = 0
+    stop: Annotated[
+        list[str], _doc("strings that end the output (the text stops before them)")
+    ] = []
+    include_stop_str_in_output: Annotated[
+        bool, _doc("keep the stop string that ended the output in its text")
+    ] = False
     skip_special_tokens: Annotated[bool, _doc("leave special tokens out of the text")] = True
     n: Annotated[int, _doc("outputs of the prompt, choice i sampled with seed + i")] = 1
     structured_output: Annotated[
-        StructuredOutput | None, _doc("constrain the output to a JSON schema, regex, choice or grammar")
+        StructuredOutput | None,
+        _doc("constrain the output to a JSON schema, regex, choice or grammar"),
     ] = None
     speculative_loops: Annotated[
         int | None,
@@ -98,7 +126,9 @@ class SamplingParams(msgspec.Struct, kw_only=True, omit_defaults=True):
     ] = None
     speculative_tokens: Annotated[
         int | None,
-        _doc("self-speculation: draft tokens a round checks (default: the engine's speculative_tokens)"),
+        _doc(
+            "self-speculation: draft tokens a round checks (default: the engine's speculative_tokens)"
+        ),
     ] = None
 
 
@@ -110,11 +140,14 @@ class ResolvedParams(msgspec.Struct, frozen=True, kw_only=True):
     top_k: int  # 0 = off
     top_p: float
     sampling_seed: int  # a random one when the request gave none
-    state_seed: int  # Huginn's initial latent: the request's seed, else 0 (deterministic by default)
+    # Huginn's initial latent: the request's seed, else 0 (deterministic by default)
+    state_seed: int
     min_loops: int
     max_loops: int
-    exit_threshold: float  # gate: >= 1.0 means fixed depth (max_loops); gate-less families never exit early
-    # "gate" (Ouro's gate by exit_threshold; gate-less families: fixed depth), or one of EXIT_CRITERIA
+    # gate: >= 1.0 means fixed depth (max_loops); gate-less families never exit early
+    exit_threshold: float
+    # "gate" (Ouro's gate by exit_threshold; gate-less families: fixed depth), or one of
+    # EXIT_CRITERIA
     # (Huginn, with exit_threshold read per criterion)
     exit_criterion: str = "gate"
     stop_token_ids: tuple[int, ...]
@@ -130,7 +163,8 @@ class ResolvedParams(msgspec.Struct, frozen=True, kw_only=True):
     min_tokens: int = 0  # EOS and stop_token_ids are masked before this many outputs
     # (kind, spec text): rlt/contract/grammar.py spec_of
     structured_output: tuple[str, str] | None = None
-    grammar_after: tuple[int, ...] = ()  # StructuredOutput.after (empty: the grammar starts at once)
+    # StructuredOutput.after (empty: the grammar starts at once)
+    grammar_after: tuple[int, ...] = ()
     speculative_loops: int | None = None  # None: the engine's (rlt/workers/speculation.py)
     speculative_tokens: int | None = None
 
@@ -139,9 +173,15 @@ class ResolvedParams(msgspec.Struct, frozen=True, kw_only=True):
         """Can a decode token leave the loop before max_loops (by the gate or a criterion)?"""
         if self.min_loops >= self.max_loops:
             return False
-        return self.exit_criterion in EXIT_CRITERIA or (self.exit_criterion == "gate" and self.exit_threshold < 1.0)
+        return self.exit_criterion in EXIT_CRITERIA or (
+            self.exit_criterion == "gate" and self.exit_threshold < 1.0
+        )
 
     @property
     def penalized(self) -> bool:
         """Does a token's logit depend on the request's prompt and output so far?"""
-        return self.repetition_penalty != 1.0 or self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
+        return (
+            self.repetition_penalty != 1.0
+            or self.presence_penalty != 0.0
+            or self.frequency_penalty != 0.0
+        )

@@ -36,11 +36,14 @@ def validate_prompt(mc: ModelConfig, prompt_token_ids) -> list[int]:
     if not isinstance(prompt_token_ids, (list, tuple)) or len(prompt_token_ids) == 0:
         raise RequestError("prompt must be a non-empty text or list of token ids")
     V, ids = mc.vocab_size, list(prompt_token_ids)
-    if set(map(type, ids)) == {int} and 0 <= min(ids) and max(ids) < V:  # (C loops: ~20x the loop below)
+    # (C loops: ~20x the loop below)
+    if set(map(type, ids)) == {int} and 0 <= min(ids) and max(ids) < V:
         return ids
     for i, t in enumerate(ids):
         if not isinstance(t, int) or isinstance(t, bool) or not 0 <= t < V:
-            raise RequestError(f"prompt token id {t!r} at index {i} is outside the vocabulary [0, {V})")
+            raise RequestError(
+                f"prompt token id {t!r} at index {i} is outside the vocabulary [0, {V})"
+            )
     return ids
 
 
@@ -84,8 +87,16 @@ def resolve_params(mc: ModelConfig, prompt_len: int, p: SamplingParams) -> Resol
         _int("stop_token_ids entry", t, lo=0, hi=V - 1, hi_text=f"vocab size - 1 ({V - 1})")
     if not isinstance(p.ignore_eos, bool):
         raise RequestError(f"ignore_eos must be a bool, got {p.ignore_eos!r}")
-    logprobs = 0 if p.logprobs is None else _int("logprobs", p.logprobs, lo=0, hi=V, hi_text=f"vocab size ({V})")
-    prompt_logprobs = None if p.prompt_logprobs is None else _int("prompt_logprobs", p.prompt_logprobs, 0, MAX_LOGPROBS)
+    logprobs = (
+        0
+        if p.logprobs is None
+        else _int("logprobs", p.logprobs, lo=0, hi=V, hi_text=f"vocab size ({V})")
+    )
+    prompt_logprobs = (
+        None
+        if p.prompt_logprobs is None
+        else _int("prompt_logprobs", p.prompt_logprobs, 0, MAX_LOGPROBS)
+    )
     rp = ResolvedParams(
         max_tokens=max_tokens,
         temperature=temperature,
@@ -106,8 +117,11 @@ def resolve_params(mc: ModelConfig, prompt_len: int, p: SamplingParams) -> Resol
         frequency_penalty=_in("frequency_penalty", p.frequency_penalty, -2, 2),
         min_p=_in("min_p", p.min_p, 0, 1),
         logit_bias=_logit_bias(p.logit_bias, V),
-        min_tokens=_int("min_tokens", p.min_tokens, lo=0, hi=max_tokens, hi_text=f"max_tokens ({max_tokens})"),
-        structured_output=spec_of(p.structured_output),  # (compiled against the tokenizer by the caller)
+        min_tokens=_int(
+            "min_tokens", p.min_tokens, lo=0, hi=max_tokens, hi_text=f"max_tokens ({max_tokens})"
+        ),
+        # (compiled against the tokenizer by the caller)
+        structured_output=spec_of(p.structured_output),
         grammar_after=after_of(p.structured_output, V),
         speculative_loops=_speculative_loops(mc, p.speculative_loops, max_loops),
         speculative_tokens=None
@@ -127,7 +141,13 @@ def resolve_params(mc: ModelConfig, prompt_len: int, p: SamplingParams) -> Resol
 def _speculative_loops(mc: ModelConfig, loops, max_loops: int) -> int | None:
     if loops is None:
         return None
-    _int("speculative_loops", loops, lo=0, hi=max_loops - 1, hi_text=f"max_loops - 1 ({max_loops - 1})")
+    _int(
+        "speculative_loops",
+        loops,
+        lo=0,
+        hi=max_loops - 1,
+        hi_text=f"max_loops - 1 ({max_loops - 1})",
+    )
     return loops
 
 
@@ -140,20 +160,30 @@ def _exit_rule(mc: ModelConfig, p: SamplingParams) -> tuple[str, float]:
             f"its criteria are {', '.join(EXIT_CRITERIA)}"
         )
     if crit == "gate":
-        thr = mc.default_exit_threshold if p.exit_threshold is None else _float("exit_threshold", p.exit_threshold)
+        thr = (
+            mc.default_exit_threshold
+            if p.exit_threshold is None
+            else _float("exit_threshold", p.exit_threshold)
+        )
         if not 0 <= thr <= 1:
             raise RequestError(f"exit_threshold must be in [0, 1], got {thr}")
         # no gate, no hazard: the family runs max_loops whatever the threshold
         return crit, thr if mc.has_exit_gate else 1.0
     if not isinstance(crit, str) or crit not in EXIT_CRITERIA:
-        raise RequestError(f"exit_criterion must be one of gate, {', '.join(EXIT_CRITERIA)}; got {crit!r}")
+        raise RequestError(
+            f"exit_criterion must be one of gate, {', '.join(EXIT_CRITERIA)}; got {crit!r}"
+        )
     if not mc.has_exit_criteria:
-        raise RequestError(f"exit_criterion {crit!r} is for Huginn models; this one ({mc.model_type}) exits by 'gate'")
+        raise RequestError(
+            f"exit_criterion {crit!r} is for Huginn models; this one ({mc.model_type}) exits by 'gate'"
+        )
     if p.exit_threshold is None:
         return crit, float(EXIT_CRITERIA[crit])
     thr = _float("exit_threshold", p.exit_threshold)
     if crit == "argmax-stability" and (thr != int(thr) or thr < 1):
-        raise RequestError(f"exit_threshold of argmax-stability counts checks: an integer >= 1, got {thr}")
+        raise RequestError(
+            f"exit_threshold of argmax-stability counts checks: an integer >= 1, got {thr}"
+        )
     if thr <= 0:
         raise RequestError(f"exit_threshold of {crit} must be > 0, got {thr}")
     return crit, thr
@@ -169,7 +199,9 @@ def _in(name, v, lo, hi, low_open=False) -> float:
 
 def _logit_bias(bias, V: int) -> dict[int, float]:
     if not isinstance(bias, dict):
-        raise RequestError(f"logit_bias must be a mapping of token id to bias, got {type(bias).__name__}")
+        raise RequestError(
+            f"logit_bias must be a mapping of token id to bias, got {type(bias).__name__}"
+        )
     if len(bias) > MAX_LOGIT_BIAS:
         raise RequestError(f"logit_bias has {len(bias)} entries, more than {MAX_LOGIT_BIAS}")
     out = {}

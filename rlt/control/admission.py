@@ -37,7 +37,8 @@ class Admission:
 
     @property
     def decode_role(self) -> str:
-        return "decode" if self._supervisor.slots[0][0] == "prefill" else "unified"  # (the topology, parsed once)
+        # (the topology, parsed once)
+        return "decode" if self._supervisor.slots[0][0] == "prefill" else "unified"
 
     def check_fits(self, prompt_len: int, max_tokens: int) -> None:
         """Refuse at the call what no worker could ever hold, and a PD call with no prefill worker
@@ -52,7 +53,9 @@ class Admission:
                 f"the worker has {d.ready.kv_blocks_total}: it can never fit"
             )
 
-    def queue(self, names: list[str], ids: list[int], params: list, priority: int, wake) -> list[Request]:
+    def queue(
+        self, names: list[str], ids: list[int], params: list, priority: int, wake
+    ) -> list[Request]:
         """Queue a call's choices together and pump; all refused (EngineOverloadedError) where some
         must wait and the queue is past max_queued_requests."""
         lc, requests = self._lifecycle, []
@@ -60,7 +63,10 @@ class Admission:
             out = RequestOutput(name, ids, logprobs=[] if p.logprobs else None, index=i)
             requests.append(lc.queue(name, ids, p, priority, Collector(out, wake)))
         self._pump()
-        if any(r.phase == Phase.QUEUED for r in requests) and lc.num_queued > self.launch_config.max_queued_requests:
+        if (
+            any(r.phase == Phase.QUEUED for r in requests)
+            and lc.num_queued > self.launch_config.max_queued_requests
+        ):
             for r in requests:
                 lc.cancel(r)
             raise EngineOverloadedError(
@@ -103,15 +109,22 @@ class Admission:
             return False
         caching = self.engine_config.enable_prefix_caching
         keys = router.prompt_keys(
-            self._supervisor.mc, caching, ids, r.params, self._supervisor.ready("prefill") if pd else workers
+            self._supervisor.mc,
+            caching,
+            ids,
+            r.params,
+            self._supervisor.ready("prefill") if pd else workers,
         )
-        d, prefill = router.route(self.launch_config, len(ids), workers, self.ready("prefill") if pd else None, keys)
+        d, prefill = router.route(
+            self.launch_config, len(ids), workers, self.ready("prefill") if pd else None, keys
+        )
         if pd and prefill is None:
             self._lifecycle.prefilled_locally()
         self._lifecycle.admit(
             r,
             d,
-            router.blocks_for(d.ready, len(ids) + 1),  # what it holds at first: it grows as it decodes
+            # what it holds at first: it grows as it decodes
+            router.blocks_for(d.ready, len(ids) + 1),
             prefill,
             router.blocks_for(prefill.ready, len(ids)) if prefill else 0,
         )

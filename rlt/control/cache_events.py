@@ -42,7 +42,9 @@ class CacheRelay:
         self._chains: dict[int, list[bytes]] = {}  # generation -> its full-depth chain so far
         self._reported: dict[str, set[int]] = {}  # worker -> ids reported stored, not removed
 
-    def on_events(self, worker: str, ev: pr.CacheEvents, sequence: Callable[[int], list[int] | None]) -> None:
+    def on_events(
+        self, worker: str, ev: pr.CacheEvents, sequence: Callable[[int], list[int] | None]
+    ) -> None:
         """A worker's CacheEvents; sequence(gen): the request's tokens so far (prompt, then output),
         or None once it is gone."""
         reported = self._reported.setdefault(worker, set())

@@ -27,9 +27,11 @@ class SlotHost(Protocol):
     launch: LaunchConfig
 
     @property
-    def fingerprint(self) -> str | None: ...  # config + weights + dtype + KV layout, as the workers hashed it
+    # config + weights + dtype + KV layout, as the workers hashed it
+    def fingerprint(self) -> str | None: ...
 
-    async def dispatch(self, w: "RemoteWorker", msg) -> None: ...  # one of the worker's messages (pr.FromWorker)
+    # one of the worker's messages (pr.FromWorker)
+    async def dispatch(self, w: "RemoteWorker", msg) -> None: ...
 
     def writer_lost(self, w: "RemoteWorker", gen: int, error: str) -> None:
         """The request's writer can no longer be reached but may still write (until its transfer

@@ -26,7 +26,9 @@ class ForkServer:
     _lock = threading.Lock()
 
     @classmethod
-    def fork(cls, args: list[str], environ: dict[str, str], log_fd: int, timeout: float) -> tuple[int, socket.socket]:
+    def fork(
+        cls, args: list[str], environ: dict[str, str], log_fd: int, timeout: float
+    ) -> tuple[int, socket.socket]:
         """A worker (rlt.workers.worker_main's arguments, without --parent-pid) -> its pid and the
         socket its exit code arrives on. Blocks (a thread's work): the server's first fork waits
         for its imports."""
@@ -38,7 +40,8 @@ class ForkServer:
                     server = cls._servers[key] = cls(environ)
             try:
                 return server._fork(args, environ, log_fd, timeout)
-            except ConnectionError:  # it exited, idle, as the request came: once more, with a new one
+            # it exited, idle, as the request came: once more, with a new one
+            except ConnectionError:
                 with cls._lock:
                     if cls._servers.get(key) is server:
                         del cls._servers[key]
@@ -48,7 +51,15 @@ class ForkServer:
 
     def __init__(self, environ: dict[str, str]):
         here, there = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        argv = [sys.executable, "-u", "-c", _MAIN, str(there.fileno()), "--parent-pid", str(os.getpid())]
+        argv = [
+            sys.executable,
+            "-u",
+            "-c",
+            _MAIN,
+            str(there.fileno()),
+            "--parent-pid",
+            str(os.getpid()),
+        ]
         # (its own session, as the workers: a terminal's Ctrl-C goes to the coordinator only)
         self.proc = _STARTER.submit(
             subprocess.Popen,
@@ -60,7 +71,8 @@ class ForkServer:
         ).result()
         there.close()
         self.ctl, self._send = here, threading.Lock()
-        threading.Thread(target=self.proc.wait, name="rlt-forkserver-reaper", daemon=True).start()  # (no zombie)
+        # (no zombie)
+        threading.Thread(target=self.proc.wait, name="rlt-forkserver-reaper", daemon=True).start()
 
     def _fork(self, args, environ, log_fd: int, timeout: float) -> tuple[int, socket.socket]:
         here, there = socket.socketpair()
@@ -77,7 +89,9 @@ class ForkServer:
             pid = _read_int(here)
         except TimeoutError:
             here.close()
-            raise TimeoutError(f"the worker fork server did not fork a worker within {timeout} s") from None
+            raise TimeoutError(
+                f"the worker fork server did not fork a worker within {timeout} s"
+            ) from None
         if pid is None:
             here.close()
             raise ConnectionResetError("the worker fork server exited")

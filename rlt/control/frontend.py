@@ -32,7 +32,12 @@ from rlt.models.model_config import ModelConfig
 
 class Engine:
     def __init__(
-        self, mc: ModelConfig, engine: EngineConfig, launch: LaunchConfig, *, remote_prefill: PrefillConnector = None
+        self,
+        mc: ModelConfig,
+        engine: EngineConfig,
+        launch: LaunchConfig,
+        *,
+        remote_prefill: PrefillConnector = None,
     ):
         self.model_config, self.engine_config, self.launch_config = mc, engine, launch
         self.tokenizer = None  # the checkpoint's, once launch has loaded it (None: it ships none)
@@ -40,8 +45,10 @@ class Engine:
         self._supervisor = Supervisor(mc, engine, launch, remote_prefill=remote_prefill)
         self._lifecycle = self._supervisor.lifecycle
         self._admission = Admission(self._supervisor, engine, launch)
-        self._calls = weakref.WeakValueDictionary()  # calls with n > 1, by request id (their choices: "{id}-{i}")
-        self._last_prompt: tuple = (None, None)  # the last prompt tokenize() checked, and its checked copy
+        # calls with n > 1, by request id (their choices: "{id}-{i}")
+        self._calls = weakref.WeakValueDictionary()
+        # the last prompt tokenize() checked, and its checked copy
+        self._last_prompt: tuple = (None, None)
 
     @classmethod
     def launch(
@@ -71,7 +78,8 @@ class Engine:
 
             model = default_model_path()
         mc = ModelConfig.from_pretrained(model, hf_overrides=hf_overrides, revision=revision)
-        mc = mc.with_max_model_len(engine.max_model_len)  # (its raw carries the cap to every worker)
+        # (its raw carries the cap to every worker)
+        mc = mc.with_max_model_len(engine.max_model_len)
         launch.check_with(mc, engine)
         return Launch(cls(mc, engine, launch, remote_prefill=remote_prefill))
 
@@ -89,22 +97,28 @@ class Engine:
             from rlt.models.tokenizer import load_tokenizer
 
             self.tokenizer = load_tokenizer(self.model_config.path)
-            if self.tokenizer is not None and grammars:  # structured output's checks: xgrammar (it imports torch)
+            # structured output's checks: xgrammar (it imports torch)
+            if self.tokenizer is not None and grammars:
                 import xgrammar  # noqa: F401
             self._tokenizer_loaded = True
 
-    # ---- requests ---------------------------------------------------------------------------------
+    # ---- requests --------------------------------------------------------------------------------
     def tokenize(self, prompt: str | list[int], add_special_tokens: bool = True) -> list[int]:
         """A prompt's token ids, checked against the vocabulary (RequestError); a text's with the
         tokenizer's special tokens (e.g. BOS) unless add_special_tokens is False."""
         if isinstance(prompt, str):
             if self.tokenizer is None:
-                raise RequestError(f"{self.model_config.path} has no tokenizer.json: give token ids, not text")
+                raise RequestError(
+                    f"{self.model_config.path} has no tokenizer.json: give token ids, not text"
+                )
             try:
                 prompt = self.tokenizer(prompt, add_special_tokens=add_special_tokens).input_ids
             except Exception as e:  # e.g. a lone surrogate: not encodable text
-                raise RequestError(f"prompt text cannot be tokenized: {type(e).__name__}: {e}") from None
-        else:  # n choices of one prompt list: checked once (a compare is ~20x cheaper). One read of the
+                raise RequestError(
+                    f"prompt text cannot be tokenized: {type(e).__name__}: {e}"
+                ) from None
+        # n choices of one prompt list: checked once (a compare is ~20x cheaper). One read of the
+        else:
             last = self._last_prompt  # pair: a server's tokenizing thread may replace it meanwhile
             if prompt is last[0] and prompt == last[1]:
                 return list(last[1])
@@ -129,36 +143,53 @@ class Engine:
         p = params if params is not None else SamplingParams()
         n, stop = validation.output_options(p) if isinstance(p, SamplingParams) else (1, [])
         if stop and self.tokenizer is None:
-            raise RequestError(f"stop strings need text: {self.model_config.path} has no tokenizer.json")
+            raise RequestError(
+                f"stop strings need text: {self.model_config.path} has no tokenizer.json"
+            )
         if output_kind not in OUTPUT_KINDS:
-            raise RequestError(f"output_kind must be one of {', '.join(OUTPUT_KINDS)}, got {output_kind!r}")
+            raise RequestError(
+                f"output_kind must be one of {', '.join(OUTPUT_KINDS)}, got {output_kind!r}"
+            )
         if request_id is None:
             request_id = uuid.uuid4().hex
         elif not isinstance(request_id, str) or not request_id:
             raise RequestError(f"request_id must be a non-empty string, got {request_id!r}")
         wake = asyncio.Event()
         requests = self._admit(prompt, p, request_id, priority, n, wake)
-        stream = RequestStream(self._lifecycle, request_id, requests, self.tokenizer, p, stop, wake, output_kind)
+        stream = RequestStream(
+            self._lifecycle, request_id, requests, self.tokenizer, p, stop, wake, output_kind
+        )
         if n > 1:
             self._calls[request_id] = stream
         return stream
 
-    def _admit(self, prompt, params: SamplingParams, request_id, priority, n, wake) -> list[Request]:
+    def _admit(
+        self, prompt, params: SamplingParams, request_id, priority, n, wake
+    ) -> list[Request]:
         ids = self.tokenize(prompt)
         ps = [validation.resolve_params(self.model_config, len(ids), params)]
-        for i in range(1, n):  # choice i: seed + i (one past int64 is refused by name), or its own random seed
-            seeded = params if params.seed is None else msgspec.structs.replace(params, seed=params.seed + i)
+        # choice i: seed + i (one past int64 is refused by name), or its own random seed
+        for i in range(1, n):
+            seeded = (
+                params
+                if params.seed is None
+                else msgspec.structs.replace(params, seed=params.seed + i)
+            )
             ps.append(validation.resolve_params(self.model_config, len(ids), seeded))
         priority = validation.validate_priority(priority)
-        if (spec := ps[0].structured_output) is not None:  # compiled (ms; then cached) before any worker sees it
+        # compiled (ms; then cached) before any worker sees it
+        if (spec := ps[0].structured_output) is not None:
             if self.tokenizer is None:
-                raise RequestError(f"structured_output needs text: {self.model_config.path} has no tokenizer.json")
+                raise RequestError(
+                    f"structured_output needs text: {self.model_config.path} has no tokenizer.json"
+                )
             grammar.check(spec, self.engine_config)
         names = [request_id] if n == 1 else [f"{request_id}-{i}" for i in range(n)]
         lc = self._lifecycle
         for name in names:
             old = lc.live.get(name)
-            if old is not None and old.abandoned:  # its stream was dropped (e.g. `break`): abort it now
+            # its stream was dropped (e.g. `break`): abort it now
+            if old is not None and old.abandoned:
                 lc.cancel(old)
         call = self._calls.get(request_id)
         if any(name in lc.live for name in names) or (call is not None and not call.finished):
@@ -209,4 +240,6 @@ class Engine:
         launch is awaited; a dead worker's blocks are reported removed."""
         if self._admission.loop is not None:
             raise RuntimeError("watch_prefix_cache: call it before the engine is launched")
-        self._supervisor.cache_relay = CacheRelay(self.model_config, self.engine_config.block_size, listener)
+        self._supervisor.cache_relay = CacheRelay(
+            self.model_config, self.engine_config.block_size, listener
+        )

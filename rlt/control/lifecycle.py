@@ -38,17 +38,21 @@ class Lifecycle:
     def __init__(self, post: Callable[[WorkerProc, object], None]):
         self.post = post
         self.freed: Callable[[], None] = lambda: None
-        self._queued: list[tuple[int, int, Request]] = []  # (priority, gen, request): QUEUED, cancelled ones too
+        # (priority, gen, request): QUEUED, cancelled ones too
+        self._queued: list[tuple[int, int, Request]] = []
         self.num_queued = 0  # QUEUED and not cancelled
         self.live: dict[str, Request] = {}  # user-visible requests, by request id
         self.gens: dict[int, Request] = {}  # every request still holding resources, by generation
         self._gen_ids = itertools.count(1)
         self.local_prefills = 0  # PD requests the decode worker prefilled itself
         self.kv_chunks = 0  # PD KV writes handed off (one per prompt chunk on a prefill worker)
-        self.kv_bytes, self.kv_seconds = 0, 0.0  # PD KV handed off, and the time from Prefill to written
+        # PD KV handed off, and the time from Prefill to written
+        self.kv_bytes, self.kv_seconds = 0, 0.0
 
-    # ---- admission ----------------------------------------------------------------------------------
-    def queue(self, request_id: str, prompt: list[int], params: ResolvedParams, priority: int, collector) -> Request:
+    # ---- admission -------------------------------------------------------------------------------
+    def queue(
+        self, request_id: str, prompt: list[int], params: ResolvedParams, priority: int, collector
+    ) -> Request:
         """A validated request, live (its id taken, its stream open) but on no worker yet."""
         r = Request(request_id, next(self._gen_ids), collector, prompt, params, priority)
         self.live[request_id] = r
@@ -80,7 +84,9 @@ class Lifecycle:
         self.gens[r.gen] = r
         if prefill is None:
             r.phase = Phase.DECODING
-            self.post(decode, pr.Add(gen=r.gen, prompt=r.prompt, params=r.params, priority=r.priority))
+            self.post(
+                decode, pr.Add(gen=r.gen, prompt=r.prompt, params=r.params, priority=r.priority)
+            )
         else:
             r.phase = Phase.WAITING
             r.prefill = Holding(prefill, prefill_blocks)
@@ -90,7 +96,7 @@ class Lifecycle:
     def prefilled_locally(self) -> None:
         self.local_prefills += 1
 
-    # ---- leaving ------------------------------------------------------------------------------------
+    # ---- leaving ---------------------------------------------------------------------------------
     def _retire(self, r: Request) -> None:
         """Gone from the user's view: the id may be reused at once; late outputs are dropped."""
         r.retired = True
@@ -139,10 +145,11 @@ class Lifecycle:
         elif r.phase == Phase.WAITING:  # P not told yet: D drops a queued or granted reservation
             r.prefill.release()
             self._release_decode(r)
-        else:  # P may be writing into D's blocks: P drains first, D is freed on Drained/TransferDone
+        # P may be writing into D's blocks: P drains first, D is freed on Drained/TransferDone
+        else:
             self.post(r.prefill.worker, pr.Cancel(r.gen))
 
-    # ---- worker events ------------------------------------------------------------------------------
+    # ---- worker events ---------------------------------------------------------------------------
     def on_started(self, gens: list[int]) -> None:
         for gen in gens:
             r = self.gens.get(gen)
@@ -152,7 +159,11 @@ class Lifecycle:
     def decode_worker(self, gen: int) -> WorkerProc | None:
         """The request's decode worker, while it is alive (a prefill failure may be its death)."""
         r = self.gens.get(gen)
-        return r.decode.worker if r is not None and r.decode is not None and r.decode.worker.alive else None
+        return (
+            r.decode.worker
+            if r is not None and r.decode is not None and r.decode.worker.alive
+            else None
+        )
 
     def tokens_of(self, gen: int) -> list[int] | None:
         """A request's tokens so far (its prompt, then its output), or None once it is forgotten."""
@@ -163,7 +174,8 @@ class Lifecycle:
         r = self.gens.get(t.gen)
         if r is None or r.retired:
             return  # a retired generation: drop
-        if r.prefill is not None and w is r.prefill.worker:  # the first token, from the prefill worker
+        # the first token, from the prefill worker
+        if r.prefill is not None and w is r.prefill.worker:
             r.first_token = t.token
             r.phase = Phase.TRANSFERRING
         if t.num_cached_tokens is not None:
@@ -177,7 +189,8 @@ class Lifecycle:
                 self._free_decode(r)
                 if r.writer_done:
                     self._forget(r)
-            # finished on the prefill worker's first token: the decode side is freed after TransferDone
+            # finished on the prefill worker's first token: the decode side is freed after
+            # TransferDone
 
     def on_reserved(self, d: WorkerProc, msg: pr.Reserved) -> None:
         r = self.gens.get(msg.gen)
@@ -232,7 +245,8 @@ class Lifecycle:
         r = self.gens.get(msg.gen)
         if r is None:
             return
-        if not r.retired and r.prefill is not None and w is r.prefill.worker and not r.decode.worker.alive:
+        p = r.prefill
+        if not r.retired and p is not None and w is p.worker and not r.decode.worker.alive:
             # P's write failed because the decode worker died (Supervisor._prefill_failed waited
             # for that): its death fails the request (on_worker_dead: EngineDeadError, how it
             # died) and frees the rest; P freed its side

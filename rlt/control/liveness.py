@@ -24,7 +24,9 @@ class Liveness:
         if now - w.last_seen > late:
             return f"{w.identity} sent no heartbeat for {now - w.last_seen:.1f} s"
         if w.busy and now - w.progress_at > late:
-            return f"{w.identity}'s main loop has not moved for {now - w.progress_at:.1f} s with work"
+            return (
+                f"{w.identity}'s main loop has not moved for {now - w.progress_at:.1f} s with work"
+            )
         return None if w.trouble is None else f"{w.identity}: {w.trouble}"
 
     async def _watch_exit(self, w: WorkerProc) -> None:
@@ -35,7 +37,8 @@ class Liveness:
 
     async def _heartbeat_watch(self) -> None:
         limit = self.launch.heartbeat_timeout
-        beating = max(limit / 2, 2 * self.launch.heartbeat_interval)  # a heartbeat this recent: still beating
+        # a heartbeat this recent: still beating
+        beating = max(limit / 2, 2 * self.launch.heartbeat_interval)
         tick = time.monotonic()
         while True:
             await asyncio.sleep(self.launch.heartbeat_interval)
@@ -46,8 +49,11 @@ class Liveness:
             for w in self.workers:
                 if not isinstance(w, WorkerProc) or w.ready is None or self.closing or not w.alive:
                     continue  # (a remote proxy's liveness is its own)
-                if now - w.last_seen > limit:  # killed, so a hung process cannot come back half-alive
-                    w.kill(f"was killed after no heartbeat for {now - w.last_seen:.1f} s (deadline {limit} s)")
+                # killed, so a hung process cannot come back half-alive
+                if now - w.last_seen > limit:
+                    w.kill(
+                        f"was killed after no heartbeat for {now - w.last_seen:.1f} s (deadline {limit} s)"
+                    )
                 elif w.busy and now - w.progress_at > limit and now - w.last_seen < beating:
                     # (its heartbeats still arrive: the main loop, not the whole process, is stuck)
                     w.kill(
@@ -58,7 +64,12 @@ class Liveness:
         err = w.dead_error()
         self.dead_reason = str(err)
         if not self.closing:
-            log.warning("%s%d %s%s", *self.slots[w.slot], err, "; restarting it" if self.launch.restart else "")
+            log.warning(
+                "%s%d %s%s",
+                *self.slots[w.slot],
+                err,
+                "; restarting it" if self.launch.restart else "",
+            )
         self.lifecycle.on_worker_dead(w, err)
         if self.cache_relay is not None:
             self.cache_relay.forget("{}{}".format(*self.slots[w.slot]))
@@ -66,7 +77,11 @@ class Liveness:
         if self.launch.restart and not self.closing:
             await self._restart(w.slot, err)
         if not self.closing and not self.gave_up.is_set():
-            missing = [role for role, _ in self.local_slots if not self.ready(role) and not self._restarting(role)]
+            missing = [
+                role
+                for role, _ in self.local_slots
+                if not self.ready(role) and not self._restarting(role)
+            ]
             if missing:  # (e.g. restarts ran out, or restart is off): the engine cannot serve
                 self.dead_reason = f"no {missing[0]} worker and no restart left: {self.dead_reason}"
                 log.error("%s", self.dead_reason)
@@ -97,7 +112,9 @@ class Liveness:
                 await self._introduce_peers(new)
                 self.dead_reason = None
                 del self.restarting[slot]
-                log.warning("%s%d restarted (pid %s, attempt %d)", *self.slots[slot], new.pid, attempt)
+                log.warning(
+                    "%s%d restarted (pid %s, attempt %d)", *self.slots[slot], new.pid, attempt
+                )
                 return
             except Exception as e:  # noqa: BLE001
                 if self.workers[slot] is not None:

@@ -18,7 +18,8 @@ def new_run_dir(root: str | None) -> str:
     root = root or os.path.join(envs.cache_dir(), "logs")
     os.makedirs(root, exist_ok=True)
     run = tempfile.mkdtemp(prefix=time.strftime("%Y%m%d-%H%M%S-"), dir=root)
-    runs = sorted(d for d in os.listdir(root) if _RUN.match(d))  # oldest first (the name starts with the time)
+    # oldest first (the name starts with the time)
+    runs = sorted(d for d in os.listdir(root) if _RUN.match(d))
     for old in runs[: max(0, len(runs) - KEEP_RUNS)]:
         shutil.rmtree(os.path.join(root, old), ignore_errors=True)
     return run

@@ -27,13 +27,16 @@ class RequestOutput:
     text: str = ""
     finished: bool = False  # this choice is done (a call with n > 1 ends when all are)
     finish_reason: str | None = None  # "stop" | "length" | "abort" | "error"
-    logprobs: list[dict[int, float]] | None = None  # per output position: top-K and the sampled token {id: logprob}
+    # per output position: top-K and the sampled token {id: logprob}
+    logprobs: list[dict[int, float]] | None = None
     error: str | None = None
-    num_cached_tokens: int | None = None  # prompt positions whose KV the prefix cache held (set with the first token)
+    # prompt positions whose KV the prefix cache held (set with the first token)
+    num_cached_tokens: int | None = None
     index: int = 0  # which of the call's n choices
     # what ended it with finish_reason "stop": the stop string, or the stop token id (None: EOS)
     stop_reason: str | int | None = None
-    # per prompt position: top-K and the prompt token {id: logprob}; the first is None (prompt_logprobs)
+    # per prompt position: top-K and the prompt token {id: logprob}; the first is None
+    # (prompt_logprobs)
     prompt_logprobs: list[dict[int, float] | None] | None = None
     metrics: RequestMetrics = field(default_factory=RequestMetrics)
 
@@ -53,7 +56,8 @@ class RequestOutput:
             d["logprobs"] = [{str(t): lp for t, lp in pos.items()} for pos in self.logprobs]
         if self.prompt_logprobs is not None:
             d["prompt_logprobs"] = [
-                None if pos is None else {str(t): lp for t, lp in pos.items()} for pos in self.prompt_logprobs
+                None if pos is None else {str(t): lp for t, lp in pos.items()}
+                for pos in self.prompt_logprobs
             ]
         if self.error is not None:
             d["error"] = self.error

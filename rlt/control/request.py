@@ -44,7 +44,8 @@ class Request:
     prefill: Holding | None = None  # PD, prefilled on a prefill worker
     phase: Phase = Phase.QUEUED
     retired: bool = False  # gone from the user's view; resources may still be returning
-    abandoned: bool = False  # its stream was dropped unfinished: an abort is queued (control/stream.py)
+    # its stream was dropped unfinished: an abort is queued (control/stream.py)
+    abandoned: bool = False
     first_token: int | None = None
 
     @property

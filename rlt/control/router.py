@@ -31,7 +31,11 @@ def prompt_keys(
 
 def least_loaded(workers: list[WorkerProc]) -> WorkerProc | None:
     """Most free blocks after credits, then fewest slots."""
-    return max(workers, key=lambda w: (w.ready.kv_blocks_total - w.credits.blocks, -w.credits.slots), default=None)
+    return max(
+        workers,
+        key=lambda w: (w.ready.kv_blocks_total - w.credits.blocks, -w.credits.slots),
+        default=None,
+    )
 
 
 def by_prefix(workers: list[WorkerProc], keys: list[bytes], usable=None) -> WorkerProc | None:
@@ -60,7 +64,9 @@ def prefill_locally(launch: LaunchConfig, prompt_len: int, prefill: WorkerProc) 
     """A short prompt, or a prefill worker with a queue: the decode worker prefills the request as a
     unified worker would."""
     queue = launch.max_prefill_queue_size
-    return prompt_len <= launch.max_local_prefill_length or (queue is not None and prefill.credits.slots >= queue)
+    return prompt_len <= launch.max_local_prefill_length or (
+        queue is not None and prefill.credits.slots >= queue
+    )
 
 
 def blocks_for(ready: pr.Ready, positions: int) -> int:
@@ -69,7 +75,11 @@ def blocks_for(ready: pr.Ready, positions: int) -> int:
 
 
 def route(
-    launch: LaunchConfig, prompt_len: int, decodes: list[WorkerProc], prefills: list[WorkerProc] | None, keys
+    launch: LaunchConfig,
+    prompt_len: int,
+    decodes: list[WorkerProc],
+    prefills: list[WorkerProc] | None,
+    keys,
 ) -> tuple[WorkerProc, WorkerProc | None]:
     """(decode or unified worker, prefill worker or None) for a request: the decode worker most
     likely to hold its prompt's prefix (keys: its full blocks' prefix-cache keys, or None), else the

@@ -12,13 +12,17 @@ class PrefixCacheStats(msgspec.Struct, frozen=True, kw_only=True):
 
     queried_tokens: int = 0  # prompt tokens looked up
     hit_tokens: int = 0  # of those, found
-    cached_blocks: int = 0  # KV blocks holding cached prefixes (those no request uses count as free)
+    # KV blocks holding cached prefixes (those no request uses count as free)
+    cached_blocks: int = 0
     hit_rate: float = 0.0  # hit_tokens / queried_tokens (0 before any lookup)
 
 
 def prefix_cache(queried: int, hit: int, cached: int) -> PrefixCacheStats:
     return PrefixCacheStats(
-        queried_tokens=queried, hit_tokens=hit, cached_blocks=cached, hit_rate=hit / queried if queried else 0.0
+        queried_tokens=queried,
+        hit_tokens=hit,
+        cached_blocks=cached,
+        hit_rate=hit / queried if queried else 0.0,
     )
 
 
@@ -52,7 +56,8 @@ class EngineStats(msgspec.Struct, frozen=True, kw_only=True):
     last_error: str | None  # why the last worker died, or its last restart attempt failed
     pending_cleanup: int  # requests gone from the user's view whose resources are still returning
     local_prefills: int  # PD: prompts the decode worker prefilled itself
-    kv_chunks: int  # PD: KV writes handed off, their bytes, and the seconds from Prefill to written, summed
+    # PD: KV writes handed off, their bytes, and the seconds from Prefill to written, summed
+    kv_chunks: int
     kv_bytes: int
     kv_seconds: float
     prefix_cache: PrefixCacheStats  # summed over the workers
@@ -75,7 +80,9 @@ def worker_stats(w, restarting: bool) -> WorkerStats:
         credit_slots=w.credits.slots,
         captures_after_ready=s.captures_after_ready,
         compiles_after_ready=s.compiles_after_ready,
-        prefix_cache=prefix_cache(s.prefix_queried_tokens, s.prefix_hit_tokens, s.prefix_cached_blocks),
+        prefix_cache=prefix_cache(
+            s.prefix_queried_tokens, s.prefix_hit_tokens, s.prefix_cached_blocks
+        ),
         spec_rounds=s.spec_rounds,
         spec_draft_tokens=s.spec_draft_tokens,
         spec_accepted_tokens=s.spec_accepted_tokens,
@@ -90,7 +97,9 @@ def engine_stats(sup, lc) -> EngineStats:
         log_dir=sup.log_dir,
         live_requests=len(lc.live),
         queued_requests=lc.num_queued,
-        restarting={"{}{}".format(*sup.slots[slot]): attempt for slot, attempt in sup.restarting.items()},
+        restarting={
+            "{}{}".format(*sup.slots[slot]): attempt for slot, attempt in sup.restarting.items()
+        },
         last_error=sup.dead_reason,
         pending_cleanup=len(lc.gens) - len(lc.live),
         local_prefills=lc.local_prefills,

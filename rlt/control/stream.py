@@ -31,10 +31,17 @@ class _Choice:
 
     def __init__(self, r: Request, tokenizer, p: SamplingParams, stop: list[str]):
         self.r, self.stop, self.include_stop = r, stop, p.include_stop_str_in_output
-        self.detok = IncrementalDetokenizer(tokenizer, p.skip_special_tokens) if tokenizer is not None else None
-        self.span = max(map(len, stop), default=1) - 1  # final text in which a stop string may have begun
-        self.hold = 0 if self.include_stop else self.span  # (with the stop kept, nothing sent is ever cut)
-        self.recent, self.final_len = "", 0  # the final text's last `span` characters, and its length
+        self.detok = (
+            IncrementalDetokenizer(tokenizer, p.skip_special_tokens)
+            if tokenizer is not None
+            else None
+        )
+        # final text in which a stop string may have begun
+        self.span = max(map(len, stop), default=1) - 1
+        # (with the stop kept, nothing sent is ever cut)
+        self.hold = 0 if self.include_stop else self.span
+        # the final text's last `span` characters, and its length
+        self.recent, self.final_len = "", 0
         self.done = False
         self.sent_tokens, self.sent_text, self.started = 0, 0, False  # what went out ("delta")
 
@@ -64,8 +71,13 @@ class _Choice:
         if detok is not None:
             hit = self._push(out) if self.stop else None
             if hit is None:
-                detok.update(out.token_ids, final=out.finished)  # (what _push left: nothing, or all)
-                out.text = detok.text if out.finished else detok.text[: max(0, detok.stable_len - self.hold)]
+                # (what _push left: nothing, or all)
+                detok.update(out.token_ids, final=out.finished)
+                out.text = (
+                    detok.text
+                    if out.finished
+                    else detok.text[: max(0, detok.stable_len - self.hold)]
+                )
             else:
                 self._stop(out, *hit, lifecycle)
         if out.finish_reason == "stop" and out.stop_reason is None and out.token_ids[-1:] != []:
@@ -77,14 +89,22 @@ class _Choice:
     def _push(self, out: RequestOutput) -> tuple[int, int, str] | None:
         """Push the new ids one at a time, looking for a stop string that ends in each one's final
         text: (index of the token that completed it, where it starts in the text, the string)."""
-        detok, ids, span, min_tokens = self.detok, out.token_ids, self.span, self.r.params.min_tokens
+        detok, ids, span, min_tokens = (
+            self.detok,
+            out.token_ids,
+            self.span,
+            self.r.params.min_tokens,
+        )
         for i in range(detok.num_tokens, len(ids)):
-            delta = detok.push(ids[i : i + 1])  # (a finished output's open character: update() below)
+            # (a finished output's open character: update() below)
+            delta = detok.push(ids[i : i + 1])
             if not delta:
                 continue
             window, k = self.recent + delta, len(self.recent)
             if i + 1 >= min_tokens:  # (as vLLM: stop strings count once min_tokens are out)
-                hits = [(j, s) for s in self.stop if (j := window.find(s, max(0, k - len(s) + 1))) >= 0]
+                hits = [
+                    (j, s) for s in self.stop if (j := window.find(s, max(0, k - len(s) + 1))) >= 0
+                ]
                 if hits:
                     j, s = min(hits)
                     return i, self.final_len - k + j, s
@@ -104,7 +124,17 @@ class _Choice:
 
 
 class RequestStream:
-    def __init__(self, lifecycle: Lifecycle, request_id: str, requests: list[Request], tokenizer, p, stop, wake, kind):
+    def __init__(
+        self,
+        lifecycle: Lifecycle,
+        request_id: str,
+        requests: list[Request],
+        tokenizer,
+        p,
+        stop,
+        wake,
+        kind,
+    ):
         """requests: the call's choices, in index order, their collectors sharing `wake`; kind: the
         output kind (OUTPUT_KINDS)."""
         self._lifecycle, self.request_id, self._wake, self._kind = lifecycle, request_id, wake, kind
@@ -129,7 +159,9 @@ class RequestStream:
                 self._wake.clear()
                 for c in self._choices:
                     if c.r.collector.dirty and not c.done:
-                        out = c.process(c.r.collector.take(self._kind == "cumulative"), self._lifecycle)
+                        out = c.process(
+                            c.r.collector.take(self._kind == "cumulative"), self._lifecycle
+                        )
                         self._open -= out.finished
                         if self._kind == "delta":
                             self._ready.append(c.delta(out))

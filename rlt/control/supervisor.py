@@ -25,7 +25,8 @@ from rlt.models.model_config import ModelConfig
 
 log = logging.getLogger("rlt")
 PEER_DEATH_GRACE_S = 1.0  # how long a prefill worker's failure waits for its decode peer's death
-SHUTDOWN_SEND_S = 2.0  # how long shutdown waits to hand a worker its last messages before killing it
+# how long shutdown waits to hand a worker its last messages before killing it
+SHUTDOWN_SEND_S = 2.0
 
 
 class Supervisor(Liveness):
@@ -46,13 +47,16 @@ class Supervisor(Liveness):
         self.mc, self.engine, self.launch = mc, engine, launch
         self.slots = slots if slots is not None else parse_topology(launch.topology)
         self.remote_prefill = remote_prefill
-        self.cache_relay = None  # set before start to have workers report their prefix caches (CacheRelay)
+        # set before start to have workers report their prefix caches (CacheRelay)
+        self.cache_relay = None
         self.workers: list[WorkerProc | RemoteWorker | None] = [None] * len(self.slots)
         self.lifecycle = events if events is not None else Lifecycle(self.post)
         self.closing = False
         self.dead_reason: str | None = None  # why no worker of some role is ready, while restarting
-        self.gave_up = asyncio.Event()  # set once a role the topology needs has no worker and none restarting
-        self.on_worker_ready = lambda: None  # called when a worker is back (or given up on): queued requests
+        # set once a role the topology needs has no worker and none restarting
+        self.gave_up = asyncio.Event()
+        # called when a worker is back (or given up on): queued requests
+        self.on_worker_ready = lambda: None
         self.restarting: dict[int, int] = {}  # slot -> restart attempt under way
         self._by_identity: dict[str, WorkerProc] = {}
         self._incarnations = itertools.count()
@@ -73,9 +77,11 @@ class Supervisor(Liveness):
     def local_slots(self) -> list[tuple[str, int]]:
         """The slots (role, index) run here (a remote prefill slot takes no device; its liveness is its
         proxy's)."""
-        return [(role, i) for role, i in self.slots if role != "prefill" or self.remote_prefill is None]
+        return [
+            (role, i) for role, i in self.slots if role != "prefill" or self.remote_prefill is None
+        ]
 
-    # ---- start / stop -----------------------------------------------------------------------------
+    # ---- start / stop ----------------------------------------------------------------------------
     async def start(self) -> None:
         await check_devices(self.launch.device, self.launch.topology, len(self.local_slots))
         self._transport = Transport()
@@ -127,7 +133,9 @@ class Supervisor(Liveness):
         odd = [w for w in self.workers if w.ready.fingerprint != ref]
         if odd:
             first = next(w for w in self.workers if w.ready.fingerprint == ref)
-            names = ", ".join(f"{w.role} worker {w.index} (fingerprint {w.ready.fingerprint})" for w in odd)
+            names = ", ".join(
+                f"{w.role} worker {w.index} (fingerprint {w.ready.fingerprint})" for w in odd
+            )
             raise RuntimeError(
                 f"{names} differs from {first.role} worker {first.index} (fingerprint {ref}): "
                 "config, weights, dtype or KV layout differ"
@@ -176,7 +184,7 @@ class Supervisor(Liveness):
         """A RemoteWorker lost a request's stream (rlt/control/connector.py SlotHost)."""
         self.lifecycle.on_writer_lost(w, gen, error)
 
-    # ---- transport --------------------------------------------------------------------------------
+    # ---- transport -------------------------------------------------------------------------------
     async def _send(self, w: WorkerProc, msg) -> bool:
         """Send, waiting while the worker's queue is full; False only once the worker is gone (its
         death handler reports it)."""
@@ -197,7 +205,9 @@ class Supervisor(Liveness):
             except Exception as e:  # noqa: BLE001 - one request's message must not stop the sender
                 log.exception("could not send %s to %s", type(msg).__name__, w.identity)
                 if (gen := getattr(msg, "gen", None)) is not None:
-                    self.lifecycle.on_failed(w, pr.Failed(gen, f"could not send to the worker: {e!r}"))
+                    self.lifecycle.on_failed(
+                        w, pr.Failed(gen, f"could not send to the worker: {e!r}")
+                    )
 
     async def _recv_loop(self) -> None:
         while True:
@@ -219,8 +229,11 @@ class Supervisor(Liveness):
         lc = self.lifecycle
         if isinstance(msg, pr.Outputs):
             w.stats = msg.stats
-            if msg.cache is not None and self.cache_relay is not None:  # (before the tokens: a finish retires)
-                self.cache_relay.on_events("{}{}".format(*self.slots[w.slot]), msg.cache, lc.tokens_of)
+            # (before the tokens: a finish retires)
+            if msg.cache is not None and self.cache_relay is not None:
+                self.cache_relay.on_events(
+                    "{}{}".format(*self.slots[w.slot]), msg.cache, lc.tokens_of
+                )
             lc.on_started(msg.started)
             for t in msg.tokens:
                 lc.on_token(w, t)

@@ -36,7 +36,8 @@ class Transport:
             try:
                 await self._sock.send_multipart(frames, flags=zmq.NOBLOCK)
                 return True
-            except zmq.ZMQError:  # EAGAIN: its pipe is full; EHOSTUNREACH: not connected (yet, or any more)
+            # EAGAIN: its pipe is full; EHOSTUNREACH: not connected (yet, or any more)
+            except zmq.ZMQError:
                 if not w.alive:
                     return False
             await asyncio.sleep(delay)

@@ -55,8 +55,23 @@ class PrefixIndex:
 
 
 class WorkerProc:
-    def __init__(self, slot: int, index: int, role: str, device: str, incarnation: int, addr: str, log_dir: str):
-        self.slot, self.index, self.role, self.device, self.incarnation = slot, index, role, device, incarnation
+    def __init__(
+        self,
+        slot: int,
+        index: int,
+        role: str,
+        device: str,
+        incarnation: int,
+        addr: str,
+        log_dir: str,
+    ):
+        self.slot, self.index, self.role, self.device, self.incarnation = (
+            slot,
+            index,
+            role,
+            device,
+            incarnation,
+        )
         self.identity = f"{role}{index}.{incarnation}"
         self.addr = addr
         self.log_path = os.path.join(log_dir, f"{self.identity}.log")
@@ -65,7 +80,8 @@ class WorkerProc:
         self.stats = pr.Stats(0, 0, 0)
         self.last_seen = time.monotonic()
         self.fatal: str | None = None  # the worker's own error text, if it sent one
-        self.killed_because: str | None = None  # set when the coordinator kills it (no heartbeat, stuck)
+        # set when the coordinator kills it (no heartbeat, stuck)
+        self.killed_because: str | None = None
         self.progress, self.progress_at, self.busy = -1, time.monotonic(), False
         self.trouble: str | None = None  # its last heartbeat's reason it cannot serve
         self.credits = Credits()
@@ -80,7 +96,14 @@ class WorkerProc:
         spawned: Popen (vfork + exec, no copy of a large coordinator's page tables, which a fork
         from the loop thread would make) in a thread, its exit seen through a pidfd."""
         self._log = open(self.log_path, "wb")
-        args = ["--addr", self.addr, "--identity", self.identity, "--handshake-timeout", str(handshake_timeout)]
+        args = [
+            "--addr",
+            self.addr,
+            "--identity",
+            self.identity,
+            "--handshake-timeout",
+            str(handshake_timeout),
+        ]
         loop = asyncio.get_running_loop()
         self._exit = loop.create_future()
         if self.device == "cpu":
@@ -96,12 +119,21 @@ class WorkerProc:
             return
         proc = await asyncio.to_thread(
             subprocess.Popen,
-            [sys.executable, "-u", "-m", "rlt.workers.worker_main", *args, "--parent-pid", str(os.getpid())],
+            [
+                sys.executable,
+                "-u",
+                "-m",
+                "rlt.workers.worker_main",
+                *args,
+                "--parent-pid",
+                str(os.getpid()),
+            ],
             stdin=subprocess.DEVNULL,
             stdout=self._log,
             stderr=self._log,
             env=envs.worker_environ(),
-            start_new_session=True,  # its own process group: a terminal's Ctrl-C goes to the coordinator only
+            # its own process group: a terminal's Ctrl-C goes to the coordinator only
+            start_new_session=True,
         )
         self.pid = proc.pid
         pidfd = os.pidfd_open(self.pid)
@@ -132,9 +164,14 @@ class WorkerProc:
                 lines = f.read().decode(errors="replace").splitlines()
         except OSError:
             return None
-        starts = [i for i, ln in enumerate(lines) if ln.startswith("Traceback (most recent call last)")]
-        if starts:  # the exception line is the first unindented line after the last traceback's frames
-            return next((ln for ln in lines[starts[-1] + 1 :] if ln.strip() and not ln[0].isspace()), None)
+        starts = [
+            i for i, ln in enumerate(lines) if ln.startswith("Traceback (most recent call last)")
+        ]
+        # the exception line is the first unindented line after the last traceback's frames
+        if starts:
+            return next(
+                (ln for ln in lines[starts[-1] + 1 :] if ln.strip() and not ln[0].isspace()), None
+            )
         return None
 
     def how_it_ended(self) -> str:
@@ -154,7 +191,9 @@ class WorkerProc:
     def dead_error(self) -> EngineDeadError:
         cause = self.cause()
         detail = f": {cause}" if cause else ""
-        return EngineDeadError(f"{self.role} worker {self.index} (pid {self.pid}) {self.how_it_ended()}{detail}")
+        return EngineDeadError(
+            f"{self.role} worker {self.index} (pid {self.pid}) {self.how_it_ended()}{detail}"
+        )
 
     async def wait_ready(self, timeout: float) -> pr.Ready:
         """HELLO and READY within the deadline, watching the process: a crash during start-up
@@ -173,7 +212,8 @@ class WorkerProc:
                 )
             cause = self.cause()
             raise TimeoutError(
-                f"{self.role} worker {self.index} not ready within {timeout} s" + (f": {cause}" if cause else "")
+                f"{self.role} worker {self.index} not ready within {timeout} s"
+                + (f": {cause}" if cause else "")
             )
         finally:
             exited.cancel()

@@ -31,7 +31,9 @@ def parser() -> argparse.ArgumentParser:
     from rlt.frontends.flags import add_option_flags
 
     p = argparse.ArgumentParser(prog="python -m rlt.dynamo", description=__doc__.split("\n\n")[0])
-    p.add_argument("model", nargs="?", help="checkpoint directory (default: the embedded tiny Ouro)")
+    p.add_argument(
+        "model", nargs="?", help="checkpoint directory (default: the embedded tiny Ouro)"
+    )
     p.add_argument(
         "--role",
         choices=ROLES,
@@ -39,20 +41,34 @@ def parser() -> argparse.ArgumentParser:
         help="aggregated: prefill and decode, a model to the frontend; decode: a model to the frontend, "
         "prompts prefilled by prefill nodes (KV over NIXL); prefill: serves decode nodes only",
     )
-    p.add_argument("--served-model-name", help="the model name clients use (default: MODEL as given)")
-    p.add_argument("--hf-overrides", type=json.loads, help="JSON object replacing config.json fields")
+    p.add_argument(
+        "--served-model-name", help="the model name clients use (default: MODEL as given)"
+    )
+    p.add_argument(
+        "--hf-overrides", type=json.loads, help="JSON object replacing config.json fields"
+    )
     d = p.add_argument_group("Dynamo")
     d.add_argument("--namespace", default="rlt")
     d.add_argument("--component", default="backend")
     d.add_argument("--endpoint", default="generate")
-    d.add_argument("--discovery-backend", default="etcd", choices=["etcd", "kubernetes", "file", "mem"])
+    d.add_argument(
+        "--discovery-backend", default="etcd", choices=["etcd", "kubernetes", "file", "mem"]
+    )
     d.add_argument("--request-plane", default="tcp", choices=["tcp", "nats"])
     d.add_argument("--event-plane", choices=["zmq", "nats"], help="(default: Dynamo's)")
     from dynamo._core import get_reasoning_parser_names, get_tool_parser_names
 
     for flag, names, what in (
-        ("--dyn-tool-call-parser", get_tool_parser_names(), "tool calls in chat responses into tool_calls"),
-        ("--dyn-reasoning-parser", get_reasoning_parser_names(), "<think> blocks into reasoning_content"),
+        (
+            "--dyn-tool-call-parser",
+            get_tool_parser_names(),
+            "tool calls in chat responses into tool_calls",
+        ),
+        (
+            "--dyn-reasoning-parser",
+            get_reasoning_parser_names(),
+            "<think> blocks into reasoning_content",
+        ),
     ):
         d.add_argument(
             flag,
@@ -80,17 +96,23 @@ def parse(argv=None) -> Node:
 
     args = parser().parse_args(argv)
     template = args.custom_jinja_template
-    if template is not None and not os.path.isfile(template := os.path.abspath(os.path.expanduser(template))):
+    if template is not None and not os.path.isfile(
+        template := os.path.abspath(os.path.expanduser(template))
+    ):
         raise ValueError(f"--custom-jinja-template: no file {template}")
     options = option_values(args)
     if "topology" in options:
-        raise ValueError("--topology: a Dynamo worker runs one rlt worker; choose its part with --role")
+        raise ValueError(
+            "--topology: a Dynamo worker runs one rlt worker; choose its part with --role"
+        )
     model = args.model or default_model_path()
     name = args.served_model_name or args.model or "default"
     split = args.role != "aggregated"  # (prefill and decode nodes: the PD options apply)
     prefill = None
     if args.role == "decode":  # its prefill slot: the prefill nodes, through Dynamo
-        prefill = DynamoPrefill(f"{args.namespace}.prefill.generate", (args.discovery_backend, args.request_plane))
+        prefill = DynamoPrefill(
+            f"{args.namespace}.prefill.generate", (args.discovery_backend, args.request_plane)
+        )
     topology = "1p1d" if split else "single"
     launch = rlt.Engine.launch(
         model, hf_overrides=args.hf_overrides, topology=topology, remote_prefill=prefill, **options
@@ -107,7 +129,8 @@ def parse(argv=None) -> Node:
         discovery_backend=args.discovery_backend,
         request_plane=args.request_plane,
         event_plane=args.event_plane,
-        enable_kv_routing=True,  # KV events and load for Dynamo's KV router (rlt/dynamo/router_state.py)
+        # KV events and load for Dynamo's KV router (rlt/dynamo/router_state.py)
+        enable_kv_routing=True,
         custom_jinja_template=template,
         tool_call_parser=tools,
         reasoning_parser=reasoning,

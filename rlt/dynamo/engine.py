@@ -36,7 +36,14 @@ log = logging.getLogger("rlt.dynamo")
 
 # rlt's finish reasons -> Dynamo's
 FINISH = {"stop": "stop", "length": "length", "abort": "cancelled", "error": "error"}
-LOOP_OPTIONS = ("exit_criterion", "exit_threshold", "min_loops", "max_loops", "speculative_loops", "speculative_tokens")
+LOOP_OPTIONS = (
+    "exit_criterion",
+    "exit_threshold",
+    "min_loops",
+    "max_loops",
+    "speculative_loops",
+    "speculative_tokens",
+)
 
 
 _SAMPLING = ("temperature", "top_p", "top_k", "min_p", "seed", "n")
@@ -59,7 +66,8 @@ def sampling_params(request: dict) -> SamplingParams:
     option rlt cannot honour is a RequestError naming it."""
     so, sc = request.get("sampling_options") or {}, request.get("stop_conditions") or {}
     oo = request.get("output_options") or {}
-    extra = (request.get("extra_args") or {}).get("sampling_options") or {}  # (the frontend's passthrough)
+    # (the frontend's passthrough)
+    extra = (request.get("extra_args") or {}).get("sampling_options") or {}
     for k, name in _REFUSED.items():
         if so.get(k) not in (None, False) or extra.get(k) not in (None, False):
             raise RequestError(f"{name}: not supported by rlt")
@@ -68,7 +76,11 @@ def sampling_params(request: dict) -> SamplingParams:
     kw: dict[str, Any] = {k: so[k] for k in _SAMPLING if so.get(k) is not None}
     if kw.get("top_k") == -1:
         kw["top_k"] = 0
-    stop = {t for k in ("stop_token_ids_hidden", "stop_token_ids", "stop_token_ids_visible") for t in sc.get(k) or []}
+    stop = {
+        t
+        for k in ("stop_token_ids_hidden", "stop_token_ids", "stop_token_ids_visible")
+        for t in sc.get(k) or []
+    }
     if stop:  # (which of them the text shows is the frontend's concern)
         kw["stop_token_ids"] = sorted(stop)
     for name in ("max_tokens", "min_tokens", "ignore_eos"):
@@ -94,14 +106,18 @@ def structured_output(g: dict | None) -> StructuredOutput | None:
     if g.get("backend") not in (None, "", "auto", "xgrammar"):
         raise RequestError(f"guided_decoding_backend: {g['backend']!r} is not rlt's (xgrammar)")
     if g.get("whitespace_pattern") is not None:
-        raise RequestError("guided_whitespace_pattern: not supported (rlt's JSON is always compact: no whitespace)")
+        raise RequestError(
+            "guided_whitespace_pattern: not supported (rlt's JSON is always compact: no whitespace)"
+        )
     if g.get("structural_tag") is not None:
         raise RequestError("structural_tag: not supported by rlt")
     given = {k: g[k] for k in _GUIDED if g.get(k) not in (None, [])}
     if not given:
         return None
     if len(given) > 1:  # (the frontend refuses this itself)
-        raise RequestError(f"guided decoding: set one of json, regex, choice, grammar; got {sorted(given)}")
+        raise RequestError(
+            f"guided decoding: set one of json, regex, choice, grammar; got {sorted(given)}"
+        )
     return StructuredOutput(**given)
 
 
@@ -161,7 +177,11 @@ class Sent:
 
 def chunk(out, sent: Sent, top: int | None, prompt_top: int | None = None) -> dict:
     """A delta output (what is new for its choice; `sent` has taken it in) as a Dynamo response chunk."""
-    c = {"index": out.index, "token_ids": out.token_ids, "engine_data": {"exit_depths": out.exit_depths}}
+    c = {
+        "index": out.index,
+        "token_ids": out.token_ids,
+        "engine_data": {"exit_depths": out.exit_depths},
+    }
     if top is not None and out.logprobs is not None:
         positions = out.logprobs
         c["log_probs"] = [pos[t] for t, pos in zip(c["token_ids"], positions)]
@@ -180,16 +200,24 @@ def chunk(out, sent: Sent, top: int | None, prompt_top: int | None = None) -> di
             )
         c["finish_reason"] = FINISH.get(out.finish_reason, "error")
         prompt, done = len(out.prompt_token_ids), len(sent.depths)
-        c["completion_usage"] = {"prompt_tokens": prompt, "completion_tokens": done, "total_tokens": prompt + done}
+        c["completion_usage"] = {
+            "prompt_tokens": prompt,
+            "completion_tokens": done,
+            "total_tokens": prompt + done,
+        }
         if out.num_cached_tokens is not None:  # what the prefix cache held (OpenAI's usage field)
-            c["completion_usage"]["prompt_tokens_details"] = {"cached_tokens": out.num_cached_tokens}
+            c["completion_usage"]["prompt_tokens_details"] = {
+                "cached_tokens": out.num_cached_tokens
+            }
     return c
 
 
 def exit_line(stats: EngineStats) -> str:
     """What the node leaves behind when it stops (nothing, unless requests were still running)."""
     local = [w for w in stats.workers if w.pid is not None]
-    blocks = ", ".join(f"{w.role} worker {w.kv_blocks_free} of {w.kv_blocks_total} KV blocks free" for w in local)
+    blocks = ", ".join(
+        f"{w.role} worker {w.kv_blocks_free} of {w.kv_blocks_total} KV blocks free" for w in local
+    )
     return f"rlt node at exit: {stats.live_requests} live requests, {stats.pending_cleanup} pending cleanup, {blocks}"
 
 
@@ -209,7 +237,8 @@ class RltEngine(RouterHooks, LLMEngine):
         self.prefill = prefill
         self.kv_events = KvEvents()  # the worker's prefix cache, to Dynamo's KV router
         launch.engine.watch_prefix_cache(self.kv_events)
-        self.snapshots = self.endpoint = self.watch = self.metrics = None  # (Dynamo's, once handed over)
+        # (Dynamo's, once handed over)
+        self.snapshots = self.endpoint = self.watch = self.metrics = None
 
     @classmethod
     def of(cls, node) -> "RltEngine":
@@ -222,7 +251,9 @@ class RltEngine(RouterHooks, LLMEngine):
 
         node = parse(argv)
         if node.role == "prefill":
-            raise ValueError("a prefill node is no Dynamo LLM engine: run it with python -m rlt.dynamo --role prefill")
+            raise ValueError(
+                "a prefill node is no Dynamo LLM engine: run it with python -m rlt.dynamo --role prefill"
+            )
         return cls.of(node), node.config
 
     async def start(self, worker_id: int) -> EngineConfig:
@@ -262,8 +293,10 @@ class RltEngine(RouterHooks, LLMEngine):
             async for out in stream:
                 if out.finish_reason == "error":  # failed in a worker (e.g. its KV handoff): a 503
                     if not sent and (out.error or "").startswith("structured_output."):
-                        raise InvalidArgument(out.error)  # its grammar did not compile in the worker: a 400
-                    log.warning("request %s failed: %s", context.id(), out.error)  # (the 503 hides why)
+                        # its grammar did not compile in the worker: a 400
+                        raise InvalidArgument(out.error)
+                    # (the 503 hides why)
+                    log.warning("request %s failed: %s", context.id(), out.error)
                     raise EngineShutdown(out.error or "the request failed in an rlt worker")
                 choice = sent.setdefault(out.index, Sent())
                 choice.add(out)
@@ -284,16 +317,22 @@ class RltEngine(RouterHooks, LLMEngine):
         tok = self.engine.tokenizer
         if tok is None:
             return params
-        if self.reasoning_parser != "deepseek_r1" and Think(tok.decode(prompt[-8:])).state != "reasoning":
+        if (
+            self.reasoning_parser != "deepseek_r1"
+            and Think(tok.decode(prompt[-8:])).state != "reasoning"
+        ):
             return params
-        so = msgspec.structs.replace(params.structured_output, after=tok(END_THINK, add_special_tokens=False).input_ids)
+        so = msgspec.structs.replace(
+            params.structured_output, after=tok(END_THINK, add_special_tokens=False).input_ids
+        )
         return msgspec.structs.replace(params, structured_output=so)
 
     async def cleanup(self) -> None:
         if self.watch is not None:
             await self.watch.stop()
         if self.engine is not None:
-            for _ in range(100):  # what came in as the drain ended (the health canary: one token) ends first
+            # what came in as the drain ended (the health canary: one token) ends first
+            for _ in range(100):
                 if self.engine.stats().live_requests == 0:
                     break
                 await asyncio.sleep(0.02)

@@ -28,7 +28,8 @@ def main(argv=None) -> int:
         async def factory(_argv):
             return built
 
-        # Dynamo's worker shuts down gracefully on SIGINT and SIGTERM (drain, then cleanup); Python's
+        # Dynamo's worker shuts down gracefully on SIGINT and SIGTERM (drain, then cleanup);
+        # Python's
         # own SIGINT handler would also raise KeyboardInterrupt into the loop and skip that.
         signal.signal(signal.SIGINT, lambda *_: None)
         run(RltEngine, argv, engine_factory=factory)
@@ -69,15 +70,27 @@ async def serve_prefill(launch, args) -> None:
     serving = asyncio.ensure_future(endpoint.serve_endpoint(node.handle))
     print(f"rlt prefill node ready at {args.namespace}.prefill.generate", flush=True)
     try:
-        await asyncio.wait([serving, asyncio.ensure_future(stop.wait())], return_when=asyncio.FIRST_COMPLETED)
-        if stop.is_set():  # drain: out of discovery (decode nodes send no more), then what it holds finishes
+        await asyncio.wait(
+            [serving, asyncio.ensure_future(stop.wait())], return_when=asyncio.FIRST_COMPLETED
+        )
+        # drain: out of discovery (decode nodes send no more), then what it holds finishes
+        if stop.is_set():
             await endpoint.unregister_endpoint_instance()
-            print(f"rlt prefill node: out of discovery, draining {len(node.relay.queues)} prefills", flush=True)
+            print(
+                f"rlt prefill node: out of discovery, draining {len(node.relay.queues)} prefills",
+                flush=True,
+            )
             held = await node.drain(DRAIN_TIMEOUT_S)
-            print(f"rlt prefill node: left discovery, {held} prefills still held after the drain", flush=True)
+            print(
+                f"rlt prefill node: left discovery, {held} prefills still held after the drain",
+                flush=True,
+            )
     finally:
         runtime.shutdown()
         serving.cancel()
         await asyncio.gather(serving, return_exceptions=True)
         await node.shutdown()
-        print(f"rlt prefill node: {node.prefilled} prompts prefilled, {node.kv_bytes} KV bytes written", flush=True)
+        print(
+            f"rlt prefill node: {node.prefilled} prompts prefilled, {node.kv_bytes} KV bytes written",
+            flush=True,
+        )

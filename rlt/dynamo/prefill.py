@@ -47,12 +47,19 @@ class Relay(EventSink):
 
     def on_token(self, w, t: pr.Token) -> None:
         if t.gen in self.queues:
-            self._put(t.gen, pr.Outputs([msgspec.structs.replace(t, gen=self.remote_gen[t.gen])], w.stats))
+            self._put(
+                t.gen, pr.Outputs([msgspec.structs.replace(t, gen=self.remote_gen[t.gen])], w.stats)
+            )
 
     def on_prefill_released(self, w, gen: int, done: pr.TransferDone | None) -> None:
         if gen in self.queues:
             r = self.remote_gen[gen]
-            self._put(gen, pr.Drained(r) if done is None else pr.TransferDone(r, done.chunks, done.bytes, done.seconds))
+            self._put(
+                gen,
+                pr.Drained(r)
+                if done is None
+                else pr.TransferDone(r, done.chunks, done.bytes, done.seconds),
+            )
 
     def on_failed(self, w, msg: pr.Failed) -> None:
         if msg.gen in self.queues:
@@ -83,11 +90,16 @@ class PrefillNode:
         e = launch.engine
         self.relay = Relay()
         self.supervisor = Supervisor(
-            e.model_config, e.engine_config, e.launch_config, slots=[("prefill", 0)], events=self.relay
+            e.model_config,
+            e.engine_config,
+            e.launch_config,
+            slots=[("prefill", 0)],
+            events=self.relay,
         )
         self._gens = itertools.count(1)
         self._keys: dict[str, int] = {}  # the caller's key -> local generation
-        self._agents: dict[str, bytes] = {}  # decode agents introduced to the worker, their metadata
+        # decode agents introduced to the worker, their metadata
+        self._agents: dict[str, bytes] = {}
         self.prefilled, self.kv_bytes = 0, 0  # prompts whose KV was handed off, and its bytes
 
     async def start(self) -> None:
@@ -166,7 +178,8 @@ class PrefillNode:
                     self.prefilled, self.kv_bytes = self.prefilled + 1, self.kv_bytes + msg.bytes
                 yield msg
         finally:
-            if not ended and self.supervisor.workers[0] is not None:  # the caller is gone: stop writing to it
+            # the caller is gone: stop writing to it
+            if not ended and self.supervisor.workers[0] is not None:
                 self.supervisor.post(self.supervisor.workers[0], pr.Cancel(local))
             self.relay.close(local)
             self._keys.pop(key, None)

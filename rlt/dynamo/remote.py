@@ -52,7 +52,9 @@ class RemotePrefill(RemoteWorker):
         try:
             await asyncio.wait_for(self.client.wait_for_instances(), handshake_timeout)
         except TimeoutError:
-            raise TimeoutError(f"no rlt prefill node found through Dynamo within {handshake_timeout} s") from None
+            raise TimeoutError(
+                f"no rlt prefill node found through Dynamo within {handshake_timeout} s"
+            ) from None
 
     async def wait_ready(self, timeout: float) -> pr.Ready:
         """The Ready of a prefill node (fingerprint, pool geometry): every node of a deployment runs
@@ -79,7 +81,7 @@ class RemotePrefill(RemoteWorker):
             self._spawn(self._cancel(msg.gen))
         return True  # (Abort, Shutdown: a prefill node frees its side itself)
 
-    # ---- requests ---------------------------------------------------------------------------------
+    # ---- requests --------------------------------------------------------------------------------
     def _spawn(self, coro) -> None:
         t = asyncio.ensure_future(coro)
         self._tasks.add(t)
@@ -94,9 +96,14 @@ class RemotePrefill(RemoteWorker):
                 key = f"{msg.dst_agent}:{msg.gen}"
                 self.taken[msg.gen] = (instance, key)
                 call = wire.PrefillCall(
-                    key=key, prefill=msg, peer=self.peers[msg.dst_agent], fingerprint=self.host.fingerprint
+                    key=key,
+                    prefill=msg,
+                    peer=self.peers[msg.dst_agent],
+                    fingerprint=self.host.fingerprint,
                 )
-                async for item in await self.client.direct(wire.pack(call), instance, annotated=False):
+                async for item in await self.client.direct(
+                    wire.pack(call), instance, annotated=False
+                ):
                     reply = wire.reply(item).msg
                     ended = isinstance(reply, (pr.TransferDone, pr.Drained, pr.Failed))
                     if isinstance(reply, pr.Outputs):
@@ -116,9 +123,12 @@ class RemotePrefill(RemoteWorker):
     async def _cancel(self, gen: int) -> None:
         instance, key = self.taken.get(gen, (None, None))
         if instance is None:
-            return  # it ended meanwhile (its own TransferDone / Drained / Failed frees the decode side)
+            # it ended meanwhile (its own TransferDone / Drained / Failed frees the decode side)
+            return
         try:
-            async for _ in await self.client.direct(wire.pack(wire.CancelCall(key)), instance, annotated=False):
+            async for _ in await self.client.direct(
+                wire.pack(wire.CancelCall(key)), instance, annotated=False
+            ):
                 pass
         except Exception:  # noqa: BLE001 - the node is gone: its stream breaks and fails the request
             pass

@@ -67,10 +67,17 @@ def snapshot(stats: EngineStats) -> ComponentSnapshot | None:
     w = next((w for w in stats.workers if w.pid is not None and w.state == "ready"), None)
     if w is None or not w.kv_blocks_total:
         return None
-    total, used = w.kv_blocks_total // w.kv_planes, (w.kv_blocks_total - w.kv_blocks_free) // w.kv_planes
+    total, used = (
+        w.kv_blocks_total // w.kv_planes,
+        (w.kv_blocks_total - w.kv_blocks_free) // w.kv_planes,
+    )
     rate = w.prefix_cache.hit_rate if w.prefix_cache.queried_tokens else None
     return ComponentSnapshot(
-        kv_used_blocks=used, kv_total_blocks=total, gpu_cache_usage=used / total, dp_rank=0, kv_cache_hit_rate=rate
+        kv_used_blocks=used,
+        kv_total_blocks=total,
+        gpu_cache_usage=used / total,
+        dp_rank=0,
+        kv_cache_hit_rate=rate,
     )
 
 
@@ -107,7 +114,9 @@ class NodeWatch:
                 log.warning("rlt node: its worker is ready again; back in discovery")
             else:
                 await endpoint.unregister_endpoint_instance()
-                log.warning("rlt node cannot serve (%s): out of discovery until its worker is back", why)
+                log.warning(
+                    "rlt node cannot serve (%s): out of discovery until its worker is back", why
+                )
             self.serving = healthy
         snap = snapshot(self.engine.stats())
         if self.node.snapshots is not None and snap is not None and snap != self._last:

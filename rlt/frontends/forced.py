@@ -21,7 +21,8 @@ class Forced:
     def __init__(self, forced: str):
         self.name = None if forced == "required" else forced  # None: a list of calls
         self.buf, self.state, self.calls = "", "list" if self.name is None else "named", 0
-        self.depth, self.in_str, self.esc, self.begun = 0, False, False, False  # in the current arguments
+        # in the current arguments
+        self.depth, self.in_str, self.esc, self.begun = 0, False, False, False
 
     def feed(self, text: str, final: bool) -> list[tuple]:
         out = []

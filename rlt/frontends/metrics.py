@@ -23,9 +23,46 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.utils import floatToGoString
 
-_LATENCY = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0)
+_LATENCY = (
+    0.001,
+    0.005,
+    0.01,
+    0.02,
+    0.04,
+    0.06,
+    0.08,
+    0.1,
+    0.25,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+)
 LABELS = ["model_name"]
-_REQUEST = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0)
+_REQUEST = (
+    0.3,
+    0.5,
+    0.8,
+    1.0,
+    1.5,
+    2.0,
+    2.5,
+    5.0,
+    10.0,
+    15.0,
+    20.0,
+    30.0,
+    40.0,
+    50.0,
+    60.0,
+    120.0,
+    240.0,
+)
 
 
 class _EngineState:
@@ -37,13 +74,21 @@ class _EngineState:
         ws = st.workers
         total, free = sum(w.kv_blocks_total for w in ws), sum(w.kv_blocks_free for w in ws)
         for name, doc, value in (
-            ("rlt:num_requests_running", "requests running on the workers", sum(w.running for w in ws)),
+            (
+                "rlt:num_requests_running",
+                "requests running on the workers",
+                sum(w.running for w in ws),
+            ),
             (
                 "rlt:num_requests_waiting",
                 "requests waiting: on the workers, or in the coordinator for a worker with room",
                 sum(w.waiting for w in ws) + st.queued_requests,
             ),
-            ("rlt:kv_cache_usage_perc", "share of KV blocks in use (1 = full)", (total - free) / total if total else 0),
+            (
+                "rlt:kv_cache_usage_perc",
+                "share of KV blocks in use (1 = full)",
+                (total - free) / total if total else 0,
+            ),
             (
                 "rlt:prefix_cache_blocks",
                 "KV blocks holding cached prefixes (those no request uses count as free)",
@@ -52,8 +97,16 @@ class _EngineState:
         ):
             yield self._one(GaugeMetricFamily(name, doc, labels=LABELS), value)
         for name, doc, value in (
-            ("rlt:num_preemptions", "requests preempted (resumed by recompute)", sum(w.preemptions for w in ws)),
-            ("rlt:spec_decode_num_drafts", "self-speculation rounds verified", sum(w.spec_rounds for w in ws)),
+            (
+                "rlt:num_preemptions",
+                "requests preempted (resumed by recompute)",
+                sum(w.preemptions for w in ws),
+            ),
+            (
+                "rlt:spec_decode_num_drafts",
+                "self-speculation rounds verified",
+                sum(w.spec_rounds for w in ws),
+            ),
             (
                 "rlt:spec_decode_num_draft_tokens",
                 "self-speculation: draft tokens checked",
@@ -74,7 +127,11 @@ class _EngineState:
                 "prompt tokens found in the prefix cache",
                 st.prefix_cache.hit_tokens,
             ),
-            ("rlt:kv_handoff_bytes", "PD: KV bytes written from prefill to decode workers", st.kv_bytes),
+            (
+                "rlt:kv_handoff_bytes",
+                "PD: KV bytes written from prefill to decode workers",
+                st.kv_bytes,
+            ),
             (
                 "rlt:kv_handoff_seconds",
                 "PD: seconds from a prompt's Prefill to its last KV write, summed",
@@ -104,7 +161,9 @@ class _TokenHistogram:
 
     def family(self, model_name: str) -> HistogramMetricFamily:
         cumulative = list(itertools.accumulate(list(self.counts)))
-        buckets = [(floatToGoString(b), c) for b, c in zip(self.bounds, cumulative)] + [("+Inf", cumulative[-1])]
+        buckets = [(floatToGoString(b), c) for b, c in zip(self.bounds, cumulative)] + [
+            ("+Inf", cumulative[-1])
+        ]
         family = HistogramMetricFamily(self.name, self.doc, labels=LABELS)
         family.add_metric([model_name], buckets, self.sum)
         return family
@@ -116,7 +175,9 @@ class _PerToken:
     def __init__(self, depth: int, model_name: str):
         self.model_name, self.generated = model_name, 0
         self.itl = _TokenHistogram("rlt:inter_token_latency_seconds", "ITL", _LATENCY)
-        self.depth = _TokenHistogram("rlt:exit_depth", "loop depth each generated token exited at", range(1, depth + 1))
+        self.depth = _TokenHistogram(
+            "rlt:exit_depth", "loop depth each generated token exited at", range(1, depth + 1)
+        )
 
     def add(self, depths, n: int) -> None:
         """n more generated tokens, exiting at depths."""
@@ -143,10 +204,14 @@ class Metrics:
         self.prompt_tokens = one(Counter, "rlt:prompt_tokens", "prompt tokens")
         self.per_token = _PerToken(depth, model_name)
         r.register(self.per_token)
-        self._success = Counter("rlt:request_success", "finished requests", [*LABELS, "finished_reason"], registry=r)
+        self._success = Counter(
+            "rlt:request_success", "finished requests", [*LABELS, "finished_reason"], registry=r
+        )
         self.ttft = one(Histogram, "rlt:time_to_first_token_seconds", "TTFT", buckets=_LATENCY)
         self.tpot = one(Histogram, "rlt:time_per_output_token_seconds", "TPOT", buckets=_LATENCY)
-        self.e2e = one(Histogram, "rlt:e2e_request_latency_seconds", "E2E latency", buckets=_REQUEST)
+        self.e2e = one(
+            Histogram, "rlt:e2e_request_latency_seconds", "E2E latency", buckets=_REQUEST
+        )
         self.queue = one(
             Histogram,
             "rlt:request_queue_time_seconds",
@@ -160,7 +225,10 @@ class Metrics:
             buckets=_REQUEST,
         )
         self.decode = one(
-            Histogram, "rlt:request_decode_time_seconds", "seconds from the first token to the end", buckets=_REQUEST
+            Histogram,
+            "rlt:request_decode_time_seconds",
+            "seconds from the first token to the end",
+            buckets=_REQUEST,
         )
         r.register(_EngineState(engine, model_name))
 
@@ -177,7 +245,14 @@ class _Timing:
     """One request's stream, observed as its outputs arrive."""
 
     def __init__(self, m: Metrics, record=None):
-        self.m, self.record, self.start, self.last, self.first, self.tokens = m, record, time.monotonic(), None, None, 0
+        self.m, self.record, self.start, self.last, self.first, self.tokens = (
+            m,
+            record,
+            time.monotonic(),
+            None,
+            None,
+            0,
+        )
         self.out = None
 
     def output(self, out) -> None:
@@ -192,7 +267,8 @@ class _Timing:
             self.first = now
             self.m.ttft.observe(now - self.start)
             self.m.prompt_tokens.inc(len(out.prompt_token_ids))
-            if self.record is not None and self.record.ttft is None:  # (a call's first choice to get one)
+            # (a call's first choice to get one)
+            if self.record is not None and self.record.ttft is None:
                 self.record.ttft = now - self.record.start
         elif self.last is not None:
             self.m.per_token.itl.observe((now - self.last) / new, new)

@@ -31,7 +31,9 @@ _HEAD = re.compile(r'\s*\{\s*"name"\s*:\s*("(?:[^"\\]|\\.)*")\s*,\s*"arguments"\
 @functools.lru_cache(maxsize=64)
 def _prefixes(words: tuple[str, ...]) -> tuple[frozenset, int]:
     """The words' proper prefixes, and the longest word's length (a per-token check is a few lookups)."""
-    return frozenset(w[:k] for w in words for k in range(1, len(w))), max(map(len, words), default=1)
+    return frozenset(w[:k] for w in words for k in range(1, len(w))), max(
+        map(len, words), default=1
+    )
 
 
 def _held(text: str, words: tuple[str, ...], prefixes: tuple | None = None) -> int:
@@ -43,7 +45,9 @@ def _held(text: str, words: tuple[str, ...], prefixes: tuple | None = None) -> i
     return 0
 
 
-def default_parsers(family: str, template: str | None, vocab: dict | None) -> tuple[str | None, str | None]:
+def default_parsers(
+    family: str, template: str | None, vocab: dict | None
+) -> tuple[str | None, str | None]:
     """(reasoning parser, tool-call parser) for a checkpoint: Nanbeige4.2 thinks in <think> and calls
     tools in Hermes's <tool_call> JSON (its template and special tokens); Ouro's templates are ChatML
     with no tool syntax of their own (Hermes is ChatML's convention) and its Thinking variants think in
@@ -103,7 +107,8 @@ class Hermes:
 
     def __init__(self):
         self.buf, self.call, self.calls = "", None, 0
-        self.space, self.after_call = "", False  # content's trailing whitespace, held; just after a call
+        # content's trailing whitespace, held; just after a call
+        self.space, self.after_call = "", False
 
     def _content(self, text: str, out: list) -> None:
         if self.after_call:
@@ -131,7 +136,8 @@ class Hermes:
                         out.append(("content", self.space))
                     return out
                 self._content(self.buf[:i], out)
-                self.call = _Call(self.calls, space=self.space)  # (the space goes if this is a call)
+                # (the space goes if this is a call)
+                self.call = _Call(self.calls, space=self.space)
                 self.space, self.buf = "", self.buf[i + len(CALL) :]
                 continue
             j = self.buf.find(END_CALL)
@@ -139,7 +145,9 @@ class Hermes:
             c = self.call
             if c.head is None and (m := _HEAD.match(body)):
                 c.head = m.end()
-                out.append(("call", (c.index, f"chatcmpl-tool-{uuid.uuid4().hex}", json.loads(m.group(1)))))
+                out.append(
+                    ("call", (c.index, f"chatcmpl-tool-{uuid.uuid4().hex}", json.loads(m.group(1))))
+                )
                 self.calls += 1
             closed = j >= 0 or final
             if c.head is not None:
@@ -147,7 +155,8 @@ class Hermes:
                 if not closed:
                     region = region[: len(region) - _held(region, (END_CALL,))]
                 args = region.rstrip()
-                args = args[:-1].rstrip() if args.endswith("}") else args  # (the call object's own brace)
+                # (the call object's own brace)
+                args = args[:-1].rstrip() if args.endswith("}") else args
                 if len(args) > c.sent:
                     out.append(("args", (c.index, args[c.sent :])))
                     c.sent = len(args)
@@ -187,7 +196,8 @@ class Parsing:
     include_reasoning: bool = True
     strip: tuple[str, ...] = ()
     one_call: bool = False  # parallel_tool_calls false: the first call only (as vLLM)
-    drop: tuple[str, ...] = ()  # special markers left over in the text once parsed (skip_special_tokens drops them)
+    # special markers left over in the text once parsed (skip_special_tokens drops them)
+    drop: tuple[str, ...] = ()
     # tool_choice "required" or the named function: plain JSON (rlt/frontends/forced.py)
     forced: str | None = None
 
@@ -242,7 +252,10 @@ class Split:
                 self._calls(self.hermes.feed(piece, False), out)
         if final and self.hermes is not None:
             self._calls(self.hermes.feed("", True), out)
-        out.reasoning, out.content = self.drop[0].feed(out.reasoning, final), self.drop[1].feed(out.content, final)
+        out.reasoning, out.content = (
+            self.drop[0].feed(out.reasoning, final),
+            self.drop[1].feed(out.content, final),
+        )
         return out
 
     def _calls(self, events: list, out: Pieces) -> None:
@@ -255,7 +268,12 @@ class Split:
                 self.any_call = True
                 index, id_, name = v
                 out.calls.append(
-                    {"index": index, "id": id_, "type": "function", "function": {"name": name, "arguments": ""}}
+                    {
+                        "index": index,
+                        "id": id_,
+                        "type": "function",
+                        "function": {"name": name, "arguments": ""},
+                    }
                 )
             else:
                 index, text = v
@@ -270,7 +288,10 @@ def assemble(entries: list[dict]) -> list[dict]:
     """tool_calls delta entries -> the whole calls (as a client assembles a stream's)."""
     calls: dict[int, dict] = {}
     for e in entries:
-        c = calls.setdefault(e["index"], {"id": None, "type": "function", "function": {"name": None, "arguments": ""}})
+        c = calls.setdefault(
+            e["index"],
+            {"id": None, "type": "function", "function": {"name": None, "arguments": ""}},
+        )
         c["id"] = e.get("id", c["id"])
         fn = e["function"]
         if "name" in fn:

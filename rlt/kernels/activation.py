@@ -10,7 +10,9 @@ from rlt.kernels import pdl
 
 
 @triton.jit
-def _silu_mul_kernel(gu_ptr, out_ptr, stride_gu, stride_out, N, BLOCK: tl.constexpr, PDL: tl.constexpr):
+def _silu_mul_kernel(
+    gu_ptr, out_ptr, stride_gu, stride_out, N, BLOCK: tl.constexpr, PDL: tl.constexpr
+):
     pdl.begin(PDL)
     t = tl.program_id(0)
     offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
@@ -19,7 +21,9 @@ def _silu_mul_kernel(gu_ptr, out_ptr, stride_gu, stride_out, N, BLOCK: tl.conste
     u = tl.load(gu_ptr + t * stride_gu + N + offs, mask=ok, other=0.0)
     s = (g * tl.sigmoid(g)).to(out_ptr.dtype.element_ty)
     tl.store(
-        out_ptr + t * stride_out + offs, (s.to(tl.float32) * u.to(tl.float32)).to(out_ptr.dtype.element_ty), mask=ok
+        out_ptr + t * stride_out + offs,
+        (s.to(tl.float32) * u.to(tl.float32)).to(out_ptr.dtype.element_ty),
+        mask=ok,
     )
 
 

@@ -5,7 +5,9 @@ import torch
 import torch.nn.functional as F
 
 
-def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_start: int) -> torch.Tensor:
+def causal_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_start: int
+) -> torch.Tensor:
     """One sequence. q [T, H, D] holds positions q_start..q_start+T-1; k/v [S, Hkv, D] hold
     positions 0..S-1. Query t attends keys 0..q_start+t. Returns [T, H, D]."""
     T, H, D = q.shape
@@ -16,8 +18,12 @@ def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_start:
         return out.squeeze(0).transpose(0, 1)
     if q.device.type == "cpu" and 0 < q_start == S - T:
         return _prefix_then_causal_cpu(q4, k4, v4, q_start, D**-0.5).squeeze(0).transpose(0, 1)
-    mask = torch.arange(S, device=q.device).unsqueeze(0) <= (q_start + torch.arange(T, device=q.device)).unsqueeze(1)
-    out = F.scaled_dot_product_attention(q4, k4, v4, attn_mask=mask, scale=D**-0.5, enable_gqa=Hkv != H)
+    mask = torch.arange(S, device=q.device).unsqueeze(0) <= (
+        q_start + torch.arange(T, device=q.device)
+    ).unsqueeze(1)
+    out = F.scaled_dot_product_attention(
+        q4, k4, v4, attn_mask=mask, scale=D**-0.5, enable_gqa=Hkv != H
+    )
     return out.squeeze(0).transpose(0, 1)
 
 

@@ -12,7 +12,18 @@ LOG2E = 1.4426950408889634  # scores are scaled into log2 units: the softmax run
 
 
 @triton.jit
-def kv_tile(base, table_row_ptr, pos, key_ok, offs_d, d_ok, stride_cb, stride_co, stride_ckv, BLOCK_SIZE: tl.constexpr):
+def kv_tile(
+    base,
+    table_row_ptr,
+    pos,
+    key_ok,
+    offs_d,
+    d_ok,
+    stride_cb,
+    stride_co,
+    stride_ckv,
+    BLOCK_SIZE: tl.constexpr,
+):
     """K and V [len(pos), D_PAD] of one head at positions pos, through the block table (masked keys
     read as 0)."""
     block = tl.load(table_row_ptr + pos // BLOCK_SIZE, mask=key_ok, other=0)
@@ -38,7 +49,11 @@ def kv_full_tile(
 ):
     """kv_tile of keys all in range: no key mask, nor a head-dim one when head_dim is its padding."""
     block = tl.load(table_row_ptr + pos // BLOCK_SIZE)
-    ptrs = base + (block.to(tl.int64) * stride_cb + (pos % BLOCK_SIZE) * stride_co)[:, None] + offs_d[None, :]
+    ptrs = (
+        base
+        + (block.to(tl.int64) * stride_cb + (pos % BLOCK_SIZE) * stride_co)[:, None]
+        + offs_d[None, :]
+    )
     if EVEN_D:
         k = tl.load(ptrs)
         v = tl.load(ptrs + stride_ckv)
@@ -49,7 +64,9 @@ def kv_full_tile(
 
 
 @triton.jit
-def softmax_step(q, k, v, allowed, m_i, l_i, acc, qk_scale, IEEE: tl.constexpr, MASKED: tl.constexpr):
+def softmax_step(
+    q, k, v, allowed, m_i, l_i, acc, qk_scale, IEEE: tl.constexpr, MASKED: tl.constexpr
+):
     """One key tile of the online softmax in float32: scores q k^T in log2 units (qk_scale: the
     softmax scale times LOG2E; with MASKED only `allowed` [M, N] count), running max m_i, sum l_i
     and unnormalised output acc updated."""
@@ -89,7 +106,10 @@ def merge_slices(part_ptr, ml_ptr, first, working, BLOCK_M: tl.constexpr, D_PAD:
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
         a_old, a_s = tl.exp2(m_i - m_safe), tl.exp2(m_s - m_safe)
         l_i = l_i * a_old + tl.load(ml_ptr + slot * 2 + 1) * a_s
-        acc = acc * a_old[:, None] + tl.load(part_ptr + slot[:, None] * D_PAD + offs_d[None, :]) * a_s[:, None]
+        acc = (
+            acc * a_old[:, None]
+            + tl.load(part_ptr + slot[:, None] * D_PAD + offs_d[None, :]) * a_s[:, None]
+        )
         m_i = m_new
     return acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
 
@@ -175,15 +195,35 @@ def paged_item(
         for n0 in range(lo, free, BLOCK_N):
             pos = n0 + tl.arange(0, BLOCK_N)
             k, v = kv_full_tile(
-                base, table, pos, offs_d, d_ok, stride_cb, stride_co, stride_ckv, BLOCK_SIZE, HEAD_DIM == D_PAD
+                base,
+                table,
+                pos,
+                offs_d,
+                d_ok,
+                stride_cb,
+                stride_co,
+                stride_ckv,
+                BLOCK_SIZE,
+                HEAD_DIM == D_PAD,
             )
             m_i, l_i, acc = softmax_step(q, k, v, None, m_i, l_i, acc, scale, IEEE, False)
         for n0 in range(free, hi, BLOCK_N):
             pos = n0 + tl.arange(0, BLOCK_N)
             key_ok = pos < hi
-            k, v = kv_tile(base, table, pos, key_ok, offs_d, d_ok, stride_cb, stride_co, stride_ckv, BLOCK_SIZE)
+            k, v = kv_tile(
+                base, table, pos, key_ok, offs_d, d_ok, stride_cb, stride_co, stride_ckv, BLOCK_SIZE
+            )
             m_i, l_i, acc = softmax_step(
-                q, k, v, (pos[None, :] <= q_pos[:, None]) & key_ok[None, :], m_i, l_i, acc, scale, IEEE, True
+                q,
+                k,
+                v,
+                (pos[None, :] <= q_pos[:, None]) & key_ok[None, :],
+                m_i,
+                l_i,
+                acc,
+                scale,
+                IEEE,
+                True,
             )
         o_rows = o_ptr + rows[:, None] * stride_ot + q_head[:, None] * stride_oh + offs_d[None, :]
         o_mask = row_ok[:, None] & d_ok[None, :]
@@ -195,7 +235,8 @@ def paged_item(
             tl.store(part_ptr + slot[:, None] * D_PAD + offs_d[None, :], acc)
             tl.store(ml_ptr + slot * 2, m_i)
             tl.store(ml_ptr + slot * 2 + 1, l_i)
-            # the split-K handshake (a CTA barrier, one gpu-scope acq_rel atomic): the last arrival merges
+            # the split-K handshake (a CTA barrier, one gpu-scope acq_rel atomic): the last arrival
+            # merges
             tl.debug_barrier()
             if tl.atomic_add(count_ptr + pair, 1, sem="acq_rel") == working - 1:
                 out = merge_slices(part_ptr, ml_ptr, pair * splits, working, BLOCK_M, D_PAD)

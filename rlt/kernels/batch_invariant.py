@@ -41,7 +41,8 @@ def _matmul_kernel(
     pid = tl.program_id(0)
     num_pid_m = tl.cdiv(M, BLOCK_M)
     num_pid_n = tl.cdiv(N, BLOCK_N)
-    group = GROUP_M * num_pid_n  # grouped launch order: tiles sharing weight columns run together (L2 reuse)
+    # grouped launch order: tiles sharing weight columns run together (L2 reuse)
+    group = GROUP_M * num_pid_n
     first_m = (pid // group) * GROUP_M
     group_m = tl.minimum(num_pid_m - first_m, GROUP_M)
     pid_m = first_m + (pid % group) % group_m
@@ -63,7 +64,9 @@ def _matmul_kernel(
         a_ptrs += BLOCK_K * stride_ak
         b_ptrs += BLOCK_K * stride_bk
     c_ptrs = c_ptr + offs_m[:, None] * stride_cm + offs_n[None, :] * stride_cn
-    tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=(offs_m[:, None] < M) & (offs_n[None, :] < N))
+    tl.store(
+        c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=(offs_m[:, None] < M) & (offs_n[None, :] < N)
+    )
 
 
 def linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:

@@ -82,7 +82,8 @@ def _decode_kernel(
     kv_len = tl.load(pos_ptr + row) + 1  # keys 0..position (the row's own K/V is written)
     chunk = _slice_len(kv_len, BLOCK_N, SPLITS)
     lo = split * chunk
-    if lo >= kv_len:  # a slice past the row's keys (slices are whole tiles; shorter rows leave more):
+    # a slice past the row's keys (slices are whole tiles; shorter rows leave more):
+    if lo >= kv_len:
         return  # no work, nothing to merge — the merge counts the working slices only
     hi = tl.minimum(lo + chunk, kv_len)
     base = cache_ptr + layer * stride_cl + kv_head * stride_ch
@@ -94,7 +95,16 @@ def _decode_kernel(
         # written before it. (Unsplit passes keep a plain loop, which Triton pipelines.)
         pos = lo + tl.arange(0, BLOCK_N)
         k, v = kv_tile(
-            base, tab, pos, pos < tl.minimum(hi, kv_len - 1), offs_d, d_ok, stride_cb, stride_co, stride_ckv, BLOCK_SIZE
+            base,
+            tab,
+            pos,
+            pos < tl.minimum(hi, kv_len - 1),
+            offs_d,
+            d_ok,
+            stride_cb,
+            stride_co,
+            stride_ckv,
+            BLOCK_SIZE,
         )
     pdl.begin(PDL)
     head0 = kv_head * GROUP
@@ -112,13 +122,17 @@ def _decode_kernel(
     start = lo
     if SPLITS > 1:
         if lo + BLOCK_N >= kv_len:  # the first tile holds the newest key: read it now
-            k, v = kv_tile(base, tab, pos, pos < hi, offs_d, d_ok, stride_cb, stride_co, stride_ckv, BLOCK_SIZE)
+            k, v = kv_tile(
+                base, tab, pos, pos < hi, offs_d, d_ok, stride_cb, stride_co, stride_ckv, BLOCK_SIZE
+            )
         m_i, l_i, acc = softmax_step(q, k, v, (pos < hi)[None, :], m_i, l_i, acc, scale, IEEE, True)
         start = lo + BLOCK_N
     for n0 in range(start, hi, BLOCK_N):
         pos = n0 + tl.arange(0, BLOCK_N)
         key_ok = pos < hi
-        k, v = kv_tile(base, tab, pos, key_ok, offs_d, d_ok, stride_cb, stride_co, stride_ckv, BLOCK_SIZE)
+        k, v = kv_tile(
+            base, tab, pos, key_ok, offs_d, d_ok, stride_cb, stride_co, stride_ckv, BLOCK_SIZE
+        )
         m_i, l_i, acc = softmax_step(q, k, v, key_ok[None, :], m_i, l_i, acc, scale, IEEE, True)
     if SPLITS == 1:
         out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
@@ -153,7 +167,8 @@ def _merge_kernel(
     the row's slices that held keys (the first ones; the others stored nothing)."""
     row = tl.program_id(0)
     head = tl.program_id(1)
-    kv_len = tl.load(pos_ptr + row) + 1  # (positions are written before the pass: read before the wait)
+    # (positions are written before the pass: read before the wait)
+    kv_len = tl.load(pos_ptr + row) + 1
     working = tl.cdiv(kv_len, _slice_len(kv_len, BLOCK_N, SPLITS))
     pdl.begin(PDL)
     s = tl.arange(0, SPLITS)
@@ -168,7 +183,9 @@ def _merge_kernel(
     l_tot = tl.sum(w * l, axis=0)
     out = tl.sum(w[:, None] * acc, axis=0) / tl.where(l_tot == 0.0, 1.0, l_tot)
     tl.store(
-        o_ptr + row * stride_ot + head * stride_oh + offs_d, out.to(o_ptr.dtype.element_ty), mask=offs_d < HEAD_DIM
+        o_ptr + row * stride_ot + head * stride_oh + offs_d,
+        out.to(o_ptr.dtype.element_ty),
+        mask=offs_d < HEAD_DIM,
     )
 
 

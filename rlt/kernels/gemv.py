@@ -43,7 +43,8 @@ class GemvConfig:
 CONFIG = GemvConfig(2, 1024, 4)
 # The configs the kernel is tested over (passed explicitly).
 CONFIGS = tuple(
-    GemvConfig(*c) for c in ((2, 1024, 4), (4, 1024, 4), (2, 2048, 4), (8, 512, 4), (8, 1024, 8), (16, 256, 4))
+    GemvConfig(*c)
+    for c in ((2, 1024, 4), (4, 1024, 4), (2, 2048, 4), (8, 512, 4), (8, 1024, 8), (16, 256, 4))
 )
 NORMED_EARLY_TILES = 2  # K tiles read before the wait by a product whose output is added and normed
 
@@ -73,7 +74,8 @@ def _gemv_kernel(
     rows_up = rows + N * stride_wn
     offs_k = tl.arange(0, BLOCK_K)
     dt = y_ptr.dtype.element_ty
-    # The first EARLY weight tiles are read before waiting on the previous kernel (with PDL their reads
+    # The first EARLY weight tiles are read before waiting on the previous kernel (with PDL their
+    # reads
     # overlap that kernel's tail): weights are never written during a pass. x only after the wait.
     w, w_up = _w_tile(rows, rows_up, offs_k, n_ok, K, EPILOGUE)
     w1, u1, w2, u2 = w, w_up, w, w_up  # (placeholders unless EARLY says otherwise)
@@ -90,12 +92,18 @@ def _gemv_kernel(
                 x_ptr, rows, rows_up, w, w_up, acc, acc_up, k0 + offs_k, n_ok, K, k0 > 0, EPILOGUE
             )
     else:
-        _, _, acc, acc_up = _k_tile(x_ptr, rows, rows_up, w, w_up, acc, acc_up, offs_k, n_ok, K, False, EPILOGUE)
+        _, _, acc, acc_up = _k_tile(
+            x_ptr, rows, rows_up, w, w_up, acc, acc_up, offs_k, n_ok, K, False, EPILOGUE
+        )
         kk = BLOCK_K + offs_k
-        _, _, acc, acc_up = _k_tile(x_ptr, rows, rows_up, w1, u1, acc, acc_up, kk, n_ok, K, False, EPILOGUE)
+        _, _, acc, acc_up = _k_tile(
+            x_ptr, rows, rows_up, w1, u1, acc, acc_up, kk, n_ok, K, False, EPILOGUE
+        )
         if EARLY > 2:
             kk = 2 * BLOCK_K + offs_k
-            _, _, acc, acc_up = _k_tile(x_ptr, rows, rows_up, w2, u2, acc, acc_up, kk, n_ok, K, False, EPILOGUE)
+            _, _, acc, acc_up = _k_tile(
+                x_ptr, rows, rows_up, w2, u2, acc, acc_up, kk, n_ok, K, False, EPILOGUE
+            )
         for k0 in range(EARLY * BLOCK_K, K, BLOCK_K):
             w, w_up, acc, acc_up = _k_tile(
                 x_ptr, rows, rows_up, w, w_up, acc, acc_up, k0 + offs_k, n_ok, K, True, EPILOGUE
@@ -120,7 +128,9 @@ def _w_tile(rows, rows_up, kk, n_ok, K, EPILOGUE: tl.constexpr):
 
 
 @triton.jit
-def _k_tile(x_ptr, rows, rows_up, w, w_up, acc, acc_up, kk, n_ok, K, LOAD_W, EPILOGUE: tl.constexpr):
+def _k_tile(
+    x_ptr, rows, rows_up, w, w_up, acc, acc_up, kk, n_ok, K, LOAD_W, EPILOGUE: tl.constexpr
+):
     """One K tile (columns kk) of the product into the tile accumulators; LOAD_W: read its weights
     (the first tile's, w / w_up, were read before the PDL wait) -> (w, w_up, acc, acc_up)."""
     if LOAD_W:
@@ -132,13 +142,17 @@ def _k_tile(x_ptr, rows, rows_up, w, w_up, acc, acc_up, kk, n_ok, K, LOAD_W, EPI
     return w, w_up, acc, acc_up
 
 
-def gemv(x: torch.Tensor, w: torch.Tensor, config: GemvConfig = CONFIG, early_tiles: int = 1) -> torch.Tensor:
+def gemv(
+    x: torch.Tensor, w: torch.Tensor, config: GemvConfig = CONFIG, early_tiles: int = 1
+) -> torch.Tensor:
     """x [1, K] (contiguous), w [N, K] (rows contiguous) -> x @ w.T [1, N] in x's dtype. early_tiles:
     K tiles read before the PDL wait (1 to 3; NORMED_EARLY_TILES before an add + norm)."""
     return _launch(x, w, config, PLAIN, w.shape[0], early_tiles)
 
 
-def gemv_swiglu(x: torch.Tensor, w: torch.Tensor, config: GemvConfig = CONFIG, early_tiles: int = 1) -> torch.Tensor:
+def gemv_swiglu(
+    x: torch.Tensor, w: torch.Tensor, config: GemvConfig = CONFIG, early_tiles: int = 1
+) -> torch.Tensor:
     """x [1, K], w the fused [gate; up] weight [2I, K] -> silu(x @ gate.T) * (x @ up.T) [1, I]."""
     return _launch(x, w, config, SWIGLU, w.shape[0] // 2, early_tiles)
 

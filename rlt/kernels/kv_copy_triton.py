@@ -7,7 +7,9 @@ import triton.language as tl
 
 
 @triton.jit(do_not_specialize=["W"])  # (table widths vary per stretch)
-def _finalize_kernel(cache_ptr, tables_ptr, pos_ptr, depth_ptr, done_ptr, D, P, W, BS, PARTS, HD, BLOCK: tl.constexpr):
+def _finalize_kernel(
+    cache_ptr, tables_ptr, pos_ptr, depth_ptr, done_ptr, D, P, W, BS, PARTS, HD, BLOCK: tl.constexpr
+):
     i = tl.program_id(0)
     lane, plane = i // D, i % D
     part = tl.program_id(1)  # layer * 2 + (0: K, 1: V)

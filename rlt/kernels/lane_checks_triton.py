@@ -61,9 +61,13 @@ def _latent_checks_kernel(
     nx = tl.sqrt_rn(tl.sum(xx, axis=0))
     thr = tl.load(thr_ptr + lane)
     hold_diff = tl.div_rn(tl.sqrt_rn(tl.sum(dd, axis=0)), nx) < thr
-    hold_cos = 1 - tl.div_rn(tl.div_rn(tl.sum(xp, axis=0), nx), tl.sqrt_rn(tl.sum(pp, axis=0))) < thr
+    hold_cos = (
+        1 - tl.div_rn(tl.div_rn(tl.sum(xp, axis=0), nx), tl.sqrt_rn(tl.sum(pp, axis=0))) < thr
+    )
     exits = ((diff_mine != 0) & hold_diff) | ((cos_mine != 0) & hold_cos)
-    parked = (tl.load(parked_ptr + lane) != 0) | (run & (exits | (depth >= tl.load(max_ptr + lane))))
+    parked = (tl.load(parked_ptr + lane) != 0) | (
+        run & (exits | (depth >= tl.load(max_ptr + lane)))
+    )
     active = (tl.load(active_ptr + lane) != 0).to(tl.int32)
     tl.store(depth_ptr + lane, depth)
     tl.store(parked_ptr + lane, parked.to(tl.int8))
@@ -71,10 +75,25 @@ def _latent_checks_kernel(
     tl.atomic_add(counts_ptr + 1, active * parked.to(tl.int32))
 
 
-def latent_checks(out, x, run, depth, crit, min_loops, max_loops, threshold, prev_diff, prev_cos, parked, active):
+def latent_checks(
+    out, x, run, depth, crit, min_loops, max_loops, threshold, prev_diff, prev_cos, parked, active
+):
     L, H = out.shape
     counts = torch.zeros(2, dtype=torch.int32, device=out.device)
-    for t in (out, x, depth, crit, min_loops, max_loops, threshold, prev_diff, prev_cos, parked, active, run):
+    for t in (
+        out,
+        x,
+        depth,
+        crit,
+        min_loops,
+        max_loops,
+        threshold,
+        prev_diff,
+        prev_cos,
+        parked,
+        active,
+        run,
+    ):
         assert t.is_contiguous()
     _latent_checks_kernel[(L,)](
         out,

@@ -26,5 +26,11 @@ def lane_rows(
     bs = block_size
     table = tables[torch.arange(L, device=tables.device), plane.clamp(max=max_plane)]
     block = (pos // bs).clamp(max=W - 1).unsqueeze(1)
-    slot = torch.where(slot_on, table.gather(1, block).squeeze(1) * bs + pos % bs, scratch_block * bs)
-    return torch.where(table_on.unsqueeze(1), table, scratch_block), slot, torch.where(slot_on, pos, 0)
+    slot = torch.where(
+        slot_on, table.gather(1, block).squeeze(1) * bs + pos % bs, scratch_block * bs
+    )
+    return (
+        torch.where(table_on.unsqueeze(1), table, scratch_block),
+        slot,
+        torch.where(slot_on, pos, 0),
+    )

@@ -37,10 +37,13 @@ def _lane_rows_kernel(
     tl.store(pos_out_ptr + lane, tl.where(slot_on, pos, 0))
 
 
-BLOCK = 256  # table entries per step: one for every width (a width-derived tile would compile per width)
+# table entries per step: one for every width (a width-derived tile would compile per width)
+BLOCK = 256
 
 
-def lane_rows(tables, plane, max_plane: int, pos, table_on, slot_on, scratch_block: int, block_size: int):
+def lane_rows(
+    tables, plane, max_plane: int, pos, table_on, slot_on, scratch_block: int, block_size: int
+):
     L, P, W = tables.shape
     for t in (tables, plane, pos, table_on, slot_on):
         assert t.is_contiguous()

@@ -24,14 +24,19 @@ def norm_row(x, w, N, eps, OUT_DTYPE: tl.constexpr):
 
 
 @triton.jit
-def _rms_norm_kernel(x_ptr, w_ptr, y_ptr, stride_x, stride_y, N, eps, BLOCK: tl.constexpr, PDL: tl.constexpr):
+def _rms_norm_kernel(
+    x_ptr, w_ptr, y_ptr, stride_x, stride_y, N, eps, BLOCK: tl.constexpr, PDL: tl.constexpr
+):
     row = tl.program_id(0)
     offs = tl.arange(0, BLOCK)
     mask = offs < N
-    w = tl.load(w_ptr + offs, mask=mask, other=0.0)  # weights: never written in a pass, so before the wait
+    # weights: never written in a pass, so before the wait
+    w = tl.load(w_ptr + offs, mask=mask, other=0.0)
     pdl.begin(PDL)
     x = tl.load(x_ptr + row * stride_x + offs, mask=mask, other=0.0).to(tl.float32)
-    tl.store(y_ptr + row * stride_y + offs, norm_row(x, w, N, eps, y_ptr.dtype.element_ty), mask=mask)
+    tl.store(
+        y_ptr + row * stride_y + offs, norm_row(x, w, N, eps, y_ptr.dtype.element_ty), mask=mask
+    )
 
 
 @triton.jit
@@ -61,7 +66,8 @@ def _add_rms_norm_kernel(
     offs = tl.arange(0, BLOCK)
     mask = offs < N
     dt = xo_ptr.dtype.element_ty
-    wo = tl.load(wo_ptr + offs, mask=mask, other=0.0)  # weights before the wait (never written in a pass)
+    # weights before the wait (never written in a pass)
+    wo = tl.load(wo_ptr + offs, mask=mask, other=0.0)
     if NORM_A:
         wa = tl.load(wa_ptr + offs, mask=mask, other=0.0)
     if GATE:
@@ -117,8 +123,14 @@ def add_rms_norm(
     (float32 weight [1, N], bias [1]: Ouro's last layer) also h.float() @ weight.T + bias [T]."""
     x2, a2 = _rows(x), _rows(a)
     xo, h = torch.empty_like(x2), torch.empty_like(x2)
-    gate = torch.empty(x2.shape[0], dtype=torch.float32, device=x.device) if exit_gate is not None else xo
-    gw, gb = (exit_gate[0].reshape(-1), exit_gate[1].reshape(-1)) if exit_gate is not None else (xo, xo)
+    gate = (
+        torch.empty(x2.shape[0], dtype=torch.float32, device=x.device)
+        if exit_gate is not None
+        else xo
+    )
+    gw, gb = (
+        (exit_gate[0].reshape(-1), exit_gate[1].reshape(-1)) if exit_gate is not None else (xo, xo)
+    )
     if x2.shape[0]:
         pdl.launch(
             _add_rms_norm_kernel,

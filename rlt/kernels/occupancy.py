@@ -15,7 +15,8 @@ from triton.compiler import ASTSource
 
 from rlt.kernels import gemv
 
-SMS, REGS_PER_SM, WARPS_PER_SM, CTAS_PER_SM, SMEM_PER_SM = 132, 65536, 64, 32, 233472  # H100 / H200 SXM
+# H100 / H200 SXM
+SMS, REGS_PER_SM, WARPS_PER_SM, CTAS_PER_SM, SMEM_PER_SM = 132, 65536, 64, 32, 233472
 GEMV_SIGNATURE = dict(
     x_ptr="*bf16",
     w_ptr="*bf16",
@@ -71,8 +72,12 @@ def registers(cubin: bytes) -> int:
 
 def gemv_registers(config: gemv.GemvConfig, epilogue: int, early_tiles: int = 1) -> tuple[int, int]:
     """(registers per thread, shared memory bytes per program) of one GEMV variant with PDL."""
-    consts = dict(BLOCK_N=config.rows, BLOCK_K=config.k, EPILOGUE=epilogue, EARLY=early_tiles, PDL=True)
-    kernel = compile_sm90(gemv._gemv_kernel, GEMV_SIGNATURE, consts, aligned=True, num_warps=config.warps)
+    consts = dict(
+        BLOCK_N=config.rows, BLOCK_K=config.k, EPILOGUE=epilogue, EARLY=early_tiles, PDL=True
+    )
+    kernel = compile_sm90(
+        gemv._gemv_kernel, GEMV_SIGNATURE, consts, aligned=True, num_warps=config.warps
+    )
     return registers(kernel.asm["cubin"]), kernel.metadata.shared
 
 

@@ -15,11 +15,13 @@ import torch
 
 from rlt.kernels.attention import causal_attention, prefix_free_attention
 
-KERNEL_BLOCK_M = 16  # query rows per program of the Triton kernel (decode passes, batch-invariant mode)
+# query rows per program of the Triton kernel (decode passes, batch-invariant mode)
+KERNEL_BLOCK_M = 16
 PREFILL_BLOCK_M = 64  # passes carrying prompt chunks: fewer key re-reads per query row
 DENSE_MIN_ROWS = 64  # a prefix-free prompt chunk this long runs as dense causal SDPA (flash)
 MAX_SPLITS = 16  # key slices per tile of the general kernel
-SPLIT_ITEMS = 2  # a split pass's tiles x slices, at most, per tile that fills the GPU: one wave of items
+# a split pass's tiles x slices, at most, per tile that fills the GPU: one wave of items
+SPLIT_ITEMS = 2
 
 
 @dataclass(frozen=True)
@@ -33,7 +35,8 @@ class KernelPlan:
     dense: tuple[int, ...] = ()
     decode: bool = False
     # The general kernel's key slices: fill_tiles (tiles x heads filling the GPU, in tiles; 0: never
-    # split, as batch-invariant mode) and the launch's slices, at most (a graph's: its bucket's most).
+    # split, as batch-invariant mode) and the launch's slices, at most (a graph's: its bucket's
+    # most).
     fill_tiles: int = 0
     max_splits: int = 1
     # pack > 1 (a GQA group's query heads): segments shorter than a tile (decode rows, short chunks)
@@ -77,7 +80,11 @@ def _segments(rows: np.ndarray, plan: KernelPlan) -> tuple[np.ndarray, np.ndarra
 
 
 def plan_kernel(
-    row_starts: list[int], q_starts: list[int], batch_invariant: bool, fill_tiles: int = 0, pack: int = 1
+    row_starts: list[int],
+    q_starts: list[int],
+    batch_invariant: bool,
+    fill_tiles: int = 0,
+    pack: int = 1,
 ) -> KernelPlan:
     """Batch-invariant mode keeps one tiling for every pass, never takes the dense path, never
     splits keys, never packs heads and keeps decode-only passes on the general kernel, so a row's
@@ -91,11 +98,16 @@ def plan_kernel(
     if rows.max() <= KERNEL_BLOCK_M:
         dense, tile_rows = (), KERNEL_BLOCK_M
     else:
-        dense = tuple(int(s) for s in np.flatnonzero((np.asarray(q_starts) == 0) & (rows >= DENSE_MIN_ROWS)))
+        dense = tuple(
+            int(s) for s in np.flatnonzero((np.asarray(q_starts) == 0) & (rows >= DENSE_MIN_ROWS))
+        )
         tile_rows = PREFILL_BLOCK_M
     plan = KernelPlan(tile_rows, dense, fill_tiles=fill_tiles, pack=pack)
     whole, packed = _segments(rows, plan)
-    tiles, packed_tiles = int((-(-rows[whole] // tile_rows)).sum()), int((-(-rows[packed] // plan.packed_rows)).sum())
+    tiles, packed_tiles = (
+        int((-(-rows[whole] // tile_rows)).sum()),
+        int((-(-rows[packed] // plan.packed_rows)).sum()),
+    )
     return replace(
         plan,
         max_splits=split_count(tiles, fill_tiles),
@@ -103,19 +115,25 @@ def plan_kernel(
     )
 
 
-def _tiles(rows: np.ndarray, q_starts, take: np.ndarray, tile_rows: int) -> tuple[np.ndarray, np.ndarray]:
+def _tiles(
+    rows: np.ndarray, q_starts, take: np.ndarray, tile_rows: int
+) -> tuple[np.ndarray, np.ndarray]:
     """(segment, first row) of each tile of tile_rows rows of the segments `take`, those with the
     most keys first (the kernel's queue hands the longest out first)."""
     per_seg = np.where(take, -(-rows // tile_rows), 0)
     tile_seg = np.repeat(np.arange(len(rows)), per_seg)
     first_tile = np.cumsum(per_seg) - per_seg
     tile_row = (np.arange(len(tile_seg)) - np.repeat(first_tile, per_seg)) * tile_rows
-    keys = np.asarray(q_starts, dtype=np.int64)[tile_seg] + np.minimum(tile_row + tile_rows, rows[tile_seg])
+    keys = np.asarray(q_starts, dtype=np.int64)[tile_seg] + np.minimum(
+        tile_row + tile_rows, rows[tile_seg]
+    )
     order = np.argsort(-keys, kind="stable")
     return tile_seg[order], tile_row[order]
 
 
-def kernel_fields(row_starts: list[int], q_starts: list[int], plan: KernelPlan = KernelPlan()) -> dict[str, np.ndarray]:
+def kernel_fields(
+    row_starts: list[int], q_starts: list[int], plan: KernelPlan = KernelPlan()
+) -> dict[str, np.ndarray]:
     """The launch's integer metadata: each tile's segment and first row (tiles of plan.tile_rows
     rows, those with the most keys first; none for dense segments), each segment's first row, row
     count and first position, and the pass's work: [key slices per tile, tiles]; with plan.pack > 1
@@ -129,7 +147,9 @@ def kernel_fields(row_starts: list[int], q_starts: list[int], plan: KernelPlan =
         "seg_row0": np.asarray(row_starts[:-1], dtype=np.int64),
         "seg_rows": rows,
         "seg_q0": np.asarray(q_starts, dtype=np.int64),
-        "work": np.array([split_count(len(tile_seg), plan.fill_tiles, plan.max_splits), len(tile_seg)]),
+        "work": np.array(
+            [split_count(len(tile_seg), plan.fill_tiles, plan.max_splits), len(tile_seg)]
+        ),
     }
     if plan.pack > 1:
         seg, row = _tiles(rows, q_starts, packed, plan.packed_rows)
@@ -156,12 +176,18 @@ class PagedMetadata:
         """The blocks holding each segment's keys, segment after segment, and where each segment's
         start in them: the reference gathers a layer's keys for the whole pass at once."""
         counts = [-(-self.kv_len(s) // self.block_size) for s in range(len(self.q_starts))]
-        table = self.block_table[: len(counts)]  # (a pass graph's table has a row per row of its bucket)
-        held = torch.arange(table.shape[1], device=table.device) < torch.tensor(counts, device=table.device)[:, None]
+        # (a pass graph's table has a row per row of its bucket)
+        table = self.block_table[: len(counts)]
+        held = (
+            torch.arange(table.shape[1], device=table.device)
+            < torch.tensor(counts, device=table.device)[:, None]
+        )
         return table[held], list(itertools.accumulate(counts, initial=0))
 
 
-def write_kv(cache: torch.Tensor, layer: int, meta: PagedMetadata, k: torch.Tensor, v: torch.Tensor) -> None:
+def write_kv(
+    cache: torch.Tensor, layer: int, meta: PagedMetadata, k: torch.Tensor, v: torch.Tensor
+) -> None:
     """cache [num_blocks, layers, 2, block_size, Hkv, D], the reference (CUDA kernels store K/V in
     the RoPE launch: rlt/kernels/rope.rope_write_kv)."""
     block, offset = meta.slot_mapping // meta.block_size, meta.slot_mapping % meta.block_size
@@ -170,7 +196,12 @@ def write_kv(cache: torch.Tensor, layer: int, meta: PagedMetadata, k: torch.Tens
 
 
 def paged_attention(
-    cache: torch.Tensor, layer: int, meta: PagedMetadata, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+    cache: torch.Tensor,
+    layer: int,
+    meta: PagedMetadata,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
 ) -> torch.Tensor:
     """q [T, H, D], k/v [T, Hkv, D] of the same rows (already written to the cache) -> [T, H, D]:
     the torch reference, a loop over the segments."""
@@ -181,7 +212,8 @@ def paged_attention(
         r0, r1, kv_len = meta.row_starts[s], meta.row_starts[s + 1], meta.kv_len(s)
         K = keys[first[s] : first[s + 1]].flatten(0, 1)[:kv_len]
         V = values[first[s] : first[s + 1]].flatten(0, 1)[:kv_len]
-        if meta.q_starts[s] == 0:  # no prefix: its keys are its own rows (flash SDPA, linear memory)
+        # no prefix: its keys are its own rows (flash SDPA, linear memory)
+        if meta.q_starts[s] == 0:
             out[r0:r1] = prefix_free_attention(q[r0:r1], K, V)
         else:
             out[r0:r1] = causal_attention(q[r0:r1], K, V, meta.q_starts[s])
@@ -189,7 +221,12 @@ def paged_attention(
 
 
 def kernel_paged_attention(
-    cache: torch.Tensor, layer: int, meta: PagedMetadata, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+    cache: torch.Tensor,
+    layer: int,
+    meta: PagedMetadata,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
 ) -> torch.Tensor:
     """The same by the Triton kernels, as meta.plan says: the decode kernel, or the general paged
     kernel over every segment in one launch (dense segments of the plan as causal SDPA on k/v)."""
@@ -198,10 +235,15 @@ def kernel_paged_attention(
     if meta.plan.decode:
         from rlt.kernels.decode_attention import decode_attention
 
-        return decode_attention(cache, layer, q, meta.block_table, meta.kernel["seg_q0"], meta.block_size)
-    if meta.plan.dense == (0,) and len(meta.q_starts) == 1:  # a lone prompt chunk: no copy into a buffer
+        return decode_attention(
+            cache, layer, q, meta.block_table, meta.kernel["seg_q0"], meta.block_size
+        )
+    # a lone prompt chunk: no copy into a buffer
+    if meta.plan.dense == (0,) and len(meta.q_starts) == 1:
         return prefix_free_attention(q, k, v)
-    out = pat.paged_attention(cache, layer, q, meta.block_table, meta.kernel, meta.block_size, meta.plan)
+    out = pat.paged_attention(
+        cache, layer, q, meta.block_table, meta.kernel, meta.block_size, meta.plan
+    )
     for s in meta.plan.dense:
         r0, r1 = meta.row_starts[s], meta.row_starts[s + 1]
         out[r0:r1] = prefix_free_attention(q[r0:r1], k[r0:r1], v[r0:r1])

@@ -146,7 +146,9 @@ def _queue(device: torch.device) -> torch.Tensor:
 
 
 @functools.cache
-def _scratch(device: torch.device, slots: int, d_pad: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _scratch(
+    device: torch.device, slots: int, d_pad: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """A split pass's partial outputs, their running max and sum, and the arrival counters (zero
     between launches: the merging slice resets its own), for up to `slots` (tile, head, slice) rows."""
     return (
@@ -177,11 +179,29 @@ def paged_attention(
     # q is read in place (a view of the fused projection: rows strided, each head's D contiguous)
     out = torch.empty(T, H, D, dtype=q.dtype, device=q.device)
     d_pad = max(16, triton.next_power_of_2(D))
-    # (each slice's partial: BLOCK_M rows per item; a packed launch has as many slots, see KernelPlan)
+    # (each slice's partial: BLOCK_M rows per item; a packed launch has as many slots, see
+    # KernelPlan)
     part, ml, counters = _scratch(q.device, plan.split_items * H * plan.tile_rows, d_pad)
-    launches = [("tile_seg", "tile_row", "work", 1, plan.tile_rows, plan.max_splits, num_stages or NUM_STAGES)]
+    launches = [
+        (
+            "tile_seg",
+            "tile_row",
+            "work",
+            1,
+            plan.tile_rows,
+            plan.max_splits,
+            num_stages or NUM_STAGES,
+        )
+    ]
     if plan.pack > 1:  # segments shorter than a tile: a GQA group's heads per item
-        packed = ("packed_seg", "packed_row", "packed_work", plan.pack, plan.packed_rows, plan.packed_splits)
+        packed = (
+            "packed_seg",
+            "packed_row",
+            "packed_work",
+            plan.pack,
+            plan.packed_rows,
+            plan.packed_splits,
+        )
         launches.append((*packed, num_stages or PACKED_STAGES))
     for tiles, first_rows, work, pack, tile_rows, splits, stages in launches:
         n_tiles = k[tiles].numel()  # (a graph's: its bucket's most)

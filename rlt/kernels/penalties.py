@@ -18,7 +18,9 @@ from rlt.kernels.sampler import Penalties, penalize
 PROMPT = 1 << 30  # counts' prompt bit (outputs never reach it: a request has fewer positions)
 
 
-def penalize_slots(x, rows, slots, repetition, frequency, presence, tokens, counts, length, n: int) -> None:
+def penalize_slots(
+    x, rows, slots, repetition, frequency, presence, tokens, counts, length, n: int
+) -> None:
     """In place on logits x [B, V]: penalize row rows[i] with slot slots[i] (rlt/kernels/sampler.penalize's
     formulas). n >= every listed length (the host's bound; the reference's width)."""
     listed = tokens[:, :n][slots].long()
@@ -52,7 +54,11 @@ REFERENCE = SlotKernels(penalize_slots, append_slots)
 def triton_slot_kernels() -> SlotKernels:
     from rlt.kernels import penalties_triton as k
 
-    def penalize(x, rows, slots, repetition, frequency, presence, tokens, counts, length, n: int) -> None:
-        k.penalize_slots(x, rows, slots, repetition, frequency, presence, tokens, counts, length, PROMPT)
+    def penalize(
+        x, rows, slots, repetition, frequency, presence, tokens, counts, length, n: int
+    ) -> None:
+        k.penalize_slots(
+            x, rows, slots, repetition, frequency, presence, tokens, counts, length, PROMPT
+        )
 
     return SlotKernels(penalize, k.append_slots)

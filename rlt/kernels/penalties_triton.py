@@ -47,7 +47,16 @@ def _penalize_kernel(
 
 @triton.jit
 def _append_kernel(
-    sampled_ptr, keep_ptr, rows_ptr, slots_ptr, tokens_ptr, counts_ptr, length_ptr, L, V, KEEP: tl.constexpr
+    sampled_ptr,
+    keep_ptr,
+    rows_ptr,
+    slots_ptr,
+    tokens_ptr,
+    counts_ptr,
+    length_ptr,
+    L,
+    V,
+    KEEP: tl.constexpr,
 ):
     p = tl.program_id(0)
     row = tl.load(rows_ptr + p).to(tl.int64)
@@ -66,16 +75,38 @@ def _append_kernel(
     tl.store(length_ptr + slot, end + 1, mask=new)
 
 
-def penalize_slots(x, rows, slots, repetition, frequency, presence, tokens, counts, length, prompt_bit) -> None:
+def penalize_slots(
+    x, rows, slots, repetition, frequency, presence, tokens, counts, length, prompt_bit
+) -> None:
     """prompt_bit: counts' prompt bit (rlt/kernels/penalties.py's PROMPT, passed: that module imports this one)."""
     if rows.numel():
-        args = (repetition, frequency, presence, tokens, counts, length, tokens.stride(0), counts.stride(0))
-        _penalize_kernel[(rows.numel(),)](x, x.stride(0), rows, slots, *args, prompt_bit, BLOCK, enable_fp_fusion=False)
+        args = (
+            repetition,
+            frequency,
+            presence,
+            tokens,
+            counts,
+            length,
+            tokens.stride(0),
+            counts.stride(0),
+        )
+        _penalize_kernel[(rows.numel(),)](
+            x, x.stride(0), rows, slots, *args, prompt_bit, BLOCK, enable_fp_fusion=False
+        )
 
 
 def append_slots(sampled, keep, rows, slots, tokens, counts, length) -> None:
     if rows.numel():
         keep_arg = keep if keep is not None else sampled
         _append_kernel[(rows.numel(),)](
-            sampled, keep_arg, rows, slots, tokens, counts, length, tokens.stride(0), counts.stride(0), keep is not None
+            sampled,
+            keep_arg,
+            rows,
+            slots,
+            tokens,
+            counts,
+            length,
+            tokens.stride(0),
+            counts.stride(0),
+            keep is not None,
         )

@@ -80,7 +80,10 @@ def _qkv_rope_kernel(
     else:
         which = is_v.to(tl.int32)  # 0: K, 1: V
         kv_head = h - HQ - which * HKV
-        at = slot_offset(slot, layer, stride_cb, stride_cl, stride_co, BLOCK_SIZE) + which * stride_ckv
+        at = (
+            slot_offset(slot, layer, stride_cb, stride_cl, stride_co, BLOCK_SIZE)
+            + which * stride_ckv
+        )
         tl.store(cache_ptr + at + kv_head * stride_ch + j + idx * HALF, out)
 
 

@@ -34,7 +34,9 @@ def _hash32(x: torch.Tensor) -> torch.Tensor:
     return x ^ (x >> 16)
 
 
-def random_bits(seed: torch.Tensor, stream: int, counter: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+def random_bits(
+    seed: torch.Tensor, stream: int, counter: torch.Tensor, index: torch.Tensor
+) -> torch.Tensor:
     """32 random bits per element; arguments broadcast. seed may be any int64 (both halves used)."""
     seed = seed.to(torch.int64)
     h = _hash32(index.to(torch.int64) + 0x9E3779B9)
@@ -44,7 +46,9 @@ def random_bits(seed: torch.Tensor, stream: int, counter: torch.Tensor, index: t
     return _hash32(h ^ ((seed >> 32) & _MASK32))
 
 
-def random_bits_rows(seed: torch.Tensor, stream: int, counter: torch.Tensor, columns: int) -> torch.Tensor:
+def random_bits_rows(
+    seed: torch.Tensor, stream: int, counter: torch.Tensor, columns: int
+) -> torch.Tensor:
     """random_bits(seed[:, None], stream, counter[:, None], arange(columns)[None]): [R, columns]."""
     index = torch.arange(columns, device=seed.device).unsqueeze(0)
     return random_bits(seed.unsqueeze(1), stream, counter.unsqueeze(1), index)

@@ -27,7 +27,10 @@ def _bits_kernel(out_ptr, seed_ptr, counter_ptr, stream_key, C, BLOCK: tl.conste
     seed = tl.load(seed_ptr + r)
     counter = tl.load(counter_ptr + r)
     seed_lo, seed_hi = (seed & 0xFFFFFFFF).to(tl.uint32), ((seed >> 32) & 0xFFFFFFFF).to(tl.uint32)
-    ctr_lo, ctr_hi = (counter & 0xFFFFFFFF).to(tl.uint32), ((counter >> 32) & 0xFFFFFFFF).to(tl.uint32)
+    ctr_lo, ctr_hi = (
+        (counter & 0xFFFFFFFF).to(tl.uint32),
+        ((counter >> 32) & 0xFFFFFFFF).to(tl.uint32),
+    )
     h = _hash32(cols.to(tl.uint32) + 0x9E3779B9)
     h = _hash32(h ^ ctr_lo)
     h = _hash32(h ^ ctr_hi ^ stream_key.to(tl.uint32))
@@ -36,7 +39,9 @@ def _bits_kernel(out_ptr, seed_ptr, counter_ptr, stream_key, C, BLOCK: tl.conste
     tl.store(out_ptr + r * C + cols, h.to(tl.int64), mask=cols < C)
 
 
-def random_bits_rows(seed: torch.Tensor, stream: int, counter: torch.Tensor, columns: int) -> torch.Tensor:
+def random_bits_rows(
+    seed: torch.Tensor, stream: int, counter: torch.Tensor, columns: int
+) -> torch.Tensor:
     """random_bits(seed[:, None], stream, counter[:, None], arange(columns)[None]) -> [R, columns]
     int64; seed and counter [R] (any integer dtype)."""
     R = seed.shape[0]
@@ -44,5 +49,7 @@ def random_bits_rows(seed: torch.Tensor, stream: int, counter: torch.Tensor, col
     if R:
         key = stream * 0x85EBCA6B & 0xFFFFFFFF
         grid = (R, triton.cdiv(columns, BLOCK))
-        _bits_kernel[grid](out, seed.to(torch.int64), counter.to(torch.int64), key, columns, BLOCK=BLOCK)
+        _bits_kernel[grid](
+            out, seed.to(torch.int64), counter.to(torch.int64), key, columns, BLOCK=BLOCK
+        )
     return out

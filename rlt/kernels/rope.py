@@ -108,7 +108,9 @@ def _rope_kernel(
 
 
 @triton.jit
-def _rotate_heads(x_ptr, bias_ptr, stride_t, stride_h, t, ok_t, ia, ib, ok_j, c, s, H, H_PAD, D, BIAS):
+def _rotate_heads(
+    x_ptr, bias_ptr, stride_t, stride_h, t, ok_t, ia, ib, ok_j, c, s, H, H_PAD, D, BIAS
+):
     """Every head of x at tokens t ([BLOCK_T, H_PAD, HALF_PAD] tiles): biased with BIAS (rounded to
     x's dtype, as the separate add), rotated in float32, stored in place; -> (ra, rb, mask)."""
     h = tl.arange(0, H_PAD)[None, :, None]
@@ -180,9 +182,39 @@ def _rope_tokens_kernel(
     if WRITE_KV:
         slot = tl.load(slot_ptr + t, mask=ok_t, other=0)
     pdl.begin(PDL)
-    _rotate_heads(q_ptr, q_bias_ptr, stride_qt, stride_qh, t, ok_t, ia, ib, ok_j, c, s, HQ, HQ_PAD, 2 * HALF, BIAS)
+    _rotate_heads(
+        q_ptr,
+        q_bias_ptr,
+        stride_qt,
+        stride_qh,
+        t,
+        ok_t,
+        ia,
+        ib,
+        ok_j,
+        c,
+        s,
+        HQ,
+        HQ_PAD,
+        2 * HALF,
+        BIAS,
+    )
     ka, kb, m = _rotate_heads(
-        k_ptr, k_bias_ptr, stride_kt, stride_kh, t, ok_t, ia, ib, ok_j, c, s, HKV, HKV_PAD, 2 * HALF, BIAS
+        k_ptr,
+        k_bias_ptr,
+        stride_kt,
+        stride_kh,
+        t,
+        ok_t,
+        ia,
+        ib,
+        ok_j,
+        c,
+        s,
+        HKV,
+        HKV_PAD,
+        2 * HALF,
+        BIAS,
     )
     if WRITE_KV:
         h = tl.arange(0, HKV_PAD)[None, :, None]
@@ -195,11 +227,14 @@ def _rope_tokens_kernel(
         tl.store(dst + stride_ckv + ib, tl.load(v_at + ib, mask=m, other=0.0), mask=m)
 
 
-FEW_ROWS = 256  # up to this many rows (decode passes) a program per head: more programs, shorter chains
+# up to this many rows (decode passes) a program per head: more programs, shorter chains
+FEW_ROWS = 256
 BLOCK_T = 2  # tokens a program over more rows (timed at Ouro's and Nanbeige's shapes)
 
 
-def _launch(q, k, v, positions, inv_freq, pairs, cache, layer, slots, block_size, q_bias=None, k_bias=None):
+def _launch(
+    q, k, v, positions, inv_freq, pairs, cache, layer, slots, block_size, q_bias=None, k_bias=None
+):
     T, H, D = q.shape
     Hkv = k.shape[1]
     if not T:
@@ -208,8 +243,24 @@ def _launch(q, k, v, positions, inv_freq, pairs, cache, layer, slots, block_size
     c = cache if write else q  # (unused without WRITE_KV)
     v = v if write else k
     cs = cache.stride() if write else (0,) * 6
-    pointers = (q, k, v, positions, inv_freq, q if q_bias is None else q_bias, k if k_bias is None else k_bias)
-    strides = (q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), *cs[:5])
+    pointers = (
+        q,
+        k,
+        v,
+        positions,
+        inv_freq,
+        q if q_bias is None else q_bias,
+        k if k_bias is None else k_bias,
+    )
+    strides = (
+        q.stride(0),
+        q.stride(1),
+        k.stride(0),
+        k.stride(1),
+        v.stride(0),
+        v.stride(1),
+        *cs[:5],
+    )
     common = dict(
         HQ=H,
         HKV=Hkv,
@@ -228,7 +279,19 @@ def _launch(q, k, v, positions, inv_freq, pairs, cache, layer, slots, block_size
         return
     pads = dict(HQ_PAD=triton.next_power_of_2(H), HKV_PAD=triton.next_power_of_2(Hkv))
     grid = (triton.cdiv(T, BLOCK_T),)
-    pdl.launch(_rope_tokens_kernel, grid, *pointers, c, slots, T, layer, *strides, BLOCK_T=BLOCK_T, **pads, **common)
+    pdl.launch(
+        _rope_tokens_kernel,
+        grid,
+        *pointers,
+        c,
+        slots,
+        T,
+        layer,
+        *strides,
+        BLOCK_T=BLOCK_T,
+        **pads,
+        **common,
+    )
 
 
 def rope_(

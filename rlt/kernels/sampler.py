@@ -49,7 +49,8 @@ class LogitEdits:
     """What changes rows' logits before sampling; None: no row has it."""
 
     bias: tuple | None = None  # (row [N], token [N], value [N] float32): logit_bias entries
-    banned: tuple | None = None  # (row [M], token [M], until [M]): -inf while the row's output index < until
+    # (row [M], token [M], until [M]): -inf while the row's output index < until
+    banned: tuple | None = None
     # the penalties, in place on the logits: penalize() on Penalties, or the workers' slot kernels
     penalize: Callable[[torch.Tensor], None] | None = None
     # grammars: (row [C], bitmask [C, ceil(V / 32)] int32 or int64 words): -inf where a bit is 0
@@ -58,12 +59,15 @@ class LogitEdits:
 
 def allowed_mask(bits: torch.Tensor, V: int) -> torch.Tensor:
     """Bitmask words [C, W] (bit t % 32 of word t // 32: token t allowed) -> [C, V] bool."""
-    bits = bits.to(torch.int32)  # (int64 words from the step buffer hold int32 values: half the temporaries)
+    # (int64 words from the step buffer hold int32 values: half the temporaries)
+    bits = bits.to(torch.int32)
     shifts = torch.arange(32, device=bits.device, dtype=torch.int32)
     return ((bits.unsqueeze(-1) >> shifts) & 1).bool().flatten(1)[:, :V]
 
 
-def edit(logits: torch.Tensor, e: LogitEdits, output_index: torch.Tensor, inplace: bool = False) -> torch.Tensor:
+def edit(
+    logits: torch.Tensor, e: LogitEdits, output_index: torch.Tensor, inplace: bool = False
+) -> torch.Tensor:
     """logits [B, V] float32 -> the edited logits (in place if asked: the caller no longer needs
     the raw ones). output_index [B]: which output token each row samples."""
     x = logits if inplace else logits.clone()
@@ -133,11 +137,15 @@ def dropped(scaled: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> t
     probs = sorted_logits.masked_fill(rank >= k, float("-inf")).softmax(dim=-1)
     mass_before = probs.cumsum(dim=-1) - probs
     # (rank > 0: a top_p that rounds to 0 in float32 still keeps the first token)
-    drop_sorted = (rank >= k) | ((mass_before >= top_p.unsqueeze(1)) & (top_p < 1.0).unsqueeze(1) & (rank > 0))
+    drop_sorted = (rank >= k) | (
+        (mass_before >= top_p.unsqueeze(1)) & (top_p < 1.0).unsqueeze(1) & (rank > 0)
+    )
     return torch.empty_like(drop_sorted).scatter_(1, order, drop_sorted)
 
 
-def top_logprobs(logits: torch.Tensor, k: int, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def top_logprobs(
+    logits: torch.Tensor, k: int, tokens: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Per row, the top-k of log_softmax(logits), then the sampled token's own (column k, as vLLM
     returns it: of the distribution before temperature, top-k and top-p): (values [B, k + 1]
     float32, ids [B, k + 1] int64)."""

@@ -26,7 +26,8 @@ from rlt.kernels.gemv import PLAIN, SWIGLU
 
 _SWIGLU = tl.constexpr(SWIGLU)
 MAX_ROWS = 32
-SMEM = 200 * 1024  # shared memory the pipeline's buffers may take (227 KB per program on H100 / H200)
+# shared memory the pipeline's buffers may take (227 KB per program on H100 / H200)
+SMEM = 200 * 1024
 
 
 @dataclass(frozen=True)
@@ -62,7 +63,8 @@ CONFIGS = tuple(
         (32, 128, 8, 4, 4),
     )
 )
-CONFIG = CONFIGS[0]  # the engine's (its passes were measured with it): enough K splits to fill the SMs
+# the engine's (its passes were measured with it): enough K splits to fill the SMs
+CONFIG = CONFIGS[0]
 
 
 @triton.jit
@@ -143,7 +145,9 @@ def _store(y_ptr, acc, acc_up, offs_n, offs_m, n_ok, m_ok, stride_ym, EPILOGUE: 
     if EPILOGUE == _SWIGLU:
         g = y.to(tl.float32)
         y = ((g * tl.sigmoid(g)).to(dt).to(tl.float32) * acc_up.to(dt).to(tl.float32)).to(dt)
-    tl.store(y_ptr + offs_m[None, :] * stride_ym + offs_n[:, None], y, mask=n_ok[:, None] & m_ok[None, :])
+    tl.store(
+        y_ptr + offs_m[None, :] * stride_ym + offs_n[:, None], y, mask=n_ok[:, None] & m_ok[None, :]
+    )
 
 
 def skinny_gemm(x: torch.Tensor, w: torch.Tensor, config: SkinnyConfig = CONFIG) -> torch.Tensor:
@@ -151,7 +155,9 @@ def skinny_gemm(x: torch.Tensor, w: torch.Tensor, config: SkinnyConfig = CONFIG)
     return _launch(x, w, config, PLAIN, w.shape[0])
 
 
-def skinny_gemm_swiglu(x: torch.Tensor, w: torch.Tensor, config: SkinnyConfig = CONFIG) -> torch.Tensor:
+def skinny_gemm_swiglu(
+    x: torch.Tensor, w: torch.Tensor, config: SkinnyConfig = CONFIG
+) -> torch.Tensor:
     """x [M, K], w the fused [gate; up] weight [2I, K] -> silu(x @ gate.T) * (x @ up.T) [M, I]."""
     return _launch(x, w, config, SWIGLU, w.shape[0] // 2)
 
@@ -159,7 +165,11 @@ def skinny_gemm_swiglu(x: torch.Tensor, w: torch.Tensor, config: SkinnyConfig = 
 @functools.cache
 def _sms(device: torch.device) -> int:
     """SMs to fill (8 on the CPU: the interpreter's stand-in, so its checks split K)."""
-    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 8
+    return (
+        torch.cuda.get_device_properties(device).multi_processor_count
+        if device.type == "cuda"
+        else 8
+    )
 
 
 def _scratch(device: torch.device, floats: int, tiles: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -172,10 +182,14 @@ def _scratch(device: torch.device, floats: int, tiles: int) -> tuple[torch.Tenso
 def _buffers(device: torch.device, floats: int, tiles: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Never freed, so a captured CUDA graph's pointers stay valid (a size's first call, which
     allocates, must come before capture, as the first call compiling the kernel does)."""
-    return torch.empty(floats, dtype=torch.float32, device=device), torch.zeros(tiles, dtype=torch.int32, device=device)
+    return torch.empty(floats, dtype=torch.float32, device=device), torch.zeros(
+        tiles, dtype=torch.int32, device=device
+    )
 
 
-def plan(M: int, N: int, K: int, config: SkinnyConfig, device: torch.device) -> tuple[int, int, int]:
+def plan(
+    M: int, N: int, K: int, config: SkinnyConfig, device: torch.device
+) -> tuple[int, int, int]:
     """-> (BLOCK_M, K splits, K tiles per split): none empty."""
     tiles, k_tiles = triton.cdiv(N, config.block_n), triton.cdiv(K, config.block_k)
     want = config.split_k or min(triton.cdiv(_sms(device), tiles), max(1, k_tiles // 2))
@@ -194,7 +208,9 @@ def _launch(x, w, config: SkinnyConfig, epilogue, N):
     if splits > 1:
         part, count = _scratch(x.device, tiles * splits * parts * config.block_n * block_m, tiles)
     # SwiGLU tiles take twice the bytes: fewer stages where the buffers would not fit
-    stages = max(2, min(config.stages, SMEM // ((parts * config.block_n + block_m) * config.block_k * 2)))
+    stages = max(
+        2, min(config.stages, SMEM // ((parts * config.block_n + block_m) * config.block_k * 2))
+    )
     pdl.launch(
         _skinny_kernel,
         (tiles, splits),

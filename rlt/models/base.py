@@ -32,16 +32,26 @@ class Rotary(NamedTuple):
 
 
 class Attention(Protocol):
-    def core(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rotary: Rotary) -> torch.Tensor:
+    def core(
+        self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rotary: Rotary
+    ) -> torch.Tensor:
         """Attention for a core layer at each row's current depth. q [T, H, D], k/v [T, Hkv, D]
         before RoPE: applies it to q and k (in place where it can: on CUDA in the same launch that
         stores k/v), stores k/v for these rows, returns [T, H, D]."""
 
-    def boundary(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rotary: Rotary) -> torch.Tensor:
+    def boundary(
+        self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rotary: Rotary
+    ) -> torch.Tensor:
         """Same for a boundary layer (stored once per position, not per depth)."""
 
     def core_qkv(
-        self, layer: int, linear, h: torch.Tensor, w: torch.Tensor, heads: tuple[int, int, int], rotary: Rotary
+        self,
+        layer: int,
+        linear,
+        h: torch.Tensor,
+        w: torch.Tensor,
+        heads: tuple[int, int, int],
+        rotary: Rotary,
     ) -> torch.Tensor:
         """core() on the fused q/k/v projection of h: linear(h, w) [T, (H + 2 Hkv) D] split head-major
         (heads: H, Hkv, D), or one kernel doing the projection, RoPE and the K/V store where the
@@ -49,21 +59,31 @@ class Attention(Protocol):
 
 
 class LoopedModel(Protocol):
-    def embed(self, ids: torch.Tensor, positions: torch.Tensor, attn: Attention) -> torch.Tensor: ...
+    def embed(
+        self, ids: torch.Tensor, positions: torch.Tensor, attn: Attention
+    ) -> torch.Tensor: ...
 
-    def initial_state(self, inject: torch.Tensor, positions: torch.Tensor, seeds: torch.Tensor) -> torch.Tensor: ...
+    def initial_state(
+        self, inject: torch.Tensor, positions: torch.Tensor, seeds: torch.Tensor
+    ) -> torch.Tensor: ...
 
     def loop(
         self, state: torch.Tensor, inject: torch.Tensor, positions: torch.Tensor, attn: Attention
     ) -> tuple[torch.Tensor, torch.Tensor | None]: ...
 
     def head(
-        self, state: torch.Tensor, positions: torch.Tensor, attn: Attention, select: torch.Tensor | None = None
+        self,
+        state: torch.Tensor,
+        positions: torch.Tensor,
+        attn: Attention,
+        select: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """float32 logits of the rows in `select` (all rows if None). Boundary layers (Huginn's coda)
         run on every row, since later positions attend to them: project(after_loop(...)[select])."""
 
-    def after_loop(self, state: torch.Tensor, positions: torch.Tensor, attn: Attention) -> torch.Tensor:
+    def after_loop(
+        self, state: torch.Tensor, positions: torch.Tensor, attn: Attention
+    ) -> torch.Tensor:
         """The layers between the loop and the head (Huginn: ln_f and the coda, over every row,
         storing boundary K/V; the others: none), so rows can be projected a few at a time."""
 

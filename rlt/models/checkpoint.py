@@ -39,8 +39,13 @@ def random_weights(
 
     out = {}
     tensors = family.expected_tensors(mc).items()
-    for name, shape in tqdm(tensors, desc="rlt: drawing weights", unit="tensor", leave=False, disable=None):
-        if name.endswith(("norm.weight", "layernorm.weight", "layernorm_2.weight", "ln_f.weight")) or ".norm_" in name:
+    for name, shape in tqdm(
+        tensors, desc="rlt: drawing weights", unit="tensor", leave=False, disable=None
+    ):
+        if (
+            name.endswith(("norm.weight", "layernorm.weight", "layernorm_2.weight", "ln_f.weight"))
+            or ".norm_" in name
+        ):
             t = 1.0 + 0.1 * update_scale * randn(shape, g)
         elif name == "model.early_exit_gate.weight":
             t = randn(shape, g) * (2.0 / math.sqrt(shape[1]))  # gate logit std ~2
@@ -55,7 +60,9 @@ def random_weights(
         elif name == "lm_head.weight":
             t = randn(shape, g) * (3.0 / math.sqrt(shape[1]))  # logit std ~3
         else:  # projections: unit gain unless the family sets another (Family.init_gains)
-            gain = next((v for suffix, v in family.init_gains.items() if name.endswith(suffix)), 1.0)
+            gain = next(
+                (v for suffix, v in family.init_gains.items() if name.endswith(suffix)), 1.0
+            )
             t = randn(shape, g) * (gain / math.sqrt(shape[-1]))
         if any(re.search(pattern, name) for pattern in family.loop_outputs):
             t = t * update_scale
@@ -63,7 +70,8 @@ def random_weights(
             t[:, : shape[1] // 2] *= update_scale
         out[name] = t
     if mc.family_config.tie_word_embeddings and "lm_head.weight" in out:
-        out["lm_head.weight"] = out[family.embed_name]  # stored, equal to the tied embedding (as Huginn's)
+        # stored, equal to the tied embedding (as Huginn's)
+        out["lm_head.weight"] = out[family.embed_name]
     return out
 
 
@@ -87,7 +95,11 @@ def save_safetensors(weights: dict[str, torch.Tensor], out_dir: str, num_shards:
     weight_map = {}
     for i, shard in enumerate(shards):
         fname = f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
-        save_file({n: weights[n].clone() for n in shard}, os.path.join(out_dir, fname), metadata={"format": "pt"})
+        save_file(
+            {n: weights[n].clone() for n in shard},
+            os.path.join(out_dir, fname),
+            metadata={"format": "pt"},
+        )
         weight_map.update({n: fname for n in shard})
     with open(os.path.join(out_dir, "model.safetensors.index.json"), "w") as f:
         json.dump({"metadata": {"total_size": total}, "weight_map": weight_map}, f, indent=2)
@@ -117,8 +129,12 @@ def make_checkpoint(
     with open(os.path.join(out_dir, "config.json"), "w") as f:
         json.dump(cfg, f, indent=2)
     mc = ModelConfig.from_pretrained(out_dir)
-    weights = {n: t.to(DTYPES[dtype]) for n, t in random_weights(mc, seed, device, update_scale).items()}
+    weights = {
+        n: t.to(DTYPES[dtype]) for n, t in random_weights(mc, seed, device, update_scale).items()
+    }
     if num_shards is None:
-        num_shards = max(1, math.ceil(sum(t.numel() * t.element_size() for t in weights.values()) / 4e9))
+        num_shards = max(
+            1, math.ceil(sum(t.numel() * t.element_size() for t in weights.values()) / 4e9)
+        )
     save_safetensors(weights, out_dir, num_shards)
     return out_dir

@@ -45,7 +45,9 @@ class Reader:
         if v is _MISSING:
             raise self.fail(name, "is required")
         if v not in allowed:
-            raise self.fail(name, f"{v!r} is not supported (supported: {', '.join(map(repr, allowed))})")
+            raise self.fail(
+                name, f"{v!r} is not supported (supported: {', '.join(map(repr, allowed))})"
+            )
         return v
 
     def off(self, name, hint=""):
@@ -61,8 +63,13 @@ class Reader:
             rs = self.d.get(key)
             if rs is None:
                 continue
-            if not isinstance(rs, dict) or rs.get("rope_type", rs.get("type", "default")) != "default":
-                raise self.fail(key, f"{rs!r} is not supported: only plain RoPE runs (set it to null)")
+            if (
+                not isinstance(rs, dict)
+                or rs.get("rope_type", rs.get("type", "default")) != "default"
+            ):
+                raise self.fail(
+                    key, f"{rs!r} is not supported: only plain RoPE runs (set it to null)"
+                )
             theta = rs.get("rope_theta", theta)
         if theta is None:
             if default is _MISSING:

@@ -32,8 +32,10 @@ class FamilyConfig:
     bos_token_id: int | None
     eos_token_ids: tuple[int, ...]
 
-    has_exit_gate: ClassVar[bool] = False  # a learned gate that may end a token's loops early (Ouro)
-    has_exit_criteria: ClassVar[bool] = False  # Huginn's convergence criteria (rlt/workers/exit_criteria.py)
+    # a learned gate that may end a token's loops early (Ouro)
+    has_exit_gate: ClassVar[bool] = False
+    # Huginn's convergence criteria (rlt/workers/exit_criteria.py)
+    has_exit_criteria: ClassVar[bool] = False
 
     @property
     def random_initial_state(self) -> bool:
@@ -84,12 +86,19 @@ def _bos(r: _Reader) -> int | None:
 
 
 def _llama_fields(
-    r: _Reader, *, kv_if_absent: int | None, max_positions: int, bos: int | None, eos: tuple[int, ...]
+    r: _Reader,
+    *,
+    kv_if_absent: int | None,
+    max_positions: int,
+    bos: int | None,
+    eos: tuple[int, ...],
 ) -> dict:
     """The FamilyConfig fields as Ouro's (Qwen2) and Nanbeige's (Llama) config classes read them; the
     keyword arguments are each class's defaults for fields absent from config.json."""
     hidden = r.positive("hidden_size")
-    heads, kv, hd = _heads(r, hidden, "num_attention_heads", "num_key_value_heads", ("head_dim",), kv_if_absent)
+    heads, kv, hd = _heads(
+        r, hidden, "num_attention_heads", "num_key_value_heads", ("head_dim",), kv_if_absent
+    )
     return dict(
         vocab_size=r.positive("vocab_size"),
         hidden_size=hidden,
@@ -228,7 +237,11 @@ class HuginnConfig(FamilyConfig):
     @classmethod
     def from_dict(cls, d: dict) -> "HuginnConfig":
         # RavenConfig's attribute_map: the HF aliases name the same fields.
-        aliases = {"hidden_size": "n_embd", "num_attention_heads": "n_heads", "num_hidden_layers": "n_layers"}
+        aliases = {
+            "hidden_size": "n_embd",
+            "num_attention_heads": "n_heads",
+            "num_hidden_layers": "n_layers",
+        }
         d = {**{v: d[k] for k, v in aliases.items() if k in d and v not in d}, **d}
         r = _Reader(d, "huginn_raven")
         r.must_be("injection_type", ("linear",), "linear")
@@ -248,7 +261,10 @@ class HuginnConfig(FamilyConfig):
         coda = r.positive("n_layers_in_coda", 2)
         n_layers = r.get("n_layers", int, prelude + core + coda)
         if n_layers != prelude + core + coda:
-            raise r.fail("n_layers", f"{n_layers} != prelude {prelude} + recurrent block {core} + coda {coda}")
+            raise r.fail(
+                "n_layers",
+                f"{n_layers} != prelude {prelude} + recurrent block {core} + coda {coda}",
+            )
         vocab = r.positive("padded_vocab_size", r.positive("vocab_size"))
         # init_values as the reference reads them; derived from n_embd when absent.
         init = r.get("init_values", dict, {})

@@ -25,12 +25,15 @@ class Family:
     model: str  # "module.Class" of the model code; the class has expected_tensors(mc)
     embed_name: str  # the token embedding (a tied lm_head must equal it)
     ignored_suffixes: tuple[str, ...]  # buffers a checkpoint may store that are recomputed
-    # ---- `rlt make-checkpoint` ----
+    # ---- `rlt make-checkpoint` -------------------------------------------------------------------
     tokenizer: TokenizerSpec
     presets: Mapping[str, Mapping[str, int]]  # --preset -> the size fields of config.json
-    config_json: Callable[[Mapping[str, int], dict[str, int], str], dict]  # (preset, special ids, dtype)
-    init_gains: Mapping[str, float] = field(default_factory=dict)  # projection gain by tensor-name suffix
-    # the last weights of the loop's updates to its residual stream (regexes on tensor names): scaled
+    # (preset, special ids, dtype)
+    config_json: Callable[[Mapping[str, int], dict[str, int], str], dict]
+    # projection gain by tensor-name suffix
+    init_gains: Mapping[str, float] = field(default_factory=dict)
+    # the last weights of the loop's updates to its residual stream (regexes on tensor names):
+    # scaled
     # by make-checkpoint's update_scale, so each loop changes the state little
     loop_outputs: tuple[str, ...] = (r"\.o_proj\.weight$", r"\.down_proj\.weight$")
     # projections whose first half of inputs is the loop's state (Huginn's adapter, state then
@@ -54,7 +57,7 @@ _CHATML = (
 )
 
 
-# ---- Ouro ---------------------------------------------------------------------------------------
+# ---- Ouro ----------------------------------------------------------------------------------------
 def _ouro_config_json(p: Mapping[str, int], ids: dict[str, int], dtype: str) -> dict:
     L = p["num_hidden_layers"]
     return {
@@ -136,7 +139,7 @@ OURO = Family(
 )
 
 
-# ---- Nanbeige4.2 --------------------------------------------------------------------------------
+# ---- Nanbeige4.2 ---------------------------------------------------------------------------------
 def _nanbeige_config_json(p: Mapping[str, int], ids: dict[str, int], dtype: str) -> dict:
     return {
         "architectures": ["NanbeigeForCausalLM"],
@@ -183,7 +186,9 @@ NANBEIGE = Family(
         eos="<|im_end|>",
         pad="<unk>",
         prepend_bos=True,
-        chat_template=_CHATML.replace("'<|im_start|>assistant\\n'", "'<|im_start|>assistant\\n<think>\\n'"),
+        chat_template=_CHATML.replace(
+            "'<|im_start|>assistant\\n'", "'<|im_start|>assistant\\n<think>\\n'"
+        ),
     ),
     presets={
         "tiny": dict(
@@ -209,7 +214,7 @@ NANBEIGE = Family(
 )
 
 
-# ---- Huginn-0125 --------------------------------------------------------------------------------
+# ---- Huginn-0125 ---------------------------------------------------------------------------------
 def _huginn_config_json(p: Mapping[str, int], ids: dict[str, int], dtype: str) -> dict:
     H, heads = p["n_embd"], p["n_heads"]
     n_layers = p["n_layers_in_prelude"] + p["n_layers_in_recurrent_block"] + p["n_layers_in_coda"]

@@ -19,7 +19,9 @@ def resolve(model: str, revision: str | None = None) -> str:
     """The checkpoint directory for `model`: itself if it exists, else the hub snapshot of an id."""
     if os.path.exists(model) or not is_hub_id(model):
         if revision is not None:
-            raise ConfigError(f"revision {revision!r} applies to a Hugging Face Hub id, not the path {model!r}")
+            raise ConfigError(
+                f"revision {revision!r} applies to a Hugging Face Hub id, not the path {model!r}"
+            )
         return model
     from huggingface_hub import snapshot_download
 

@@ -43,7 +43,13 @@ class HuginnModel:
     def expected_tensors(mc: ModelConfig) -> dict[str, tuple[int, ...]]:
         """Every tensor name this model reads, with its shape from config.json."""
         fc = mc.family_config
-        H, I, V, nh, hd = fc.hidden_size, fc.intermediate_size, fc.vocab_size, fc.num_attention_heads, fc.head_dim
+        H, I, V, nh, hd = (
+            fc.hidden_size,
+            fc.intermediate_size,
+            fc.vocab_size,
+            fc.num_attention_heads,
+            fc.head_dim,
+        )
         shapes = {
             "attn.Wqkv.weight": (3 * nh * hd, H),
             "attn.qk_bias": (2, 1, nh, hd),
@@ -95,10 +101,13 @@ class HuginnModel:
         fc, eps, ops = self.fc, self.fc.rms_norm_eps, self.ops
         T, nh, hd = x.shape[0], fc.num_attention_heads, fc.head_dim
         q, k, v = ops.linear(ops.rms_norm(x, B["n1"], eps), B["qkv"]).view(T, 3, nh, hd).unbind(1)
-        rotary = Rotary(positions, self.inv_freq, True, B["q_bias"], B["k_bias"])  # (qk_bias added there)
+        # (qk_bias added there)
+        rotary = Rotary(positions, self.inv_freq, True, B["q_bias"], B["k_bias"])
         a = ops.linear(attend(q, k, v, rotary).flatten(1), B["proj"])
         x = ops.rms_norm(x + a, B["n2"], eps)
-        return ops.rms_norm(x + gated_mlp(ops, ops.rms_norm(x, B["n3"], eps), B["fc"], B["mlp_proj"]), B["n4"], eps)
+        return ops.rms_norm(
+            x + gated_mlp(ops, ops.rms_norm(x, B["n3"], eps), B["fc"], B["mlp_proj"]), B["n4"], eps
+        )
 
     def embed(self, ids, positions, attn: Attention):
         x = F.embedding(ids, self.wte) * self.fc.embed_scale
@@ -111,7 +120,9 @@ class HuginnModel:
             return torch.zeros_like(inject)
         # Truncated normal at +-3 std, times embed_scale, drawn per (seed, position): a request's
         # latent never depends on its batch or worker.
-        z = truncated_normal_of(self.ops.random_bits_rows(seeds, STREAM_STATE_INIT, positions, inject.shape[-1]))
+        z = truncated_normal_of(
+            self.ops.random_bits_rows(seeds, STREAM_STATE_INIT, positions, inject.shape[-1])
+        )
         return (z * (self.fc.state_std * self.fc.embed_scale)).to(inject.dtype)
 
     def loop(self, s, inject, positions, attn: Attention):
@@ -128,7 +139,9 @@ class HuginnModel:
         x = self.ops.rms_norm(s, self.ln_f, self.fc.rms_norm_eps)
         P = self.fc.n_layers_in_prelude
         for j, B in enumerate(self.coda):
-            x = self._block(B, x, positions, lambda q, k, v, r, j=j: attn.boundary(P + j, q, k, v, r))
+            x = self._block(
+                B, x, positions, lambda q, k, v, r, j=j: attn.boundary(P + j, q, k, v, r)
+            )
         return x
 
     def project(self, x):

@@ -16,7 +16,11 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 
 
 def add_norm(
-    x: torch.Tensor, a: torch.Tensor, weight_a: torch.Tensor | None, weight_out: torch.Tensor, eps: float
+    x: torch.Tensor,
+    a: torch.Tensor,
+    weight_a: torch.Tensor | None,
+    weight_out: torch.Tensor,
+    eps: float,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Residual add, then the next norm: x_new = x + (rms_norm(a, weight_a) if weight_a is given
     else a); returns (x_new, rms_norm(x_new, weight_out)). Triton: one launch instead of three."""
@@ -75,9 +79,15 @@ def swiglu(gate_up: torch.Tensor) -> torch.Tensor:
 
 def split_qkv(qkv, num_heads, num_kv_heads, head_dim):
     """The fused [q; k; v] projection's output -> q [T, H, D], k/v [T, Hkv, D] (views, head-major)."""
-    q, k, v = qkv.split([num_heads * head_dim, num_kv_heads * head_dim, num_kv_heads * head_dim], dim=-1)
+    q, k, v = qkv.split(
+        [num_heads * head_dim, num_kv_heads * head_dim, num_kv_heads * head_dim], dim=-1
+    )
     T = qkv.shape[0]
-    return q.view(T, num_heads, head_dim), k.view(T, num_kv_heads, head_dim), v.view(T, num_kv_heads, head_dim)
+    return (
+        q.view(T, num_heads, head_dim),
+        k.view(T, num_kv_heads, head_dim),
+        v.view(T, num_kv_heads, head_dim),
+    )
 
 
 def llama_attention(ops, h, L: dict, fc, positions, inv_freq, attn, layer: int) -> torch.Tensor:
@@ -85,7 +95,9 @@ def llama_attention(ops, h, L: dict, fc, positions, inv_freq, attn, layer: int) 
     projection (the caller applies L["o"]): fused q/k/v projection, then paged attention at this
     layer with rotate-half RoPE -> [T, H * D]. ops: the model's kernel set."""
     heads = (fc.num_attention_heads, fc.num_key_value_heads, fc.head_dim)
-    return attn.core_qkv(layer, ops.linear, h, L["qkv"], heads, Rotary(positions, inv_freq, False)).flatten(1)
+    return attn.core_qkv(
+        layer, ops.linear, h, L["qkv"], heads, Rotary(positions, inv_freq, False)
+    ).flatten(1)
 
 
 def gated_mlp(ops, x, gate_up_w, down_w):

@@ -44,7 +44,9 @@ def checkpoint_files(path: str) -> list[str]:
     raise CheckpointError(f"no model.safetensors or model.safetensors.index.json in {path}")
 
 
-def load_weights(mc: ModelConfig, dtype: torch.dtype, device: str = "cpu") -> dict[str, torch.Tensor]:
+def load_weights(
+    mc: ModelConfig, dtype: torch.dtype, device: str = "cpu"
+) -> dict[str, torch.Tensor]:
     family = FAMILIES[mc.model_type]
     expected = family.expected_tensors(mc)
     optional = {"lm_head.weight"} if mc.family_config.tie_word_embeddings else set()
@@ -55,14 +57,18 @@ def load_weights(mc: ModelConfig, dtype: torch.dtype, device: str = "cpu") -> di
         except CheckpointError:
             raise
         except Exception as e:  # safetensors' own errors: a truncated or corrupt file
-            raise CheckpointError(f"{file} cannot be read as safetensors: {type(e).__name__}: {e}") from None
+            raise CheckpointError(
+                f"{file} cannot be read as safetensors: {type(e).__name__}: {e}"
+            ) from None
     missing = [n for n in expected if n not in weights and n not in optional]
     if missing:
         more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
         raise CheckpointError(f"missing tensor {missing[0]!r}{more} in {mc.path}")
     if "lm_head.weight" in weights and mc.family_config.tie_word_embeddings:
         if not torch.equal(weights["lm_head.weight"], weights[family.embed_name]):
-            raise CheckpointError(f"tensor 'lm_head.weight' differs from the tied embedding {family.embed_name!r}")
+            raise CheckpointError(
+                f"tensor 'lm_head.weight' differs from the tied embedding {family.embed_name!r}"
+            )
         del weights["lm_head.weight"]
     return {n: t.to(device=device, dtype=dtype) for n, t in weights.items()}
 

@@ -12,7 +12,8 @@ from rlt.models.configs import FamilyConfig
 from rlt.models.family import FAMILIES
 from rlt.models.json_object import read_json_object
 
-# raw's key for the engine's context cap (EngineConfig.max_model_len): in raw, so a worker rebuilding
+# raw's key for the engine's context cap (EngineConfig.max_model_len): in raw, so a worker
+# rebuilding
 # the ModelConfig from the handshake's config dict gets the same max_positions as the coordinator
 MAX_MODEL_LEN_KEY = "rlt_max_model_len"
 
@@ -54,29 +55,39 @@ class KVGeometry:
 class ModelConfig:
     path: str
     model_type: str  # config.json's model_type: a key of rlt.models.family.FAMILIES
-    family_config: FamilyConfig  # config.json parsed by the family's own config class (its config_cls)
-    raw: dict[str, Any]  # config.json after hf_overrides, and the context cap (what a worker rebuilds this from)
+    # config.json parsed by the family's own config class (its config_cls)
+    family_config: FamilyConfig
+    # config.json after hf_overrides, and the context cap (what a worker rebuilds this from)
+    raw: dict[str, Any]
     torch_dtype: str  # the checkpoint's declared dtype
 
     @classmethod
-    def from_pretrained(cls, path: str, hf_overrides: dict | None = None, revision: str | None = None) -> "ModelConfig":
+    def from_pretrained(
+        cls, path: str, hf_overrides: dict | None = None, revision: str | None = None
+    ) -> "ModelConfig":
         """path: a checkpoint directory, or a Hugging Face Hub id (rlt/models/hub.py; revision: its
         branch, tag or commit)."""
         if not isinstance(path, (str, os.PathLike)):
-            raise ConfigError(f"model must be a checkpoint directory's path or a hub id, got {path!r}")
+            raise ConfigError(
+                f"model must be a checkpoint directory's path or a hub id, got {path!r}"
+            )
         from rlt.models.hub import resolve
 
         path = os.path.abspath(resolve(os.fspath(path), revision))
         if not os.path.isdir(path):
             raise ConfigError(
-                f"model path {path} is not a directory" if os.path.exists(path) else f"model path {path} does not exist"
+                f"model path {path} is not a directory"
+                if os.path.exists(path)
+                else f"model path {path} does not exist"
             )
         if not os.path.isfile(os.path.join(path, "config.json")):
             raise ConfigError(f"model path {path} has no config.json (not a checkpoint directory?)")
         raw = read_json_object(os.path.join(path, "config.json"))
         if hf_overrides is not None:
             if not isinstance(hf_overrides, dict):
-                raise ConfigError(f"hf_overrides must be a dict of config.json fields, got {hf_overrides!r}")
+                raise ConfigError(
+                    f"hf_overrides must be a dict of config.json fields, got {hf_overrides!r}"
+                )
             raw = {**raw, **hf_overrides}
         gen = os.path.join(path, "generation_config.json")
         if os.path.isfile(gen):  # generate() stops on generation_config.json's eos ids too
@@ -112,7 +123,7 @@ class ModelConfig:
             torch_dtype=str(raw.get("torch_dtype") or raw.get("dtype") or "float32"),
         )
 
-    # ---- family-neutral facts -------------------------------------------------------------
+    # ---- family-neutral facts --------------------------------------------------------------------
     @property
     def family(self) -> str:
         return FAMILIES[self.model_type].name

@@ -19,7 +19,11 @@ class NanbeigeModel(EmbeddingInput):
         fc = mc.family_config
         H, I, V = fc.hidden_size, fc.intermediate_size, fc.vocab_size
         q, kv = fc.num_attention_heads * fc.head_dim, fc.num_key_value_heads * fc.head_dim
-        out = {"model.embed_tokens.weight": (V, H), "model.norm.weight": (H,), "lm_head.weight": (V, H)}
+        out = {
+            "model.embed_tokens.weight": (V, H),
+            "model.norm.weight": (H,),
+            "lm_head.weight": (V, H),
+        }
         for i in range(fc.num_hidden_layers):
             p = f"model.layers.{i}."
             out.update(
@@ -45,7 +49,11 @@ class NanbeigeModel(EmbeddingInput):
         self.layers = []
         for i in range(fc.num_hidden_layers):
             self.layers.append(
-                fused_llama_layer(w, f"model.layers.{i}.", dict(n1="input_layernorm", n2="post_attention_layernorm"))
+                fused_llama_layer(
+                    w,
+                    f"model.layers.{i}.",
+                    dict(n1="input_layernorm", n2="post_attention_layernorm"),
+                )
             )
         self.inv_freq = rope_inv_freq(fc.head_dim, fc.rope_theta).to(self.embed_w.device)
 
@@ -54,7 +62,12 @@ class NanbeigeModel(EmbeddingInput):
         h = ops.rms_norm(x, layers[0]["n1"], eps)
         for i, L in enumerate(layers):
             x, h = ops.linear_add_norm(
-                llama_attention(ops, h, L, fc, positions, self.inv_freq, attn, i), L["o"], x, None, L["n2"], eps
+                llama_attention(ops, h, L, fc, positions, self.inv_freq, attn, i),
+                L["o"],
+                x,
+                None,
+                L["n2"],
+                eps,
             )
             g = ops.linear_swiglu(h, L["gate_up"])
             if i + 1 < len(layers):  # the residual add, then the next layer's input norm

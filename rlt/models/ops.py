@@ -61,7 +61,11 @@ class ReferenceOps:
         weight_a, weight_out, eps) -> (residual', h). exit_gate (float32 weight [1, N], bias [1];
         Ouro's last layer): also the gate's logits h.float() @ weight.T + bias [T]."""
         out = self.add_norm(residual, self.linear(x, w), weight_a, weight_out, eps)
-        return out if exit_gate is None else (*out, self.linear(out[1].float(), *exit_gate).squeeze(-1))
+        return (
+            out
+            if exit_gate is None
+            else (*out, self.linear(out[1].float(), *exit_gate).squeeze(-1))
+        )
 
 
 class TritonOps(ReferenceOps):
@@ -83,7 +87,9 @@ class TritonOps(ReferenceOps):
 
         self._skinny, self._skinny_swiglu = skinny_gemm.skinny_gemm, skinny_gemm.skinny_gemm_swiglu
 
-    def linear(self, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
+    def linear(
+        self, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None
+    ) -> torch.Tensor:
         if b is None and gemv_fits(x, w):
             return self._gemv(x, w)
         if b is None and w.shape[0] <= LAYER_MAX_N and skinny_fits(x, w):
@@ -115,7 +121,9 @@ class BatchInvariantOps(TritonOps):
 
         self._invariant_linear = linear
 
-    def linear(self, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
+    def linear(
+        self, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None
+    ) -> torch.Tensor:
         y = self._invariant_linear(x, w)
         return y if b is None else y + b
 

@@ -61,7 +61,10 @@ class OuroModel(EmbeddingInput):
         self.embed_w = w["model.embed_tokens.weight"]
         self.lm_head = w.get("lm_head.weight", self.embed_w)
         self.norm_w = w["model.norm.weight"]
-        self.gate_w, self.gate_b = w["model.early_exit_gate.weight"].float(), w["model.early_exit_gate.bias"].float()
+        self.gate_w, self.gate_b = (
+            w["model.early_exit_gate.weight"].float(),
+            w["model.early_exit_gate.bias"].float(),
+        )
         self.layers = []
         for i in range(fc.num_hidden_layers):
             self.layers.append(
@@ -85,7 +88,14 @@ class OuroModel(EmbeddingInput):
             x, h = self._layer(x, h, i, L, positions, attn, layers[i + 1]["n_in"])
         # the last layer ends with model.norm and the exit gate on its output (fp32 gate math)
         _, h, gate = self._layer(
-            x, h, len(layers) - 1, layers[-1], positions, attn, self.norm_w, (self.gate_w, self.gate_b)
+            x,
+            h,
+            len(layers) - 1,
+            layers[-1],
+            positions,
+            attn,
+            self.norm_w,
+            (self.gate_w, self.gate_b),
         )
         return h, gate
 

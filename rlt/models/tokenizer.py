@@ -26,7 +26,8 @@ class TokenizerSpec:
     chat_template: str
 
 
-TRAINED_MAX = 1024  # merges the embedded corpus can teach; past it, filler tokens cover the vocabulary
+# merges the embedded corpus can teach; past it, filler tokens cover the vocabulary
+TRAINED_MAX = 1024
 
 
 def train_tokenizer(spec: TokenizerSpec, vocab_size: int, out_dir: str) -> dict[str, int]:
@@ -53,10 +54,16 @@ def train_tokenizer(spec: TokenizerSpec, vocab_size: int, out_dir: str) -> dict[
     vocab.update({f"<|fill_{i}|>": i for i in range(first, vocab_size - len(spec.back_specials))})
     tok = Tokenizer.from_str(json.dumps(model))
     tok.add_special_tokens(list(spec.back_specials))
-    ids = {role: tok.token_to_id(t) for role, t in (("bos", spec.bos), ("eos", spec.eos), ("pad", spec.pad)) if t}
+    ids = {
+        role: tok.token_to_id(t)
+        for role, t in (("bos", spec.bos), ("eos", spec.eos), ("pad", spec.pad))
+        if t
+    }
     if spec.prepend_bos:
         tok.post_processor = processors.TemplateProcessing(
-            single=f"{spec.bos} $A", pair=f"{spec.bos} $A {spec.bos} $B", special_tokens=[(spec.bos, ids["bos"])]
+            single=f"{spec.bos} $A",
+            pair=f"{spec.bos} $A {spec.bos} $B",
+            special_tokens=[(spec.bos, ids["bos"])],
         )
     else:
         tok.post_processor = processors.ByteLevel(trim_offsets=False)
@@ -95,4 +102,6 @@ def load_tokenizer(path: str):
     try:
         return PreTrainedTokenizerFast.from_pretrained(path)
     except Exception as e:  # noqa: BLE001 - transformers/tokenizers raise many types for a bad file
-        raise ConfigError(f"{path}/tokenizer.json does not load as a tokenizer: {type(e).__name__}: {e}") from None
+        raise ConfigError(
+            f"{path}/tokenizer.json does not load as a tokenizer: {type(e).__name__}: {e}"
+        ) from None

@@ -38,7 +38,9 @@ def build_app(
     names = [served_name] if isinstance(served_name, str) else list(served_name)
     served_name = names[0]
     limits, options = limits or Limits(), options or ServerOptions()
-    served = generate.Served(limits, Pool(), chat_template, *parsers, options.trust_request_chat_template)
+    served = generate.Served(
+        limits, Pool(), chat_template, *parsers, options.trust_request_chat_template
+    )
     served.responses = Store(options.responses_store)
     template_sandbox.install()
 
@@ -86,7 +88,9 @@ def build_app(
 
     @app.get("/metrics")
     async def metrics(request: Request):
-        return Response(generate_latest(request.app.state.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+        return Response(
+            generate_latest(request.app.state.metrics.registry), media_type=CONTENT_TYPE_LATEST
+        )
 
     @app.get("/v1/models")
     async def models():
@@ -97,7 +101,9 @@ def build_app(
         body = decode(await read_body(request, limits))
         model = body.get("model")
         if model is not None and not isinstance(model, str):
-            raise HTTPError(400, f"model must be a string, got {errors.short(model)}", param="model")
+            raise HTTPError(
+                400, f"model must be a string, got {errors.short(model)}", param="model"
+            )
         if model is not None and model not in names:
             raise HTTPError(404, f"the model {errors.short(model)} does not exist", param="model")
         request.state.rlt.model = model or served_name  # (the name the response gives)
@@ -146,8 +152,12 @@ class _Starting:
 
     async def __call__(self, scope, receive, send):
         if scope["type"] == "http" and getattr(scope["app"].state, "starting", False):
-            body = errors.body("the engine is starting: its workers are not READY yet", "service_unavailable", 503)
-            return await JSONResponse(body, status_code=503, headers={"Retry-After": "1"})(scope, receive, send)
+            body = errors.body(
+                "the engine is starting: its workers are not READY yet", "service_unavailable", 503
+            )
+            return await JSONResponse(body, status_code=503, headers={"Retry-After": "1"})(
+                scope, receive, send
+            )
         await self.app(scope, receive, send)
 
 

@@ -13,12 +13,35 @@ from rlt.serve.limits import CHARS_PER_POSITION, check_ids, check_text
 from rlt.serve.template_sandbox import bounds
 
 ROLES = ("system", "developer", "user", "assistant", "tool", "function")
-# a message's fields (OpenAI's, and vLLM's reasoning fields of an assistant turn): any other is a 400
-MESSAGE_FIELDS = {"role", "content", "name", "tool_calls", "tool_call_id", "function_call", "refusal"}
+# a message's fields (OpenAI's, and vLLM's reasoning fields of an assistant turn): any other is a
+# 400
+MESSAGE_FIELDS = {
+    "role",
+    "content",
+    "name",
+    "tool_calls",
+    "tool_call_id",
+    "function_call",
+    "refusal",
+}
 MESSAGE_FIELDS |= {"reasoning_content", "reasoning"}
 # apply_chat_template's own arguments: not for chat_template_kwargs
-_RESERVED = {"conversation", "messages", "tools", "documents", "chat_template", "add_generation_prompt"}
-_RESERVED |= {"continue_final_message", "tokenize", "padding", "truncation", "max_length", "return_tensors"}
+_RESERVED = {
+    "conversation",
+    "messages",
+    "tools",
+    "documents",
+    "chat_template",
+    "add_generation_prompt",
+}
+_RESERVED |= {
+    "continue_final_message",
+    "tokenize",
+    "padding",
+    "truncation",
+    "max_length",
+    "return_tensors",
+}
 _RESERVED |= {"return_dict", "return_assistant_tokens_mask", "tokenizer_kwargs"}
 
 
@@ -26,12 +49,16 @@ def _content(i: int, content):
     if content is None or isinstance(content, str):
         return content or ""
     if not isinstance(content, list):
-        raise RequestError(f"messages[{i}].content must be a string, a list of parts or null, got {short(content)}")
+        raise RequestError(
+            f"messages[{i}].content must be a string, a list of parts or null, got {short(content)}"
+        )
     texts = []
     for j, part in enumerate(content):
         kind = part.get("type") if isinstance(part, dict) else None
         if kind != "text" or not isinstance(part.get("text"), str):
-            raise RequestError(f"messages[{i}].content[{j}] must be a text part, got {short(part)}: text only")
+            raise RequestError(
+                f"messages[{i}].content[{j}] must be a text part, got {short(part)}: text only"
+            )
         texts.append(part["text"])
     return "\n".join(texts)
 
@@ -43,7 +70,9 @@ def _tool_calls(i: int, calls) -> list:
     for j, call in enumerate(calls):
         fn = call.get("function") if isinstance(call, dict) else None
         if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
-            raise RequestError(f"messages[{i}].tool_calls entries need a function with a name, got {short(call)}")
+            raise RequestError(
+                f"messages[{i}].tool_calls entries need a function with a name, got {short(call)}"
+            )
         args = fn.get("arguments")
         if isinstance(args, str):  # templates index the arguments (as vLLM gives them)
             try:
@@ -57,13 +86,19 @@ def _tool_calls(i: int, calls) -> list:
 
 
 def messages_of(messages) -> list[dict]:
-    if not isinstance(messages, list) or not messages or not all(isinstance(m, dict) for m in messages):
+    if (
+        not isinstance(messages, list)
+        or not messages
+        or not all(isinstance(m, dict) for m in messages)
+    ):
         raise RequestError("messages must be a non-empty list of objects")
     out = []
     for i, m in enumerate(messages):
         role = m.get("role")
         if role not in ROLES:
-            raise RequestError(f"messages[{i}].role must be one of {', '.join(ROLES)}, got {short(role)}")
+            raise RequestError(
+                f"messages[{i}].role must be one of {', '.join(ROLES)}, got {short(role)}"
+            )
         if unknown := sorted(set(m) - MESSAGE_FIELDS):
             raise RequestError(f"messages[{i}].{short(unknown[0])} is not a message field")
         m = m | {"content": _content(i, m.get("content"))}
@@ -81,14 +116,20 @@ def tools_of(tools, max_tools: int | None = None) -> list[dict] | None:
     if not isinstance(tools, list):
         raise RequestError(f"tools must be a list, got {short(tools)}")
     if max_tools is not None and len(tools) > max_tools:
-        raise RequestError(f"tools has {len(tools)} entries, more than the limit {max_tools} (--max-tools)")
+        raise RequestError(
+            f"tools has {len(tools)} entries, more than the limit {max_tools} (--max-tools)"
+        )
     names = set()
     for i, t in enumerate(tools):
         fn = t.get("function") if isinstance(t, dict) and t.get("type") == "function" else None
         if not isinstance(fn, dict) or not isinstance(fn.get("name"), str) or not fn["name"]:
-            raise RequestError(f"tools[{i}] must be a function tool with a non-empty name, got {short(t)}")
+            raise RequestError(
+                f"tools[{i}] must be a function tool with a non-empty name, got {short(t)}"
+            )
         if fn["name"] in names:
-            raise RequestError(f"tools[{i}].function.name {short(fn['name'])} is the name of an earlier tool")
+            raise RequestError(
+                f"tools[{i}].function.name {short(fn['name'])} is the name of an earlier tool"
+            )
         if "parameters" in fn and not isinstance(fn["parameters"], dict):
             raise RequestError(f"tools[{i}].function.parameters must be a JSON schema object")
         names.add(fn["name"])
@@ -101,7 +142,8 @@ def render(engine, req, served, add_special_tokens: bool) -> tuple[list[int], st
     a request's own template is trusted, the rendering's time limit). Rendering is bounded
     (rlt/serve/template_sandbox.py): its output by what the model could take, its time by the limit."""
     max_positions = engine.model_config.max_positions
-    if isinstance(req.messages, list) and len(req.messages) > max_positions:  # each renders >= 1 token
+    # each renders >= 1 token
+    if isinstance(req.messages, list) and len(req.messages) > max_positions:
         raise RequestError(
             f"messages has {len(req.messages)} entries, more than the model's max positions {max_positions}"
         )
@@ -114,10 +156,14 @@ def render(engine, req, served, add_special_tokens: bool) -> tuple[list[int], st
         )
     template = req.chat_template or served.chat_template or getattr(tok, "chat_template", None)
     if tok is None or not template:
-        raise RequestError("this model has no chat template: use /v1/completions or give chat_template")
+        raise RequestError(
+            "this model has no chat template: use /v1/completions or give chat_template"
+        )
     kwargs = req.chat_template_kwargs or {}
     if bad := sorted(_RESERVED & set(kwargs)):
-        raise RequestError(f"chat_template_kwargs cannot set {', '.join(bad)}: they are request fields")
+        raise RequestError(
+            f"chat_template_kwargs cannot set {', '.join(bad)}: they are request fields"
+        )
     generation, cont = req.add_generation_prompt, bool(req.continue_final_message)
     generation = not cont if generation is None else generation
     if generation and cont:

@@ -15,20 +15,25 @@ from rlt.serve import openai_api as oa
 from rlt.serve.requests import Options
 
 _json = msgspec.json.Encoder()  # server-sent events: several times json.dumps's speed
-PENDING_CHUNKS = 8  # a stream's chunks waiting for its client beyond one per choice (then its choices wait)
+# a stream's chunks waiting for its client beyond one per choice (then its choices wait)
+PENDING_CHUNKS = 8
 
 
 class Choice:
     """One choice: the engine's outputs for it ("delta" outputs: what is new each time), gathered for
     the whole response, and what its next chunk sends."""
 
-    def __init__(self, index: int, prompt_ids: list[int], echo: str, opts: Options, timing, text_of):
+    def __init__(
+        self, index: int, prompt_ids: list[int], echo: str, opts: Options, timing, text_of
+    ):
         self.index, self.prompt_ids, self.echo, self.opts = index, prompt_ids, echo, opts
         self.timing, self.text_of = timing, text_of
         self.out, self.started = None, False  # the engine's latest output; a chunk went out
-        self.ids, self.depths, self.positions, self.pieces = [], [], [], []  # everything generated so far
+        # everything generated so far
+        self.ids, self.depths, self.positions, self.pieces = [], [], [], []
         self.prompt_positions, self.lp_offset = None, 0
-        self.split = opts.parsing.new() if opts.parsing is not None else None  # (a stream's parsers)
+        # (a stream's parsers)
+        self.split = opts.parsing.new() if opts.parsing is not None else None
 
     def take(self, out) -> None:
         """The engine's next delta (echo with max_tokens 0 shows none of its one token: it only ran
@@ -57,7 +62,9 @@ class Choice:
     def _message(self, split, text: str, echo: str, final: bool, whole: bool) -> dict:
         """A chat message (whole) or delta: the text through the parsers, if any."""
         if split is None:
-            return {"role": "assistant", "content": echo + text} if whole else {"content": echo + text}
+            return (
+                {"role": "assistant", "content": echo + text} if whole else {"content": echo + text}
+            )
         p = split.feed(text, final)
         m, content = {"role": "assistant"} if whole else {}, echo + p.content
         if whole:
@@ -78,9 +85,12 @@ class Choice:
     def _logprobs(self, chat: bool, ids: list[int], positions: list, echo: bool) -> dict | None:
         if self.opts.top_logprobs is None or self.out is None:
             return None
-        if echo and self.prompt_positions is not None:  # the prompt's first, its first position None
+        # the prompt's first, its first position None
+        if echo and self.prompt_positions is not None:
             ids, positions = self.prompt_ids + ids, self.prompt_positions + positions
-        piece = oa.logprobs(self.text_of, ids, positions, self.opts.top_logprobs, chat, self.lp_offset)
+        piece = oa.logprobs(
+            self.text_of, ids, positions, self.opts.top_logprobs, chat, self.lp_offset
+        )
         if not chat and piece["tokens"]:
             self.lp_offset = piece["text_offset"][-1] + len(piece["tokens"][-1])
         return piece
@@ -93,7 +103,8 @@ class Choice:
             c["token_ids"] = ids
             if not chat and first:  # chat has the prompt's once, beside the choices (as vLLM)
                 c["prompt_token_ids"] = self.prompt_ids
-        if not chat and first and o.prompt_logprobs is not None:  # (chat: beside the choices, as vLLM)
+        # (chat: beside the choices, as vLLM)
+        if not chat and first and o.prompt_logprobs is not None:
             c["prompt_logprobs"] = self.prompt_logprobs()
         return c
 
@@ -101,7 +112,9 @@ class Choice:
         """vLLM's prompt_logprobs, as the request asked for them."""
         if self.out is None:
             return None
-        return oa.prompt_logprobs(self.text_of, self.prompt_ids, self.prompt_positions, self.opts.prompt_logprobs)
+        return oa.prompt_logprobs(
+            self.text_of, self.prompt_ids, self.prompt_positions, self.opts.prompt_logprobs
+        )
 
     def delta(self, chat: bool) -> dict | None:
         """The chunk of the engine's latest output; None when it holds nothing (no token, text or finish)."""
@@ -112,7 +125,9 @@ class Choice:
         lps = self._logprobs(chat, out.token_ids, out.logprobs or [], echo)
         c = {"index": self.index, "finish_reason": None, "logprobs": lps}
         if chat:
-            c["delta"] = self._message(self.split, out.text, self.echo if echo else "", self.finish is not None, False)
+            c["delta"] = self._message(
+                self.split, out.text, self.echo if echo else "", self.finish is not None, False
+            )
         else:
             c["text"] = self.echo + out.text if echo else out.text
         c["finish_reason"] = self._finish(self.split)
@@ -171,7 +186,13 @@ async def events(prompts: list[tuple], rid: str, kind: str, name: str, chat: boo
     chunk_kind = "chat.completion.chunk" if chat else "text_completion"
 
     def chunk(choice_list, usage=None, prompt_token_ids=None) -> bytes:
-        d = {"id": rid, "object": chunk_kind, "created": oa.created(), "model": name, "choices": choice_list}
+        d = {
+            "id": rid,
+            "object": chunk_kind,
+            "created": oa.created(),
+            "model": name,
+            "choices": choice_list,
+        }
         if prompt_token_ids is not None:
             d["prompt_token_ids"] = prompt_token_ids
         if opts.include_usage or opts.continuous_usage:
@@ -196,7 +217,9 @@ async def events(prompts: list[tuple], rid: str, kind: str, name: str, chat: boo
     body = sources[0] if len(sources) == 1 else merged(sources, len(every) + PENDING_CHUNKS)
     try:
         if chat:
-            first = [{"index": c.index, "delta": {"role": "assistant", "content": ""}} for c in every]
+            first = [
+                {"index": c.index, "delta": {"role": "assistant", "content": ""}} for c in every
+            ]
             ids = every[0].prompt_ids if opts.return_token_ids else None
             yield chunk(first, _usage() if opts.continuous_usage else None, prompt_token_ids=ids)
         async for item in body:

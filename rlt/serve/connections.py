@@ -13,19 +13,26 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from rlt.serve.errors import body
 
-_BUSY = msgspec.json.encode(body("the server holds too many connections: retry later", "service_unavailable", 503))
+_BUSY = msgspec.json.encode(
+    body("the server holds too many connections: retry later", "service_unavailable", 503)
+)
 
 
 async def _busy(scope, receive, send) -> None:
-    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(_BUSY)).encode())]
+    headers = [
+        (b"content-type", b"application/json"),
+        (b"content-length", str(len(_BUSY)).encode()),
+    ]
     headers += [(b"retry-after", b"1"), (b"connection", b"close")]
     await send({"type": "http.response.start", "status": 503, "headers": headers})
     await send({"type": "http.response.body", "body": _BUSY})
 
 
-MAX_HEADER_BYTES = 64 << 10  # a request line and headers longer than this get a 431 (nginx's large buffers: 32 KiB)
+# a request line and headers longer than this get a 431 (nginx's large buffers: 32 KiB)
+MAX_HEADER_BYTES = 64 << 10
 OVER_CAP_HEADER_TIMEOUT_S = 1.0
-FD_RESERVE = 256  # files kept open for other than connections (worker sockets, logs): this, or a quarter of the limit
+# files kept open for other than connections (worker sockets, logs): this, or a quarter of the limit
+FD_RESERVE = 256
 log = logging.getLogger("rlt")
 
 
@@ -42,13 +49,21 @@ def connection_cap(max_connections: int) -> int:
             pass
     cap = min(max_connections, max(1, soft - min(FD_RESERVE, soft // 4)))
     if cap < max_connections:
-        log.warning("rlt serve: at most %d connections (open-file limit %d); raise `ulimit -n` for more", cap, soft)
+        log.warning(
+            "rlt serve: at most %d connections (open-file limit %d); raise `ulimit -n` for more",
+            cap,
+            soft,
+        )
     return cap
 
 
 def protocol(header_timeout: float, max_connections: int) -> type:
     """uvicorn.Config(http=...)'s protocol class with these bounds."""
-    return type("BoundedHttpToolsProtocol", (_Bounded,), {"header_timeout": header_timeout, "cap": max_connections})
+    return type(
+        "BoundedHttpToolsProtocol",
+        (_Bounded,),
+        {"header_timeout": header_timeout, "cap": max_connections},
+    )
 
 
 class _Bounded(HttpToolsProtocol):
@@ -62,20 +77,28 @@ class _Bounded(HttpToolsProtocol):
         self._arm()
 
     def _arm(self) -> None:
-        if self.header_timer is None:  # (past the cap, a silent connection holds a file for 1 s at most)
-            timeout = min(self.header_timeout, OVER_CAP_HEADER_TIMEOUT_S) if self.over_cap else self.header_timeout
+        # (past the cap, a silent connection holds a file for 1 s at most)
+        if self.header_timer is None:
+            timeout = (
+                min(self.header_timeout, OVER_CAP_HEADER_TIMEOUT_S)
+                if self.over_cap
+                else self.header_timeout
+            )
             self.header_timer = self.loop.call_later(timeout, self._headers_late)
             self.header_bytes, self.header_tail = 0, b""
 
     def data_received(self, data: bytes) -> None:
         if self.header_timer is not None:  # (armed: this request's headers are not complete yet)
-            seen = self.header_tail + data  # (the blank line ending them may be split between reads)
+            # (the blank line ending them may be split between reads)
+            seen = self.header_tail + data
             end = seen.find(b"\r\n\r\n")
             self.header_bytes += len(data) if end < 0 else max(0, end + 4 - len(self.header_tail))
             self.header_tail = seen[-3:]
             if self.header_bytes > MAX_HEADER_BYTES:  # (httptools has no bound of its own)
                 self._disarm()
-                return self._send_json(431, b"Request Header Fields Too Large", "the request's headers are too long")
+                return self._send_json(
+                    431, b"Request Header Fields Too Large", "the request's headers are too long"
+                )
         super().data_received(data)
 
     def _disarm(self) -> None:
@@ -102,7 +125,8 @@ class _Bounded(HttpToolsProtocol):
         self._disarm()
         super().connection_lost(exc)
 
-    def send_400_response(self, msg: str) -> None:  # what HTTP cannot parse: JSON too (uvicorn's is text)
+    # what HTTP cannot parse: JSON too (uvicorn's is text)
+    def send_400_response(self, msg: str) -> None:
         self._send_json(400, b"Bad Request", msg)
 
     def _send_json(self, status: int, reason: bytes, msg: str) -> None:

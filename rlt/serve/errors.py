@@ -18,11 +18,23 @@ log = logging.getLogger("rlt.serve")
 
 MAX_MESSAGE = 400  # characters of an error message a client gets
 UNAVAILABLE = "no worker is ready: a worker died and is restarting, or the server is shutting down"
-_KINDS = {401: "authentication_error", 404: "not_found_error", 408: "timeout_error", 503: "service_unavailable"}
+_KINDS = {
+    401: "authentication_error",
+    404: "not_found_error",
+    408: "timeout_error",
+    503: "service_unavailable",
+}
 _KINDS |= dict.fromkeys((400, 405, 413, 422), "invalid_request_error")
 
 _repr = reprlib.Repr()
-_repr.maxlevel, _repr.maxlist, _repr.maxdict, _repr.maxstring, _repr.maxlong, _repr.maxother = 3, 6, 4, 60, 40, 60
+_repr.maxlevel, _repr.maxlist, _repr.maxdict, _repr.maxstring, _repr.maxlong, _repr.maxother = (
+    3,
+    6,
+    4,
+    60,
+    40,
+    60,
+)
 
 
 def clip(text: str, n: int = 100) -> str:
@@ -41,25 +53,39 @@ class HTTPError(Exception):
     """status, message, OpenAI's error type (default: by status), the field at fault; a 503's message
     is logged and the client gets UNAVAILABLE unless `public` (a message of the server's own)."""
 
-    def __init__(self, status: int, message: str, kind=None, param=None, headers=None, public=False):
-        self.status, self.message, self.param, self.headers, self.public = status, message, param, headers, public
+    def __init__(
+        self, status: int, message: str, kind=None, param=None, headers=None, public=False
+    ):
+        self.status, self.message, self.param, self.headers, self.public = (
+            status,
+            message,
+            param,
+            headers,
+            public,
+        )
         self.kind = kind or _KINDS.get(status, "internal_error")
 
 
 def body(message: str, kind: str, code: int, param: str | None = None) -> dict:
-    return {"error": {"message": clip(message, MAX_MESSAGE), "type": kind, "param": param, "code": code}}
+    return {
+        "error": {"message": clip(message, MAX_MESSAGE), "type": kind, "param": param, "code": code}
+    }
 
 
 def response(e: HTTPError) -> JSONResponse:
     message, headers = e.message, dict(e.headers or {})
     if e.status == 503:
         headers = {"Retry-After": "1"} | headers
-        if not e.public:  # engine texts name pids and logs: the client gets the reason, the log the text
+        # engine texts name pids and logs: the client gets the reason, the log the text
+        if not e.public:
             log.warning("503: %s", message)
             message = UNAVAILABLE
-    if e.status in (408, 413):  # the rest of the body is not read: the connection cannot carry another request
+    # the rest of the body is not read: the connection cannot carry another request
+    if e.status in (408, 413):
         headers["Connection"] = "close"
-    return JSONResponse(body(message, e.kind, e.status, e.param), status_code=e.status, headers=headers)
+    return JSONResponse(
+        body(message, e.kind, e.status, e.param), status_code=e.status, headers=headers
+    )
 
 
 def in_stream(e: Exception) -> dict:

@@ -27,7 +27,8 @@ class ServerOptions:
     allow_credentials: bool = False
     log_requests: bool = True
     trust_request_chat_template: bool = False  # a request may give its own chat_template
-    responses_store: int = 0  # /v1/responses kept for GET, DELETE and previous_response_id (0: none)
+    # /v1/responses kept for GET, DELETE and previous_response_id (0: none)
+    responses_store: int = 0
 
 
 def _json_list(text: str) -> tuple[str, ...]:
@@ -62,8 +63,18 @@ def add_flags(parser) -> None:
         flag, type=_positive(kind), default=default, help=f"{text} (default: {default})"
     )
     add("--max-body-bytes", int, Limits.max_body_bytes, "a larger request body is refused (413)")
-    add("--body-timeout", float, Limits.body_timeout, "seconds a request body may take to arrive (then 408)")
-    add("--max-prompts", int, Limits.max_prompts, "choices one /v1/completions call may ask for: prompts x n (400)")
+    add(
+        "--body-timeout",
+        float,
+        Limits.body_timeout,
+        "seconds a request body may take to arrive (then 408)",
+    )
+    add(
+        "--max-prompts",
+        int,
+        Limits.max_prompts,
+        "choices one /v1/completions call may ask for: prompts x n (400)",
+    )
     add("--max-tools", int, Limits.max_tools, "tools one chat request may give (400)")
     add(
         "--chat-template-timeout",
@@ -72,8 +83,18 @@ def add_flags(parser) -> None:
         "seconds a chat template may take to render (400)",
     )
     add("--timeout-keep-alive", float, 5.0, "seconds an idle kept-alive connection stays open")
-    add("--header-timeout", float, 10.0, "seconds a request's headers may take to arrive before the connection closes")
-    add("--max-connections", int, 4096, "connections open at once; past it a request gets a 503 with Retry-After")
+    add(
+        "--header-timeout",
+        float,
+        10.0,
+        "seconds a request's headers may take to arrive before the connection closes",
+    )
+    add(
+        "--max-connections",
+        int,
+        4096,
+        "connections open at once; past it a request gets a 503 with Retry-After",
+    )
     add(
         "--shutdown-timeout",
         float,
@@ -94,9 +115,14 @@ def add_server_flags(parser) -> None:
     )
     for flag, text in (("--allowed-methods", "methods"), ("--allowed-headers", "request headers")):
         g.add_argument(
-            flag, type=_json_list, default=("*",), help=f'CORS: the {text} allowed, a JSON list (default: ["*"])'
+            flag,
+            type=_json_list,
+            default=("*",),
+            help=f'CORS: the {text} allowed, a JSON list (default: ["*"])',
         )
-    g.add_argument("--allow-credentials", action="store_true", help="CORS: allow cookies and credentials")
+    g.add_argument(
+        "--allow-credentials", action="store_true", help="CORS: allow cookies and credentials"
+    )
     g.add_argument(
         "--trust-request-chat-template",
         action="store_true",

@@ -36,7 +36,8 @@ class Served:
     chat_template: str | None = None
     reasoning_parser: str | None = None  # --reasoning-parser (rlt/frontends/parsers.py)
     tool_parser: str | None = None  # --tool-call-parser
-    trust_request_chat_template: bool = False  # --trust-request-chat-template: a request may give its own
+    # --trust-request-chat-template: a request may give its own
+    trust_request_chat_template: bool = False
     responses: Store = field(default_factory=lambda: Store(0))  # --responses-store
 
 
@@ -59,16 +60,23 @@ async def completion(request: Request, body: dict, served: Served, name: str):
     with bad_request():
         req = rq.parse(body, rq.CompletionRequest)
         params, opts = rq.to_sampling_params(req, False, state.defaults)
-        prompts = check_prompts(req.prompt, params.n, engine.model_config.max_positions, served.limits)
+        prompts = check_prompts(
+            req.prompt, params.n, engine.model_config.max_positions, served.limits
+        )
 
         def tokenize():
             ids = [
-                _truncate(token_ids(engine, p, opts.add_special_tokens), opts.truncate_prompt_tokens) for p in prompts
+                _truncate(
+                    token_ids(engine, p, opts.add_special_tokens), opts.truncate_prompt_tokens
+                )
+                for p in prompts
             ]
             if not opts.echo:  # (a token-id prompt is decoded only to be echoed)
                 return ids, [""] * len(ids)
             echo = [
-                p if isinstance(p, str) and opts.truncate_prompt_tokens is None else _decode(engine, i)
+                p
+                if isinstance(p, str) and opts.truncate_prompt_tokens is None
+                else _decode(engine, i)
                 for p, i in zip(prompts, ids)
             ]
             return ids, echo
@@ -82,15 +90,23 @@ async def chat(request: Request, body: dict, served: Served, name: str):
     state = request.app.state
     with bad_request():
         req = rq.parse(body, rq.ChatRequest)
-        chat_template.tools_of(req.tools, served.limits.max_tools)  # (before a forced call's schema is built)
+        # (before a forced call's schema is built)
+        chat_template.tools_of(req.tools, served.limits.max_tools)
         params, opts = rq.to_sampling_params(req, True, state.defaults)
-        ids, text = await served.pool.run(chat_template.render, state.engine, req, served, opts.add_special_tokens)
+        ids, text = await served.pool.run(
+            chat_template.render, state.engine, req, served, opts.add_special_tokens
+        )
         ids = _truncate(ids, opts.truncate_prompt_tokens)
         opts.parsing, params = parsing(req, text, served, state.engine.tokenizer, params)
-        if opts.grammar_field is None and params.structured_output is not None:  # (the tools' call tag)
+        # (the tools' call tag)
+        if opts.grammar_field is None and params.structured_output is not None:
             opts.grammar_field = "tools"
         last = req.messages[-1] if isinstance(req.messages, list) else {}
-        echo = chat_template.messages_of([last])[0]["content"] if opts.echo and last.get("role") == "assistant" else ""
+        echo = (
+            chat_template.messages_of([last])[0]["content"]
+            if opts.echo and last.get("role") == "assistant"
+            else ""
+        )
     await check_grammar(served, state.engine, params, opts)
     return await _respond(request, params, opts, [ids], [echo], True, name)
 
@@ -103,21 +119,29 @@ def parsing(req, prompt_text: str, served: Served, tok, params):
     forced = structured.forced(req)  # (the grammar makes the calls: no tool parser needed)
     tools = bool(req.tools) and req.tool_choice != "none" and forced is None
     if tools and served.tool_parser is None:
-        raise RequestError("tools: this server parses no tool calls (start it with --tool-call-parser hermes)")
+        raise RequestError(
+            "tools: this server parses no tool calls (start it with --tool-call-parser hermes)"
+        )
     reasoning = served.reasoning_parser is not None
-    if tools and params.structured_output is None:  # (a call, once begun, is constrained: its arguments parse)
+    # (a call, once begun, is constrained: its arguments parse)
+    if tools and params.structured_output is None:
         tag = structured.tool_call_tag(req.tools, one=req.parallel_tool_calls is False)
         params = msgspec.structs.replace(params, structured_output=tag)
     so = params.structured_output
     if reasoning and so is not None and Think(prompt_text).state == "reasoning":
-        # the engine starts the grammar after </think>'s ids in the output: the content is the grammar's
+        # the engine starts the grammar after </think>'s ids in the output: the content is the
+        # grammar's
         after = tok(END_THINK, add_special_tokens=False).input_ids
-        params = msgspec.structs.replace(params, structured_output=msgspec.structs.replace(so, after=after))
+        params = msgspec.structs.replace(
+            params, structured_output=msgspec.structs.replace(so, after=after)
+        )
     if not (tools or reasoning or forced):
         return None, params
     markers = {THINK, END_THINK} if reasoning else set()
     markers |= {CALL, END_CALL} if tools else set()
-    specials = {t.content for t in tok.backend_tokenizer.get_added_tokens_decoder().values() if t.special}
+    specials = {
+        t.content for t in tok.backend_tokenizer.get_added_tokens_decoder().values() if t.special
+    }
     strip = drop = ()
     if params.skip_special_tokens and markers & specials:
         params = msgspec.structs.replace(params, skip_special_tokens=False)
@@ -151,24 +175,32 @@ def _decode(engine, ids: list[int]) -> str:
     return engine.tokenizer.decode(ids) if engine.tokenizer is not None else ""
 
 
-async def _respond(request: Request, params, opts: rq.Options, prompts: list, echoes: list, chat: bool, name: str):
+async def _respond(
+    request: Request, params, opts: rq.Options, prompts: list, echoes: list, chat: bool, name: str
+):
     """prompts: token ids, checked (tokenized in the pool); one engine call per prompt (its n choices)."""
     state, record = request.app.state, request.state.rlt
     engine, n, streams = state.engine, params.n, []
-    # the body's request_id (vLLM's), else X-Request-Id's (rlt/serve/middleware.py: the client's or a fresh one)
+    # the body's request_id (vLLM's), else X-Request-Id's (rlt/serve/middleware.py: the client's or
+    # a fresh one)
     base = opts.id or request.state.request_id
     rid = f"{'chatcmpl' if chat else 'cmpl'}-{base}"
     try:
         for i, ids in enumerate(prompts):
             p = params
             if p.max_tokens is None:  # chat: up to the context; completions: 16, as OpenAI
-                p = msgspec.structs.replace(p, max_tokens=max(1, engine.model_config.max_positions - len(ids)))
+                p = msgspec.structs.replace(
+                    p, max_tokens=max(1, engine.model_config.max_positions - len(ids))
+                )
             # (the engine's id names the HTTP request in worker logs; a client may reuse its ids)
-            streams.append(engine.generate(ids, p, f"{rid}-{i}-{uuid.uuid4().hex[:8]}", opts.priority, "delta"))
+            streams.append(
+                engine.generate(ids, p, f"{rid}-{i}-{uuid.uuid4().hex[:8]}", opts.priority, "delta")
+            )
     except (RequestError, EngineDeadError, EngineOverloadedError) as e:
         for s in streams:  # those already admitted go
             await s.aclose()
-        if isinstance(e, EngineOverloadedError):  # (a call's prompts and choices are admitted whole or not at all)
+        # (a call's prompts and choices are admitted whole or not at all)
+        if isinstance(e, EngineOverloadedError):
             raise HTTPError(503, str(e), public=True) from None
         if isinstance(e, EngineDeadError):
             raise HTTPError(503, str(e), "service_unavailable") from None
@@ -179,21 +211,33 @@ async def _respond(request: Request, params, opts: rq.Options, prompts: list, ec
     kind = "chat.completion" if chat else "text_completion"
     text_of = oa.token_text(engine.tokenizer, opts.tokens_as_ids)
     per_prompt = [
-        (s, [Choice(n * p + i, ids, echo, opts, state.metrics.request(record), text_of) for i in range(n)])
+        (
+            s,
+            [
+                Choice(n * p + i, ids, echo, opts, state.metrics.request(record), text_of)
+                for i in range(n)
+            ],
+        )
         for p, (s, ids, echo) in enumerate(zip(streams, prompts, echoes))
     ]
     if opts.stream:
-        return StreamingResponse(events(per_prompt, rid, kind, name, chat, opts), media_type="text/event-stream")
+        return StreamingResponse(
+            events(per_prompt, rid, kind, name, chat, opts), media_type="text/event-stream"
+        )
     try:
-        if not await _unless_disconnected(request, asyncio.gather(*(run(s, cs) for s, cs in per_prompt))):
-            return Response(status_code=499)  # (nobody reads it: the client went away, its requests are aborted)
+        if not await _unless_disconnected(
+            request, asyncio.gather(*(run(s, cs) for s, cs in per_prompt))
+        ):
+            # (nobody reads it: the client went away, its requests are aborted)
+            return Response(status_code=499)
     except EngineDeadError as e:  # a worker died under it (a restart is under way)
         raise HTTPError(503, str(e), "service_unavailable") from None
     finally:
         for s, _ in per_prompt:
             await s.aclose()
     choices = [c for _, cs in per_prompt for c in cs]
-    for c in choices:  # a grammar that failed in the worker (its compile deadline, say): the request's 400
+    # a grammar that failed in the worker (its compile deadline, say): the request's 400
+    for c in choices:
         if c.out is not None and (c.out.error or "").startswith("structured_output"):
             raise structured.rename(RequestError(c.out.error), opts.grammar_field)
     response = {
@@ -267,7 +311,9 @@ async def tokenize(request: Request, body: dict, served: Served) -> dict:
             ids, _ = await served.pool.run(chat_template.render, engine, req, served, add)
         else:  # (any length, as vLLM: only generating needs the prompt to fit)
             add = req.add_special_tokens if req.add_special_tokens is not None else True
-            ids = (await served.pool.run(lambda: engine.tokenizer(req.prompt, add_special_tokens=add))).input_ids
+            ids = (
+                await served.pool.run(lambda: engine.tokenizer(req.prompt, add_special_tokens=add))
+            ).input_ids
     out = {"count": len(ids), "max_model_len": engine.model_config.max_positions, "tokens": ids}
     if req.return_token_strs:
         out["token_strs"] = engine.tokenizer.convert_ids_to_tokens(ids)

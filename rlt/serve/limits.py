@@ -18,7 +18,8 @@ from rlt.serve.errors import HTTPError, clip, short
 from rlt.serve.flags import Limits
 
 DRAIN_BYTES = 64 << 20  # a refused body up to this size is read before the 413 (read_body)
-CHARS_PER_POSITION = 32  # a text prompt longer than this many characters per position cannot fit (tokens
+# a text prompt longer than this many characters per position cannot fit (tokens
+CHARS_PER_POSITION = 32
 # average ~4 characters; a single token covers at most a few dozen): refused before tokenizing it
 
 
@@ -28,10 +29,13 @@ async def read_body(request: Request, limits: Limits) -> bytes:
     still uploading then reads the 413 instead of a connection reset."""
     limit = limits.max_body_bytes
     length = request.headers.get("content-length", "")
-    if length.isdigit() and (len(length) > 18 or int(length) > limit):  # (int() of 5,000 digits raises)
+    # (int() of 5,000 digits raises)
+    if length.isdigit() and (len(length) > 18 or int(length) > limit):
         if len(length) <= 18 and int(length) <= DRAIN_BYTES:
             await _drain(request, 0, limits.body_timeout)
-        raise HTTPError(413, f"the request body has {clip(length, 20)} bytes, more than the limit {limit}")
+        raise HTTPError(
+            413, f"the request body has {clip(length, 20)} bytes, more than the limit {limit}"
+        )
     chunks, size = [], 0
     try:
         async with asyncio.timeout(limits.body_timeout):
@@ -41,7 +45,9 @@ async def read_body(request: Request, limits: Limits) -> bytes:
                     break
                 chunks.append(chunk)
     except TimeoutError:
-        raise HTTPError(408, f"the request body did not arrive within {limits.body_timeout:g} s") from None
+        raise HTTPError(
+            408, f"the request body did not arrive within {limits.body_timeout:g} s"
+        ) from None
     except ClientDisconnect:  # nobody reads the answer
         raise HTTPError(400, "the client disconnected before sending the whole body") from None
     if size > limit:
@@ -82,7 +88,9 @@ def decode(raw: bytes) -> dict:
 def check_prompts(prompts, n: int, max_positions: int, limits: Limits) -> list:
     """/v1/completions' prompt: a text, token ids, or a list of either; at most max_prompts children
     (prompts x n), each no longer than the model could take (checked before tokenizing)."""
-    if isinstance(prompts, str) or (isinstance(prompts, list) and prompts and type(prompts[0]) is int):
+    if isinstance(prompts, str) or (
+        isinstance(prompts, list) and prompts and type(prompts[0]) is int
+    ):
         prompts = [prompts]
     if not isinstance(prompts, list) or not prompts:
         raise RequestError("prompt must be a string, token ids, or a non-empty list of them")
@@ -113,7 +121,8 @@ def token_ids(engine, prompt, add_special_tokens: bool = True) -> list[int]:
     """A checked prompt's token ids (in the pool: tokenizing a long text takes a while)."""
     if isinstance(prompt, str) and engine.tokenizer is None:
         raise RequestError("prompt must be token ids: this model has no tokenizer")
-    if isinstance(prompt, list) and not all(type(t) is int for t in prompt):  # (the engine's message echoes it)
+    # (the engine's message echoes it)
+    if isinstance(prompt, list) and not all(type(t) is int for t in prompt):
         bad = next(t for t in prompt if type(t) is not int)
         raise RequestError(f"prompt token ids must be integers, got {short(bad)}")
     ids = engine.tokenize(prompt, add_special_tokens)
@@ -124,7 +133,9 @@ def token_ids(engine, prompt, add_special_tokens: bool = True) -> list[int]:
 def check_ids(ids: list, field: str, max_positions: int) -> None:
     """(Here, not by the engine at admission: it would check each of the ids on the loop first.)"""
     if len(ids) > max_positions:
-        raise RequestError(f"{field} has {len(ids)} tokens, more than the model's max positions {max_positions}")
+        raise RequestError(
+            f"{field} has {len(ids)} tokens, more than the model's max positions {max_positions}"
+        )
 
 
 class Pool:
@@ -135,8 +146,12 @@ class Pool:
 
     def __init__(self):
         workers = min(4, os.cpu_count() or 1)
-        self.executor = concurrent.futures.ThreadPoolExecutor(workers, thread_name_prefix="rlt-tokenize")
-        self.checks = concurrent.futures.ThreadPoolExecutor(2, "rlt-grammar-check", initializer=_nice)
+        self.executor = concurrent.futures.ThreadPoolExecutor(
+            workers, thread_name_prefix="rlt-tokenize"
+        )
+        self.checks = concurrent.futures.ThreadPoolExecutor(
+            2, "rlt-grammar-check", initializer=_nice
+        )
 
     async def run(self, fn, *args):
         return await asyncio.get_running_loop().run_in_executor(self.executor, fn, *args)

@@ -34,8 +34,10 @@ class RequestRecord:
     """One HTTP request, as its handler fills it in (None: not known, left out of the log line)."""
 
     request_id: str
-    start: float = field(default_factory=time.monotonic)  # time.monotonic() when the request arrived
-    model: str | None = None  # the served model name the request used (or the first, if it named none)
+    # time.monotonic() when the request arrived
+    start: float = field(default_factory=time.monotonic)
+    # the served model name the request used (or the first, if it named none)
+    model: str | None = None
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
     ttft: float | None = None  # seconds from `start` to the first generated token
@@ -88,7 +90,8 @@ class RequestMiddleware:
         level = logging.WARNING if status is None or status >= 500 else logging.INFO
         if level == logging.INFO and not self.log_requests:
             return
-        path = clip(scope["path"].encode("unicode_escape").decode("ascii"), 200)  # (no control characters)
+        # (no control characters)
+        path = clip(scope["path"].encode("unicode_escape").decode("ascii"), 200)
         parts = [scope["method"], path, str(status or "-"), f"request_id={record.request_id}"]
         for name in ("prompt_tokens", "completion_tokens"):
             if (v := getattr(record, name)) is not None:

@@ -36,7 +36,9 @@ def logprobs(text, ids: list[int], positions: list, top: int, chat: bool, offset
     return {
         "tokens": tokens,
         "token_logprobs": [None if pos is None else pos[i] for i, pos in zip(ids, positions)],
-        "top_logprobs": [None if p is None else {text(t): lp for t, lp in _top(p, top)} for p in positions]
+        "top_logprobs": [
+            None if p is None else {text(t): lp for t, lp in _top(p, top)} for p in positions
+        ]
         if top
         else None,
         "text_offset": offsets,

@@ -27,12 +27,13 @@ Int = Annotated[int, msgspec.Meta(ge=INT64[0], le=INT64[1])]  # what the engine 
 class StreamOptions(msgspec.Struct, forbid_unknown_fields=True):
     include_usage: bool | None = None  # a last chunk with the usage
     continuous_usage_stats: bool | None = None  # vLLM's: the usage so far in every chunk
-    include_obfuscation: bool | None = None  # OpenAI's padding against length side channels: none here
+    # OpenAI's padding against length side channels: none here
+    include_obfuscation: bool | None = None
 
 
 class _Request(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     model: str | None = None
-    # ---- sampling (rlt.SamplingParams, the engine checks each value) ----
+    # ---- sampling (rlt.SamplingParams, the engine checks each value) -----------------------------
     max_tokens: Int | None = None
     n: Int | None = None
     temperature: float | None = None
@@ -54,10 +55,11 @@ class _Request(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     min_loops: Int | None = None  # rlt's loop controls
     max_loops: Int | None = None
     exit_threshold: float | None = None
-    exit_criterion: str | None = None  # gate, or Huginn's latent-diff, cosine, kl, ... (SamplingParams)
+    # gate, or Huginn's latent-diff, cosine, kl, ... (SamplingParams)
+    exit_criterion: str | None = None
     speculative_loops: Int | None = None  # self-speculation (0: off for this request)
     speculative_tokens: Int | None = None
-    # ---- the request and its response ----
+    # ---- the request and its response ------------------------------------------------------------
     priority: Int | None = None  # lower runs first
     truncate_prompt_tokens: Int | None = None  # keep the prompt's last k tokens
     add_special_tokens: bool | None = None
@@ -68,14 +70,14 @@ class _Request(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     return_token_ids: bool | None = None
     return_tokens_as_token_ids: bool | None = None
     request_id: str | None = None  # vLLM's: the response's id
-    # ---- accepted: they never change the output ----
+    # ---- accepted: they never change the output --------------------------------------------------
     user: str | None = None
     metadata: dict[str, Any] | None = None
     store: bool | None = None
     service_tier: str | None = None
     safety_identifier: str | None = None
     prompt_cache_key: str | None = None
-    # ---- a grammar (rlt/serve/structured.py: one source at most) ----
+    # ---- a grammar (rlt/serve/structured.py: one source at most) ---------------------------------
     response_format: dict[str, Any] | None = None
     structured_outputs: dict[str, Any] | None = None
     guided_json: Any = None
@@ -84,7 +86,7 @@ class _Request(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     guided_grammar: Any = None
     guided_decoding_backend: Any = None  # the engine's (xgrammar) or auto
     guided_whitespace_pattern: Any = None  # refused: the engine's JSON is compact
-    # ---- refused unless they ask for nothing (REFUSED) ----
+    # ---- refused unless they ask for nothing (REFUSED) -------------------------------------------
     best_of: Int | None = None
     use_beam_search: bool | None = None
     length_penalty: float | None = None
@@ -131,15 +133,27 @@ class ChatRequest(_Request):
 
 _NOTHING = lambda v, r: False  # noqa: E731 - any value asks for something
 REFUSED: dict[str, tuple] = {  # field: (does this value ask for nothing?, why it is refused)
-    "best_of": (lambda v, r: v == (r.n or 1), "best_of (ranking more candidates than n) is not supported: use n"),
+    "best_of": (
+        lambda v, r: v == (r.n or 1),
+        "best_of (ranking more candidates than n) is not supported: use n",
+    ),
     "use_beam_search": (lambda v, r: not v, "beam search is not supported"),
-    "length_penalty": (lambda v, r: v == 1.0, "length_penalty applies to beam search, which is not supported"),
+    "length_penalty": (
+        lambda v, r: v == 1.0,
+        "length_penalty applies to beam search, which is not supported",
+    ),
     "allowed_token_ids": (_NOTHING, "allowed_token_ids is not supported: use logit_bias"),
     "bad_words": (lambda v, r: not v, "bad_words is not supported: use logit_bias"),
-    "spaces_between_special_tokens": (lambda v, r: v, "false is not supported (fast tokenizers put no spaces)"),
+    "spaces_between_special_tokens": (
+        lambda v, r: v,
+        "false is not supported (fast tokenizers put no spaces)",
+    ),
     "logits_processors": (lambda v, r: not v, "custom logits processors are not supported"),
     "cache_salt": (_NOTHING, "cache_salt (prefix cache isolation) is not supported"),
-    "kv_transfer_params": (_NOTHING, "kv_transfer_params is not supported: rlt moves KV itself (--topology)"),
+    "kv_transfer_params": (
+        _NOTHING,
+        "kv_transfer_params is not supported: rlt moves KV itself (--topology)",
+    ),
     "vllm_xargs": (lambda v, r: not v, "vllm_xargs is not supported"),
     "suffix": (lambda v, r: v == "", "suffix (fill-in-the-middle) is not supported"),
     "prompt_embeds": (_NOTHING, "prompt_embeds is not supported: give text or token ids"),
@@ -156,12 +170,36 @@ REFUSED: dict[str, tuple] = {  # field: (does this value ask for nothing?, why i
 FIELDS = frozenset(f for cls in (CompletionRequest, ChatRequest) for f in cls.__struct_fields__)
 
 # generation_config.json fields a request's defaults come from (as vLLM's --generation-config auto)
-GENERATION_DEFAULTS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty", "max_new_tokens")
+GENERATION_DEFAULTS = (
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "repetition_penalty",
+    "max_new_tokens",
+)
 # body fields that are SamplingParams fields of the same name
 _SAME = (
-    *("temperature", "top_p", "top_k", "min_p", "seed", "n", "stop_token_ids", "ignore_eos", "min_tokens"),
+    *(
+        "temperature",
+        "top_p",
+        "top_k",
+        "min_p",
+        "seed",
+        "n",
+        "stop_token_ids",
+        "ignore_eos",
+        "min_tokens",
+    ),
     *("repetition_penalty", "presence_penalty", "frequency_penalty", "include_stop_str_in_output"),
-    *("skip_special_tokens", "prompt_logprobs", "min_loops", "max_loops", "exit_threshold", "exit_criterion"),
+    *(
+        "skip_special_tokens",
+        "prompt_logprobs",
+        "min_loops",
+        "max_loops",
+        "exit_threshold",
+        "exit_criterion",
+    ),
     *("speculative_loops", "speculative_tokens"),
 )
 
@@ -186,7 +224,8 @@ class Options:
     id: str | None
     # a chat's reasoning and tool-call parsing (rlt/frontends/parsers.py)
     parsing: Parsing | None = None
-    grammar_field: str | None = None  # the field the request's grammar came from (its errors name it)
+    # the field the request's grammar came from (its errors name it)
+    grammar_field: str | None = None
 
 
 def parse(body: dict, cls: type[_Request]) -> _Request:
@@ -196,13 +235,17 @@ def parse(body: dict, cls: type[_Request]) -> _Request:
     except msgspec.ValidationError as e:
         text = str(e)
         message, _, where = text.partition(" - at `$.")
-        field = where.split("`")[0].split("[")[0] if where else None  # ("stream_options.include_usage")
-        named = message.split("`")[1] if "`" in message else None  # "... unknown field `x`", "... required field `x`"
+        # ("stream_options.include_usage")
+        field = where.split("`")[0].split("[")[0] if where else None
+        # "... unknown field `x`", "... required field `x`"
+        named = message.split("`")[1] if "`" in message else None
         if named is not None and message.startswith("Object"):  # (inside an object: its path first)
             field, where = f"{field}.{named}" if field else named, ""
         if message.startswith("Object contains unknown field"):
             message = f"{field} is not a field of this endpoint"
-        raise HTTPError(400, f"{where.rstrip('`')}: {message}" if where else message, param=field) from None
+        raise HTTPError(
+            400, f"{where.rstrip('`')}: {message}" if where else message, param=field
+        ) from None
     for name, (asks_nothing, why) in REFUSED.items():
         v = getattr(req, name, None)
         if v is not None and not asks_nothing(v, req):
@@ -239,7 +282,9 @@ def to_sampling_params(req: _Request, chat: bool, defaults: dict) -> tuple[Sampl
         top = None if chat else req.logprobs
     if top is not None:
         if not 0 <= top <= 20:
-            raise RequestError(f"{'top_logprobs' if chat else 'logprobs'} must be in [0, 20], got {top}")
+            raise RequestError(
+                f"{'top_logprobs' if chat else 'logprobs'} must be in [0, 20], got {top}"
+            )
         kw["logprobs"] = max(top, 1)  # (the engine's logprobs also carry the sampled token's)
         if echo and not chat:  # the prompt's logprobs too, first None (lm-eval's loglikelihood)
             kw["prompt_logprobs"] = max(top, kw.get("prompt_logprobs") or 0)
@@ -262,7 +307,9 @@ def to_sampling_params(req: _Request, chat: bool, defaults: dict) -> tuple[Sampl
         tokens_as_ids=bool(req.return_tokens_as_token_ids),
         priority=req.priority or 0,
         truncate_prompt_tokens=req.truncate_prompt_tokens,
-        add_special_tokens=req.add_special_tokens if req.add_special_tokens is not None else not chat,
+        add_special_tokens=req.add_special_tokens
+        if req.add_special_tokens is not None
+        else not chat,
         id=req.request_id,
         grammar_field=source,
     )

@@ -48,13 +48,13 @@ class ResponsesRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True)
     include: list[str] | None = None
     background: bool | None = None
     max_tool_calls: Int | None = None
-    # ---- accepted: they never change the output ----
+    # ---- accepted: they never change the output --------------------------------------------------
     metadata: dict[str, Any] | None = None
     user: str | None = None
     service_tier: str | None = None
     safety_identifier: str | None = None
     prompt_cache_key: str | None = None
-    # ---- vLLM's and rlt's own (chat's fields of the same name) ----
+    # ---- vLLM's and rlt's own (chat's fields of the same name) -----------------------------------
     top_k: Int | None = None
     min_p: float | None = None
     seed: Int | None = None

@@ -21,20 +21,36 @@ BACKLOG = 2048  # uvicorn's default: connections the kernel holds before the ser
 def add_parser(sub) -> None:
     s = sub.add_parser("serve", help="serve a model over OpenAI's HTTP API")
     s.add_argument(
-        "model", nargs="?", help="checkpoint directory or Hugging Face Hub id (default: the embedded tiny Ouro)"
+        "model",
+        nargs="?",
+        help="checkpoint directory or Hugging Face Hub id (default: the embedded tiny Ouro)",
     )
     g = s.add_argument_group("server")
-    g.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1; 0.0.0.0: every one)")
-    g.add_argument("--port", type=_port, default=8000, help="port to listen on (default: 8000; 0: any free one)")
+    g.add_argument(
+        "--host",
+        default="127.0.0.1",
+        help="address to listen on (default: 127.0.0.1; 0.0.0.0: every one)",
+    )
+    g.add_argument(
+        "--port",
+        type=_port,
+        default=8000,
+        help="port to listen on (default: 8000; 0: any free one)",
+    )
     g.add_argument("--revision", help="the hub id's branch, tag or commit (default: main)")
-    g.add_argument("--api-key", help="require `Authorization: Bearer KEY` on every route but /health (default: none)")
+    g.add_argument(
+        "--api-key",
+        help="require `Authorization: Bearer KEY` on every route but /health (default: none)",
+    )
     g.add_argument(
         "--served-model-name",
         nargs="+",
         help="the model names clients may use; responses and metrics name the first (default: MODEL as given; "
         "'default' for the embedded model)",
     )
-    g.add_argument("--hf-overrides", type=json.loads, help="JSON object replacing config.json fields")
+    g.add_argument(
+        "--hf-overrides", type=json.loads, help="JSON object replacing config.json fields"
+    )
     g.add_argument(
         "--generation-config",
         choices=["auto", "none"],
@@ -42,7 +58,12 @@ def add_parser(sub) -> None:
         help="auto: requests default to generation_config.json's temperature, top_p, top_k, max_new_tokens "
         "(default: auto)",
     )
-    g.add_argument("--override-generation-config", type=json.loads, default={}, help="JSON object over those defaults")
+    g.add_argument(
+        "--override-generation-config",
+        type=json.loads,
+        default={},
+        help="JSON object over those defaults",
+    )
     g.add_argument(
         "--chat-template",
         help="a Jinja chat template, or the file holding one, for requests that give none (default: the checkpoint's)",
@@ -81,7 +102,9 @@ def sampling_defaults(path: str, source: str, overrides: dict) -> dict:
     from rlt.serve.requests import GENERATION_DEFAULTS
 
     if not isinstance(overrides, dict) or set(overrides) - set(GENERATION_DEFAULTS):
-        raise ConfigError(f"--override-generation-config takes an object of {', '.join(GENERATION_DEFAULTS)}")
+        raise ConfigError(
+            f"--override-generation-config takes an object of {', '.join(GENERATION_DEFAULTS)}"
+        )
     file = os.path.join(path, "generation_config.json")
     found = read_json_object(file) if source == "auto" and os.path.isfile(file) else {}
     return {k: found[k] for k in GENERATION_DEFAULTS if found.get(k) is not None} | overrides
@@ -122,13 +145,27 @@ def _serve(args: argparse.Namespace, options: dict, sock: socket.socket) -> int:
     template = chat_template(args.chat_template)
     parsers = parsers_of(args, launch.engine, template)
     app = build_app(
-        lambda: launch, names, args.api_key, defaults, limits_of(args), template, server_options_of(args), parsers
+        lambda: launch,
+        names,
+        args.api_key,
+        defaults,
+        limits_of(args),
+        template,
+        server_options_of(args),
+        parsers,
     )
     config = uvicorn.Config(
-        app, loop="uvloop", log_level="warning", access_log=False, backlog=BACKLOG, **uvicorn_options(args)
+        app,
+        loop="uvloop",
+        log_level="warning",
+        access_log=False,
+        backlog=BACKLOG,
+        **uvicorn_options(args),
     )
     url = f"http://{address(args.host, sock.getsockname()[1])}/v1"
-    server = Server(config, launch.engine, args.shutdown_timeout, f"rlt serve: {names[0]} ready at {url}")
+    server = Server(
+        config, launch.engine, args.shutdown_timeout, f"rlt serve: {names[0]} ready at {url}"
+    )
     server.run(sockets=[sock])
     return server.exit_code
 
@@ -141,7 +178,9 @@ def parsers_of(args, engine, template: str | None) -> tuple[str | None, str | No
     tok = engine.tokenizer
     template = template or getattr(tok, "chat_template", None)
     family = FAMILIES[engine.model_config.model_type].name
-    auto = default_parsers(family, template if isinstance(template, str) else None, tok.get_vocab() if tok else None)
+    auto = default_parsers(
+        family, template if isinstance(template, str) else None, tok.get_vocab() if tok else None
+    )
     chosen = (args.reasoning_parser, args.tool_call_parser)
     return tuple(a if c == "auto" else None if c == "none" else c for c, a in zip(chosen, auto))
 
@@ -159,7 +198,8 @@ def listen(host: str, port: int) -> socket.socket:
     once, and connections made while the workers start wait in the backlog (as vLLM's)."""
     sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
     try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # (as uvicorn: a port in TIME_WAIT is free)
+        # (as uvicorn: a port in TIME_WAIT is free)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind((host, port))
         sock.listen(BACKLOG)
     except BaseException:
@@ -175,7 +215,9 @@ def address(host: str, port: int) -> str:
 def _log_to_stderr() -> None:
     """rlt's loggers at INFO to stderr: a line per request (rlt.serve), the engine's warnings."""
     handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter("%(levelname)s %(asctime)s %(name)s: %(message)s", "%Y-%m-%d %H:%M:%S"))
+    handler.setFormatter(
+        logging.Formatter("%(levelname)s %(asctime)s %(name)s: %(message)s", "%Y-%m-%d %H:%M:%S")
+    )
     log = logging.getLogger("rlt")
     log.addHandler(handler)
     log.setLevel(logging.INFO)

@@ -20,9 +20,15 @@ log = logging.getLogger("rlt")
 class Server(uvicorn.Server):
     def __init__(self, config: uvicorn.Config, engine, shutdown_timeout: float, ready_line: str):
         super().__init__(config)
-        self.engine, self.shutdown_timeout, self.ready_line, self.exit_code = engine, shutdown_timeout, ready_line, 0
+        self.engine, self.shutdown_timeout, self.ready_line, self.exit_code = (
+            engine,
+            shutdown_timeout,
+            ready_line,
+            0,
+        )
         self._deadline: asyncio.Task | None = None  # fails what is left after shutdown_timeout
-        self._watch: asyncio.Task | None = None  # the ready line, then exits when the engine cannot serve
+        # the ready line, then exits when the engine cannot serve
+        self._watch: asyncio.Task | None = None
 
     async def startup(self, sockets=None) -> None:
         """(The app's start-up begins the engine's launch; uvicorn then accepts on the socket rlt serve

@@ -32,7 +32,9 @@ def _response_format(v) -> StructuredOutput | None:
     if kind == "json_object":
         return StructuredOutput(json_object=True)
     if kind != "json_schema":
-        raise _bad("response_format", f"type must be text, json_object or json_schema, got {short(kind)}")
+        raise _bad(
+            "response_format", f"type must be text, json_object or json_schema, got {short(kind)}"
+        )
     js = v.get("json_schema")
     if not isinstance(js, dict) or not isinstance(js.get("schema"), dict):
         raise _bad("response_format", "json_schema needs a schema object (json_schema.schema)")
@@ -42,10 +44,16 @@ def _response_format(v) -> StructuredOutput | None:
 def _structured_outputs(v: dict) -> StructuredOutput:
     for k in v:
         if k not in _KINDS and k not in _NO_EFFECT:
-            raise _bad(f"structured_outputs.{k}", "not supported (json, regex, choice, grammar or json_object)")
+            raise _bad(
+                f"structured_outputs.{k}",
+                "not supported (json, regex, choice, grammar or json_object)",
+            )
     given = {k: v[k] for k in _KINDS if v.get(k) not in (None, False)}
     if len(given) != 1:
-        raise _bad("structured_outputs", f"set exactly one of {', '.join(_KINDS)}, got {sorted(given) or 'none'}")
+        raise _bad(
+            "structured_outputs",
+            f"set exactly one of {', '.join(_KINDS)}, got {sorted(given) or 'none'}",
+        )
     return StructuredOutput(**given)
 
 
@@ -63,7 +71,8 @@ def _tool_choice(req, tools: list) -> StructuredOutput | None:
         if not fns:
             raise _bad("tool_choice", "required needs tools")
         items, defs = [], {}
-        for n, f in fns.items():  # ("#/$defs/..." refs resolve at the root: the tools' $defs go there, as vLLM)
+        # ("#/$defs/..." refs resolve at the root: the tools' $defs go there, as vLLM)
+        for n, f in fns.items():
             params = dict(_params(f))
             defs |= params.pop("$defs", {})
             items.append(
@@ -79,8 +88,14 @@ def _tool_choice(req, tools: list) -> StructuredOutput | None:
             schema["maxItems"] = 1
         return StructuredOutput(json=schema)
     name = choice.get("function", {}).get("name") if isinstance(choice, dict) else None
-    if not isinstance(choice, dict) or choice.get("type") != "function" or not isinstance(name, str):
-        raise _bad("tool_choice", f"must be none, auto, required or a named function, got {short(choice)}")
+    if (
+        not isinstance(choice, dict)
+        or choice.get("type") != "function"
+        or not isinstance(name, str)
+    ):
+        raise _bad(
+            "tool_choice", f"must be none, auto, required or a named function, got {short(choice)}"
+        )
     if name not in fns:
         raise _bad("tool_choice", f"names {short(name)}, which is not one of the tools")
     return StructuredOutput(json=_params(fns[name]))
@@ -134,9 +149,15 @@ def of(req, chat: bool) -> tuple[StructuredOutput | None, str | None]:
     if len(found) > 1:
         raise _bad(found[1][0], f"a request gives one grammar; it has {found[0][0]} already")
     if req.guided_decoding_backend not in (None, BACKEND, "auto"):
-        raise _bad("guided_decoding_backend", f"{short(req.guided_decoding_backend)}: the engine's is {BACKEND}")
+        raise _bad(
+            "guided_decoding_backend",
+            f"{short(req.guided_decoding_backend)}: the engine's is {BACKEND}",
+        )
     if req.guided_whitespace_pattern is not None:
-        raise _bad("guided_whitespace_pattern", "not supported: the engine's JSON is always compact (no whitespace)")
+        raise _bad(
+            "guided_whitespace_pattern",
+            "not supported: the engine's JSON is always compact (no whitespace)",
+        )
     return (found[0][1], found[0][0]) if found else (None, None)
 
 

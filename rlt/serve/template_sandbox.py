@@ -18,7 +18,9 @@ import time
 
 MAX_POWER_DIGITS = 1000
 
-_limits: contextvars.ContextVar[tuple[int, float] | None] = contextvars.ContextVar("rlt_template_limits", default=None)
+_limits: contextvars.ContextVar[tuple[int, float] | None] = contextvars.ContextVar(
+    "rlt_template_limits", default=None
+)
 
 
 class TemplateBoundError(Exception):

@@ -46,7 +46,9 @@ class PassAttention:
 
     __slots__ = ("attend", "attend_qkv", "cache", "core_meta", "boundary_meta")
 
-    def __init__(self, attend, attend_qkv, cache, core: PagedMetadata | None, boundary: PagedMetadata | None):
+    def __init__(
+        self, attend, attend_qkv, cache, core: PagedMetadata | None, boundary: PagedMetadata | None
+    ):
         self.attend, self.attend_qkv, self.cache = attend, attend_qkv, cache
         self.core_meta, self.boundary_meta = core, boundary
 
@@ -101,17 +103,27 @@ class ReferenceBackend:
         self.model, self.pool, self.counters = model, pool, counters
         self.attend, self.attend_qkv = reference_attend(counters)
 
-    def finalize(self, tables: torch.Tensor, pos: torch.Tensor, depth: torch.Tensor, done: torch.Tensor) -> None:
+    def finalize(
+        self, tables: torch.Tensor, pos: torch.Tensor, depth: torch.Tensor, done: torch.Tensor
+    ) -> None:
         """Steady decode's LAST_EXITED finalize copies (rlt/kernels/kv_copy.py) for lanes done now."""
         pool = self.pool
         self.finalize_copies(
-            pool.cache, tables, pos, depth, done, pool.num_core_planes, pool.scratch_block * pool.block_size
+            pool.cache,
+            tables,
+            pos,
+            depth,
+            done,
+            pool.num_core_planes,
+            pool.scratch_block * pool.block_size,
         )
 
     def lane_rows(self, tables, plane, max_plane: int, pos, table_on, slot_on):
         """Steady decode's (table, slot, position) per lane for a pass (rlt/kernels/lane_rows.py)."""
         pool = self.pool
-        return self._lane_rows(tables, plane, max_plane, pos, table_on, slot_on, pool.scratch_block, pool.block_size)
+        return self._lane_rows(
+            tables, plane, max_plane, pos, table_on, slot_on, pool.scratch_block, pool.block_size
+        )
 
     def plane(self, groups: list, row_starts: list[int], tables: list[list[int]]) -> PagedMetadata:
         """The metadata of one plane per group: slots each row's K/V goes to, the block table each
@@ -120,16 +132,22 @@ class ReferenceBackend:
         slots = row_slots(table, row_starts, positions(groups, row_starts), bs)
         return PagedMetadata(slots, table, row_starts, [g.start for g in groups], bs)
 
-    def attention(self, core: PagedMetadata | None = None, boundary: PagedMetadata | None = None) -> PassAttention:
+    def attention(
+        self, core: PagedMetadata | None = None, boundary: PagedMetadata | None = None
+    ) -> PassAttention:
         return PassAttention(self.attend, self.attend_qkv, self.pool.cache, core, boundary)
 
-    def core_pass(self, active: list, row_starts: list[int], pos: np.ndarray, tables: list[list[int]]) -> CorePass:
+    def core_pass(
+        self, active: list, row_starts: list[int], pos: np.ndarray, tables: list[list[int]]
+    ) -> CorePass:
         """How the core pass over these groups (pos: every row's position, tables: each group's block
         table of the plane it reads) runs."""
         return CorePass(self.plane(active, row_starts, tables), _slot_mapping, self._eager)
 
     def _eager(self, states, injects, positions, meta: PagedMetadata):
-        return self.model.loop(torch.cat(states), torch.cat(injects), positions, self.attention(meta))
+        return self.model.loop(
+            torch.cat(states), torch.cat(injects), positions, self.attention(meta)
+        )
 
     def lane_meta(self, pos, slot, table) -> PagedMetadata:
         """Steady decode's metadata (rlt/workers/steady.py): one row per lane at positions pos [n],
@@ -169,7 +187,11 @@ class TritonBackend(ReferenceBackend):
 
         super().__init__(mc, model, pool, cfg, counters)
         self.ops, self.slot_kernels = self.ops_class(), triton_slot_kernels()
-        self.finalize_copies, self.latent_checks, self._lane_rows = finalize_copies, latent_checks, lane_rows
+        self.finalize_copies, self.latent_checks, self._lane_rows = (
+            finalize_copies,
+            latent_checks,
+            lane_rows,
+        )
 
         def attend(cache, layer, meta: PagedMetadata, q, k, v, rotary):
             counters.progress += 1
@@ -191,7 +213,9 @@ class TritonBackend(ReferenceBackend):
             return kernel_paged_attention(cache, layer, meta, q, k, v)
 
         def attend_qkv(cache, layer, meta: PagedMetadata, linear, h, w, heads, rotary):
-            r = rotary  # one row of a decode pass, rotate-half, no bias: product, RoPE and K/V store in one launch
+            # one row of a decode pass, rotate-half, no bias: product, RoPE and K/V store in one
+            # launch
+            r = rotary
             if not (meta.plan.decode and gemv_fits(h, w) and not r.pairs and r.q_bias is None):
                 return attend(cache, layer, meta, *split_qkv(linear(h, w), *heads), rotary)
             counters.progress += 1
@@ -211,19 +235,26 @@ class TritonBackend(ReferenceBackend):
         self.lane_fixed: dict[int, dict] = {}  # lane_meta's fixed tensors, by lane count
         if cfg.cuda_graph_max_batch > 0:
             shape = (model, pool, mc.hidden_size, pool.cache.dtype, pool.cache.device, counters)
-            self.decode_graphs = DecodeGraphs(*shape, cfg.cuda_graph_max_batch, self.attention, self.decode_plan)
+            self.decode_graphs = DecodeGraphs(
+                *shape, cfg.cuda_graph_max_batch, self.attention, self.decode_plan
+            )
             # batch-invariant mode tiles every pass alike (as its eager passes do)
             rows = KERNEL_BLOCK_M if self.batch_invariant else PREFILL_BLOCK_M
             tiles = KernelPlan(rows, fill_tiles=self.fill_tiles, pack=self.pack)
             self.pass_graphs = PassGraphs(*shape, cfg.max_num_batched_tokens, self.attention, tiles)
             if not self.batch_invariant:  # (dense attention's result depends on the chunking)
-                rows, pool_ = min(cfg.max_num_batched_tokens, cfg.prefill_chunk), self.pass_graphs.mempool
+                rows, pool_ = (
+                    min(cfg.max_num_batched_tokens, cfg.prefill_chunk),
+                    self.pass_graphs.mempool,
+                )
                 self.prompt_graphs = PromptGraphs(*shape, rows, self.attention, pool_)
 
     def plane(self, groups, row_starts, tables) -> PagedMetadata:
         """With the Triton attention's integer metadata for this pass's plan."""
         meta = super().plane(groups, row_starts, tables)
-        meta.plan = plan_kernel(row_starts, meta.q_starts, self.batch_invariant, self.fill_tiles, self.pack)
+        meta.plan = plan_kernel(
+            row_starts, meta.q_starts, self.batch_invariant, self.fill_tiles, self.pack
+        )
         meta.kernel = kernel_fields(row_starts, meta.q_starts, meta.plan)
         return meta
 
@@ -234,13 +265,23 @@ class TritonBackend(ReferenceBackend):
         d, p, lone = self.decode_graphs, self.pass_graphs, self.prompt_graphs
         if lone is not None and lone.fits(active, n):
             R, ints = lone.inputs(pos, tables[0])
-            return CorePass(ints, lambda t: lone.slots(R, t, n), lambda xs, injects, _, t: lone.run(R, xs, injects, t))
+            return CorePass(
+                ints,
+                lambda t: lone.slots(R, t, n),
+                lambda xs, injects, _, t: lone.run(R, xs, injects, t),
+            )
         if d is not None and all(g.decoding for g in active) and d.fits(len(active)):
             ints = d.inputs(pos, tables, starts, self.pool.block_size)
-            return CorePass(ints, lambda t: d.slots(t, n), lambda xs, injects, _, t: d.run(xs, injects, t))
+            return CorePass(
+                ints, lambda t: d.slots(t, n), lambda xs, injects, _, t: d.run(xs, injects, t)
+            )
         if p is not None and p.fits(n, len(active)):
             key, ints = p.inputs(pos, tables, row_starts, starts)
-            return CorePass(ints, lambda t: p.slots(key, t, n), lambda xs, injects, _, t: p.run(key, xs, injects, t))
+            return CorePass(
+                ints,
+                lambda t: p.slots(key, t, n),
+                lambda xs, injects, _, t: p.run(key, xs, injects, t),
+            )
         return super().core_pass(active, row_starts, pos, tables)
 
     def lane_pass(self, x, inject, pos, slot, table):
@@ -251,11 +292,16 @@ class TritonBackend(ReferenceBackend):
     def lane_meta(self, pos, slot, table) -> PagedMetadata:
         n = len(pos)
         fixed = self.lane_fixed.get(n)
-        if fixed is None:  # (once per lane count: one row per segment; a host copy would wait for the device)
+        # (once per lane count: one row per segment; a host copy would wait for the device)
+        if fixed is None:
             ar = torch.arange(n, device=pos.device)
             work = torch.tensor([1, n], device=pos.device)
             fixed = self.lane_fixed[n] = dict(
-                tile_seg=ar, tile_row=torch.zeros_like(ar), seg_row0=ar, seg_rows=torch.ones_like(ar), work=work
+                tile_seg=ar,
+                tile_row=torch.zeros_like(ar),
+                seg_row0=ar,
+                seg_rows=torch.ones_like(ar),
+                work=work,
             )
         kernel = dict(fixed, seg_q0=pos)  # (positions stay on the device)
         bs = self.pool.block_size  # (q_starts are read by the reference only)
@@ -272,7 +318,9 @@ class TritonBackend(ReferenceBackend):
             shapes += [(p, r, w) for r in reversed(p.buckets) for w in reversed(widths)]
         if (d := self.decode_graphs) is not None and decodes:
             largest = next(b for b in BUCKETS if b >= min(d.max_batch, BUCKETS[-1]))
-            shapes += [(d, b, w) for b in reversed(BUCKETS) if b <= largest for w in reversed(widths)]
+            shapes += [
+                (d, b, w) for b in reversed(BUCKETS) if b <= largest for w in reversed(widths)
+            ]
         return shapes
 
 

@@ -21,11 +21,22 @@ from rlt.kernels.paged_attention import KernelPlan, PagedMetadata, kernel_fields
 from rlt.workers.pass_rows import row_slots
 
 BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
-PASS_BUCKETS = (16, 32, 64, 128, 256, 512, 1024, 1536, 2048)  # rows of a pass carrying prompt chunks
+# rows of a pass carrying prompt chunks
+PASS_BUCKETS = (16, 32, 64, 128, 256, 512, 1024, 1536, 2048)
 MAX_SEGMENTS = 256  # groups a graphed pass can carry (a pass with more runs eagerly)
-# A pass graph's integer inputs, in order: rows, segments, the tile lists (paged_attention.kernel_fields), tables
+# A pass graph's integer inputs, in order: rows, segments, the tile lists
+# (paged_attention.kernel_fields), tables
 _TILE_LISTS = (("tile_seg", "tile_row", "work"), ("packed_seg", "packed_row", "packed_work"))
-_PASS_INPUTS = ("pos", "slots", "seg_row0", "seg_rows", "seg_q0", *_TILE_LISTS[0], *_TILE_LISTS[1], "table")
+_PASS_INPUTS = (
+    "pos",
+    "slots",
+    "seg_row0",
+    "seg_rows",
+    "seg_q0",
+    *_TILE_LISTS[0],
+    *_TILE_LISTS[1],
+    "table",
+)
 
 
 @dataclass
@@ -33,7 +44,8 @@ class _Graph:
     graph: torch.cuda.CUDAGraph
     x: torch.Tensor
     inject: torch.Tensor
-    ints: torch.Tensor  # [B * (2 + W)]: positions, slots, block tables; filled by one copy per replay
+    # [B * (2 + W)]: positions, slots, block tables; filled by one copy per replay
+    ints: torch.Tensor
     kernel: dict  # the attention's fixed tile metadata: the graph reads it, so it must stay alive
     out: torch.Tensor
     gate: torch.Tensor | None
@@ -58,7 +70,13 @@ class DecodeGraphs:
     plan for a decode-only pass (rlt/workers/backend.py)."""
 
     def __init__(self, model, pool, hidden, dtype, device, counters, max_batch, attention, plan):
-        self.model, self.pool, self.hidden, self.dtype, self.device = model, pool, hidden, dtype, device
+        self.model, self.pool, self.hidden, self.dtype, self.device = (
+            model,
+            pool,
+            hidden,
+            dtype,
+            device,
+        )
         self.counters = counters  # (WorkerCounters: each capture counted)
         self.max_batch = max_batch
         self.attention, self.plan = attention, plan
@@ -69,7 +87,9 @@ class DecodeGraphs:
     def fits(self, rows: int) -> bool:
         return rows <= min(self.max_batch, BUCKETS[-1])
 
-    def inputs(self, pos: np.ndarray, tables: list[list[int]], starts: list[int], block_size: int) -> np.ndarray:
+    def inputs(
+        self, pos: np.ndarray, tables: list[list[int]], starts: list[int], block_size: int
+    ) -> np.ndarray:
         """The graph's integer inputs for n single-row groups, padded on the host to the (batch,
         table width) bucket: padding rows sit at position 0, write to the scratch block, read only it."""
         n = len(tables)
@@ -176,7 +196,8 @@ def _record(e: _Graph, mempool, forward) -> None:
         for _ in range(2):
             forward()
     torch.cuda.current_stream().wait_stream(side)
-    # No garbage collection while capturing: a CUDA graph the collector frees then (an engine left in
+    # No garbage collection while capturing: a CUDA graph the collector frees then (an engine left
+    # in
     # a reference cycle) destroys its executable mid-capture, which CUDA forbids and which
     # invalidates this capture. The garbage waits for the next collection.
     collecting = gc.isenabled()
@@ -199,10 +220,18 @@ class PassGraphs:
     segments, not the decode kernel)."""
 
     def __init__(self, model, pool, hidden, dtype, device, counters, max_rows, attention, plan):
-        self.model, self.pool, self.hidden, self.dtype, self.device = model, pool, hidden, dtype, device
+        self.model, self.pool, self.hidden, self.dtype, self.device = (
+            model,
+            pool,
+            hidden,
+            dtype,
+            device,
+        )
         self.counters = counters  # (WorkerCounters: each capture counted)
         self.attention, self.plan = attention, plan
-        self.buckets = [b for b in PASS_BUCKETS if b < max_rows] + [b for b in PASS_BUCKETS if b >= max_rows][:1]
+        self.buckets = [b for b in PASS_BUCKETS if b < max_rows] + [
+            b for b in PASS_BUCKETS if b >= max_rows
+        ][:1]
         self.tile_rows = plan.tile_rows
         self.graphs: dict[tuple[int, int], _Graph] = {}
         self.mempool = torch.cuda.graph_pool_handle()
@@ -219,7 +248,9 @@ class PassGraphs:
         below = max([b for b in self.buckets if b < R], default=0)
         fewest, plan = -(-(below + 1) // self.tile_rows), self.plan
         packed_splits = split_count(1, plan.packed_fill) if plan.pack > 1 else 1
-        return replace(plan, max_splits=split_count(fewest, plan.fill_tiles), packed_splits=packed_splits)
+        return replace(
+            plan, max_splits=split_count(fewest, plan.fill_tiles), packed_splits=packed_splits
+        )
 
     def fits(self, rows: int, segments: int) -> bool:
         return bool(self.buckets) and rows <= self.buckets[-1] and segments <= MAX_SEGMENTS
@@ -231,7 +262,9 @@ class PassGraphs:
         ends = np.cumsum(sizes).tolist()
         return {name: slice(end - size, end) for name, size, end in zip(_PASS_INPUTS, sizes, ends)}
 
-    def inputs(self, pos, tables: list[list[int]], row_starts: list[int], q_starts) -> tuple[tuple, np.ndarray]:
+    def inputs(
+        self, pos, tables: list[list[int]], row_starts: list[int], q_starts
+    ) -> tuple[tuple, np.ndarray]:
         """-> the pass's (rows, width) bucket and its integer inputs, padded on the host to it. pos:
         every row's position; tables: each group's block table; its rows start at q_starts."""
         n, segs = row_starts[-1], len(tables)
@@ -287,7 +320,13 @@ class PassGraphs:
         _record(e, self.mempool, lambda: self.model.loop(e.x, e.inject, pos, self.attention(meta)))
         return e
 
-    def run(self, key: tuple[int, int], states: list[torch.Tensor], injects: list[torch.Tensor], ints: torch.Tensor):
+    def run(
+        self,
+        key: tuple[int, int],
+        states: list[torch.Tensor],
+        injects: list[torch.Tensor],
+        ints: torch.Tensor,
+    ):
         """One core pass over these groups' rows -> (new states [n, hidden], gate logits [n] or None,
         valid until the next replay). key, ints: inputs() of the same pass (ints on the device)."""
         self.capture(*key)  # (captured at warm-up: stats() counts any capture after READY)

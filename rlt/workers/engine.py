@@ -39,9 +39,12 @@ class StepOutput:
     token_id: int
     exit_depth: int
     logprobs: dict[int, float] | None
-    finish_reason: str | None  # None while running (or, prefill-only, handed off for decoding elsewhere)
-    num_cached_tokens: int | None = None  # with a request's first token: prompt positions the prefix cache held
-    prompt_logprobs: list | None = None  # with a request's first token, if asked: per prompt position
+    # None while running (or, prefill-only, handed off for decoding elsewhere)
+    finish_reason: str | None
+    # with a request's first token: prompt positions the prefix cache held
+    num_cached_tokens: int | None = None
+    # with a request's first token, if asked: per prompt position
+    prompt_logprobs: list | None = None
 
 
 class LoopEngine(SteadyStretches):
@@ -60,7 +63,9 @@ class LoopEngine(SteadyStretches):
         self.counters = WorkerCounters() if counters is None else counters
         sized = pool_blocks(mc, model, cfg, dtype, device, type(self), self.counters)
         num_blocks, self.pool_sizing = sized
-        self.pool = KVPool(mc, cfg.kv_layout, cfg.block_size, num_blocks, dtype, device, cfg.enable_prefix_caching)
+        self.pool = KVPool(
+            mc, cfg.kv_layout, cfg.block_size, num_blocks, dtype, device, cfg.enable_prefix_caching
+        )
         # this worker's kernels, chosen once: the model's layers run its operations
         backend = select_backend(device, cfg.kernels, cfg.batch_invariant)
         self.backend = backend(mc, model, self.pool, cfg, self.counters)
@@ -74,7 +79,8 @@ class LoopEngine(SteadyStretches):
         # done (held); a decode worker reserves blocks for a prompt being prefilled elsewhere.
         self.held: dict[int, BlockTables] = {}
         self.reserved: dict[int, BlockTables] = {}
-        self.chunk_events: list[tuple[int, int, int]] = []  # (request, start, end) prompt positions final
+        # (request, start, end) prompt positions final
+        self.chunk_events: list[tuple[int, int, int]] = []
         self._pending: list = []  # callables: read back a launched step's tokens -> outputs
         self._steady = None  # SteadyDecode while a stretch runs
         self._steady_seqs: list[Sequence] = []  # the request of each steady lane
@@ -84,7 +90,7 @@ class LoopEngine(SteadyStretches):
         self.spec_rounds = self.spec_drafts = self.spec_accepted = self.spec_tokens = 0
         self.passes = 0  # core passes run (observability, tests)
 
-    # ---- requests ---------------------------------------------------------------------------
+    # ---- requests --------------------------------------------------------------------------------
     def _check_live(self, request_id: int) -> None:
         if request_id in self._live or request_id in self.held or request_id in self.reserved:
             raise RequestError(f"request id {request_id!r} is already live")
@@ -99,7 +105,12 @@ class LoopEngine(SteadyStretches):
             )
 
     def add_request(
-        self, request_id: int, prompt: list[int], params: ResolvedParams, priority: int = 0, prefill_only: bool = False
+        self,
+        request_id: int,
+        prompt: list[int],
+        params: ResolvedParams,
+        priority: int = 0,
+        prefill_only: bool = False,
     ) -> None:
         self._check_live(request_id)
         s = Sequence(
@@ -109,7 +120,8 @@ class LoopEngine(SteadyStretches):
             (priority, next(self._arrival)),
             prefill_only=prefill_only,
             root=self._root(params),
-            prompt_logprobs=None if params.prompt_logprobs is None else [None],  # (position 0 has none)
+            # (position 0 has none)
+            prompt_logprobs=None if params.prompt_logprobs is None else [None],
         )
         self._check_fits(request_id, len(prompt), 0 if prefill_only else params.max_tokens)
         s.speculation = None if prefill_only else speculation(params, self.cfg)
@@ -124,14 +136,20 @@ class LoopEngine(SteadyStretches):
         positions = min(prompt_len + 1, prompt_len + max_tokens)
         if self.pool.blocks_needed(positions) > self.pool.num_free:
             return None
-        if self.sched.freed_in_flight and self.pool.cache.is_cuda:  # a peer will write these blocks (NIXL)
+        # a peer will write these blocks (NIXL)
+        if self.sched.freed_in_flight and self.pool.cache.is_cuda:
             torch.cuda.synchronize(self.pool.cache.device)
         self.sched.freed_in_flight = False
         self.reserved[request_id] = self.pool.allocate(positions)
         return self.reserved[request_id]
 
     def activate(
-        self, request_id: int, prompt: list[int], params: ResolvedParams, first_token: int, priority: int = 0
+        self,
+        request_id: int,
+        prompt: list[int],
+        params: ResolvedParams,
+        first_token: int,
+        priority: int = 0,
     ) -> None:
         """Decode side: the prompt's KV is in the reserved blocks; continue from its first token."""
         s = Sequence(
@@ -216,7 +234,7 @@ class LoopEngine(SteadyStretches):
     def preemptions(self) -> int:
         return self.sched.preemptions
 
-    # ---- one step -----------------------------------------------------------------------------
+    # ---- one step --------------------------------------------------------------------------------
     def has_work(self) -> bool:
         return bool(self.waiting or self.running or self._pending)
 
@@ -278,7 +296,8 @@ class LoopEngine(SteadyStretches):
     def _resolve_tokens(self, tokens, seqs: list[Sequence]) -> list[StepOutput]:
         outputs = []
         for s, smp in zip(seqs, tokens.resolve()):
-            if s.feed is not None and s.feed[0] is tokens:  # (a later step may have sampled its next one)
+            # (a later step may have sampled its next one)
+            if s.feed is not None and s.feed[0] is tokens:
                 s.feed = None
             if self._live.get(s.request_id) is not s:  # aborted or finished meanwhile
                 continue
@@ -312,7 +331,8 @@ class LoopEngine(SteadyStretches):
         s.output.append(tok)
         s.depths.append(depth)
         p = s.params
-        reason, ended = None, self.grammars.accept(s, tok)  # (a grammar ends at a stop token it took)
+        # (a grammar ends at a stop token it took)
+        reason, ended = None, self.grammars.accept(s, tok)
         if ended or (not p.ignore_eos and tok in self.mc.eos_token_ids) or tok in p.stop_token_ids:
             reason = "stop"
         elif len(s.output) >= p.max_tokens:

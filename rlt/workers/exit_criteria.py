@@ -50,12 +50,16 @@ def initial_values(criterion: str, vocab: int, device) -> tuple[torch.Tensor, ..
         return (torch.full((1, vocab), 1.0 / vocab, device=device).log(),)
     if criterion == "entropy-diff":
         return (torch.full((1,), 100.0, device=device),)
-    return torch.full((1,), -1, dtype=torch.long, device=device), torch.zeros(1, dtype=torch.long, device=device)
+    return torch.full((1,), -1, dtype=torch.long, device=device), torch.zeros(
+        1, dtype=torch.long, device=device
+    )
 
 
 def _minp_log_probs(logits: torch.Tensor) -> torch.Tensor:
     probs = F.softmax(logits, dim=-1)
-    probs = torch.where(probs < MINP * probs.max(dim=-1, keepdim=True)[0], 1.0 / logits.shape[-1], probs)
+    probs = torch.where(
+        probs < MINP * probs.max(dim=-1, keepdim=True)[0], 1.0 / logits.shape[-1], probs
+    )
     return (probs / probs.sum(dim=-1, keepdim=True)).log()
 
 
@@ -107,7 +111,8 @@ class CriterionChecks:
         self.runner = runner
         self.groups = sorted(groups, key=lambda g: order[g.params.exit_criterion])
         self.logit = [g for g in self.groups if g.params.exit_criterion not in LATENT]
-        self.sources = {}  # logit criterion -> the stacks its rows' previous values are in (None: initial)
+        # logit criterion -> the stacks its rows' previous values are in (None: initial)
+        self.sources = {}
 
     def fields(self) -> dict:
         """Thresholds; for the rows whose criterion reads logits, the coda's boundary-plane metadata
@@ -115,10 +120,13 @@ class CriterionChecks:
         f = {"chk_thr": np.array([g.params.exit_threshold for g in self.groups], dtype=np.float32)}
         if self.logit:
             rs = row_starts(self.logit)
-            f["chk"] = self.runner.backend.plane(self.logit, rs, [g.tables.boundary for g in self.logit])
+            f["chk"] = self.runner.backend.plane(
+                self.logit, rs, [g.tables.boundary for g in self.logit]
+            )
             f["chk_pos"] = positions(self.logit, rs)
         for crit, rows in itertools.groupby(self.logit, key=lambda g: g.params.exit_criterion):
-            stacks, index, end = {}, [], 0  # id(stack) -> (stack, its first row in the concatenation)
+            # id(stack) -> (stack, its first row in the concatenation)
+            stacks, index, end = {}, [], 0
             for g in rows:
                 stack, i = g.criterion_prev or (None, 0)
                 if id(stack) not in stacks:
@@ -136,7 +144,9 @@ class CriterionChecks:
         if self.logit:
             attn = runner.backend.attention(None, t["chk"])
             # The coda writes the rows' boundary K/V; the last write, at the exit, is the one kept.
-            x = runner.model.after_loop(torch.cat([g.state for g in self.logit]), t["chk_pos"], attn)
+            x = runner.model.after_loop(
+                torch.cat([g.state for g in self.logit]), t["chk_pos"], attn
+            )
             logits = runner.model.project(x)
         done, row, lrow = [], 0, 0
         for crit, rows in itertools.groupby(self.groups, key=lambda g: g.params.exit_criterion):
@@ -156,7 +166,8 @@ class CriterionChecks:
             done.append(exits)
             row += n
         exits = torch.zeros(len(self.groups) + 1, dtype=torch.bool, device=done[0].device)
-        torch.cat(done, out=exits[:-1])  # the last, False, for rows not checked (PendingVerdicts.held)
+        # the last, False, for rows not checked (PendingVerdicts.held)
+        torch.cat(done, out=exits[:-1])
         return PendingVerdicts(self.groups, exits)
 
 
@@ -174,7 +185,11 @@ class PendingVerdicts:
     def held(self, active: list, row_starts: list[int]) -> dict:
         """The next pass's fields: rows of the groups checked here, and their verdicts' indices."""
         rows = [(r, self.index[id(g)]) for g, r in zip(active, row_starts) if id(g) in self.index]
-        return {"held_row": np.array([r for r, _ in rows]), "held_src": np.array([i for _, i in rows])} if rows else {}
+        return (
+            {"held_row": np.array([r for r, _ in rows]), "held_src": np.array([i for _, i in rows])}
+            if rows
+            else {}
+        )
 
     def hold(self, t: dict, active: list, slots: torch.Tensor, scratch_slot: int) -> None:
         """Before that pass (slots: its rows' K/V slots on the device): the rows whose verdict was an

@@ -58,10 +58,13 @@ class _FaultyWorker(Worker):
         if isinstance(msg, (pr.Add, pr.Prefill)):
             if msg.prompt[0] == self._faults.stall_first_token:
                 self.counters.busy = True
-                while True:  # a stuck kernel: the heartbeat thread keeps beating, the main loop does not
+                # a stuck kernel: the heartbeat thread keeps beating, the main loop does not
+                while True:
                     time.sleep(1)
             # (keyed by the generation its KV writes' notifications name: a remote caller's own)
-            dst = msg.dst_gen if isinstance(msg, pr.Prefill) and msg.dst_gen is not None else msg.gen
+            dst = (
+                msg.dst_gen if isinstance(msg, pr.Prefill) and msg.dst_gen is not None else msg.gen
+            )
             self._first_tokens[dst] = msg.prompt[0]
         return super().handle(msg)
 

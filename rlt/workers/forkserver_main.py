@@ -67,12 +67,18 @@ def main() -> int:
             server, pid = os.getpid(), os.fork()
             if pid == 0:
                 sel.close()
-                _child(pickle.loads(msg), server, log_fd, [ctl, wake_r, wake_w, status, *children.values()])
+                _child(
+                    pickle.loads(msg),
+                    server,
+                    log_fd,
+                    [ctl, wake_r, wake_w, status, *children.values()],
+                )
             os.close(log_fd)
             children[pid] = status
             try:
                 status.sendall(struct.pack("i", pid))
-            except OSError:  # (the coordinator gave up waiting: the worker finds no handshake and exits)
+            # (the coordinator gave up waiting: the worker finds no handshake and exits)
+            except OSError:
                 pass
 
 
@@ -92,7 +98,12 @@ def _reap(children: dict[int, socket.socket]) -> None:
             sock.close()
 
 
-def _child(request: tuple[list[str], dict[str, str]], server: int, log_fd: int, inherited: list[socket.socket]) -> None:
+def _child(
+    request: tuple[list[str], dict[str, str]],
+    server: int,
+    log_fd: int,
+    inherited: list[socket.socket],
+) -> None:
     """The forked worker: its own session, log and environment, then the worker's main; never returns."""
     code = 1
     try:

@@ -30,12 +30,16 @@ class Constraint:
         import xgrammar as xgr
 
         self.matcher = xgr.GrammarMatcher(compiled)
-        self.mask = xgr.allocate_token_bitmask(1, compiled.tokenizer_info.vocab_size)  # [1, ceil(V / 32)] int32
+        # [1, ceil(V / 32)] int32
+        self.mask = xgr.allocate_token_bitmask(1, compiled.tokenizer_info.vocab_size)
         self.ended = False
         self.accepted = 0  # output tokens accepted
-        self.after, self.tail = tuple(after), ()  # the ids the grammar waits for; the last outputs before
-        self.started = not after  # the grammar constrains the outputs after `after` (none yet: any token)
-        self.round, self.steps = None, 0  # a speculation round's (ended before it, drafts taken), accepts
+        # the ids the grammar waits for; the last outputs before
+        self.after, self.tail = tuple(after), ()
+        # the grammar constrains the outputs after `after` (none yet: any token)
+        self.started = not after
+        # a speculation round's (ended before it, drafts taken), accepts
+        self.round, self.steps = None, 0
         for i, t in enumerate(outputs):
             self.accept(t, i)
 
@@ -97,7 +101,9 @@ class Constraint:
         """A row sampling output g.output_index while the token before it is still on the device
         (its row exits in its first pass): read that token now."""
         if self.accepted < g.output_index:
-            assert g.feed is not None and self.accepted == g.output_index - 1, "one token unread at most"
+            assert g.feed is not None and self.accepted == g.output_index - 1, (
+                "one token unread at most"
+            )
             pending, i = g.feed
             self.accept(int(pending.tokens[i]), g.output_index - 1)
 
@@ -110,8 +116,10 @@ class WorkerGrammars:
         self.mc, self.cfg = mc, cfg
         self.pool = None  # CompilePool
         self._compiled: OrderedDict[tuple[str, str], Future] = OrderedDict()
-        self._compiling: set[tuple[str, str]] = set()  # specs submitted, not done (a set lookup per waiting request)
-        self.failed: dict[int, str] = {}  # requests whose grammar did not compile -> error (the worker fails them)
+        # specs submitted, not done (a set lookup per waiting request)
+        self._compiling: set[tuple[str, str]] = set()
+        # requests whose grammar did not compile -> error (the worker fails them)
+        self.failed: dict[int, str] = {}
 
     def ready(self, s) -> bool:
         """Can the request run (its matcher built, or it has no grammar)? Starts its compile."""
@@ -124,7 +132,8 @@ class WorkerGrammars:
         if future is None:
             future = self._compiled[spec] = self.start().submit(spec)
             self._compiling.add(spec)
-            future.add_done_callback(lambda _: self._compiling.discard(spec))  # (the dispatcher's thread)
+            # (the dispatcher's thread)
+            future.add_done_callback(lambda _: self._compiling.discard(spec))
             while len(self._compiled) > MAX_CACHED:
                 self._compiled.popitem(last=False)
             if not future.done():
@@ -187,5 +196,8 @@ def mask_fields(groups: list) -> dict:
     rows = [i for i in rows if groups[i].matcher.started]
     if not rows:
         return {}
-    masks = [groups[i].matcher.round_mask(groups[i]) if i in spec else groups[i].matcher.fill() for i in rows]
+    masks = [
+        groups[i].matcher.round_mask(groups[i]) if i in spec else groups[i].matcher.fill()
+        for i in rows
+    ]
     return {"gm_row": np.array(rows), "gm_mask": np.stack(masks)}

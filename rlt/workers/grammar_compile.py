@@ -43,12 +43,15 @@ class CompilePool:
 
     def __init__(self, mc, processes: int, timeout: float):
         self.mc, self.timeout, self.processes = mc, timeout, processes
-        self.info = None  # xgrammar's tokenizer info, to read results into: built in the dispatcher's thread
+        # xgrammar's tokenizer info, to read results into: built in the dispatcher's thread
+        self.info = None
         self._lock = threading.Lock()
-        self._waiters: dict[tuple, list[Future]] = {}  # spec -> the futures of its job, queued or running
+        # spec -> the futures of its job, queued or running
+        self._waiters: dict[tuple, list[Future]] = {}
         self._queued: list[tuple] = []  # specs not yet given to a child
         self._zygote = Zygote(mc.path, mc.vocab_size, mc.eos_token_ids)
-        # children, None where one is to be forked (once the zygote is ready): more as jobs wait (grow())
+        # children, None where one is to be forked (once the zygote is ready): more as jobs wait
+        # (grow())
         self._children: list[Child | None] = [None]
         self._wake_r, self._wake_w = socket.socketpair()
         self._thread = threading.Thread(target=self._run, name="rlt-grammar", daemon=True)
@@ -66,7 +69,9 @@ class CompilePool:
         end = time.monotonic() + timeout
         while self.info is None or not all(self._children):
             if time.monotonic() > end:
-                raise RuntimeError(f"the grammar compile processes did not start within {timeout:g} s")
+                raise RuntimeError(
+                    f"the grammar compile processes did not start within {timeout:g} s"
+                )
             time.sleep(0.01)
 
     def submit(self, spec) -> Future:
@@ -109,7 +114,9 @@ class CompilePool:
         """Why the pool cannot compile now (every child past its deadline and not yet replaced, or
         the zygote not ready within a minute): the worker's /health says so."""
         now = time.monotonic()
-        if all(c is not None and c.spec is not None and now > c.deadline + 5.0 for c in self._children):
+        if all(
+            c is not None and c.spec is not None and now > c.deadline + 5.0 for c in self._children
+        ):
             return "every grammar compile process is past its deadline"
         if not self._zygote.ready and now > self._zygote.started + 60.0:
             return "no grammar compile process has started within 60 s"
@@ -125,7 +132,8 @@ class CompilePool:
         # (xgrammar's import and the tokenizer's load take ~1 s: not on the worker's pass loop)
         self.info = _tokenizer_info(self.mc.path, self.mc.vocab_size, self.mc.eos_token_ids)
         # The import's objects (tens of thousands, here for good) frozen as the worker's heap was at
-        # READY: a full collection on the pass loop then scans only objects made since (~20 ms else).
+        # READY: a full collection on the pass loop then scans only objects made since (~20 ms
+        # else).
         gc.freeze()
         while True:
             now = time.monotonic()
@@ -178,7 +186,9 @@ class CompilePool:
     def _finish(self, spec, result=None, error: str | None = None) -> None:
         for future in self._waiters.pop(spec, []):
             if future.set_running_or_notify_cancel():
-                future.set_exception(GrammarError(error)) if error is not None else future.set_result(result)
+                future.set_exception(
+                    GrammarError(error)
+                ) if error is not None else future.set_result(result)
 
     def _receive(self, i: int, c: Child) -> None:
         try:
@@ -199,6 +209,8 @@ class CompilePool:
         self._children[i] = None
         if spec is not None:
             why = why or (
-                f"did not compile within {self.timeout:g} s (grammar_compile_timeout)" if timed_out else "abandoned"
+                f"did not compile within {self.timeout:g} s (grammar_compile_timeout)"
+                if timed_out
+                else "abandoned"
             )
             self._finish(spec, error=f"structured_output.{spec[0]}: {why}")

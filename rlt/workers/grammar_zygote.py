@@ -25,7 +25,9 @@ def tokenizer_info(tokenizer, vocab_size: int, eos_token_ids):
     model's EOS ids are the grammars' stop tokens."""
     import xgrammar as xgr
 
-    return xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size, stop_token_ids=list(eos_token_ids))
+    return xgr.TokenizerInfo.from_huggingface(
+        tokenizer, vocab_size=vocab_size, stop_token_ids=list(eos_token_ids)
+    )
 
 
 def _tokenizer_info(path: str, vocab_size: int, eos_token_ids):
@@ -62,9 +64,12 @@ class Zygote:
 
     def __init__(self, path: str, vocab_size: int, eos_token_ids):
         here, there = socket.socketpair()
-        # (-c, not -m: the process runs this module's main as imported, as a test's fault injection patches it)
+        # (-c, not -m: the process runs this module's main as imported, as a test's fault injection
+        # patches it)
         args = [sys.executable, "-c", _ZYGOTE, str(there.fileno()), path, str(vocab_size)]
-        self.proc = subprocess.Popen([*args, ",".join(map(str, eos_token_ids))], pass_fds=[there.fileno()])
+        self.proc = subprocess.Popen(
+            [*args, ",".join(map(str, eos_token_ids))], pass_fds=[there.fileno()]
+        )
         there.close()
         self.ctl, self.ready, self.started = here, False, time.monotonic()
 
@@ -122,7 +127,10 @@ def main() -> int:
             ctl.close()
             signal.signal(signal.SIGCHLD, signal.SIG_DFL)
             die_with_parent()
-            conn, compiler = Connection(fds[0]), xgr.GrammarCompiler(info, max_threads=1, cache_enabled=False)
+            conn, compiler = (
+                Connection(fds[0]),
+                xgr.GrammarCompiler(info, max_threads=1, cache_enabled=False),
+            )
             while True:
                 try:
                     spec = conn.recv()

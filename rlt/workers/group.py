@@ -28,16 +28,23 @@ class Group:
     inject: torch.Tensor | None = None
     state: torch.Tensor | None = None
     survival: torch.Tensor | None = None  # [1] prod(1 - hazard), decode groups
-    criterion_prev: "torch.Tensor | tuple | None" = None  # its criterion's value at its last check (exit_criteria.py)
+    # its criterion's value at its last check (exit_criteria.py)
+    criterion_prev: "torch.Tensor | tuple | None" = None
     # A decode token sampled by the previous step and not read back yet: (its PendingTokens, index)
     feed: "tuple[PendingTokens, int] | None" = None
-    exit_depth: int | None = None  # a generated position recomputed after preemption: runs to this depth
-    parked: int | None = None  # left the loop by its criterion, held: passes it has waited (runner.py)
-    slot: int | None = None  # penalized: its request's slot of PenaltyState (rlt/workers/penalties.py)
+    # a generated position recomputed after preemption: runs to this depth
+    exit_depth: int | None = None
+    # left the loop by its criterion, held: passes it has waited (runner.py)
+    parked: int | None = None
+    # penalized: its request's slot of PenaltyState (rlt/workers/penalties.py)
+    slot: int | None = None
     listed: int = 0  # ... and the distinct prompt tokens that open that slot's token list
-    prompt_targets: list[int] | None = None  # prompt_logprobs asked: the prompt tokens its rows predict
-    matcher: object | None = None  # structured output: its request's Constraint (rlt/workers/grammar.py)
-    # Self-speculation (rlt/workers/speculation.py): the round this group drafts a token of, or verifies
+    # prompt_logprobs asked: the prompt tokens its rows predict
+    prompt_targets: list[int] | None = None
+    # structured output: its request's Constraint (rlt/workers/grammar.py)
+    matcher: object | None = None
+    # Self-speculation (rlt/workers/speculation.py): the round this group drafts a token of, or
+    # verifies
     draft_of: object | None = None
     verify_of: object | None = None
 
@@ -81,7 +88,8 @@ class PendingTokens:
     def resolve(self) -> list[Sampled]:
         tokens, *top = self._readback.resolve()
         return [
-            Sampled(g, tok, top_dict(top, i, g.params.logprobs)) for i, (g, tok) in enumerate(zip(self.groups, tokens))
+            Sampled(g, tok, top_dict(top, i, g.params.logprobs))
+            for i, (g, tok) in enumerate(zip(self.groups, tokens))
         ]
 
 

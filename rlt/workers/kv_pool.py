@@ -32,7 +32,14 @@ class BlockTables:
 
 class KVPool:
     def __init__(
-        self, mc: ModelConfig, layout: str, block_size: int, num_blocks: int, dtype, device, caching: bool = False
+        self,
+        mc: ModelConfig,
+        layout: str,
+        block_size: int,
+        num_blocks: int,
+        dtype,
+        device,
+        caching: bool = False,
     ):
         if layout not in LAYOUTS:
             raise ValueError(f"kv_layout must be one of {', '.join(LAYOUTS)}, got {layout!r}")
@@ -45,7 +52,14 @@ class KVPool:
         # One extra block that is never handed out: padding rows of a CUDA-graph batch write there.
         self.scratch_block = num_blocks
         self.cache = torch.zeros(
-            num_blocks + 1, layers, 2, block_size, g.num_kv_heads, g.head_dim, dtype=dtype, device=device
+            num_blocks + 1,
+            layers,
+            2,
+            block_size,
+            g.num_kv_heads,
+            g.head_dim,
+            dtype=dtype,
+            device=device,
         )
         self._free = list(range(num_blocks - 1, -1, -1))
         self.prefix = PrefixCache() if caching else None
@@ -55,7 +69,7 @@ class KVPool:
         """Block tables per request: core planes, and the boundary plane if the family has one."""
         return (mc.depth if layout == "last_exited" else 1) + int(mc.kv.num_boundary_layers > 0)
 
-    # ---- capacity ---------------------------------------------------------------------------
+    # ---- capacity --------------------------------------------------------------------------------
     @property
     def num_planes(self) -> int:
         return self.num_core_planes + int(self.has_boundary)
@@ -63,7 +77,9 @@ class KVPool:
     @property
     def num_free(self) -> int:
         """Blocks free or cached without references (evicted when taken)."""
-        return len(self._free) + (self.prefix.num_unused * self.num_planes if self.prefix is not None else 0)
+        return len(self._free) + (
+            self.prefix.num_unused * self.num_planes if self.prefix is not None else 0
+        )
 
     @property
     def num_cached(self) -> int:
@@ -76,14 +92,18 @@ class KVPool:
     def allocate(self, num_positions: int, shared: list[CachedBlock] = ()) -> BlockTables:
         """Tables for the first `num_positions` positions on every plane, starting with the cached
         blocks `shared` (a prefix hit)."""
-        tables = BlockTables([[] for _ in range(self.num_core_planes)], [] if self.has_boundary else None)
+        tables = BlockTables(
+            [[] for _ in range(self.num_core_planes)], [] if self.has_boundary else None
+        )
         if shared:  # (a long hit's hundreds of blocks: per plane at once)
             self.prefix.acquire(shared)
             for t, column in zip(tables.planes, zip(*(c.blocks for c in shared))):
                 t.extend(column)
         if not self.grow(tables, num_positions):
             self.free(tables)
-            raise MemoryError(f"need {self.blocks_needed(num_positions)} KV blocks, {self.num_free} free")
+            raise MemoryError(
+                f"need {self.blocks_needed(num_positions)} KV blocks, {self.num_free} free"
+            )
         return tables
 
     def grow(self, tables: BlockTables, num_positions: int) -> bool:

@@ -75,8 +75,13 @@ class KVTransport:
             raise TransferError(f"unknown peer {peer_name!r}")
         bb = self.block_bytes
         runs = _runs(src_blocks, dst_blocks)
-        local = np.array([(self.cache.data_ptr() + s * bb, n * bb, self.dev_id) for s, _, n in runs], dtype=np.uint64)
-        remote = np.array([(peer.base + d * bb, n * bb, peer.dev_id) for _, d, n in runs], dtype=np.uint64)
+        local = np.array(
+            [(self.cache.data_ptr() + s * bb, n * bb, self.dev_id) for s, _, n in runs],
+            dtype=np.uint64,
+        )
+        remote = np.array(
+            [(peer.base + d * bb, n * bb, peer.dev_id) for _, d, n in runs], dtype=np.uint64
+        )
         try:
             h = self.agent.initialize_xfer(
                 "WRITE",

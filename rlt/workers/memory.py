@@ -22,7 +22,12 @@ MAX_BLOCKS = 1 << 20  # (host bookkeeping is per block; Huginn's 33 planes fill 
 GIB = 2**30
 # logit edits and penalties (vLLM's), on: what the profile and the warm-up run through
 EDITS = dict(
-    repetition_penalty=1.1, presence_penalty=0.5, frequency_penalty=0.5, min_p=0.05, logit_bias={1: 1.0}, min_tokens=1
+    repetition_penalty=1.1,
+    presence_penalty=0.5,
+    frequency_penalty=0.5,
+    min_p=0.05,
+    logit_bias={1: 1.0},
+    min_tokens=1,
 )
 
 
@@ -58,7 +63,9 @@ def pool_blocks(
         return max(1, min(MAX_BLOCKS, budget // per_block)), f"kv_memory_bytes {budget}"
     budget, how = _left_for_kv(mc, model, cfg, dtype, device, engine_cls, counters)
     if budget < per_block:
-        raise MemoryError(f"no KV block fits: {how}; one block is {per_block} bytes (raise gpu_memory_utilization)")
+        raise MemoryError(
+            f"no KV block fits: {how}; one block is {per_block} bytes (raise gpu_memory_utilization)"
+        )
     return min(MAX_BLOCKS, budget // per_block), how
 
 
@@ -70,29 +77,39 @@ def _left_for_kv(mc, model, cfg: EngineConfig, dtype, device, engine_cls, counte
     # The largest passes, on a pool just big enough for them (no graphs: they are captured later,
     # into the headroom gpu_memory_utilization leaves).
     rows, seqs = cfg.max_num_batched_tokens, min(cfg.max_num_seqs, cfg.max_num_batched_tokens)
-    probe = msgspec.structs.replace(cfg, prefill_chunk=rows, cuda_graph_max_batch=0, steady_decode="never")
+    probe = msgspec.structs.replace(
+        cfg, prefill_chunk=rows, cuda_graph_max_batch=0, steady_decode="never"
+    )
     planes = KVPool.planes(mc, cfg.kv_layout)
     blocks = planes * (-(-(rows + 1) // cfg.block_size) + seqs * -(-2 // cfg.block_size))
     sized = msgspec.structs.replace(probe, num_blocks=blocks)
     engine = engine_cls(mc, model, sized, dtype, device, counters)
     # (its prompt logprobs: every row projected, max_num_seqs rows at a time)
-    first = SamplingParams(max_tokens=1, temperature=0, ignore_eos=True, prompt_logprobs=MAX_LOGPROBS)
-    prompt = [0] * min(rows, mc.max_positions - 1)  # (a model of fewer positions: its longest prompt)
+    first = SamplingParams(
+        max_tokens=1, temperature=0, ignore_eos=True, prompt_logprobs=MAX_LOGPROBS
+    )
+    # (a model of fewer positions: its longest prompt)
+    prompt = [0] * min(rows, mc.max_positions - 1)
     engine.add_request(-1, prompt, resolve_params(mc, len(prompt), first))
     # every sampling control at once: the most temporaries a sampled row makes (penalty state and
-    # logit edits and a grammar's bitmask included; the penalty slots were allocated with the engine)
-    every = SamplingParams(max_tokens=2, temperature=1.0, top_k=5, logprobs=20, **EDITS, **grammar(mc))
+    # logit edits and a grammar's bitmask included; the penalty slots were allocated with the
+    # engine)
+    every = SamplingParams(
+        max_tokens=2, temperature=1.0, top_k=5, logprobs=20, **EDITS, **grammar(mc)
+    )
     every = resolve_params(mc, 1, every)
     for i in range(seqs):
         engine.add_request(i, [i % mc.vocab_size], every)
     finish(engine)
     torch.cuda.synchronize(device)
     probe_pool = engine.pool.cache.numel() * engine.pool.cache.element_size()
-    peak = torch.cuda.max_memory_allocated(device) - probe_pool  # the real pool replaces the probe's
+    # the real pool replaces the probe's
+    peak = torch.cuda.max_memory_allocated(device) - probe_pool
     del engine
     torch.cuda.empty_cache()
     free, total = torch.cuda.mem_get_info(device)
-    outside = total - free - torch.cuda.memory_reserved(device)  # CUDA context, cuBLAS/NCCL workspaces
+    # CUDA context, cuBLAS/NCCL workspaces
+    outside = total - free - torch.cuda.memory_reserved(device)
     budget = int(cfg.gpu_memory_utilization * total) - peak - outside
     how = (
         f"gpu_memory_utilization {cfg.gpu_memory_utilization} of {total / GIB:.1f} GiB, less weights and "

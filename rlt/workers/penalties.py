@@ -19,14 +19,20 @@ from rlt.kernels.penalties import PROMPT, REFERENCE, SlotKernels
 
 
 class PenaltyState:
-    def __init__(self, slots: int, vocab: int, positions: int, device, kernels: SlotKernels = REFERENCE):
+    def __init__(
+        self, slots: int, vocab: int, positions: int, device, kernels: SlotKernels = REFERENCE
+    ):
         self.kernels = kernels  # the worker backend's (rlt/workers/backend.py)
         self.counts = torch.zeros(slots, vocab, dtype=torch.int32, device=device)
-        # distinct tokens: at most min(positions, vocab); +1: the reference writes one entry past the list
-        self.tokens = torch.zeros(slots, min(positions, vocab) + 1, dtype=torch.int32, device=device)
+        # distinct tokens: at most min(positions, vocab); +1: the reference writes one entry past
+        # the list
+        self.tokens = torch.zeros(
+            slots, min(positions, vocab) + 1, dtype=torch.int32, device=device
+        )
         self.length = torch.zeros(slots, dtype=torch.int32, device=device)
         self._free = list(range(slots - 1, -1, -1))
-        self._loads: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # slot -> (prompt's distinct tokens, outputs)
+        # slot -> (prompt's distinct tokens, outputs)
+        self._loads: dict[int, tuple[np.ndarray, np.ndarray]] = {}
 
     def take(self, s) -> None:
         """A Sequence starts running: a slot if it is penalized, loaded before the next pass from
@@ -37,7 +43,8 @@ class PenaltyState:
         s.slot = self._free.pop()
         distinct = np.unique(np.asarray(s.prompt, dtype=np.int64))
         s.listed = len(distinct)
-        self._loads[s.slot] = (distinct, np.asarray(s.output, dtype=np.int64))  # (replaces a slot given back)
+        # (replaces a slot given back)
+        self._loads[s.slot] = (distinct, np.asarray(s.output, dtype=np.int64))
 
     def give(self, s) -> None:
         """It stopped running (finished, aborted, preempted, handed off): its slot is free. Work
@@ -64,7 +71,10 @@ class PenaltyState:
             "pl_prompt_tok": np.concatenate(prompts),
         }
         if sum(map(len, outputs)):
-            f |= {"pl_out_row": np.repeat(slots, [len(x) for x in outputs]), "pl_out_tok": np.concatenate(outputs)}
+            f |= {
+                "pl_out_row": np.repeat(slots, [len(x) for x in outputs]),
+                "pl_out_tok": np.concatenate(outputs),
+            }
         return f
 
     def load(self, t: dict) -> None:
@@ -83,7 +93,9 @@ class PenaltyState:
         """In place on logits [B, V]: rows[i] with slot slots[i]; n >= every listed length (the
         host's bound)."""
         state = (self.tokens, self.counts, self.length)
-        return lambda x: self.kernels.penalize(x, rows, slots, repetition, frequency, presence, *state, n)
+        return lambda x: self.kernels.penalize(
+            x, rows, slots, repetition, frequency, presence, *state, n
+        )
 
     def append(self, sampled, keep, rows, slots) -> None:
         """Row rows[i]'s sampled token is slot slots[i]'s next output (keep: only where set)."""

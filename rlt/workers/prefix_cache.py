@@ -38,7 +38,8 @@ class PrefixCache:
     def __init__(self):
         self._by_key: dict[bytes, CachedBlock] = {}
         self._by_block: dict[int, CachedBlock] = {}  # by its first plane's physical block
-        self._unused: OrderedDict[bytes, CachedBlock] = OrderedDict()  # no references: evictable, LRU first
+        # no references: evictable, LRU first
+        self._unused: OrderedDict[bytes, CachedBlock] = OrderedDict()
         self.queried_tokens = self.hit_tokens = 0  # prompts looked up, and their positions found
         self.version = 0  # changes whenever a key comes or goes (a match found before may differ)
         self.stored: list[tuple[int, int, int]] | None = None  # watched: (tag..., key id) inserted

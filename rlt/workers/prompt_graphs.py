@@ -21,16 +21,26 @@ class PromptGraphs:
         """max_rows: the longest prompt chunk a pass carries (prefill_chunk, at most
         max_num_batched_tokens); mempool: shared with the other graphs of passes carrying prompt
         chunks (one pass replays at a time)."""
-        self.model, self.pool, self.hidden, self.dtype, self.device = model, pool, hidden, dtype, device
+        self.model, self.pool, self.hidden, self.dtype, self.device = (
+            model,
+            pool,
+            hidden,
+            dtype,
+            device,
+        )
         self.counters = counters  # (WorkerCounters: each capture counted)
         self.attention, self.mempool = attention, mempool
-        self.buckets = [b for b in PROMPT_BUCKETS if b < max_rows] + [b for b in PROMPT_BUCKETS if b >= max_rows][:1]
+        self.buckets = [b for b in PROMPT_BUCKETS if b < max_rows] + [
+            b for b in PROMPT_BUCKETS if b >= max_rows
+        ][:1]
         self.graphs: dict[int, _Graph] = {}
         self.scratch_slot = pool.scratch_block * pool.block_size
 
     def fits(self, groups: list, rows: int) -> bool:
         """A pass of one prompt chunk at position 0, long enough for dense attention."""
-        return len(groups) == 1 and groups[0].start == 0 and DENSE_MIN_ROWS <= rows <= self.buckets[-1]
+        return (
+            len(groups) == 1 and groups[0].start == 0 and DENSE_MIN_ROWS <= rows <= self.buckets[-1]
+        )
 
     def inputs(self, pos: np.ndarray, table: list[int]) -> tuple[int, np.ndarray]:
         """-> the bucket and its integer inputs, padded on the host: positions, then K/V slots."""
@@ -62,7 +72,9 @@ class PromptGraphs:
         _record(e, self.mempool, lambda: self.model.loop(e.x, e.inject, pos, self.attention(meta)))
         return e
 
-    def run(self, R: int, states: list[torch.Tensor], injects: list[torch.Tensor], ints: torch.Tensor):
+    def run(
+        self, R: int, states: list[torch.Tensor], injects: list[torch.Tensor], ints: torch.Tensor
+    ):
         """The pass -> (new states [n, hidden], gate logits [n] or None, valid until the next replay)."""
         self.capture(R)  # (captured at warm-up: stats() counts any capture after READY)
         return replay(self.graphs[R], states, injects, ints)

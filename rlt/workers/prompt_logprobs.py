@@ -31,10 +31,14 @@ class PromptLogprobs:
         asking = [(g, r0) for g, r0 in zip(exited, row_starts) if g.prompt_targets]
         f = {"plp_target": np.concatenate([np.array(g.prompt_targets) for g, _ in asking])}
         if boundary:
-            f["plp_row"] = np.concatenate([r0 + np.arange(len(g.prompt_targets)) for g, r0 in asking])
+            f["plp_row"] = np.concatenate(
+                [r0 + np.arange(len(g.prompt_targets)) for g, r0 in asking]
+            )
         return f
 
-    def __init__(self, project, hidden: torch.Tensor, target: torch.Tensor, groups: list, piece: int):
+    def __init__(
+        self, project, hidden: torch.Tensor, target: torch.Tensor, groups: list, piece: int
+    ):
         """hidden [R, H]: the asking groups' rows, in order, ready for project() (-> logits)."""
         self.groups = groups
         k = max(g.params.prompt_logprobs for g in groups)
@@ -55,6 +59,8 @@ class PromptLogprobs:
             k = g.params.prompt_logprobs
             for j in range(g.start + 1, g.start + 1 + len(g.prompt_targets)):
                 if j == len(s.prompt_logprobs):
-                    s.prompt_logprobs.append(dict(zip(ids[r][:k] + ids[r][-1:], values[r][:k] + values[r][-1:])))
+                    s.prompt_logprobs.append(
+                        dict(zip(ids[r][:k] + ids[r][-1:], values[r][:k] + values[r][-1:]))
+                    )
                 r += 1
         return []

@@ -37,12 +37,16 @@ from rlt.workers.step_buffers import StepBuffers
 
 
 class Runner:
-    def __init__(self, mc: ModelConfig, model, pool: KVPool, backend, device: str, cfg: EngineConfig):
+    def __init__(
+        self, mc: ModelConfig, model, pool: KVPool, backend, device: str, cfg: EngineConfig
+    ):
         """backend: the worker's kernel backend (rlt/workers/backend.py): pass metadata, attention,
         CUDA graphs."""
         self.mc, self.model, self.pool, self.backend, self.device = mc, model, pool, backend, device
         self.buffers = StepBuffers(device)
-        self.penalties = PenaltyState(cfg.max_num_seqs, mc.vocab_size, mc.max_positions, device, backend.slot_kernels)
+        self.penalties = PenaltyState(
+            cfg.max_num_seqs, mc.vocab_size, mc.max_positions, device, backend.slot_kernels
+        )
         self.max_rows = cfg.max_num_seqs  # rows projected at once: decode sampling's most
         self.one = torch.ones(1, device=device)  # survival before the first loop (read-only)
         # Steady decode (rlt/workers/steady.py): the loop input is the token embedding, or the
@@ -56,31 +60,39 @@ class Runner:
         """The widest block table a request can have on this worker, padded to its bucket."""
         pool = self.pool
         longest = -(-self.mc.max_positions // pool.block_size)
-        return table_width(max(1, min(longest, pool.num_blocks // pool.planes(self.mc, pool.layout))))
+        return table_width(
+            max(1, min(longest, pool.num_blocks // pool.planes(self.mc, pool.layout)))
+        )
 
     @torch.inference_mode()
     def step(self, active: list[Group]) -> StepResult:
         pool = self.pool
         new = [g for g in active if g.state is None]
         boundary = pool.has_boundary
-        ra, rn = row_starts(active), row_starts(new)  # row offsets of each group in the pass / among new
+        # row offsets of each group in the pass / among new
+        ra, rn = row_starts(active), row_starts(new)
         # (a parked row runs no loop: one handed back by steady decode may sit at the full depth)
-        core_tables = [g.tables.core[pool.plane_of(min(g.depth + 1, self.mc.depth))] for g in active]
-        # Survival and the exit test run on the device only while some row's exit depends on its gate.
+        core_tables = [
+            g.tables.core[pool.plane_of(min(g.depth + 1, self.mc.depth))] for g in active
+        ]
+        # Survival and the exit test run on the device only while some row's exit depends on its
+        # gate.
         adaptive = any(g.gated for g in active)
         # Rows an exit criterion is checked for after this pass (Huginn: exit_criteria.py).
         checks = [g for g in active if checks_after(g, g.depth + 1)]
         checks = CriterionChecks(self, checks) if checks else None
         pending, self.pending = self.pending, None
-        # Rows out of the loop by their criterion, waiting for others (exit_wait_passes): their K/V go
+        # Rows out of the loop by their criterion, waiting for others (exit_wait_passes): their K/V
+        # go
         # to the scratch block and they keep their state, as held rows do.
         parked = [(g, r) for g, r in zip(active, ra) if g.parked is not None]
         if pending is not None and parked:
             pending.forget([g for g, _ in parked])
 
-        # ---- pack the step's metadata: one host-to-device copy ----------------------------------
+        # ---- pack the step's metadata: one host-to-device copy -----------------------------------
         f = {"pos": positions(active, ra)}
-        core = self.backend.core_pass(active, ra, f["pos"], core_tables)  # eager, or a graph's replay
+        # eager, or a graph's replay
+        core = self.backend.core_pass(active, ra, f["pos"], core_tables)
         f["core"] = core.inputs
         if adaptive:
             f |= {
@@ -100,12 +112,16 @@ class Runner:
         fed = next((g.feed[0] for g in new if g.feed is not None), None)
         if new:
             f |= {
-                "new_ids": np.fromiter(itertools.chain.from_iterable(g.ids for g in new), np.int64, rn[-1]),
+                "new_ids": np.fromiter(
+                    itertools.chain.from_iterable(g.ids for g in new), np.int64, rn[-1]
+                ),
                 "new_pos": positions(new, rn),
                 "new_seed": np.repeat([g.params.state_seed for g in new], [g.n for g in new]),
             }
             if fed is not None:  # decode rows whose token is still on the device (one row each)
-                assert all(g.feed is None or g.feed[0] is fed for g in new), "fed rows read the last step's tokens"
+                assert all(g.feed is None or g.feed[0] is fed for g in new), (
+                    "fed rows read the last step's tokens"
+                )
                 f |= {
                     "fed_row": np.array([r for g, r in zip(new, rn) if g.feed is not None]),
                     "fed_src": np.array([g.feed[1] for g in new if g.feed is not None]),
@@ -116,25 +132,29 @@ class Runner:
         t = self.buffers.pack(f)
         self.penalties.load(t)
 
-        # ---- embed (Huginn: prelude, boundary KV) and initial state of new rows ---------------------
+        # ---- embed (Huginn: prelude, boundary KV) and initial state of new rows ------------------
         if new:
             ids = t["new_ids"]
             if "fed_row" in t:  # tokens not read back yet are taken from the device
                 ids = ids.index_put((t["fed_row"],), fed.tokens[t["fed_src"]])
-            inject = self.model.embed(ids, t["new_pos"], self.backend.attention(None, t.get("new_bnd")))
+            inject = self.model.embed(
+                ids, t["new_pos"], self.backend.attention(None, t.get("new_bnd"))
+            )
             state = self.model.initial_state(inject, t["new_pos"], t["new_seed"])
             for g, r0, r1 in zip(new, rn, rn[1:]):
                 g.inject, g.state = inject[r0:r1], state[r0:r1]
                 if g.decoding and g.exit_depth is None and g.params.exit_criterion in EXIT_CRITERIA:
                     g.criterion_prev = initial(g.params.exit_criterion, g.state)
 
-        # ---- one pass of the core over every active row ----------------------------------------------
+        # ---- one pass of the core over every active row ------------------------------------------
         if held := "held_row" in t:  # rows the last pass's verdicts may exit (exit_criteria.py)
             pending.hold(t, active, core.slots(t["core"]), pool.scratch_block * pool.block_size)
         if parked:
             core.slots(t["core"])[t["park_row"]] = pool.scratch_block * pool.block_size
             kept = torch.cat([g.state for g, _ in parked])
-        x, gate = core.run([g.state for g in active], [g.inject for g in active], t["pos"], t["core"])
+        x, gate = core.run(
+            [g.state for g in active], [g.inject for g in active], t["pos"], t["core"]
+        )
         if held:
             pending.release(t, x)
         if parked:
@@ -154,14 +174,18 @@ class Runner:
             surv = torch.cat([self.one if g.survival is None else g.survival for g in active])
             if gate is not None:
                 surv = update_survival(surv, gate[t["last_row"]])  # decode groups are single rows
-            done = should_exit(t["depth_next"], surv, t["min_loops"], t["max_loops"], t["threshold"])
+            done = should_exit(
+                t["depth_next"], surv, t["min_loops"], t["max_loops"], t["threshold"]
+            )
             for g, s in zip(active, surv.split(1)):
                 if g.decoding:
                     g.survival = s
             # Read the exit mask back only if some row's exit depends on its gate at this depth;
             # otherwise the host knows it and runs ahead to the next step while the GPU works.
             if any(g.gated and g.params.min_loops <= g.depth < g.params.max_loops for g in active):
-                done_host = [d if g.gated else h for g, d, h in zip(active, done.tolist(), done_host)]
+                done_host = [
+                    d if g.gated else h for g, d, h in zip(active, done.tolist(), done_host)
+                ]
         result = StepResult(exited=[g for g, d in zip(active, done_host) if d])
         if result.exited:
             self._exit(result)
@@ -189,8 +213,10 @@ class Runner:
         exited = result.exited
         sampling = [g for g in exited if g.samples]
         f = {}
-        # LAST_EXITED: copy each early-exited decode token's depth-e K/V into planes e+1..D. A prompt
-        # run at max_loops k < D needs none: whoever reads its positions (its request, or one sharing
+        # LAST_EXITED: copy each early-exited decode token's depth-e K/V into planes e+1..D. A
+        # prompt
+        # run at max_loops k < D needs none: whoever reads its positions (its request, or one
+        # sharing
         # its cached blocks, whose keys fix the same prompt depth) runs at most k loops.
         if pool.layout == "last_exited":
             src, dst = [], []
@@ -201,7 +227,10 @@ class Runner:
                         src += s
                         dst += kv_slots(g.tables.core[plane], g.start, 1, bs)
             if src:
-                f |= {"fin_src": np.array(src, dtype=np.int64), "fin_dst": np.array(dst, dtype=np.int64)}
+                f |= {
+                    "fin_src": np.array(src, dtype=np.int64),
+                    "fin_dst": np.array(dst, dtype=np.int64),
+                }
         if sampling:
             f |= sampling_fields(sampling, self.mc.eos_token_ids)
         re = row_starts(exited)
@@ -209,9 +238,12 @@ class Runner:
             f |= {
                 "bnd": self.backend.plane(exited, re, [g.tables.boundary for g in exited]),
                 "bnd_pos": positions(exited, re),
-                "select": np.array([r1 - 1 for g, r1 in zip(exited, re[1:]) if g.samples], dtype=np.int64),
+                "select": np.array(
+                    [r1 - 1 for g, r1 in zip(exited, re[1:]) if g.samples], dtype=np.int64
+                ),
             }
-        asking = [g for g in exited if g.prompt_targets]  # prompt chunks whose logprobs are asked for
+        # prompt chunks whose logprobs are asked for
+        asking = [g for g in exited if g.prompt_targets]
         if asking:
             f |= PromptLogprobs.fields(exited, re, pool.has_boundary)
         if not f:
@@ -227,12 +259,24 @@ class Runner:
             logits = model.project(x[t["select"]]) if sampling else None
             hidden = x[t["plp_row"]] if asking else None
         else:
-            logits = model.head(torch.cat([g.state[-1:] for g in sampling]), None, None) if sampling else None
-            hidden = torch.cat([g.state[: len(g.prompt_targets)] for g in asking]) if asking else None
+            logits = (
+                model.head(torch.cat([g.state[-1:] for g in sampling]), None, None)
+                if sampling
+                else None
+            )
+            hidden = (
+                torch.cat([g.state[: len(g.prompt_targets)] for g in asking]) if asking else None
+            )
         if sampling:
             k = max(g.params.logprobs for g in sampling)
-            tokens = sample_groups(logits, t, sampling, self.penalties, k > 0, self.backend.ops.random_bits_rows)
-            result.sampled = PendingTokens(sampling, tokens, top_logprobs(logits, k, tokens) if k else None)
+            tokens = sample_groups(
+                logits, t, sampling, self.penalties, k > 0, self.backend.ops.random_bits_rows
+            )
+            result.sampled = PendingTokens(
+                sampling, tokens, top_logprobs(logits, k, tokens) if k else None
+            )
             del logits  # (before the prompt logprobs' own)
         if asking:
-            result.prompt_logprobs = PromptLogprobs(model.project, hidden, t["plp_target"], asking, self.max_rows)
+            result.prompt_logprobs = PromptLogprobs(
+                model.project, hidden, t["plp_target"], asking, self.max_rows
+            )

@@ -26,7 +26,11 @@ def _edit_fields(params: list, index: list[int], eos, slots: list) -> dict:
     bias = [(i, tok, b) for i, p in enumerate(params) for tok, b in p.logit_bias.items()]
     if bias:
         row, tok, value = zip(*bias)
-        f |= {"bias_row": np.array(row), "bias_tok": np.array(tok), "bias_val": np.array(value, dtype=np.float32)}
+        f |= {
+            "bias_row": np.array(row),
+            "bias_tok": np.array(tok),
+            "bias_val": np.array(value, dtype=np.float32),
+        }
     ban = [
         (i, tok, p.min_tokens)
         for i, (p, k) in enumerate(zip(params, index))
@@ -53,7 +57,11 @@ def _edits(t: dict, state: PenaltyState, n: int) -> LogitEdits | None:
     penalized rows' list lengths."""
     if not any(k in t for k in ("bias_row", "ban_row", "pen_row", "gm_row")):
         return None
-    pen = (t["pen_row"], t["pen_slot"], n, t["pen_rep"], t["pen_freq"], t["pen_pres"]) if "pen_row" in t else None
+    pen = (
+        (t["pen_row"], t["pen_slot"], n, t["pen_rep"], t["pen_freq"], t["pen_pres"])
+        if "pen_row" in t
+        else None
+    )
     return LogitEdits(
         bias=(t["bias_row"], t["bias_tok"], t["bias_val"]) if "bias_row" in t else None,
         banned=(t["ban_row"], t["ban_tok"], t["ban_until"]) if "ban_row" in t else None,
@@ -85,7 +93,9 @@ def sample_groups(
     """logits [B, V] of the sampled groups (t: their packed fields) -> tokens [B]; penalized rows'
     tokens go into their slots. keep_raw: the caller still reads the raw logits (logprobs);
     bits_rows: the worker's random_bits_rows (rlt/models/ops.py)."""
-    st = SamplingTensors(t["temperature"], t["top_k"], t["top_p"], t["seed"], t["output_index"], t.get("min_p"))
+    st = SamplingTensors(
+        t["temperature"], t["top_k"], t["top_p"], t["seed"], t["output_index"], t.get("min_p")
+    )
     pen = [g for g in groups if g.slot is not None]  # (their lists grow by at most one per output)
     e = _edits(t, state, max((g.listed + g.output_index for g in pen), default=0))
     x = logits if e is None else edit(logits, e, st.output_index, inplace=not keep_raw)
@@ -106,7 +116,14 @@ class LaneSampling:
     """Steady decode: every lane's sampling parameters and edits on the device for the stretch;
     out_idx (each lane's output index, advanced on the device) is shared with the caller."""
 
-    def __init__(self, groups: list, out_idx: torch.Tensor, state: PenaltyState, eos: tuple[int, ...], bits_rows):
+    def __init__(
+        self,
+        groups: list,
+        out_idx: torch.Tensor,
+        state: PenaltyState,
+        eos: tuple[int, ...],
+        bits_rows,
+    ):
         dev, self.state, self.bits_rows = out_idx.device, state, bits_rows
         ps = [g.params for g in groups]
         index = [g.output_index for g in groups]
@@ -142,8 +159,14 @@ class LaneSampling:
             n = min(self.lanes_start + self.passes, self.lanes_most)
             self.passes += 1
         e = _edits(self.fields, self.state, n)
-        x = logits if e is None else edit(logits, e, self.sampling.output_index, inplace=not keep_raw)
-        return sample(x, self.sampling, greedy=self.greedy, filtered=self.filtered, bits_rows=self.bits_rows)
+        x = (
+            logits
+            if e is None
+            else edit(logits, e, self.sampling.output_index, inplace=not keep_raw)
+        )
+        return sample(
+            x, self.sampling, greedy=self.greedy, filtered=self.filtered, bits_rows=self.bits_rows
+        )
 
     def commit(self, tokens: torch.Tensor, done: torch.Tensor) -> None:
         """Penalized lanes that exited count (and list) their token; the others' slots stay as they were."""

@@ -26,8 +26,10 @@ class Scheduler:
     def __init__(self, cfg: EngineConfig, pool: KVPool, penalties: PenaltyState, grammars=None):
         self.cfg, self.pool = cfg, pool
         self.penalties = penalties  # a slot for each running request that is penalized
-        self.grammars = grammars  # WorkerGrammars: a constrained request waits for its grammar's compile
-        self.cached_events: list[tuple[int, int, int]] = []  # (request, 0, end): prompt positions found cached
+        # WorkerGrammars: a constrained request waits for its grammar's compile
+        self.grammars = grammars
+        # (request, 0, end): prompt positions found cached
+        self.cached_events: list[tuple[int, int, int]] = []
         self.waiting: list[Sequence] = []
         self.running: list[Sequence] = []
         self.preemptions = 0
@@ -36,17 +38,24 @@ class Scheduler:
         self.freed_in_flight = False
 
     def wait(self, s: Sequence) -> None:
-        bisect.insort(self.waiting, s, key=_order)  # (kept in order: a sort per arrival is quadratic in a burst)
+        # (kept in order: a sort per arrival is quadratic in a burst)
+        bisect.insort(self.waiting, s, key=_order)
 
     def remove(self, s: Sequence) -> None:
         if s in self.running:
             self.running.remove(s)
             self.penalties.give(s)
-            self.freed_in_flight = True  # its last pass may still be computing (the host runs ahead)
+            # its last pass may still be computing (the host runs ahead)
+            self.freed_in_flight = True
         else:
             self.waiting.remove(s)
-            if self.grammars is not None and s.matcher is None and s.params.structured_output is not None:
-                self.grammars.keep(self.waiting)  # (abandons its compile if nobody else waits for it)
+            if (
+                self.grammars is not None
+                and s.matcher is None
+                and s.params.structured_output is not None
+            ):
+                # (abandons its compile if nobody else waits for it)
+                self.grammars.keep(self.waiting)
 
     def step(self) -> None:
         """Rows and blocks for the next pass; then admission, unless that preempted."""
@@ -72,10 +81,13 @@ class Scheduler:
                 continue  # compiling (off the loop): it holds nobody up
             if s.tables is not None:
                 return s, []
-            if head and s.feed is None:  # (a preempted one with a token on its way back: resumed once it is read)
+            # (a preempted one with a token on its way back: resumed once it is read)
+            if head and s.feed is None:
                 hits = self._hits(s)
                 planes = self.pool.num_planes
-                need = self.pool.blocks_needed(s.admit_positions) - planes * sum(c.refs > 0 for c in hits)
+                need = self.pool.blocks_needed(s.admit_positions) - planes * sum(
+                    c.refs > 0 for c in hits
+                )
                 if need <= self.pool.num_free:
                     if not self._computed_by_another(s, len(hits)):
                         return s, hits
@@ -93,7 +105,9 @@ class Scheduler:
             return False
         key, end = s.keys[m], (m + 1) * bs
         return any(
-            not r.decoding and r.num_done < end <= r.replay_end and r.block_keys(end, r.params.max_loops, bs)[m] == key
+            not r.decoding
+            and r.num_done < end <= r.replay_end
+            and r.block_keys(end, r.params.max_loops, bs)[m] == key
             for r in self.running
         )
 
@@ -104,13 +118,15 @@ class Scheduler:
         if prefix is None or s.needs_whole_prompt:
             return []
         if s.hits is None or s.hits[0] != (prefix.version, s.replay_end):
-            # keys hashed up to the first miss, in doubling runs: a cold prompt's first token does not
+            # keys hashed up to the first miss, in doubling runs: a cold prompt's first token does
+            # not
             # wait for every block's key (the rest are hashed as its blocks are cached)
             bs = self.pool.block_size
             blocks, n, hits = s.replay_end // bs, 1, []
             while True:
                 keys = s.block_keys(min(n, blocks) * bs, s.params.max_loops, bs)
-                hits += prefix.match(keys[len(hits) :])  # (the run's new keys: the earlier ones all hit)
+                # (the run's new keys: the earlier ones all hit)
+                hits += prefix.match(keys[len(hits) :])
                 if len(hits) < len(keys) or len(keys) == blocks:
                     break
                 n *= 2
@@ -142,7 +158,9 @@ class Scheduler:
         """Its full blocks of final positions whose depths are known go to the prefix cache."""
         if self.pool.prefix is None or s.tables is None:
             return
-        keys = s.block_keys(min(s.num_done, s.known_positions), s.params.max_loops, self.pool.block_size)
+        keys = s.block_keys(
+            min(s.num_done, s.known_positions), s.params.max_loops, self.pool.block_size
+        )
         for i in range(s.num_cached_blocks, len(keys)):
             self.pool.cache_block(s.tables, i, keys[i], s.request_id)
         s.num_cached_blocks = max(s.num_cached_blocks, len(keys))
@@ -158,14 +176,17 @@ class Scheduler:
         # positions' final KV at every depth).
         chunk = 1 if self.pool.layout == "shared" else self.cfg.prefill_chunk
         preemptions = self.preemptions
-        # a speculation round starts only while few streams decode: past that, rows are no longer free
+        # a speculation round starts only while few streams decode: past that, rows are no longer
+        # free
         speculate = sum(s.decoding for s in running) <= self.cfg.speculative_max_streams
         for s in list(running):  # (this runs every pass: nothing here may cost O(requests))
             if s.tables is None:  # preempted meanwhile
                 continue
             rows = budget if s.decoding else min(budget, max(prompt_budget, first_prompt))
             coda = self.pool.has_boundary
-            new = s.next_groups(rows, chunk, coda, speculate) if s.group is None and rows > 0 else []
+            new = (
+                s.next_groups(rows, chunk, coda, speculate) if s.group is None and rows > 0 else []
+            )
             flying = new or s.in_flight
             if not flying:
                 continue

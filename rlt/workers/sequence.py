@@ -20,7 +20,8 @@ from rlt.workers.prompt_logprobs import targets
 from rlt.workers.speculation import Acceptance, SpecRound
 
 
-@dataclass(eq=False)  # (one request each: list membership by identity, not by comparing every field)
+# (one request each: list membership by identity, not by comparing every field)
+@dataclass(eq=False)
 class Sequence:
     request_id: int
     prompt: list[int]
@@ -31,18 +32,22 @@ class Sequence:
     depths: list[int] = field(default_factory=list)  # the depth each output token exited at
     num_done: int = 0  # positions whose KV is final on every plane
     group: Group | None = None  # its prompt chunk or decode token in flight
-    replay: list[Group] = field(default_factory=list)  # resumed: generated positions being recomputed
+    # resumed: generated positions being recomputed
+    replay: list[Group] = field(default_factory=list)
     replay_next: int = 0  # the next generated position to recompute
-    prefill_only: bool = False  # prefill worker: stop after the first token, keep the blocks for transfer
+    # prefill worker: stop after the first token, keep the blocks for transfer
+    prefill_only: bool = False
     feed: tuple | None = None  # its last sampled token, not read back yet: (PendingTokens, index)
     root: bytes = b""  # its prefix-cache key chain's root
     keys: list[bytes] = field(default_factory=list)  # prefix-cache keys of its first full blocks
     num_cached_blocks: int = 0  # leading blocks of its tables that the prefix cache has seen
     num_cached_tokens: int | None = None  # prompt positions found cached at its first admission
     hits: tuple | None = None  # its last prefix lookup: ((cache version, positions), cached blocks)
-    slot: int | None = None  # while running, penalized: its slot of penalty state (rlt/workers/penalties.py)
+    # while running, penalized: its slot of penalty state (rlt/workers/penalties.py)
+    slot: int | None = None
     listed: int = 0  # its prompt's distinct tokens (the first entries of that slot's token list)
-    prompt_logprobs: list | None = None  # asked for: per prompt position so far (rlt/workers/prompt_logprobs.py)
+    # asked for: per prompt position so far (rlt/workers/prompt_logprobs.py)
+    prompt_logprobs: list | None = None
     matcher: object | None = None  # structured output: its Constraint, once its grammar is compiled
     speculation: tuple[int, int] | None = None  # (draft loops, tokens) where it may speculate
     spec: SpecRound | None = None  # its speculation round under way (rlt/workers/speculation.py)
@@ -99,7 +104,9 @@ class Sequence:
         P = len(self.prompt)
         if len(self.keys) < min(positions, P) // block_size:  # whole prompt blocks: at once
             parent = self.keys[-1] if self.keys else self.root
-            self.keys += prompt_keys(parent, self.prompt[:positions], depth, block_size, len(self.keys))
+            self.keys += prompt_keys(
+                parent, self.prompt[:positions], depth, block_size, len(self.keys)
+            )
         while (len(self.keys) + 1) * block_size <= positions:
             lo, hi = len(self.keys) * block_size, (len(self.keys) + 1) * block_size
             tokens = [self.prompt[i] if i < P else self.output[i - P] for i in range(lo, hi)]
@@ -107,7 +114,9 @@ class Sequence:
             self.keys.append(chain(self.keys[-1] if self.keys else self.root, tokens, depths))
         return self.keys[: positions // block_size]
 
-    def next_groups(self, budget: int, chunk: int, coda: bool = False, speculate: bool = False) -> list[Group]:
+    def next_groups(
+        self, budget: int, chunk: int, coda: bool = False, speculate: bool = False
+    ) -> list[Group]:
         """Its rows for the next pass, at most `budget`: a prompt chunk (at most `chunk` rows),
         positions to recompute, or its next decode token, draft or verify rows. Empty while it must
         wait. coda: the family runs a coda over boundary K/V after the loop (Huginn); speculate: a
@@ -131,13 +140,18 @@ class Sequence:
                     **s.penalty,
                 )
             ]
-        if s.num_done < s.replay_end:  # resumed: generated position P + i took output[i] and ran to depths[i + 1]
-            # at most `chunk` positions in flight: under SHARED (chunk 1) each position must be final
+        # resumed: generated position P + i took output[i] and ran to depths[i + 1]
+        if s.num_done < s.replay_end:
+            # at most `chunk` positions in flight: under SHARED (chunk 1) each position must be
+            # final
             # before the next reads it, as when it was first computed
             P, start = len(s.prompt), max(s.replay_next, s.num_done)
             end = min(s.replay_end, start + budget, start + chunk - len(s.replay))
-            if coda:  # a position's coda reads every earlier one's coda K/V: no position may exit before an earlier one
-                last = max((g.exit_depth - g.depth for g in s.replay), default=0)  # passes to the last exit in flight
+            # a position's coda reads every earlier one's coda K/V: no position may exit before an
+            # earlier one
+            if coda:
+                # passes to the last exit in flight
+                last = max((g.exit_depth - g.depth for g in s.replay), default=0)
                 for i in range(start, end):
                     if s.depths[i - P + 1] < last:
                         end = i
@@ -145,11 +159,23 @@ class Sequence:
                     last = s.depths[i - P + 1]
             s.replay_next = end
             return [
-                Group([s.output[i - P]], i, s.tables, p, True, False, 0, exit_depth=s.depths[i - P + 1])
+                Group(
+                    [s.output[i - P]],
+                    i,
+                    s.tables,
+                    p,
+                    True,
+                    False,
+                    0,
+                    exit_depth=s.depths[i - P + 1],
+                )
                 for i in range(start, end)
             ]
-        if s.replay or (s.feed is not None and (s.prefill_only or len(s.output) + 1 >= p.max_tokens)):
-            return []  # still recomputing; or that token ends it (or hands it off): nothing to decode here
+        if s.replay or (
+            s.feed is not None and (s.prefill_only or len(s.output) + 1 >= p.max_tokens)
+        ):
+            # still recomputing; or that token ends it (or hands it off): nothing to decode here
+            return []
         base = len(s.output) + (s.feed is not None)
         if (
             s.spec is None
@@ -186,10 +212,14 @@ class Sequence:
         j = len(r.drafts)
         if r.verified or (j == r.k and budget < r.k):
             return []
-        common = dict(tables=s.tables, params=s.params, decoding=True, samples=True, matcher=s.matcher)
+        common = dict(
+            tables=s.tables, params=s.params, decoding=True, samples=True, matcher=s.matcher
+        )
         if j < r.k:
             ids = [0] if s.feed is not None else [r.tokens[j - 1] if j else s.output[-1]]
-            draft = Group(ids, r.start + j, output_index=r.base + j, feed=s.feed, draft_of=r, **common)
+            draft = Group(
+                ids, r.start + j, output_index=r.base + j, feed=s.feed, draft_of=r, **common
+            )
             draft.samples = j + 1 < r.k  # (the last one's token is checked by nothing: no head)
             return [draft]
         r.verified = True
@@ -227,7 +257,13 @@ class Sequence:
     def preempt(self) -> BlockTables | None:
         """Drop its rows in flight and hand back its blocks: resumed, it recomputes from position 0."""
         tables, self.tables = self.tables, None
-        self.group, self.replay, self.num_done, self.replay_next, self.num_cached_blocks = None, [], 0, 0, 0
+        self.group, self.replay, self.num_done, self.replay_next, self.num_cached_blocks = (
+            None,
+            [],
+            0,
+            0,
+            0,
+        )
         if self.spec is not None and self.matcher is not None:
             self.matcher.end_round()
         self.spec = None

@@ -41,7 +41,10 @@ class SteadyDecode:
         # tables padded to the graphs' width bucket once, so no pass pads them again; room for each
         # lane to take at least one more block (set_tables) as it grows
         # (every plane: the core's, then the boundary plane where the family has one)
-        W = min(table_width(max(len(tab) for g in groups for tab in g.tables.planes) + 1), runner.max_table_width)
+        W = min(
+            table_width(max(len(tab) for g in groups for tab in g.tables.planes) + 1),
+            runner.max_table_width,
+        )
         tables = np.full((self.lanes, pool.num_planes, W), pool.scratch_block, dtype=np.int64)
         for i, g in enumerate(groups):
             for p, tab in enumerate(g.tables.planes):
@@ -50,7 +53,9 @@ class SteadyDecode:
         self.pos, self.depth = t([g.start for g in groups]), t([g.depth for g in groups])
         self.out_idx = t([g.output_index for g in groups])
         self.active = torch.ones(self.lanes, dtype=torch.bool, device=dev)
-        self.surv = torch.cat([runner.one if g.survival is None else g.survival for g in groups]).float()
+        self.surv = torch.cat(
+            [runner.one if g.survival is None else g.survival for g in groups]
+        ).float()
         ps = self.params
         self.min_loops, self.max_loops = t([p.min_loops for p in ps]), t([p.max_loops for p in ps])
         self.threshold = t([p.exit_threshold for p in ps], torch.float32)
@@ -80,7 +85,9 @@ class SteadyDecode:
                 x[i], inject[i] = states[k : k + 1], injects[k : k + 1]
         self.x, self.inject = torch.cat(x), torch.cat(inject)
 
-    def _embed(self, ids: torch.Tensor, lanes: list[int], groups: list) -> tuple[torch.Tensor, torch.Tensor]:
+    def _embed(
+        self, ids: torch.Tensor, lanes: list[int], groups: list
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """The loop's first state and its input for the tokens ids [n] of these lanes: both the
         token embedding."""
         emb = self.model.embed(ids, None, None)
@@ -117,15 +124,20 @@ class SteadyDecode:
     def step(self) -> DeviceReadback | None:
         """Launch one pass over every lane -> its (exited, tokens, exit depths[, top values, top ids])
         on their way to the host; None when no lane could exit in it (nothing to read)."""
-        backend, on = self.runner.backend, self.active  # (each lane on its depth's plane; ended: scratch)
-        table, slot, pos = backend.lane_rows(self.tables, self.depth, self.pool.num_core_planes - 1, self.pos, on, on)
+        # (each lane on its depth's plane; ended: scratch)
+        backend, on = self.runner.backend, self.active
+        table, slot, pos = backend.lane_rows(
+            self.tables, self.depth, self.pool.num_core_planes - 1, self.pos, on, on
+        )
         x, gate = backend.lane_pass(self.x, self.inject, pos, slot, table)
         depth = self.depth + 1
         if not self._may_exit():
             self.x, self.depth = x, torch.where(self.active, depth, 0)
             return None
         surv = update_survival(self.surv, gate)
-        done = should_exit(depth, surv, self.min_loops, self.max_loops, self.threshold) & self.active
+        done = (
+            should_exit(depth, surv, self.min_loops, self.max_loops, self.threshold) & self.active
+        )
         logits = self.model.head(x, None, None)
         tokens = self.sampling.sample(logits, keep_raw=bool(self.top_k))
         self.sampling.commit(tokens, done)
@@ -134,7 +146,8 @@ class SteadyDecode:
         emb = self.model.embed(tokens, None, None)
         nxt = done.unsqueeze(1)
         self.x, self.inject = torch.where(nxt, emb, x), torch.where(nxt, emb, self.inject)
-        self.active = self.active & ~(done & (self.out_idx + 1 >= self.max_tokens))  # length: the lane ends
+        # length: the lane ends
+        self.active = self.active & ~(done & (self.out_idx + 1 >= self.max_tokens))
         self.depth = torch.where(done | ~self.active, 0, depth)  # (an ended lane idles at depth 0)
         self.pos = self.pos + done
         self.surv = torch.where(done, 1.0, surv)
@@ -149,7 +162,9 @@ class SteadyDecode:
 
     def lane_states(self) -> list[dict]:
         """Every lane's state on the host side of the regular path (after the last step is resolved)."""
-        depth, pos, out_idx, active = (t.tolist() for t in (self.depth, self.pos, self.out_idx, self.active))
+        depth, pos, out_idx, active = (
+            t.tolist() for t in (self.depth, self.pos, self.out_idx, self.active)
+        )
         return [
             dict(
                 depth=depth[i],

@@ -35,10 +35,13 @@ class BoundarySteadyDecode(SteadyDecode):
         # per lane: its criterion's index in CRITERIA, from 1 (0: fixed depth, no check)
         self.names = names = [p.exit_criterion if p.exits_early else None for p in self.params]
         self.crit = torch.tensor([CRITERIA.index(c) + 1 if c else 0 for c in names], device=dev)
-        # Each criterion some lane has: its previous values over every lane (exit_criteria.evaluate's
+        # Each criterion some lane has: its previous values over every lane
+        # (exit_criteria.evaluate's
         # form; the other lanes' rows unused), from the groups' last checks, else the initial ones.
         self.prev = {c: self._initial(c, groups, names) for c in CRITERIA if c in names}
-        self.parked = torch.tensor([g.parked is not None or id(g) in exited for g in groups], device=dev)
+        self.parked = torch.tensor(
+            [g.parked is not None or id(g) in exited for g in groups], device=dev
+        )
         self.seeds = torch.tensor([p.state_seed for p in self.params], device=dev)
         # no logit criterion: each pass's bookkeeping and checks are one operation (lane_checks.py)
         self.latent_only = bool(self.prev) and all(c in LATENT for c in self.prev)
@@ -78,7 +81,9 @@ class BoundarySteadyDecode(SteadyDecode):
         """These lanes' new tokens start their criteria afresh: the initial latent, initial values."""
         for crit, prev in self.prev.items():
             first = (
-                (state.float(),) if crit in LATENT else initial_values(crit, self.runner.mc.vocab_size, state.device)
+                (state.float(),)
+                if crit in LATENT
+                else initial_values(crit, self.runner.mc.vocab_size, state.device)
             )
             self.prev[crit] = tuple(torch.where(_rows(lanes, f), f, p) for f, p in zip(first, prev))
 
@@ -93,9 +98,12 @@ class BoundarySteadyDecode(SteadyDecode):
         """-> (positions, attention) of the boundary layers for the lanes (of tables, default all)
         at positions pos. Rows where on write their K/V and read their context; the others, whose
         outputs go unused, sit at position 0 on the scratch block (their attention reads one block)."""
-        backend, P = self.runner.backend, self.pool.num_core_planes  # (the boundary plane follows the core's)
+        # (the boundary plane follows the core's)
+        backend, P = self.runner.backend, self.pool.num_core_planes
         plane = torch.full_like(pos, P)
-        table, slot, pos = backend.lane_rows(self.tables if tables is None else tables, plane, P, pos, on, on)
+        table, slot, pos = backend.lane_rows(
+            self.tables if tables is None else tables, plane, P, pos, on, on
+        )
         return pos, backend.attention(None, backend.lane_meta(pos, slot, table))
 
     def _boundary_now(self) -> bool:
@@ -134,11 +142,22 @@ class BoundarySteadyDecode(SteadyDecode):
         run, backend = self.active & ~self.parked, self.runner.backend
         # lanes parked or ended: position 0 (their attention reads one block), outputs dropped
         planes = self.pool.num_core_planes
-        table, slot, pos = backend.lane_rows(self.tables, self.depth, planes - 1, self.pos, self.active, run)
+        table, slot, pos = backend.lane_rows(
+            self.tables, self.depth, planes - 1, self.pos, self.active, run
+        )
         x, _ = backend.lane_pass(self.x, self.inject, pos, slot, table)
         if self.latent_only:  # one operation (a launch on CUDA) for the bookkeeping and the checks
-            prev = [self.prev.get(c, next(iter(self.prev.values())))[0] for c in LATENT]  # (one may be absent)
-            args = (self.crit, self.min_loops, self.max_loops, self.threshold, *prev, self.parked, self.active)
+            # (one may be absent)
+            prev = [self.prev.get(c, next(iter(self.prev.values())))[0] for c in LATENT]
+            args = (
+                self.crit,
+                self.min_loops,
+                self.max_loops,
+                self.threshold,
+                *prev,
+                self.parked,
+                self.active,
+            )
             x = x.contiguous()
             counts = backend.latent_checks(x, self.x, run, self.depth, *args)
         else:
@@ -148,7 +167,9 @@ class BoundarySteadyDecode(SteadyDecode):
             exits = self._check(x, checked)
             self.parked = self.parked | (run & (exits | (depth >= self.max_loops)))
             self.depth = depth
-            counts = torch.stack([(~self.parked & self.active).sum(), (self.parked & self.active).sum()])
+            counts = torch.stack(
+                [(~self.parked & self.active).sum(), (self.parked & self.active).sum()]
+            )
         self.x = x
         if self._boundary_now():
             return self._exit()
@@ -165,7 +186,8 @@ class BoundarySteadyDecode(SteadyDecode):
         tokens = self.sampling.sample(logits, keep_raw=bool(self.top_k))
         self.sampling.commit(tokens, done)
         top = top_logprobs(logits, self.top_k, tokens) if self.top_k else ()
-        self.active = self.active & ~(done & (self.out_idx + 1 >= self.max_tokens))  # length: the lane ends
+        # length: the lane ends
+        self.active = self.active & ~(done & (self.out_idx + 1 >= self.max_tokens))
         nxt, npos = done & self.active, pos + done
         inject = self.model.embed(tokens, *self._boundary(npos, nxt))
         state = self.model.initial_state(inject, npos, self.seeds)

@@ -28,7 +28,10 @@ class SteadyStretches:
                 and s.matcher is None
                 for s in self.running
             )
-            and (self.cfg.steady_decode == "always" or any(s.group.params.exits_early for s in self.running))
+            and (
+                self.cfg.steady_decode == "always"
+                or any(s.group.params.exits_early for s in self.running)
+            )
             and self._lanes_fit()
         )
 
@@ -48,7 +51,9 @@ class SteadyStretches:
         on the scratch block), or a lane needs a block it cannot have here: back to the regular path
         (which re-enters compacted, or preempts)."""
         dead = sum(self._live.get(s.request_id) is not s for s in self._steady_seqs)
-        return self.sched.admissible() or dead > len(self._steady_seqs) // 4 or not self._grow_lanes()
+        return (
+            self.sched.admissible() or dead > len(self._steady_seqs) // 4 or not self._grow_lanes()
+        )
 
     def _grow_lanes(self) -> bool:
         """Blocks for the positions each live lane may write in the next pass."""
@@ -68,7 +73,11 @@ class SteadyStretches:
             if not done[lane] or self._live.get(s.request_id) is not s:
                 continue
             s.num_done += 1
-            outputs.append(self._append_token(s, tokens[lane], depths[lane], top_dict(top, lane, s.params.logprobs)))
+            outputs.append(
+                self._append_token(
+                    s, tokens[lane], depths[lane], top_dict(top, lane, s.params.logprobs)
+                )
+            )
             if self._live.get(s.request_id) is not s:  # finished: its lane stops writing
                 self._steady.deactivate(lane)
         return outputs
@@ -79,7 +88,9 @@ class SteadyStretches:
         groups = [s.group for s in self.running]
         if self.pool.has_boundary:
             pending, self.runner.pending = self.runner.pending, None
-            self._steady = BoundarySteadyDecode(self.runner, groups, pending.exited() if pending else set())
+            self._steady = BoundarySteadyDecode(
+                self.runner, groups, pending.exited() if pending else set()
+            )
         else:
             self._steady = SteadyDecode(self.runner, groups)
         self._steady_seqs = list(self.running)

@@ -29,12 +29,17 @@ class StepBuffers:
         cuda = self.device.type == "cuda"
         # Two pinned staging buffers, used in turn: the host fills one while the copy of the other
         # may still be in flight (steps without a read-back let the host run ahead of the GPU).
-        self.hosts = [torch.empty(capacity, dtype=torch.int64, pin_memory=cuda) for _ in range(2 if cuda else 1)]
+        self.hosts = [
+            torch.empty(capacity, dtype=torch.int64, pin_memory=cuda)
+            for _ in range(2 if cuda else 1)
+        ]
         self.copied = [None] * len(self.hosts)  # CUDA event: that buffer's last copy is done
         self.turn, self.end = 0, 0
         self.host = self.hosts[0]
         # One device buffer is enough: copies and the kernels reading them share a stream, in order.
-        self.dev = self.host if not cuda else torch.empty(capacity, dtype=torch.int64, device=self.device)
+        self.dev = (
+            self.host if not cuda else torch.empty(capacity, dtype=torch.int64, device=self.device)
+        )
 
     def pack(self, fields: dict, append: bool = False) -> dict:
         """fields: name -> int64 or float32 array (any shape), or a dataclass (the pass metadata,
@@ -64,8 +69,12 @@ class StepBuffers:
         return out
 
     def _pack(self, fields: dict, append: bool) -> dict:
-        # (floats as their bit patterns; every array is cast to int64 as it is written into the buffer)
-        arrays = {k: (v.astype(np.float32).view(np.int32) if v.dtype.kind == "f" else v) for k, v in fields.items()}
+        # (floats as their bit patterns; every array is cast to int64 as it is written into the
+        # buffer)
+        arrays = {
+            k: (v.astype(np.float32).view(np.int32) if v.dtype.kind == "f" else v)
+            for k, v in fields.items()
+        }
         start = _aligned(self.end) if append else 0
         total = start + sum(_aligned(a.size) for a in arrays.values())
         if total > self.host.numel():
@@ -101,7 +110,9 @@ class DeviceReadback:
 
     def __init__(self, tensors: tuple[torch.Tensor, ...]):
         if tensors[0].is_cuda:
-            self._host = tuple(torch.empty(t.shape, dtype=t.dtype, pin_memory=True) for t in tensors)
+            self._host = tuple(
+                torch.empty(t.shape, dtype=t.dtype, pin_memory=True) for t in tensors
+            )
             for h, t in zip(self._host, tensors):
                 h.copy_(t, non_blocking=True)
             self._event = torch.cuda.Event()

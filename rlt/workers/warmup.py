@@ -35,17 +35,34 @@ def _params(engine) -> list:
     gated = engine.mc.has_exit_gate
     kinds = [
         SamplingParams(max_tokens=4, temperature=0, ignore_eos=True),
-        SamplingParams(max_tokens=4, temperature=1.0, top_k=5, top_p=0.9, seed=0, ignore_eos=True, logprobs=5),
+        SamplingParams(
+            max_tokens=4, temperature=1.0, top_k=5, top_p=0.9, seed=0, ignore_eos=True, logprobs=5
+        ),
     ]
     if gated:
-        kinds.append(SamplingParams(max_tokens=6, temperature=0, ignore_eos=True, exit_threshold=0.5, min_loops=2))
+        kinds.append(
+            SamplingParams(
+                max_tokens=6, temperature=0, ignore_eos=True, exit_threshold=0.5, min_loops=2
+            )
+        )
     if engine.mc.has_exit_criteria:  # the coda and head over the rows a logit criterion checks
-        kinds.append(SamplingParams(max_tokens=4, temperature=0, ignore_eos=True, exit_criterion="kl", min_loops=2))
+        kinds.append(
+            SamplingParams(
+                max_tokens=4, temperature=0, ignore_eos=True, exit_criterion="kl", min_loops=2
+            )
+        )
     # logit edits, penalties and min_p, in the regular path and steady decode (adaptive, if gated)
     exits = dict(exit_threshold=0.5, min_loops=2) if gated else {}
-    edits = EDITS | dict(min_tokens=4, stop_token_ids=[0])  # (held back to the end: runs every pass)
-    kinds.append(SamplingParams(max_tokens=4, temperature=0.8, seed=1, ignore_eos=True, logprobs=2, **edits, **exits))
-    kinds.append(SamplingParams(max_tokens=4, temperature=0, ignore_eos=True, prompt_logprobs=3, **edits))
+    # (held back to the end: runs every pass)
+    edits = EDITS | dict(min_tokens=4, stop_token_ids=[0])
+    kinds.append(
+        SamplingParams(
+            max_tokens=4, temperature=0.8, seed=1, ignore_eos=True, logprobs=2, **edits, **exits
+        )
+    )
+    kinds.append(
+        SamplingParams(max_tokens=4, temperature=0, ignore_eos=True, prompt_logprobs=3, **edits)
+    )
     return kinds
 
 
@@ -53,9 +70,17 @@ def _lane_kinds() -> list:
     """Requests a boundary family (Huginn) serves as steady-decode lanes: a latent criterion, greedy
     and sampled with logprobs."""
     return [
-        SamplingParams(max_tokens=4, temperature=0, ignore_eos=True, exit_criterion="latent-diff", min_loops=2),
         SamplingParams(
-            max_tokens=4, temperature=1.0, top_k=5, seed=0, ignore_eos=True, logprobs=3, exit_criterion="cosine"
+            max_tokens=4, temperature=0, ignore_eos=True, exit_criterion="latent-diff", min_loops=2
+        ),
+        SamplingParams(
+            max_tokens=4,
+            temperature=1.0,
+            top_k=5,
+            seed=0,
+            ignore_eos=True,
+            logprobs=3,
+            exit_criterion="cosine",
         ),
     ]
 
@@ -94,14 +119,22 @@ def warm_up(engine, decodes: bool = True, log=print) -> str:
     _run(engine, mixed[: engine.cfg.max_num_seqs])  # prompt chunks and decode rows sharing passes
     many = [(prompt(1 + k % 5, k), kinds[k % len(kinds)]) for k in range(engine.cfg.max_num_seqs)]
     _run(engine, many)  # a full batch of decode rows (steady decode where a request can exit early)
-    if engine.pool.has_boundary:  # steady decode's lanes and boundary passes: one, a few, 16, every lane
+    # steady decode's lanes and boundary passes: one, a few, 16, every lane
+    if engine.pool.has_boundary:
         lane_kinds = _lane_kinds()
         lanes = [lane_kinds[k % 2] for k in range(engine.cfg.max_num_seqs)]
         for n in sorted({min(n, len(lanes)) for n in (1, 3, 16, len(lanes))}):
             _run(engine, [(prompt(2 + k % 3, k), sp) for k, sp in enumerate(lanes[:n])])
-    if grammar(engine.mc):  # structured output (regular path only): the bitmask in the sampler, beside other rows
+    # structured output (regular path only): the bitmask in the sampler, beside other rows
+    if grammar(engine.mc):
         sp = SamplingParams(max_tokens=4, temperature=0.7, seed=2, logprobs=1, **grammar(engine.mc))
-        _run(engine, [(prompt(1 + k, k), sp if k % 2 else kinds[1]) for k in range(min(8, engine.cfg.max_num_seqs))])
+        _run(
+            engine,
+            [
+                (prompt(1 + k, k), sp if k % 2 else kinds[1])
+                for k in range(min(8, engine.cfg.max_num_seqs))
+            ],
+        )
     log(f"warm-up: mixed passes ({time.monotonic() - t0:.1f} s)")
     return (
         f"warm-up: {counters.captures - captures} CUDA graphs, "

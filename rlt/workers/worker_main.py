@@ -70,8 +70,10 @@ def build(h: pr.Handshake, counters):
             from rlt.workers.counters import count_triton_compiles
 
             count_triton_compiles(counters)
-    else:  # CPU workers share the cores and leave one to the coordinator: a stream's tokens pass through
-        # it (two threads in a lone worker on two cores: the same tok/s, inter-token gaps up to 10x longer)
+    # CPU workers share the cores and leave one to the coordinator: a stream's tokens pass through
+    else:
+        # it (two threads in a lone worker on two cores: the same tok/s, inter-token gaps up to 10x
+        # longer)
         cores = len(os.sched_getaffinity(0)) - 1
         torch.set_num_threads(max(1, cores // len(parse_topology(h.launch.topology))))
     dtype = resolve_dtype(h.launch.dtype, h.device, mc)
@@ -105,7 +107,9 @@ def main(argv=None) -> int:
     try:
         sock.send(pr.encoder.encode(pr.Hello(os.getpid())))
         if not sock.poll(int(args.handshake_timeout * 1000)):
-            raise TimeoutError(f"no handshake from the coordinator within {args.handshake_timeout} s")
+            raise TimeoutError(
+                f"no handshake from the coordinator within {args.handshake_timeout} s"
+            )
         h = pr.to_worker.decode(sock.recv())
         if not isinstance(h, pr.Handshake):
             raise RuntimeError(f"expected a handshake, got {type(h).__name__}")
@@ -130,8 +134,10 @@ def main(argv=None) -> int:
         from rlt.workers.memory import grammar
         from rlt.workers.warmup import warm_up
 
-        if grammar(engine.mc) and engine.backend.needs_warm_up:  # its compile processes start beside the
-            engine.grammars.start().grow()  # warm-up (a CPU worker, which builds nothing, at its first grammar)
+        # its compile processes start beside the
+        if grammar(engine.mc) and engine.backend.needs_warm_up:
+            # warm-up (a CPU worker, which builds nothing, at its first grammar)
+            engine.grammars.start().grow()
         say(warm_up(engine, decodes=h.role != "prefill", log=say))
         if engine.grammars.pool is not None:
             engine.grammars.pool.wait_ready()
@@ -141,7 +147,9 @@ def main(argv=None) -> int:
             from rlt.workers.kv_transfer import KVTransport
 
             # unique across hosts and coordinators (a Dynamo prefill node serves many decode nodes)
-            transport = KVTransport(f"{args.identity}@{socket.gethostname()}:{os.getpid()}", p.cache)
+            transport = KVTransport(
+                f"{args.identity}@{socket.gethostname()}:{os.getpid()}", p.cache
+            )
             say(
                 f"KV transport: NIXL agent {transport.name} over UCX, {envs.ucx_settings()}; UCX_PROTO_INFO=y logs the "
                 "transports UCX picks for each peer (RDMA: rc_/dc_/ud_ ..., or tcp)"
@@ -196,7 +204,8 @@ def main(argv=None) -> int:
 if __name__ == "__main__":
     rc = main()
     # Everything the worker owns is closed by now (sockets, NIXL agent); its log only needs a flush.
-    # Skipping the interpreter's teardown of torch's modules saves ~0.4 s of CPU per stop or restart.
+    # Skipping the interpreter's teardown of torch's modules saves ~0.4 s of CPU per stop or
+    # restart.
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(rc)

@@ -14,7 +14,9 @@ SUBCOMMANDS += ("profile", "grammar", "parity", "kv-handoff", "gemm")
 
 
 def test_bench_help_lists_every_subcommand():
-    r = subprocess.run([sys.executable, "-m", "rlt", "bench", "--help"], capture_output=True, text=True, timeout=60)
+    r = subprocess.run(
+        [sys.executable, "-m", "rlt", "bench", "--help"], capture_output=True, text=True, timeout=60
+    )
     assert r.returncode == 0, r.stderr
     assert all(name in r.stdout for name in SUBCOMMANDS)
 
@@ -26,14 +28,34 @@ def test_bench_subcommand_help(name, capsys):
     assert e.value.code == 0
     out = capsys.readouterr().out
     # (kv-handoff: two pools; gemm: the families' shapes, no model)
-    where = {"kv-handoff": ("--src", "--dst"), "gemm": ("--shapes", "--rows")}.get(name, ("--model", "--device"))
+    where = {"kv-handoff": ("--src", "--dst"), "gemm": ("--shapes", "--rows")}.get(
+        name, ("--model", "--device")
+    )
     assert out.startswith(f"usage: rlt bench {name}") and all(flag in out for flag in where)
 
 
 def test_bench_offline_tiny_run(checkpoints, tmp_path, capsys):
     out = tmp_path / "offline.json"
-    argv = ["bench", "offline", "--model", checkpoints["ouro"], "--concurrency", "2", "--threshold", "1.0,0.5"]
-    argv += ["--prompt-len", "8", "--max-tokens", "4", "--prefill-lens", "16", "--json-out", str(out)]
+    argv = [
+        "bench",
+        "offline",
+        "--model",
+        checkpoints["ouro"],
+        "--concurrency",
+        "2",
+        "--threshold",
+        "1.0,0.5",
+    ]
+    argv += [
+        "--prompt-len",
+        "8",
+        "--max-tokens",
+        "4",
+        "--prefill-lens",
+        "16",
+        "--json-out",
+        str(out),
+    ]
     assert main(argv + ["--exit-wait-passes", "0,2"]) == 0
     result = json.loads(out.read_text())
     rows = result["rows"]  # one engine per --exit-wait-passes value
@@ -51,16 +73,38 @@ def test_bench_offline_tiny_run(checkpoints, tmp_path, capsys):
     assert "prefill     16 tokens" in capsys.readouterr().out
 
 
-def test_bench_offline_rows_per_prompt_length_skip_what_the_pool_cannot_hold(checkpoints, tmp_path, capsys):
+def test_bench_offline_rows_per_prompt_length_skip_what_the_pool_cannot_hold(
+    checkpoints, tmp_path, capsys
+):
     """--prompt-len takes a list (one engine each, rows carry it); a (concurrency, prompt length)
     whose sequences the pool cannot hold at once is named and not run, the others are."""
     out = tmp_path / "offline.json"
-    argv = ["bench", "offline", "--model", checkpoints["ouro"], "--concurrency", "2,16", "--threshold", "1.0"]
-    argv += ["--prompt-len", "8,40", "--max-tokens", "4", "--kv-gib", "0.001", "--json-out", str(out)]
+    argv = [
+        "bench",
+        "offline",
+        "--model",
+        checkpoints["ouro"],
+        "--concurrency",
+        "2,16",
+        "--threshold",
+        "1.0",
+    ]
+    argv += [
+        "--prompt-len",
+        "8,40",
+        "--max-tokens",
+        "4",
+        "--kv-gib",
+        "0.001",
+        "--json-out",
+        str(out),
+    ]
     assert main(argv) == 0
     rows = json.loads(out.read_text())["rows"]
     assert [(r["concurrency"], r["prompt_len"]) for r in rows] == [(2, 8), (16, 8), (2, 40)]
-    assert "cannot hold them at once): concurrency 16 at a 40-token prompt" in capsys.readouterr().out
+    assert (
+        "cannot hold them at once): concurrency 16 at a 40-token prompt" in capsys.readouterr().out
+    )
 
 
 def test_bench_profile_tiny_run(checkpoints, tmp_path, capsys):
@@ -114,8 +158,19 @@ def test_bench_parity_1p1d_matches_single(checkpoints, tmp_path):
 def test_bench_offline_speculation_against_plain(checkpoints, capsys):
     """--speculative-loops 0,1: the same rows with and without drafting, with the acceptance, the
     tokens a round gives and the ratio of tok/s."""
-    argv = ["bench", "offline", "--model", checkpoints["nanbeige"], "--concurrency", "1", "--threshold", "1.0"]
-    assert main(argv + ["--prompt-len", "8", "--max-tokens", "12", "--speculative-loops", "0,1"]) == 0
+    argv = [
+        "bench",
+        "offline",
+        "--model",
+        checkpoints["nanbeige"],
+        "--concurrency",
+        "1",
+        "--threshold",
+        "1.0",
+    ]
+    assert (
+        main(argv + ["--prompt-len", "8", "--max-tokens", "12", "--speculative-loops", "0,1"]) == 0
+    )
     line = capsys.readouterr().out.splitlines()[-1]
     assert re.fullmatch(
         r"speculative_loops 1, tokens 3: conc 1 prompt 8 thr 1.0: acceptance [0-9.]+, [0-9.]+ tokens a round, "
@@ -127,14 +182,27 @@ def test_bench_offline_speculation_against_plain(checkpoints, capsys):
 def test_bench_serve_takes_vllms_flags_and_prints_its_summary(checkpoints, capsys):
     """`vllm bench serve`'s random-dataset flags: --max-concurrency 4 of --num-prompts 12 (its
     request rate inf), then 6 at Poisson 50 req/s; vLLM's result block for each."""
-    argv = ["bench", "serve", "--model", checkpoints["ouro"], "--dataset-name", "random", "--random-input-len", "16"]
+    argv = [
+        "bench",
+        "serve",
+        "--model",
+        checkpoints["ouro"],
+        "--dataset-name",
+        "random",
+        "--random-input-len",
+        "16",
+    ]
     argv += ["--random-output-len", "4", "--ignore-eos"]
     assert main(argv + ["--num-prompts", "12", "--max-concurrency", "4"]) == 0
     out = capsys.readouterr().out
     assert "============ Serving Benchmark Result ============" in out
-    assert re.search(r"Successful requests: +12\n", out) and re.search(r"Maximum request concurrency: +4\n", out)
+    assert re.search(r"Successful requests: +12\n", out) and re.search(
+        r"Maximum request concurrency: +4\n", out
+    )
     assert re.search(r"Total input tokens: +192\nTotal generated tokens: +48\n", out)
-    assert all(f"{s} {m} (ms):" in out for s in ("Mean", "Median", "P99") for m in ("TTFT", "TPOT", "ITL"))
+    assert all(
+        f"{s} {m} (ms):" in out for s in ("Mean", "Median", "P99") for m in ("TTFT", "TPOT", "ITL")
+    )
     assert main(argv + ["--num-prompts", "6", "--request-rate", "50"]) == 0
     out = capsys.readouterr().out
     assert re.search(r"Successful requests: +6\nRequest rate configured \(RPS\): +50.00\n", out)

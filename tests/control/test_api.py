@@ -27,7 +27,9 @@ async def test_concurrent_streams_match_direct_engine(checkpoints):
     reqs = workload(40)
     async with rlt.Engine.launch(path, **FAST) as engine:
         pid = engine.stats().workers[0].pid
-        finals = await asyncio.gather(*(collect(engine, p, sp, rid) for rid, (p, sp) in reqs.items()))
+        finals = await asyncio.gather(
+            *(collect(engine, p, sp, rid) for rid, (p, sp) in reqs.items())
+        )
         expected = direct(path, reqs)
         for out in finals:
             assert (out.token_ids, out.exit_depths) == expected[out.request_id]
@@ -58,7 +60,11 @@ BAD = [
     ([1], SamplingParams(max_loops=5), "max_loops must be <= the model's depth 4"),
     ([1], SamplingParams(exit_threshold=-0.1), "exit_threshold must be in [0, 1]"),
     ([1], SamplingParams(exit_threshold=1.1), "exit_threshold must be in [0, 1]"),
-    ([1], SamplingParams(stop_token_ids=[600]), "stop_token_ids entry must be <= vocab size - 1 (511)"),
+    (
+        [1],
+        SamplingParams(stop_token_ids=[600]),
+        "stop_token_ids entry must be <= vocab size - 1 (511)",
+    ),
     ([1], SamplingParams(logprobs=-1), "logprobs must be >= 0"),
     ([1], SamplingParams(temperature=float("nan")), "temperature must be a finite number"),
 ]
@@ -70,7 +76,9 @@ async def wait_restart(engine, old_pid, timeout=30.0):
         ws = engine.stats().workers
         if ws and ws[0].pid != old_pid:
             try:
-                return await collect(engine, [1, 2], SamplingParams(max_tokens=2, temperature=0), "probe")
+                return await collect(
+                    engine, [1, 2], SamplingParams(max_tokens=2, temperature=0), "probe"
+                )
             except EngineDeadError:
                 pass
         await asyncio.sleep(0.1)
@@ -85,7 +93,9 @@ async def test_a_long_prompt_chunk_is_not_a_hung_worker(checkpoints):
     options = FAST | dict(heartbeat_timeout=2.0, prefill_chunk=8192, max_num_batched_tokens=8192)
     async with rlt.Engine.launch(checkpoints["ouro"], **options) as engine:
         pid = engine.stats().workers[0].pid
-        out = await collect(engine, ids, SamplingParams(max_tokens=4, temperature=0, ignore_eos=True))
+        out = await collect(
+            engine, ids, SamplingParams(max_tokens=4, temperature=0, ignore_eos=True)
+        )
         assert out.finish_reason == "length" and engine.stats().workers[0].pid == pid
 
 
@@ -107,7 +117,11 @@ async def test_cpu_workers_fork_from_a_server_whose_death_takes_them_along(check
         assert [parent(p) for p in pids] == [server, server] and parent(server) == os.getpid()
         os.kill(server, signal.SIGKILL)
         deadline = time.monotonic() + 30
-        while alive(server) or any(alive(p) for p in pids) or not restarted(engine.stats().workers, pids):
+        while (
+            alive(server)
+            or any(alive(p) for p in pids)
+            or not restarted(engine.stats().workers, pids)
+        ):
             assert time.monotonic() < deadline, engine.stats().workers
             await asyncio.sleep(0.05)
         (new,) = {parent(w.pid) for w in engine.stats().workers}
@@ -127,7 +141,9 @@ async def test_startup_failure_reports_cause_and_leaves_no_process(checkpoints, 
     del w["model.layers.0.mlp.up_proj.weight"]
     save_file(w, str(bad / "model.safetensors"))
     before = set(children())
-    with pytest.raises(RuntimeError, match="failed to start: .*missing tensor 'model.layers.0.mlp.up_proj.weight'"):
+    with pytest.raises(
+        RuntimeError, match="failed to start: .*missing tensor 'model.layers.0.mlp.up_proj.weight'"
+    ):
         async with rlt.Engine.launch(str(bad), **FAST):
             pass
     assert set(children()) <= before
@@ -168,7 +184,8 @@ async def test_engine_never_stalls_the_callers_loop(checkpoints):
             sp = SamplingParams(max_tokens=24, temperature=0.8, seed=i, ignore_eos=True)
             async for out in engine.generate("the quick brown fox " * (1 + i % 7), sp):
                 if i % 5 == 0 and len(out.token_ids) >= 3:
-                    break  # an abort (tokens that arrived while the consumer was busy come in one output)
+                    # an abort (tokens that arrived while the consumer was busy come in one output)
+                    break
             return out
 
         finals = await asyncio.gather(*(one(i) for i in range(32)))
@@ -201,8 +218,14 @@ async def test_launch_rejects_bad_options_before_spawning(checkpoints):
             dict(max_prefill_queue_size=2),
             "max_prefill_queue_size applies to prefill/decode topologies .XpYd., not 'single'",
         ),
-        (dict(topology="1p1d", prefill_worker_chunk=0), "prefill_worker_chunk must be an integer >= 1, got 0"),
-        (dict(max_num_batched_tokens=None), "max_num_batched_tokens must be an integer >= 1, got None"),
+        (
+            dict(topology="1p1d", prefill_worker_chunk=0),
+            "prefill_worker_chunk must be an integer >= 1, got 0",
+        ),
+        (
+            dict(max_num_batched_tokens=None),
+            "max_num_batched_tokens must be an integer >= 1, got None",
+        ),
         (dict(heartbeat_timeout="2"), "heartbeat_timeout must be a number > 0, got '2'"),
         (dict(heartbeat_timeout=0), "heartbeat_timeout must be a number > 0, got 0"),
         (dict(heartbeat_timeout=-1), "heartbeat_timeout must be a number > 0, got -1"),
@@ -215,8 +238,14 @@ async def test_launch_rejects_bad_options_before_spawning(checkpoints):
         ),
         (dict(kv_memory_bytes=0), "kv_memory_bytes must be an integer >= 1, got 0"),
         (dict(kv_memory_bytes=-1), "kv_memory_bytes must be an integer >= 1, got -1"),
-        (dict(kv_memory_bytes=1000), "kv_memory_bytes 1000 holds no KV block: one block of 16 positions of this"),
-        (dict(topology="1p1d", transfer_timeout=-1), "transfer_timeout must be a number > 0, got -1"),
+        (
+            dict(kv_memory_bytes=1000),
+            "kv_memory_bytes 1000 holds no KV block: one block of 16 positions of this",
+        ),
+        (
+            dict(topology="1p1d", transfer_timeout=-1),
+            "transfer_timeout must be a number > 0, got -1",
+        ),
         (dict(startup_timeout=0), "startup_timeout must be a number > 0, got 0"),
         (dict(restart="no"), "restart must be True or False, got 'no'"),
         (dict(restart_attempts=0), "restart_attempts must be an integer >= 1, got 0"),
@@ -226,7 +255,9 @@ async def test_launch_rejects_bad_options_before_spawning(checkpoints):
             rlt.Engine.launch(checkpoints["ouro"], **kwargs)
     with pytest.raises(rlt.ConfigError, match="'total_ut_steps'"):
         rlt.Engine.launch(checkpoints["ouro"], hf_overrides={"total_ut_steps": 0})
-    with pytest.raises(rlt.ConfigError, match="model must be a checkpoint directory's path or a hub id, got 123"):
+    with pytest.raises(
+        rlt.ConfigError, match="model must be a checkpoint directory's path or a hub id, got 123"
+    ):
         rlt.Engine.launch(123)
     assert set(children()) == before and temp_dirs() == dirs
 
@@ -239,7 +270,9 @@ async def test_broken_model_files_are_named_at_launch(checkpoints, tmp_path):
     before, dirs = set(children()), temp_dirs()
     bad = tmp_path / "bad"
     shutil.copytree(checkpoints["ouro"], bad)
-    good = {n: (bad / n).read_text() for n in ("config.json", "tokenizer.json", "tokenizer_config.json")}
+    good = {
+        n: (bad / n).read_text() for n in ("config.json", "tokenizer.json", "tokenizer_config.json")
+    }
     for name, text, msg in [
         ("config.json", "[1, 2]", "config.json is not a JSON object"),
         ("config.json", "{", "config.json cannot be read as JSON: Expecting property name"),
@@ -265,7 +298,10 @@ async def test_entry_checks_name_the_device_and_the_file(checkpoints, tmp_path):
 
     before, dirs = set(children()), temp_dirs()
     for kwargs, msg in [
-        (dict(device="cuda"), "device 'cuda' with topology 'single' needs 1 CUDA device(s); this machine has 0"),
+        (
+            dict(device="cuda"),
+            "device 'cuda' with topology 'single' needs 1 CUDA device(s); this machine has 0",
+        ),
         (dict(device="cuda", topology="1p1d"), "needs 2 CUDA device"),
     ]:
         with pytest.raises(ValueError, match=re.escape(msg)):
@@ -276,7 +312,9 @@ async def test_entry_checks_name_the_device_and_the_file(checkpoints, tmp_path):
     bad = tmp_path / "bad"
     shutil.copytree(checkpoints["ouro"], bad)
     (bad / "config.json").write_text('{"model_type": "ouro",')
-    with pytest.raises(rlt.ConfigError, match=re.escape(f"{bad}/config.json cannot be read as JSON")):
+    with pytest.raises(
+        rlt.ConfigError, match=re.escape(f"{bad}/config.json cannot be read as JSON")
+    ):
         rlt.Engine.launch(str(bad))
     shutil.copy(os.path.join(checkpoints["ouro"], "config.json"), bad / "config.json")
     weights = bad / "model.safetensors"
@@ -292,7 +330,9 @@ def test_pd_without_nixl_names_the_extra(checkpoints, monkeypatch):
     import importlib.util
 
     real = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "nixl" else real(name, *a))
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "nixl" else real(name, *a)
+    )
     with pytest.raises(
         ValueError,
         match=r"topology '1p1d' moves KV between workers over NIXL, which is not "
@@ -304,7 +344,9 @@ def test_pd_without_nixl_names_the_extra(checkpoints, monkeypatch):
 
 async def test_stuck_main_loop_is_detected(checkpoints):
     """A worker whose heartbeat thread still beats but whose main loop hangs with work is killed."""
-    async with rlt.Engine.launch(checkpoints["ouro"], faults=Faults(stall_first_token=77), **FAST) as engine:
+    async with rlt.Engine.launch(
+        checkpoints["ouro"], faults=Faults(stall_first_token=77), **FAST
+    ) as engine:
         pid = engine.stats().workers[0].pid
         t0 = time.monotonic()
         with pytest.raises(EngineDeadError, match="main loop stuck"):
@@ -341,7 +383,9 @@ async def test_serving_benchmark_metrics(checkpoints):
     async with rlt.Engine.launch(checkpoints["nanbeige"], **FAST) as engine:
         target = EngineTarget(engine)
         await warm_up(target, [8, 40], 6)
-        row = await one_rate(target, rate=8.0, duration=2.0, prompt_lens=[8, 40], output_len=6, seed=3)
+        row = await one_rate(
+            target, rate=8.0, duration=2.0, prompt_lens=[8, 40], output_len=6, seed=3
+        )
     rng, t, n = random.Random(3), 0.0, 0
     while True:  # the same Poisson draw: every arrival completed
         t += rng.expovariate(8.0)
@@ -349,10 +393,15 @@ async def test_serving_benchmark_metrics(checkpoints):
             break
         n += 1
     assert row["completed"] == n > 5 and row["total_output_tokens"] == 6 * n
-    assert row["mean_ttft_ms"] <= row["mean_e2el_ms"] and row["median_ttft_ms"] <= row["p99_ttft_ms"]
+    assert (
+        row["mean_ttft_ms"] <= row["mean_e2el_ms"] and row["median_ttft_ms"] <= row["p99_ttft_ms"]
+    )
     assert row["output_throughput_tok_s"] == pytest.approx(6 * n / row["duration_s"], rel=0.02)
-    assert [r[0] for r in row["requests"]] == [(8, 40)[i % 2] for i in range(n)]  # per request, arrival order
-    assert n < 50 and max(r[1] for r in row["requests"]) == pytest.approx(row["p99_ttft_ms"], abs=0.02)
+    # per request, arrival order
+    assert [r[0] for r in row["requests"]] == [(8, 40)[i % 2] for i in range(n)]
+    assert n < 50 and max(r[1] for r in row["requests"]) == pytest.approx(
+        row["p99_ttft_ms"], abs=0.02
+    )
 
 
 def test_saturation_heuristic():
@@ -371,18 +420,27 @@ def test_saturation_heuristic():
 
     assert not saturated(row(0.97, 1))  # keeps up
     assert saturated(row(1.3, 2))  # 100 / 1.3 s > (99 / 2 + 0.4) / 0.9
-    assert not saturated(row(0.417, 0.43)) and saturated(row(0.30, 0.43))  # against the draw's own rate
+    # against the draw's own rate
+    assert not saturated(row(0.417, 0.43)) and saturated(row(0.30, 0.43))
     assert saturated({"completed": 1})  # too few completions to tell
 
     def queue(first, last):
-        return row(0.97, 1, [[128, first, 5.0]] * 25 + [[128, 100.0, 5.0]] * 50 + [[128, last, 5.0]] * 25)
+        return row(
+            0.97, 1, [[128, first, 5.0]] * 25 + [[128, 100.0, 5.0]] * 50 + [[128, last, 5.0]] * 25
+        )
 
     assert saturated(queue(200.0, 1000.0))
     assert not saturated(queue(200.0, 399.0))  # under twice
     assert not saturated(queue(20.0, 260.0))  # under 250 ms more
-    # per prompt length: alternating lengths with steady TTFTs are no queue, the long prompts' growing one is
-    assert not saturated(row(0.97, 1, [[(128, 4096)[i % 2], (50.0, 310.0)[i % 2], 5.0] for i in range(13)]))
-    grew = [[(128, 4096)[i % 2], (50.0, 310.0)[i % 2] + (400.0 if i >= 30 and i % 2 else 0.0), 5.0] for i in range(40)]
+    # per prompt length: alternating lengths with steady TTFTs are no queue, the long prompts'
+    # growing one is
+    assert not saturated(
+        row(0.97, 1, [[(128, 4096)[i % 2], (50.0, 310.0)[i % 2], 5.0] for i in range(13)])
+    )
+    grew = [
+        [(128, 4096)[i % 2], (50.0, 310.0)[i % 2] + (400.0 if i >= 30 and i % 2 else 0.0), 5.0]
+        for i in range(40)
+    ]
     assert saturated(row(0.97, 1, grew))
 
 
@@ -392,16 +450,23 @@ async def test_a_dead_workers_cause_is_the_exception_in_its_log(tmp_path):
 
     w = WorkerProc(0, 0, "decode", "cpu", 0, "ipc://x", str(tmp_path))
     with open(w.log_path, "w") as f:
-        f.write("loading\nTraceback (most recent call last):\n  File 'a.py', line 1\nKeyError: 'x'\n\n")
+        f.write(
+            "loading\nTraceback (most recent call last):\n  File 'a.py', line 1\nKeyError: 'x'\n\n"
+        )
         f.write("During handling of the above exception, another exception occurred:\n\n")
-        f.write("Traceback (most recent call last):\n  File 'b.py', line 2\n    raise OSError(28)\n")
+        f.write(
+            "Traceback (most recent call last):\n  File 'b.py', line 2\n    raise OSError(28)\n"
+        )
         f.write("OSError: [Errno 28] No space left on device\n[NIXL] I1201 agent ready\n")
     assert w.cause() == "OSError: [Errno 28] No space left on device"
     with open(w.log_path, "w") as f:
         f.write("[NIXL] I1201 agent ready\n")
     assert w.cause() is None and w.how_it_ended() == "stopped answering"
     w.kill("was killed after no heartbeat for 3.1 s (deadline 3.0 s)")
-    assert str(w.dead_error()) == "decode worker 0 (pid None) was killed after no heartbeat for 3.1 s (deadline 3.0 s)"
+    assert (
+        str(w.dead_error())
+        == "decode worker 0 (pid None) was killed after no heartbeat for 3.1 s (deadline 3.0 s)"
+    )
 
 
 async def test_worker_logs_are_kept_in_a_directory_per_launch(checkpoints, tmp_path):
@@ -416,12 +481,14 @@ async def test_worker_logs_are_kept_in_a_directory_per_launch(checkpoints, tmp_p
         run = engine.stats().log_dir
         await collect(engine, [1, 2, 3], SamplingParams(max_tokens=2))
     assert os.path.dirname(run) == str(tmp_path) and os.listdir(run) == ["unified0.0.log"]
-    with open(os.path.join(run, "unified0.0.log")) as f:  # the heap frozen at READY: no full-heap collections
+    # the heap frozen at READY: no full-heap collections
+    with open(os.path.join(run, "unified0.0.log")) as f:
         frozen = re.search(r"heap frozen \((\d+) objects\)", f.read())
     assert frozen is not None and int(frozen[1]) > 10_000
     kept = sorted(os.listdir(tmp_path))
     assert len(kept) == KEEP_RUNS + 1 and "mine" in kept and os.path.basename(run) in kept
-    assert "20260101-000003-old" not in kept and "20260101-000004-old" in kept  # (23 old + 1 new - 20)
+    # (23 old + 1 new - 20)
+    assert "20260101-000003-old" not in kept and "20260101-000004-old" in kept
 
 
 # The tests below only send requests to an Ouro engine with FAST's options and leave it as they
@@ -448,7 +515,8 @@ async def test_bad_input_raises_and_engine_keeps_serving(engine):
         assert isinstance(e.value, ValueError)
     with pytest.raises(RequestError, match="request_id 'keep' is already live"):
         engine.generate([1], sp, request_id="keep")
-    shared = [5, 6, 7]  # one prompt list for several requests is checked once, and again once changed
+    # one prompt list for several requests is checked once, and again once changed
+    shared = [5, 6, 7]
     await engine.generate(shared, sp).aclose()
     shared[1] = True
     with pytest.raises(RequestError, match="token id True at index 1"):
@@ -503,7 +571,9 @@ async def test_cpu_worker_keeps_its_speed_beside_busy_processes(engine):
             assert b"OMP_WAIT_POLICY=PASSIVE" in f.read().split(b"\0")
         cpu = cpu_seconds(pid)
         sp = SamplingParams(max_tokens=16, ignore_eos=True)
-        outs = await asyncio.gather(*(collect(engine, [3 + i * j % 400 for j in range(100)], sp) for i in range(16)))
+        outs = await asyncio.gather(
+            *(collect(engine, [3 + i * j % 400 for j in range(100)], sp) for i in range(16))
+        )
         assert [len(o.token_ids) for o in outs] == [16] * 16
         assert cpu_seconds(pid) - cpu < 10.0
     finally:

@@ -38,13 +38,23 @@ GREEDY = dict(temperature=0, ignore_eos=True)
 # Probes after every scenario: greedy, adaptive exits (Ouro's gate) and fixed depth.
 PROBES = {
     "probe0": ([5, 6, 7, 8, 9, 10, 11], SamplingParams(max_tokens=9, exit_threshold=0.4, **GREEDY)),
-    "probe1": ([300, 2, 77, 9, 14, 100, 6, 3, 12, 40, 41, 42, 43], SamplingParams(max_tokens=7, **GREEDY)),
+    "probe1": (
+        [300, 2, 77, 9, 14, 100, 6, 3, 12, 40, 41, 42, 43],
+        SamplingParams(max_tokens=7, **GREEDY),
+    ),
     "probe2": ([17] * 6, SamplingParams(max_tokens=8, exit_threshold=0.6, min_loops=2, **GREEDY)),
 }
-# PD scenarios: long decodes, long prompts (many chunks of 5 on the prefill worker), injected faults.
+# PD scenarios: long decodes, long prompts (many chunks of 5 on the prefill worker), injected
+# faults.
 PD_REQS = {
-    **{f"dec{i}": ([3 + i, 4, 5, 6], SamplingParams(max_tokens=150, exit_threshold=0.5, **GREEDY)) for i in range(2)},
-    **{f"pre{i}": ([7 + i + j % 400 for j in range(200)], SamplingParams(max_tokens=6, **GREEDY)) for i in range(3)},
+    **{
+        f"dec{i}": ([3 + i, 4, 5, 6], SamplingParams(max_tokens=150, exit_threshold=0.5, **GREEDY))
+        for i in range(2)
+    },
+    **{
+        f"pre{i}": ([7 + i + j % 400 for j in range(200)], SamplingParams(max_tokens=6, **GREEDY))
+        for i in range(3)
+    },
     "bad0": ([99, 5, 6, 7, 8, 9, 10], SamplingParams(max_tokens=8, **GREEDY)),
     "bad1": ([99] + list(range(20, 32)), SamplingParams(max_tokens=5, **GREEDY)),
     "lost0": ([98, 5, 6, 7, 8, 9], SamplingParams(max_tokens=8, **GREEDY)),
@@ -68,7 +78,7 @@ HOW = {  # how a worker ended, as its streams' EngineDeadError says (not its las
 }
 
 
-# ---- shared engines and the end-of-scenario check -------------------------------------------------
+# ---- shared engines and the end-of-scenario check ------------------------------------------------
 @pytest.fixture(scope="module")
 def expected(checkpoints):
     """{rid: (tokens, depths)} of a fresh in-process engine, computed before any engine is live."""
@@ -85,14 +95,17 @@ def ckpt_copy(checkpoints, tmp_path_factory):
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def single(ckpt_copy, expected):
-    assert type(asyncio.get_running_loop()).__module__.startswith("uvloop")  # the loop users embed rlt in
+    # the loop users embed rlt in
+    assert type(asyncio.get_running_loop()).__module__.startswith("uvloop")
     async with rlt.Engine.launch(str(ckpt_copy), **FAST) as engine:
         yield engine
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def pd(checkpoints, expected):
-    async with rlt.Engine.launch(checkpoints["ouro"], topology="1p1d", faults=PD_FAULTS, **PD_OPTIONS) as engine:
+    async with rlt.Engine.launch(
+        checkpoints["ouro"], topology="1p1d", faults=PD_FAULTS, **PD_OPTIONS
+    ) as engine:
         yield engine
 
 
@@ -128,7 +141,9 @@ async def settled(engine, expected, gone=(), timeout=60.0):
     pids = {w.pid for w in engine.stats().workers}
     assert not [p for p in gone if alive(p)], "a killed worker is still there"
     assert set(logging_to(engine._supervisor.log_dir)) == pids, "stray worker processes"
-    outs = await asyncio.wait_for(asyncio.gather(*(collect(engine, p, sp, rid) for rid, (p, sp) in PROBES.items())), 60)
+    outs = await asyncio.wait_for(
+        asyncio.gather(*(collect(engine, p, sp, rid) for rid, (p, sp) in PROBES.items())), 60
+    )
     for out in outs:
         assert (out.token_ids, out.exit_depths) == expected[out.request_id], out.request_id
         assert out.finish_reason == "length"
@@ -141,7 +156,7 @@ def prefix_of(out, want) -> bool:
     return out.token_ids == tokens[:n] and out.exit_depths == depths[:n]
 
 
-# ---- single: abort storm -----------------------------------------------------------------------------
+# ---- single: abort storm -------------------------------------------------------------------------
 MODES = (
     "cancel_unstarted",  # the consuming task is cancelled before it ever runs
     "cancel_waiting",  # ... while it waits for the first output
@@ -175,7 +190,9 @@ async def storm(engine, expected, lanes, rounds):
             used[mode] += 1
             seen = []
             if mode.startswith("cancel"):
-                task = asyncio.ensure_future(consume(engine.generate(prompt, sp, request_id=rid), seen))
+                task = asyncio.ensure_future(
+                    consume(engine.generate(prompt, sp, request_id=rid), seen)
+                )
                 if mode == "cancel_waiting":
                     await asyncio.sleep(0)
                 elif mode == "cancel_mid":
@@ -185,8 +202,10 @@ async def storm(engine, expected, lanes, rounds):
                 await asyncio.gather(task, return_exceptions=True)
                 del task
                 if mode == "cancel_unstarted":  # its CancelledError's traceback holds the unstarted
-                    await asyncio.sleep(0)  # coroutine, and so the stream, in a reference cycle (reachable
-                    gc.collect()  # from gather's future until the loop's next step): only the collector drops it
+                    # coroutine, and so the stream, in a reference cycle (reachable
+                    await asyncio.sleep(0)
+                    # from gather's future until the loop's next step): only the collector drops it
+                    gc.collect()
             elif mode == "aclose":
                 stream = engine.generate(prompt, sp, request_id=rid)
                 for _ in range(k - 1):
@@ -208,11 +227,14 @@ async def storm(engine, expected, lanes, rounds):
                     seen.append(await stream.__anext__())
                     if seen[-1].finished:
                         break
-                was_live = engine.request_phase(rid) is not None  # (abort runs at once: no await inside)
+                # (abort runs at once: no await inside)
+                was_live = engine.request_phase(rid) is not None
                 assert await engine.abort(rid) is was_live
                 async for out in stream:
                     seen.append(out)
-                assert seen[-1].finished and seen[-1].finish_reason == ("abort" if was_live else "length")
+                assert seen[-1].finished and seen[-1].finish_reason == (
+                    "abort" if was_live else "length"
+                )
                 assert await engine.abort(rid) is False
             elif mode == "drop":
                 engine.generate(prompt, sp, request_id=rid)
@@ -235,11 +257,14 @@ async def storm(engine, expected, lanes, rounds):
 async def test_abort_storm_then_immediate_id_reuse(single, expected):
     await wait_clean(single, 60)
     used, verified = await storm(single, expected, lanes=64, rounds=8)
-    assert sum(used.values()) == 512 and min(used.values()) >= 30 and verified >= 100, (used, verified)
+    assert sum(used.values()) == 512 and min(used.values()) >= 30 and verified >= 100, (
+        used,
+        verified,
+    )
     await settled(single, expected)
 
 
-# ---- single: a dead or frozen worker under load ------------------------------------------------------
+# ---- single: a dead or frozen worker under load --------------------------------------------------
 async def fail_all_streams(engine, sig, name, n=6):
     """n long streams on the worker `name` (its pid from stats); kill or freeze it: every stream
     fails with EngineDeadError naming it, within DETECT_S. -> the old pid."""
@@ -249,7 +274,9 @@ async def fail_all_streams(engine, sig, name, n=6):
     async def stream(i):
         rid = f"long{i}"
         try:
-            async for out in engine.generate([3 + i, 4, 5], SamplingParams(max_tokens=10000, **GREEDY), rid):
+            async for out in engine.generate(
+                [3 + i, 4, 5], SamplingParams(max_tokens=10000, **GREEDY), rid
+            ):
                 got[rid] = out
         except EngineDeadError as e:
             errors[rid] = (time.monotonic(), str(e))
@@ -271,7 +298,8 @@ async def test_unified_worker_killed_or_frozen_under_load(single, expected, sig)
     engine = single
     await wait_clean(engine, 60)  # (whatever an earlier scenario left has settled)
     old = await fail_all_streams(engine, sig, "unified")
-    with pytest.raises(EngineDeadError, match=f"unified worker 0 \\(pid {old}\\)"):  # fails fast, at the call
+    # fails fast, at the call
+    with pytest.raises(EngineDeadError, match=f"unified worker 0 \\(pid {old}\\)"):
         for _ in range(200):
             engine.generate([1, 2], SamplingParams(max_tokens=2))
             await asyncio.sleep(0.01)
@@ -303,8 +331,10 @@ async def test_a_freeze_under_the_heartbeat_deadline_is_not_a_death(single, expe
     await settled(engine, expected)
 
 
-# ---- single: a restart that fails once ---------------------------------------------------------------
-async def test_restart_fails_while_the_checkpoint_is_unreadable_then_recovers(single, expected, ckpt_copy):
+# ---- single: a restart that fails once -----------------------------------------------------------
+async def test_restart_fails_while_the_checkpoint_is_unreadable_then_recovers(
+    single, expected, ckpt_copy
+):
     engine = single
     weights, hidden = ckpt_copy / "model.safetensors", ckpt_copy / "hidden.safetensors"
     await wait_clean(engine, 60)
@@ -324,9 +354,12 @@ async def test_restart_fails_while_the_checkpoint_is_unreadable_then_recovers(si
     await settled(engine, expected, gone=[old])
 
 
-# ---- single: fuzzed requests -------------------------------------------------------------------------
-ODD = st.one_of(st.none(), st.booleans(), st.text(max_size=3), st.floats(allow_nan=True), st.just([1]))
-BIG = st.sampled_from([2**63, -(2**63) - 1, 2**64, 10**30])  # past int64 (what msgpack and the workers carry)
+# ---- single: fuzzed requests ---------------------------------------------------------------------
+ODD = st.one_of(
+    st.none(), st.booleans(), st.text(max_size=3), st.floats(allow_nan=True), st.just([1])
+)
+# past int64 (what msgpack and the workers carry)
+BIG = st.sampled_from([2**63, -(2**63) - 1, 2**64, 10**30])
 INT64 = st.integers(-(2**63), 2**63 - 1)
 LOOPS = st.one_of(st.none(), st.integers(1, 4))  # the tiny Ouro's depth is 4
 VALID = {  # SamplingParams fields: values the engine must run (short: at most 6 tokens)
@@ -344,26 +377,43 @@ VALID = {  # SamplingParams fields: values the engine must run (short: at most 6
 }
 BAD = {  # ... and values out of range or of the wrong type
     "max_tokens": st.one_of(st.integers(-3, 0), st.integers(65530, 70000), BIG, ODD),
-    "temperature": st.one_of(st.floats(-1, -1e-9), st.sampled_from([math.inf, -math.inf, math.nan]), ODD),
+    "temperature": st.one_of(
+        st.floats(-1, -1e-9), st.sampled_from([math.inf, -math.inf, math.nan]), ODD
+    ),
     "top_k": st.one_of(st.integers(-5, -2), BIG, ODD),
     "top_p": st.one_of(st.floats(-1, 0), st.floats(1.0001, 3), ODD),
     "seed": st.one_of(BIG, st.booleans(), st.floats(), st.text(max_size=2)),
-    "min_loops": st.one_of(st.integers(-2, 0), st.integers(5, 9), BIG, st.booleans(), st.floats(), st.text()),
-    "max_loops": st.one_of(st.integers(-2, 0), st.integers(5, 9), BIG, st.booleans(), st.floats(), st.text()),
-    "exit_threshold": st.one_of(st.floats(-2, -1e-9), st.floats(1.0001, 3), st.floats(allow_nan=True), BIG),
-    "stop_token_ids": st.one_of(st.lists(st.one_of(st.integers(-3, 600), BIG, ODD), min_size=1), ODD),
+    "min_loops": st.one_of(
+        st.integers(-2, 0), st.integers(5, 9), BIG, st.booleans(), st.floats(), st.text()
+    ),
+    "max_loops": st.one_of(
+        st.integers(-2, 0), st.integers(5, 9), BIG, st.booleans(), st.floats(), st.text()
+    ),
+    "exit_threshold": st.one_of(
+        st.floats(-2, -1e-9), st.floats(1.0001, 3), st.floats(allow_nan=True), BIG
+    ),
+    "stop_token_ids": st.one_of(
+        st.lists(st.one_of(st.integers(-3, 600), BIG, ODD), min_size=1), ODD
+    ),
     "ignore_eos": st.one_of(st.integers(), st.text(max_size=2), st.none()),
-    "logprobs": st.one_of(st.integers(-3, -1), st.integers(513, 600), BIG, st.booleans(), st.floats(), st.text()),
+    "logprobs": st.one_of(
+        st.integers(-3, -1), st.integers(513, 600), BIG, st.booleans(), st.floats(), st.text()
+    ),
 }
 VALID_PARAMS = st.fixed_dictionaries({}, optional=VALID).map(lambda kw: ("kwargs", kw))
 ONE_BAD_PARAM = st.sampled_from(sorted(BAD)).flatmap(
-    lambda bad: st.fixed_dictionaries({bad: BAD[bad]}, optional={k: v for k, v in VALID.items() if k != bad})
+    lambda bad: st.fixed_dictionaries(
+        {bad: BAD[bad]}, optional={k: v for k, v in VALID.items() if k != bad}
+    )
 )
 ANY_PARAMS = st.one_of(
     VALID_PARAMS,
     ONE_BAD_PARAM.map(lambda kw: ("kwargs", kw)),
-    st.fixed_dictionaries({}, optional={k: st.one_of(VALID[k], BAD[k]) for k in VALID}).map(lambda kw: ("kwargs", kw)),
-    st.fixed_dictionaries({"bogus": st.integers()}, optional=VALID).map(lambda kw: ("kwargs", kw)),  # TypeError
+    st.fixed_dictionaries({}, optional={k: st.one_of(VALID[k], BAD[k]) for k in VALID}).map(
+        lambda kw: ("kwargs", kw)
+    ),
+    # TypeError
+    st.fixed_dictionaries({"bogus": st.integers()}, optional=VALID).map(lambda kw: ("kwargs", kw)),
     st.sampled_from([("none", None), ("dict", {"max_tokens": 2}), ("str", "greedy")]),
 )
 VALID_PROMPTS = st.one_of(
@@ -371,13 +421,21 @@ VALID_PROMPTS = st.one_of(
     st.tuples(st.integers(0, 511), st.integers(0, 511)),
     st.text(min_size=1, max_size=24),  # tokenized by the checkpoint's tokenizer
 )
-TOKEN = st.one_of(st.integers(0, 511), st.integers(-3, 520), BIG, st.booleans(), st.floats(), st.none(), st.text())
+TOKEN = st.one_of(
+    st.integers(0, 511), st.integers(-3, 520), BIG, st.booleans(), st.floats(), st.none(), st.text()
+)
 ANY_PROMPTS = st.one_of(
     VALID_PROMPTS,
     st.lists(TOKEN, max_size=6),
     st.text(max_size=24),
-    st.text(st.characters(categories=["L", "N", "Zs", "Cs"]), max_size=8),  # lone surrogates: not encodable
-    st.one_of(st.none(), st.integers(), st.binary(max_size=4), st.dictionaries(st.text(max_size=2), st.integers())),
+    # lone surrogates: not encodable
+    st.text(st.characters(categories=["L", "N", "Zs", "Cs"]), max_size=8),
+    st.one_of(
+        st.none(),
+        st.integers(),
+        st.binary(max_size=4),
+        st.dictionaries(st.text(max_size=2), st.integers()),
+    ),
 )
 VALID_IDS = st.one_of(st.none(), st.text(min_size=1, max_size=8).filter(lambda s: s != "live"))
 REQUESTS = st.one_of(  # half of them valid: they must stream to a finished output
@@ -393,7 +451,11 @@ REQUESTS = st.one_of(  # half of them valid: they must stream to a finished outp
 
 # derandomized: CI runs the same 150 examples every time (a failure reproduces)
 @settings(
-    max_examples=150, deadline=None, database=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow]
+    max_examples=150,
+    deadline=None,
+    database=None,
+    derandomize=True,
+    suppress_health_check=[HealthCheck.too_slow],
 )
 @given(request=REQUESTS)
 async def test_fuzzed_requests_fail_at_the_call_or_finish(single, request):
@@ -417,7 +479,9 @@ async def test_fuzzed_requests_fail_at_the_call_or_finish(single, request):
             assert isinstance(e, ValueError) and str(e)
             after = engine.stats()
             assert after.live_requests == before.live_requests == 1
-            assert [w.credit_slots for w in after.workers] == [w.credit_slots for w in before.workers]
+            assert [w.credit_slots for w in after.workers] == [
+                w.credit_slots for w in before.workers
+            ]
             event(f"RequestError: {str(e).split()[0]}")
             return
         outs = await asyncio.wait_for(collect_all(stream), 60)
@@ -435,7 +499,8 @@ async def test_fuzzed_requests_fail_at_the_call_or_finish(single, request):
     assert (
         n == p.max_tokens
         if final.finish_reason == "length"
-        else final.token_ids[-1] in (set(p.stop_token_ids) | (set() if p.ignore_eos else set(mc.eos_token_ids)))
+        else final.token_ids[-1]
+        in (set(p.stop_token_ids) | (set() if p.ignore_eos else set(mc.eos_token_ids)))
     )
     hi = p.max_loops or mc.depth
     assert len(final.exit_depths) == n and final.exit_depths[0] == hi  # prompts run at max_loops
@@ -456,7 +521,7 @@ async def test_engine_serves_exactly_after_the_fuzz(single, expected):
     await settled(single, expected)
 
 
-# ---- 1p1d: the prefill or the decode worker killed or frozen under load; an abort storm --------------
+# ---- 1p1d: the prefill or the decode worker killed or frozen under load; an abort storm ----------
 @pytest.mark.parametrize("victim", ["prefill", "decode"])
 @pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGSTOP], ids=lambda s: s.name)
 async def test_pd_worker_killed_or_frozen_under_load(pd, expected, victim, sig):
@@ -484,7 +549,8 @@ async def test_pd_worker_killed_or_frozen_under_load(pd, expected, victim, sig):
     pid = next(w.pid for w in engine.stats().workers if w.role == victim)
     t0 = time.monotonic()
     os.kill(pid, sig)
-    assert await engine.abort("dec1")  # racing the death: it ends as aborted, its blocks return once
+    # racing the death: it ends as aborted, its blocks return once
+    assert await engine.abort("dec1")
     await asyncio.wait_for(asyncio.gather(*tasks), 60)
     aborted = results.pop("dec1")
     assert aborted.finish_reason == "abort" and prefix_of(aborted, expected["dec1"]), aborted
@@ -492,10 +558,15 @@ async def test_pd_worker_killed_or_frozen_under_load(pd, expected, victim, sig):
     failed = {rid for rid, r in results.items() if isinstance(r, tuple)}
     for rid in failed:
         t, e = results[rid]
-        assert re.fullmatch(rf"{victim} worker 0 \(pid {pid}\) {HOW[sig]}", str(e)) and t - t0 < DETECT_S, (rid, e)
+        assert (
+            re.fullmatch(rf"{victim} worker 0 \(pid {pid}\) {HOW[sig]}", str(e))
+            and t - t0 < DETECT_S
+        ), (rid, e)
     for rid in set(results) - failed:
         out = results[rid]
-        assert out.finish_reason == "length" and (out.token_ids, out.exit_depths) == expected[rid], (rid, out)
+        assert (
+            out.finish_reason == "length" and (out.token_ids, out.exit_depths) == expected[rid]
+        ), (rid, out)
     prefilling = {r for r, ph in phases.items() if ph == Phase.PREFILLING}
     assert prefilling and prefilling <= failed, phases  # they cannot finish without either worker
     assert failed <= {r for r, ph in phases.items() if ph is not None}, phases
@@ -509,11 +580,14 @@ async def test_pd_abort_storm(pd, expected):
     reserved, prefilling on the prefill worker, transferring, decoding)."""
     await wait_clean(pd, 60)
     used, verified = await storm(pd, expected, lanes=32, rounds=8)
-    assert sum(used.values()) == 256 and min(used.values()) >= 15 and verified >= 50, (used, verified)
+    assert sum(used.values()) == 256 and min(used.values()) >= 15 and verified >= 50, (
+        used,
+        verified,
+    )
     await settled(pd, expected)
 
 
-# ---- 1p1d: injected NIXL write failures and lost notifications ---------------------------------------
+# ---- 1p1d: injected NIXL write failures and lost notifications -----------------------------------
 async def test_pd_transfer_faults_fail_only_their_requests(pd, expected):
     engine = pd
     timeout = PD_OPTIONS["transfer_timeout"]
@@ -524,23 +598,34 @@ async def test_pd_transfer_faults_fail_only_their_requests(pd, expected):
 
     rids = ["bad0", "lost0", "ok0", "ok1", "bad1", "lost1", "ok2", "ok3"]
     t0 = time.monotonic()
-    outs = dict(zip(rids, await asyncio.wait_for(asyncio.gather(*(final(r) for r in rids)), timeout + 30)))
+    outs = dict(
+        zip(rids, await asyncio.wait_for(asyncio.gather(*(final(r) for r in rids)), timeout + 30))
+    )
     for rid, out in outs.items():
         prompt = PD_REQS[rid][0]
         assert prefix_of(out, expected[rid]), rid
         if rid.startswith("bad"):
-            assert out.finish_reason == "error" and out.error == "injected transfer fault (prompt starts with token 99)"
-        elif rid.startswith("lost"):  # the first token came from the prefill worker; the rest never will
+            assert (
+                out.finish_reason == "error"
+                and out.error == "injected transfer fault (prompt starts with token 99)"
+            )
+        # the first token came from the prefill worker; the rest never will
+        elif rid.startswith("lost"):
             chunks = -(-len(prompt) // SMALL["prefill_chunk"])
             assert out.finish_reason == "error" and len(out.token_ids) == 1, out
-            assert out.error == f"KV transfer incomplete: 0 of {chunks} chunks arrived within {timeout} s"
+            assert (
+                out.error
+                == f"KV transfer incomplete: 0 of {chunks} chunks arrived within {timeout} s"
+            )
         else:
-            assert out.finish_reason == "length" and (out.token_ids, out.exit_depths) == expected[rid], rid
+            assert (
+                out.finish_reason == "length" and (out.token_ids, out.exit_depths) == expected[rid]
+            ), rid
     assert time.monotonic() - t0 < timeout + 15
     await settled(engine, expected)
 
 
-# ---- the coordinator dies: at start-up, and mid-stream -----------------------------------------------
+# ---- the coordinator dies: at start-up, and mid-stream -------------------------------------------
 COORDINATOR = """
 import asyncio, sys
 import rlt

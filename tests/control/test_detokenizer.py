@@ -22,7 +22,11 @@ TEXTS = (
 
 def _bytes_to_unicode() -> dict[int, str]:
     """GPT-2's byte -> printable char map, which the ByteLevel pre-tokenizer uses."""
-    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    bs = (
+        list(range(ord("!"), ord("~") + 1))
+        + list(range(ord("¡"), ord("¬") + 1))
+        + list(range(ord("®"), ord("ÿ") + 1))
+    )
     cs = bs[:]
     n = 0
     for b in range(256):
@@ -46,7 +50,9 @@ def _byte_ids(tok) -> list[int]:
 
 
 def _specials(tok) -> list[int]:
-    return sorted(i for i, t in tok.backend_tokenizer.get_added_tokens_decoder().items() if t.special)
+    return sorted(
+        i for i, t in tok.backend_tokenizer.get_added_tokens_decoder().items() if t.special
+    )
 
 
 def _check(tok, chunks, skip_special_tokens=True):
@@ -151,7 +157,9 @@ def test_multibyte_text(toks, family):
         with_eos = [x for i in ids for x in (i, eos)]
         assert _check(tok, [[i] for i in with_eos]) == text
         assert _check(tok, [with_eos[i : i + 3] for i in range(0, len(with_eos), 3)]) == text
-    assert _check(tok, [[i] for i in tok.encode("".join(TEXTS), add_special_tokens=False)]) == "".join(TEXTS)
+    assert _check(
+        tok, [[i] for i in tok.encode("".join(TEXTS), add_special_tokens=False)]
+    ) == "".join(TEXTS)
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -189,7 +197,11 @@ def test_special_tokens_kept(toks, family):
     tok = toks[family]
     b, specials = _byte_ids(tok), _specials(tok)
     ids = tok.encode(TEXTS[2], add_special_tokens=False)
-    mixed = [[x] for i in ids for x in (i, specials[i % len(specials)])] + [[b[0xE4]], [specials[0]], [b[0xB8]]]
+    mixed = [[x] for i in ids for x in (i, specials[i % len(specials)])] + [
+        [b[0xE4]],
+        [specials[0]],
+        [b[0xB8]],
+    ]
     text = _check(tok, mixed, skip_special_tokens=False)
     assert text == tok.decode([x for c in mixed for x in c]) and text.endswith("\ufffd")
     assert tok.decode([specials[0]]) in text
@@ -204,7 +216,9 @@ def test_update_takes_the_cumulative_list(toks, family):
     n = 0
     while n < len(ids):
         n = min(len(ids), n + rng.randint(0, 4))
-        assert d.update(ids[:n], final=n == len(ids)) == tok.decode(ids[:n], skip_special_tokens=True)
+        assert d.update(ids[:n], final=n == len(ids)) == tok.decode(
+            ids[:n], skip_special_tokens=True
+        )
     assert d.text == TEXTS[1] + TEXTS[2] and d.num_tokens == len(ids)
 
 
@@ -230,8 +244,16 @@ def _streams(tok):
     text = (text * (n // len(text) + 1))[:n]
     rng = random.Random(0)
     b, specials, vocab = _byte_ids(tok), _specials(tok), len(tok)
-    mixed = [rng.choice((b[rng.randrange(0x80, 0x100)], rng.choice(specials), rng.randrange(vocab))) for _ in range(n)]
-    return {"text": text, "random": mixed, "lead byte": [b[0xC3]] * n, "eos": [tok.eos_token_id] * n}
+    mixed = [
+        rng.choice((b[rng.randrange(0x80, 0x100)], rng.choice(specials), rng.randrange(vocab)))
+        for _ in range(n)
+    ]
+    return {
+        "text": text,
+        "random": mixed,
+        "lead byte": [b[0xC3]] * n,
+        "eos": [tok.eos_token_id] * n,
+    }
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -300,11 +322,20 @@ def _sentencepiece_style():
     t = Tokenizer(models.BPE(vocab=vocab, merges=merges, unk_token="<unk>", byte_fallback=True))
     t.normalizer = normalizers.Sequence([normalizers.Prepend("▁"), normalizers.Replace(" ", "▁")])
     t.decoder = decoders.Sequence(
-        [decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(), decoders.Strip(" ", 1, 0)]
+        [
+            decoders.Replace("▁", " "),
+            decoders.ByteFallback(),
+            decoders.Fuse(),
+            decoders.Strip(" ", 1, 0),
+        ]
     )
     t.add_special_tokens(["<s>", "</s>"])
     return PreTrainedTokenizerFast(
-        tokenizer_object=t, bos_token="<s>", eos_token="</s>", unk_token="<unk>", clean_up_tokenization_spaces=False
+        tokenizer_object=t,
+        bos_token="<s>",
+        eos_token="</s>",
+        unk_token="<unk>",
+        clean_up_tokenization_spaces=False,
     )
 
 

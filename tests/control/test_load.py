@@ -23,7 +23,7 @@ from tests.serve.helpers import drain, free_port, scrape
 HANG_GUARD_S = 300  # a test that hangs fails here instead of holding CI (not a speed bound)
 
 
-# ---- the Python API ---------------------------------------------------------------------------------
+# ---- the Python API ------------------------------------------------------------------------------
 async def _run(engine, prompt, sp):
     try:
         async for out in engine.generate(prompt, sp):
@@ -39,10 +39,14 @@ async def test_thousands_at_once_all_finish_or_are_refused(checkpoints):
     call; then 3,000 against the default queue, which holds them all. Every request that ran got
     exactly its tokens, and the engine is empty after."""
     sp = SamplingParams(max_tokens=3, temperature=0, ignore_eos=True)
-    for options, ran in ((dict(max_queued_requests=500, max_num_seqs=32), 2 * 32 + 500), ({}, 3000)):
+    for options, ran in (
+        (dict(max_queued_requests=500, max_num_seqs=32), 2 * 32 + 500),
+        ({}, 3000),
+    ):
         async with rlt.Engine.launch(checkpoints["ouro"], **options) as engine:
             outs = await asyncio.wait_for(
-                asyncio.gather(*(_run(engine, [5 + i % 40, 6, 7], sp) for i in range(3000))), HANG_GUARD_S
+                asyncio.gather(*(_run(engine, [5 + i % 40, 6, 7], sp) for i in range(3000))),
+                HANG_GUARD_S,
             )
             done = [o for o in outs if o != "refused"]
             assert len(done) == ran  # (the worker holds 2 x max_num_seqs, the queue the rest)
@@ -68,13 +72,20 @@ async def test_queued_requests_go_by_priority_and_abort_at_once(checkpoints):
 
         tasks = [asyncio.ensure_future(one(f"p{p}-{i}", p)) for i, p in enumerate([3, 1, 2, 1])]
         await asyncio.sleep(0)
-        assert engine.stats().queued_requests == 4 and engine.request_phase("p3-0").value == "queued"
+        assert (
+            engine.stats().queued_requests == 4 and engine.request_phase("p3-0").value == "queued"
+        )
         assert await engine.abort("p2-2")
         assert engine.stats().queued_requests == 3
         for b in blockers:
             await b.aclose()
         await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), HANG_GUARD_S)
-        assert order == [("p2-2", "abort"), ("p1-1", "length"), ("p1-3", "length"), ("p3-0", "length")]
+        assert order == [
+            ("p2-2", "abort"),
+            ("p1-1", "length"),
+            ("p1-3", "length"),
+            ("p3-0", "length"),
+        ]
         assert engine.stats().workers[0].credit_slots == 0
 
 
@@ -99,15 +110,27 @@ async def test_abort_storm_of_thousands_frees_everything(checkpoints):
         assert again.token_ids == expected.token_ids
 
 
-# ---- rlt serve ----------------------------------------------------------------------------------------
+# ---- rlt serve -----------------------------------------------------------------------------------
 class Server:
     """`rlt serve` in its own temp dir (to see what it leaves behind), until its ready line."""
 
     def __init__(self, model: str, tmp_path, *flags: str):
         self.port, self.tmp = free_port(), str(tmp_path)
         env = {**os.environ, "TMPDIR": self.tmp}
-        argv = [sys.executable, "-m", "rlt", "serve", model, "--port", str(self.port), *FAST_ARGS, *flags]
-        self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+        argv = [
+            sys.executable,
+            "-m",
+            "rlt",
+            "serve",
+            model,
+            "--port",
+            str(self.port),
+            *FAST_ARGS,
+            *flags,
+        ]
+        self.proc = subprocess.Popen(
+            argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env
+        )
         self.url = f"http://127.0.0.1:{self.port}/v1"
         deadline, lines = time.monotonic() + 90, []
         while "ready at" not in (line := self.proc.stdout.readline()):
@@ -176,7 +199,12 @@ async def test_five_thousand_concurrent_requests_and_calls_of_thousands_of_promp
     before = scrape(s.url)
     body = {"max_tokens": 2, "temperature": 0, "ignore_eos": True}
     results = await asyncio.wait_for(
-        asyncio.gather(*(http(s.port, "/v1/completions", body | {"prompt": [5 + i % 40, 6, 7]}) for i in range(5000))),
+        asyncio.gather(
+            *(
+                http(s.port, "/v1/completions", body | {"prompt": [5 + i % 40, 6, 7]})
+                for i in range(5000)
+            )
+        ),
         HANG_GUARD_S,
     )
     statuses = collections.Counter(r[0] for r in results)
@@ -207,7 +235,8 @@ async def test_five_thousand_concurrent_requests_and_calls_of_thousands_of_promp
     while (m := scrape(s.url))["rlt:num_requests_running"] or m["rlt:num_requests_waiting"]:
         assert time.monotonic() < deadline, m
         await asyncio.sleep(0.1)
-    assert m[length] - before.get(length, 0) == statuses[200] + 3000  # (none of the refused call's ran on)
+    # (none of the refused call's ran on)
+    assert m[length] - before.get(length, 0) == statuses[200] + 3000
 
 
 async def test_disconnect_storms_abort_every_request(server):
@@ -280,7 +309,8 @@ async def test_sigterm_under_load_fails_what_is_left_after_the_deadline(server, 
     await asyncio.wait_for(asyncio.gather(*tasks), HANG_GUARD_S)
     for ev in events:
         assert b'"error"' in ev[-2] and ev[-1] == b"[DONE]", ev[-3:]
-    assert s.proc.wait(HANG_GUARD_S) == (130 if sig == signal.SIGINT else -sig)  # (Ctrl-C: "rlt: interrupted")
+    # (Ctrl-C: "rlt: interrupted")
+    assert s.proc.wait(HANG_GUARD_S) == (130 if sig == signal.SIGINT else -sig)
     assert s.leftovers() == ([], [])
 
 

@@ -21,13 +21,17 @@ def _wait(check, what: str, proc: subprocess.Popen, log: str, timeout: float = 9
     while not check():
         if proc.poll() is not None or time.monotonic() > deadline:
             with open(log) as f:
-                raise AssertionError(f"{what} did not come up (exit {proc.poll()}):\n{f.read()[-3000:]}")
+                raise AssertionError(
+                    f"{what} did not come up (exit {proc.poll()}):\n{f.read()[-3000:]}"
+                )
         time.sleep(0.2)
 
 
 def _start(argv: list[str], log: str, env: dict) -> subprocess.Popen:
     with open(log, "w") as f:
-        return subprocess.Popen(argv, stdout=f, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        return subprocess.Popen(
+            argv, stdout=f, stderr=subprocess.STDOUT, env=env, start_new_session=True
+        )
 
 
 def _stop(proc: subprocess.Popen, sig=signal.SIGINT, timeout: float = 30.0) -> None:
@@ -38,7 +42,9 @@ def _stop(proc: subprocess.Popen, sig=signal.SIGINT, timeout: float = 30.0) -> N
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
-            raise AssertionError(f"{proc.args[:4]} did not exit within {timeout} s of {sig.name}") from None
+            raise AssertionError(
+                f"{proc.args[:4]} did not exit within {timeout} s of {sig.name}"
+            ) from None
 
 
 def _stop_all(procs, sig=signal.SIGINT, timeout: float = 30.0) -> None:
@@ -62,8 +68,18 @@ class Infra:
         port, peer, http = free_port(), free_port(), free_port()
         # UCX_TLS=tcp: KV moves over TCP on the loopback, as between hosts without RDMA (not through
         # the shared-memory transports processes of one host could use)
-        self.env = os.environ | {"ETCD_ENDPOINTS": f"http://127.0.0.1:{port}", "DYN_LOG": "warn", "UCX_TLS": "tcp"}
-        etcd = ["etcd", "--data-dir", os.path.join(tmp, "etcd"), "--listen-client-urls", f"http://127.0.0.1:{port}"]
+        self.env = os.environ | {
+            "ETCD_ENDPOINTS": f"http://127.0.0.1:{port}",
+            "DYN_LOG": "warn",
+            "UCX_TLS": "tcp",
+        }
+        etcd = [
+            "etcd",
+            "--data-dir",
+            os.path.join(tmp, "etcd"),
+            "--listen-client-urls",
+            f"http://127.0.0.1:{port}",
+        ]
         etcd += [
             "--advertise-client-urls",
             f"http://127.0.0.1:{port}",
@@ -71,8 +87,21 @@ class Infra:
             f"http://127.0.0.1:{peer}",
         ]
         self.etcd = _start(etcd, os.path.join(tmp, "etcd.log"), self.env)
-        _wait(lambda: _get(f"http://127.0.0.1:{port}/health") is not None, "etcd", self.etcd, f"{tmp}/etcd.log")
-        front = [sys.executable, "-m", "dynamo.frontend", "--http-port", str(http), "--discovery-backend", "etcd"]
+        _wait(
+            lambda: _get(f"http://127.0.0.1:{port}/health") is not None,
+            "etcd",
+            self.etcd,
+            f"{tmp}/etcd.log",
+        )
+        front = [
+            sys.executable,
+            "-m",
+            "dynamo.frontend",
+            "--http-port",
+            str(http),
+            "--discovery-backend",
+            "etcd",
+        ]
         front += frontend_flags
         self.frontend = _start(front, os.path.join(tmp, "frontend.log"), self.env)
         self.url = f"http://127.0.0.1:{http}/v1"
@@ -97,9 +126,15 @@ class Stack:
     def log(self, name: str) -> str:
         return os.path.join(self.tmp, f"{name}.log")
 
-    def worker(self, model: str, name: str = "worker", *flags: str, main=("-m", "rlt.dynamo")) -> subprocess.Popen:
+    def worker(
+        self, model: str, name: str = "worker", *flags: str, main=("-m", "rlt.dynamo")
+    ) -> subprocess.Popen:
         argv = [sys.executable, *main, model, "--served-model-name", self.model, *FAST_ARGS, *flags]
-        p = _start(argv + ["--discovery-backend", "etcd", "--namespace", self.namespace], self.log(name), self.env)
+        p = _start(
+            argv + ["--discovery-backend", "etcd", "--namespace", self.namespace],
+            self.log(name),
+            self.env,
+        )
         self.procs.append(p)
         return p
 

@@ -21,7 +21,9 @@ from rlt import SamplingParams
 from tests.dynamo.helpers import Stack, _stop, _tests, assert_clean_exit
 from tests.helpers import HUGINN
 
-pytest.importorskip("dynamo.common.backend", reason="the dynamo extra (README: Dynamo) is not installed")
+pytest.importorskip(
+    "dynamo.common.backend", reason="the dynamo extra (README: Dynamo) is not installed"
+)
 if shutil.which("etcd") is None:
     pytest.skip("no etcd binary (Debian: apt-get install etcd-server)", allow_module_level=True)
 
@@ -76,21 +78,35 @@ def cases(family: str) -> tuple[list[dict], list[SamplingParams]]:
     ]
     if family == "ouro":
         requests.append(
-            dict(max_tokens=9, temperature=0, extra_body={"nvext": {"annotations": ["exit_threshold=0.5"]}})
+            dict(
+                max_tokens=9,
+                temperature=0,
+                extra_body={"nvext": {"annotations": ["exit_threshold=0.5"]}},
+            )
         )
         sps.append(SamplingParams(max_tokens=9, temperature=0, exit_threshold=0.5, logprobs=1))
         spec = ["speculative_loops=1", "speculative_tokens=2"]  # self-speculation: the same tokens
-        requests.append(dict(max_tokens=9, temperature=0, extra_body={"nvext": {"annotations": spec}}))
-        sps.append(SamplingParams(max_tokens=9, temperature=0, logprobs=1, speculative_loops=1, speculative_tokens=2))
+        requests.append(
+            dict(max_tokens=9, temperature=0, extra_body={"nvext": {"annotations": spec}})
+        )
+        sps.append(
+            SamplingParams(
+                max_tokens=9, temperature=0, logprobs=1, speculative_loops=1, speculative_tokens=2
+            )
+        )
     elif family == "huginn":  # an exit criterion; argmax-stability's threshold counts checks
         loop = ["exit_criterion=argmax-stability", "exit_threshold=2"]
-        requests.append(dict(max_tokens=9, temperature=0, extra_body={"nvext": {"annotations": loop}}))
+        requests.append(
+            dict(max_tokens=9, temperature=0, extra_body={"nvext": {"annotations": loop}})
+        )
         crit = dict(exit_criterion="argmax-stability", exit_threshold=2)
         sps.append(SamplingParams(max_tokens=9, temperature=0, logprobs=1, **crit))
     for r in requests:
         body = r.setdefault("extra_body", {})
         body["return_tokens_as_token_ids"] = True
-        body["nvext"] = body.get("nvext", {}) | {"extra_fields": ["completion_token_ids", "engine_data"]}
+        body["nvext"] = body.get("nvext", {}) | {
+            "extra_fields": ["completion_token_ids", "engine_data"]
+        }
     return requests, sps
 
 
@@ -103,7 +119,10 @@ def assert_equal(got, want) -> None:
         assert nvext["completion_token_ids"] == out.token_ids
         assert nvext["engine_data"]["request_exit_depths"] == out.exit_depths
         assert c.logprobs.tokens == [f"token_id:{t}" for t in out.token_ids]
-        assert (c.finish_reason, r.usage.completion_tokens) == (out.finish_reason, len(out.token_ids))
+        assert (c.finish_reason, r.usage.completion_tokens) == (
+            out.finish_reason,
+            len(out.token_ids),
+        )
         lps = [pos[t] for t, pos in zip(out.token_ids, out.logprobs)]
         assert c.logprobs.token_logprobs == pytest.approx(lps, abs=1e-5)
 
@@ -134,16 +153,21 @@ def single_outputs(checkpoints):
     def get(family: str) -> list:
         if family not in memo:
             jobs = [(PROMPT, sp) for sp in cases(family)[1]]
-            memo[family] = asyncio.run(single(checkpoints[family], jobs, HUGINN if family == "huginn" else None))
+            memo[family] = asyncio.run(
+                single(checkpoints[family], jobs, HUGINN if family == "huginn" else None)
+            )
         return memo[family]
 
     return get
 
 
 @pytest.mark.parametrize(
-    "family,nodes", [("ouro", "aggregated"), ("ouro", "prefill+decode"), ("huginn", "prefill+decode")]
+    "family,nodes",
+    [("ouro", "aggregated"), ("ouro", "prefill+decode"), ("huginn", "prefill+decode")],
 )
-def test_completions_through_dynamo_equal_single(checkpoints, stack, single_outputs, request, family, nodes):
+def test_completions_through_dynamo_equal_single(
+    checkpoints, stack, single_outputs, request, family, nodes
+):
     """One aggregated worker; or a prefill node and a decode node (separate processes, separate
     NIXL agents, KV over UCX: the decode node reserves, the prefill node computes every depth plane
     of a prompt of several blocks and writes it into the decode node's blocks, the first token comes
@@ -154,27 +178,46 @@ def test_completions_through_dynamo_equal_single(checkpoints, stack, single_outp
     requests, _ = cases(family)
     flags = ["--hf-overrides", '{"mean_recurrence": 6}'] if family == "huginn" else []
     # aggregated: the module's Ouro node (stopped at the module's end); else nodes of its own
-    shared = contextlib.nullcontext(request.getfixturevalue("ouro_worker")[0]) if nodes == "aggregated" else None
+    shared = (
+        contextlib.nullcontext(request.getfixturevalue("ouro_worker")[0])
+        if nodes == "aggregated"
+        else None
+    )
     with shared or stack() as s:
         if nodes != "aggregated":
             p = s.worker(checkpoints[family], "prefill", "--role", "prefill", *flags)
             w = s.worker(checkpoints[family], "decode", "--role", "decode", *flags)
             s.wait_model(w, "decode")
         client = openai.OpenAI(base_url=s.url, api_key="none", max_retries=0)
-        got = [client.completions.create(model=s.model, prompt=prompt, logprobs=1, **r) for r in requests]
-        # the prompt again: found in the prefix cache (Huginn's like-init KV depends on each one's seed)
+        got = [
+            client.completions.create(model=s.model, prompt=prompt, logprobs=1, **r)
+            for r in requests
+        ]
+        # the prompt again: found in the prefix cache (Huginn's like-init KV depends on each one's
+        # seed)
         cached = [g.usage.prompt_tokens_details.cached_tokens for g in got]
-        assert cached[0] == 0 and (family == "huginn" or cached[1:] == [32] * (len(got) - 1)), cached
+        assert cached[0] == 0 and (family == "huginn" or cached[1:] == [32] * (len(got) - 1)), (
+            cached
+        )
         if family == "huginn":  # a bad loop option: a 400 naming it, rlt's own validation's words
             refused = [
                 (["exit_criterion=halting"], "exit_criterion must be one of gate, latent-diff"),
-                (["exit_criterion=argmax-stability", "exit_threshold=2.5"], "argmax-stability counts checks"),
-                (["exit_criterion=kl", "exit_threshold=x"], "exit_threshold must be a finite number, got 'x'"),
+                (
+                    ["exit_criterion=argmax-stability", "exit_threshold=2.5"],
+                    "argmax-stability counts checks",
+                ),
+                (
+                    ["exit_criterion=kl", "exit_threshold=x"],
+                    "exit_threshold must be a finite number, got 'x'",
+                ),
             ]
             for loop, msg in refused:
                 with pytest.raises(openai.BadRequestError) as e:
                     client.completions.create(
-                        model=s.model, prompt=prompt, max_tokens=2, extra_body={"nvext": {"annotations": loop}}
+                        model=s.model,
+                        prompt=prompt,
+                        max_tokens=2,
+                        extra_body={"nvext": {"annotations": loop}},
                     )
                 assert msg in e.value.message, e.value.message
         if nodes != "aggregated":
@@ -194,7 +237,9 @@ def test_responses_through_dynamos_frontend(ouro_worker):
     kw = dict(model=s.model, input=question, max_output_tokens=6, temperature=0)
     r = client.responses.create(**kw)
     messages = [{"role": "user", "content": question}]
-    chat = client.chat.completions.create(model=s.model, messages=messages, max_tokens=6, temperature=0)
+    chat = client.chat.completions.create(
+        model=s.model, messages=messages, max_tokens=6, temperature=0
+    )
     assert r.output_text == chat.choices[0].message.content and r.output_text
     with client.responses.stream(**kw) as stream:
         events = list(stream)
@@ -217,7 +262,9 @@ def test_two_decode_nodes_share_a_prefill_node(checkpoints, stack):
 
         async def all_at_once():
             calls = [
-                client.completions.create(model=s.model, prompt=q, logprobs=1, **r) for q in prompts for r in requests
+                client.completions.create(model=s.model, prompt=q, logprobs=1, **r)
+                for q in prompts
+                for r in requests
             ]
             return await asyncio.gather(*calls)
 
@@ -264,9 +311,13 @@ def _served_once_up(client, s, prompt, proc, name: str, timeout: float = 90.0):
     deadline = time.monotonic() + timeout
     while True:
         try:
-            return client.completions.create(model=s.model, prompt=prompt, max_tokens=5, temperature=0)
+            return client.completions.create(
+                model=s.model, prompt=prompt, max_tokens=5, temperature=0
+            )
         except openai.APIError:
-            assert time.monotonic() < deadline and proc.poll() is None, open(s.log(name)).read()[-3000:]
+            assert time.monotonic() < deadline and proc.poll() is None, open(s.log(name)).read()[
+                -3000:
+            ]
             time.sleep(0.5)
 
 
@@ -279,9 +330,16 @@ def test_a_killed_prefill_node_fails_only_what_it_holds_and_a_new_one_rejoins(ch
         d = s.worker(checkpoints["ouro"], "decode", "--role", "decode", "--transfer-timeout", "2")
         s.wait_model(d, "decode")
         client = openai.OpenAI(base_url=s.url, api_key="none", max_retries=0, timeout=30)
-        whole = client.completions.create(model=s.model, prompt=[5, 6, 7], max_tokens=300, temperature=0)
+        whole = client.completions.create(
+            model=s.model, prompt=[5, 6, 7], max_tokens=300, temperature=0
+        )
         stream = client.completions.create(
-            model=s.model, prompt=[5, 6, 7], max_tokens=300, temperature=0, stream=True, extra_body={"ignore_eos": True}
+            model=s.model,
+            prompt=[5, 6, 7],
+            max_tokens=300,
+            temperature=0,
+            stream=True,
+            extra_body={"ignore_eos": True},
         )
         texts = []
         for chunk in stream:
@@ -290,8 +348,11 @@ def test_a_killed_prefill_node_fails_only_what_it_holds_and_a_new_one_rejoins(ch
                 os.killpg(p.pid, signal.SIGKILL)  # the prefill node and its rlt worker
                 p.wait()
         assert chunk.choices[-1].finish_reason == "length"
-        with pytest.raises(openai.InternalServerError) as e:  # nobody to prefill it: 503, the reason logged
-            client.completions.create(model=s.model, prompt=[9, 10, 11], max_tokens=5, temperature=0)
+        # nobody to prefill it: 503, the reason logged
+        with pytest.raises(openai.InternalServerError) as e:
+            client.completions.create(
+                model=s.model, prompt=[9, 10, 11], max_tokens=5, temperature=0
+            )
         assert e.value.status_code == 503 and d.poll() is None
         with open(s.log("decode")) as f:
             assert "prefill node" in f.read()  # (no instance, or the dead one still listed)
@@ -306,7 +367,8 @@ def test_a_killed_prefill_node_fails_only_what_it_holds_and_a_new_one_rejoins(ch
     assert "".join(texts) == whole.choices[0].text  # the stream that outlived its prefill node
 
 
-SLOW, SLOW_S = 251, 5.0  # a prompt's first token, and how long its KV write is held (an injected fault)
+# a prompt's first token, and how long its KV write is held (an injected fault)
+SLOW, SLOW_S = 251, 5.0
 SLOWED_NODE = f"""
 import sys
 
@@ -357,8 +419,11 @@ async def test_a_prefill_node_stopped_with_sigterm_finishes_what_it_holds(checkp
                 again = await client.completions.create(model=s.model, prompt=prompt, **kw)
                 break
             except openai.InternalServerError as e:
-                assert e.status_code == 503 and (refused or p.poll() is None)  # (the first while p drains)
-                assert p2.poll() is None and time.monotonic() - t0 < 90, open(s.log("prefill2")).read()[-3000:]
+                # (the first while p drains)
+                assert e.status_code == 503 and (refused or p.poll() is None)
+                assert p2.poll() is None and time.monotonic() - t0 < 90, open(
+                    s.log("prefill2")
+                ).read()[-3000:]
                 refused += 1
                 await asyncio.sleep(0.5)
         first = await held
@@ -366,7 +431,9 @@ async def test_a_prefill_node_stopped_with_sigterm_finishes_what_it_holds(checkp
         assert p.wait(30) == 0 and not _group_alive(p.pid)
         with open(s.log("prefill")) as f:
             log = f.read()
-        assert "0 prefills still held after the drain" in log and "1 prompts prefilled" in log, log[-3000:]
+        assert "0 prefills still held after the drain" in log and "1 prompts prefilled" in log, log[
+            -3000:
+        ]
         tokens = [r.model_extra["nvext"]["completion_token_ids"] for r in (first, again)]
         assert tokens[0] == tokens[1] and len(tokens[0]) == 9, tokens
         _stop(d)
@@ -430,4 +497,6 @@ def test_bad_options_fail_before_starting(checkpoints):
         text=True,
         timeout=60,
     )
-    assert r.returncode == 2 and r.stderr.strip().count("\n") == 0 and "max_num_seqs" in r.stderr, r.stderr
+    assert r.returncode == 2 and r.stderr.strip().count("\n") == 0 and "max_num_seqs" in r.stderr, (
+        r.stderr
+    )

@@ -18,7 +18,9 @@ from rlt.models.tokenizer import load_tokenizer
 from tests.dynamo.helpers import Stack, _tests
 from tests.serve.helpers import CHOICES, PARAMS, REGEX, SCHEMA, TOOLS, USER, WEATHER
 
-pytest.importorskip("dynamo.common.backend", reason="the dynamo extra (README: Dynamo) is not installed")
+pytest.importorskip(
+    "dynamo.common.backend", reason="the dynamo extra (README: Dynamo) is not installed"
+)
 
 pytestmark = pytest.mark.slow
 
@@ -63,7 +65,9 @@ def nodes(checkpoints, infra, tmp_path_factory):  # noqa: F811
         for family, s in stacks.items():
             # (nothing in flight at the end: no 5 s grace period)
             s.env = s.env | {"DYN_GRACEFUL_SHUTDOWN_GRACE_PERIOD_SECS": "0", "PYTHONPATH": path}
-            flags = ["--custom-jinja-template", str(tmp / "tools.jinja")] if family == "ouro" else []
+            flags = (
+                ["--custom-jinja-template", str(tmp / "tools.jinja")] if family == "ouro" else []
+            )
             procs[family] = s.worker(checkpoints[family], "worker", *flags)
         for family, s in stacks.items():
             s.wait_model(procs[family])
@@ -93,10 +97,16 @@ def test_response_format_and_guided_options_constrain_the_output(node):
         assert re.fullmatch(REGEX, r.choices[0].message.content), r.choices[0].message.content
         r = client.chat.completions.create(**kw, seed=seed, extra_body={"guided_choice": CHOICES})
         assert r.choices[0].message.content in CHOICES
-    r = client.chat.completions.create(**(kw | {"max_tokens": 8}), response_format={"type": "json_object"})
-    assert r.choices[0].message.content.startswith("{")  # (any object: its keys and strings run long)
+    r = client.chat.completions.create(
+        **(kw | {"max_tokens": 8}), response_format={"type": "json_object"}
+    )
+    # (any object: its keys and strings run long)
+    assert r.choices[0].message.content.startswith("{")
     r = client.completions.create(
-        model=model, prompt=[5, 6, 7], max_tokens=9, extra_body={"guided_grammar": 'root ::= "x" [0-9]'}
+        model=model,
+        prompt=[5, 6, 7],
+        max_tokens=9,
+        extra_body={"guided_grammar": 'root ::= "x" [0-9]'},
     )
     assert re.fullmatch("x[0-9]", r.choices[0].text)
     refused = [
@@ -104,7 +114,8 @@ def test_response_format_and_guided_options_constrain_the_output(node):
         ({"guided_json": SCHEMA, "guided_whitespace_pattern": " "}, "guided_whitespace_pattern"),
         ({"guided_json": SCHEMA, "guided_decoding_backend": "outlines"}, "guided_decoding_backend"),
         ({"allowed_token_ids": [5, 6]}, "allowed_token_ids"),
-        ({"guided_regex": INJECTED}, "structured_output.regex: injected"),  # (its compile failed in the worker)
+        # (its compile failed in the worker)
+        ({"guided_regex": INJECTED}, "structured_output.regex: injected"),
     ]
     for extra, name in refused:
         with pytest.raises(openai.BadRequestError) as e:
@@ -120,13 +131,18 @@ def test_tools_reach_the_template_and_calls_come_back_as_tool_calls(checkpoints,
     client, model = node
     tok = load_tokenizer(checkpoints["ouro"])
     kw = dict(model=model, messages=USER, tools=TOOLS, max_tokens=150, temperature=1.0)
-    for choice, tools in (("auto", TOOLS), ("none", None)):  # (none: the template gets no tools, as vLLM's)
+    # (none: the template gets no tools, as vLLM's)
+    for choice, tools in (("auto", TOOLS), ("none", None)):
         r = client.chat.completions.create(**(kw | {"max_tokens": 1}), tool_choice=choice)
-        prompt = jinja2.Template(TEMPLATE).render(messages=USER, tools=tools, add_generation_prompt=True)
+        prompt = jinja2.Template(TEMPLATE).render(
+            messages=USER, tools=tools, add_generation_prompt=True
+        )
         assert r.usage.prompt_tokens == len(tok(prompt).input_ids)
     named = {"type": "function", "function": {"name": "get_weather"}}
     for seed in range(3):
-        r = client.chat.completions.create(**kw, seed=seed, tool_choice="required", parallel_tool_calls=False)
+        r = client.chat.completions.create(
+            **kw, seed=seed, tool_choice="required", parallel_tool_calls=False
+        )
         (call,) = _calls(r.choices[0].message)  # (one call at most: maxItems 1)
         jsonschema.validate(call[1], PARAMS[call[0]])
         assert r.choices[0].finish_reason == "tool_calls"
@@ -139,7 +155,11 @@ def test_tools_reach_the_template_and_calls_come_back_as_tool_calls(checkpoints,
     extra = {"guided_regex": re.escape(text)}
     r = client.chat.completions.create(**kw, tool_choice="auto", extra_body=extra)
     m = r.choices[0].message
-    assert (m.content, _calls(m), r.choices[0].finish_reason) == ("Sure. ", [("search", {"q": True})], "tool_calls")
+    assert (m.content, _calls(m), r.choices[0].finish_reason) == (
+        "Sure. ",
+        [("search", {"q": True})],
+        "tool_calls",
+    )
     stream = client.chat.completions.create(**kw, tool_choice="auto", extra_body=extra, stream=True)
     content, args, names, ends = "", "", [], []
     for chunk in stream:
@@ -149,14 +169,21 @@ def test_tools_reach_the_template_and_calls_come_back_as_tool_calls(checkpoints,
                 names += [d.function.name] if d.function.name else []
                 args += d.function.arguments or ""
             ends += [c.finish_reason] if c.finish_reason else []
-    assert (content, names, json.loads(args), ends) == ("Sure. ", ["search"], {"q": True}, ["tool_calls"])
+    assert (content, names, json.loads(args), ends) == (
+        "Sure. ",
+        ["search"],
+        {"q": True},
+        ["tool_calls"],
+    )
 
 
 def test_prompt_logprobs_come_back(node):
     """prompt_logprobs (chat's top-level field): None for the first prompt token, then the prompt
     token's logprob with the top ones, ranked."""
     client, model = node
-    r = client.chat.completions.create(model=model, messages=USER, max_tokens=1, extra_body={"prompt_logprobs": 2})
+    r = client.chat.completions.create(
+        model=model, messages=USER, max_tokens=1, extra_body={"prompt_logprobs": 2}
+    )
     pls = r.model_extra["prompt_logprobs"]
     assert len(pls) == r.usage.prompt_tokens and pls[0] is None
     for pos in pls[1:]:
@@ -191,8 +218,11 @@ def test_a_grammar_under_reasoning_starts_where_the_reasoning_ends(nodes, checkp
             closed.append((seed, out[: out.index(end) + 1]))
     assert len(closed) == 2, free
     for seed, reasoning in closed:
-        r = client.chat.completions.create(**kw, seed=seed, max_tokens=80, response_format=fmt, extra_body=extra)
+        r = client.chat.completions.create(
+            **kw, seed=seed, max_tokens=80, response_format=fmt, extra_body=extra
+        )
         m = r.choices[0].message
         assert ids(r)[: len(reasoning)] == reasoning and r.choices[0].finish_reason == "stop"
         jsonschema.validate(json.loads(m.content), SCHEMA)
-        assert m.model_extra["reasoning_content"]  # (the frontend's split: the text before </think>)
+        # (the frontend's split: the text before </think>)
+        assert m.model_extra["reasoning_content"]

@@ -24,7 +24,9 @@ from tests.dynamo.helpers import Infra, _get, _start, _stop_all, _wait, assert_c
 from tests.helpers import FAST_ARGS
 from tests.processes import parent, workers_of
 
-pytest.importorskip("dynamo.common.backend", reason="the dynamo extra (README: Dynamo) is not installed")
+pytest.importorskip(
+    "dynamo.common.backend", reason="the dynamo extra (README: Dynamo) is not installed"
+)
 
 # alone: each second turn must reach the router after the first turn's KV event and end have (they
 # travel apart from the response); a second busy test worker can hold them back that long
@@ -52,10 +54,25 @@ class KvStack(Infra):
         super().__init__(tmp, "--router-mode", "kv")
         self.model, self.nodes, self.ports = model, {}, {}
 
-    def node(self, name: str, *flags: str, role: str = "aggregated", served: str = "kv") -> subprocess.Popen:
+    def node(
+        self, name: str, *flags: str, role: str = "aggregated", served: str = "kv"
+    ) -> subprocess.Popen:
         port = self.ports[name] = _system_port()
-        env = self.env | {"DYN_SYSTEM_PORT": str(port), "DYN_HEALTH_CHECK_ENABLED": "true", "DYN_CANARY_WAIT_TIME": "1"}
-        argv = [sys.executable, "-m", "rlt.dynamo", self.model, "--served-model-name", served, "--role", role]
+        env = self.env | {
+            "DYN_SYSTEM_PORT": str(port),
+            "DYN_HEALTH_CHECK_ENABLED": "true",
+            "DYN_CANARY_WAIT_TIME": "1",
+        }
+        argv = [
+            sys.executable,
+            "-m",
+            "rlt.dynamo",
+            self.model,
+            "--served-model-name",
+            served,
+            "--role",
+            role,
+        ]
         p = _start([*argv, *FAST_ARGS, *flags, "--namespace", "kvtest"], self.log(name), env)
         self.nodes[name] = p
         return p
@@ -68,14 +85,20 @@ class KvStack(Infra):
         return None if h is None else re.search(r'"status":"(\w+)"', h).group(1)
 
     def wait_ready(self, name: str) -> None:
-        _wait(lambda: self.health(name) == "ready", f"node {name}", self.nodes[name], self.log(name))
+        _wait(
+            lambda: self.health(name) == "ready", f"node {name}", self.nodes[name], self.log(name)
+        )
 
     def metric(self, name: str, metric: str) -> float:
         text = _get(f"http://127.0.0.1:{self.ports[name]}/metrics") or ""
         return sum(float(ln.split()[-1]) for ln in text.splitlines() if ln.startswith(metric + "{"))
 
     def served(self) -> dict[str, float]:
-        return {n: self.metric(n, "rlt:generation_tokens_total") for n, p in self.nodes.items() if p.poll() is None}
+        return {
+            n: self.metric(n, "rlt:generation_tokens_total")
+            for n, p in self.nodes.items()
+            if p.poll() is None
+        }
 
     def close(self) -> None:
         _stop_all(self.nodes.values())  # (at once: each waits out Dynamo's grace period)
@@ -91,7 +114,12 @@ def kv(checkpoints):
             s.node(name)
         for name in ("a", "b"):
             s.wait_ready(name)
-        _wait(lambda: '"kv"' in (_get(f"{s.url}/models") or ""), "the model at the frontend", s.frontend, s.log("a"))
+        _wait(
+            lambda: '"kv"' in (_get(f"{s.url}/models") or ""),
+            "the model at the frontend",
+            s.frontend,
+            s.log("a"),
+        )
         yield s
     finally:
         s.close()
@@ -102,7 +130,9 @@ def _client(s) -> openai.AsyncOpenAI:
     return openai.AsyncOpenAI(base_url=s.url, api_key="none", max_retries=0, timeout=60)
 
 
-async def _turn(client, prompt: list[int], max_tokens: int = 4, model: str = "kv") -> tuple[list[int], int]:
+async def _turn(
+    client, prompt: list[int], max_tokens: int = 4, model: str = "kv"
+) -> tuple[list[int], int]:
     """One greedy completion: (its token ids, its prompt's cached tokens)."""
     r = await client.completions.create(
         model=model,
@@ -141,15 +171,24 @@ def test_second_turns_go_to_the_node_holding_their_prefix(kv):
     metrics with Dynamo's labels, and the load Dynamo sees counts rlt's blocks of every plane."""
     got = asyncio.run(_two_turns(kv, _conversations(16, 0)))
     hits = sum(first == second and cached == 48 for first, second, cached in got)
-    print(f"second turns that hit their prefix through Dynamo's KV router: {hits}/16 ({hits / 16:.0%})")
+    print(
+        f"second turns that hit their prefix through Dynamo's KV router: {hits}/16 ({hits / 16:.0%})"
+    )
     assert hits == 16, got
     assert {first for first, _, _ in got} == {"a", "b"}  # (new prefixes spread over both)
     assert sum(kv.metric(n, "rlt:prefix_cache_hits_total") for n in "ab") >= 16 * 48
     text = _get(f"http://127.0.0.1:{kv.ports['a']}/metrics")
-    assert re.search(r'rlt:exit_depth_count\{[^}]*dynamo_namespace="kvtest"[^}]*\} [1-9]', text), text[-2000:]
+    assert re.search(r'rlt:exit_depth_count\{[^}]*dynamo_namespace="kvtest"[^}]*\} [1-9]', text), (
+        text[-2000:]
+    )
     logs = re.search(r"worker logs in (\S+)", open(kv.log("a")).read()).group(1)
-    pool = int(re.search(r"KV pool: (\d+) blocks", open(glob.glob(f"{logs}/unified0.*.log")[0]).read()).group(1))
-    depth = json.load(open(os.path.join(kv.model, "config.json")))["total_ut_steps"]  # (one plane a loop)
+    pool = int(
+        re.search(
+            r"KV pool: (\d+) blocks", open(glob.glob(f"{logs}/unified0.*.log")[0]).read()
+        ).group(1)
+    )
+    # (one plane a loop)
+    depth = json.load(open(os.path.join(kv.model, "config.json")))["total_ut_steps"]
     assert kv.metric("a", "dynamo_component_total_blocks") == pool // depth
 
 
@@ -190,8 +229,15 @@ def test_a_node_whose_worker_died_is_unhealthy_and_traffic_moves(kv):
     os.kill(server, signal.SIGSTOP)
     try:
         os.kill(worker, signal.SIGKILL)
-        _wait(lambda: "out of discovery" in open(kv.log("c")).read(), "c out of discovery", kv.nodes["c"], kv.log("c"))
-        _wait(lambda: kv.health("c") != "ready", "c unhealthy", kv.nodes["c"], kv.log("c"), timeout=20)
+        _wait(
+            lambda: "out of discovery" in open(kv.log("c")).read(),
+            "c out of discovery",
+            kv.nodes["c"],
+            kv.log("c"),
+        )
+        _wait(
+            lambda: kv.health("c") != "ready", "c unhealthy", kv.nodes["c"], kv.log("c"), timeout=20
+        )
         before = kv.served()
 
         async def during():
@@ -203,7 +249,12 @@ def test_a_node_whose_worker_died_is_unhealthy_and_traffic_moves(kv):
     finally:
         os.kill(server, signal.SIGCONT)
     kv.wait_ready("c")
-    _wait(lambda: "back in discovery" in open(kv.log("c")).read(), "c back", kv.nodes["c"], kv.log("c"))
+    _wait(
+        lambda: "back in discovery" in open(kv.log("c")).read(),
+        "c back",
+        kv.nodes["c"],
+        kv.log("c"),
+    )
 
 
 def test_a_draining_node_loses_nothing(kv):

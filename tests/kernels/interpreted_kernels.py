@@ -16,7 +16,9 @@ _patch = interpreter._patch_lang_tensor
 
 def _patch_index(tensor, scope):
     _patch(tensor, scope)
-    scope.set_attr(tensor, "__index__", lambda self: int(np.asarray(self.handle.data).reshape(-1)[0]))
+    scope.set_attr(
+        tensor, "__index__", lambda self: int(np.asarray(self.handle.data).reshape(-1)[0])
+    )
 
 
 interpreter._patch_lang_tensor = _patch_index
@@ -31,7 +33,12 @@ def check_decode_attention() -> bool:
         cache, meta, tab, q, pos = decode_case(H, Hkv, D, torch.float32, "cpu", layers=1)
         ref = paged_attention(cache, 0, meta, q, None, None)
         for splits in (1, 4):
-            err = (decode_attention(cache, 0, q, tab, pos, meta.block_size, splits) - ref).abs().max().item()
+            err = (
+                (decode_attention(cache, 0, q, tab, pos, meta.block_size, splits) - ref)
+                .abs()
+                .max()
+                .item()
+            )
             print(f"decode_attention H={H} Hkv={Hkv} D={D} splits={splits}: max error {err:.2e}")
             ok &= err <= 1e-5
     return ok
@@ -69,25 +76,40 @@ def check_paged_attention() -> bool:
     q_starts = [q0 for q0, _ in segs]
     # q as the model hands it over: a view of the fused q/k/v projection (rows strided)
     q = torch.randn(row_starts[-1], (H + 2 * Hkv) * D, generator=g)[:, : H * D].view(-1, H, D)
-    ref = paged_attention(cache, 0, PagedMetadata(None, tab, row_starts, q_starts, bs), q, None, None)
+    ref = paged_attention(
+        cache, 0, PagedMetadata(None, tab, row_starts, q_starts, bs), q, None, None
+    )
     split = plan_kernel(row_starts, q_starts, False, fill_tiles=64)
-    assert (split.tile_rows, split.max_splits) == (64, 16), split  # 4 tiles: the 305 keys in 5 slices of 64
-    assert kernel_fields(row_starts, q_starts, split)["tile_seg"].tolist() == [3, 2, 0, 1]  # most keys first
+    # 4 tiles: the 305 keys in 5 slices of 64
+    assert (split.tile_rows, split.max_splits) == (64, 16), split
+    # most keys first
+    assert kernel_fields(row_starts, q_starts, split)["tile_seg"].tolist() == [3, 2, 0, 1]
     # segments shorter than a tile in a second launch, a GQA group's 2 heads per item: beside tiles
-    # of 16 rows, then every segment packed (tiles of 64: 32 rows of 2 heads), keys split, then both split
+    # of 16 rows, then every segment packed (tiles of 64: 32 rows of 2 heads), keys split, then both
+    # split
     packed = plan_kernel(row_starts, q_starts, False, fill_tiles=64, pack=2)
     assert (packed.tile_rows, packed.packed_rows, packed.packed_splits) == (64, 32, 16), packed
     assert len(kernel_fields(row_starts, q_starts, packed)["tile_seg"]) == 0
     both = KernelPlan(16, fill_tiles=64, max_splits=16, pack=2, packed_splits=16)
     ok = True
-    plans = (("tiles of 16", KernelPlan()), ("keys split", split), ("2 heads", KernelPlan(16, pack=2)))
+    plans = (
+        ("tiles of 16", KernelPlan()),
+        ("keys split", split),
+        ("2 heads", KernelPlan(16, pack=2)),
+    )
     for name, plan in plans + (("2 heads, keys split", packed), ("both split", both)):
-        fields = {k: torch.from_numpy(a) for k, a in kernel_fields(row_starts, q_starts, plan).items()}
+        fields = {
+            k: torch.from_numpy(a) for k, a in kernel_fields(row_starts, q_starts, plan).items()
+        }
         err = (triton_paged(cache, 0, q, tab, fields, bs, plan) - ref).abs().max().item()
-        print(f"paged_attention (prompt chunks, a decode row, a long prefix; {name}): max error {err:.2e}")
+        print(
+            f"paged_attention (prompt chunks, a decode row, a long prefix; {name}): max error {err:.2e}"
+        )
         ok &= err <= 1e-5
     cpu = torch.device("cpu")
-    counters = {_scratch(cpu, p.split_items * H * p.tile_rows, 16)[2] for p in (split, packed, both)}
+    counters = {
+        _scratch(cpu, p.split_items * H * p.tile_rows, 16)[2] for p in (split, packed, both)
+    }
     left = sum(int(c.abs().sum()) for c in counters) + int(_queue(cpu).abs().sum())
     print(f"split arrival counters and work queue left nonzero: {left}")
     return ok and left == 0
@@ -124,13 +146,21 @@ def check_pass_graph_inputs() -> bool:
     plan = graphs._plan(R)
     kernel = {name: ints[at[name]] for name in _PASS_INPUTS[2:-1]}
     # (key slices: tiles x slices within twice the tiles filling the GPU, a power of two)
-    assert kernel["work"].tolist() == [8, 2] and kernel["packed_work"].tolist() == [8, 3], kernel["work"]
+    assert kernel["work"].tolist() == [8, 2] and kernel["packed_work"].tolist() == [8, 3], kernel[
+        "work"
+    ]
     table = ints[at["table"]].view(-1, W)
-    slots = torch.tensor([t[p // bs] * bs + p % bs for (q0, n), t in zip(segs, tables) for p in range(q0, q0 + n)])
+    slots = torch.tensor(
+        [t[p // bs] * bs + p % bs for (q0, n), t in zip(segs, tables) for p in range(q0, q0 + n)]
+    )
     ok = torch.equal(graphs.slots((R, W), ints, len(pos)), slots)
-    ref = paged_attention(cache, 0, PagedMetadata(None, table, row_starts, q_starts, bs), q, None, None)
+    ref = paged_attention(
+        cache, 0, PagedMetadata(None, table, row_starts, q_starts, bs), q, None, None
+    )
     err = (triton_paged(cache, 0, q, table, kernel, bs, plan) - ref).abs().max().item()
-    print(f"pass graph inputs (a long chunk, decode rows and a short chunk packed): max error {err:.2e}")
+    print(
+        f"pass graph inputs (a long chunk, decode rows and a short chunk packed): max error {err:.2e}"
+    )
     return ok and err <= 1e-5
 
 
@@ -138,16 +168,22 @@ def check_gemv() -> bool:
     from rlt.kernels import gemv as gv
 
     g = torch.Generator().manual_seed(0)
-    cases = [(torch.randn(1, k, generator=g), torch.randn(37, k, generator=g)) for k in (300, 2100)]  # ragged N, K
+    # ragged N, K
+    cases = [(torch.randn(1, k, generator=g), torch.randn(37, k, generator=g)) for k in (300, 2100)]
     ok = True
     for cfg in gv.CONFIGS:
-        err = max((gv.gemv(x, w, cfg) - x @ w.T).abs().max().item() / (x @ w.T).abs().max().item() for x, w in cases)
+        err = max(
+            (gv.gemv(x, w, cfg) - x @ w.T).abs().max().item() / (x @ w.T).abs().max().item()
+            for x, w in cases
+        )
         print(f"gemv {cfg}: max error {err:.2e} (relative)")
         ok &= err <= 1e-5
-    cases.append((torch.randn(1, 4200, generator=g), torch.randn(37, 4200, generator=g)))  # a loop after 3 early tiles
+    # a loop after 3 early tiles
+    cases.append((torch.randn(1, 4200, generator=g), torch.randn(37, 4200, generator=g)))
     for early in (2, 3):  # K tiles read before the wait (capped at K's)
         err = max(
-            (gv.gemv(x, w, early_tiles=early) - x @ w.T).abs().max().item() / (x @ w.T).abs().max().item()
+            (gv.gemv(x, w, early_tiles=early) - x @ w.T).abs().max().item()
+            / (x @ w.T).abs().max().item()
             for x, w in cases
         )
         print(f"gemv {gv.CONFIG}, {early} early tiles: max error {err:.2e} (relative)")
@@ -163,14 +199,19 @@ def check_gemv_epilogues() -> bool:
 
     g = torch.Generator().manual_seed(1)
     N = 37
-    cases = [(torch.randn(1, K, generator=g), torch.randn(2 * N, K, generator=g)) for K in (300, 2100)]  # x, [gate; up]
+    cases = [
+        (torch.randn(1, K, generator=g), torch.randn(2 * N, K, generator=g)) for K in (300, 2100)
+    ]  # x, [gate; up]
 
     def rel(a, b):
         return ((a - b).abs().max() / b.abs().max()).item()
 
     ok = True
     for cfg in gv.CONFIGS:
-        err = max(rel(gv.gemv_swiglu(x, gate_up, cfg), layers.swiglu(x @ gate_up.T)) for x, gate_up in cases)
+        err = max(
+            rel(gv.gemv_swiglu(x, gate_up, cfg), layers.swiglu(x @ gate_up.T))
+            for x, gate_up in cases
+        )
         print(f"gemv swiglu {cfg}: max error {err:.2e} (relative)")
         ok &= err <= 1e-5
     return ok
@@ -184,10 +225,18 @@ def check_rope_write_kv() -> bool:
     g = torch.Generator().manual_seed(0)
     ok = True
     # (over FEW_ROWS rows a program takes a block of heads: 20 + 2 x 4 heads, two blocks)
-    for pairs, H, Hkv, T in ((False, 4, 2, 5), (True, 4, 2, 5), (False, 20, 4, 260), (True, 20, 4, 260)):
+    for pairs, H, Hkv, T in (
+        (False, 4, 2, 5),
+        (True, 4, 2, 5),
+        (False, 20, 4, 260),
+        (True, 20, 4, 260),
+    ):
         D, bs = 8, 4
         qkv = torch.randn(T, (H + 2 * Hkv) * D, generator=g)
-        q, k, v = (qkv[:, a * D : b * D].view(T, b - a, D) for a, b in ((0, H), (H, H + Hkv), (H + Hkv, H + 2 * Hkv)))
+        q, k, v = (
+            qkv[:, a * D : b * D].view(T, b - a, D)
+            for a, b in ((0, H), (H, H + Hkv), (H + Hkv, H + 2 * Hkv))
+        )
         pos = torch.tensor([0, 3, 7, 100, 5] * (T // 5))
         inv = layers.rope_inv_freq(D, 1e4)
         slots = torch.randperm(T, generator=g)
@@ -221,7 +270,10 @@ def check_qkv_rope() -> bool:
     ok = True
     for H, Hkv, K in ((4, 2, 300), (2, 2, 2100)):
         D, bs = 16, 4
-        w, x = torch.randn((H + 2 * Hkv) * D, K, generator=g) / K**0.5, torch.randn(1, K, generator=g)
+        w, x = (
+            torch.randn((H + 2 * Hkv) * D, K, generator=g) / K**0.5,
+            torch.randn(1, K, generator=g),
+        )
         pos, slot, inv = torch.tensor([37]), torch.tensor([9]), layers.rope_inv_freq(D, 1e4)
         cache = torch.randn(4, 2, 2, bs, Hkv, D, generator=g)
         caches = [cache.clone(), cache.clone()]
@@ -270,9 +322,14 @@ def check_penalty_slots() -> bool:
         listed = torch.randperm(V, generator=g)[:n]
         tokens[s, :n] = listed.to(torch.int32)
         own = torch.randint(0, 4, (n,), generator=g) + ref.PROMPT * (listed % 2)
-        counts[s, listed] = torch.where(own == 0, 1, own).to(torch.int32)  # (listed: in the prompt or output)
+        # (listed: in the prompt or output)
+        counts[s, listed] = torch.where(own == 0, 1, own).to(torch.int32)
     rows, slots = torch.tensor([2, 0, 1]), torch.tensor([0, 3, 2])
-    r, f, p = torch.tensor([1.3, 0.8, 2.0]), torch.tensor([0.5, -0.3, 0.0]), torch.tensor([0.25, 1.0, -0.5])
+    r, f, p = (
+        torch.tensor([1.3, 0.8, 2.0]),
+        torch.tensor([0.5, -0.3, 0.0]),
+        torch.tensor([0.25, 1.0, -0.5]),
+    )
     x = 3 * torch.randn(3, V, generator=g)
     want, got = x.clone(), x.clone()
     ref.penalize_slots(want, rows, slots, r, f, p, tokens, counts, length, L)
@@ -282,13 +339,17 @@ def check_penalty_slots() -> bool:
     ok = err == 0 and not torch.equal(got, x)
     worst = 0
     for keep in (None, torch.tensor([True, False, True])):
-        sampled = torch.stack([tokens[0, 5].long(), torch.tensor(3), torch.tensor(699)])  # listed, -, new
+        # listed, -, new
+        sampled = torch.stack([tokens[0, 5].long(), torch.tensor(3), torch.tensor(699)])
         state = [(t.clone(), c.clone(), n.clone()) for t, c, n in [(tokens, counts, length)] * 2]
         ref.append_slots(sampled, keep, rows, slots, *state[0])
         tri.append_slots(sampled, keep, rows, slots, *state[1])
         (t0, c0, n0), (t1, c1, n1) = state
         worst = max(worst, (c0 - c1).abs().max().item(), (n0 - n1).abs().max().item())
-        worst = max(worst, max((t0[s, : n0[s]] - t1[s, : n1[s]]).abs().max().item() for s in range(S) if n0[s]))
+        worst = max(
+            worst,
+            max((t0[s, : n0[s]] - t1[s, : n1[s]]).abs().max().item() for s in range(S) if n0[s]),
+        )
         ok &= not torch.equal(c0, counts)
     print(f"append_slots: max error {worst:.2e}")
     return ok and worst == 0
@@ -307,7 +368,8 @@ def check_kv_copy() -> bool:
         cache = torch.randn(blocks + 1, 3, 2, bs, 5, 12, generator=g)  # the last block: scratch
         tables = torch.randperm(blocks, generator=g).view(L, P, W)
         pos = torch.tensor([9, 2, 11, 5][:L])
-        depth = torch.tensor([2, 1, 4, 3][:L])  # (the third lane, done at full depth, copies nothing)
+        # (the third lane, done at full depth, copies nothing)
+        depth = torch.tensor([2, 1, 4, 3][:L])
         done = torch.tensor([True, True, True, False][:L])
         want, got = cache.clone(), cache.clone()
         kv_copy.finalize_copies(want, tables, pos, depth, done, D, blocks * bs)
@@ -347,7 +409,10 @@ def check_latent_checks() -> bool:
     run = torch.tensor([1, 1, 1, 1, 1, 0, 1, 1, 0], dtype=torch.bool)
     depth = torch.tensor([0, 3, 4, 7, 2, 5, 9, 1, 0])
     crit = torch.tensor([1, 1, 2, 2, 0, 1, 2, 1, 2])
-    lo, hi = torch.tensor([1, 1, 1, 8, 1, 1, 1, 3, 1]), torch.tensor([32, 32, 32, 32, 3, 32, 10, 32, 32])
+    lo, hi = (
+        torch.tensor([1, 1, 1, 8, 1, 1, 1, 3, 1]),
+        torch.tensor([32, 32, 32, 32, 3, 32, 10, 32, 32]),
+    )
     thr = torch.tensor([0.5, 0.1, 0.01, 0.5, 0.3, 0.9, 0.02, 2.0, 0.5])
     prev_diff = out.float() + 0.3 * torch.randn(L, H, generator=g)
     prev_cos = out.float() + 0.05 * torch.randn(L, H, generator=g)
@@ -358,7 +423,9 @@ def check_latent_checks() -> bool:
     got = [t.clone() for t in want]
     counts = lane_checks.latent_checks(*want), lane_checks_triton.latent_checks(*got)
     err = max((a.float() - b.float()).abs().max().item() for a, b in zip(want, got))
-    print(f"latent_checks: max error {err:.2e}, parked {want[10].tolist()}, counts {counts[0].tolist()}")
+    print(
+        f"latent_checks: max error {err:.2e}, parked {want[10].tolist()}, counts {counts[0].tolist()}"
+    )
     varied = want[10].tolist() == [True, False, True, True, True, True, True, False, False]
     return err == 0 and torch.equal(*counts) and varied
 
@@ -371,7 +438,9 @@ def check_random_bits() -> bool:
     counter = torch.tensor([0, 1, 2**32 + 9, 2**33, 5, 2**31 - 1])
     ok = True
     for stream in (1, 2):
-        ref = random_bits(seed.unsqueeze(1), stream, counter.unsqueeze(1), torch.arange(1500).unsqueeze(0))
+        ref = random_bits(
+            seed.unsqueeze(1), stream, counter.unsqueeze(1), torch.arange(1500).unsqueeze(0)
+        )
         got = random_bits_rows(seed, stream, counter, 1500)
         ok &= torch.equal(ref, got)
         print(f"random_bits_rows stream {stream}: equal to the reference: {torch.equal(ref, got)}")

@@ -6,10 +6,13 @@ import torch
 
 from rlt.kernels.paged_attention import PagedMetadata
 
-DECODE_POSITIONS = (0, 5, 63, 64, 100, 300)  # first key, inside / at the edge of a 64-key tile, long
+# first key, inside / at the edge of a 64-key tile, long
+DECODE_POSITIONS = (0, 5, 63, 64, 100, 300)
 
 
-def decode_case(H: int, Hkv: int, D: int, dtype: torch.dtype, device: str, layers: int = 2, bs: int = 16):
+def decode_case(
+    H: int, Hkv: int, D: int, dtype: torch.dtype, device: str, layers: int = 2, bs: int = 16
+):
     """One decode row per segment at DECODE_POSITIONS, blocks scattered over the pool ->
     (cache, reference metadata, block table, q, positions)."""
     rng = random.Random(0)
@@ -27,6 +30,8 @@ def decode_case(H: int, Hkv: int, D: int, dtype: torch.dtype, device: str, layer
     tab = tab.to(device)
     pos = torch.tensor(DECODE_POSITIONS, device=device)
     q = torch.randn(len(tables), H, D, device=device, generator=g).to(dtype)
-    slots = torch.tensor([t[p // bs] * bs + p % bs for p, t in zip(DECODE_POSITIONS, tables)], device=device)
+    slots = torch.tensor(
+        [t[p // bs] * bs + p % bs for p, t in zip(DECODE_POSITIONS, tables)], device=device
+    )
     meta = PagedMetadata(slots, tab, list(range(len(tables) + 1)), list(DECODE_POSITIONS), bs)
     return cache, meta, tab, q, pos

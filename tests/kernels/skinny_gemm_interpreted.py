@@ -22,7 +22,9 @@ _patch = interpreter._patch_lang_tensor
 
 def _patch_index(tensor, scope):
     _patch(tensor, scope)
-    scope.set_attr(tensor, "__index__", lambda self: int(np.asarray(self.handle.data).reshape(-1)[0]))
+    scope.set_attr(
+        tensor, "__index__", lambda self: int(np.asarray(self.handle.data).reshape(-1)[0])
+    )
 
 
 interpreter._patch_lang_tensor = _patch_index
@@ -86,14 +88,18 @@ def main(argv: list[str]) -> int:
                     _, splits, _ = sg.plan(M, N, K, config, torch.device("cpu"))
                     bad = not err <= TOLERANCE[swiglu]
                     name = "skinny_gemm_swiglu" if swiglu else "skinny_gemm"
-                    print(f"{name} {config} M={M} N={N} K={K} splits={splits}: max error {err:.2e}{' FAIL' * bad}")
+                    print(
+                        f"{name} {config} M={M} N={N} K={K} splits={splits}: max error {err:.2e}{' FAIL' * bad}"
+                    )
                     ok &= not bad
                     split += splits > 1
                     worst = max(worst, err / TOLERANCE[swiglu])
     # the arrival counters must be zero again after every split launch
     left = sum(int(count.abs().sum()) for count in counters.values())
     print(f"{split} cases split K; {len(counters)} arrival counter buffers, left nonzero: {left}")
-    print(f"worst error {worst:.2f} of its tolerance: {'ok' if ok and left == 0 and split else 'FAILED'}")
+    print(
+        f"worst error {worst:.2f} of its tolerance: {'ok' if ok and left == 0 and split else 'FAILED'}"
+    )
     return 0 if ok and left == 0 and split else 1
 
 

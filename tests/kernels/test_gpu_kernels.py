@@ -13,9 +13,14 @@ pytestmark = pytest.mark.gpu
 
 
 def test_rng_and_sampler_identical_on_cpu_and_cuda():
-    seed, counter, idx = torch.tensor([[123456789012]]), torch.tensor([[7]]), torch.arange(100000)[None]
+    seed, counter, idx = (
+        torch.tensor([[123456789012]]),
+        torch.tensor([[7]]),
+        torch.arange(100000)[None],
+    )
     assert torch.equal(
-        random_bits(seed, 1, counter, idx), random_bits(seed.cuda(), 1, counter.cuda(), idx.cuda()).cpu()
+        random_bits(seed, 1, counter, idx),
+        random_bits(seed.cuda(), 1, counter.cuda(), idx.cuda()).cpu(),
     )
     logits = torch.randn(8, 5000, generator=torch.Generator().manual_seed(0))
     p = SamplingTensors(
@@ -25,7 +30,9 @@ def test_rng_and_sampler_identical_on_cpu_and_cuda():
         torch.arange(8) + 3,
         torch.arange(8),
     )
-    cuda_p = SamplingTensors(*(t.cuda() for t in (p.temperature, p.top_k, p.top_p, p.seed, p.output_index)))
+    cuda_p = SamplingTensors(
+        *(t.cuda() for t in (p.temperature, p.top_k, p.top_p, p.seed, p.output_index))
+    )
     assert torch.equal(sample(logits, p), sample(logits.cuda(), cuda_p).cpu())
 
 
@@ -95,14 +102,18 @@ def test_triton_paged_attention_matches_reference(dtype, tol, H, Hkv, D):
     q, k, v = qkv.split([H * D, Hkv * D, Hkv * D], dim=1)
     q, k, v = q.view(T, H, D), k.view(T, Hkv, D), v.view(T, Hkv, D)
     slots = torch.tensor(
-        [t[p // bs] * bs + p % bs for (q0, n), t in zip(segs, tables) for p in range(q0, q0 + n)], device="cuda"
+        [t[p // bs] * bs + p % bs for (q0, n), t in zip(segs, tables) for p in range(q0, q0 + n)],
+        device="cuda",
     )
     ref_meta = PagedMetadata(slots, tab, row_starts, q_starts, bs)
     for layer in range(L):
         write_kv(cache, layer, ref_meta, k, v)
 
     def meta(plan):
-        f = {n: torch.from_numpy(a).cuda() for n, a in kernel_fields(row_starts, q_starts, plan).items()}
+        f = {
+            n: torch.from_numpy(a).cuda()
+            for n, a in kernel_fields(row_starts, q_starts, plan).items()
+        }
         return PagedMetadata(slots, tab, row_starts, q_starts, bs, f, plan)
 
     prefill = plan_kernel(row_starts, q_starts, batch_invariant=False)
@@ -144,9 +155,14 @@ def test_triton_paged_attention_matches_reference(dtype, tol, H, Hkv, D):
         r7 = slice(row_starts[7], row_starts[8])
         lone_plan = plan_kernel([0, 300], [0], batch_invariant=False)
         assert lone_plan.dense == (0,)
-        fields = {n: torch.from_numpy(a).cuda() for n, a in kernel_fields([0, 300], [0], lone_plan).items()}
+        fields = {
+            n: torch.from_numpy(a).cuda()
+            for n, a in kernel_fields([0, 300], [0], lone_plan).items()
+        }
         lone = PagedMetadata(slots[r7], tab[7:8], [0, 300], [0], bs, fields, lone_plan)
-        assert (kernel_paged_attention(cache, layer, lone, q[r7], k[r7], v[r7]).float() - ref[r7]).abs().max() <= bound
+        assert (
+            kernel_paged_attention(cache, layer, lone, q[r7], k[r7], v[r7]).float() - ref[r7]
+        ).abs().max() <= bound
 
 
 @pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-4), (torch.bfloat16, 2e-2)])
@@ -165,10 +181,17 @@ def test_decode_attention_matches_reference(dtype, tol, H, Hkv, D):
     )
 
     cache, meta, tab, q, pos = decode_case(H, Hkv, D, dtype, "cuda")
-    fields = {k: torch.from_numpy(a).cuda() for k, a in kernel_fields(meta.row_starts, meta.q_starts).items()}
+    fields = {
+        k: torch.from_numpy(a).cuda()
+        for k, a in kernel_fields(meta.row_starts, meta.q_starts).items()
+    }
     plan = plan_kernel(meta.row_starts, meta.q_starts, batch_invariant=False)
-    assert plan.decode and not plan_kernel(meta.row_starts, meta.q_starts, batch_invariant=True).decode
-    kernel_meta = PagedMetadata(meta.slot_mapping, tab, meta.row_starts, meta.q_starts, meta.block_size, fields, plan)
+    assert (
+        plan.decode and not plan_kernel(meta.row_starts, meta.q_starts, batch_invariant=True).decode
+    )
+    kernel_meta = PagedMetadata(
+        meta.slot_mapping, tab, meta.row_starts, meta.q_starts, meta.block_size, fields, plan
+    )
     for layer in range(cache.shape[1]):
         ref = paged_attention(cache, layer, meta, q, None, None).float()
         bound = tol * max(1.0, ref.abs().max().item())
@@ -200,9 +223,14 @@ def test_gemv_matches_torch():
             bound = tol * ref.abs().max().item()
             for cfg in gv.CONFIGS:
                 assert (gv.gemv(x, w, cfg).float() - ref).abs().max() <= bound, (N, K, str(cfg))
-            assert torch.equal(ops.linear(x, w), gv.gemv(x, w, gv.CONFIG))  # the engine's one-row path
+            # the engine's one-row path
+            assert torch.equal(ops.linear(x, w), gv.gemv(x, w, gv.CONFIG))
             for early in (2, 3):  # tiles read before the wait: the same sums in the same order
-                assert torch.equal(gv.gemv(x, w, gv.CONFIG, early), gv.gemv(x, w, gv.CONFIG)), (N, K, early)
+                assert torch.equal(gv.gemv(x, w, gv.CONFIG, early), gv.gemv(x, w, gv.CONFIG)), (
+                    N,
+                    K,
+                    early,
+                )
 
 
 def test_skinny_gemm_in_the_engines_few_row_products():
@@ -218,15 +246,25 @@ def test_skinny_gemm_in_the_engines_few_row_products():
     ops = TritonOps()
     g = torch.Generator(device="cuda").manual_seed(0)
     for N, K in ((8192, 3072), (10752, 3072), (6144, 2048), (40, 3100)):
-        w, gate_up = ((torch.randn(n, K, device="cuda", generator=g) / K**0.5).bfloat16() for n in (N, 2 * N))
+        w, gate_up = (
+            (torch.randn(n, K, device="cuda", generator=g) / K**0.5).bfloat16() for n in (N, 2 * N)
+        )
         for M in (2, 5, 16, 32):
             x = torch.randn(M, K, device="cuda", generator=g).bfloat16()
-            ref, ref_swiglu = F.linear(x.float(), w.float()), layers.swiglu(F.linear(x.float(), gate_up.float()))
+            ref, ref_swiglu = (
+                F.linear(x.float(), w.float()),
+                layers.swiglu(F.linear(x.float(), gate_up.float())),
+            )
             for cfg in sg.CONFIGS:
                 err = (sg.skinny_gemm(x, w, cfg).float() - ref).abs().max() / ref.abs().max()
                 assert err <= 1e-2, (N, K, M, str(cfg), err)
                 got = sg.skinny_gemm_swiglu(x, gate_up, cfg).float()
-                assert (got - ref_swiglu).abs().max() <= 2e-2 * ref_swiglu.abs().max(), (N, K, M, str(cfg))
+                assert (got - ref_swiglu).abs().max() <= 2e-2 * ref_swiglu.abs().max(), (
+                    N,
+                    K,
+                    M,
+                    str(cfg),
+                )
             skinny = K >= 3072
             assert torch.equal(ops.linear(x, w), sg.skinny_gemm(x, w) if skinny else F.linear(x, w))
             want = sg.skinny_gemm_swiglu(x, gate_up) if skinny else ops.swiglu(F.linear(x, gate_up))
@@ -249,28 +287,54 @@ def test_gemv_epilogues_match_separate_launches():
     for dtype, tol in ((torch.float32, 1e-4), (torch.bfloat16, 2e-2)):
         for N, K in ((2048, 2048), (2048, 5632), (37, 300), (2560, 4096)):
             x = torch.randn(1, K, device="cuda", generator=g).to(dtype)
-            w, gate_up = ((torch.randn(n, K, device="cuda", generator=g) / K**0.5).to(dtype) for n in (N, 2 * N))
+            w, gate_up = (
+                (torch.randn(n, K, device="cuda", generator=g) / K**0.5).to(dtype)
+                for n in (N, 2 * N)
+            )
             r = torch.randn(3, N, device="cuda", generator=g).to(dtype)
             a = torch.randn(3, N, device="cuda", generator=g).to(dtype)
-            wa, wo = ((1 + 0.1 * torch.randn(N, device="cuda", generator=g)).to(dtype) for _ in range(2))
-            gate_w, gate_b = torch.randn(1, N, device="cuda", generator=g), torch.randn(1, device="cuda", generator=g)
+            wa, wo = (
+                (1 + 0.1 * torch.randn(N, device="cuda", generator=g)).to(dtype) for _ in range(2)
+            )
+            gate_w, gate_b = (
+                torch.randn(1, N, device="cuda", generator=g),
+                torch.randn(1, device="cuda", generator=g),
+            )
 
             def close(got, ref):
-                return (got.float() - ref.float()).abs().max() <= tol * max(1.0, ref.float().abs().max().item())
+                return (got.float() - ref.float()).abs().max() <= tol * max(
+                    1.0, ref.float().abs().max().item()
+                )
 
             for cfg in gv.CONFIGS:
-                assert close(gv.gemv_swiglu(x, gate_up, cfg), silu_mul(gv.gemv(x, gate_up, cfg))), (N, K, str(cfg))
+                assert close(gv.gemv_swiglu(x, gate_up, cfg), silu_mul(gv.gemv(x, gate_up, cfg))), (
+                    N,
+                    K,
+                    str(cfg),
+                )
             for rows in (1, 3):
                 for weight_a in (None, wa):
                     got = add_rms_norm(r[:rows], a[:rows], weight_a, wo, eps, (gate_w, gate_b))
                     ref = layers.add_norm(r[:rows], a[:rows], weight_a, wo, eps)
                     assert got[2].dtype == torch.float32 and got[2].shape == (rows,)
-                    assert close(got[0], ref[0]) and close(got[1], ref[1]), (N, rows, weight_a is None)
-                    # the gate's logit from the h this call returns: a long dot product would turn the
-                    # last-bit differences between the two paths' h into more than tol of a logit near zero
-                    assert close(got[2], (got[1].float() @ gate_w.T + gate_b).reshape(-1)), (N, rows)
+                    assert close(got[0], ref[0]) and close(got[1], ref[1]), (
+                        N,
+                        rows,
+                        weight_a is None,
+                    )
+                    # the gate's logit from the h this call returns: a long dot product would turn
+                    # the
+                    # last-bit differences between the two paths' h into more than tol of a logit
+                    # near zero
+                    assert close(got[2], (got[1].float() @ gate_w.T + gate_b).reshape(-1)), (
+                        N,
+                        rows,
+                    )
                     assert all(
-                        torch.equal(p, q) for p, q in zip(got[:2], add_rms_norm(r[:rows], a[:rows], weight_a, wo, eps))
+                        torch.equal(p, q)
+                        for p, q in zip(
+                            got[:2], add_rms_norm(r[:rows], a[:rows], weight_a, wo, eps)
+                        )
                     )
             calls = {}
             for kernels, ops in (("triton", TritonOps()), ("reference", REFERENCE)):
@@ -279,8 +343,12 @@ def test_gemv_epilogues_match_separate_launches():
                     *ops.linear_add_norm(x, w, r[:1], wa, wo, eps, (gate_w, gate_b)),
                 )
             (*tri, gate), ref = calls["triton"], calls["reference"]
-            assert torch.equal(tri[0], gv.gemv_swiglu(x, gate_up))  # the one-row GEMV and its epilogue ran
-            assert all(torch.equal(p, q) for p, q in zip(tri[1:], add_rms_norm(r[:1], gv.gemv(x, w), wa, wo, eps)))
+            # the one-row GEMV and its epilogue ran
+            assert torch.equal(tri[0], gv.gemv_swiglu(x, gate_up))
+            assert all(
+                torch.equal(p, q)
+                for p, q in zip(tri[1:], add_rms_norm(r[:1], gv.gemv(x, w), wa, wo, eps))
+            )
             assert all(close(p, q) for p, q in zip(tri, ref)), (N, K)
             assert close(gate, (tri[2].float() @ gate_w.T + gate_b).reshape(-1)), (N, K)
 
@@ -322,19 +390,26 @@ def test_decode_attention_right_after_the_kv_store():
         cache, meta, tab, _, pos = decode_case(H, Hkv, D, torch.bfloat16, "cuda", layers=20)
         inv = layers.rope_inv_freq(D, 1e4).cuda()
         R = len(pos)
-        qkvs = [torch.randn(R, (H + 2 * Hkv) * D, device="cuda", generator=g).bfloat16() for _ in range(20)]
+        qkvs = [
+            torch.randn(R, (H + 2 * Hkv) * D, device="cuda", generator=g).bfloat16()
+            for _ in range(20)
+        ]
         views = [layers.split_qkv(t, H, Hkv, D) for t in qkvs]
         blk, off = meta.slot_mapping // meta.block_size, meta.slot_mapping % meta.block_size
         cache[blk, :, :, off] = 1e4  # garbage where the new K/V go
         torch.cuda.synchronize()
         outs = []
         for layer, (q, k, v) in enumerate(views):
-            q, k = rope_write_kv(q, k, v, pos, inv, False, cache, layer, meta.slot_mapping, meta.block_size)
+            q, k = rope_write_kv(
+                q, k, v, pos, inv, False, cache, layer, meta.slot_mapping, meta.block_size
+            )
             outs.append(decode_attention(cache, layer, q, tab, pos, meta.block_size))
         torch.cuda.synchronize()
         for layer, (q, _, _) in enumerate(views):
             ref = paged_attention(cache, layer, meta, q, None, None).float()
-            assert (outs[layer].float() - ref).abs().max() <= 2e-2 * max(1.0, ref.abs().max().item()), (H, layer)
+            assert (outs[layer].float() - ref).abs().max() <= 2e-2 * max(
+                1.0, ref.abs().max().item()
+            ), (H, layer)
 
 
 def test_fused_kernels_match_torch():
@@ -349,16 +424,21 @@ def test_fused_kernels_match_torch():
     for dtype, tol in ((torch.float32, 1e-5), (torch.bfloat16, 2e-2)):
         for N in (2048, 5280, 64):
             x, a = (torch.randn(37, N, device="cuda", generator=g).to(dtype) for _ in range(2))
-            wa, wo = ((1 + 0.1 * torch.randn(N, device="cuda", generator=g)).to(dtype) for _ in range(2))
+            wa, wo = (
+                (1 + 0.1 * torch.randn(N, device="cuda", generator=g)).to(dtype) for _ in range(2)
+            )
             for w in (wa, None):
                 rx = x.cpu().float() + (
-                    a.cpu().float() if w is None else layers.rms_norm(a.cpu().float(), w.cpu().float(), 1e-6)
+                    a.cpu().float()
+                    if w is None
+                    else layers.rms_norm(a.cpu().float(), w.cpu().float(), 1e-6)
                 )
                 rh = layers.rms_norm(rx, wo.cpu().float(), 1e-6)
                 gx, gh = add_rms_norm(x, a, w, wo, 1e-6)
                 assert (gx.float().cpu() - rx).abs().max() <= tol * rx.abs().max()
                 assert (gh.float().cpu() - rh).abs().max() <= tol * rh.abs().max()
-                assert torch.equal(add_rms_norm(x[3:4], a[3:4], w, wo, 1e-6)[1], gh[3:4])  # batch-invariant
+                # batch-invariant
+                assert torch.equal(add_rms_norm(x[3:4], a[3:4], w, wo, 1e-6)[1], gh[3:4])
             gu = torch.randn(37, 2 * N, device="cuda", generator=g).to(dtype)
             gate, up = gu.cpu().float().chunk(2, dim=-1)
             ref = F.silu(gate) * up
@@ -377,11 +457,14 @@ def test_rope_kernel_matches_torch(pairs, dtype, tol, D, T, monkeypatch):
 
     g = torch.Generator(device="cuda").manual_seed(0)
     qkv = torch.randn(T, (8 + 2 * 4) * D, device="cuda", generator=g).to(dtype)
-    q, k = qkv[:, : 8 * D].view(T, 8, D), qkv[:, 8 * D : 12 * D].view(T, 4, D)  # strided views, as the models pass
+    # strided views, as the models pass
+    q, k = qkv[:, : 8 * D].view(T, 8, D), qkv[:, 8 * D : 12 * D].view(T, 4, D)
     pos = torch.randint(0, 60000, (T,), device="cuda", generator=g)
     inv = layers.rope_inv_freq(D, 1e6 if not pairs else 5e4).cuda()
     # adjacent pairs as Huginn's: q and k biased per head first (the add rounded to the dtype)
-    qb, kb = (torch.randn(n, D, device="cuda", generator=g).to(dtype) if pairs else None for n in (8, 4))
+    qb, kb = (
+        torch.randn(n, D, device="cuda", generator=g).to(dtype) if pairs else None for n in (8, 4)
+    )
     cpu = lambda t: None if t is None else t.cpu().float()  # noqa: E731
     if pairs:
         ref_q, ref_k = layers.rope(cpu(q + qb), cpu(k + kb), pos.cpu(), inv.cpu(), True)
@@ -393,10 +476,17 @@ def test_rope_kernel_matches_torch(pairs, dtype, tol, D, T, monkeypatch):
     assert (got_q.float().cpu() - ref_q).abs().max() <= tol * ref_q.abs().max()
     assert (got_k.float().cpu() - ref_k).abs().max() <= tol * ref_k.abs().max()
     assert torch.equal(qkv[:, 12 * D :], v)  # v beside q and k in the projection is untouched
-    # the same launch storing k and v into the paged cache: same q/k bits, the cache as write_kv leaves it
-    cache, ref_cache, cache3 = (torch.zeros(32, 2, 2, 16, 4, D, dtype=dtype, device="cuda") for _ in range(3))
+    # the same launch storing k and v into the paged cache: same q/k bits, the cache as write_kv
+    # leaves it
+    cache, ref_cache, cache3 = (
+        torch.zeros(32, 2, 2, 16, 4, D, dtype=dtype, device="cuda") for _ in range(3)
+    )
     slots = torch.randperm(32 * 16, device="cuda", generator=g)[:T]
-    split = lambda x: (x[:, : 8 * D].view(T, 8, D), x[:, 8 * D : 12 * D].view(T, 4, D), x[:, 12 * D :].view(T, 4, D))  # noqa: E731
+    split = lambda x: (
+        x[:, : 8 * D].view(T, 8, D),
+        x[:, 8 * D : 12 * D].view(T, 4, D),
+        x[:, 12 * D :].view(T, 4, D),
+    )  # noqa: E731
     q2, k2, v2 = split(qkv2)
     rope_write_kv(q2, k2, v2, pos, inv, pairs, cache, 1, slots, 16, qb, kb)
     write_kv(ref_cache, 1, PagedMetadata(slots, None, [], [], 16), got_k, v.view(T, 4, D))
@@ -415,7 +505,9 @@ def test_rms_norm_on_cuda_matches_torch():
     x = torch.randn(37, 5280, device="cuda", generator=g).bfloat16()
     w = (1 + 0.1 * torch.randn(5280, device="cuda", generator=g)).bfloat16()
     ref = layers.rms_norm(x.cpu().float(), w.cpu().float(), 1e-6)
-    assert (TritonOps().rms_norm(x, w, 1e-6).float().cpu() - ref).abs().max() <= 2e-2 * ref.abs().max()
+    assert (
+        TritonOps().rms_norm(x, w, 1e-6).float().cpu() - ref
+    ).abs().max() <= 2e-2 * ref.abs().max()
 
 
 @pytest.mark.parametrize("lanes,layers,heads,dim", [(1, 3, 4, 16), (64, 4, 55, 96)])
@@ -427,7 +519,9 @@ def test_finalize_copies_on_cuda_match_torch(lanes, layers, heads, dim):
     g = torch.Generator(device="cuda").manual_seed(0)
     P, W, D, bs = 33, 4, 32, 16
     blocks = lanes * P * W
-    cache = torch.randn(blocks + 1, layers, 2, bs, heads, dim, device="cuda", generator=g).bfloat16()
+    cache = torch.randn(
+        blocks + 1, layers, 2, bs, heads, dim, device="cuda", generator=g
+    ).bfloat16()
     tables = torch.randperm(blocks, device="cuda", generator=g).view(lanes, P, W)
     pos = torch.randint(0, W * bs, (lanes,), device="cuda", generator=g)
     depth = torch.randint(1, D + 1, (lanes,), device="cuda", generator=g)
@@ -473,7 +567,19 @@ def test_latent_checks_on_cuda_match_torch():
     prev_cos = out.float() + 0.1 * torch.randn(L, H, device="cuda", generator=g)
     thr = torch.rand(L, device="cuda", generator=g) * torch.where(ints(1, 3) == 1, 2.0, 0.01)
     run, parked = ints(0, 4) > 0, ints(0, 8) == 0
-    want = [out, x, run, ints(0, 31), ints(0, 3), ints(1, 4), ints(20, 33), thr, prev_diff, prev_cos, parked & ~run]
+    want = [
+        out,
+        x,
+        run,
+        ints(0, 31),
+        ints(0, 3),
+        ints(1, 4),
+        ints(20, 33),
+        thr,
+        prev_diff,
+        prev_cos,
+        parked & ~run,
+    ]
     want.append(ints(0, 10) > 0)  # active
     got = [t.clone() for t in want]
     counts = lane_checks.latent_checks(*want), lane_checks_triton.latent_checks(*got)

@@ -43,9 +43,15 @@ def kernels():
         slot_ptr=p64,
     )
     rope_ints = dict(
-        layer=i, **{f"stride_{s}": i for s in ("qt", "qh", "kt", "kh", "vt", "vh", "cb", "cl", "ckv", "co", "ch")}
+        layer=i,
+        **{
+            f"stride_{s}": i
+            for s in ("qt", "qh", "kt", "kh", "vt", "vh", "cb", "cl", "ckv", "co", "ch")
+        },
     )
-    rope_consts = dict(HQ=16, HKV=16, HALF=64, HALF_PAD=64, PAIRS=False, BIAS=True, WRITE_KV=True, BLOCK_SIZE=16)
+    rope_consts = dict(
+        HQ=16, HKV=16, HALF=64, HALF_PAD=64, PAIRS=False, BIAS=True, WRITE_KV=True, BLOCK_SIZE=16
+    )
 
     def decode_case(splits):
         args = dict(
@@ -73,12 +79,24 @@ def kernels():
             decode_attention._decode_kernel,
             args,
             dict(
-                H=16, GROUP=1, G_PAD=16, BLOCK_SIZE=16, HEAD_DIM=128, D_PAD=128, BLOCK_N=32, SPLITS=splits, IEEE=False
+                H=16,
+                GROUP=1,
+                G_PAD=16,
+                BLOCK_SIZE=16,
+                HEAD_DIM=128,
+                D_PAD=128,
+                BLOCK_N=32,
+                SPLITS=splits,
+                IEEE=False,
             ),
         )
 
     def gemv_case(epilogue, early=1):
-        return gemv._gemv_kernel, gemv_args, dict(BLOCK_N=2, BLOCK_K=1024, EPILOGUE=epilogue, EARLY=early)
+        return (
+            gemv._gemv_kernel,
+            gemv_args,
+            dict(BLOCK_N=2, BLOCK_K=1024, EPILOGUE=epilogue, EARLY=early),
+        )
 
     add_norm_args = dict(
         x_ptr=p16,
@@ -111,12 +129,30 @@ def kernels():
         ),
         "qkv_rope": (
             qkv_rope._qkv_rope_kernel,
-            dict(x_ptr=p16, w_ptr=p16, q_ptr=p16, cache_ptr=p16, pos_ptr=p64, inv_ptr=p32, slot_ptr=p64, layer=i, K=i)
+            dict(
+                x_ptr=p16,
+                w_ptr=p16,
+                q_ptr=p16,
+                cache_ptr=p16,
+                pos_ptr=p64,
+                inv_ptr=p32,
+                slot_ptr=p64,
+                layer=i,
+                K=i,
+            )
             | {f"stride_{n}": i for n in ("wn", "qh", "cb", "cl", "ckv", "co", "ch")},
             dict(HQ=16, HKV=16, HALF=64, BLOCK_SIZE=16, BLOCK_K=1024),
         ),
-        "add_rms_norm": (norm._add_rms_norm_kernel, add_norm_args, dict(NORM_A=False, GATE=False, BLOCK=2048)),
-        "add_rms_norm_gate": (norm._add_rms_norm_kernel, add_norm_args, dict(NORM_A=True, GATE=True, BLOCK=2048)),
+        "add_rms_norm": (
+            norm._add_rms_norm_kernel,
+            add_norm_args,
+            dict(NORM_A=False, GATE=False, BLOCK=2048),
+        ),
+        "add_rms_norm_gate": (
+            norm._add_rms_norm_kernel,
+            add_norm_args,
+            dict(NORM_A=True, GATE=True, BLOCK=2048),
+        ),
         "rms_norm": (
             norm._rms_norm_kernel,
             dict(x_ptr=p16, w_ptr=p16, y_ptr=p16, stride_x=i, stride_y=i, N=i, eps=f),
@@ -165,7 +201,11 @@ def early_global_reads(ptx: str, sig: dict[str, str]) -> set[str]:
         if not line or line[0] in "/.{}$" or len(line.split()) < 2:
             continue
         op, operands = line.split(None, 1)
-        m = re.match(r"(%\w+),\s*\[\w+_param_(\d+)", operands) if op.startswith("ld.param") else None
+        m = (
+            re.match(r"(%\w+),\s*\[\w+_param_(\d+)", operands)
+            if op.startswith("ld.param")
+            else None
+        )
         if m:
             i = int(m[2])
             deps[m[1]] = {params[i]} if i < len(params) and params[i] else set()
@@ -215,7 +255,8 @@ def test_pdl_kernel_waits_before_touching_memory(name):
     ptx = {pdl: ptx_of(name, pdl) for pdl in (True, False)}
     body = ptx[True]
     wait = body.index("griddepcontrol.wait")
-    assert not re.findall(r"\b(st|atom|red)\.global", body[:wait])  # nothing written before the wait
+    # nothing written before the wait
+    assert not re.findall(r"\b(st|atom|red)\.global", body[:wait])
     early = early_global_reads(body, sig)
     allowed = EARLY_READS.get(name, set())
     assert early <= allowed, early - allowed  # e.g. q, the new k/v, x or a residual read too early
@@ -243,13 +284,16 @@ def test_split_plan(monkeypatch):
     from rlt.kernels import decode_attention as da
 
     monkeypatch.setattr(da, "num_sms", lambda device: 132)
-    assert [da.plan_splits(rows, 16, None) for rows in (1, 4, 8, 9)] == [32, 8, 4, 1]  # Ouro, 16 KV heads
+    # Ouro, 16 KV heads
+    assert [da.plan_splits(rows, 16, None) for rows in (1, 4, 8, 9)] == [32, 8, 4, 1]
 
 
 def test_resident_programs():
     """Programs per SM from registers (allocated per warp in units of 256), warps, shared memory
     and the 32-program cap."""
-    assert [occ.resident(r, w) for r, w in ((56, 4), (64, 4), (80, 4), (34, 4), (96, 4), (16, 1))] == [
+    assert [
+        occ.resident(r, w) for r, w in ((56, 4), (64, 4), (80, 4), (34, 4), (96, 4), (16, 1))
+    ] == [
         9,
         8,
         6,
@@ -266,5 +310,7 @@ def test_gemv_registers():
     sums in registers."""
     from rlt.kernels import gemv
 
-    (wide, _), (narrow, _) = (occ.gemv_registers(gemv.GemvConfig(2, k, 4), gemv.PLAIN) for k in (2048, 1024))
+    (wide, _), (narrow, _) = (
+        occ.gemv_registers(gemv.GemvConfig(2, k, 4), gemv.PLAIN) for k in (2048, 1024)
+    )
     assert 0 < narrow < wide <= 255

@@ -25,10 +25,14 @@ def test_kernels_match_references_interpreted():
     assert r.returncode == 0, r.stdout + r.stderr
     from rlt.kernels.gemv import CONFIGS
 
-    # decode, paged (5 plans, a pass graph's inputs), GEMV configs and epilogues, 2 and 3 early tiles, RoPE (a program
+    # decode, paged (5 plans, a pass graph's inputs), GEMV configs and epilogues, 2 and 3 early
+    # tiles, RoPE (a program
     # per head, then per two tokens), norms, penalties, KV copies, lane rows and checks
-    assert r.stdout.count("max error") == 6 + 5 + 1 + len(CONFIGS) * 2 + 2 + 4 + 1 + 2 + 1 + 1 + 1, r.stdout
-    assert r.stdout.count("equal to gemv + rope_write_kv: True") == 2, r.stdout  # the q/k/v product with RoPE
+    assert (
+        r.stdout.count("max error") == 6 + 5 + 1 + len(CONFIGS) * 2 + 2 + 4 + 1 + 2 + 1 + 1 + 1
+    ), r.stdout
+    # the q/k/v product with RoPE
+    assert r.stdout.count("equal to gemv + rope_write_kv: True") == 2, r.stdout
 
 
 def test_skinny_gemm_matches_the_product_interpreted():
@@ -40,7 +44,14 @@ def test_skinny_gemm_matches_the_product_interpreted():
     whole = next(i for i, c in enumerate(CONFIGS) if c.split_k == 1)
     here = os.path.dirname(__file__)
     env = {**os.environ, "TRITON_INTERPRET": "1"}
-    argv = [sys.executable, os.path.join(here, "skinny_gemm_interpreted.py"), str(CONFIGS.index(CONFIG)), str(whole)]
+    argv = [
+        sys.executable,
+        os.path.join(here, "skinny_gemm_interpreted.py"),
+        str(CONFIGS.index(CONFIG)),
+        str(whole),
+    ]
     r = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stdout + r.stderr
-    assert r.stdout.count("max error") == 2 * 2 * 3 * 5 and "ok" in r.stdout.splitlines()[-1], r.stdout
+    assert r.stdout.count("max error") == 2 * 2 * 3 * 5 and "ok" in r.stdout.splitlines()[-1], (
+        r.stdout
+    )

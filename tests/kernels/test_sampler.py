@@ -34,7 +34,9 @@ def test_rows_do_not_depend_on_batch_mates():
     )
     batched = sample(logits, p)
     for i in range(6):
-        alone = SamplingTensors(*(t[i : i + 1] for t in (p.temperature, p.top_k, p.top_p, p.seed, p.output_index)))
+        alone = SamplingTensors(
+            *(t[i : i + 1] for t in (p.temperature, p.top_k, p.top_p, p.seed, p.output_index))
+        )
         assert sample(logits[i : i + 1], alone).item() == batched[i].item()
 
 
@@ -42,7 +44,10 @@ def test_seed_and_index_determine_the_draw():
     logits = torch.zeros(1, 1000)
     draws = {sample(logits, params(1, seed=s, index=i)).item() for s in range(3) for i in range(3)}
     assert len(draws) >= 8  # uniform over 1000: distinct seeds/indices give distinct tokens
-    assert sample(logits, params(1, seed=5, index=2)).item() == sample(logits, params(1, seed=5, index=2)).item()
+    assert (
+        sample(logits, params(1, seed=5, index=2)).item()
+        == sample(logits, params(1, seed=5, index=2)).item()
+    )
 
 
 def test_frequencies_follow_softmax():
@@ -137,7 +142,7 @@ def test_a_top_p_that_rounds_to_zero_keeps_the_first_token():
     assert torch.equal(sample(logits, p), logits.argmax(-1))
 
 
-# ---- logit edits and min_p against a plain dense float32 reference, row by row ------------------
+# ---- logit edits and min_p against a plain dense float32 reference, row by row -------------------
 V = 300
 
 
@@ -207,7 +212,9 @@ def batched(rows: list[dict], garbage: int = 7):
     counts = torch.randint(0, 5, (len(pen), n), generator=g, dtype=torch.int32)
     for k, (i, lst) in enumerate(zip(pen, lists)):
         tokens[k, : len(lst)] = torch.tensor(lst)
-        counts[k, : len(lst)] = torch.tensor([rows[i]["output"].count(t) for t in lst], dtype=torch.int32)
+        counts[k, : len(lst)] = torch.tensor(
+            [rows[i]["output"].count(t) for t in lst], dtype=torch.int32
+        )
     col = lambda key, dt=torch.float32: torch.tensor([r[key] for r in rows], dtype=dt)  # noqa: E731
     edits = LogitEdits(
         bias=(
@@ -252,7 +259,9 @@ def test_edits_equal_the_dense_reference_row_by_row():
         for i, r in enumerate(rows):
             assert torch.equal(got[i], reference_logits(raw[i], r)), (seed, i)
         assert torch.equal(edit(raw.clone(), edits, st.output_index, inplace=True), got)
-    assert any(r["index"] < r["min_tokens"] for r in rows) and any(r["index"] >= r["min_tokens"] > 0 for r in rows)
+    assert any(r["index"] < r["min_tokens"] for r in rows) and any(
+        r["index"] >= r["min_tokens"] > 0 for r in rows
+    )
 
 
 def test_sampled_tokens_equal_the_reference_draw():
@@ -284,7 +293,10 @@ def test_min_p_keeps_exactly_the_tokens_above_its_share():
         p.min_p = torch.full((n,), min_p)
         probs = (logits[0] / temperature).softmax(-1)
         want = {i for i in range(7) if probs[i] >= min_p * probs.max()}
-        assert set(sample(logits.expand(n, 7), p, filtered=False).tolist()) == want, (temperature, min_p)
+        assert set(sample(logits.expand(n, 7), p, filtered=False).tolist()) == want, (
+            temperature,
+            min_p,
+        )
 
 
 def test_penalty_formulas_on_a_worked_row():
@@ -324,7 +336,8 @@ def test_penalty_slots_follow_the_outputs():
     )  # fmt: skip
     seqs = [
         SimpleNamespace(params=sp, prompt=[4, 9, 4, 30, 2], output=[], slot=None, listed=0),
-        SimpleNamespace(params=sp, prompt=[7] * 6, output=[7, 8, 8, 30], slot=None, listed=0),  # resumed
+        # resumed
+        SimpleNamespace(params=sp, prompt=[7] * 6, output=[7, 8, 8, 30], slot=None, listed=0),
     ]
     for s in seqs:
         state.take(s)
@@ -337,7 +350,16 @@ def test_penalty_slots_follow_the_outputs():
         n = max(s.listed + len(s.output) for s in seqs)
         state.penalize(rows, slots, n, r, f, p)(x)
         for i, s in enumerate(seqs):
-            ref = dict(prompt=s.prompt, output=s.output, index=0, rep=1.5, freq=0.25, pres=0.5, bias={}, min_tokens=0)
+            ref = dict(
+                prompt=s.prompt,
+                output=s.output,
+                index=0,
+                rep=1.5,
+                freq=0.25,
+                pres=0.5,
+                bias={},
+                min_tokens=0,
+            )
             assert torch.equal(x[i], reference_logits(raw[i], ref)), (step, i)
         sampled = torch.randint(0, 40, (2,), generator=g)
         keep = torch.rand(2, generator=g) < 0.7

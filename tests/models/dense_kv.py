@@ -12,7 +12,8 @@ class DenseKV:
 
     def __init__(self, mc: ModelConfig):
         g = mc.kv
-        self.core_kv = [[None] * g.num_core_layers for _ in range(mc.depth)]  # [plane][layer] -> (K, V)
+        # [plane][layer] -> (K, V)
+        self.core_kv = [[None] * g.num_core_layers for _ in range(mc.depth)]
         self.boundary_kv = [None] * g.num_boundary_layers
         self.plane = 0  # the depth plane core calls write and read (0-based)
 

@@ -22,20 +22,43 @@ def official(family):
 
 def test_official_shapes_derive_family_neutral_facts(tmp_path):
     o = ModelConfig.from_pretrained(write(tmp_path, official("ouro")))
-    assert (o.family, o.depth, o.vocab_size, o.hidden_size, o.max_positions) == ("ouro", 4, 49152, 2048, 65536)
-    assert (o.kv.num_core_layers, o.kv.num_boundary_layers, o.kv.num_kv_heads, o.kv.head_dim) == (24, 0, 16, 128)
+    assert (o.family, o.depth, o.vocab_size, o.hidden_size, o.max_positions) == (
+        "ouro",
+        4,
+        49152,
+        2048,
+        65536,
+    )
+    assert (o.kv.num_core_layers, o.kv.num_boundary_layers, o.kv.num_kv_heads, o.kv.head_dim) == (
+        24,
+        0,
+        16,
+        128,
+    )
     assert o.has_exit_gate and o.default_exit_threshold == 1.0 and o.eos_token_ids == (2,)
     assert o.kv.bytes_per_token(4, 2) == 786432  # 768 KiB at 4 depths in bf16 (models.md)
 
     n = ModelConfig.from_pretrained(write(tmp_path, official("nanbeige")))
     assert (n.depth, n.vocab_size, n.max_positions, n.bos_token_id) == (2, 166144, 262144, 1)
-    assert (n.kv.num_core_layers, n.kv.num_kv_heads, n.kv.head_dim) == (22, 8, 128)  # head_dim != 3072/48
+    # head_dim != 3072/48
+    assert (n.kv.num_core_layers, n.kv.num_kv_heads, n.kv.head_dim) == (22, 8, 128)
     assert n.kv.bytes_per_token(2, 2) == 176 * 1024
     assert not n.has_exit_gate
 
     h = ModelConfig.from_pretrained(write(tmp_path, official("huginn")))
-    assert (h.family, h.depth, h.vocab_size, h.max_positions, h.hidden_size) == ("huginn", 32, 65536, 4096, 5280)
-    assert (h.kv.num_core_layers, h.kv.num_boundary_layers, h.kv.num_kv_heads, h.kv.head_dim) == (4, 4, 55, 96)
+    assert (h.family, h.depth, h.vocab_size, h.max_positions, h.hidden_size) == (
+        "huginn",
+        32,
+        65536,
+        4096,
+        5280,
+    )
+    assert (h.kv.num_core_layers, h.kv.num_boundary_layers, h.kv.num_kv_heads, h.kv.head_dim) == (
+        4,
+        4,
+        55,
+        96,
+    )
     assert h.family_config.embed_scale == pytest.approx(math.sqrt(5280))
     assert h.family_config.state_std == pytest.approx(0.008703882797784892)
     assert h.family_config.rope_theta == 50000 and h.family_config.qk_bias
@@ -44,9 +67,17 @@ def test_official_shapes_derive_family_neutral_facts(tmp_path):
 def test_inactive_fields_are_accepted(tmp_path):
     cfg = official("huginn") | {"test_time_noise": 0, "test_time_noise_type": "fixed"}
     ModelConfig.from_pretrained(write(tmp_path, cfg))
-    cfg = official("ouro") | {"sliding_window": 4096, "use_sliding_window": False, "rope_scaling": None}
+    cfg = official("ouro") | {
+        "sliding_window": 4096,
+        "use_sliding_window": False,
+        "rope_scaling": None,
+    }
     ModelConfig.from_pretrained(write(tmp_path, cfg))
-    cfg = official("nanbeige") | {"enable_mhc": False, "loop_share_kv": False, "loop_loss_weights": []}
+    cfg = official("nanbeige") | {
+        "enable_mhc": False,
+        "loop_share_kv": False,
+        "loop_loss_weights": [],
+    }
     ModelConfig.from_pretrained(write(tmp_path, cfg))
     # transformers-5 style rope dict with the default rope type carries theta
     cfg = {k: v for k, v in official("ouro").items() if k != "rope_theta"}
@@ -131,7 +162,9 @@ def test_missing_config_and_generation_config_eos(tmp_path):
 
 
 def test_rebuilt_from_raw_is_identical(tmp_path):
-    mc = ModelConfig.from_pretrained(write(tmp_path, official("nanbeige")), hf_overrides={"num_loops": 3})
+    mc = ModelConfig.from_pretrained(
+        write(tmp_path, official("nanbeige")), hf_overrides={"num_loops": 3}
+    )
     assert ModelConfig.from_dict(mc.raw, mc.path) == mc
 
 
@@ -146,7 +179,8 @@ def test_absent_fields_take_the_reference_class_defaults(tmp_path):
     cfg = official("ouro")
     del cfg["num_key_value_heads"]
     cfg["num_attention_heads"] = 32
-    assert ModelConfig.from_pretrained(write(tmp_path, cfg)).kv.num_kv_heads == 32  # Qwen2Config default
+    # Qwen2Config default
+    assert ModelConfig.from_pretrained(write(tmp_path, cfg)).kv.num_kv_heads == 32
     cfg["num_key_value_heads"] = None
     cfg["num_attention_heads"] = 16
     assert ModelConfig.from_pretrained(write(tmp_path, cfg)).kv.num_kv_heads == 16  # null: MHA

@@ -14,7 +14,9 @@ from rlt.models.loader import DTYPES, load_weights
 
 @pytest.fixture(scope="module")
 def sharded(tmp_path_factory):
-    return make_checkpoint("nanbeige", str(tmp_path_factory.mktemp("sh") / "n"), seed=1, num_shards=3)
+    return make_checkpoint(
+        "nanbeige", str(tmp_path_factory.mktemp("sh") / "n"), seed=1, num_shards=3
+    )
 
 
 def stored(path):
@@ -59,16 +61,24 @@ def broken_copy(src, tmp_path, edit):
 
 
 def test_missing_tensor_is_named(checkpoints, tmp_path):
-    mc = broken_copy(checkpoints["ouro"], tmp_path, lambda w: w.pop("model.layers.1.input_layernorm_2.weight"))
-    with pytest.raises(CheckpointError, match=r"missing tensor 'model.layers.1.input_layernorm_2.weight'"):
+    mc = broken_copy(
+        checkpoints["ouro"], tmp_path, lambda w: w.pop("model.layers.1.input_layernorm_2.weight")
+    )
+    with pytest.raises(
+        CheckpointError, match=r"missing tensor 'model.layers.1.input_layernorm_2.weight'"
+    ):
         load_weights(mc, torch.float32)
 
 
 def test_extra_tensor_is_named(checkpoints, tmp_path):
     mc = broken_copy(
-        checkpoints["ouro"], tmp_path, lambda w: w.update({"model.layers.0.self_attn.q_proj.bias": torch.zeros(64)})
+        checkpoints["ouro"],
+        tmp_path,
+        lambda w: w.update({"model.layers.0.self_attn.q_proj.bias": torch.zeros(64)}),
     )
-    with pytest.raises(CheckpointError, match=r"unexpected tensor 'model.layers.0.self_attn.q_proj.bias'"):
+    with pytest.raises(
+        CheckpointError, match=r"unexpected tensor 'model.layers.0.self_attn.q_proj.bias'"
+    ):
         load_weights(mc, torch.float32)
 
 
@@ -88,20 +98,28 @@ def test_misshaped_tensor_is_named(checkpoints, tmp_path):
 
 def test_huginn_stored_head_must_equal_embedding(checkpoints, tmp_path):
     mc = broken_copy(
-        checkpoints["huginn"], tmp_path, lambda w: w.update({"lm_head.weight": w["lm_head.weight"] + 1e-3})
+        checkpoints["huginn"],
+        tmp_path,
+        lambda w: w.update({"lm_head.weight": w["lm_head.weight"] + 1e-3}),
     )
     with pytest.raises(CheckpointError, match="'lm_head.weight' differs from the tied embedding"):
         load_weights(mc, torch.float32)
 
 
 def test_recomputed_buffers_are_ignored(checkpoints, tmp_path):
-    mc = broken_copy(checkpoints["huginn"], tmp_path, lambda w: w.update({"freqs_cis": torch.zeros(1, 4096, 1, 8, 2)}))
+    mc = broken_copy(
+        checkpoints["huginn"],
+        tmp_path,
+        lambda w: w.update({"freqs_cis": torch.zeros(1, 4096, 1, 8, 2)}),
+    )
     assert "freqs_cis" not in load_weights(mc, torch.float32)
 
 
 def test_integer_tensor_rejected(checkpoints, tmp_path):
     mc = broken_copy(
-        checkpoints["ouro"], tmp_path, lambda w: w.update({"model.norm.weight": torch.ones(64, dtype=torch.int32)})
+        checkpoints["ouro"],
+        tmp_path,
+        lambda w: w.update({"model.norm.weight": torch.ones(64, dtype=torch.int32)}),
     )
     with pytest.raises(CheckpointError, match="'model.norm.weight' has dtype"):
         load_weights(mc, torch.float32)
@@ -142,6 +160,11 @@ def test_the_tokenizer_covers_every_id_of_the_preset(tmp_path, family):
         assert len(tok) == vocab and all(0 <= i < vocab for i in ids.values())
         specials = set(ids.values())
         assert all(
-            tok.decode([i]) for i in (vocab // 2, vocab - 1 - len(f.tokenizer.back_specials)) if i not in specials
+            tok.decode([i])
+            for i in (vocab // 2, vocab - 1 - len(f.tokenizer.back_specials))
+            if i not in specials
         )
-        assert tok.decode(tok("The river runs").input_ids, skip_special_tokens=True) == "The river runs"
+        assert (
+            tok.decode(tok("The river runs").input_ids, skip_special_tokens=True)
+            == "The river runs"
+        )

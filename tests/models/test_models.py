@@ -20,15 +20,20 @@ PROMPT = [11, 42, 7, 300, 19, 5, 88, 250, 3]
 def engine_for(path, overrides=None, dtype=torch.float32):
     mc = ModelConfig.from_pretrained(path, hf_overrides=overrides)
     model = load_model(mc, dtype)
-    # no prefix cache: each call computes its prompt (a repeated one compares the numbers run by run)
-    return mc, LoopEngine(mc, model, EngineConfig(block_size=4, num_blocks=256, enable_prefix_caching=False), dtype)
+    # no prefix cache: each call computes its prompt (a repeated one compares the numbers run by
+    # run)
+    return mc, LoopEngine(
+        mc, model, EngineConfig(block_size=4, num_blocks=256, enable_prefix_caching=False), dtype
+    )
 
 
 def greedy(mc, engine, prompt, n, **kw):
     p = resolve_params(
         mc,
         len(prompt),
-        SamplingParams(**({"max_tokens": n, "temperature": 0.0, "ignore_eos": True, "logprobs": 5} | kw)),
+        SamplingParams(
+            **({"max_tokens": n, "temperature": 0.0, "ignore_eos": True, "logprobs": 5} | kw)
+        ),
     )
     engine.add_request("r", prompt, p)
     outs = []
@@ -39,7 +44,10 @@ def greedy(mc, engine, prompt, n, **kw):
 
 def huginn_noise(ref, seed=0):
     s = ref.cfg["init_values"]["std"] * ref.cfg["init_values"]["embed_scale"]
-    return lambda T: truncated_normal(torch.tensor(seed), torch.arange(T)[:, None], torch.arange(ref.H)[None, :]) * s
+    return lambda T: (
+        truncated_normal(torch.tensor(seed), torch.arange(T)[:, None], torch.arange(ref.H)[None, :])
+        * s
+    )
 
 
 DEPTHS = {
@@ -98,11 +106,19 @@ def test_huginn_like_init_matches_reference_with_same_draw(checkpoints):
     assert greedy(mc0, engine0, PROMPT, 5, seed=7).logprobs != g.logprobs
 
 
-@pytest.mark.parametrize("threshold,min_loops,max_loops", [(0.5, 1, 4), (0.3, 2, 4), (0.6, 1, 3), (0.9, 1, 4)])
-def test_ouro_adaptive_exit_matches_last_exited_reference(checkpoints, threshold, min_loops, max_loops):
+@pytest.mark.parametrize(
+    "threshold,min_loops,max_loops", [(0.5, 1, 4), (0.3, 2, 4), (0.6, 1, 3), (0.9, 1, 4)]
+)
+def test_ouro_adaptive_exit_matches_last_exited_reference(
+    checkpoints, threshold, min_loops, max_loops
+):
     mc, engine = engine_for(checkpoints["ouro"])
-    g = greedy(mc, engine, PROMPT, 10, exit_threshold=threshold, min_loops=min_loops, max_loops=max_loops)
-    tokens, depths, logps = ref_generate(Ref(checkpoints["ouro"]), PROMPT, 10, min_loops, max_loops, threshold)
+    g = greedy(
+        mc, engine, PROMPT, 10, exit_threshold=threshold, min_loops=min_loops, max_loops=max_loops
+    )
+    tokens, depths, logps = ref_generate(
+        Ref(checkpoints["ouro"]), PROMPT, 10, min_loops, max_loops, threshold
+    )
     assert_matches(g, tokens, depths, logps)
     assert depths[0] == max_loops  # sampled from the prompt, which runs at max_loops
     assert all(min_loops <= d <= max_loops for d in depths[1:])

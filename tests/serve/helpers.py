@@ -51,7 +51,9 @@ def serving(model: str, *flags: str, output: list | None = None):
         *FAST_ARGS,
         *flags,
     ]
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    proc = subprocess.Popen(
+        argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
+    )
     try:
         deadline, lines = time.monotonic() + 90, []
         while True:
@@ -118,8 +120,16 @@ def request(url: str, method: str, path: str, body=None, headers=AUTH) -> tuple[
 def openai_error(body: dict, status: int, param: str | None = None) -> dict:
     """The error object, checked for OpenAI's shape and a bounded message."""
     e = body["error"]
-    assert set(e) == {"message", "type", "param", "code"} and e["code"] == status and e["param"] == param, e
-    assert isinstance(e["message"], str) and 0 < len(e["message"]) <= 400 and isinstance(e["type"], str)
+    assert (
+        set(e) == {"message", "type", "param", "code"}
+        and e["code"] == status
+        and e["param"] == param
+    ), e
+    assert (
+        isinstance(e["message"], str)
+        and 0 < len(e["message"]) <= 400
+        and isinstance(e["type"], str)
+    )
     return e
 
 
@@ -137,13 +147,21 @@ SCHEMA = {
 
 WEATHER = {
     "type": "object",
-    "properties": {"city": {"enum": ["Oslo", "Rome"]}, "days": {"type": "integer", "minimum": 1, "maximum": 3}},
+    "properties": {
+        "city": {"enum": ["Oslo", "Rome"]},
+        "days": {"type": "integer", "minimum": 1, "maximum": 3},
+    },
     "required": ["city", "days"],
     "additionalProperties": False,
 }
 
 
-SEARCH = {"type": "object", "properties": {"q": {"type": "boolean"}}, "required": ["q"], "additionalProperties": False}
+SEARCH = {
+    "type": "object",
+    "properties": {"q": {"type": "boolean"}},
+    "required": ["q"],
+    "additionalProperties": False,
+}
 
 
 TOOLS = [

@@ -17,7 +17,11 @@ from rlt.contract.validation import resolve_params
 from tests.processes import processes_mentioning, workers_of
 from tests.serve.helpers import post, serving
 
-SMALL = {"type": "object", "properties": {"a": {"type": "string", "maxLength": 4}}, "required": ["a"]}
+SMALL = {
+    "type": "object",
+    "properties": {"a": {"type": "string", "maxLength": 4}},
+    "required": ["a"],
+}
 
 
 def _small_schema_seconds(url: str) -> float:
@@ -55,7 +59,10 @@ def bombed(checkpoints):
 
 def test_limits_are_400s_naming_the_field_and_the_limit(bombed):
     url = bombed[0]
-    tools = [{"type": "function", "function": {"name": f"f{i}", "parameters": SMALL}} for i in range(10_000)]
+    tools = [
+        {"type": "function", "function": {"name": f"f{i}", "parameters": SMALL}}
+        for i in range(10_000)
+    ]
     chat = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
     cases = [
         (
@@ -75,13 +82,27 @@ def test_limits_are_400s_naming_the_field_and_the_limit(bombed):
             "response_format: has 307237 bytes, more than the limit 262144 (max_grammar_bytes)",
         ),
         (
-            _schema_body({"type": "object", "properties": {"a": {"$ref": "https://example.com/s.json"}}}),
+            _schema_body(
+                {"type": "object", "properties": {"a": {"$ref": "https://example.com/s.json"}}}
+            ),
             "response_format: $.properties.a.$ref 'https://example.com/s.json' is external",
         ),
-        (chat | {"tools": tools, "tool_choice": "required"}, "tools has 10000 entries, more than the limit 128"),
-        (chat | {"tools": tools[:2] + tools[:1]}, "tools[2].function.name 'f0' is the name of an earlier tool"),
-        (chat | {"tools": [{"type": "function", "function": {"name": ""}}]}, "tools[0] must be a function tool"),
-        ({"messages": [{"role": "user", "content": "hi", "colour": 1}]}, "messages[0].'colour' is not a message"),
+        (
+            chat | {"tools": tools, "tool_choice": "required"},
+            "tools has 10000 entries, more than the limit 128",
+        ),
+        (
+            chat | {"tools": tools[:2] + tools[:1]},
+            "tools[2].function.name 'f0' is the name of an earlier tool",
+        ),
+        (
+            chat | {"tools": [{"type": "function", "function": {"name": ""}}]},
+            "tools[0] must be a function tool",
+        ),
+        (
+            {"messages": [{"role": "user", "content": "hi", "colour": 1}]},
+            "messages[0].'colour' is not a message",
+        ),
     ]
     for body, start in cases:
         path = "/v1/chat/completions" if "messages" in body else "/v1/completions"
@@ -93,8 +114,12 @@ def test_chat_templates_are_bounded(bombed, ouro_server):
     """A request's own template is refused unless the server trusts them; a trusting server renders
     it under bounds: output past what the model could take, or a render past its time, is a 400."""
     hi = [{"role": "user", "content": "hi"}]
-    status, answer = post(bombed[0], "/tokenize", {"messages": hi, "chat_template": "{{ messages }}"})
-    assert status == 400 and answer["error"]["message"].startswith("chat_template: a request's own chat template is")
+    status, answer = post(
+        bombed[0], "/tokenize", {"messages": hi, "chat_template": "{{ messages }}"}
+    )
+    assert status == 400 and answer["error"]["message"].startswith(
+        "chat_template: a request's own chat template is"
+    )
     bombs = {
         "{{ 'a' * 300000000 }}": "the chat template's output would pass",
         "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}": "took longer than",
@@ -103,7 +128,9 @@ def test_chat_templates_are_bounded(bombed, ouro_server):
     }
     for path in ("/tokenize", "/v1/chat/completions"):
         for template, why in bombs.items():
-            body = {"messages": hi, "chat_template": template} | ({"max_tokens": 1} if path.startswith("/v1") else {})
+            body = {"messages": hi, "chat_template": template} | (
+                {"max_tokens": 1} if path.startswith("/v1") else {}
+            )
             status, answer = post(ouro_server, path, body)
             assert status == 400 and why in answer["error"]["message"], (template, answer)
 
@@ -114,7 +141,9 @@ def test_huginn_refuses_the_gate(checkpoints):
     from rlt.models.model_config import ModelConfig
 
     mc = ModelConfig.from_pretrained(checkpoints["huginn"])
-    with pytest.raises(RequestError, match="exit_criterion 'gate' is Ouro's learned exit gate; this model"):
+    with pytest.raises(
+        RequestError, match="exit_criterion 'gate' is Ouro's learned exit gate; this model"
+    ):
         resolve_params(mc, 2, SamplingParams(exit_criterion="gate"))
 
 
@@ -131,7 +160,11 @@ def test_slow_grammars_wedge_nobody(bombed):
 
     def stream():
         for chunk in client.completions.create(
-            model="m", prompt="The river", max_tokens=400, stream=True, extra_body={"ignore_eos": True}
+            model="m",
+            prompt="The river",
+            max_tokens=400,
+            stream=True,
+            extra_body={"ignore_eos": True},
         ):
             arrivals.append(time.monotonic())
             finish.append(chunk.choices[0].finish_reason)
@@ -140,7 +173,9 @@ def test_slow_grammars_wedge_nobody(bombed):
 
     def bomb(k: int):
         choice = [f"bomb {k} entry {i} " * 6 for i in range(2000)]
-        answers.append(post(url, "/v1/completions", {"prompt": "x", "structured_outputs": {"choice": choice}}))
+        answers.append(
+            post(url, "/v1/completions", {"prompt": "x", "structured_outputs": {"choice": choice}})
+        )
 
     plain = threading.Thread(target=stream)
     plain.start()
@@ -155,8 +190,12 @@ def test_slow_grammars_wedge_nobody(bombed):
     plain.join()
     after = [_small_schema_seconds(url) for _ in range(3)]
     assert [a[0] for a in answers] == [400] * 8, str(answers[0])[:600]
-    assert all("did not compile within 1 s (grammar_compile_timeout)" in a[1]["error"]["message"] for a in answers)
-    assert finish[-1] == "length"  # (its pace while the bombs arrive: issue 61's note has the gaps measured)
+    assert all(
+        "did not compile within 1 s (grammar_compile_timeout)" in a[1]["error"]["message"]
+        for a in answers
+    )
+    # (its pace while the bombs arrive: issue 61's note has the gaps measured)
+    assert finish[-1] == "length"
     assert max(during + after) <= usual + 1.0, (usual, during, after)
     assert _rss(pid) <= 1.1 * rss, (rss, _rss(pid))
 

@@ -15,14 +15,20 @@ from rlt.models.tokenizer import load_tokenizer
 QUESTIONS = [
     {"question": "The river runs to the", "choices": ["sea", "hills", "sky"], "answer": 0},
     {"question": "Snow falls in", "choices": ["winter", "a kettle"], "answer": 0},
-    {"question": "Two and two make", "choices": ["four", "five", "twenty-two", "fish"], "answer": 0},
+    {
+        "question": "Two and two make",
+        "choices": ["four", "five", "twenty-two", "fish"],
+        "answer": 0,
+    },
 ]
 
 
 def _tasks(root) -> str:
     data = root / "questions.jsonl"
     data.write_text("".join(json.dumps(q) + "\n" for q in QUESTIONS))
-    common = f"dataset_path: json\ndataset_kwargs:\n  data_files:\n    test: {data}\ntest_split: test\n"
+    common = (
+        f"dataset_path: json\ndataset_kwargs:\n  data_files:\n    test: {data}\ntest_split: test\n"
+    )
     (root / "mc.yaml").write_text(
         "task: rlt_mc\n" + common + "output_type: multiple_choice\ndoc_to_text: '{{question}}'\n"
         "doc_to_choice: '{{choices}}'\ndoc_to_target: '{{answer}}'\nmetric_list:\n  - metric: acc\n"
@@ -81,7 +87,10 @@ def test_lm_eval_harness_loglikelihoods_and_generations(checkpoints, ouro_server
             whole = tok(context + continuation, add_special_tokens=False).input_ids
             requests.append((whole, len(ctx)))
             got.append(resp[0][0])
-    gens = [tok(s["arguments"][0][0], add_special_tokens=False).input_ids for s in results["samples"]["rlt_gen"]]
+    gens = [
+        tok(s["arguments"][0][0], add_special_tokens=False).input_ids
+        for s in results["samples"]["rlt_gen"]
+    ]
     sums, texts = asyncio.run(_reference(model, requests, gens))
     assert len(got) == 9 and got == pytest.approx(sums, abs=1e-4)
     assert all(g < 0 for g in got)  # (each choice scored, none a silent 0.0)

@@ -33,19 +33,30 @@ def test_completion_equals_the_python_api(checkpoints, ouro):
     client = openai.OpenAI(base_url=ouro, api_key="none")
     prompt = [5, 6, 7, 8, 9, 10, 11]
     extra = {"return_exit_depths": True, "return_token_ids": True}
-    r = client.completions.create(model="m", prompt=prompt, max_tokens=10, temperature=0, extra_body=extra)
+    r = client.completions.create(
+        model="m", prompt=prompt, max_tokens=10, temperature=0, extra_body=extra
+    )
     sp = SamplingParams(max_tokens=10, temperature=0)
     out, _ = asyncio.run(python_api(checkpoints["ouro"], prompt, sp))
     c = r.choices[0]
-    assert (c.text, c.model_extra["exit_depths"], c.finish_reason) == (out.text, out.exit_depths, out.finish_reason)
-    assert (c.model_extra["token_ids"], c.model_extra["prompt_token_ids"]) == (out.token_ids, prompt)
+    assert (c.text, c.model_extra["exit_depths"], c.finish_reason) == (
+        out.text,
+        out.exit_depths,
+        out.finish_reason,
+    )
+    assert (c.model_extra["token_ids"], c.model_extra["prompt_token_ids"]) == (
+        out.token_ids,
+        prompt,
+    )
     stream = client.completions.create(
         model="m", prompt=prompt, max_tokens=10, temperature=0, stream=True, extra_body=extra
     )
     chunks = [c.model_extra for chunk in stream for c in chunk.choices]
     assert [i for c in chunks for i in c["token_ids"]] == out.token_ids
     assert [d for c in chunks for d in c["exit_depths"]] == out.exit_depths
-    assert chunks[0]["prompt_token_ids"] == prompt and all("prompt_token_ids" not in c for c in chunks[1:])
+    assert chunks[0]["prompt_token_ids"] == prompt and all(
+        "prompt_token_ids" not in c for c in chunks[1:]
+    )
     assert (r.usage.prompt_tokens, r.usage.completion_tokens) == (7, len(out.token_ids))
     assert [m.id for m in client.models.list().data] == ["m"]
 
@@ -61,28 +72,43 @@ def test_chat_equals_generate_on_the_rendered_conversation(checkpoints, served, 
     ]
     ov = HUGINN if family == "huginn" else None  # (as its server: conftest.served)
     r = openai.OpenAI(base_url=served(family), api_key="none").chat.completions.create(
-        model="m", messages=messages, max_completion_tokens=12, temperature=0, extra_body={"return_token_ids": True}
+        model="m",
+        messages=messages,
+        max_completion_tokens=12,
+        temperature=0,
+        extra_body={"return_token_ids": True},
     )
     tok = load_tokenizer(checkpoints[family])
-    raw = tok(tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)).input_ids
+    raw = tok(
+        tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    ).input_ids
     bos = tok.bos_token_id
     ids = raw[1:] if bos is not None and raw[:2] == [bos, bos] else raw
-    assert (len(raw) - len(ids)) == (family != "ouro")  # their templates write the BOS the tokenizer adds
-    want, _ = asyncio.run(python_api(checkpoints[family], ids, SamplingParams(max_tokens=12, temperature=0), ov))
+    # their templates write the BOS the tokenizer adds
+    assert (len(raw) - len(ids)) == (family != "ouro")
+    want, _ = asyncio.run(
+        python_api(checkpoints[family], ids, SamplingParams(max_tokens=12, temperature=0), ov)
+    )
     m = r.choices[0].message
-    if family == "nanbeige":  # its template opens <think>: the text (never closed here) is the reasoning
+    # its template opens <think>: the text (never closed here) is the reasoning
+    if family == "nanbeige":
         assert tok.convert_tokens_to_ids("</think>") not in want.token_ids
         assert (m.model_extra["reasoning_content"], m.content) == (want.text or None, "")
     else:
         assert m.content == want.text
     assert m.role == "assistant"
-    assert (r.model_extra["prompt_token_ids"], r.choices[0].model_extra["token_ids"]) == (ids, want.token_ids)
+    assert (r.model_extra["prompt_token_ids"], r.choices[0].model_extra["token_ids"]) == (
+        ids,
+        want.token_ids,
+    )
     assert r.usage.prompt_tokens == len(ids)
 
 
 async def test_streaming_n_and_stop_strings(ouro):
     client = openai.AsyncOpenAI(base_url=ouro, api_key="none")
-    whole = await client.completions.create(model="m", prompt="The river runs", max_tokens=12, temperature=0)
+    whole = await client.completions.create(
+        model="m", prompt="The river runs", max_tokens=12, temperature=0
+    )
     text = whole.choices[0].text
     pieces, usage = [], None
     stream = await client.completions.create(
@@ -100,14 +126,18 @@ async def test_streaming_n_and_stop_strings(ouro):
     # n: each choice its own seed stream (seed, seed + 1), as separate requests give
     two = await client.completions.create(model="m", prompt="The river", max_tokens=8, n=2, seed=5)
     one = [
-        (await client.completions.create(model="m", prompt="The river", max_tokens=8, seed=s)).choices[0].text
+        (await client.completions.create(model="m", prompt="The river", max_tokens=8, seed=s))
+        .choices[0]
+        .text
         for s in (5, 6)
     ]
     assert [c.text for c in sorted(two.choices, key=lambda c: c.index)] == one
     # a stop string: the text ends before it, finish_reason "stop", streamed or not
     stop = text[3:5]
     cut = text[: text.find(stop)]
-    r = await client.completions.create(model="m", prompt="The river runs", max_tokens=12, temperature=0, stop=stop)
+    r = await client.completions.create(
+        model="m", prompt="The river runs", max_tokens=12, temperature=0, stop=stop
+    )
     assert (r.choices[0].text, r.choices[0].finish_reason) == (cut, "stop")
     stream = await client.completions.create(
         model="m", prompt="The river runs", max_tokens=12, temperature=0, stop=[stop], stream=True
@@ -120,9 +150,14 @@ def test_errors_in_openai_shape(ouro, checkpoints):
     client = openai.OpenAI(base_url=ouro, api_key="none", max_retries=0)
     with pytest.raises(openai.BadRequestError) as e:
         client.completions.create(model="m", prompt="x", max_tokens=-1)
-    assert e.value.body["message"] == "max_tokens must be >= 1, got -1" and e.value.body["param"] == "max_tokens"
+    assert (
+        e.value.body["message"] == "max_tokens must be >= 1, got -1"
+        and e.value.body["param"] == "max_tokens"
+    )
     with pytest.raises(openai.BadRequestError, match="temperature"):
-        client.chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}], temperature=-2)
+        client.chat.completions.create(
+            model="m", messages=[{"role": "user", "content": "x"}], temperature=-2
+        )
     with pytest.raises(openai.NotFoundError, match="the model 'other' does not exist"):
         client.completions.create(model="other", prompt="x")
     r = client.completions.create(model="m", prompt="still serving", max_tokens=2)
@@ -135,7 +170,17 @@ def test_errors_in_openai_shape(ouro, checkpoints):
 
 def test_bad_options_fail_before_serving(checkpoints):
     r = subprocess.run(
-        [sys.executable, "-m", "rlt", "serve", checkpoints["ouro"], "--port", str(free_port()), "--num-blocks", "0"],
+        [
+            sys.executable,
+            "-m",
+            "rlt",
+            "serve",
+            checkpoints["ouro"],
+            "--port",
+            str(free_port()),
+            "--num-blocks",
+            "0",
+        ],
         capture_output=True,
         text=True,
         timeout=60,
@@ -151,7 +196,11 @@ async def test_disconnected_clients_abort_and_metrics_count(ouro):
 
     async def leave_after(k):
         stream = await client.completions.create(
-            model="m", prompt="The river", max_tokens=20000, stream=True, extra_body={"ignore_eos": True}
+            model="m",
+            prompt="The river",
+            max_tokens=20000,
+            stream=True,
+            extra_body={"ignore_eos": True},
         )
         async for _ in stream:
             k -= 1
@@ -160,7 +209,9 @@ async def test_disconnected_clients_abort_and_metrics_count(ouro):
         await stream.close()
 
     await asyncio.gather(*(leave_after(k) for k in (1, 2, 5, 10)))
-    r = await client.completions.create(model="m", prompt="still serving", max_tokens=3, temperature=0)
+    r = await client.completions.create(
+        model="m", prompt="still serving", max_tokens=3, temperature=0
+    )
     assert r.choices[0].finish_reason == "length"
     deadline = time.monotonic() + 10
     while (m := scrape(ouro))["rlt:num_requests_running"] or m["rlt:kv_cache_usage_perc"]:
@@ -171,7 +222,10 @@ async def test_disconnected_clients_abort_and_metrics_count(ouro):
     assert grew['rlt:request_success_total{finished_reason="length"}'] == 1
     assert grew["rlt:generation_tokens_total"] >= 1 + 2 + 5 + 10 + 3
     assert grew["rlt:exit_depth_count"] == grew["rlt:generation_tokens_total"]
-    assert grew["rlt:time_to_first_token_seconds_count"] == 5 and grew["rlt:e2e_request_latency_seconds_count"] == 5
+    assert (
+        grew["rlt:time_to_first_token_seconds_count"] == 5
+        and grew["rlt:e2e_request_latency_seconds_count"] == 5
+    )
     assert m["rlt:num_preemptions_total"] == 0 and m["rlt:kv_handoff_bytes_total"] == 0
 
 
@@ -185,13 +239,22 @@ def test_cached_prompt_tokens_in_usage_and_metrics(ouro):
     assert first.usage.prompt_tokens_details.cached_tokens == 0
     assert again.usage.prompt_tokens_details.cached_tokens == 32  # whole 16-position blocks
     stream = client.completions.create(
-        model="m", prompt=prompt, max_tokens=2, temperature=0, stream=True, stream_options={"include_usage": True}
+        model="m",
+        prompt=prompt,
+        max_tokens=2,
+        temperature=0,
+        stream=True,
+        stream_options={"include_usage": True},
     )
     usage = [chunk.usage for chunk in stream if chunk.usage is not None]
-    assert [u.prompt_tokens_details.cached_tokens for u in usage] == [32]  # (its last position is recomputed)
+    # (its last position is recomputed)
+    assert [u.prompt_tokens_details.cached_tokens for u in usage] == [32]
     m = scrape(ouro)
     assert m["rlt:prefix_cache_hits_total"] - before.get("rlt:prefix_cache_hits_total", 0) == 64
-    assert m["rlt:prefix_cache_queries_total"] - before.get("rlt:prefix_cache_queries_total", 0) == 40 + 41 + 40
+    assert (
+        m["rlt:prefix_cache_queries_total"] - before.get("rlt:prefix_cache_queries_total", 0)
+        == 40 + 41 + 40
+    )
     assert m["rlt:prefix_cache_blocks"] > 0
 
 
@@ -200,9 +263,15 @@ def test_logprobs_equal_the_python_api(checkpoints, ouro):
     engine's logprobs: the sampled token's own and the top ones, sampled or greedy."""
     client = openai.OpenAI(base_url=ouro, api_key="none")
     prompt = [5, 6, 7, 8, 9, 10, 11]
-    r = client.completions.create(model="m", prompt=prompt, max_tokens=6, temperature=0.9, seed=3, logprobs=2)
+    r = client.completions.create(
+        model="m", prompt=prompt, max_tokens=6, temperature=0.9, seed=3, logprobs=2
+    )
     out, tok = asyncio.run(
-        python_api(checkpoints["ouro"], prompt, SamplingParams(max_tokens=6, temperature=0.9, seed=3, logprobs=2))
+        python_api(
+            checkpoints["ouro"],
+            prompt,
+            SamplingParams(max_tokens=6, temperature=0.9, seed=3, logprobs=2),
+        )
     )
     lp = r.choices[0].logprobs
     assert lp.token_logprobs == [pos[t] for t, pos in zip(out.token_ids, out.logprobs)]
@@ -212,7 +281,11 @@ def test_logprobs_equal_the_python_api(checkpoints, ouro):
         assert len(top) == 2 and sorted(top.values(), reverse=True) == best
     assert lp.text_offset[0] == 0 and lp.text_offset[1] == len(lp.tokens[0])
     c = client.chat.completions.create(
-        model="m", messages=[{"role": "user", "content": "Hi"}], max_tokens=4, logprobs=True, top_logprobs=3
+        model="m",
+        messages=[{"role": "user", "content": "Hi"}],
+        max_tokens=4,
+        logprobs=True,
+        top_logprobs=3,
     )
     content = c.choices[0].logprobs.content
     assert len(content) == 4 and all(len(e.top_logprobs) == 3 for e in content)
@@ -231,7 +304,11 @@ async def test_a_thousand_streams_with_a_tenth_of_clients_leaving(ouro):
         leave = rng.randint(1, 8) if i % 10 == 3 else None
         async with gate:
             stream = await client.completions.create(
-                model="m", prompt=f"request {i}", max_tokens=8, stream=True, extra_body={"ignore_eos": True}
+                model="m",
+                prompt=f"request {i}",
+                max_tokens=8,
+                stream=True,
+                extra_body={"ignore_eos": True},
             )
             pieces, finish = 0, None
             async for chunk in stream:
@@ -257,31 +334,50 @@ def test_defaults_from_generation_config(checkpoints, tmp_path):
     import shutil
 
     model = shutil.copytree(checkpoints["ouro"], tmp_path / "ouro")
-    (model / "generation_config.json").write_text(json.dumps({"temperature": 0.0, "max_new_tokens": 5}))
+    (model / "generation_config.json").write_text(
+        json.dumps({"temperature": 0.0, "max_new_tokens": 5})
+    )
     with serving(str(model)) as url:
         client = openai.OpenAI(base_url=url, api_key="none")
         a, b = (client.completions.create(model="m", prompt="The river") for _ in range(2))
-        assert a.choices[0].text == b.choices[0].text and a.usage.completion_tokens == 5  # greedy, 5 tokens
+        # greedy, 5 tokens
+        assert a.choices[0].text == b.choices[0].text and a.usage.completion_tokens == 5
     with serving(str(model), "--override-generation-config", '{"max_new_tokens": 3}') as url:
-        r = openai.OpenAI(base_url=url, api_key="none").completions.create(model="m", prompt="The river")
+        r = openai.OpenAI(base_url=url, api_key="none").completions.create(
+            model="m", prompt="The river"
+        )
         assert r.usage.completion_tokens == 3
 
 
-async def test_the_serving_benchmark_over_http_counts_what_the_python_api_generates(checkpoints, ouro):
+async def test_the_serving_benchmark_over_http_counts_what_the_python_api_generates(
+    checkpoints, ouro
+):
     """`rlt bench serve --base-url`: the same workload and metrics as in process."""
     from rlt.bench.serving import EngineTarget, HTTPTarget, closed_loop, one_rate
 
     http = HTTPTarget(ouro, "m", vocab_size=256)
-    rows = [await closed_loop(http, 3, 7, [5, 40], 6, seed=1), await one_rate(http, 20.0, 0.3, [9], 4, seed=2)]
-    assert [r["completed"] for r in rows] == [7, len(rows[1]["requests"])] and rows[1]["completed"] >= 1
-    assert rows[0]["concurrency"] == 3 and sorted(n for n, *_ in rows[0]["requests"]) == [5] * 4 + [40] * 3
-    for row, out_len in zip(rows, (6, 4)):  # every token counted once: ignore_eos, token ids per chunk
+    rows = [
+        await closed_loop(http, 3, 7, [5, 40], 6, seed=1),
+        await one_rate(http, 20.0, 0.3, [9], 4, seed=2),
+    ]
+    assert [r["completed"] for r in rows] == [7, len(rows[1]["requests"])] and rows[1][
+        "completed"
+    ] >= 1
+    assert (
+        rows[0]["concurrency"] == 3
+        and sorted(n for n, *_ in rows[0]["requests"]) == [5] * 4 + [40] * 3
+    )
+    # every token counted once: ignore_eos, token ids per chunk
+    for row, out_len in zip(rows, (6, 4)):
         assert row["total_output_tokens"] == row["completed"] * out_len
-        # (tpot is 0 when a busy machine delivers a request's later tokens with its first: one output)
+        # (tpot is 0 when a busy machine delivers a request's later tokens with its first: one
+        # output)
         assert all(ttft > 0 and tpot >= 0 for _, ttft, tpot in row["requests"])
     async with rlt.Engine.launch(checkpoints["ouro"], heartbeat_timeout=3.0) as engine:
         local = await closed_loop(EngineTarget(engine), 3, 7, [5, 40], 6, seed=1)
         # a ramp: the third client's one request starts 2 * 1.5 / 3 s after the first one's
         ramped = await closed_loop(EngineTarget(engine), 3, 3, [5], 2, seed=1, ramp_s=1.5)
     assert local.keys() == rows[0].keys() and local["completed"] == 7 and rows[0]["ramp_s"] == 0.0
-    assert ramped["completed"] == 3 and ramped["ramp_s"] == 1.5 and ramped["duration_s"] >= 1.0, ramped
+    assert ramped["completed"] == 3 and ramped["ramp_s"] == 1.5 and ramped["duration_s"] >= 1.0, (
+        ramped
+    )

@@ -63,7 +63,9 @@ def test_past_the_connection_cap_a_request_gets_a_json_503(server):
         time.sleep(0.1)
 
 
-@pytest.mark.parametrize("limits, cap, soft", [((300, 2000), 2000 - 256, 2000), ((256, 256), 256 - 64, 256)])
+@pytest.mark.parametrize(
+    "limits, cap, soft", [((300, 2000), 2000 - 256, 2000), ((256, 256), 256 - 64, 256)]
+)
 def test_the_connection_cap_follows_the_open_file_limit(limits, cap, soft):
     """The soft open-file limit is raised to the hard one, and the cap lowered to what it allows
     (past it a flood would meet EMFILE instead of the cap's 503)."""
@@ -72,7 +74,9 @@ def test_the_connection_cap_follows_the_open_file_limit(limits, cap, soft):
         f"resource.setrlimit(resource.RLIMIT_NOFILE, {limits}); "
         "print(connection_cap(4096), resource.getrlimit(resource.RLIMIT_NOFILE)[0])"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    ).stdout
     assert out.split() == [str(cap), str(soft)]
 
 
@@ -83,7 +87,8 @@ def test_header_timeout_closes_silent_and_trickling_connections(server):
             t0 = time.monotonic()
             s.sendall(first)
             assert s.recv(1) == b"" and time.monotonic() - t0 >= 0.9
-    with socket.create_connection(address(url), timeout=30) as s:  # a kept-alive connection's next request
+    # a kept-alive connection's next request
+    with socket.create_connection(address(url), timeout=30) as s:
         s.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
         assert raw_response(s)[0] == 200
         s.sendall(b"GET /hea")
@@ -98,29 +103,41 @@ def test_headers_past_64_kib_get_a_json_431_and_a_large_body_is_no_header(server
         status, headers, payload = raw_response(s)
         assert status == 431 and headers["content-type"] == "application/json"
         openai_error(json.loads(payload), 431)
-    body = json.dumps({"prompt": [5] * 100_000, "max_tokens": 1}).encode()  # 300 KB in the headers' read
+    # 300 KB in the headers' read
+    body = json.dumps({"prompt": [5] * 100_000, "max_tokens": 1}).encode()
     with socket.create_connection(address(url), timeout=30) as s:
         head = f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {KEY}\r\n"
         s.sendall(head.encode() + f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
-        status, _, payload = raw_response(s)  # (its body arrives with its headers: it is read as a body)
-        assert status == 400 and "max positions" in openai_error(json.loads(payload), 400, "prompt")["message"]
+        # (its body arrives with its headers: it is read as a body)
+        status, _, payload = raw_response(s)
+        assert (
+            status == 400
+            and "max positions" in openai_error(json.loads(payload), 400, "prompt")["message"]
+        )
 
 
 def test_body_size_and_time_limits(server):
     url, _ = server
-    head = b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " + KEY.encode() + b"\r\n"
-    with socket.create_connection(address(url), timeout=30) as s:  # too big by Content-Length: not read
+    head = (
+        b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer "
+        + KEY.encode()
+        + b"\r\n"
+    )
+    # too big by Content-Length: not read
+    with socket.create_connection(address(url), timeout=30) as s:
         s.sendall(head + b"Content-Length: 104857600\r\n\r\n")
         status, headers, body = raw_response(s)
         assert status == 413 and headers["connection"] == "close"
         assert "8388608" in openai_error(json.loads(body), 413)["message"]
-    with socket.create_connection(address(url), timeout=30) as s:  # chunked: refused once past the limit
+    # chunked: refused once past the limit
+    with socket.create_connection(address(url), timeout=30) as s:
         s.sendall(head + b"Transfer-Encoding: chunked\r\n\r\n")
         chunk = b"%x\r\n" % (1 << 20) + b" " * (1 << 20) + b"\r\n"
         s.sendall(chunk * 8 + b"1\r\n \r\n")  # one byte past it (all of it read: no reset)
         status, _, body = raw_response(s)
         assert status == 413 and openai_error(json.loads(body), 413)
-    with openai.OpenAI(base_url=url, api_key=KEY, max_retries=0) as client:  # uploading past it: reads the 413
+    # uploading past it: reads the 413
+    with openai.OpenAI(base_url=url, api_key=KEY, max_retries=0) as client:
         with pytest.raises(openai.APIStatusError) as e:
             client.completions.create(model="m", prompt="x" * (9 << 20))
         assert e.value.status_code == 413 and "8388608" in e.value.message
@@ -141,7 +158,12 @@ def test_errors_in_openai_shape_name_the_field(server):
         ("/v1/completions", ok | {"ignore_eos": "false"}, 400, "ignore_eos"),
         ("/v1/completions", ok | {"return_exit_depths": 1}, 400, "return_exit_depths"),
         ("/v1/completions", ok | {"return_token_ids": "true"}, 400, "return_token_ids"),
-        ("/v1/completions", ok | {"stream_options": {"include_usage": "no"}}, 400, "stream_options.include_usage"),
+        (
+            "/v1/completions",
+            ok | {"stream_options": {"include_usage": "no"}},
+            400,
+            "stream_options.include_usage",
+        ),
         ("/v1/completions", ok | {"temperature": 10**400}, 400, "temperature"),
         ("/v1/completions", ok | {"top_p": [[[[[[0.5]]]]]]}, 400, "top_p"),
         ("/v1/completions", ok | {"seed": "abc", "n": 2}, 400, "seed"),
@@ -157,7 +179,12 @@ def test_errors_in_openai_shape_name_the_field(server):
         ("/v1/chat/completions", {"messages": user, "logprobs": "true"}, 400, "logprobs"),
         ("/v1/chat/completions", {"messages": user * (max_positions + 1)}, 400, "messages"),
         ("/v1/chat/completions", {"messages": "x" * 10_000}, 400, "messages"),
-        ("/v1/completions", ok | {"n": None, "temperature": None, "stream": None, "seed": None}, 200, None),
+        (
+            "/v1/completions",
+            ok | {"n": None, "temperature": None, "stream": None, "seed": None},
+            200,
+            None,
+        ),
     ]
     for path, body, status, param in cases:
         got, _, answer = request(url, "POST", path, body)
@@ -165,16 +192,26 @@ def test_errors_in_openai_shape_name_the_field(server):
         if status != 200:
             e = openai_error(answer, status, param)
             assert len(e["message"]) < 250 and "x" * 65 not in e["message"]
-    assert "limit 8" in request(url, "POST", "/v1/completions", ok | {"prompt": ["a"] * 9})[2]["error"]["message"]
+    assert (
+        "limit 8"
+        in request(url, "POST", "/v1/completions", ok | {"prompt": ["a"] * 9})[2]["error"][
+            "message"
+        ]
+    )
     with socket.create_connection(address(url), timeout=30) as s:  # not HTTP at all
         s.sendall(b"HELLO THERE\r\n\r\n")
         status, _, body = raw_response(s)
         assert status == 400 and openai_error(json.loads(body), 400)
     status, _, body = request(url, "GET", "/v1/no-such-route")
-    assert status == 404 and openai_error(body, 404)["message"] == "Invalid URL (GET /v1/no-such-route)"
+    assert (
+        status == 404
+        and openai_error(body, 404)["message"] == "Invalid URL (GET /v1/no-such-route)"
+    )
     status, _, body = request(url, "GET", "/v1/completions")
     assert status == 405 and openai_error(body, 405)
-    status, _, body = request(url, "POST", "/v1/completions", ok, headers={"Authorization": "Bearer wrong"})
+    status, _, body = request(
+        url, "POST", "/v1/completions", ok, headers={"Authorization": "Bearer wrong"}
+    )
     assert status == 401 and openai_error(body, 401)["type"] == "authentication_error"
     assert request(url, "GET", "/v1/models", headers={"Authorization": f"bearer {KEY}"})[0] == 200
     for method, path, body in (
@@ -182,7 +219,8 @@ def test_errors_in_openai_shape_name_the_field(server):
         ("GET", "/metrics", None),
         ("GET", "/version", None),
     ):
-        assert request(url, method, path, body, headers={})[0] == 401, path  # (every route but /health)
+        # (every route but /health)
+        assert request(url, method, path, body, headers={})[0] == 401, path
     assert request(url, "GET", "/health", headers={})[0] == 200
     with openai.OpenAI(base_url=url, api_key=KEY, max_retries=0) as client:
         with pytest.raises(openai.BadRequestError) as e:
@@ -198,7 +236,11 @@ async def test_huge_prompts_are_refused_while_a_stream_flows(server):
     url, _ = server
     async with openai.AsyncOpenAI(base_url=url, api_key=KEY, max_retries=0) as client:
         stream = await client.completions.create(
-            model="m", prompt="The river", max_tokens=20000, stream=True, extra_body={"ignore_eos": True}
+            model="m",
+            prompt="The river",
+            max_tokens=20000,
+            stream=True,
+            extra_body={"ignore_eos": True},
         )
         stamps = []
 
@@ -217,7 +259,10 @@ async def test_huge_prompts_are_refused_while_a_stream_flows(server):
             t0 = time.monotonic()
             status, _, body = await asyncio.to_thread(request, url, "POST", "/v1/completions", big)
             t1 = time.monotonic()
-            assert status == 400 and "tokens, more than" in openai_error(body, 400, "prompt")["message"]
+            assert (
+                status == 400
+                and "tokens, more than" in openai_error(body, 400, "prompt")["message"]
+            )
             deadline = time.monotonic() + 60  # (a chunk after it, however busy the machine)
             while stamps[-1] <= t1:
                 assert time.monotonic() < deadline
@@ -246,9 +291,15 @@ def test_500_and_stream_errors_are_generic():
         raise RuntimeError("worker (pid 123) wrote /tmp/secret.log")
 
     r = TestClient(app, raise_server_exceptions=False).get("/boom")
-    assert r.status_code == 500 and openai_error(r.json(), 500)["message"] == "internal server error"
+    assert (
+        r.status_code == 500 and openai_error(r.json(), 500)["message"] == "internal server error"
+    )
     dead = in_stream(EngineDeadError("unified worker 0 (pid 123) died: see /tmp/rlt/log"))
-    assert openai_error(dead, 503)["message"] == UNAVAILABLE and "pid" not in UNAVAILABLE and "/" not in UNAVAILABLE
+    assert (
+        openai_error(dead, 503)["message"] == UNAVAILABLE
+        and "pid" not in UNAVAILABLE
+        and "/" not in UNAVAILABLE
+    )
     assert openai_error(in_stream(KeyError("/x pid 5")), 500)["message"] == "internal server error"
 
 
@@ -265,7 +316,9 @@ def test_a_dead_worker_is_a_generic_503(server):
     deadline, seen, health = time.monotonic() + 30, None, set()
     while True:
         health.add(request(url, "GET", "/health")[0])
-        status, headers, body = request(url, "POST", "/v1/completions", {"prompt": "x", "max_tokens": 1})
+        status, headers, body = request(
+            url, "POST", "/v1/completions", {"prompt": "x", "max_tokens": 1}
+        )
         if status == 503:
             seen = seen or (headers, body)
         elif status == 200 and seen:

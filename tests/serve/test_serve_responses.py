@@ -38,7 +38,9 @@ class City(BaseModel):
 
 @pytest.fixture(scope="module")
 def server(checkpoints):
-    with serving(checkpoints["ouro"], "--tool-call-parser", "hermes", "--responses-store", "4") as url:
+    with serving(
+        checkpoints["ouro"], "--tool-call-parser", "hermes", "--responses-store", "4"
+    ) as url:
         yield url
 
 
@@ -54,7 +56,10 @@ def test_text_equals_chat_and_its_stream(client):
     r = client.responses.create(max_output_tokens=10, **kw)
     chat = client.chat.completions.create(
         model="m",
-        messages=[{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Where does the river run?"}],
+        messages=[
+            {"role": "system", "content": "Be brief."},
+            {"role": "user", "content": "Where does the river run?"},
+        ],
         max_tokens=10,
         temperature=0,
     )
@@ -84,7 +89,9 @@ def test_text_equals_chat_and_its_stream(client):
 def test_a_client_that_leaves_a_stream_aborts_its_request(server, client):
     """A stream closed after a few events: its request is aborted at once, not run to its end."""
     body = {"ignore_eos": True}
-    with client.responses.stream(model="m", input="Go on.", max_output_tokens=3000, extra_body=body) as s:
+    with client.responses.stream(
+        model="m", input="Go on.", max_output_tokens=3000, extra_body=body
+    ) as s:
         for i, _ in enumerate(s):
             if i == 6:
                 break
@@ -92,7 +99,11 @@ def test_a_client_that_leaves_a_stream_aborts_its_request(server, client):
     deadline = time.monotonic() + 20
     while time.monotonic() < deadline:
         with urllib.request.urlopen(metrics, timeout=10) as r:
-            running = [ln for ln in r.read().decode().splitlines() if ln.startswith("rlt:num_requests_running{")]
+            running = [
+                ln
+                for ln in r.read().decode().splitlines()
+                if ln.startswith("rlt:num_requests_running{")
+            ]
         if running and float(running[0].rsplit(" ", 1)[1]) == 0:
             return
         time.sleep(0.1)
@@ -104,7 +115,11 @@ def test_store_continues_a_conversation(client):
     retrieve gives it back, delete removes it; an unknown id is a 404 naming the field."""
     first = client.responses.create(model="m", input="Hi.", max_output_tokens=6, temperature=0)
     second = client.responses.create(
-        model="m", input="And then?", previous_response_id=first.id, max_output_tokens=6, temperature=0
+        model="m",
+        input="And then?",
+        previous_response_id=first.id,
+        max_output_tokens=6,
+        temperature=0,
     )
     history = [
         {"role": "user", "content": "Hi."},
@@ -118,14 +133,18 @@ def test_store_continues_a_conversation(client):
     with pytest.raises(openai.NotFoundError, match="no response with id"):
         client.responses.retrieve(second.id)
     with pytest.raises(openai.NotFoundError) as e:
-        client.responses.create(model="m", input="x", previous_response_id="resp_nope", max_output_tokens=2)
+        client.responses.create(
+            model="m", input="x", previous_response_id="resp_nope", max_output_tokens=2
+        )
     assert e.value.body["param"] == "previous_response_id"
 
 
 def test_function_calls_and_their_outputs(client):
     """tool_choice required: function_call items whose arguments parse, streamed as argument
     deltas; their outputs go back as input items and the model answers."""
-    kw = dict(model="m", tools=[WEATHER], tool_choice="required", max_output_tokens=200, temperature=1.0)
+    kw = dict(
+        model="m", tools=[WEATHER], tool_choice="required", max_output_tokens=200, temperature=1.0
+    )
     r = client.responses.create(input="Weather in Oslo?", **kw | {"extra_body": {"seed": 3}})
     calls = [o for o in r.output if o.type == "function_call"]
     assert calls and r.status == "completed" and all(c.name == "get_weather" for c in calls)
@@ -136,17 +155,32 @@ def test_function_calls_and_their_outputs(client):
         final = s.get_final_response()
     assert [c.arguments for c in final.output] == [c.arguments for c in calls]
     kinds = {e.type for e in events}
-    assert {"response.function_call_arguments.delta", "response.function_call_arguments.done"} <= kinds
+    assert {
+        "response.function_call_arguments.delta",
+        "response.function_call_arguments.done",
+    } <= kinds
     follow = [{"role": "user", "content": "Weather in Oslo?"}]
-    follow += [{"type": "function_call", "call_id": c.call_id, "name": c.name, "arguments": c.arguments} for c in calls]
-    follow += [{"type": "function_call_output", "call_id": c.call_id, "output": "sunny"} for c in calls]
-    answer = client.responses.create(model="m", input=follow, tools=[WEATHER], max_output_tokens=8, temperature=0)
+    follow += [
+        {"type": "function_call", "call_id": c.call_id, "name": c.name, "arguments": c.arguments}
+        for c in calls
+    ]
+    follow += [
+        {"type": "function_call_output", "call_id": c.call_id, "output": "sunny"} for c in calls
+    ]
+    answer = client.responses.create(
+        model="m", input=follow, tools=[WEATHER], max_output_tokens=8, temperature=0
+    )
     assert answer.output[0].type == "message" and answer.output_text
 
 
 def test_parse_with_a_pydantic_model(client):
     r = client.responses.parse(
-        model="m", input="A city.", text_format=City, max_output_tokens=200, temperature=1.0, extra_body={"seed": 1}
+        model="m",
+        input="A city.",
+        text_format=City,
+        max_output_tokens=200,
+        temperature=1.0,
+        extra_body={"seed": 1},
     )
     assert isinstance(r.output_parsed, City) and r.status == "completed"
 
@@ -178,7 +212,9 @@ def test_openai_agents_sdk_runs_an_agent_with_a_tool(server, api):
         return f"sunny in {city}"
 
     client = openai.AsyncOpenAI(base_url=server, api_key="none", max_retries=0)
-    model_cls = agents.OpenAIResponsesModel if api == "responses" else agents.OpenAIChatCompletionsModel
+    model_cls = (
+        agents.OpenAIResponsesModel if api == "responses" else agents.OpenAIChatCompletionsModel
+    )
     agent = agents.Agent(
         name="weather",
         instructions="Answer with the tool.",
@@ -186,7 +222,11 @@ def test_openai_agents_sdk_runs_an_agent_with_a_tool(server, api):
         tools=[get_weather],
         # (one call: a random model may go on adding calls to the list until max_tokens)
         model_settings=agents.ModelSettings(
-            tool_choice="required", parallel_tool_calls=False, max_tokens=200, temperature=1.0, extra_body={"seed": 5}
+            tool_choice="required",
+            parallel_tool_calls=False,
+            max_tokens=200,
+            temperature=1.0,
+            extra_body={"seed": 5},
         ),
         tool_use_behavior="stop_on_first_tool",
     )
@@ -231,7 +271,11 @@ def test_exit_depths_as_chat_gives_them(client):
         events = list(s)
     assert events[-1].response.model_extra["exit_depths"] == depths
     chat = client.chat.completions.create(
-        model="m", messages=[{"role": "user", "content": "Where?"}], max_tokens=12, temperature=0, extra_body=body
+        model="m",
+        messages=[{"role": "user", "content": "Where?"}],
+        max_tokens=12,
+        temperature=0,
+        extra_body=body,
     )
     assert chat.choices[0].model_extra["exit_depths"] == depths
 
@@ -244,11 +288,16 @@ def test_reasoning_is_an_output_item(checkpoints):
         kw = dict(model="m", input="Think.", max_output_tokens=10, temperature=0)
         r = client.responses.create(**kw)
         chat = client.chat.completions.create(
-            model="m", messages=[{"role": "user", "content": "Think."}], max_tokens=10, temperature=0
+            model="m",
+            messages=[{"role": "user", "content": "Think."}],
+            max_tokens=10,
+            temperature=0,
         )
         with client.responses.stream(**kw) as s:
             events = list(s)
     reasoning = chat.choices[0].message.model_extra["reasoning_content"]
-    assert r.output[0].type == "reasoning" and r.output[0].content[0].text == reasoning and reasoning
+    assert (
+        r.output[0].type == "reasoning" and r.output[0].content[0].text == reasoning and reasoning
+    )
     deltas = "".join(e.delta for e in events if e.type == "response.reasoning_text.delta")
     assert deltas == reasoning

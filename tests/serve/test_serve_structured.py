@@ -25,24 +25,37 @@ class Answer(pydantic.BaseModel):
 
 @pytest.fixture
 def client(ouro_server):
-    return openai.OpenAI(base_url=ouro_server, api_key="none")  # (conftest.py: one server for the session)
+    # (conftest.py: one server for the session)
+    return openai.OpenAI(base_url=ouro_server, api_key="none")
 
 
 def test_json_schema_and_json_object(client):
     fmt = {"type": "json_schema", "json_schema": {"name": "x", "schema": SCHEMA, "strict": True}}
     for seed in range(8):
         r = client.chat.completions.create(
-            model="m", messages=USER, max_tokens=48, seed=seed, n=2, temperature=1.0, response_format=fmt
+            model="m",
+            messages=USER,
+            max_tokens=48,
+            seed=seed,
+            n=2,
+            temperature=1.0,
+            response_format=fmt,
         )
         for c in r.choices:
             assert c.finish_reason == "stop", c.message.content
             jsonschema.validate(json.loads(c.message.content, strict=False), SCHEMA)
     r = client.completions.create(
-        model="m", prompt="A", max_tokens=48, seed=1, extra_body={"structured_outputs": {"json": SCHEMA}}
+        model="m",
+        prompt="A",
+        max_tokens=48,
+        seed=1,
+        extra_body={"structured_outputs": {"json": SCHEMA}},
     )
     jsonschema.validate(json.loads(r.choices[0].text, strict=False), SCHEMA)
     # any object (greedy, a bias that would close it at once: {})
-    close = post(client.base_url.__str__().removesuffix("/"), "/tokenize", {"prompt": "}"})[1]["tokens"][-1]
+    close = post(client.base_url.__str__().removesuffix("/"), "/tokenize", {"prompt": "}"})[1][
+        "tokens"
+    ][-1]
     r = client.chat.completions.create(
         model="m",
         messages=USER,
@@ -55,7 +68,9 @@ def test_json_schema_and_json_object(client):
 
 
 def test_parse_with_a_pydantic_model(client):
-    r = client.chat.completions.parse(model="m", messages=USER, max_tokens=32, seed=3, response_format=Answer)
+    r = client.chat.completions.parse(
+        model="m", messages=USER, max_tokens=32, seed=3, response_format=Answer
+    )
     assert isinstance(r.choices[0].message.parsed, Answer)
 
 
@@ -69,35 +84,62 @@ def test_a_newcomers_calls_always_return_objects_and_their_retries_are_accepted(
     100 times, and a named tool call 30 times, each sent back with its tool result (accepted)."""
     for seed in range(100):
         r = client.chat.completions.parse(
-            model="m", messages=USER, max_tokens=64, seed=seed, temperature=1.0, response_format=Person
+            model="m",
+            messages=USER,
+            max_tokens=64,
+            seed=seed,
+            temperature=1.0,
+            response_format=Person,
         )
         assert isinstance(r.choices[0].message.parsed, Person), r.choices[0].message.content
-    tools, named = [openai.pydantic_function_tool(Person)], {"type": "function", "function": {"name": "Person"}}
+    tools, named = (
+        [openai.pydantic_function_tool(Person)],
+        {"type": "function", "function": {"name": "Person"}},
+    )
     for seed in range(30):
         r = client.chat.completions.create(
-            model="m", messages=USER, tools=tools, tool_choice=named, seed=seed, temperature=1.0, max_tokens=64
+            model="m",
+            messages=USER,
+            tools=tools,
+            tool_choice=named,
+            seed=seed,
+            temperature=1.0,
+            max_tokens=64,
         )
         m = r.choices[0].message
         Person.model_validate_json(m.tool_calls[0].function.arguments)
         result = {"role": "tool", "tool_call_id": m.tool_calls[0].id, "content": "ok"}
         client.chat.completions.create(
-            model="m", messages=[*USER, m.model_dump(exclude_none=True), result], tools=tools, max_tokens=2
+            model="m",
+            messages=[*USER, m.model_dump(exclude_none=True), result],
+            tools=tools,
+            max_tokens=2,
         )
 
 
 def test_regex_and_choice_on_both_endpoints(client):
     for seed in range(3):
         for body in ({"structured_outputs": {"regex": REGEX}}, {"guided_regex": REGEX}):
-            r = client.completions.create(model="m", prompt="A", max_tokens=16, seed=seed, extra_body=body)
+            r = client.completions.create(
+                model="m", prompt="A", max_tokens=16, seed=seed, extra_body=body
+            )
             assert re.fullmatch(REGEX, r.choices[0].text), r.choices[0].text
         r = client.chat.completions.create(
-            model="m", messages=USER, max_tokens=16, seed=seed, extra_body={"structured_outputs": {"regex": REGEX}}
+            model="m",
+            messages=USER,
+            max_tokens=16,
+            seed=seed,
+            extra_body={"structured_outputs": {"regex": REGEX}},
         )
         assert re.fullmatch(REGEX, r.choices[0].message.content)
         for body in ({"structured_outputs": {"choice": CHOICES}}, {"guided_choice": CHOICES}):
-            r = client.chat.completions.create(model="m", messages=USER, max_tokens=8, seed=seed, extra_body=body)
+            r = client.chat.completions.create(
+                model="m", messages=USER, max_tokens=8, seed=seed, extra_body=body
+            )
             assert r.choices[0].message.content in CHOICES
-        r = client.completions.create(model="m", prompt="A", max_tokens=8, seed=seed, extra_body=body)
+        r = client.completions.create(
+            model="m", prompt="A", max_tokens=8, seed=seed, extra_body=body
+        )
         assert r.choices[0].text in CHOICES
 
 
@@ -107,9 +149,21 @@ def _calls(calls) -> list[tuple[str, str]]:
 
 def test_tool_choice_required_and_named(client):
     named, most = {"type": "function", "function": {"name": "get_weather"}}, 0
-    for choice, extra in (("required", {}), ("required", {"parallel_tool_calls": False}), (named, {})):
+    for choice, extra in (
+        ("required", {}),
+        ("required", {"parallel_tool_calls": False}),
+        (named, {}),
+    ):
         for seed in range(4):
-            kw = dict(model="m", messages=USER, max_tokens=100, seed=seed, tools=TOOLS, tool_choice=choice, **extra)
+            kw = dict(
+                model="m",
+                messages=USER,
+                max_tokens=100,
+                seed=seed,
+                tools=TOOLS,
+                tool_choice=choice,
+                **extra,
+            )
             c = client.chat.completions.create(**kw).choices[0]
             assert c.finish_reason == "tool_calls" and c.message.content is None, c.message
             calls = _calls(c.message.tool_calls)
@@ -151,7 +205,9 @@ class Args(pydantic.BaseModel):
     answer: Answer
 
 
-DEFS_TOOLS = [{"type": "function", "function": {"name": "f", "parameters": Args.model_json_schema()}}]
+DEFS_TOOLS = [
+    {"type": "function", "function": {"name": "f", "parameters": Args.model_json_schema()}}
+]
 
 
 def test_required_lifts_the_tools_defs_to_the_root():
@@ -163,13 +219,19 @@ def test_required_lifts_the_tools_defs_to_the_root():
     so, field = of(ChatRequest(messages=USER, tools=tools, tool_choice="required"), True)
     assert field == "tool_choice" and "Answer" in so.json["$defs"]
     assert "$defs" not in so.json["items"]["anyOf"][0]["properties"]["parameters"]
-    jsonschema.validate([{"name": "f", "parameters": {"answer": {"kind": "a", "ok": True}}}], so.json)
+    jsonschema.validate(
+        [{"name": "f", "parameters": {"answer": {"kind": "a", "ok": True}}}], so.json
+    )
 
 
 def test_a_tool_with_defs_compiles(client):
     body = {"messages": USER, "max_tokens": 4, "tools": DEFS_TOOLS}
     assert (
-        post(str(client.base_url).removesuffix("/"), "/v1/chat/completions", body | {"tool_choice": "required"})[0]
+        post(
+            str(client.base_url).removesuffix("/"),
+            "/v1/chat/completions",
+            body | {"tool_choice": "required"},
+        )[0]
         == 200
     )
 
@@ -179,7 +241,13 @@ def test_bad_grammars_and_two_sources_are_400s_naming_the_field(client):
     chat, comp = {"messages": USER, "max_tokens": 4}, {"prompt": "A", "max_tokens": 4}
     cases = [
         (
-            chat | {"response_format": {"type": "json_schema", "json_schema": {"schema": {"type": "foo"}}}},
+            chat
+            | {
+                "response_format": {
+                    "type": "json_schema",
+                    "json_schema": {"schema": {"type": "foo"}},
+                }
+            },
             "response_format",
         ),
         (chat | {"response_format": {"type": "xml"}}, "response_format"),
@@ -193,17 +261,29 @@ def test_bad_grammars_and_two_sources_are_400s_naming_the_field(client):
         (chat | {"response_format": {"type": "json_object"}, "guided_regex": "a"}, "guided_regex"),
         (chat | {"tools": TOOLS, "tool_choice": "required", "guided_regex": "a"}, "tool_choice"),
         (chat | {"tool_choice": "required"}, "tool_choice"),
-        (chat | {"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "nope"}}}, "tool_choice"),
+        (
+            chat
+            | {"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "nope"}}},
+            "tool_choice",
+        ),
         (
             chat
             | {
-                "tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "foo"}}}],
+                "tools": [
+                    {"type": "function", "function": {"name": "f", "parameters": {"type": "foo"}}}
+                ],
                 "tool_choice": "required",
             },
             "tools",
         ),
-        (comp | {"guided_regex": "a", "guided_whitespace_pattern": " *"}, "guided_whitespace_pattern"),
-        (comp | {"guided_regex": "a", "guided_decoding_backend": "outlines"}, "guided_decoding_backend"),
+        (
+            comp | {"guided_regex": "a", "guided_whitespace_pattern": " *"},
+            "guided_whitespace_pattern",
+        ),
+        (
+            comp | {"guided_regex": "a", "guided_decoding_backend": "outlines"},
+            "guided_decoding_backend",
+        ),
     ]
     for body, param in cases:
         path = "/v1/chat/completions" if "messages" in body else "/v1/completions"
@@ -222,7 +302,8 @@ def test_the_other_families_through_the_client(served, family):
     (streamed as whole), a regex matches (Huginn at 2 loops a token: the grammar is the point)."""
     fmt = {"type": "json_schema", "json_schema": {"name": "a", "schema": SCHEMA, "strict": True}}
     loops = {"max_loops": 2} if family == "huginn" else {}
-    client = openai.OpenAI(base_url=served(family), api_key="none")  # (conftest.served: the session's)
+    # (conftest.served: the session's)
+    client = openai.OpenAI(base_url=served(family), api_key="none")
     for seed in range(2):
         kw = dict(model="m", prompt="A", max_tokens=48, seed=seed, temperature=1.0)
         body = {"structured_outputs": {"json": SCHEMA}} | loops

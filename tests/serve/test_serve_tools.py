@@ -16,14 +16,18 @@ from tests.serve.helpers import post
 
 OPEN = "<|im_start|>assistant\n<think>\n"  # a prompt that opens the think block (Nanbeige's)
 CALL1 = (
-    '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo", "days": [1, 2], "x": {"y": "}"}}}\n</tool_call>'
+    '<tool_call>\n{"name": "get_weather", "arguments": '
+    '{"city": "Oslo", "days": [1, 2], "x": {"y": "}"}}}\n</tool_call>'
 )
 CALL2 = '<tool_call>\n{"arguments": {"q": "a\\"b"}, "name": "search"}\n</tool_call>'
 TEXT = "Let me see.\n</think>\n\nChecking." + "\n" + CALL1 + "\n" + CALL2 + "\n"
 WANT = (
     "Let me see.\n",
     "\n\nChecking.",
-    [("get_weather", '{"city": "Oslo", "days": [1, 2], "x": {"y": "}"}}'), ("search", '{"q": "a\\"b"}')],
+    [
+        ("get_weather", '{"city": "Oslo", "days": [1, 2], "x": {"y": "}"}}'),
+        ("search", '{"q": "a\\"b"}'),
+    ],
 )
 
 
@@ -31,7 +35,11 @@ def run(p: Parsing, pieces: list[str]) -> tuple:
     split, reasoning, content, entries = p.new(), "", "", []
     for i, piece in enumerate(pieces):
         out = split.feed(piece, i == len(pieces) - 1)
-        reasoning, content, entries = reasoning + out.reasoning, content + out.content, entries + out.calls
+        reasoning, content, entries = (
+            reasoning + out.reasoning,
+            content + out.content,
+            entries + out.calls,
+        )
     calls = assemble(entries)
     assert all(c["id"].startswith("chatcmpl-tool-") and c["type"] == "function" for c in calls)
     return reasoning, content, [(c["function"]["name"], c["function"]["arguments"]) for c in calls]
@@ -60,19 +68,42 @@ def test_parsers_give_the_same_split_however_the_text_is_cut():
     [
         # no block opened by the prompt: one at the output's start, or none
         (Parsing(reasoning=True, prompt_text="x"), "  <think>abc</think>def", ("abc", "def", [])),
-        (Parsing(reasoning=True, prompt_text="x"), "plain <think> text", ("", "plain <think> text", [])),
+        (
+            Parsing(reasoning=True, prompt_text="x"),
+            "plain <think> text",
+            ("", "plain <think> text", []),
+        ),
         (Parsing(reasoning=True, prompt_text="x"), "<thin", ("", "<thin", [])),
         (Parsing(reasoning=True, prompt_text=OPEN), "never closed", ("never closed", "", [])),
-        (Parsing(reasoning=True, prompt_text=OPEN, include_reasoning=False), "a</think>b", ("", "b", [])),
+        (
+            Parsing(reasoning=True, prompt_text=OPEN, include_reasoning=False),
+            "a</think>b",
+            ("", "b", []),
+        ),
         # not a call: content as written; an unfinished call whose head is out stands
-        (Parsing(tools=True), "hi <tool_call>{bad}</tool_call> x ", ("", "hi <tool_call>{bad}</tool_call> x ", [])),
-        (Parsing(tools=True), 'a <tool_call>{"name": "f", "arguments": {"k": 1', ("", "a", [("f", '{"k": 1')])),
+        (
+            Parsing(tools=True),
+            "hi <tool_call>{bad}</tool_call> x ",
+            ("", "hi <tool_call>{bad}</tool_call> x ", []),
+        ),
+        (
+            Parsing(tools=True),
+            'a <tool_call>{"name": "f", "arguments": {"k": 1',
+            ("", "a", [("f", '{"k": 1')]),
+        ),
         (Parsing(tools=True), "a <tool_call>{", ("", "a <tool_call>{", [])),
         (Parsing(tools=True), "no calls\n", ("", "no calls\n", [])),
-        (Parsing(tools=True, one_call=True), CALL1 + CALL2 + " x", ("", "x", WANT[2][:1])),  # parallel_tool_calls
+        # parallel_tool_calls
+        (Parsing(tools=True, one_call=True), CALL1 + CALL2 + " x", ("", "x", WANT[2][:1])),
         # special tokens the engine kept for the markers go; a marker left over too
         (
-            Parsing(reasoning=True, prompt_text=OPEN, tools=True, strip=("<|im_end|>",), drop=("</think>",)),
+            Parsing(
+                reasoning=True,
+                prompt_text=OPEN,
+                tools=True,
+                strip=("<|im_end|>",),
+                drop=("</think>",),
+            ),
             'r</think>c</think><tool_call>{"name": "a", "arguments": {}}</tool_call><|im_end|>',
             ("r", "c", [("a", "{}")]),
         ),
@@ -116,7 +147,9 @@ def test_reasoning_content_from_the_real_tokens(checkpoints, nanbeige):
     tok = load_tokenizer(checkpoints["nanbeige"])
     end = tok.convert_tokens_to_ids("</think>")
     client = openai.OpenAI(base_url=nanbeige, api_key="none")
-    kw = dict(model="m", messages=[{"role": "user", "content": "Why?"}], max_tokens=24, temperature=1.0)
+    kw = dict(
+        model="m", messages=[{"role": "user", "content": "Why?"}], max_tokens=24, temperature=1.0
+    )
     closed = 0
     for seed in range(6):
         extra = {"return_token_ids": True, "logit_bias": {str(end): 4.0}, "ignore_eos": True}
@@ -125,7 +158,9 @@ def test_reasoning_content_from_the_real_tokens(checkpoints, nanbeige):
         ids, m = c.model_extra["token_ids"], c.message
         k = ids.index(end) if end in ids else len(ids)
         closed += end in ids
-        assert m.model_extra["reasoning_content"] == (tok.decode(ids[:k], skip_special_tokens=True) or None)
+        assert m.model_extra["reasoning_content"] == (
+            tok.decode(ids[:k], skip_special_tokens=True) or None
+        )
         assert m.content == tok.decode(ids[k + 1 :], skip_special_tokens=True)
         assert m.tool_calls is None and c.finish_reason == "length"
         stream = client.chat.completions.create(**kw, seed=seed, stream=True, extra_body=extra)
@@ -134,27 +169,44 @@ def test_reasoning_content_from_the_real_tokens(checkpoints, nanbeige):
             m.model_extra["reasoning_content"] or ""
         )
         assert "".join(d.content or "" for d in deltas) == m.content
-        dropped = client.chat.completions.create(**kw, seed=seed, extra_body=extra | {"include_reasoning": False})
+        dropped = client.chat.completions.create(
+            **kw, seed=seed, extra_body=extra | {"include_reasoning": False}
+        )
         assert dropped.choices[0].message.content == m.content
         assert dropped.choices[0].message.model_extra.get("reasoning_content") is None
     assert closed >= 2  # (the case this checks happened)
 
 
 def test_tools_reach_the_template_and_choices_are_checked(nanbeige):
-    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]
+    tools = [
+        {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}
+    ]
     template = "{{ tools | tojson }}{% for m in messages %}{{ m.content }}{% endfor %}"
-    status, answer = post(nanbeige, "/tokenize", {"messages": [{"role": "user", "content": "hi"}], "tools": tools})
+    status, answer = post(
+        nanbeige, "/tokenize", {"messages": [{"role": "user", "content": "hi"}], "tools": tools}
+    )
     assert status == 200
-    body = {"messages": [{"role": "user", "content": "hi"}], "chat_template": template, "max_tokens": 2}
+    body = {
+        "messages": [{"role": "user", "content": "hi"}],
+        "chat_template": template,
+        "max_tokens": 2,
+    }
     for choice in ("auto", "none", None):
-        status, answer = post(nanbeige, "/v1/chat/completions", body | {"tools": tools, "tool_choice": choice})
+        status, answer = post(
+            nanbeige, "/v1/chat/completions", body | {"tools": tools, "tool_choice": choice}
+        )
         assert status == 200, answer
     status, answer = post(
-        nanbeige, "/tokenize", {"messages": body["messages"], "chat_template": template, "tools": tools}
+        nanbeige,
+        "/tokenize",
+        {"messages": body["messages"], "chat_template": template, "tools": tools},
     )
     assert json.dumps(tools) in load_text(nanbeige, answer["tokens"])
     refused = [
-        ({"tools": tools, "tool_choice": {"type": "function", "function": {"name": "nope"}}}, "tool_choice"),
+        (
+            {"tools": tools, "tool_choice": {"type": "function", "function": {"name": "nope"}}},
+            "tool_choice",
+        ),
         ({"tools": [{"type": "function"}]}, "tools"),
         ({"functions": [{"name": "f"}]}, "functions"),
     ]
@@ -164,7 +216,12 @@ def test_tools_reach_the_template_and_choices_are_checked(nanbeige):
     # a forced call under the template's open <think>: the grammar waits for its end
     # (tests/workers/test_grammar_after_reasoning.py); with a template that opens no block, from the
     # first token
-    forced = {"messages": body["messages"], "max_tokens": 2, "tools": tools, "tool_choice": "required"}
+    forced = {
+        "messages": body["messages"],
+        "max_tokens": 2,
+        "tools": tools,
+        "tool_choice": "required",
+    }
     for b in (forced, body | {"tools": tools, "tool_choice": "required"}):
         status, answer = post(nanbeige, "/v1/chat/completions", b)
         assert status == 200, answer
@@ -196,8 +253,26 @@ def test_choice_streams_tool_call_deltas_that_assemble_into_the_whole_message(ch
     tok = load_tokenizer(checkpoints["nanbeige"])
     ids = tok(TEXT, add_special_tokens=False).input_ids + [tok.eos_token_id]
     strip = ("<|im_end|>", "<|im_start|>", "<|endoftext|>", "<unk>")
-    parsing = Parsing(reasoning=True, prompt_text=OPEN, tools=True, strip=strip, drop=("<think>", "</think>"))
-    opts = Options(False, False, False, False, False, None, None, False, False, False, 0, None, False, None, parsing)
+    parsing = Parsing(
+        reasoning=True, prompt_text=OPEN, tools=True, strip=strip, drop=("<think>", "</think>")
+    )
+    opts = Options(
+        False,
+        False,
+        False,
+        False,
+        False,
+        None,
+        None,
+        False,
+        False,
+        False,
+        0,
+        None,
+        False,
+        None,
+        parsing,
+    )
     choice = Choice(0, [1, 2], "", opts, _Timing(), oa.token_text(tok, False))
     detok, deltas = IncrementalDetokenizer(tok, skip_special_tokens=False), []
     for k in range(1, len(ids) + 1):
@@ -209,7 +284,9 @@ def test_choice_streams_tool_call_deltas_that_assemble_into_the_whole_message(ch
             deltas.append(d)
     whole = choice.final(True)
     m = whole["message"]
-    assert (m["reasoning_content"], m["content"]) == WANT[:2] and whole["finish_reason"] == "tool_calls"
+    assert (m["reasoning_content"], m["content"]) == WANT[:2] and whole[
+        "finish_reason"
+    ] == "tool_calls"
     assert [(c["function"]["name"], c["function"]["arguments"]) for c in m["tool_calls"]] == WANT[2]
     d = [x["delta"] for x in deltas]
     assert "".join(x.get("reasoning_content", "") for x in d) == m["reasoning_content"]

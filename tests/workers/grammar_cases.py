@@ -38,17 +38,39 @@ def workload(tok) -> dict:
     so = StructuredOutput
     close, obj = tok.convert_tokens_to_ids("}"), so(json_object=True)
     seeded = [
-        SamplingParams(max_tokens=120, temperature=1.0, seed=s, structured_output=so(json=SCHEMA)) for s in (1, 2)
+        SamplingParams(max_tokens=120, temperature=1.0, seed=s, structured_output=so(json=SCHEMA))
+        for s in (1, 2)
     ]
     return {
         "j1": ([5, 6, 7, 8, 9, 10, 11], seeded[0]),
         "j2": ([3, 4], seeded[1]),
-        "r": ([3, 9, 27], SamplingParams(max_tokens=40, temperature=0.9, seed=4, structured_output=so(regex=REGEX))),
-        "c": ([8] * 9, SamplingParams(max_tokens=20, temperature=1.0, seed=5, structured_output=so(choice=CHOICES))),
+        "r": (
+            [3, 9, 27],
+            SamplingParams(
+                max_tokens=40, temperature=0.9, seed=4, structured_output=so(regex=REGEX)
+            ),
+        ),
+        "c": (
+            [8] * 9,
+            SamplingParams(
+                max_tokens=20, temperature=1.0, seed=5, structured_output=so(choice=CHOICES)
+            ),
+        ),
         # (the bias would take "}" first; the grammar makes it wait for "{")
-        "o": ([4, 4], SamplingParams(max_tokens=9, temperature=0, logit_bias={close: 100.0}, structured_output=obj)),
-        "g": ([4, 5], SamplingParams(max_tokens=20, temperature=0, structured_output=so(grammar=GRAMMAR))),
-        "free": ([5, 6, 7], SamplingParams(max_tokens=12, temperature=1.0, seed=6, ignore_eos=True)),
+        "o": (
+            [4, 4],
+            SamplingParams(
+                max_tokens=9, temperature=0, logit_bias={close: 100.0}, structured_output=obj
+            ),
+        ),
+        "g": (
+            [4, 5],
+            SamplingParams(max_tokens=20, temperature=0, structured_output=so(grammar=GRAMMAR)),
+        ),
+        "free": (
+            [5, 6, 7],
+            SamplingParams(max_tokens=12, temperature=1.0, seed=6, ignore_eos=True),
+        ),
         # Ouro: most tokens exit in their first loop, before the token before them is read back
         "e": ([7, 7, 7], msgspec.structs.replace(seeded[0], seed=9, exit_threshold=0.05)),
     }

@@ -22,13 +22,21 @@ def make(path, family, layout="last_exited", overrides=None, dtype=torch.float32
     mc = ModelConfig.from_pretrained(path, hf_overrides=ov)
     model = load_model(mc, dtype)
     cfg = {"block_size": 4, "num_blocks": 600, "prefill_chunk": 5} | cfg
-    return mc, lambda **kw: LoopEngine(mc, model, EngineConfig(kv_layout=layout, **(cfg | kw)), dtype)
+    return mc, lambda **kw: LoopEngine(
+        mc, model, EngineConfig(kv_layout=layout, **(cfg | kw)), dtype
+    )
 
 
 def mixed_params(family):
     gate = family == "ouro"
     return [
-        SamplingParams(max_tokens=10, temperature=0, ignore_eos=True, exit_threshold=0.5 if gate else None, logprobs=3),
+        SamplingParams(
+            max_tokens=10,
+            temperature=0,
+            ignore_eos=True,
+            exit_threshold=0.5 if gate else None,
+            logprobs=3,
+        ),
         SamplingParams(max_tokens=7, temperature=1.0, seed=3, ignore_eos=True, logprobs=2),
         SamplingParams(
             max_tokens=9,
@@ -68,12 +76,21 @@ def requests(family):
         SamplingParams(max_tokens=9, temperature=0, ignore_eos=True, logprobs=2),
         SamplingParams(max_tokens=7, temperature=1.0, top_k=30, seed=11, ignore_eos=True),
         SamplingParams(
-            max_tokens=8, temperature=0.8, top_p=0.9, seed=3, ignore_eos=True, exit_threshold=0.5 if gate else None
+            max_tokens=8,
+            temperature=0.8,
+            top_p=0.9,
+            seed=3,
+            ignore_eos=True,
+            exit_threshold=0.5 if gate else None,
         ),
     ]
     if gate:
         prompts.append([9, 8, 7, 6, 5, 4, 3, 2, 1, 10, 11, 12])
-        params.append(SamplingParams(max_tokens=10, temperature=0, ignore_eos=True, exit_threshold=0.4, min_loops=2))
+        params.append(
+            SamplingParams(
+                max_tokens=10, temperature=0, ignore_eos=True, exit_threshold=0.4, min_loops=2
+            )
+        )
     return list(zip(prompts, params))
 
 
@@ -81,7 +98,11 @@ async def run_all(path, topology, layout, family, reqs, stats=None, **opts):
     """Every request at once -> (tokens, depths, logprobs, finish) each; stats: a list to append
     the engine's stats after the run to."""
     async with rlt.Engine.launch(
-        path, topology=topology, kv_layout=layout, hf_overrides=OV.get(family), **(SMALL | FAST_PD | opts)
+        path,
+        topology=topology,
+        kv_layout=layout,
+        hf_overrides=OV.get(family),
+        **(SMALL | FAST_PD | opts),
     ) as engine:
 
         async def one(i, p, sp):

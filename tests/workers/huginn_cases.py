@@ -31,7 +31,11 @@ def params(c: dict, n: int = N) -> SamplingParams:
     num_steps = k is min_loops = max_loops = k."""
     if c["criterion"] == "none":
         return SamplingParams(
-            max_tokens=n, temperature=0, ignore_eos=True, min_loops=c["num_steps"], max_loops=c["num_steps"]
+            max_tokens=n,
+            temperature=0,
+            ignore_eos=True,
+            min_loops=c["num_steps"],
+            max_loops=c["num_steps"],
         )
     return SamplingParams(
         max_tokens=n,
@@ -46,4 +50,8 @@ def params(c: dict, n: int = N) -> SamplingParams:
 def expect(out: dict, cases: list) -> None:
     for i, c in enumerate(cases):
         got = ([o[0] for o in out[i]], [o[1] for o in out[i]])
-        assert got == (c["tokens"], c["depths"]), (c["criterion"], c["threshold"], c.get("min_steps"))
+        assert got == (c["tokens"], c["depths"]), (
+            c["criterion"],
+            c["threshold"],
+            c.get("min_steps"),
+        )

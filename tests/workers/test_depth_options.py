@@ -18,7 +18,9 @@ from tests.workers.huginn_cases import FIXED, FIXTURE, N
 
 
 def fixed(k: int, n: int = N) -> SamplingParams:
-    return SamplingParams(max_tokens=n, temperature=0, ignore_eos=True, logprobs=3, min_loops=k, max_loops=k)
+    return SamplingParams(
+        max_tokens=n, temperature=0, ignore_eos=True, logprobs=3, min_loops=k, max_loops=k
+    )
 
 
 def tokens_depths(out: list) -> tuple[list[int], list[int]]:
@@ -27,7 +29,9 @@ def tokens_depths(out: list) -> tuple[list[int], list[int]]:
 
 def test_huginn_fixed_depth_equals_the_authors_code(checkpoints):
     """num_steps=k at 1, 3 and 5 of 8: one at a time and all at once (one pass, three depths)."""
-    mc, engine = make(checkpoints["huginn"], "huginn", overrides=FIXTURE["overrides"], enable_prefix_caching=False)
+    mc, engine = make(
+        checkpoints["huginn"], "huginn", overrides=FIXTURE["overrides"], enable_prefix_caching=False
+    )
     assert mc.depth == 8 and {c["num_steps"] for c in FIXED} == {1, 3, 5}
     reqs = {i: (c["prompt"], fixed(c["num_steps"])) for i, c in enumerate(FIXED)}
     together = run(engine(), mc, reqs)
@@ -51,7 +55,9 @@ def test_fixed_depth_equals_the_dense_reference_at_that_depth(checkpoints, famil
     for i, p in enumerate(prompts):
         tokens, depths, logps = ref_generate(ref, p, 6)
         assert depths == [k] * 6
-        got = Generated([SimpleNamespace(token_id=t, exit_depth=d, logprobs=lp) for t, d, lp, _ in out[i]])
+        got = Generated(
+            [SimpleNamespace(token_id=t, exit_depth=d, logprobs=lp) for t, d, lp, _ in out[i]]
+        )
         assert_matches(got, tokens, depths, logps)
 
 
@@ -61,9 +67,12 @@ def test_prefix_cache_keys_prompt_blocks_by_their_depth(checkpoints):
     mc, engine = make(checkpoints["huginn"], "huginn", overrides=FIXTURE["overrides"])
     e = engine()
     case = next(c for c in FIXED if c["num_steps"] == 3)
-    full = next(c for c in FIXTURE["cases"] if c["prompt"] == case["prompt"] and c["threshold"] == "auto")
+    full = next(
+        c for c in FIXTURE["cases"] if c["prompt"] == case["prompt"] and c["threshold"] == "auto"
+    )
     assert full["depths"] == [8] * N  # ("auto" never exits on these weights: full depth)
-    prompt, hit = case["prompt"], len(case["prompt"]) // 4 * 4  # (whole blocks, never the last position)
+    # (whole blocks, never the last position)
+    prompt, hit = case["prompt"], len(case["prompt"]) // 4 * 4
 
     def first_cached(rid, sp):
         out = {}

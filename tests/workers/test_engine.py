@@ -38,9 +38,9 @@ def test_chunked_prefill_equals_unchunked(checkpoints, family):
     reqs = {str(i): (p, sp) for i, (p, sp) in enumerate(zip(PROMPTS, mixed_params(family)))}
     whole = run(new_engine(prefill_chunk=1000), mc, reqs)
     for chunk in (1, 3):
-        assert {r: [o[:2] for o in v] for r, v in run(new_engine(prefill_chunk=chunk), mc, reqs).items()} == {
-            r: [o[:2] for o in v] for r, v in whole.items()
-        }
+        assert {
+            r: [o[:2] for o in v] for r, v in run(new_engine(prefill_chunk=chunk), mc, reqs).items()
+        } == {r: [o[:2] for o in v] for r, v in whole.items()}
 
 
 def passes(engine, what) -> list:
@@ -62,10 +62,16 @@ def test_prompts_chunked_to_the_decode_pass_budget(checkpoints, max_num_seqs, pa
     first prompt may take twice that; a prompt alone takes its whole chunk; tokens and depths are
     those of an unbounded pass."""
     mc, new_engine = make(
-        checkpoints["ouro"], "ouro", prefill_chunk=64, max_num_batched_tokens=64, max_num_seqs=max_num_seqs
+        checkpoints["ouro"],
+        "ouro",
+        prefill_chunk=64,
+        max_num_batched_tokens=64,
+        max_num_seqs=max_num_seqs,
     )
     sp = SamplingParams(max_tokens=30, temperature=0, ignore_eos=True)
-    reqs = {i: ([3 + i, 9, 27, 81, 5], sp) for i in range(4)} | {9: ([(i * 13) % 500 + 3 for i in range(40)], sp)}
+    reqs = {i: ([3 + i, 9, 27, 81, 5], sp) for i in range(4)} | {
+        9: ([(i * 13) % 500 + 3 for i in range(40)], sp)
+    }
     arrivals = {9: 10}  # the long prompt comes while the four stream
 
     def rows(groups):  # prompt rows, decode rows
@@ -74,8 +80,12 @@ def test_prompts_chunked_to_the_decode_pass_budget(checkpoints, max_num_seqs, pa
     bounded = new_engine(decode_pass_rows=12)
     seen = passes(bounded, rows)
     out = run(bounded, mc, reqs, arrivals)
-    assert max(p + d for p, d in seen if d == 4) == pass_rows and max(p for p, d in seen if d == 4) == pass_rows - 4
-    assert sum(p for p, _ in seen) == 4 * 5 * mc.depth + 40 * mc.depth  # every prompt row once per loop
+    assert (
+        max(p + d for p, d in seen if d == 4) == pass_rows
+        and max(p for p, d in seen if d == 4) == pass_rows - 4
+    )
+    # every prompt row once per loop
+    assert sum(p for p, _ in seen) == 4 * 5 * mc.depth + 40 * mc.depth
     unbounded = new_engine()
     seen = passes(unbounded, rows)
     assert run(unbounded, mc, reqs, arrivals) == out
@@ -92,7 +102,9 @@ def test_one_prompt_per_pass_past_the_decode_pass_budget(checkpoints):
     here: 4 of max_num_seqs 10 decode), the others share what decode_pass_rows leaves: two short
     prompts arriving together enter the loop whole, in different passes; tokens and depths are
     those of an unbounded pass."""
-    mc, new_engine = make(checkpoints["ouro"], "ouro", prefill_chunk=64, max_num_batched_tokens=64, max_num_seqs=10)
+    mc, new_engine = make(
+        checkpoints["ouro"], "ouro", prefill_chunk=64, max_num_batched_tokens=64, max_num_seqs=10
+    )
     sp = SamplingParams(max_tokens=20, temperature=0, ignore_eos=True)
     reqs = {i: ([3 + i, 9, 27, 81, 5], sp) for i in range(4)}
     reqs |= {i: ([(j * 13 + i) % 500 + 3 for j in range(10)], sp) for i in (8, 9)}
@@ -106,14 +118,18 @@ def test_one_prompt_per_pass_past_the_decode_pass_budget(checkpoints):
     seen = passes(bounded, entering)
     out = run(bounded, mc, reqs, arrivals)
     late = [new for rows, decoding, new in seen if decoding == 4 and new]
-    assert late == [[10], [10]]  # whole, one a pass (12 - 4 rows left for the second: none once the first took 10)
+    # whole, one a pass (12 - 4 rows left for the second: none once the first took 10)
+    assert late == [[10], [10]]
     assert max(rows for rows, decoding, _ in seen if decoding) <= 24
     assert run(new_engine(), mc, reqs, arrivals) == out
 
 
 def noise_fn(ref, seed):
     s = ref.cfg["init_values"]["std"] * ref.cfg["init_values"]["embed_scale"]
-    return lambda T: truncated_normal(torch.tensor(seed), torch.arange(T)[:, None], torch.arange(ref.H)[None, :]) * s
+    return lambda T: (
+        truncated_normal(torch.tensor(seed), torch.arange(T)[:, None], torch.arange(ref.H)[None, :])
+        * s
+    )
 
 
 CASES = [
@@ -137,8 +153,20 @@ def test_engine_equals_dense_reference(checkpoints, family, overrides, kw, layou
     sp = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True, logprobs=5, **kw)
     got = run(new_engine(), mc, {"a": (prompt, sp)})["a"]
     ref = Ref(checkpoints[family], overrides)
-    noise = noise_fn(ref, kw["seed"]) if family == "huginn" and overrides.get("state_init") != "zero" else None
-    args = (ref, prompt, 8, kw.get("min_loops", 1), kw.get("max_loops"), kw.get("exit_threshold", 1.0), noise)
+    noise = (
+        noise_fn(ref, kw["seed"])
+        if family == "huginn" and overrides.get("state_init") != "zero"
+        else None
+    )
+    args = (
+        ref,
+        prompt,
+        8,
+        kw.get("min_loops", 1),
+        kw.get("max_loops"),
+        kw.get("exit_threshold", 1.0),
+        noise,
+    )
     tokens, depths, logps = (ref_generate if layout == "last_exited" else shared_generate)(*args)
     assert [o[0] for o in got] == tokens
     assert [o[1] for o in got] == depths
@@ -170,7 +198,8 @@ def test_every_block_returns_after_abort_at_any_step(checkpoints, family, layout
     engine.step = lambda: passes.append(1) or one_pass()
     full = run(engine, mc, reqs)
     total_steps = 40 if layout == "last_exited" else 60
-    # (an abort at a step the run never reaches never happens: that run is the full one; the first such
+    # (an abort at a step the run never reaches never happens: that run is the full one; the first
+    # such
     # step is kept, the rest are the same run again)
     for step in range(0, min(total_steps, len(passes) + 3), 3):
         engine = new_engine()
@@ -203,12 +232,18 @@ def test_blocks_free_after_finish_and_admission_limits(checkpoints):
             assert len(s.tables.core[0]) == -(-reached // 4)
             held.add(len(s.tables.core[0]))
         # (a block of the shared prompt prefix, cached by an earlier request, is counted once)
-        assert engine.num_free_blocks == 40 - len({b for s in engine.running for t in s.tables.core for b in t})
+        assert engine.num_free_blocks == 40 - len(
+            {b for s in engine.running for t in s.tables.core for b in t}
+        )
     assert held == {2, 3} and engine.preemptions == 0
     assert running_max == 2 and finished == ["0", "1", "2", "3"]  # max_num_seqs, FCFS
     assert engine.num_free_blocks == 40
-    with pytest.raises(RequestError, match="can never fit: prompt 6 \\+ max_tokens 40 needs 48 KV blocks"):
-        engine.add_request("big", [1, 2, 3, 4, 5, 6], resolve_params(mc, 6, SamplingParams(max_tokens=40)))
+    with pytest.raises(
+        RequestError, match="can never fit: prompt 6 \\+ max_tokens 40 needs 48 KV blocks"
+    ):
+        engine.add_request(
+            "big", [1, 2, 3, 4, 5, 6], resolve_params(mc, 6, SamplingParams(max_tokens=40))
+        )
     engine.add_request("x", [1, 2], p)
     with pytest.raises(RequestError, match="already live"):
         engine.add_request("x", [1, 2], p)
@@ -234,13 +269,23 @@ def test_stop_conditions(checkpoints):
     mc, new_engine = make(checkpoints["ouro"], "ouro")
     b = (PROMPTS[0], SamplingParams(max_tokens=9, temperature=0, ignore_eos=True))
     free = run(
-        new_engine(), mc, {"a": (PROMPTS[1], SamplingParams(max_tokens=6, temperature=0, ignore_eos=True)), "b": b}
+        new_engine(),
+        mc,
+        {"a": (PROMPTS[1], SamplingParams(max_tokens=6, temperature=0, ignore_eos=True)), "b": b},
     )
     toks = [o[0] for o in free["a"]]
     engine = new_engine()
     blocks = engine.num_free_blocks
     got = run(
-        engine, mc, {"a": (PROMPTS[1], SamplingParams(max_tokens=6, temperature=0, stop_token_ids=[toks[2]])), "b": b}
+        engine,
+        mc,
+        {
+            "a": (
+                PROMPTS[1],
+                SamplingParams(max_tokens=6, temperature=0, stop_token_ids=[toks[2]]),
+            ),
+            "b": b,
+        },
     )
     stop_at = toks.index(toks[2])
     assert [o[0] for o in got["a"]] == toks[: stop_at + 1] and got["a"][-1][3] == "stop"
@@ -263,7 +308,8 @@ def test_default_pool_fills_the_memory_budget(checkpoints):
     eng = LoopEngine(mc, model, EngineConfig(kv_memory_bytes=1 << 22, block_size=16), torch.float32)
     block = 2 * max(4, 2 + 2) * mc.kv.num_kv_heads * mc.kv.head_dim * 4 * 16
     assert eng.pool.num_blocks == (1 << 22) // block
-    assert eng.pool.cache.numel() * 4 == (eng.pool.num_blocks + 1) * block  # + the scratch block, never lent
+    # + the scratch block, never lent
+    assert eng.pool.cache.numel() * 4 == (eng.pool.num_blocks + 1) * block
 
 
 def test_step_buffers_pack_and_append():
@@ -305,10 +351,13 @@ def test_pass_rows_of_one_group_as_of_many():
     slots = row_slots(padded(tables), rs, pos, 32)
     for i, g in enumerate(groups):
         alone = positions([g], row_starts([g]))
-        assert alone.tolist() == pos[rs[i] : rs[i + 1]].tolist() == list(range(g.start, g.start + g.n))
+        assert (
+            alone.tolist() == pos[rs[i] : rs[i + 1]].tolist() == list(range(g.start, g.start + g.n))
+        )
         one = row_slots(padded([tables[i]]), row_starts([g]), alone, 32)
         assert one.tolist() == slots[rs[i] : rs[i + 1]].tolist()
-    assert slots[1:10].tolist() == [7 * 32 + 6 + k for k in range(9)]  # positions 70..78: the table's third block (7)
+    # positions 70..78: the table's third block (7)
+    assert slots[1:10].tolist() == [7 * 32 + 6 + k for k in range(9)]
 
 
 @pytest.mark.parametrize(
@@ -329,9 +378,13 @@ def test_steady_decode_equals_the_regular_path(checkpoints, family, layout, fixe
 
     mc, new_engine = make(checkpoints[family], family, layout)
     params = [
-        msgspec.structs.replace(p, exit_threshold=None, min_loops=None) if fixed else p for p in mixed_params(family)
+        msgspec.structs.replace(p, exit_threshold=None, min_loops=None) if fixed else p
+        for p in mixed_params(family)
     ]
-    toks = [o[0] for o in run(new_engine(steady_decode="never"), mc, {"s": (PROMPTS[1], params[0])})["s"]]
+    toks = [
+        o[0]
+        for o in run(new_engine(steady_decode="never"), mc, {"s": (PROMPTS[1], params[0])})["s"]
+    ]
     stop = SamplingParams(
         max_tokens=12,
         temperature=0,
@@ -340,11 +393,15 @@ def test_steady_decode_equals_the_regular_path(checkpoints, family, layout, fixe
         logprobs=1,
         exit_threshold=0.5 if family == "ouro" else None,
     )
-    requests = {str(i): (PROMPTS[i % 3], params[i % 3]) for i in range(5)} | {"s": (PROMPTS[1], stop)}
+    requests = {str(i): (PROMPTS[i % 3], params[i % 3]) for i in range(5)} | {
+        "s": (PROMPTS[1], stop)
+    }
     arrivals = {"0": 0, "1": 0, "s": 0, "2": 9, "3": 30, "4": 31}
     runs = {}
     for steady in (False, True):
-        engine = new_engine(steady_decode=("always" if fixed else "adaptive") if steady else "never")
+        engine = new_engine(
+            steady_decode=("always" if fixed else "adaptive") if steady else "never"
+        )
         blocks = engine.num_free_blocks
         runs[steady] = run(engine, mc, requests, arrivals, abort_at=("1", 12))
         assert engine.num_free_blocks == blocks and not engine.has_work()
@@ -354,7 +411,9 @@ def test_steady_decode_equals_the_regular_path(checkpoints, family, layout, fixe
     for rid, outs in runs[False].items():
         assert [(o[0], o[1], o[3]) for o in runs[True][rid]] == [(o[0], o[1], o[3]) for o in outs]
         for (_, _, a, _), (_, _, b, _) in zip(runs[True][rid], outs):
-            assert (a or {}).keys() == (b or {}).keys() and all(abs(a[t] - b[t]) < 1e-5 for t in a or ())
+            assert (a or {}).keys() == (b or {}).keys() and all(
+                abs(a[t] - b[t]) < 1e-5 for t in a or ()
+            )
     assert [o[0] for o in runs[True]["s"]][-1] == toks[4] and runs[True]["s"][-1][3] == "stop"
     assert 0 < len(runs[True]["1"]) < 7  # aborted mid-decode
 
@@ -428,7 +487,8 @@ def test_profile_splits_busy_time_among_overlapping_kernels():
     trace = {
         "traceEvents": [
             k("_gemv_kernel", 0.0, 10.0, [1024, 1, 1]),
-            {"cat": "cuda_runtime", "name": "cudaLaunchKernel", "ts": 1.0, "dur": 2.0},  # not a kernel
+            # not a kernel
+            {"cat": "cuda_runtime", "name": "cudaLaunchKernel", "ts": 1.0, "dur": 2.0},
             k("_rope_kernel", 8.0, 4.0, [1, 48, 1]),  # starts under the GEMV: adds 2
             k("_decode_kernel", 9.0, 2.0, [1, 16, 32]),  # inside both: adds nothing
             k("_gemv_kernel", 20.0, 5.0, [1024, 1, 1]),  # after an 8 µs idle gap: adds its 5
@@ -449,7 +509,9 @@ def test_profile_splits_busy_time_among_overlapping_kernels():
     }
     assert profile.busy_us([(a, b) for _, a, b in kernels]) == 17.0
     assert (
-        profile.short_name("void at::native::(anonymous namespace)::indexSelect<c10::BFloat16, long>(int)")
+        profile.short_name(
+            "void at::native::(anonymous namespace)::indexSelect<c10::BFloat16, long>(int)"
+        )
         == "at::native::anon::indexSelect"
     )
     assert (
@@ -458,7 +520,9 @@ def test_profile_splits_busy_time_among_overlapping_kernels():
     )
 
 
-@pytest.mark.parametrize("rows,prefix,heads", [(1, 5, (4, 2)), (7, 3, (4, 4)), (64, 100, (4, 1)), (256, 1000, (4, 2))])
+@pytest.mark.parametrize(
+    "rows,prefix,heads", [(1, 5, (4, 2)), (7, 3, (4, 4)), (64, 100, (4, 1)), (256, 1000, (4, 2))]
+)
 def test_reference_attention_matches_plain_softmax(rows, prefix, heads):
     """The reference attention the CPU runs (a prefix chunk: two flash halves merged by log-sum-exp)
     equals softmax(QK^T)V written out in float64, for grouped and plain heads."""
@@ -488,7 +552,8 @@ def test_cpu_prefill_of_8192_tokens_is_one_pass(checkpoints):
     while eng.has_work():
         eng.step()
         steps += 1
-    assert steps == mc.depth + 1  # a pass per loop over all 8,192 rows, then the step that reads the token
+    # a pass per loop over all 8,192 rows, then the step that reads the token
+    assert steps == mc.depth + 1
 
 
 def test_a_grammar_that_does_not_compile_fails_the_start(checkpoints):
@@ -502,5 +567,7 @@ def test_a_grammar_that_does_not_compile_fails_the_start(checkpoints):
     engine = new_engine()
     sp = SamplingParams(max_tokens=2, structured_output=StructuredOutput(regex="([a-z"))
     engine.add_request(0, [3, 4], resolve_params(mc, 2, sp))
-    with pytest.raises(RuntimeError, match=r"did not compile before READY: structured_output\.regex: .+"):
+    with pytest.raises(
+        RuntimeError, match=r"did not compile before READY: structured_output\.regex: .+"
+    ):
         finish(engine)

@@ -36,7 +36,9 @@ def test_every_criterion_all_at_once_equals_the_authors_code(checkpoints):
 @pytest.mark.parametrize("criterion", ["latent-diff", "cosine", "kl", "argmax-stability"])
 def test_a_criterion_alone_equals_the_authors_code(checkpoints, criterion):
     mc, engine = engine_for(checkpoints, enable_prefix_caching=False)
-    cases = [c for c in VARIED if c["criterion"] == criterion and c["prompt"] == VARIED[-1]["prompt"]]
+    cases = [
+        c for c in VARIED if c["criterion"] == criterion and c["prompt"] == VARIED[-1]["prompt"]
+    ]
     for c in cases:
         expect(run(engine(), mc, {0: (c["prompt"], params(c))}), [c])
 
@@ -116,7 +118,10 @@ def test_a_lone_parked_lane_does_not_wait_for_others(checkpoints):
     e = engine()
     expect(run(e, mc, {0: (c["prompt"], params(c))}), [c])
     decoded = c["depths"][1:]  # (the first token comes from the prompt's passes)
-    assert sum(decoded) <= e.steady_steps <= sum(decoded) + len(decoded) + 1, (e.steady_steps, decoded)
+    assert sum(decoded) <= e.steady_steps <= sum(decoded) + len(decoded) + 1, (
+        e.steady_steps,
+        decoded,
+    )
 
 
 def test_steady_decode_lanes_at_fixed_depth_equal_the_authors_code(checkpoints):
@@ -135,7 +140,14 @@ def test_steady_decode_lanes_equal_the_regular_path_sampled(checkpoints, init):
     lane); a zero initial latent, or one drawn per seed and position."""
     c = [c for c in VARIED if c["criterion"] in LATENT]
     sps = [
-        SamplingParams(max_tokens=9, temperature=0.8, seed=4, exit_criterion="kl", exit_threshold=0.3, logprobs=2),
+        SamplingParams(
+            max_tokens=9,
+            temperature=0.8,
+            seed=4,
+            exit_criterion="kl",
+            exit_threshold=0.3,
+            logprobs=2,
+        ),
         SamplingParams(
             max_tokens=7,
             temperature=1.0,
@@ -152,15 +164,20 @@ def test_steady_decode_lanes_equal_the_regular_path_sampled(checkpoints, init):
     arrivals = {"0": 0, "1": 0, "2": 0, "3": 5, "4": 14, "5": 15}
     runs = {}
     for steady in ("never", "adaptive"):
-        ov = FIXTURE["overrides"] | {"state_init": init}  # like-init: each new token's latent drawn by its seed
+        # like-init: each new token's latent drawn by its seed
+        ov = FIXTURE["overrides"] | {"state_init": init}
         mc, engine = make(checkpoints["huginn"], "huginn", overrides=ov, steady_decode=steady)
         e = engine()
         runs[steady] = run(e, mc, requests, arrivals, abort_at=("1", 12))
         assert (e.steady_steps > 10) == (steady == "adaptive")
     for rid, outs in runs["never"].items():
-        assert [(o[0], o[1], o[3]) for o in runs["adaptive"][rid]] == [(o[0], o[1], o[3]) for o in outs]
+        assert [(o[0], o[1], o[3]) for o in runs["adaptive"][rid]] == [
+            (o[0], o[1], o[3]) for o in outs
+        ]
         for (_, _, a, _), (_, _, b, _) in zip(runs["adaptive"][rid], outs):
-            assert (a or {}).keys() == (b or {}).keys() and all(abs(a[t] - b[t]) < 1e-5 for t in a or ())
+            assert (a or {}).keys() == (b or {}).keys() and all(
+                abs(a[t] - b[t]) < 1e-5 for t in a or ()
+            )
     assert len(set(d for outs in runs["never"].values() for _, d, _, _ in outs)) >= 3  # depths vary
 
 
@@ -174,7 +191,10 @@ def test_prefix_cache_serves_a_repeated_prompt_with_the_same_exits(checkpoints):
         while e.has_work():
             outs += e.step()
         assert outs[0].num_cached_tokens == hit
-        assert ([o.token_id for o in outs], [o.exit_depth for o in outs]) == (c["tokens"], c["depths"])
+        assert ([o.token_id for o in outs], [o.exit_depth for o in outs]) == (
+            c["tokens"],
+            c["depths"],
+        )
 
 
 @pytest.mark.parametrize("topology", ["1p1d", "2x"])
@@ -185,7 +205,10 @@ async def test_every_case_through_pd_and_replicas_equals_the_authors_code(checkp
     each running its share of the rows in its own passes."""
     cases = VARIED + [c for c in FIXTURE["cases"] if c["criterion"] == "none"]
     async with rlt.Engine.launch(
-        checkpoints["huginn"], topology=topology, hf_overrides=FIXTURE["overrides"], **(SMALL | FAST_PD)
+        checkpoints["huginn"],
+        topology=topology,
+        hf_overrides=FIXTURE["overrides"],
+        **(SMALL | FAST_PD),
     ) as engine:
         workers = set()
 
@@ -211,10 +234,15 @@ def test_held_out_cases_equal_the_authors_code(tmp_path_factory):
 
     ck, n = HELDOUT["checkpoint"], HELDOUT["max_new_tokens"]
     assert ck["seed"] != FIXTURE["checkpoint"]["seed"]
-    path = make_checkpoint("huginn", str(tmp_path_factory.mktemp("heldout")), preset=ck["preset"], seed=ck["seed"])
+    path = make_checkpoint(
+        "huginn", str(tmp_path_factory.mktemp("heldout")), preset=ck["preset"], seed=ck["seed"]
+    )
     cases = HELDOUT["cases"]
     assert {c["criterion"] for c in cases} == set(EXIT_CRITERIA) | {"none"}
-    assert all(c.get("margin") is None or c["margin"] > 1e-3 for c in cases) and min(c["gap"] for c in cases) > 1e-3
+    assert (
+        all(c.get("margin") is None or c["margin"] > 1e-3 for c in cases)
+        and min(c["gap"] for c in cases) > 1e-3
+    )
     mc, engine = make(path, "huginn", overrides=HELDOUT["overrides"])
     expect(run(engine(), mc, {i: (c["prompt"], params(c, n)) for i, c in enumerate(cases)}), cases)
 
@@ -224,16 +252,34 @@ def test_thresholds_are_read_per_criterion(checkpoints):
     for crit, auto in EXIT_CRITERIA.items():
         p = resolve_params(mc, 3, SamplingParams(exit_criterion=crit))
         assert (p.exit_criterion, p.exit_threshold) == (crit, auto)
-    assert resolve_params(mc, 3, SamplingParams(exit_criterion="latent-diff", exit_threshold=1.5)).exit_threshold == 1.5
     assert (
-        resolve_params(mc, 3, SamplingParams(exit_criterion="argmax-stability", exit_threshold=7)).exit_threshold == 7
+        resolve_params(
+            mc, 3, SamplingParams(exit_criterion="latent-diff", exit_threshold=1.5)
+        ).exit_threshold
+        == 1.5
     )
-    assert resolve_params(mc, 3, SamplingParams()).exit_criterion == "gate"  # (fixed depth without a gate)
+    assert (
+        resolve_params(
+            mc, 3, SamplingParams(exit_criterion="argmax-stability", exit_threshold=7)
+        ).exit_threshold
+        == 7
+    )
+    # (fixed depth without a gate)
+    assert resolve_params(mc, 3, SamplingParams()).exit_criterion == "gate"
     refused = [
-        (dict(exit_criterion="argmax-stability", exit_threshold=2.5), "argmax-stability counts checks"),
-        (dict(exit_criterion="argmax-stability", exit_threshold=0), "argmax-stability counts checks"),
+        (
+            dict(exit_criterion="argmax-stability", exit_threshold=2.5),
+            "argmax-stability counts checks",
+        ),
+        (
+            dict(exit_criterion="argmax-stability", exit_threshold=0),
+            "argmax-stability counts checks",
+        ),
         (dict(exit_criterion="kl", exit_threshold=0), "exit_threshold of kl must be > 0"),
-        (dict(exit_criterion="cosine", exit_threshold=-1.0), "exit_threshold of cosine must be > 0"),
+        (
+            dict(exit_criterion="cosine", exit_threshold=-1.0),
+            "exit_threshold of cosine must be > 0",
+        ),
         (dict(exit_criterion="halting"), "exit_criterion must be one of gate, latent-diff"),
         (dict(exit_threshold=1.5), r"exit_threshold must be in \[0, 1\]"),
     ]
@@ -242,7 +288,11 @@ def test_thresholds_are_read_per_criterion(checkpoints):
             resolve_params(mc, 3, SamplingParams(**kw))
     for family in ("ouro", "nanbeige"):  # Ouro exits by its gate; Nanbeige runs fixed depth
         with pytest.raises(RequestError, match=r"exit_criterion 'kl' is for Huginn models"):
-            resolve_params(ModelConfig.from_pretrained(checkpoints[family]), 3, SamplingParams(exit_criterion="kl"))
+            resolve_params(
+                ModelConfig.from_pretrained(checkpoints[family]),
+                3,
+                SamplingParams(exit_criterion="kl"),
+            )
 
 
 def test_http_body_carries_the_criterion():

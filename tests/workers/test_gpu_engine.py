@@ -35,10 +35,14 @@ def decode_all(mc, model, cfg, prompts, sp, dtype=torch.bfloat16, device="cuda")
 
 
 def first_logprobs(path, device, dtype, prompt):
-    mc = ModelConfig.from_pretrained(path, hf_overrides={"mean_recurrence": 8} if "huginn" in path else None)
+    mc = ModelConfig.from_pretrained(
+        path, hf_overrides={"mean_recurrence": 8} if "huginn" in path else None
+    )
     eng = LoopEngine(mc, load_model(mc, dtype, device), EngineConfig(num_blocks=256), dtype, device)
     eng.add_request(
-        "a", prompt, resolve_params(mc, len(prompt), SamplingParams(max_tokens=1, temperature=0, logprobs=5))
+        "a",
+        prompt,
+        resolve_params(mc, len(prompt), SamplingParams(max_tokens=1, temperature=0, logprobs=5)),
     )
     outs = []
     while eng.has_work():
@@ -66,7 +70,12 @@ def test_pd_on_two_gpus_equals_single(checkpoints):
 
     async def serve(topology):
         async with rlt.Engine.launch(
-            checkpoints["ouro"], topology=topology, device="cuda", dtype="bfloat16", prefill_chunk=16, num_blocks=512
+            checkpoints["ouro"],
+            topology=topology,
+            device="cuda",
+            dtype="bfloat16",
+            prefill_chunk=16,
+            num_blocks=512,
         ) as engine:
             outs = []
             for i, p in enumerate(prompts):  # one at a time: identical batch shapes on both sides
@@ -92,7 +101,12 @@ def test_engine_batch_invariant_bf16(checkpoints, family):
     cfg = EngineConfig(num_blocks=512, prefill_chunk=8, batch_invariant=True)
     prompts = [[5 + (i * 7 + j) % 400 for j in range(n)] for i, n in enumerate((9, 30, 17, 44))]
     sps = [
-        SamplingParams(max_tokens=12, temperature=0, ignore_eos=True, exit_threshold=0.5 if family == "ouro" else None),
+        SamplingParams(
+            max_tokens=12,
+            temperature=0,
+            ignore_eos=True,
+            exit_threshold=0.5 if family == "ouro" else None,
+        ),
         SamplingParams(max_tokens=10, temperature=0.9, seed=4, ignore_eos=True),
     ] * 2
 
@@ -122,21 +136,31 @@ def test_cuda_graphs_equal_eager(checkpoints, family):
     )
     model = load_model(mc, torch.bfloat16, "cuda")
     sp = SamplingParams(
-        max_tokens=14, temperature=0, ignore_eos=True, logprobs=3, exit_threshold=0.5 if family == "ouro" else None
+        max_tokens=14,
+        temperature=0,
+        ignore_eos=True,
+        logprobs=3,
+        exit_threshold=0.5 if family == "ouro" else None,
     )
 
     def run(graph_max):
         return decode_all(
             mc,
             model,
-            EngineConfig(num_blocks=512, prefill_chunk=8, batch_invariant=True, cuda_graph_max_batch=graph_max),
+            EngineConfig(
+                num_blocks=512,
+                prefill_chunk=8,
+                batch_invariant=True,
+                cuda_graph_max_batch=graph_max,
+            ),
             PROMPTS,
             sp,
         )
 
     eager, _ = run(0)
     graphed, eng = run(256)
-    assert eng.backend.decode_graphs.graphs and eng.backend.pass_graphs.graphs  # both kinds captured and used
+    # both kinds captured and used
+    assert eng.backend.decode_graphs.graphs and eng.backend.pass_graphs.graphs
     assert graphed == eager
 
 
@@ -159,7 +183,8 @@ def test_lone_prompt_graphs_equal_eager(checkpoints, family):
 
     eager, _ = run(0)
     graphed, eng = run(256)
-    assert list(eng.backend.prompt_graphs.graphs) == [1024]  # the 1,000-token prompt replayed its bucket's graph
+    # the 1,000-token prompt replayed its bucket's graph
+    assert list(eng.backend.prompt_graphs.graphs) == [1024]
     for a, b in zip(graphed, eager):
         assert [(t, d) for t, d, _ in a] == [(t, d) for t, d, _ in b]
         for (_, _, la), (_, _, lb) in zip(a, b):
@@ -211,7 +236,12 @@ def test_cuda_decode_equals_cpu_in_float32(checkpoints, family):
     mc = ModelConfig.from_pretrained(
         checkpoints[family], hf_overrides={"mean_recurrence": 6} if family == "huginn" else None
     )
-    sp = SamplingParams(max_tokens=10, temperature=0, ignore_eos=True, exit_threshold=0.5 if family == "ouro" else None)
+    sp = SamplingParams(
+        max_tokens=10,
+        temperature=0,
+        ignore_eos=True,
+        exit_threshold=0.5 if family == "ouro" else None,
+    )
     prompts = [[5 + (i * 11 + j) % 400 for j in range(n)] for i, n in enumerate((12, 33, 7))]
 
     def run(device):
@@ -236,7 +266,12 @@ def test_one_row_decode_equals_cpu_in_float32(checkpoints, family):
     mc = ModelConfig.from_pretrained(
         checkpoints[family], hf_overrides={"mean_recurrence": 6} if family == "huginn" else None
     )
-    sp = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True, exit_threshold=0.5 if family == "ouro" else None)
+    sp = SamplingParams(
+        max_tokens=12,
+        temperature=0,
+        ignore_eos=True,
+        exit_threshold=0.5 if family == "ouro" else None,
+    )
 
     def run(device, prompts):
         out, _ = decode_all(
@@ -251,7 +286,8 @@ def test_one_row_decode_equals_cpu_in_float32(checkpoints, family):
         return {rid: [o[:2] for o in outs] for rid, outs in out.items()}
 
     alone = [[7 + j % 300 for j in range(21)]]
-    batch = [[5 + (i * 11 + j) % 400 for j in range(n)] for i, n in enumerate((12, 33, 7))]  # GEMMs of 3 rows
+    # GEMMs of 3 rows
+    batch = [[5 + (i * 11 + j) % 400 for j in range(n)] for i, n in enumerate((12, 33, 7))]
     assert run("cuda", alone) == run("cpu", alone)
     assert run("cuda", batch) == run("cpu", batch)
 
@@ -267,7 +303,10 @@ def test_steady_one_row_equals_regular(checkpoints, family, threshold):
 
     def run(steady):
         cfg = EngineConfig(
-            num_blocks=512, prefill_chunk=8, cuda_graph_max_batch=256, steady_decode="always" if steady else "never"
+            num_blocks=512,
+            prefill_chunk=8,
+            cuda_graph_max_batch=256,
+            steady_decode="always" if steady else "never",
         )
         out, eng = decode_all(mc, model, cfg, PROMPTS[3:4], sp)
         return [o[:2] for o in out["0"]], eng.steady_steps
@@ -288,8 +327,13 @@ def test_steady_decode_equals_regular_on_cuda(checkpoints, family, graphs):
         checkpoints[family], hf_overrides={"mean_recurrence": 8} if family == "huginn" else None
     )
     model = load_model(mc, torch.bfloat16, "cuda")
-    exits = {"ouro": dict(exit_threshold=0.5), "huginn": dict(exit_criterion="latent-diff", exit_threshold=0.4)}
-    sp = SamplingParams(max_tokens=14, temperature=0, ignore_eos=True, logprobs=3, **exits.get(family, {}))
+    exits = {
+        "ouro": dict(exit_threshold=0.5),
+        "huginn": dict(exit_criterion="latent-diff", exit_threshold=0.4),
+    }
+    sp = SamplingParams(
+        max_tokens=14, temperature=0, ignore_eos=True, logprobs=3, **exits.get(family, {})
+    )
 
     def run(steady):
         out, eng = decode_all(
@@ -320,7 +364,9 @@ def test_preempted_requests_resume_exactly_on_the_gpu(checkpoints):
     recompute, and every stream's tokens and exit depths equal the unpreempted run's."""
     mc = ModelConfig.from_pretrained(checkpoints["ouro"])
     model = load_model(mc, torch.bfloat16, "cuda")
-    prompts = [[5 + (i * 11 + j) % 300 for j in range(n)] for i, n in enumerate((9, 40, 17, 60, 3, 33))]
+    prompts = [
+        [5 + (i * 11 + j) % 300 for j in range(n)] for i, n in enumerate((9, 40, 17, 60, 3, 33))
+    ]
     sp = SamplingParams(max_tokens=40, temperature=0, ignore_eos=True, exit_threshold=0.5)
     runs = {}
     for blocks in (4096, 4 * 13):  # 4 planes; the largest request alone needs 4 x 7 blocks
@@ -337,7 +383,9 @@ def test_prefix_cache_hits_equal_the_cache_off_run_on_the_gpu(checkpoints):
     onto cached blocks stream the cache-off run's tokens and exit depths (Ouro, adaptive exit)."""
     mc = ModelConfig.from_pretrained(checkpoints["ouro"])
     model = load_model(mc, torch.bfloat16, "cuda")
-    sp = resolve_params(mc, 1, SamplingParams(max_tokens=24, temperature=0, ignore_eos=True, exit_threshold=0.5))
+    sp = resolve_params(
+        mc, 1, SamplingParams(max_tokens=24, temperature=0, ignore_eos=True, exit_threshold=0.5)
+    )
     firsts = [[5 + (i * 11 + j) % 300 for j in range(n)] for i, n in enumerate((40, 70, 33))]
 
     def drive(eng, prompts):
@@ -351,10 +399,14 @@ def test_prefix_cache_hits_equal_the_cache_off_run_on_the_gpu(checkpoints):
 
     runs = {}
     for caching in (True, False):
-        cfg = EngineConfig(num_blocks=4096, prefill_chunk=16, batch_invariant=True, enable_prefix_caching=caching)
+        cfg = EngineConfig(
+            num_blocks=4096, prefill_chunk=16, batch_invariant=True, enable_prefix_caching=caching
+        )
         eng = LoopEngine(mc, model, cfg, torch.bfloat16, "cuda")
         one = drive(eng, firsts)
-        two = drive(eng, [p + [t for t, _ in one[str(i)]] + [7, 8, 9] for i, p in enumerate(firsts)])
+        two = drive(
+            eng, [p + [t for t, _ in one[str(i)]] + [7, 8, 9] for i, p in enumerate(firsts)]
+        )
         runs[caching] = (one, two, eng.pool.prefix.hit_tokens if caching else 0)
         assert eng.num_free_blocks == 4096
     assert runs[True][:2] == runs[False][:2]
@@ -370,26 +422,46 @@ def test_nothing_compiles_or_captures_after_ready(checkpoints):
 
     kinds = [
         SamplingParams(max_tokens=24, temperature=0, ignore_eos=True),
-        SamplingParams(max_tokens=24, temperature=0.8, top_k=40, top_p=0.95, seed=1, ignore_eos=True, logprobs=3),
-        SamplingParams(max_tokens=24, temperature=0, ignore_eos=True, exit_threshold=0.6, min_loops=2),
+        SamplingParams(
+            max_tokens=24,
+            temperature=0.8,
+            top_k=40,
+            top_p=0.95,
+            seed=1,
+            ignore_eos=True,
+            logprobs=3,
+        ),
+        SamplingParams(
+            max_tokens=24, temperature=0, ignore_eos=True, exit_threshold=0.6, min_loops=2
+        ),
         SamplingParams(max_tokens=24, temperature=0, ignore_eos=True, max_loops=3),
-        SamplingParams(max_tokens=24, temperature=0.9, seed=2, exit_threshold=0.6, logprobs=2, **EDITS),
+        SamplingParams(
+            max_tokens=24, temperature=0.9, seed=2, exit_threshold=0.6, logprobs=2, **EDITS
+        ),
         SamplingParams(max_tokens=24, temperature=0, ignore_eos=True, prompt_logprobs=5, **EDITS),
-        SamplingParams(max_tokens=24, temperature=0.7, seed=3, ignore_eos=True, speculative_loops=1),
+        SamplingParams(
+            max_tokens=24, temperature=0.7, seed=3, ignore_eos=True, speculative_loops=1
+        ),
     ]
     lengths = [1, 5, 16, 17, 31, 64, 100, 255, 300, 700, 1500, 3000]
 
     async def serve():
-        async with rlt.Engine.launch(checkpoints["ouro"], device="cuda", startup_timeout=600) as engine:
+        async with rlt.Engine.launch(
+            checkpoints["ouro"], device="cuda", startup_timeout=600
+        ) as engine:
             w = engine.stats().workers[0]
             assert w.kv_blocks_total >= 4096  # from free memory, not a fixed 1 GiB
 
             async def one(i, n):
-                async for _ in engine.generate([3 + (i * 7 + j) % 500 for j in range(n)], kinds[i % len(kinds)]):
+                async for _ in engine.generate(
+                    [3 + (i * 7 + j) % 500 for j in range(n)], kinds[i % len(kinds)]
+                ):
                     pass
 
             for wave in (1, 8, 64, 3):
-                await asyncio.gather(*(one(i, lengths[(i * 5) % len(lengths)]) for i in range(wave)))
+                await asyncio.gather(
+                    *(one(i, lengths[(i * 5) % len(lengths)]) for i in range(wave))
+                )
             return engine.stats().workers[0]
 
     w = asyncio.run(serve())
@@ -401,7 +473,13 @@ def test_huginn_lanes_build_nothing_after_ready(checkpoints):
     fixed depth, greedy and sampled, waves of 1 to 64 lanes with their boundary passes, build no
     CUDA graph and no Triton specialization."""
     kinds = [
-        SamplingParams(max_tokens=12, temperature=0, ignore_eos=True, exit_criterion="latent-diff", exit_threshold=0.4),
+        SamplingParams(
+            max_tokens=12,
+            temperature=0,
+            ignore_eos=True,
+            exit_criterion="latent-diff",
+            exit_threshold=0.4,
+        ),
         SamplingParams(
             max_tokens=12,
             temperature=0.8,
@@ -417,10 +495,14 @@ def test_huginn_lanes_build_nothing_after_ready(checkpoints):
     ]
 
     async def serve():
-        async with rlt.Engine.launch(checkpoints["huginn"], device="cuda", startup_timeout=600) as engine:
+        async with rlt.Engine.launch(
+            checkpoints["huginn"], device="cuda", startup_timeout=600
+        ) as engine:
 
             async def one(i):
-                async for _ in engine.generate([3 + (i * 7 + j) % 200 for j in range(5 + i % 9)], kinds[i % 3]):
+                async for _ in engine.generate(
+                    [3 + (i * 7 + j) % 200 for j in range(5 + i % 9)], kinds[i % 3]
+                ):
                     pass
 
             for wave in (1, 3, 16, 64, 2):
@@ -445,7 +527,11 @@ def test_exit_criteria_on_cuda_equal_cpu_and_the_authors_code(checkpoints, layou
 
     def tokens_depths(device, graph_max=0, wait=0):
         cfg = EngineConfig(
-            num_blocks=512, prefill_chunk=16, kv_layout=layout, cuda_graph_max_batch=graph_max, exit_wait_passes=wait
+            num_blocks=512,
+            prefill_chunk=16,
+            kv_layout=layout,
+            cuda_graph_max_batch=graph_max,
+            exit_wait_passes=wait,
         )
         eng = LoopEngine(mc, load_model(mc, torch.float32, device), cfg, torch.float32, device)
         out = run(eng, mc, requests)
@@ -456,7 +542,8 @@ def test_exit_criteria_on_cuda_equal_cpu_and_the_authors_code(checkpoints, layou
     cpu = tokens_depths("cpu")
     assert tokens_depths("cuda") == cpu
     assert tokens_depths("cuda", 256) == cpu
-    assert tokens_depths("cuda", 256, wait=3) == cpu  # exited rows parked, K/V to scratch in the graphs' inputs
+    # exited rows parked, K/V to scratch in the graphs' inputs
+    assert tokens_depths("cuda", 256, wait=3) == cpu
     if layout == "last_exited":
         expect({i: [(*o, None, None) for o in outs] for i, outs in cpu.items()}, CASES)
 
@@ -500,15 +587,21 @@ def test_speculation_equals_plain_on_cuda(tmp_path, family):
     from rlt.models.checkpoint import make_checkpoint
 
     path = make_checkpoint(family, str(tmp_path / family), seed=1, update_scale=0.01)
-    mc = ModelConfig.from_pretrained(path, hf_overrides={"mean_recurrence": 6} if family == "huginn" else None)
+    mc = ModelConfig.from_pretrained(
+        path, hf_overrides={"mean_recurrence": 6} if family == "huginn" else None
+    )
     model = load_model(mc, torch.bfloat16, "cuda")
     sps = [
         SamplingParams(max_tokens=40, temperature=0, ignore_eos=True, logprobs=3),
-        SamplingParams(max_tokens=33, temperature=0.8, top_k=40, seed=3, ignore_eos=True, logprobs=2),
+        SamplingParams(
+            max_tokens=33, temperature=0.8, top_k=40, seed=3, ignore_eos=True, logprobs=2
+        ),
     ]
     runs = {}
     for loops in (0, 1):
-        cfg = EngineConfig(num_blocks=512, prefill_chunk=8, batch_invariant=True, speculative_loops=loops)
+        cfg = EngineConfig(
+            num_blocks=512, prefill_chunk=8, batch_invariant=True, speculative_loops=loops
+        )
         runs[loops] = [decode_all(mc, model, cfg, PROMPTS, sp) for sp in sps]
     for (plain, _), (spec, eng) in zip(runs[0], runs[1]):
         assert spec == plain

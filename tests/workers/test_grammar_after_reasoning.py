@@ -20,21 +20,29 @@ from tests.workers.helpers import make, run, run_all, spy_preemptions
 
 SCHEMA = {
     "type": "object",
-    "properties": {"n": {"type": "integer", "minimum": 0, "maximum": 99}, "k": {"enum": ["a", "b"]}},
+    "properties": {
+        "n": {"type": "integer", "minimum": 0, "maximum": 99},
+        "k": {"enum": ["a", "b"]},
+    },
     "required": ["n", "k"],
     "additionalProperties": False,
 }
 FREE = {  # unconstrained: the reasoning each constrained request starts with
     "two": ([5, 6, 7, 8, 9], SamplingParams(max_tokens=40, temperature=1.0, seed=1)),
     # Ouro: most tokens exit in their first loop, before the token before them is read back
-    "early": ([3, 9, 27], SamplingParams(max_tokens=40, temperature=1.0, seed=2, exit_threshold=0.05)),
+    "early": (
+        [3, 9, 27],
+        SamplingParams(max_tokens=40, temperature=1.0, seed=2, exit_threshold=0.05),
+    ),
     "never": ([4, 4], SamplingParams(max_tokens=10, temperature=0.9, seed=3)),
 }
 
 
 def first_at(out: list[int], start: int, width: int) -> int:
     """The first index >= start where the `width` ids ending there appear for the first time."""
-    return next(k for k in range(start, len(out)) if out[k - width + 1 : k + 1] not in seen(out[:k], width))
+    return next(
+        k for k in range(start, len(out)) if out[k - width + 1 : k + 1] not in seen(out[:k], width)
+    )
 
 
 def seen(out: list[int], width: int) -> list[list[int]]:
@@ -92,19 +100,30 @@ def test_the_grammar_starts_after_the_marker_on_every_path(ouro):
     base = outputs(run(new_engine(steady_decode="never"), mc, work))
     check(tok, free, reqs, base)
     neighbour = ([5, 6, 7], SamplingParams(max_tokens=30, temperature=1.0, seed=6, ignore_eos=True))
-    both = outputs(run(new_engine(steady_decode="always"), mc, work | {"free": neighbour}, arrivals={"free": 4}))
+    both = outputs(
+        run(
+            new_engine(steady_decode="always"), mc, work | {"free": neighbour}, arrivals={"free": 4}
+        )
+    )
     assert {r: both[r] for r in work} == base
     small = new_engine(num_blocks=1)
     marks = [k for _, _, k in reqs.values() if k is not None]
-    for arrivals, resumed in (({}, lambda n: n <= min(marks)), ({"early": 3}, lambda n: n > max(marks))):
-        engine = new_engine(num_blocks=(small.pool.num_core_planes + int(small.pool.has_boundary)) * 13)
+    for arrivals, resumed in (
+        ({}, lambda n: n <= min(marks)),
+        ({"early": 3}, lambda n: n > max(marks)),
+    ):
+        engine = new_engine(
+            num_blocks=(small.pool.num_core_planes + int(small.pool.has_boundary)) * 13
+        )
         preempted = spy_preemptions(engine)
         assert outputs(run(engine, mc, work, arrivals=arrivals)) == base
         assert any(map(resumed, preempted)), preempted  # resumed mid-reasoning; mid-grammar
     engine = new_engine()
     run(engine, mc, work)
     hits = engine.pool.prefix.hit_tokens
-    assert outputs(run(engine, mc, {r + "'": v for r, v in work.items()})) == {r + "'": v for r, v in base.items()}
+    assert outputs(run(engine, mc, {r + "'": v for r, v in work.items()})) == {
+        r + "'": v for r, v in base.items()
+    }
     assert engine.pool.prefix.hit_tokens > hits
 
 
@@ -119,7 +138,9 @@ def test_a_rebuilt_matcher_replays_to_the_same_state(ouro):
     from rlt.workers.grammar_zygote import compile_spec, tokenizer_info
 
     mc, new_engine, free, reqs = ouro
-    compiler = xgr.GrammarCompiler(tokenizer_info(load_tokenizer(mc.path), mc.vocab_size, mc.eos_token_ids))
+    compiler = xgr.GrammarCompiler(
+        tokenizer_info(load_tokenizer(mc.path), mc.vocab_size, mc.eos_token_ids)
+    )
     compiled = compile_spec(compiler, spec_of(StructuredOutput(json=SCHEMA)))
     _, sp, k = reqs["two"]
     after = tuple(sp.structured_output.after)
@@ -133,14 +154,19 @@ def test_a_rebuilt_matcher_replays_to_the_same_state(ouro):
             assert (rebuilt.fill() == fed.fill()).all()
     a, b = after
     x = next(t for t in range(500) if t not in after)
-    assert Constraint(compiled, [a, a, b], after).started and not Constraint(compiled, [a, x, b], after).started
+    assert (
+        Constraint(compiled, [a, a, b], after).started
+        and not Constraint(compiled, [a, x, b], after).started
+    )
 
 
 def test_after_is_checked(ouro):
     mc = ouro[0]
     for bad in ([], [-1], [mc.vocab_size], [True], "</think>"):
         sp = SamplingParams(structured_output=StructuredOutput(regex="a", after=bad))
-        with pytest.raises(RequestError, match=r"^structured_output.after must be a non-empty list of token ids"):
+        with pytest.raises(
+            RequestError, match=r"^structured_output.after must be a non-empty list of token ids"
+        ):
             resolve_params(mc, 3, sp)
     assert resolve_params(mc, 3, constrained(SamplingParams(), [7, 8])).grammar_after == (7, 8)
     assert resolve_params(mc, 3, constrained(SamplingParams(), None)).grammar_after == ()
@@ -168,21 +194,33 @@ def test_served_content_after_the_reasoning_obeys_the_grammar(checkpoints, serve
     tools = [{"type": "function", "function": {"name": "pick", "parameters": SCHEMA}}]
     rf = {"type": "json_schema", "json_schema": {"name": "pick", "schema": SCHEMA}}
     extra = {"return_token_ids": True, "logit_bias": {str(end): 4.0}}
-    client = openai.OpenAI(base_url=served("nanbeige"), api_key="none")  # (conftest.served: the session's)
-    kw = dict(model="m", messages=[{"role": "user", "content": "Why?"}], max_tokens=80, temperature=1.0)
+    # (conftest.served: the session's)
+    client = openai.OpenAI(base_url=served("nanbeige"), api_key="none")
+    kw = dict(
+        model="m", messages=[{"role": "user", "content": "Why?"}], max_tokens=80, temperature=1.0
+    )
     closed = 0
     for seed in range(4):
-        c = client.chat.completions.create(**kw, seed=seed, response_format=rf, extra_body=extra).choices[0]
+        c = client.chat.completions.create(
+            **kw, seed=seed, response_format=rf, extra_body=extra
+        ).choices[0]
         ids, m = c.model_extra["token_ids"], c.message
         if end not in ids:  # (the reasoning ran to max_tokens: no content)
             assert (c.finish_reason, m.content) == ("length", "")
             continue
         closed += 1
         k = ids.index(end)
-        assert m.model_extra["reasoning_content"] == (tok.decode(ids[:k], skip_special_tokens=True) or None)
-        assert m.content == tok.decode(ids[k + 1 :], skip_special_tokens=True) and c.finish_reason == "stop"
+        assert m.model_extra["reasoning_content"] == (
+            tok.decode(ids[:k], skip_special_tokens=True) or None
+        )
+        assert (
+            m.content == tok.decode(ids[k + 1 :], skip_special_tokens=True)
+            and c.finish_reason == "stop"
+        )
         jsonschema.validate(json.loads(m.content), SCHEMA)
-        stream = client.chat.completions.create(**kw, seed=seed, response_format=rf, stream=True, extra_body=extra)
+        stream = client.chat.completions.create(
+            **kw, seed=seed, response_format=rf, stream=True, extra_body=extra
+        )
         deltas = [ch.choices[0].delta for ch in stream if ch.choices]
         assert "".join(d.content or "" for d in deltas) == m.content
         assert "".join(d.model_extra.get("reasoning_content") or "" for d in deltas) == (
@@ -191,10 +229,17 @@ def test_served_content_after_the_reasoning_obeys_the_grammar(checkpoints, serve
         dropped = client.chat.completions.create(
             **kw, seed=seed, response_format=rf, extra_body=extra | {"include_reasoning": False}
         ).choices[0]
-        assert dropped.message.content == m.content and "reasoning_content" not in (dropped.message.model_extra or {})
+        assert dropped.message.content == m.content and "reasoning_content" not in (
+            dropped.message.model_extra or {}
+        )
         for choice in ("required", {"type": "function", "function": {"name": "pick"}}):
             c = client.chat.completions.create(
-                **kw, seed=seed, tools=tools, tool_choice=choice, parallel_tool_calls=False, extra_body=extra
+                **kw,
+                seed=seed,
+                tools=tools,
+                tool_choice=choice,
+                parallel_tool_calls=False,
+                extra_body=extra,
             ).choices[0]
             if end in c.model_extra["token_ids"]:
                 [call] = c.message.tool_calls

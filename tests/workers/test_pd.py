@@ -34,8 +34,10 @@ async def single_reference(path, layout, family, reqs):
 async def test_pd_equals_single(checkpoints, family, layout):
     reqs = requests(family)
     single = await single_reference(checkpoints[family], layout, family, reqs)
-    tol = 1e-3 if family == "huginn" else 1e-4  # float32 GEMMs over different batches (see test_engine)
-    for topology in ("1p1d", "2p2d") if family == "ouro" else ("1p1d",):  # (routing is the same for every family)
+    # float32 GEMMs over different batches (see test_engine)
+    tol = 1e-3 if family == "huginn" else 1e-4
+    # (routing is the same for every family)
+    for topology in ("1p1d", "2p2d") if family == "ouro" else ("1p1d",):
         got = await run_all(checkpoints[family], topology, layout, family, reqs)
         for (t1, d1, lp1, f1), (t2, d2, lp2, f2) in zip(single, got):
             assert (t1, d1, f1) == (t2, d2, f2), topology
@@ -84,7 +86,9 @@ async def test_pd_decode_worker_preempts_and_resumes_exactly(checkpoints, layout
     single = await run_all(checkpoints["ouro"], "single", layout, "ouro", reqs)
     stats = []
     planes = 4 if layout == "last_exited" else 1
-    got = await run_all(checkpoints["ouro"], "1p1d", layout, "ouro", reqs, stats, num_blocks=planes * 10)
+    got = await run_all(
+        checkpoints["ouro"], "1p1d", layout, "ouro", reqs, stats, num_blocks=planes * 10
+    )
     decode = next(w for w in stats[0].workers if w.role == "decode")
     assert decode.preemptions > 0 and decode.kv_blocks_free == decode.kv_blocks_total
     for (t1, d1, lp1, f1), (t2, d2, lp2, f2) in zip(single, got):
@@ -106,7 +110,9 @@ async def expect_reuse_ok(engine, rid, prompt=(1, 2, 3)):
     outs = [
         o
         async for o in engine.generate(
-            list(prompt), SamplingParams(max_tokens=4, temperature=0, ignore_eos=True), request_id=rid
+            list(prompt),
+            SamplingParams(max_tokens=4, temperature=0, ignore_eos=True),
+            request_id=rid,
         )
     ]
     assert outs[-1].finish_reason == "length" and len(outs[-1].token_ids) == 4
@@ -127,9 +133,12 @@ async def test_cancel_while_waiting_for_decode_blocks(checkpoints):
         hog = engine.generate([1, 2] * 100, big, request_id="hog")
         first = await hog.__anext__()
         assert first.token_ids
-        stream = engine.generate([5, 6, 7] * 100, SamplingParams(max_tokens=40, ignore_eos=True), request_id="w")
+        stream = engine.generate(
+            [5, 6, 7] * 100, SamplingParams(max_tokens=40, ignore_eos=True), request_id="w"
+        )
         await asyncio.sleep(0.2)
-        assert engine.request_phase("w") == Phase.WAITING  # the decode worker has no blocks for it yet
+        # the decode worker has no blocks for it yet
+        assert engine.request_phase("w") == Phase.WAITING
         assert await engine.abort("w")
         assert (await stream.__anext__()).finish_reason == "abort"
         await hog.aclose()
@@ -155,7 +164,9 @@ async def test_cancel_while_reserved(checkpoints):
             """D's Reserved sets the phase; its stats with the blocks held come in the Outputs it sends
             next. Both, or all_free below could pass on D's stats from before the reservation."""
             (d,) = [w for w in engine.stats().workers if w.role == "decode"]
-            return engine.request_phase("r") == Phase.RESERVED and d.kv_blocks_free < d.kv_blocks_total
+            return (
+                engine.request_phase("r") == Phase.RESERVED and d.kv_blocks_free < d.kv_blocks_total
+            )
 
         await wait_for(reserved)
         assert await engine.abort("r")  # Cancel queues behind Prefill: P prefills nothing for long
@@ -189,7 +200,8 @@ async def test_cancel_while_transferring(checkpoints):
         engine._lifecycle.on_prefill_released = hold_transfer_done
         stream = engine.generate(list(range(3, 30)), SamplingParams(max_tokens=20), request_id="t")
         first = await stream.__anext__()
-        assert len(first.token_ids) == 1 and first.exit_depths == [4]  # streamed by the prefill worker
+        # streamed by the prefill worker
+        assert len(first.token_ids) == 1 and first.exit_depths == [4]
         await wait_for(lambda: held)
         assert engine.request_phase("t") == Phase.TRANSFERRING
         assert await engine.abort("t")
@@ -203,8 +215,12 @@ async def test_cancel_while_transferring(checkpoints):
 async def test_cancel_with_writes_in_flight_does_not_stall_the_prefill_worker(checkpoints):
     """A cancelled request's KV writes hang: the prefill worker keeps serving others meanwhile, and
     reports it drained (the decode worker then frees its blocks) only once the writes' deadline passed."""
-    async with launch_pd(checkpoints, transfer_timeout=4.0, faults=Faults(hang_transfer_first_token=97)) as engine:
-        stream = engine.generate([97] + list(range(3, 40)), SamplingParams(max_tokens=20), request_id="hung")
+    async with launch_pd(
+        checkpoints, transfer_timeout=4.0, faults=Faults(hang_transfer_first_token=97)
+    ) as engine:
+        stream = engine.generate(
+            [97] + list(range(3, 40)), SamplingParams(max_tokens=20), request_id="hung"
+        )
         await stream.__anext__()  # its first token streamed; its writes never report done
         await wait_for(lambda: engine.request_phase("hung") == Phase.TRANSFERRING)
         t0 = time.monotonic()
@@ -213,7 +229,8 @@ async def test_cancel_with_writes_in_flight_does_not_stall_the_prefill_worker(ch
         other = engine.generate(list(range(5, 30)), SamplingParams(max_tokens=3, ignore_eos=True))
         outs = [o async for o in other]
         assert outs[-1].finish_reason == "length"
-        # not behind the hung writes: the decode side still holds their destination (until their deadline)
+        # not behind the hung writes: the decode side still holds their destination (until their
+        # deadline)
         assert engine.stats().pending_cleanup == 1
         await freed_then_reusable(engine, "hung")
         assert time.monotonic() - t0 >= 4.0
@@ -235,13 +252,17 @@ async def test_cancel_while_decoding(checkpoints):
 
 @pytest.mark.parametrize("victim", ["prefill", "decode"])
 async def test_killed_worker_fails_only_its_requests(checkpoints, victim):
-    async with launch_pd(checkpoints, topology="2p2d" if victim == "decode" else "1p1d", num_blocks=2000) as engine:
+    async with launch_pd(
+        checkpoints, topology="2p2d" if victim == "decode" else "1p1d", num_blocks=2000
+    ) as engine:
         results = {}
 
         async def run(rid, prompt, n):
             try:
                 async for out in engine.generate(
-                    prompt, SamplingParams(max_tokens=n, temperature=0, ignore_eos=True), request_id=rid
+                    prompt,
+                    SamplingParams(max_tokens=n, temperature=0, ignore_eos=True),
+                    request_id=rid,
                 ):
                     results[rid] = out
             except EngineDeadError as e:
@@ -249,7 +270,9 @@ async def test_killed_worker_fails_only_its_requests(checkpoints, victim):
 
         # Two long decodes (spread over both decode workers in 2p2d), then a long prefill.
         tasks = [asyncio.ensure_future(run(f"dec{i}", [3 + i, 4, 5], 400)) for i in range(2)]
-        await wait_for(lambda: all(engine.request_phase(f"dec{i}") == Phase.DECODING for i in range(2)))
+        await wait_for(
+            lambda: all(engine.request_phase(f"dec{i}") == Phase.DECODING for i in range(2))
+        )
         if victim == "prefill":
             tasks.append(asyncio.ensure_future(run("pre", list(range(3, 300)), 5)))
             await wait_for(lambda: engine.request_phase("pre") == Phase.PREFILLING)
@@ -261,22 +284,32 @@ async def test_killed_worker_fails_only_its_requests(checkpoints, victim):
         if victim == "prefill":
             # how it died, not its last log line (NIXL logs there)
             assert isinstance(results["pre"], EngineDeadError)
-            assert re.fullmatch(r"prefill worker 0 \(pid \d+\) was killed by SIGKILL", str(results["pre"]))
+            assert re.fullmatch(
+                r"prefill worker 0 \(pid \d+\) was killed by SIGKILL", str(results["pre"])
+            )
             assert [results[f"dec{i}"].finish_reason for i in range(2)] == ["length", "length"]
         else:
             assert isinstance(results["dec0"], EngineDeadError)
-            assert re.fullmatch(r"decode worker \d \(pid \d+\) was killed by SIGKILL", str(results["dec0"]))
+            assert re.fullmatch(
+                r"decode worker \d \(pid \d+\) was killed by SIGKILL", str(results["dec0"])
+            )
             assert results["dec1"].finish_reason == "length"  # on the other decode worker
-        await wait_for(lambda: all(w is not None and w.ready for w in engine._supervisor.workers), 60)
+        await wait_for(
+            lambda: all(w is not None and w.ready for w in engine._supervisor.workers), 60
+        )
         await expect_reuse_ok(engine, "dec0")
         await all_free(engine)
 
 
 async def test_fingerprint_mismatch_stops_launch(checkpoints):
     faults = Faults(fingerprint_role="decode")
-    with pytest.raises(RuntimeError, match=r"decode worker 0 \(fingerprint \w+\) differs from prefill worker 0"):
+    with pytest.raises(
+        RuntimeError, match=r"decode worker 0 \(fingerprint \w+\) differs from prefill worker 0"
+    ):
         await launch_pd(checkpoints, faults=faults)
-    with pytest.raises(RuntimeError, match=r"^decode worker 0 \(fingerprint \w+\) differs from prefill worker 0"):
+    with pytest.raises(
+        RuntimeError, match=r"^decode worker 0 \(fingerprint \w+\) differs from prefill worker 0"
+    ):
         await launch_pd(checkpoints, topology="2p1d", faults=faults)  # the odd one out is named
 
 
@@ -317,7 +350,11 @@ def test_cli_topology_1p1d_equals_single(checkpoints):
 
     single, pd = gen("single"), gen("1p1d")
     for a, b in zip(single, pd):
-        assert (a["token_ids"], a["exit_depths"], a["text"]) == (b["token_ids"], b["exit_depths"], b["text"])
+        assert (a["token_ids"], a["exit_depths"], a["text"]) == (
+            b["token_ids"],
+            b["exit_depths"],
+            b["text"],
+        )
         for x, y in zip(a["logprobs"], b["logprobs"]):
             assert x.keys() == y.keys() and max(abs(x[k] - y[k]) for k in x) < 1e-4
 
@@ -349,17 +386,28 @@ def test_launch_1p1d_script(checkpoints):
     assert r.returncode == 0, r.stderr
     assert "prefill pid" in r.stderr and "decode pid" in r.stderr and "on cpu" in r.stderr
     stats = re.findall(
-        r"\[req-(\d)\] 5 tokens \(length\), exit depths \[4, .*\], TTFT ([\d.]+) ms, TPOT ([\d.]+) ms", r.stdout
+        r"\[req-(\d)\] 5 tokens \(length\), exit depths \[4, .*\], TTFT ([\d.]+) ms, TPOT ([\d.]+) ms",
+        r.stdout,
     )
     assert sorted(s[0] for s in stats) == ["0", "1"]
     assert all(float(ttft) > 0 and float(tpot) > 0 for _, ttft, tpot in stats)
     bad = subprocess.run(
-        [sys.executable, script, "--model", checkpoints["ouro"], "--option", "prefill_worker_chunk=0", "hi"],
+        [
+            sys.executable,
+            script,
+            "--model",
+            checkpoints["ouro"],
+            "--option",
+            "prefill_worker_chunk=0",
+            "hi",
+        ],
         capture_output=True,
         text=True,
         timeout=60,
     )
-    assert bad.returncode == 2 and "prefill_worker_chunk must be an integer >= 1, got 0" in bad.stderr
+    assert (
+        bad.returncode == 2 and "prefill_worker_chunk must be an integer >= 1, got 0" in bad.stderr
+    )
 
 
 @pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM"])
@@ -370,7 +418,8 @@ def test_launch_1p1d_ctrl_c_exits_with_one_line_and_leaves_nothing(checkpoints, 
     script = os.path.join(os.path.dirname(__file__), "..", "..", "scripts", "launch_1p1d.py")
     env = {**os.environ, "TMPDIR": str(tmp_path)}
     with as_from_a_terminal(
-        [sys.executable, script, "--model", checkpoints["ouro"], "--max-tokens", "60000", "hello"], env
+        [sys.executable, script, "--model", checkpoints["ouro"], "--max-tokens", "60000", "hello"],
+        env,
     ) as p:
         deadline = time.monotonic() + 120
         while not any(tmp_path.glob("rlt-*/control")) and time.monotonic() < deadline:
@@ -378,7 +427,9 @@ def test_launch_1p1d_ctrl_c_exits_with_one_line_and_leaves_nothing(checkpoints, 
         time.sleep(8)  # both workers up and decoding
         p.send_signal(getattr(signal, sig))
         _, err = p.communicate(timeout=60)
-        assert p.returncode == 130 and err.strip().splitlines()[-1] == "launch_1p1d: interrupted", err
+        assert p.returncode == 130 and err.strip().splitlines()[-1] == "launch_1p1d: interrupted", (
+            err
+        )
         assert "Traceback" not in err, err
         assert not any(tmp_path.glob("rlt-*"))
         assert not rlt_processes_of(p.pid)

@@ -44,7 +44,9 @@ def test_preempted_requests_resume_exactly(checkpoints, family, layout, fixed, d
     for rid, outs in alone.items():
         assert [(o[0], o[1], o[3]) for o in got[rid]] == [(o[0], o[1], o[3]) for o in outs], rid
         for (_, _, a, _), (_, _, b, _) in zip(got[rid], outs):
-            assert (a or {}).keys() == (b or {}).keys() and all(abs(a[t] - b[t]) <= tol for t in a or ())
+            assert (a or {}).keys() == (b or {}).keys() and all(
+                abs(a[t] - b[t]) <= tol for t in a or ()
+            )
     if family == "ouro" and not fixed:
         assert len({o[1] for outs in alone.values() for o in outs}) >= 2  # exits really vary
 
@@ -63,7 +65,9 @@ def test_admission_counts_blocks_in_use_not_max_tokens(checkpoints):
         engine.step()
     assert engine.preemptions > 0 and engine.num_free_blocks == 16
     big = resolve_params(mc, 4, SamplingParams(max_tokens=29))
-    with pytest.raises(RequestError, match="can never fit: prompt 4 \\+ max_tokens 29 needs 18 KV blocks"):
+    with pytest.raises(
+        RequestError, match="can never fit: prompt 4 \\+ max_tokens 29 needs 18 KV blocks"
+    ):
         engine.add_request("big", [1, 2, 3, 4], big)
 
 

@@ -41,7 +41,9 @@ def drive(engine, mc, requests: dict) -> dict:
 def known(prompt, outs, depth) -> list[tuple[int, int]]:
     """(token, depth) of every position a finished request knows: its prompt at full depth, each
     generated position at the depth of the token sampled from it."""
-    return [(t, depth) for t in prompt] + [(outs[i][0], outs[i + 1][1]) for i in range(len(outs) - 1)]
+    return [(t, depth) for t in prompt] + [
+        (outs[i][0], outs[i + 1][1]) for i in range(len(outs) - 1)
+    ]
 
 
 def expected_hit(cached: list[tuple[int, int]], prompt, depth) -> int:
@@ -59,7 +61,9 @@ def assert_same(got: dict, ref: dict, family) -> None:
     for rid, (outs, _) in ref.items():
         assert [(o[0], o[1], o[3]) for o in got[rid][0]] == [(o[0], o[1], o[3]) for o in outs], rid
         for a, b in zip(got[rid][0], outs):
-            assert (a[2] or {}).keys() == (b[2] or {}).keys() and all(abs(a[2][t] - b[2][t]) <= tol for t in a[2] or ())
+            assert (a[2] or {}).keys() == (b[2] or {}).keys() and all(
+                abs(a[2][t] - b[2][t]) <= tol for t in a[2] or ()
+            )
 
 
 def turns(family, fixed: bool):
@@ -72,7 +76,10 @@ def turns(family, fixed: bool):
     first = {"a": (FIRST, params[0]), "b": (OTHER, params[1]), "c": (FIRST[3:], params[2])}
 
     def second(out):
-        later = {rid: (prompt + [o[0] for o in out[rid][0]] + [31, 32, 33], p) for rid, (prompt, p) in first.items()}
+        later = {
+            rid: (prompt + [o[0] for o in out[rid][0]] + [31, 32, 33], p)
+            for rid, (prompt, p) in first.items()
+        }
         if family == "ouro" and not fixed:
             later["a"] = (later["a"][0], msgspec.structs.replace(params[0], exit_threshold=0.3))
         later["shared"] = (FIRST[:12] + [40, 41, 42], params[1])
@@ -97,7 +104,8 @@ def test_second_turns_equal_the_cache_off_run(checkpoints, family, layout, fixed
     assert_same(got, ref, family)
     for rid in first:
         want = expected_hit(known(first[rid][0], one[rid][0], D), later[rid][0], D)
-        assert got[rid][1] == want >= len(first[rid][0]) // BS * BS, rid  # its whole first prompt at least
+        # its whole first prompt at least
+        assert got[rid][1] == want >= len(first[rid][0]) // BS * BS, rid
         assert ref[rid][1] == 0
     generated = [got[r][1] - len(first[r][0]) // BS * BS for r in first]
     if fixed:  # every generated position ran at full depth: whole blocks of them are reused
@@ -109,14 +117,18 @@ def test_second_turns_equal_the_cache_off_run(checkpoints, family, layout, fixed
     assert got["shared"][1] == (0 if family == "huginn" else 12)
     assert on.num_free_blocks == on.pool.num_blocks and on.pool.prefix.size > 0
     assert on.pool.prefix.hit_tokens == sum(c for _, c in got.values())
-    assert on.pool.prefix.queried_tokens == sum(len(p) for p, _ in list(first.values()) + list(later.values()))
+    assert on.pool.prefix.queried_tokens == sum(
+        len(p) for p, _ in list(first.values()) + list(later.values())
+    )
 
 
 def test_eviction_under_a_small_pool(checkpoints):
     """A pool too small to keep every cached block: the least recently released go first (a
     prefix's tail before its head), never one in use, and what is found is still exact."""
     mc, new_engine = make(checkpoints["ouro"], "ouro")
-    sp = SamplingParams(max_tokens=6, temperature=0, ignore_eos=True, exit_threshold=1.0, logprobs=2)
+    sp = SamplingParams(
+        max_tokens=6, temperature=0, ignore_eos=True, exit_threshold=1.0, logprobs=2
+    )
     small = new_engine(num_blocks=4 * 12)  # 12 logical blocks of 4 planes
     off = new_engine(enable_prefix_caching=False)
     evicted = []
@@ -124,7 +136,8 @@ def test_eviction_under_a_small_pool(checkpoints):
     small.pool.prefix.evict = lambda: evicted.append(1) or evict(small.pool.prefix)
     drive(small, mc, {"a": (FIRST, sp)})  # 18 + 6 positions: 6 blocks cached
     assert small.pool.prefix.size == 5  # (the last position never ran: 23 final positions)
-    # 34 + 6 positions need 10 blocks, 7 are free: 3 cached blocks go, the last ones of the prefix first
+    # 34 + 6 positions need 10 blocks, 7 are free: 3 cached blocks go, the last ones of the prefix
+    # first
     drive(small, mc, {"x": (OTHER * 3 + [1], sp)})
     assert len(evicted) == 3
     reqs = {"again": (FIRST + [50], sp)}
@@ -145,11 +158,14 @@ def test_a_block_in_use_is_shared_not_evicted(checkpoints):
     engine.step()
     engine.add_request("second", FIRST[:17] + [99], sp)
     engine.step()
-    first, second = (next(s for s in engine.running if s.request_id == r) for r in ("first", "second"))
+    first, second = (
+        next(s for s in engine.running if s.request_id == r) for r in ("first", "second")
+    )
     assert second.num_cached_tokens == 16 and second.tables.core[0][:4] == first.tables.core[0][:4]
     assert second.tables.core[0][4] != first.tables.core[0][4]
     held = {b for s in (first, second) for t in s.tables.core for b in t}
-    assert engine.num_free_blocks == engine.pool.num_blocks - len(held)  # shared blocks count once, as in use
+    # shared blocks count once, as in use
+    assert engine.num_free_blocks == engine.pool.num_blocks - len(held)
     assert engine.pool.prefix.num_unused == 0  # (so no eviction can take them)
     while engine.has_work():
         engine.step()
@@ -183,13 +199,15 @@ def test_float64_hits_are_bit_exact(checkpoints):
     assert all(got[r][1] > 0 for r in first)
 
 
-# ---- through the engine's processes ------------------------------------------------------------
+# ---- through the engine's processes --------------------------------------------------------------
 
 
 async def two_turns(path, family, topology, **opts):
     """First turns together, then second turns (each first prompt + its output + new tokens, and a
     request sharing a first prompt's head). -> (first, second finals, engine stats)."""
-    async with rlt.Engine.launch(path, topology=topology, hf_overrides=OV.get(family), **(SMALL | FAST_PD | opts)) as e:
+    async with rlt.Engine.launch(
+        path, topology=topology, hf_overrides=OV.get(family), **(SMALL | FAST_PD | opts)
+    ) as e:
 
         async def run(reqs):
             async def one(i, p, sp):
@@ -210,26 +228,44 @@ async def two_turns(path, family, topology, **opts):
 
 @pytest.mark.parametrize(
     "family,layout",
-    [("ouro", "last_exited"), ("ouro", "shared"), ("nanbeige", "last_exited"), ("huginn", "last_exited")],
+    [
+        ("ouro", "last_exited"),
+        ("ouro", "shared"),
+        ("nanbeige", "last_exited"),
+        ("huginn", "last_exited"),
+    ],
 )
-async def test_second_turns_through_single_and_1p1d_equal_the_cache_off_run(checkpoints, family, layout):
+async def test_second_turns_through_single_and_1p1d_equal_the_cache_off_run(
+    checkpoints, family, layout
+):
     """The prefill worker serves a hit from its cache and writes the cached blocks to the decode
     worker with the computed ones: tokens and depths equal single's with the cache off."""
     path = checkpoints[family]
-    _, ref, _ = await two_turns(path, family, "single", kv_layout=layout, enable_prefix_caching=False)
+    _, ref, _ = await two_turns(
+        path, family, "single", kv_layout=layout, enable_prefix_caching=False
+    )
     tol = 1e-3 if family == "huginn" else 1e-4
     for topology in ("single", "1p1d"):
         one, two, st = await two_turns(path, family, topology, kv_layout=layout)
         assert [o.num_cached_tokens for o in one] == [0] * len(one)
         for a, b in zip(two, ref):
-            assert (a.token_ids, a.exit_depths, a.finish_reason) == (b.token_ids, b.exit_depths, b.finish_reason)
+            assert (a.token_ids, a.exit_depths, a.finish_reason) == (
+                b.token_ids,
+                b.exit_depths,
+                b.finish_reason,
+            )
             for x, y in zip(a.logprobs or (), b.logprobs or ()):
                 assert x.keys() == y.keys() and max(abs(x[k] - y[k]) for k in x) < tol
-        # every second turn reuses at least its first prompt's full blocks (all of them at fixed depth)
-        assert all(o.num_cached_tokens >= len(p) // 4 * 4 for o, (p, _) in zip(two, pd_requests(family)))
+        # every second turn reuses at least its first prompt's full blocks (all of them at fixed
+        # depth)
+        assert all(
+            o.num_cached_tokens >= len(p) // 4 * 4 for o, (p, _) in zip(two, pd_requests(family))
+        )
         assert two[-1].num_cached_tokens == 8 and b.num_cached_tokens == 0
         runs_prompts = [w for w in st.workers if w.role in ("unified", "prefill")]
-        assert sum(w.prefix_cache.hit_tokens for w in runs_prompts) == sum(o.num_cached_tokens for o in two)
+        assert sum(w.prefix_cache.hit_tokens for w in runs_prompts) == sum(
+            o.num_cached_tokens for o in two
+        )
         assert 0 < st.prefix_cache.hit_rate < 1
 
 
@@ -267,8 +303,15 @@ def test_a_burst_sharing_a_new_prefix_computes_it_once(checkpoints):
     others wait until its blocks are cached and start after them (one behind them sharing nothing
     does not wait); every stream equals the cache-off run's."""
     mc, new_engine = make(checkpoints["ouro"], "ouro")
-    sp = SamplingParams(max_tokens=5, temperature=0, ignore_eos=True, exit_threshold=0.5, logprobs=2)
-    reqs = {"a": (FIRST, sp), "b": (FIRST[:17] + [60, 61], sp), "c": (FIRST + [62], sp), "other": (OTHER, sp)}
+    sp = SamplingParams(
+        max_tokens=5, temperature=0, ignore_eos=True, exit_threshold=0.5, logprobs=2
+    )
+    reqs = {
+        "a": (FIRST, sp),
+        "b": (FIRST[:17] + [60, 61], sp),
+        "c": (FIRST + [62], sp),
+        "other": (OTHER, sp),
+    }
     engine = new_engine()
     admitted, seqs = {}, {}  # a's final positions when each was admitted
     admit = engine.sched._admit
@@ -314,14 +357,18 @@ def test_routing_prefers_the_prefix_holder_unless_it_is_much_busier_or_unusable(
 
     def worker(name, slots):
         ready = SimpleNamespace(kv_blocks_total=400, kv_planes=4)
-        return SimpleNamespace(identity=name, ready=ready, credits=Credits(0, slots), prefixes=PrefixIndex())
+        return SimpleNamespace(
+            identity=name, ready=ready, credits=Credits(0, slots), prefixes=PrefixIndex()
+        )
 
     keys = [b"k0", b"k1", b"k2"]
     holder, idle = worker("holder", 5), worker("idle", 0)
     router.remember(holder, keys[:2])
     assert router.by_prefix([holder, idle], keys) is holder
-    assert router.by_prefix([holder, idle], [b"other"]) is idle  # nothing cached anywhere: least loaded
-    assert router.by_prefix([holder, idle], keys, usable=lambda w: w is idle) is idle  # (its queue is full)
+    # nothing cached anywhere: least loaded
+    assert router.by_prefix([holder, idle], [b"other"]) is idle
+    # (its queue is full)
+    assert router.by_prefix([holder, idle], keys, usable=lambda w: w is idle) is idle
     holder.credits.slots = 60  # over 32 more in flight than the least loaded, and over 1.5x
     assert router.by_prefix([holder, idle], keys) is idle
     idle.credits.slots = 30
@@ -339,7 +386,9 @@ def test_keys_chain_tokens_and_depths_block_by_block():
     from rlt.workers.sequence import Sequence
 
     root = root_key(False, 0)
-    s = Sequence(1, list(range(10)), None, (0, 0), root=root, output=[50, 51, 52, 53], depths=[4, 2, 4, 1])
+    s = Sequence(
+        1, list(range(10)), None, (0, 0), root=root, output=[50, 51, 52, 53], depths=[4, 2, 4, 1]
+    )
     assert s.known_positions == 13  # position 13 (fed 53) has not run: its depth is unknown
     tokens, depths = list(range(10)) + [50, 51, 52], [4] * 10 + [2, 4, 1]
     want, parent = [], root
@@ -347,6 +396,10 @@ def test_keys_chain_tokens_and_depths_block_by_block():
         parent = chain(parent, tokens[4 * b : 4 * b + 4], depths[4 * b : 4 * b + 4])
         want.append(parent)
     assert s.block_keys(9, 4, 4) == want[:2] and s.block_keys(13, 4, 4) == want
-    other = Sequence(1, list(range(10)), None, (0, 0), root=root, output=[50, 51, 52], depths=[4, 3, 4])
+    other = Sequence(
+        1, list(range(10)), None, (0, 0), root=root, output=[50, 51, 52], depths=[4, 3, 4]
+    )
     assert other.block_keys(12, 4, 4) == want[:2] + [chain(want[1], tokens[8:12], [4, 4, 3, 4])]
-    assert root_key(True, 1) != root_key(True, 2) and root_key(False, 1) == root_key(False, 2) == root
+    assert (
+        root_key(True, 1) != root_key(True, 2) and root_key(False, 1) == root_key(False, 2) == root
+    )

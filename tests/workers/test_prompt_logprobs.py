@@ -11,13 +11,16 @@ from rlt.contract.validation import resolve_params
 from tests.helpers import FAST_PD, OV, SMALL
 from tests.workers.helpers import PROMPTS, make, run, spy_preemptions
 
-TOL = {"ouro": 1e-4, "nanbeige": 1e-4, "huginn": 1e-3}  # float32, other GEMM shapes (see test_engine)
+# float32, other GEMM shapes (see test_engine)
+TOL = {"ouro": 1e-4, "nanbeige": 1e-4, "huginn": 1e-3}
 
 
 def greedy(family, max_tokens=8, **kw) -> SamplingParams:
     """Greedy at full depth (the depth prompt positions run at), with output logprobs."""
     fixed = dict(exit_threshold=1.0) if family == "ouro" else {}
-    return SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True, logprobs=4, **fixed, **kw)
+    return SamplingParams(
+        max_tokens=max_tokens, temperature=0, ignore_eos=True, logprobs=4, **fixed, **kw
+    )
 
 
 def first_outputs(engine, mc, requests: dict) -> dict:
@@ -94,11 +97,14 @@ def test_prompt_logprobs_survive_preemption_mid_prompt(checkpoints):
     reqs = {r: ([3, 4, 5], greedy("ouro", max_tokens=20)) for r in "ab"}
     reqs["c"] = (prompt, greedy("ouro", max_tokens=3, prompt_logprobs=1))
     alone = first_outputs(new_engine(), mc, {"c": reqs["c"]})["c"].prompt_logprobs
-    engine = new_engine(num_blocks=4 * 16)  # a and b (1 block a plane each) and c's prompt (11), then a and b grow
+    # a and b (1 block a plane each) and c's prompt (11), then a and b grow
+    engine = new_engine(num_blocks=4 * 16)
     seen = spy_preemptions(engine)
     got = first_outputs(engine, mc, reqs)["c"].prompt_logprobs
     assert 0 in seen  # c, preempted before its first token
-    assert len(got) == len(prompt) and [list(d or {}) for d in got] == [list(d or {}) for d in alone]
+    assert len(got) == len(prompt) and [list(d or {}) for d in got] == [
+        list(d or {}) for d in alone
+    ]
     assert all(abs(a[t] - b[t]) < 1e-4 for a, b in zip(got[1:], alone[1:]) for t in a)
 
 
@@ -114,7 +120,10 @@ async def test_prompt_logprobs_through_the_engine_single_and_pd(checkpoints, fam
     asks = msgspec.structs.replace(greedy(family, max_tokens=2), prompt_logprobs=3)
     for topology in ("single", "1p1d"):
         async with rlt.Engine.launch(
-            checkpoints[family], topology=topology, hf_overrides=OV.get(family), **(SMALL | FAST_PD | opts)
+            checkpoints[family],
+            topology=topology,
+            hf_overrides=OV.get(family),
+            **(SMALL | FAST_PD | opts),
         ) as engine:
             if topology == "single":
                 async for gen in engine.generate(prompt, greedy(family)):
@@ -125,5 +134,11 @@ async def test_prompt_logprobs_through_the_engine_single_and_pd(checkpoints, fam
             assert engine.stats().local_prefills == 0  # 1p1d: the prefill worker computed them
         assert all(o.prompt_logprobs is not None for o in outs)  # from the first output on
         plp = outs[-1].prompt_logprobs
-        assert len(plp) == len(full) and plp[0] is None and outs[-1].to_json()["prompt_logprobs"][0] is None
-        check_against([(t, None, lp, None) for t, lp in zip(tokens, top)], plp, len(prompt), 3, TOL[family])
+        assert (
+            len(plp) == len(full)
+            and plp[0] is None
+            and outs[-1].to_json()["prompt_logprobs"][0] is None
+        )
+        check_against(
+            [(t, None, lp, None) for t, lp in zip(tokens, top)], plp, len(prompt), 3, TOL[family]
+        )

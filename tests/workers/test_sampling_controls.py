@@ -31,7 +31,14 @@ def reference_greedy(ref: Ref, prompt, n, sp: SamplingParams, eos) -> list[int]:
         states, _ = ref.run(prompt + out, [ref.depth] * (len(prompt) + len(out)))
         raw = ref.logits(states[ref.depth])[-1].float()
         banned = list(sp.stop_token_ids) + ([] if sp.ignore_eos else list(eos))
-        r = dict(prompt=prompt, output=out, index=len(out), banned=banned, min_tokens=sp.min_tokens, bias=sp.logit_bias)
+        r = dict(
+            prompt=prompt,
+            output=out,
+            index=len(out),
+            banned=banned,
+            min_tokens=sp.min_tokens,
+            bias=sp.logit_bias,
+        )
         r |= dict(rep=sp.repetition_penalty, freq=sp.frequency_penalty, pres=sp.presence_penalty)
         out.append(int(reference_logits(raw, r).argmax()))
         if out[-1] in banned:
@@ -47,12 +54,17 @@ def test_penalized_greedy_equals_the_dense_reference(checkpoints, family):
     mc, new_engine = make(checkpoints[family], family, overrides=FIXED[family], dtype=torch.float64)
     prompt = PROMPTS[0] + [7, 7, 9]
     plain = SamplingParams(
-        max_tokens=14, temperature=0, ignore_eos=True, exit_threshold=1.0 if family == "ouro" else None
+        max_tokens=14,
+        temperature=0,
+        ignore_eos=True,
+        exit_threshold=1.0 if family == "ouro" else None,
     )
     free = [o[0] for o in run(new_engine(), mc, {"a": (prompt, plain)})["a"]]
     sp = msgspec.structs.replace(plain, ignore_eos=False, stop_token_ids=[free[1]], **EVERY)
     got = run(new_engine(), mc, {"a": (prompt, sp)})["a"]
-    want = reference_greedy(Ref(checkpoints[family], FIXED[family]), prompt, 14, sp, mc.eos_token_ids)
+    want = reference_greedy(
+        Ref(checkpoints[family], FIXED[family]), prompt, 14, sp, mc.eos_token_ids
+    )
     assert [o[0] for o in got] == want
     assert want != free[: len(want)] and free[1] not in want[:4]
     assert got[-1][3] == ("stop" if len(want) < 14 else "length")
@@ -65,12 +77,20 @@ def workload(family) -> dict:
     exits = dict(exit_threshold=0.5) if gate else {}
     params = [
         SamplingParams(max_tokens=12, temperature=0, logprobs=2, **EVERY, **exits),
-        SamplingParams(max_tokens=10, temperature=1.0, seed=3, stop_token_ids=[328, 371], **EVERY),  # stops at 4
-        SamplingParams(max_tokens=11, temperature=0.8, top_k=20, top_p=0.9, seed=5, **EVERY, **exits),
+        # stops at 4
+        SamplingParams(max_tokens=10, temperature=1.0, seed=3, stop_token_ids=[328, 371], **EVERY),
+        SamplingParams(
+            max_tokens=11, temperature=0.8, top_k=20, top_p=0.9, seed=5, **EVERY, **exits
+        ),
         SamplingParams(max_tokens=9, temperature=0.7, seed=6, ignore_eos=True, **exits),
-        SamplingParams(max_tokens=13, temperature=1.2, seed=8, repetition_penalty=0.8, frequency_penalty=-0.5),
+        SamplingParams(
+            max_tokens=13, temperature=1.2, seed=8, repetition_penalty=0.8, frequency_penalty=-0.5
+        ),
     ]
-    prompts = PROMPTS + [[9, 8, 7, 6, 5, 4, 3, 2, 1], [5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 40]]
+    prompts = PROMPTS + [
+        [9, 8, 7, 6, 5, 4, 3, 2, 1],
+        [5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 40],
+    ]
     return {str(i): (prompts[i], params[i]) for i in range(5)}
 
 
@@ -86,7 +106,9 @@ def test_every_path_samples_the_same_tokens(checkpoints, family):
         return {r: [(o[0], o[1], o[3]) for o in v] for r, v in got.items()}
 
     base = same(run(new_engine(steady_decode="never"), mc, reqs))
-    assert len({len(v) for v in base.values()}) > 1 and any(v[-1][2] == "stop" for v in base.values())
+    assert len({len(v) for v in base.values()}) > 1 and any(
+        v[-1][2] == "stop" for v in base.values()
+    )
     for cfg in (dict(steady_decode="always"), dict(prefill_chunk=2), dict(prefill_chunk=64)):
         engine = new_engine(**cfg)
         assert same(run(engine, mc, reqs, arrivals={"2": 3, "4": 9})) == base, cfg
@@ -100,7 +122,9 @@ def test_every_path_samples_the_same_tokens(checkpoints, family):
     engine = new_engine()
     run(engine, mc, reqs)  # their prompts' blocks now cached
     hits = engine.pool.prefix.hit_tokens
-    assert same(run(engine, mc, {r + "'": v for r, v in reqs.items()})) == {r + "'": v for r, v in base.items()}
+    assert same(run(engine, mc, {r + "'": v for r, v in reqs.items()})) == {
+        r + "'": v for r, v in base.items()
+    }
     assert engine.pool.prefix.hit_tokens > hits + 8
 
 
@@ -112,8 +136,11 @@ def test_a_huge_repetition_penalty_never_repeats_a_token(checkpoints, family):
     mc, new_engine = make(checkpoints[family], family)
     plain = SamplingParams(max_tokens=24, temperature=0, ignore_eos=True)
     free = [o[0] for o in run(new_engine(), mc, {"a": ([3, 4], plain)})["a"]]
-    prompt = free + [(7 * i + 5) % mc.vocab_size for i in range(200)] + [3, 4]  # ~45% of the vocabulary
-    sp = msgspec.structs.replace(plain, repetition_penalty=1e6, exit_threshold=0.5 if family == "ouro" else None)
+    # ~45% of the vocabulary
+    prompt = free + [(7 * i + 5) % mc.vocab_size for i in range(200)] + [3, 4]
+    sp = msgspec.structs.replace(
+        plain, repetition_penalty=1e6, exit_threshold=0.5 if family == "ouro" else None
+    )
     engine = new_engine(steady_decode="always")
     for rid in ("a", "b"):  # b: its prompt's blocks cached by a
         out = [o[0] for o in run(engine, mc, {rid: (prompt, sp)})[rid]]
@@ -129,29 +156,39 @@ def test_edits_cost_nothing_when_unused(checkpoints, monkeypatch):
     calls = []
     monkeypatch.setattr(sampling, "edit", lambda *a, **k: calls.append(1))
     plain = SamplingParams(max_tokens=5, temperature=0.5, seed=1, top_k=3, ignore_eos=True)
-    run(new_engine(steady_decode="always"), mc, {"a": (PROMPTS[0], plain), "b": (PROMPTS[1], plain)})
+    run(
+        new_engine(steady_decode="always"), mc, {"a": (PROMPTS[0], plain), "b": (PROMPTS[1], plain)}
+    )
     assert calls == []
 
 
 async def test_bias_and_min_tokens_through_the_engine(checkpoints):
     """Greedy with logit_bias +100 on a token takes it every step; min_tokens = k with EOS made the
     argmax gives exactly k tokens, then EOS (finish "stop"); a stop id made the argmax likewise."""
-    async with rlt.Engine.launch(checkpoints["ouro"], heartbeat_interval=0.2, startup_timeout=60.0) as engine:
+    async with rlt.Engine.launch(
+        checkpoints["ouro"], heartbeat_interval=0.2, startup_timeout=60.0
+    ) as engine:
         (eos,) = engine.model_config.eos_token_ids
 
         async def final(sp):
             outs = [o async for o in engine.generate([5, 6, 7, 8, 9], sp)]
             return outs[-1]
 
-        out = await final(SamplingParams(max_tokens=9, temperature=0, logit_bias={123: 100.0}, ignore_eos=True))
+        out = await final(
+            SamplingParams(max_tokens=9, temperature=0, logit_bias={123: 100.0}, ignore_eos=True)
+        )
         assert out.token_ids == [123] * 9 and out.finish_reason == "length"
         for k in (0, 1, 5):
             out = await final(
-                SamplingParams(max_tokens=12, temperature=0.7, seed=k, logit_bias={eos: 100.0}, min_tokens=k)
+                SamplingParams(
+                    max_tokens=12, temperature=0.7, seed=k, logit_bias={eos: 100.0}, min_tokens=k
+                )
             )
             assert len(out.token_ids) == k + 1 and eos not in out.token_ids[:k], (k, out.token_ids)
             assert out.token_ids[-1] == eos and out.finish_reason == "stop"
-        sp = SamplingParams(max_tokens=12, temperature=0, logit_bias={44: 100.0}, stop_token_ids=[44], min_tokens=3)
+        sp = SamplingParams(
+            max_tokens=12, temperature=0, logit_bias={44: 100.0}, stop_token_ids=[44], min_tokens=3
+        )
         out = await final(sp)
         assert len(out.token_ids) == 4 and out.token_ids[-1] == 44 and out.finish_reason == "stop"
 

@@ -21,7 +21,8 @@ from rlt.models.model_config import ModelConfig
 from rlt.workers.engine import LoopEngine
 from tests.helpers import FAST_PD, OV, SMALL, all_free
 
-# update_scale of the test checkpoints by acceptance: random weights (~0) and small loop updates (high)
+# update_scale of the test checkpoints by acceptance: random weights (~0) and small loop updates
+# (high)
 SCALES = {
     "ouro": {"low": 1.0, "high": 0.01},
     "nanbeige": {"low": 1.0, "high": 0.05},
@@ -34,7 +35,9 @@ PROMPTS = [[5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17], [3, 4], [100, 200, 3
 def spec_checkpoints(tmp_path_factory):
     root = tmp_path_factory.mktemp("spec")
     return {
-        (family, level): make_checkpoint(family, str(root / f"{family}-{level}"), seed=1, update_scale=scale)
+        (family, level): make_checkpoint(
+            family, str(root / f"{family}-{level}"), seed=1, update_scale=scale
+        )
         for family, levels in SCALES.items()
         for level, scale in levels.items()
     }
@@ -43,13 +46,25 @@ def spec_checkpoints(tmp_path_factory):
 def params(max_tokens=20, **kw):
     return [
         SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True, logprobs=3, **kw),
-        SamplingParams(max_tokens=max_tokens - 3, temperature=1.0, seed=3, ignore_eos=True, logprobs=2, **kw),
-        SamplingParams(max_tokens=max_tokens + 2, temperature=0.7, top_k=20, top_p=0.9, seed=5, ignore_eos=True, **kw),
+        SamplingParams(
+            max_tokens=max_tokens - 3, temperature=1.0, seed=3, ignore_eos=True, logprobs=2, **kw
+        ),
+        SamplingParams(
+            max_tokens=max_tokens + 2,
+            temperature=0.7,
+            top_k=20,
+            top_p=0.9,
+            seed=5,
+            ignore_eos=True,
+            **kw,
+        ),
     ]
 
 
 def engine(path, **cfg):
-    mc = ModelConfig.from_pretrained(path, hf_overrides=OV.get("huginn") if "huginn" in path else None)
+    mc = ModelConfig.from_pretrained(
+        path, hf_overrides=OV.get("huginn") if "huginn" in path else None
+    )
     model = load_model(mc, torch.float32)
     cfg = {"block_size": 4, "num_blocks": 600, "prefill_chunk": 5} | cfg
     return mc, LoopEngine(mc, model, EngineConfig(**cfg), torch.float32)
@@ -74,7 +89,8 @@ def run(mc, eng, requests, arrivals=None):
 
 def assert_same(plain, spec):
     for rid in plain:
-        assert [o[0::3] for o in plain[rid]] == [o[0::3] for o in spec[rid]], rid  # ids and finish reasons
+        # ids and finish reasons
+        assert [o[0::3] for o in plain[rid]] == [o[0::3] for o in spec[rid]], rid
         assert [o[1] for o in plain[rid]] == [o[1] for o in spec[rid]], rid  # exit depths
         for (_, _, a, _), (_, _, b, _) in zip(plain[rid], spec[rid]):
             if a is not None:
@@ -98,7 +114,8 @@ def test_speculative_equals_plain(spec_checkpoints, family, level):
             assert_same(plain, spec)
             assert eng.spec_drafts > 0
             acceptance = eng.spec_accepted / eng.spec_drafts
-            if loops == 1 and level == "high":  # (drafts of more loops agree more often, even at random)
+            # (drafts of more loops agree more often, even at random)
+            if loops == 1 and level == "high":
                 assert acceptance > 0.7, (tokens, acceptance)
             if loops == 1 and level == "low":  # rounds that do not pay pause it: 8, 16, 32 tokens
                 assert eng.spec_rounds <= 4 * len(reqs), eng.spec_rounds
@@ -139,7 +156,8 @@ def test_preemption_prefix_hits_stops_and_max_tokens(spec_checkpoints, family):
     assert_same(plain, spec)
     assert eng.preemptions > 0 and eng.spec_accepted > 0
     assert spec["3"][-1][3] == "stop" and len(spec["3"]) == 7
-    assert eng.pool.prefix.hit_tokens > 0 or family == "huginn"  # (its KV depends on each one's seed)
+    # (its KV depends on each one's seed)
+    assert eng.pool.prefix.hit_tokens > 0 or family == "huginn"
 
 
 def test_no_speculation_where_it_cannot_run(spec_checkpoints):
@@ -157,10 +175,15 @@ def test_no_speculation_where_it_cannot_run(spec_checkpoints):
     _, eng = engine(path, speculative_loops=2)
     assert_same(plain, run(mc, eng, reqs))
     assert eng.spec_drafts == 0
-    for bad, why in ((dict(exit_threshold=0.5), "exit early"), (dict(presence_penalty=0.5), "a penalty")):
+    for bad, why in (
+        (dict(exit_threshold=0.5), "exit early"),
+        (dict(presence_penalty=0.5), "a penalty"),
+    ):
         with pytest.raises(RequestError, match=f"speculative_loops 1: .*this request has {why}"):
             resolve_params(mc, 3, SamplingParams(speculative_loops=1, **bad))
-    with pytest.raises(RequestError, match=r"speculative_loops must be <= max_loops - 1 \(1\), got 2"):
+    with pytest.raises(
+        RequestError, match=r"speculative_loops must be <= max_loops - 1 \(1\), got 2"
+    ):
         resolve_params(mc, 3, SamplingParams(speculative_loops=2, max_loops=2))
     with pytest.raises(RequestError, match="speculative_tokens must be <= 16, got 17"):
         resolve_params(mc, 3, SamplingParams(speculative_tokens=17))
@@ -173,13 +196,18 @@ async def test_launch_refuses_speculation_at_the_whole_depth(checkpoints):
 
 async def generate_all(path, topology, reqs, **opts):
     ov = OV["huginn"] if "huginn" in path else None
-    async with rlt.Engine.launch(path, topology=topology, hf_overrides=ov, **(SMALL | FAST_PD | opts)) as eng:
+    async with rlt.Engine.launch(
+        path, topology=topology, hf_overrides=ov, **(SMALL | FAST_PD | opts)
+    ) as eng:
 
         async def one(i, prompt, sp):
             last = {}  # choice -> its last (cumulative) output
             async for out in eng.generate(prompt, sp, request_id=f"r{i}"):
                 last[out.index] = out
-            return [(o.token_ids, o.exit_depths, o.finish_reason, o.text) for _, o in sorted(last.items())]
+            return [
+                (o.token_ids, o.exit_depths, o.finish_reason, o.text)
+                for _, o in sorted(last.items())
+            ]
 
         got = await asyncio.gather(*(one(i, p, sp) for i, (p, sp) in enumerate(reqs)))
         await all_free(eng)
@@ -190,7 +218,11 @@ async def test_structured_output_masks_drafts_and_verify(spec_checkpoints):
     """Grammars on a speculating engine (a JSON schema, a regex, choices, and a grammar that starts
     after a token: plain until then): every output as without speculation, each valid, drafts taken."""
     path = spec_checkpoints[("ouro", "high")]
-    schema = {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "string"}}, "required": ["a"]}
+    schema = {
+        "type": "object",
+        "properties": {"a": {"type": "integer"}, "b": {"type": "string"}},
+        "required": ["a"],
+    }
     kinds = [
         rlt.StructuredOutput(json=schema),
         rlt.StructuredOutput(regex="(ab|cd)[0-9]{3,9}x"),
@@ -203,7 +235,9 @@ async def test_structured_output_masks_drafts_and_verify(spec_checkpoints):
         for t in (0.0, 0.9)
     ]
     plain, _ = await generate_all(path, "single", reqs)
-    spec, stats = await generate_all(path, "single", reqs, speculative_loops=1, speculative_tokens=3)
+    spec, stats = await generate_all(
+        path, "single", reqs, speculative_loops=1, speculative_tokens=3
+    )
     assert spec == plain
     assert sum(w.spec_draft_tokens for w in stats.workers) > 0
 
@@ -213,7 +247,9 @@ _PLAIN: dict = {}  # family -> (requests, their stop string, outputs without spe
 
 @pytest.mark.parametrize("topology", ["single", "1p1d"])
 @pytest.mark.parametrize("family", ["ouro", "nanbeige", "huginn"])
-async def test_engine_api_speculates_with_n_stop_strings_and_in_pd(spec_checkpoints, family, topology):
+async def test_engine_api_speculates_with_n_stop_strings_and_in_pd(
+    spec_checkpoints, family, topology
+):
     """Through rlt.Engine: n = 3 choices, a stop string met mid-way, a per-request opt-out, and the
     PD decode worker drafting; every choice equals the engine's without speculation, and the stats
     count the drafts."""
@@ -223,13 +259,18 @@ async def test_engine_api_speculates_with_n_stop_strings_and_in_pd(spec_checkpoi
         text = (await generate_all(path, "single", [(PROMPTS[1], greedy)]))[0][0][0][3]
         stop = text[len(text) // 2 :][:2]  # (a string the greedy text holds past its start)
         reqs = [
-            (PROMPTS[0], SamplingParams(max_tokens=15, temperature=0.8, seed=7, n=3, ignore_eos=True)),
+            (
+                PROMPTS[0],
+                SamplingParams(max_tokens=15, temperature=0.8, seed=7, n=3, ignore_eos=True),
+            ),
             (PROMPTS[1], msgspec.structs.replace(greedy, stop=[stop])),
             (PROMPTS[2], msgspec.structs.replace(greedy, speculative_loops=0)),
         ]
         _PLAIN[family] = reqs, stop, (await generate_all(path, "single", reqs))[0]
     reqs, stop, plain = _PLAIN[family]
-    spec, stats = await generate_all(path, topology, reqs, speculative_loops=1, speculative_tokens=3)
+    spec, stats = await generate_all(
+        path, topology, reqs, speculative_loops=1, speculative_tokens=3
+    )
     assert spec == plain
     assert len(plain[0]) == 3 and plain[1][0][2] == "stop" and stop not in plain[1][0][3]
     drafts = sum(w.spec_draft_tokens for w in stats.workers)
@@ -246,13 +287,17 @@ def test_rlt_serve_takes_speculation_per_request(served):
 
     def ids(**extra):
         body = {"return_token_ids": True, "ignore_eos": True} | extra
-        r = client.completions.create(model="m", prompt=PROMPTS[0], max_tokens=14, temperature=0, extra_body=body)
+        r = client.completions.create(
+            model="m", prompt=PROMPTS[0], max_tokens=14, temperature=0, extra_body=body
+        )
         return r.choices[0].model_extra["token_ids"]
 
     before = _metric(url, "rlt:spec_decode_num_draft_tokens_total")
     assert ids(speculative_loops=2, speculative_tokens=3) == ids()
     assert _metric(url, "rlt:spec_decode_num_draft_tokens_total") > before
-    with pytest.raises(openai.BadRequestError, match="speculative_loops 1: self-speculation needs a fixed depth"):
+    with pytest.raises(
+        openai.BadRequestError, match="speculative_loops 1: self-speculation needs a fixed depth"
+    ):
         ids(speculative_loops=1, exit_threshold=0.5)
 
 

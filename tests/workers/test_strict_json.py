@@ -25,11 +25,15 @@ from rlt.serve.structured import _tool_choice
 from tests.helpers import FAST_PD, OV
 from tests.workers.helpers import make
 
-PER_KIND = int(os.environ.get("RLT_STRICT_JSON_PER_KIND", 0))  # 0: 1,000 for Ouro's one engine, else 150
+# 0: 1,000 for Ouro's one engine, else 150
+PER_KIND = int(os.environ.get("RLT_STRICT_JSON_PER_KIND", 0))
 PD_FAMILIES = ["ouro", "nanbeige", "huginn"] if PER_KIND else ["ouro"]
 SHORT = {"type": "string", "maxLength": 3}
 TOOLS = [
-    {"type": "function", "function": {"name": "find", "parameters": {"type": "object", "properties": {"q": SHORT}}}},
+    {
+        "type": "function",
+        "function": {"name": "find", "parameters": {"type": "object", "properties": {"q": SHORT}}},
+    },
     {
         "type": "function",
         "function": {
@@ -50,10 +54,14 @@ class _Chat:  # (one call: a list of many would run past max_tokens)
 
 KINDS = {  # kind: (schema, max_tokens)
     "free string": ({"type": "string"}, 12),
-    "bounded string": ({"type": "string", "minLength": 1, "maxLength": 5}, 40),  # (5 four-byte characters)
+    # (5 four-byte characters)
+    "bounded string": ({"type": "string", "minLength": 1, "maxLength": 5}, 40),
     "enum": ({"enum": ["a\tb", 'q"', "back\\slash", "\u00fc", "\u0001", "x"]}, 16),
     "nested object": (
-        {"type": "object", "properties": {"o": {"type": "object", "properties": {"k": SHORT}, "required": ["k"]}}},
+        {
+            "type": "object",
+            "properties": {"o": {"type": "object", "properties": {"k": SHORT}, "required": ["k"]}},
+        },
         40,
     ),
     "array": ({"type": "array", "items": SHORT, "maxItems": 3}, 64),
@@ -62,7 +70,9 @@ KINDS = {  # kind: (schema, max_tokens)
 }
 VALIDATORS = {kind: jsonschema.Draft202012Validator(schema) for kind, (schema, _) in KINDS.items()}
 # a strict JSON string's prefix: no raw U+0000-U+001F, only RFC 8259 escapes (the last may be cut)
-STRING_PREFIX = re.compile(r'"(?:[^"\\\x00-\x1f]|\\["\\/bfnrt]|\\u[0-9a-fA-F]{4})*(?:\\(?:u[0-9a-fA-F]{0,3})?)?')
+STRING_PREFIX = re.compile(
+    r'"(?:[^"\\\x00-\x1f]|\\["\\/bfnrt]|\\u[0-9a-fA-F]{4})*(?:\\(?:u[0-9a-fA-F]{0,3})?)?'
+)
 
 
 def requests(per_kind: int) -> list[tuple[str, list[int], SamplingParams]]:
@@ -70,7 +80,9 @@ def requests(per_kind: int) -> list[tuple[str, list[int], SamplingParams]]:
     for kind, (schema, max_tokens) in KINDS.items():
         so = StructuredOutput(json=schema)
         for i in range(per_kind):
-            sp = SamplingParams(max_tokens=max_tokens, temperature=1.0, seed=i, max_loops=1, structured_output=so)
+            sp = SamplingParams(
+                max_tokens=max_tokens, temperature=1.0, seed=i, max_loops=1, structured_output=so
+            )
             out.append((kind, [3 + i % 11, 5 + i % 7], sp))
     return out
 
@@ -82,12 +94,19 @@ def check(tok, kind: str, ids: list[int], finish: str) -> bool:
     try:
         value = json.loads(text)
     except ValueError:
-        assert finish == "length" and kind == "free string" and STRING_PREFIX.fullmatch(text), (kind, finish, text)
+        assert finish == "length" and kind == "free string" and STRING_PREFIX.fullmatch(text), (
+            kind,
+            finish,
+            text,
+        )
         return False
     VALIDATORS[kind].validate(value)
     if kind == "tool calls":  # as rlt serve returns them, then sent back as the assistant's turn
         calls = [
-            {"type": "function", "function": {"name": c["name"], "arguments": json.dumps(c["parameters"])}}
+            {
+                "type": "function",
+                "function": {"name": c["name"], "arguments": json.dumps(c["parameters"])},
+            }
             for c in value
         ]
         messages_of([{"role": "assistant", "content": None, "tool_calls": calls}])
@@ -98,12 +117,15 @@ def check_all(tok, kinds: list[str], outputs: list[tuple[list[int], str]], per_k
     finished = dict.fromkeys(KINDS, 0)
     for kind, (ids, finish) in zip(kinds, outputs, strict=True):
         finished[kind] += check(tok, kind, ids, finish)
-    assert all(n == per_kind for k, n in finished.items() if k != "free string"), finished  # (complete JSON)
+    # (complete JSON)
+    assert all(n == per_kind for k, n in finished.items() if k != "free string"), finished
 
 
 @pytest.mark.parametrize("family", ["ouro", "nanbeige", "huginn"])
 def test_one_engine(checkpoints, family):
-    mc, new_engine = make(checkpoints[family], family, num_blocks=4096, block_size=16, max_num_seqs=1024)
+    mc, new_engine = make(
+        checkpoints[family], family, num_blocks=4096, block_size=16, max_num_seqs=1024
+    )
     engine = new_engine(max_num_batched_tokens=8192)
     per_kind = PER_KIND or (1000 if family == "ouro" else 150)
     reqs = requests(per_kind)

@@ -30,7 +30,11 @@ def test_outputs_obey_their_grammars_on_every_path(checkpoints, family):
     grammar in test_engine, test_preemption and test_prefix_cache; Ouro's adaptive exit is the one
     that reads a token back before its last loop.)"""
     # (Huginn at 2 loops, not test_engine's 6: its recurrence is not what a grammar constrains)
-    mc, new_engine = make(checkpoints[family], family, overrides={"mean_recurrence": 2} if family == "huginn" else None)
+    mc, new_engine = make(
+        checkpoints[family],
+        family,
+        overrides={"mean_recurrence": 2} if family == "huginn" else None,
+    )
     tok = load_tokenizer(mc.path)
     reqs = workload(tok)
 
@@ -53,7 +57,9 @@ def test_outputs_obey_their_grammars_on_every_path(checkpoints, family):
     engine = new_engine()
     run(engine, mc, reqs)
     hits = engine.pool.prefix.hit_tokens
-    assert same(run(engine, mc, {r + "'": v for r, v in reqs.items()})) == {r + "'": v for r, v in base.items()}
+    assert same(run(engine, mc, {r + "'": v for r, v in reqs.items()})) == {
+        r + "'": v for r, v in base.items()
+    }
     assert engine.pool.prefix.hit_tokens > hits
 
 
@@ -80,11 +86,14 @@ def test_mask_against_a_dense_reference():
         for t in range(V):
             if dense[r, t]:
                 words[r, t // 32] |= 1 << (t % 32)
-    words = torch.where(words >= 2**31, words - 2**32, words)  # as int32 words (xgrammar's), widened
+    # as int32 words (xgrammar's), widened
+    words = torch.where(words >= 2**31, words - 2**32, words)
     assert torch.equal(allowed_mask(words, V), dense)
     logits = torch.randn(B, V, generator=g)
     rows = torch.tensor([0, 2, 4])
-    e = LogitEdits(bias=(torch.tensor([2]), torch.tensor([5]), torch.tensor([100.0])), allowed=(rows, words))
+    e = LogitEdits(
+        bias=(torch.tensor([2]), torch.tensor([5]), torch.tensor([100.0])), allowed=(rows, words)
+    )
     got = edit(logits, e, torch.zeros(B, dtype=torch.int64))
     want = logits.clone()
     want[2, 5] += 100.0
@@ -123,9 +132,13 @@ async def test_through_the_engine_single_equals_1p1d(checkpoints):
     tok = load_tokenizer(checkpoints["ouro"])
     names, reqs = zip(*workload(tok).items())
     single = await run_all(checkpoints["ouro"], "single", "last_exited", "ouro", list(reqs))
-    check_valid(tok, {r: [(t, 0, None, f) for t in toks] for r, (toks, _, _, f) in zip(names, single)})
+    check_valid(
+        tok, {r: [(t, 0, None, f) for t in toks] for r, (toks, _, _, f) in zip(names, single)}
+    )
     stats = []
-    got = await run_all(checkpoints["ouro"], "1p1d", "last_exited", "ouro", list(reqs), stats, num_blocks=4 * 33)
+    got = await run_all(
+        checkpoints["ouro"], "1p1d", "last_exited", "ouro", list(reqs), stats, num_blocks=4 * 33
+    )
     assert [(t, d, f) for t, d, _, f in got] == [(t, d, f) for t, d, _, f in single]
     assert next(w for w in stats[-1].workers if w.role == "decode").preemptions > 0
 
@@ -141,12 +154,19 @@ async def test_bad_specs_are_refused_at_the_call(checkpoints):
         "structured_output.choice must": StructuredOutput(choice=[]),
         "structured_output must set exactly one": StructuredOutput(regex="a", choice=["a"]),
     }
-    async with rlt.Engine.launch(checkpoints["ouro"], heartbeat_interval=0.2, startup_timeout=60.0) as engine:
+    async with rlt.Engine.launch(
+        checkpoints["ouro"], heartbeat_interval=0.2, startup_timeout=60.0
+    ) as engine:
         for start, so in bad.items():
             with pytest.raises(RequestError) as e:
                 engine.generate([5, 6], SamplingParams(max_tokens=4, structured_output=so))
             assert str(e.value).startswith(start), str(e.value)
-        sp = SamplingParams(max_tokens=20, temperature=1.0, seed=1, structured_output=StructuredOutput(choice=CHOICES))
+        sp = SamplingParams(
+            max_tokens=20,
+            temperature=1.0,
+            seed=1,
+            structured_output=StructuredOutput(choice=CHOICES),
+        )
         outs = [o async for o in engine.generate([5, 6], sp)]
         assert outs[-1].text in CHOICES and outs[-1].finish_reason == "stop"
         sp = msgspec.structs.replace(sp, structured_output=None, max_tokens=3)
@@ -158,7 +178,9 @@ def test_spec_shapes():
     json_object of false are refused."""
     from rlt.contract.grammar import spec_of
 
-    assert spec_of(StructuredOutput(json=SCHEMA)) == spec_of(StructuredOutput(json=json.dumps(SCHEMA)))
+    assert spec_of(StructuredOutput(json=SCHEMA)) == spec_of(
+        StructuredOutput(json=json.dumps(SCHEMA))
+    )
     assert spec_of(StructuredOutput(choice=["a", 'b"'])) == ("choice", '["a", "b\\""]')
     assert spec_of(None) is None
     with pytest.raises(msgspec.ValidationError, match="unknown field"):
@@ -215,9 +237,16 @@ def test_json_strings_admit_no_control_characters():
         for c in ("\x00", "\x01", "\t", "\x1f"):
             assert not accepts(g, wrap(f'"a{c}"')), (schema, c)
         assert accepts(g, wrap('"ab"')), schema
-        assert accepts(g, wrap('"a\\tb"')) == (schema == {"type": "string"}), schema  # (length-bounded: no escapes)
+        # (length-bounded: no escapes)
+        assert accepts(g, wrap('"a\\tb"')) == (schema == {"type": "string"}), schema
     tools = [
-        {"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {"a": bounded}}}}
+        {
+            "type": "function",
+            "function": {
+                "name": "f",
+                "parameters": {"type": "object", "properties": {"a": bounded}},
+            },
+        }
     ]
     g = grammar_of(spec_of(tool_call_tag(tools, one=False)))
     call = '<tool_call>\n{"name": "f", "arguments": {"a": "%s"}}\n</tool_call>'
