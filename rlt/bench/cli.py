@@ -133,6 +133,11 @@ def _offline(p) -> None:
         "--speculative-tokens", type=int, default=3, help="draft tokens a round checks (default: 3)"
     )
     p.add_argument(
+        "--speculative-max-streams",
+        type=int,
+        help="speculation only while at most this many requests decode (default: the engine's)",
+    )
+    p.add_argument(
         "--floors", action="store_true", help="CUDA: measure ceilings and floors in the same run"
     )
 

@@ -105,6 +105,11 @@ def offline(args) -> None:
         make_checkpoint(args.family, path, preset=args.preset)
     mc, dtype, model = measure.load(path, args.device, args.dtype)
     concs, thresholds = ints(args.concurrency), exits(args.threshold)
+    streams = (
+        {}
+        if args.speculative_max_streams is None
+        else {"speculative_max_streams": args.speculative_max_streams}
+    )
     configs = [  # (prompt length, its engine's config)
         (
             plen,
@@ -119,6 +124,7 @@ def offline(args) -> None:
                 kernels=args.kernels,
                 speculative_loops=spec,
                 speculative_tokens=args.speculative_tokens,
+                **streams,
             ),
         )
         for plen in ints(args.prompt_len)

@@ -157,7 +157,7 @@ def test_bench_parity_1p1d_matches_single(checkpoints, tmp_path):
 
 def test_bench_offline_speculation_against_plain(checkpoints, capsys):
     """--speculative-loops 0,1: the same rows with and without drafting, with the acceptance, the
-    tokens a round gives and the ratio of tok/s."""
+    tokens a round gives and the ratio of tok/s; --speculative-max-streams caps where it runs."""
     argv = [
         "bench",
         "offline",
@@ -177,6 +177,21 @@ def test_bench_offline_speculation_against_plain(checkpoints, capsys):
         r"full conc tok/s x[0-9.]+ of plain",
         line,
     ), line
+    # two streams where at most one may speculate: no round runs
+    more = [
+        "--concurrency",
+        "2",
+        "--threshold",
+        "1.0",
+        "--prompt-len",
+        "8",
+        "--max-tokens",
+        "6",
+        "--speculative-loops",
+    ]
+    assert main(argv[:4] + more + ["0,1", "--speculative-max-streams", "1"]) == 0
+    line = capsys.readouterr().out.splitlines()[-1]
+    assert "conc 2 prompt 8 thr 1.0: acceptance None, None tokens a round" in line, line
 
 
 def test_bench_serve_takes_vllms_flags_and_prints_its_summary(checkpoints, capsys):
