@@ -130,7 +130,9 @@ def _offline(p) -> None:
         "with the drafts' acceptance; default: 0)",
     )
     p.add_argument(
-        "--speculative-tokens", type=int, default=3, help="draft tokens a round checks (default: 3)"
+        "--speculative-tokens",
+        type=int,
+        help="most draft tokens a round checks (default: the engine's)",
     )
     p.add_argument(
         "--speculative-max-streams",

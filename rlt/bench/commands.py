@@ -105,11 +105,9 @@ def offline(args) -> None:
         make_checkpoint(args.family, path, preset=args.preset)
     mc, dtype, model = measure.load(path, args.device, args.dtype)
     concs, thresholds = ints(args.concurrency), exits(args.threshold)
-    streams = (
-        {}
-        if args.speculative_max_streams is None
-        else {"speculative_max_streams": args.speculative_max_streams}
-    )
+    # the speculation options given (the engine's defaults otherwise)
+    names = ("speculative_tokens", "speculative_max_streams")
+    speculation = {k: getattr(args, k) for k in names if getattr(args, k) is not None}
     configs = [  # (prompt length, its engine's config)
         (
             plen,
@@ -123,8 +121,7 @@ def offline(args) -> None:
                 exit_wait_passes=wait,
                 kernels=args.kernels,
                 speculative_loops=spec,
-                speculative_tokens=args.speculative_tokens,
-                **streams,
+                **speculation,
             ),
         )
         for plen in ints(args.prompt_len)
@@ -201,7 +198,7 @@ def offline(args) -> None:
                 f"conc {r['concurrency']} thr {r['threshold']} wait {r['exit_wait_passes']}: {r['compiles']} Triton "
                 f"compiles, {r['captures']} CUDA graph captures while measured (the warm-up missed them)"
             )
-    for line in _speculation(rows, args.speculative_tokens):
+    for line in _speculation(rows, configs[0][1].speculative_tokens):
         print(line)
     for plain, pen in zip(rows[::2], rows[1::2]) if args.penalties else ():
         keys = ("decode_tok_per_s", "full_conc_tok_per_s")

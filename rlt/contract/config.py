@@ -129,15 +129,16 @@ class EngineConfig(msgspec.Struct, kw_only=True, frozen=True):
         msgspec.Meta(ge=1, le=16),
         _doc(
             "draft tokens a speculation round checks, in [1, 16]: it outputs those that agree and one more "
-            "(a request may set its own)"
+            "(a request may set its own; each round checks as many of them as pay at its recent acceptance)"
         ),
-    ] = 3
+    ] = 6
     speculative_max_streams: Annotated[
         Count,
         _doc(
-            "speculation rounds start only while at most this many requests decode (past it, rows are not free)"
+            "speculation rounds start only while at most this many requests decode (past it, a pass's more "
+            "rows cost more than the drafts save)"
         ),
-    ] = 8
+    ] = 64
 
     grammar_compile_timeout: Annotated[
         Seconds,

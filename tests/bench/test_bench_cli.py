@@ -173,7 +173,7 @@ def test_bench_offline_speculation_against_plain(checkpoints, capsys):
     )
     line = capsys.readouterr().out.splitlines()[-1]
     assert re.fullmatch(
-        r"speculative_loops 1, tokens 3: conc 1 prompt 8 thr 1.0: acceptance [0-9.]+, [0-9.]+ tokens a round, "
+        r"speculative_loops 1, tokens 6: conc 1 prompt 8 thr 1.0: acceptance [0-9.]+, [0-9.]+ tokens a round, "
         r"full conc tok/s x[0-9.]+ of plain",
         line,
     ), line
