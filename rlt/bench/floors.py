@@ -18,6 +18,9 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
+from rlt.models.weights import boundary_layers, core_layers
+from rlt.models.weights import head as lm_head
+
 
 def _time_ms(fn, reps: int = 5) -> float:
     fn()
@@ -118,26 +121,6 @@ def read_gbps(src: torch.Tensor) -> float:
     return round(best, 1)
 
 
-def _layers(model) -> list[dict]:
-    """Each core layer's (attention in, attention out, MLP in, MLP out) weights, whatever the family."""
-    names = [("qkv", "o", "gate_up", "down"), ("qkv", "proj", "fc", "mlp_proj")]
-    core = getattr(model, "layers", None) or model.core
-    return [[L[n] for n in next(ns for ns in names if ns[1] in L)] for L in core]
-
-
-def _boundary_layers(model) -> list[list[torch.Tensor]]:
-    return [
-        [L[n] for n in ("qkv", "proj", "fc", "mlp_proj")]
-        for L in getattr(model, "prelude", []) + getattr(model, "coda", [])
-    ]
-
-
-def _head(model) -> torch.Tensor:
-    """The LM head's weight [vocab, hidden] (Huginn's is its tied embedding, wte)."""
-    head = getattr(model, "lm_head", None)
-    return model.wte if head is None else head
-
-
 def prefill_floor(model, mc, n: int, context: int = 0) -> Callable[[], float]:
     """Plain-torch GEMMs + SDPA of one n-token prompt through every loop, on the model's weights,
     then the head's product over the last row (no first token without it):
@@ -147,7 +130,7 @@ def prefill_floor(model, mc, n: int, context: int = 0) -> Callable[[], float]:
     CUDA graph (run eagerly, its launches would hold the GPU back on short prompts): returns a
     function timing one replay, in ms, so a benchmark can interleave it with the passes it measures
     (clocks under a long run of GEMMs drop: back-to-back replays read slower than one prompt's)."""
-    layers = _layers(model) * mc.depth + _boundary_layers(model)
+    layers = core_layers(model) * mc.depth + boundary_layers(model)
     Hkv, D = mc.kv.num_kv_heads, mc.kv.head_dim
     H = layers[0][0].shape[0] // D - 2 * Hkv
     x = torch.randn(n, mc.hidden_size, device=layers[0][0].device, dtype=layers[0][0].dtype)
@@ -156,7 +139,7 @@ def prefill_floor(model, mc, n: int, context: int = 0) -> Callable[[], float]:
         if context > n
         else None
     )
-    head = _head(model)
+    head = lm_head(model)
 
     def run():
         for qkv, o, up, down in layers:
@@ -187,11 +170,11 @@ def prefill_floor_ms(model, mc, n: int, context: int = 0, samples: int = 7) -> f
 
 def decode_roofline(model, mc, concurrency: int, context: int, read_gbps: float) -> dict:
     """Time per decode step of `concurrency` sequences at `context` tokens, at full depth."""
-    weights = sum(w.numel() * w.element_size() for L in _layers(model) for w in L)
+    weights = sum(w.numel() * w.element_size() for L in core_layers(model) for w in L)
     # the KV pool and head use the weights' dtype
-    g, es = mc.kv, _layers(model)[0][0].element_size()
+    g, es = mc.kv, core_layers(model)[0][0].element_size()
     kv_layer = context * 2 * g.num_kv_heads * g.head_dim * es  # one row's K and V of one layer
-    head = _head(model).numel() * es
+    head = lm_head(model).numel() * es
     step_bytes = (
         mc.depth * (weights + concurrency * kv_layer * g.num_core_layers)
         + head

@@ -29,7 +29,7 @@ from rlt.workers.prefix_cache import root_key
 from rlt.workers.runner import Runner
 from rlt.workers.scheduler import Scheduler
 from rlt.workers.sequence import Sequence
-from rlt.workers.speculation import speculated, speculation, verified
+from rlt.workers.speculation import Acceptance, ReadCost, speculated, speculation, verified
 from rlt.workers.steady_stretch import SteadyStretches
 
 
@@ -79,15 +79,15 @@ class LoopEngine(SteadyStretches):
         # done (held); a decode worker reserves blocks for a prompt being prefilled elsewhere.
         self.held: dict[int, BlockTables] = {}
         self.reserved: dict[int, BlockTables] = {}
-        # (request, start, end) prompt positions final
-        self.chunk_events: list[tuple[int, int, int]] = []
+        self.chunk_events: list[tuple[int, int, int]] = []  # (request, start, end): positions final
         self._pending: list = []  # callables: read back a launched step's tokens -> outputs
         self._steady = None  # SteadyDecode while a stretch runs
         self._steady_seqs: list[Sequence] = []  # the request of each steady lane
         self.steady_steps = 0  # passes run in steady decode (observability, tests)
-        # self-speculation: rounds verified, draft tokens checked, those equal to their targets, and
-        # the tokens the rounds output
+        # self-speculation: rounds verified, draft tokens checked, those equal to their targets, the
+        # tokens the rounds output; what a round reads (its gain)
         self.spec_rounds = self.spec_drafts = self.spec_accepted = self.spec_tokens = 0
+        self.read_cost = ReadCost.of(mc, model)
         self.passes = 0  # core passes run (observability, tests)
 
     # ---- requests --------------------------------------------------------------------------------
@@ -120,11 +120,11 @@ class LoopEngine(SteadyStretches):
             (priority, next(self._arrival)),
             prefill_only=prefill_only,
             root=self._root(params),
-            # (position 0 has none)
-            prompt_logprobs=None if params.prompt_logprobs is None else [None],
+            prompt_logprobs=None if params.prompt_logprobs is None else [None],  # (0 has none)
         )
         self._check_fits(request_id, len(prompt), 0 if prefill_only else params.max_tokens)
         s.speculation = None if prefill_only else speculation(params, self.cfg)
+        s.acceptance = Acceptance(self.read_cost)
         self._live[request_id] = s
         self.sched.wait(s)
 
@@ -163,6 +163,7 @@ class LoopEngine(SteadyStretches):
             num_done=len(prompt),
             root=self._root(params),
             speculation=speculation(params, self.cfg),
+            acceptance=Acceptance(self.read_cost),
         )
         self._live[request_id] = s
         self.sched.wait(s)

@@ -305,3 +305,23 @@ def _metric(url: str, name: str) -> float:
     with urllib.request.urlopen(url.removesuffix("/v1") + "/metrics", timeout=30) as r:
         lines = r.read().decode().splitlines()
     return sum(float(line.rsplit(" ", 1)[1]) for line in lines if line.startswith(name + "{"))
+
+
+def test_rounds_weigh_what_they_read(checkpoints):
+    """A round's gain counts bytes, not loop passes: each verify row reads the context's KV, each
+    sampled draft the head. At Ouro-1.4B's shapes (head 0.08 of a loop's weights, a position's KV
+    of one loop 8e-5) and acceptance 0.9 a round checks 5 drafts at 1K tokens of context, 3 at 8K,
+    1 at 32K; at acceptance 0.5 and 8K it does not pay (the request pauses drafting)."""
+    from rlt.workers.speculation import Acceptance, ReadCost
+
+    mc = ModelConfig.from_pretrained(checkpoints["ouro"])
+    # the tiny checkpoint in float32: 2 layers of 147,456 bytes; head 512 x 64; KV 2 x 2 x 16
+    assert ReadCost.of(mc, load_model(mc, torch.float32)) == ReadCost(
+        512 * 64 * 4 / 294912, 2 * 2 * 2 * 16 * 4 / 294912
+    )
+    ouro = ReadCost(head=0.08, kv=8e-5)
+    at = {a: Acceptance(ouro, checked=100.0, matched=100 * a) for a in (0.9, 0.5)}
+    assert [at[0.9].drafts(6, 1, 4, L) for L in (1024, 8192, 32768)] == [5, 3, 1]
+    assert Acceptance(checked=100.0, matched=90.0).drafts(6, 1, 4, 32768) == 6  # (passes alone)
+    at[0.5].update(1, 0, 6, 1, 4, context=8192, outputs=40)
+    assert at[0.5].pause_until == 48
