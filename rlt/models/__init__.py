@@ -15,6 +15,7 @@ Modules:
   layers.py         the layers' torch reference; ops.py: the kernel sets they run (reference,
                     Triton, batch-invariant Triton), one built per worker by its backend
   loader.py         safetensors loading, names and shapes checked against the official ones
+  weights.py        the weights a pass reads (core layers, boundary layers, head): byte counts
   tokenizer.py      loading a checkpoint's tokenizer; training the small ones the checkpoint
                     maker ships
   checkpoint.py     `rlt make-checkpoint`: random-weight checkpoints in the official schemas
