@@ -186,3 +186,27 @@ def test_half_precision_close_to_float32(checkpoints, dtype):
     a, b = greedy(mc, e32, PROMPT, 1, logprobs=3), greedy(mc, e16, PROMPT, 1, logprobs=3)
     for t, v in a.logprobs[0].items():
         assert abs(b.logprobs[0].get(t, v) - v) < 0.1
+
+
+@pytest.mark.parametrize("family", ["ouro", "nanbeige", "huginn"])
+def test_the_head_weight_is_what_project_multiplies_by(checkpoints, family):
+    """rlt.models.weights.head (the roofline's and speculation's byte counts read it) is the weight
+    project() multiplies by, whatever the family calls it."""
+    from rlt.models.weights import head
+
+    mc = ModelConfig.from_pretrained(checkpoints[family])
+    model = load_model(mc, torch.float32)
+    seen, ops = [], model.ops
+
+    class Recording:
+        def __getattr__(self, name):
+            return getattr(ops, name)
+
+        def linear(self, x, w, b=None):
+            seen.append(w)
+            return ops.linear(x, w, b)
+
+    model.ops = Recording()
+    model.project(torch.randn(1, mc.hidden_size))
+    assert len(seen) == 1 and head(model) is seen[0]
+    assert seen[0].shape == (mc.vocab_size, mc.hidden_size)

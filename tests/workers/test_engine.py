@@ -452,30 +452,6 @@ def test_decode_roofline_arithmetic(checkpoints):
     assert got["ms_per_step"] == round(got["bytes_per_step"] / 1e6, 3)
 
 
-@pytest.mark.parametrize("family", ["ouro", "nanbeige", "huginn"])
-def test_floors_read_each_familys_lm_head(checkpoints, family):
-    """The prefill floor's last product (the first token's logits) is the weight project()
-    multiplies by, whatever the family calls it."""
-    from rlt.bench import floors
-
-    mc = ModelConfig.from_pretrained(checkpoints[family])
-    model = load_model(mc, torch.float32)
-    seen, ops = [], model.ops
-
-    class Recording:
-        def __getattr__(self, name):
-            return getattr(ops, name)
-
-        def linear(self, x, w, b=None):
-            seen.append(w)
-            return ops.linear(x, w, b)
-
-    model.ops = Recording()
-    model.project(torch.randn(1, mc.hidden_size))
-    assert len(seen) == 1 and floors._head(model) is seen[0]
-    assert seen[0].shape == (mc.vocab_size, mc.hidden_size)
-
-
 def test_profile_splits_busy_time_among_overlapping_kernels():
     """The GPU profile: kernels overlapping under PDL each get only the busy time past the kernels
     started before them (idle gaps go to no one), labelled by name, grid and previous kernel."""
