@@ -28,6 +28,8 @@ of more rows is no longer free; and a request whose drafts do not pay stops draf
 
 from dataclasses import dataclass, field
 
+from rlt.models.weights import boundary_layers, core_layers, head, nbytes
+
 
 @dataclass(eq=False)
 class SpecRound:
@@ -93,8 +95,6 @@ class ReadCost:
 
     @staticmethod
     def of(mc, model) -> "ReadCost":
-        from rlt.models.weights import boundary_layers, core_layers, head, nbytes
-
         loop = nbytes(core_layers(model))
         h = head(model)
         es = h.element_size()  # (the KV pool holds the weights' dtype)
