@@ -285,6 +285,7 @@ class RltEngine(RouterHooks, LLMEngine):
         except (RequestError, EngineDeadError, EngineOverloadedError) as e:
             if isinstance(e, RequestError):
                 raise InvalidArgument(str(e)) from None
+            log.warning("request %s refused: %s", context.id(), e)  # (the frontend's 503 hides it)
             raise EngineShutdown(str(e)) from None  # a 503: full (retry later) or no worker ready
         oo = request.get("output_options") or {}
         top, prompt_top = oo.get("logprobs"), oo.get("prompt_logprobs")
