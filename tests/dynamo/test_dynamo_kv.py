@@ -196,8 +196,8 @@ def test_a_third_node_gets_new_prefixes(kv):
     """A node joining takes new conversations (six at once: the router balances their load), and
     their second turns come back to it."""
     kv.node("c")
-    # c's start (torch, the model, its worker's warm-up) takes both cores: a and b may miss heartbeats
-    # meanwhile and step out of discovery (router_state.py) until they are heard again
+    # c's start (torch, the model, its worker's warm-up) takes both cores: a and b may miss
+    # heartbeats meanwhile and step out of discovery (router_state.py) until they are heard again
     for name in "cab":
         kv.wait_ready(name)
     client = _client(kv)
