@@ -260,6 +260,15 @@ def _profile(p) -> None:
     p.add_argument("--kv-gib", type=float, default=20, help="KV pool in GiB (default: 20)")
     p.add_argument("--kernels", choices=("triton", "reference"), default="triton")
     p.add_argument("--steady-decode", choices=("adaptive", "always", "never"), default="adaptive")
+    p.add_argument(
+        "--speculative-loops",
+        type=int,
+        default=0,
+        help="self-speculation's draft loops (default: 0)",
+    )
+    p.add_argument(
+        "--speculative-tokens", type=int, help="most drafts a round checks (default: the engine's)"
+    )
     p.add_argument("--gpu", action="store_true", help="also the GPU's side of the steps (CUDA)")
     p.add_argument("--json-out", help="write the results as JSON here")
 

@@ -121,6 +121,10 @@ def host_profile(engine, steps: int, device: str) -> tuple[float, pstats.Stats]:
     return (time.perf_counter() - t0) / steps, pstats.Stats(prof)
 
 
+def spec_counts(engine) -> tuple[int, int, int]:
+    return engine.spec_rounds, engine.spec_drafts, engine.spec_accepted
+
+
 def profile(args) -> None:
     """`rlt bench profile`: `--concurrency` requests decoding at once in one in-process worker
     engine; after their prefills and a warm-up (graph captures), `--gpu` (CUDA) profiles two windows
@@ -143,12 +147,16 @@ def profile(args) -> None:
         kernels=args.kernels,
         steady_decode=args.steady_decode,
         exit_wait_passes=args.exit_wait_passes,
+        speculative_loops=args.speculative_loops,
+        **({"speculative_tokens": args.speculative_tokens} if args.speculative_tokens else {}),
     )
     eng = LoopEngine(mc, model, cfg, dtype, args.device)
     (threshold,) = exits(args.threshold)
-    warm = 8 * mc.depth
+    # a step outputs up to a round's tokens while speculating; its warm-up meets every round size
+    most = 1 + (eng.cfg.speculative_tokens if args.speculative_loops else 0)
+    warm = 8 * mc.depth * most
     # (outlasts the warm-up and every window)
-    sp = offline.exit_params(threshold, max_tokens=warm + 3 * args.steps + 32)
+    sp = offline.exit_params(threshold, max_tokens=(warm + 3 * args.steps) * most + 32)
     try:
         offline.check_pool(eng.pool, args.concurrency, args.prompt_len + sp.max_tokens)
     except offline.PoolTooSmall as e:
@@ -161,6 +169,7 @@ def profile(args) -> None:
         eng.step()
     res = {"concurrency": args.concurrency, "threshold": args.threshold}
     res["steady_decode"] = args.steady_decode
+    spec0 = spec_counts(eng)
     if args.gpu:
         res |= gpu_profile(eng, args.steps, top=args.top)
         print(
@@ -175,6 +184,10 @@ def profile(args) -> None:
     per_step, stats = host_profile(eng, args.steps, args.device)
     res |= {"host_ms_per_step": round(per_step * 1e3, 3), "steady_steps": eng.steady_steps}
     res |= {"pdl": envs.pdl_enabled() if args.device.startswith("cuda") else None}
+    rounds, drafts, accepted = (a - b for a, b in zip(spec_counts(eng), spec0))
+    if rounds:
+        res |= {"spec_rounds": rounds, "acceptance": round(accepted / max(drafts, 1), 3)}
+        print(f"speculation: {rounds} rounds, acceptance {res['acceptance']}")
     at = f"{args.steps} steps at concurrency {args.concurrency}"
     print(f"{at}: {per_step * 1e3:.2f} ms per loop step (cProfile on)")
     stats.sort_stats("tottime").print_stats(args.top)

@@ -29,7 +29,7 @@ from rlt.workers.prefix_cache import root_key
 from rlt.workers.runner import Runner
 from rlt.workers.scheduler import Scheduler
 from rlt.workers.sequence import Sequence
-from rlt.workers.speculation import Acceptance, ReadCost, speculated, speculation, verified
+from rlt.workers.speculation import speculated, speculation, verified
 from rlt.workers.steady_stretch import SteadyStretches
 
 
@@ -85,9 +85,8 @@ class LoopEngine(SteadyStretches):
         self._steady_seqs: list[Sequence] = []  # the request of each steady lane
         self.steady_steps = 0  # passes run in steady decode (observability, tests)
         # self-speculation: rounds verified, draft tokens checked, those equal to their targets, the
-        # tokens the rounds output; what a round reads (its gain)
+        # tokens the rounds output
         self.spec_rounds = self.spec_drafts = self.spec_accepted = self.spec_tokens = 0
-        self.read_cost = ReadCost.of(mc, model)
         self.passes = 0  # core passes run (observability, tests)
 
     # ---- requests --------------------------------------------------------------------------------
@@ -124,7 +123,6 @@ class LoopEngine(SteadyStretches):
         )
         self._check_fits(request_id, len(prompt), 0 if prefill_only else params.max_tokens)
         s.speculation = None if prefill_only else speculation(params, self.cfg)
-        s.acceptance = Acceptance(self.read_cost)
         self._live[request_id] = s
         self.sched.wait(s)
 
@@ -163,7 +161,6 @@ class LoopEngine(SteadyStretches):
             num_done=len(prompt),
             root=self._root(params),
             speculation=speculation(params, self.cfg),
-            acceptance=Acceptance(self.read_cost),
         )
         self._live[request_id] = s
         self.sched.wait(s)

@@ -185,7 +185,7 @@ class Sequence:
             and (s.matcher is None or s.matcher.started)  # (a grammar waiting for `after`: plain)
         ):
             d, most = s.speculation  # n drafts checked: n + 1 rows, up to n + 1 tokens a round
-            n = s.acceptance.drafts(most, d, p.max_loops, s.num_done)
+            n = s.acceptance.drafts(most, d, p.max_loops)
             if (k := min(n + 1, p.max_tokens - base)) >= 2:
                 s.spec = SpecRound(s.num_done, base, k, d)
         if s.spec is not None:

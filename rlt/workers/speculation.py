@@ -28,8 +28,6 @@ of more rows is no longer free; and a request whose drafts do not pay stops draf
 
 from dataclasses import dataclass, field
 
-from rlt.models.weights import boundary_layers, core_layers, head, nbytes
-
 
 @dataclass(eq=False)
 class SpecRound:
@@ -82,40 +80,17 @@ def speculation(params, cfg) -> tuple[int, int] | None:
     return d, n
 
 
-@dataclass(frozen=True)
-class ReadCost:
-    """What a decode pass reads for one request, in units of one loop's core weights: `head` where
-    a row samples (the LM head; Huginn's prelude and coda with it), `kv` per context position (its
-    keys and values of one loop). r rows of a request at context L read 1 + r L kv of a loop: a
-    verify's rows each read the context's KV, so at long contexts a round costs more than its
-    loop passes. Zero: loop passes alone."""
-
-    head: float = 0.0
-    kv: float = 0.0
-
-    @staticmethod
-    def of(mc, model) -> "ReadCost":
-        loop = nbytes(core_layers(model))
-        h = head(model)
-        es = h.element_size()  # (the KV pool holds the weights' dtype)
-        return ReadCost(
-            (h.numel() * es + nbytes(boundary_layers(model))) / loop,
-            2 * mc.kv.num_core_layers * mc.kv.num_kv_heads * mc.kv.head_dim * es / loop,
-        )
-
-
 @dataclass
 class Acceptance:
     """A request's recent acceptance, and what speculating pays for it: a round of n checked drafts
-    at acceptance a outputs 1 + a + ... + a^n tokens on average for n + 1 drafts of d loops (n of
-    them sampled) and a verify of n + 1 rows through the other D - d loops, where plain decoding
-    takes D loops and a sampled row a token (weighed by what each reads: ReadCost). Each round
-    checks the n (up to the request's) that gives the most tokens for its reads at the recent
-    acceptance (the first round checks one); where even the best does not pay (by a margin, for
-    the round's host work), the request decodes plainly for a while (twice as long each time in a
-    row), then probes again."""
+    at acceptance a outputs 1 + a + ... + a^n tokens on average for (n + 1) d + (D - d) loop passes,
+    where plain decoding takes D a token. Each round checks the n (up to the request's) that gives
+    the most tokens a loop pass at the recent acceptance (the first round checks one); where even
+    the best does not pay (by a margin, for the drafts' heads and the round's host work), the
+    request decodes plainly for a while (twice as long each time in a row), then probes again.
+    (Loop passes, not bytes: weighing a verify row by the context's KV it reads measured slower at
+    8K tokens, since the rows of a request read their context together.)"""
 
-    cost: ReadCost = ReadCost()
     checked: float = 0.0  # drafts checked and matched, decayed: recent rounds count most
     matched: float = 0.0
     pause_until: int = 0  # no round starts before the request has this many output tokens
@@ -126,37 +101,23 @@ class Acceptance:
     PAUSE = 8  # tokens, doubled per miss in a row
     MOST = 512
 
-    def drafts(self, most: int, loops: int, depth: int, context: int) -> int:
-        """The drafts the next round checks: the n <= most with the most tokens for its reads (one
+    def drafts(self, most: int, loops: int, depth: int) -> int:
+        """The drafts the next round checks: the n <= most with the most tokens a loop pass (one
         while nothing is measured: a request's first round, or its first after a pause, is a cheap
         probe, so that drafts that never match cost little more than plain decoding)."""
         if not self.checked:
             return 1
-        return max(range(1, most + 1), key=lambda n: self._gain(n, loops, depth, context))
+        return max(range(1, most + 1), key=lambda n: self._gain(n, loops, depth))
 
-    def _gain(self, n: int, loops: int, depth: int, context: int) -> float:
-        """A round's reads saved over plain decoding's for its tokens, as a ratio (> 1: faster)."""
-        a, h, c = self.matched / self.checked, self.cost.head, self.cost.kv * context
-        plain = depth * (1 + c) + h
-        rnd = (n + 1) * loops * (1 + c) + n * h + (depth - loops) * (1 + (n + 1) * c) + h
-        return sum(a**j for j in range(n + 1)) * plain / rnd
+    def _gain(self, n: int, loops: int, depth: int) -> float:
+        """A round's loop passes saved over plain decoding's, as a ratio (> 1: faster)."""
+        a = self.matched / self.checked
+        return sum(a**j for j in range(n + 1)) * depth / ((n + 1) * loops + depth - loops)
 
-    def update(
-        self,
-        checked: int,
-        matched: int,
-        most: int,
-        loops: int,
-        depth: int,
-        context: int,
-        outputs: int,
-    ):
+    def update(self, checked: int, matched: int, most: int, loops: int, depth: int, outputs: int):
         self.checked = self.DECAY * self.checked + checked
         self.matched = self.DECAY * self.matched + matched
-        if (
-            self._gain(self.drafts(most, loops, depth, context), loops, depth, context)
-            >= self.MARGIN
-        ):
+        if self._gain(self.drafts(most, loops, depth), loops, depth) >= self.MARGIN:
             self.misses = 0
             return
         self.pause_until = outputs + min(self.PAUSE << self.misses, self.MOST)
@@ -183,7 +144,5 @@ def verified(s, r: SpecRound) -> list[tuple[int, dict | None]]:
     if s.matcher is not None:
         s.matcher.end_round()
     d, most = s.speculation
-    s.acceptance.update(
-        r.k - 1, r.matched, most, d, s.params.max_loops, r.start, len(s.output) + r.k
-    )
+    s.acceptance.update(r.k - 1, r.matched, most, d, s.params.max_loops, len(s.output) + r.k)
     return r.accepted()

@@ -8,6 +8,7 @@ import sys
 import pytest
 
 from rlt.cli import main
+from rlt.models.checkpoint import make_checkpoint
 
 SUBCOMMANDS = ("offline", "serve", "prefix", "first-use")
 SUBCOMMANDS += ("profile", "grammar", "parity", "kv-handoff", "gemm")
@@ -119,6 +120,20 @@ def test_bench_profile_tiny_run(checkpoints, tmp_path, capsys):
     assert result["engine"]["max_num_seqs"] == 2 and "gpu_busy_ms_per_step" not in result
     printed = capsys.readouterr().out
     assert "4 steps at concurrency 2:" in printed and "Ordered by: internal time" in printed
+
+
+def test_bench_profile_of_speculation(tmp_path, capsys):
+    """--speculative-loops: the steps run speculation rounds, counted with their acceptance (on a
+    checkpoint whose loops barely change the state, drafts match)."""
+    path = make_checkpoint("ouro", str(tmp_path / "ckpt"), seed=1, update_scale=0.001)
+    out = tmp_path / "profile.json"
+    argv = ["bench", "profile", "--model", path, "--device", "cpu", "--prompt-len", "8"]
+    argv += ["--steps", "12", "--top", "3", "--kv-gib", "0.01", "--json-out", str(out)]
+    assert main(argv + ["--speculative-loops", "1", "--speculative-tokens", "2"]) == 0
+    result = json.loads(out.read_text())
+    assert result["engine"]["speculative_loops"] == 1 and result["spec_rounds"] >= 1
+    assert result["acceptance"] == 1.0
+    assert f"speculation: {result['spec_rounds']} rounds, acceptance 1.0" in capsys.readouterr().out
 
 
 def test_bench_profile_refuses_a_pool_too_small(checkpoints):

@@ -307,21 +307,15 @@ def _metric(url: str, name: str) -> float:
     return sum(float(line.rsplit(" ", 1)[1]) for line in lines if line.startswith(name + "{"))
 
 
-def test_rounds_weigh_what_they_read(checkpoints):
-    """A round's gain counts bytes, not loop passes: each verify row reads the context's KV, each
-    sampled draft the head. At Ouro-1.4B's shapes (head 0.08 of a loop's weights, a position's KV
-    of one loop 8e-5) and acceptance 0.9 a round checks 5 drafts at 1K tokens of context, 3 at 8K,
-    1 at 32K; at acceptance 0.5 and 8K it does not pay (the request pauses drafting)."""
-    from rlt.workers.speculation import Acceptance, ReadCost
+def test_rounds_check_the_drafts_that_give_the_most_tokens_a_loop_pass():
+    """At Ouro's depth 4 drafting 1 loop: acceptance 0.9 checks all 6 drafts a round may, 0.7 two,
+    0.5 one (1.5 tokens for 5 loop passes: 1.2x); at 0.4 even one draft does not pay by the margin,
+    so the request pauses drafting for 8 tokens."""
+    from rlt.workers.speculation import Acceptance
 
-    mc = ModelConfig.from_pretrained(checkpoints["ouro"])
-    # the tiny checkpoint in float32: 2 layers of 147,456 bytes; head 512 x 64; KV 2 x 2 x 16
-    assert ReadCost.of(mc, load_model(mc, torch.float32)) == ReadCost(
-        512 * 64 * 4 / 294912, 2 * 2 * 2 * 16 * 4 / 294912
-    )
-    ouro = ReadCost(head=0.08, kv=8e-5)
-    at = {a: Acceptance(ouro, checked=100.0, matched=100 * a) for a in (0.9, 0.5)}
-    assert [at[0.9].drafts(6, 1, 4, L) for L in (1024, 8192, 32768)] == [5, 3, 1]
-    assert Acceptance(checked=100.0, matched=90.0).drafts(6, 1, 4, 32768) == 6  # (passes alone)
-    at[0.5].update(1, 0, 6, 1, 4, context=8192, outputs=40)
-    assert at[0.5].pause_until == 48
+    at = {a: Acceptance(checked=100.0, matched=100 * a) for a in (0.9, 0.7, 0.5, 0.4)}
+    assert [at[a].drafts(6, 1, 4) for a in (0.9, 0.7, 0.5)] == [6, 2, 1]
+    at[0.5].update(1, 1, 6, 1, 4, outputs=40)
+    assert at[0.5].pause_until == 0
+    at[0.4].update(1, 0, 6, 1, 4, outputs=40)
+    assert at[0.4].pause_until == 48
