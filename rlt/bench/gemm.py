@@ -1,6 +1,7 @@
 """`rlt bench gemm`: the few-row products of decode passes (1 to 32 rows, Ouro-1.4B's and
-Nanbeige4.2-3B's projections) through cuBLAS (F.linear), the one-row GEMV (rlt/kernels/gemv.py)
-and the skinny GEMM's configs (rlt/kernels/skinny_gemm.py). CUDA only.
+Nanbeige4.2-3B's projections) through cuBLAS (F.linear), the one-row GEMV (rlt/kernels/gemv.py),
+the few-rows GEMV's configs (2 to 4 rows, rlt/kernels/gemv_rows.py) and the skinny GEMM's
+(rlt/kernels/skinny_gemm.py). CUDA only.
 
 Each variant is timed as the engine runs it: many calls in a CUDA graph (do_bench_cudagraph, its
 median), each call on the next of a rotating set of weight copies (together several times the L2),
@@ -65,6 +66,7 @@ def command(args) -> None:
         sys.exit("rlt bench gemm needs a CUDA device")
     from rlt.bench.floors import read_gbps
     from rlt.kernels import gemv, pdl
+    from rlt.kernels import gemv_rows as gr
     from rlt.kernels import skinny_gemm as sg
     from rlt.kernels.activation import silu_mul
 
@@ -100,6 +102,11 @@ def command(args) -> None:
                 variants["cublas linear only"] = F.linear  # (its y is [M, 2N]: no SwiGLU)
             if M == 1:
                 variants["gemv"] = gemv.gemv_swiglu if swiglu else gemv.gemv
+            if 2 <= M <= gr.MAX_ROWS:
+                for c in gr.SWEEP:
+                    variants[f"gemv rows {c}"] = _bound(
+                        gr.gemv_rows_swiglu if swiglu else gr.gemv_rows, c
+                    )
             for c in configs:
                 variants[f"skinny {c}"] = _bound(
                     sg.skinny_gemm_swiglu if swiglu else sg.skinny_gemm, c
@@ -129,7 +136,8 @@ def command(args) -> None:
             }
             best = min(skinny, key=skinny.get) if skinny else None
             good = {k: us for k, (us, bad) in results.items() if not bad}
-            row = (f"{model}:{name}", M, moved, good.get("cublas"), good.get("gemv"))
+            gemvs = [us for k, us in good.items() if k.startswith("gemv")]
+            row = (f"{model}:{name}", M, moved, good.get("cublas"), min(gemvs, default=None))
             summary.append(
                 row + ((best.removeprefix("skinny "), skinny[best]) if best else (None, None))
             )
@@ -172,7 +180,7 @@ def _table(summary, read: float) -> None:
     print("cuBLAS on [gate; up]: F.linear + the SwiGLU launch (the engine's path at M >= 2)")
     print(
         f"{'shape':16s} {'M':>2s} {'cuBLAS us':>9s} {'read':>5s}  {'best skinny':22s} {'us':>7s} {'speedup':>7s}"
-        f" {'read':>5s} {'gemv us':>7s}"
+        f" {'read':>5s} {'best gemv us':>7s}"
     )
     nan = float("nan")
     for shape, M, moved, cublas, gv, best, sk in summary:

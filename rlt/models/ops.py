@@ -17,7 +17,16 @@ def gemv_fits(x: torch.Tensor, w: torch.Tensor) -> bool:
     return x.shape[0] == 1 and x.dtype == w.dtype
 
 
-# Decode passes of 2 to SKINNY_ROWS rows: the skinny GEMM (rlt/kernels/skinny_gemm.py) on the
+# Decode passes of 2 to GEMV_ROWS rows: the few-rows GEMV (rlt/kernels/gemv_rows.py), every product.
+GEMV_ROWS = 4
+
+
+def gemv_rows_fits(x: torch.Tensor, w: torch.Tensor) -> bool:
+    """A product the few-rows GEMV takes: 2 to GEMV_ROWS rows, of the weight's dtype."""
+    return 2 <= x.shape[0] <= GEMV_ROWS and x.dtype == w.dtype
+
+
+# Decode passes of more rows, up to SKINNY_ROWS: the skinny GEMM (rlt/kernels/skinny_gemm.py) on the
 # [gate; up] product and on plain ones up to LAYER_MAX_N rows of w (q/k/v: not the LM heads), where
 # K is at least SKINNY_MIN_K: there the engine's passes are faster with it than with cuBLAS
 # (Nanbeige4.2-3B's K of 3,072), at Ouro-1.4B's 2,048 they are not (docs/performance.md). The o and
@@ -71,7 +80,8 @@ class ReferenceOps:
 class TritonOps(ReferenceOps):
     """The Triton kernels (CUDA): one launch per norm, residual add + norm (with Ouro's exit gate)
     and SwiGLU; a one-row product (decode at one row) is a GEMV, the [gate; up] one with its SwiGLU;
-    a product of a few rows the skinny GEMM where skinny_fits."""
+    a product of 2 to GEMV_ROWS rows the few-rows GEMV; of more rows the skinny GEMM where
+    skinny_fits."""
 
     def __init__(self):
         from rlt.kernels import gemv
@@ -83,7 +93,9 @@ class TritonOps(ReferenceOps):
         self.random_bits_rows = random_bits_rows  # (one launch: the reference's is some fifty)
         self._gemv, self._gemv_swiglu = gemv.gemv, gemv.gemv_swiglu
         self._gemv_normed = functools.partial(gemv.gemv, early_tiles=gemv.NORMED_EARLY_TILES)
-        from rlt.kernels import skinny_gemm
+        from rlt.kernels import gemv_rows, skinny_gemm
+
+        self._rows, self._rows_swiglu = gemv_rows.gemv_rows, gemv_rows.gemv_rows_swiglu
 
         self._skinny, self._skinny_swiglu = skinny_gemm.skinny_gemm, skinny_gemm.skinny_gemm_swiglu
 
@@ -92,6 +104,8 @@ class TritonOps(ReferenceOps):
     ) -> torch.Tensor:
         if b is None and gemv_fits(x, w):
             return self._gemv(x, w)
+        if b is None and gemv_rows_fits(x, w):
+            return self._rows(x, w)
         if b is None and w.shape[0] <= LAYER_MAX_N and skinny_fits(x, w):
             return self._skinny(x, w)
         return F.linear(x, w, b)
@@ -99,12 +113,17 @@ class TritonOps(ReferenceOps):
     def linear_swiglu(self, x: torch.Tensor, gate_up_w: torch.Tensor) -> torch.Tensor:
         if gemv_fits(x, gate_up_w):
             return self._gemv_swiglu(x, gate_up_w)
+        if gemv_rows_fits(x, gate_up_w):
+            return self._rows_swiglu(x, gate_up_w)
         if skinny_fits(x, gate_up_w):
             return self._skinny_swiglu(x, gate_up_w)
         return self.swiglu(self.linear(x, gate_up_w))
 
     def linear_add_norm(self, x, w, residual, weight_a, weight_out, eps, exit_gate=None):
-        y = self._gemv_normed(x, w) if gemv_fits(x, w) else F.linear(x, w)
+        if gemv_fits(x, w):
+            y = self._gemv_normed(x, w)
+        else:
+            y = self._rows(x, w) if gemv_rows_fits(x, w) else F.linear(x, w)
         return self.add_norm(residual, y, weight_a, weight_out, eps, exit_gate)
 
 

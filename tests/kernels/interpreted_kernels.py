@@ -217,6 +217,29 @@ def check_gemv_epilogues() -> bool:
     return ok
 
 
+def check_gemv_rows() -> bool:
+    """The few-rows GEMV, plain and with the SwiGLU, at 2 to 4 rows (each config's ROWS, rows past
+    M masked), ragged N and K over 1 to 5 tiles, x rows strided, against the float32 product."""
+    from rlt.kernels import gemv_rows as gr
+    from rlt.models import layers
+
+    g = torch.Generator().manual_seed(2)
+    N, ok = 37, True
+    for m in (2, 3, 4):
+        errs = []
+        for K in (300, 2100):
+            x = torch.randn(m, K + 8, generator=g)[:, :K]  # (a row stride past K)
+            w = torch.randn(2 * N, K, generator=g)
+            for got, ref in (
+                (gr.gemv_rows(x, w), x @ w.T),
+                (gr.gemv_rows_swiglu(x, w), layers.swiglu(x @ w.T)),
+            ):
+                errs.append(((got - ref).abs().max() / ref.abs().max()).item())
+        print(f"gemv rows {m}: max error {max(errs):.2e} (relative)")
+        ok &= max(errs) <= 1e-5
+    return ok
+
+
 def check_rope_write_kv() -> bool:
     from rlt.kernels.paged_attention import PagedMetadata, write_kv
     from rlt.kernels.rope import rope_write_kv
@@ -454,6 +477,7 @@ if __name__ == "__main__":
         check_pass_graph_inputs,
         check_gemv,
         check_gemv_epilogues,
+        check_gemv_rows,
         check_rope_write_kv,
         check_qkv_rope,
         check_norms,

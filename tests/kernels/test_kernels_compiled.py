@@ -26,7 +26,7 @@ compiler_output = pytest.mark.skipif(
 
 
 def kernels():
-    from rlt.kernels import activation, decode_attention, gemv, norm, qkv_rope, rope
+    from rlt.kernels import activation, decode_attention, gemv, gemv_rows, norm, qkv_rope, rope
 
     i, f, p16, p32, p64 = "i32", "fp32", "*bf16", "*fp32", "*i64"
     gemv_args = occ.GEMV_SIGNATURE
@@ -98,6 +98,15 @@ def kernels():
             dict(BLOCK_N=2, BLOCK_K=1024, EPILOGUE=epilogue, EARLY=early),
         )
 
+    def gemv_rows_case(epilogue):
+        ptrs = dict(x_ptr=p16, w_ptr=p16, y_ptr=p16)
+        args = dict(ptrs, M=i, N=i, K=i, stride_xm=i, stride_wn=i, stride_ym=i)
+        return (
+            gemv_rows._gemv_rows_kernel,
+            args,
+            dict(BLOCK_N=1, BLOCK_K=1024, ROWS=4, EPILOGUE=epilogue),
+        )
+
     add_norm_args = dict(
         x_ptr=p16,
         a_ptr=p16,
@@ -120,6 +129,8 @@ def kernels():
         "gemv": gemv_case(gemv.PLAIN),
         "gemv_swiglu": gemv_case(gemv.SWIGLU),
         "gemv_early3": gemv_case(gemv.PLAIN, 3),
+        "gemv_rows": gemv_rows_case(gemv.PLAIN),
+        "gemv_rows_swiglu": gemv_rows_case(gemv.SWIGLU),
         "decode": decode_case(8),
         "decode_unsplit": decode_case(1),
         "decode_merge": (
@@ -177,6 +188,8 @@ EARLY_READS = {
     "gemv": {"w_ptr"},
     "gemv_swiglu": {"w_ptr"},
     "gemv_early3": {"w_ptr"},
+    "gemv_rows": {"w_ptr"},
+    "gemv_rows_swiglu": {"w_ptr"},
     "decode": {"pos_ptr", "table_ptr", "cache_ptr"},
     "decode_unsplit": {"pos_ptr"},  # unsplit passes read the cache after the wait
     "decode_merge": {"pos_ptr"},  # (its working slices' count)
@@ -237,6 +250,8 @@ def ptx_of(name: str, pdl: bool) -> str:
         "gemv",
         "gemv_swiglu",
         "gemv_early3",
+        "gemv_rows",
+        "gemv_rows_swiglu",
         "decode",
         "decode_unsplit",
         "decode_merge",
