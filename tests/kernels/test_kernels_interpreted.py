@@ -9,9 +9,9 @@ import sys
 def test_kernels_match_references_interpreted():
     """Decode attention (MHA and GQA groups, split and whole), the general paged kernel (whole and
     with its keys split, a head or a GQA group's heads per item; a pass graph's inputs), every GEMV
-    config plain and with its SwiGLU, more K tiles before the wait, the few-rows GEMV, RoPE with the KV store (and as
-    the one-row q/k/v product's epilogue), the norms, the penalty slots, the finalize copies, steady
-    decode's lane rows and latent checks."""
+    config plain and with its SwiGLU, more K tiles before the wait, the few-rows GEMV, RoPE with the
+    KV store (and as the one-row q/k/v product's epilogue), the norms, the penalty slots, the
+    finalize copies, steady decode's lane rows and latent checks."""
     here = os.path.dirname(__file__)
     path = os.pathsep.join([here, os.environ.get("PYTHONPATH", "")])
     env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": path}
