@@ -1,6 +1,6 @@
 """`rlt bench gemm`: the few-row products of decode passes (1 to 32 rows, Ouro-1.4B's and
 Nanbeige4.2-3B's projections) through cuBLAS (F.linear), the one-row GEMV (rlt/kernels/gemv.py),
-the few-rows GEMV's configs (2 to 4 rows, rlt/kernels/gemv_rows.py) and the skinny GEMM's
+the two-row GEMV's configs (rlt/kernels/gemv_rows.py) and the skinny GEMM's
 (rlt/kernels/skinny_gemm.py). CUDA only.
 
 Each variant is timed as the engine runs it: many calls in a CUDA graph (do_bench_cudagraph, its
@@ -102,7 +102,7 @@ def command(args) -> None:
                 variants["cublas linear only"] = F.linear  # (its y is [M, 2N]: no SwiGLU)
             if M == 1:
                 variants["gemv"] = gemv.gemv_swiglu if swiglu else gemv.gemv
-            if 2 <= M <= gr.MAX_ROWS:
+            if M == 2:
                 for c in gr.SWEEP:
                     variants[f"gemv rows {c}"] = _bound(
                         gr.gemv_rows_swiglu if swiglu else gr.gemv_rows, c

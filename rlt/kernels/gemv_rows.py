@@ -1,13 +1,15 @@
-"""The GEMV of a few rows: y = x @ w.T with x [M, K], 2 <= M <= 4, for decode passes of a few rows
-(a few requests, or a speculation round's verify rows).
+"""The two-row GEMV: y = x @ w.T with x [2, K], for decode passes of two rows (two requests, or a
+speculation round's verify of one checked draft).
 
-Such a pass still reads every weight once, and at a few rows its speed is still the weights' share
-of HBM bandwidth: the one-row GEMV's design (rlt/kernels/gemv.py: many small programs, each weight
-tile read once, its first tile before the PDL wait) with one accumulator per row of x, each an
-in-thread [rows of w, K tile] product summed once at the end. The rows of x are separate
-accumulators, not a [M, rows of w, K] tile, so that the weight tile keeps the one-row layout (its
-8-element vector loads along K) and each thread multiplies the weights it holds by every row. ROWS
-(2 or 4) bounds M for a compiled kernel; rows past M are masked.
+Such a pass still reads every weight once, and at two rows its speed is still the weights' share of
+HBM bandwidth, which cuBLAS leaves 15-55 % below the read rate at these shapes. So the one-row
+GEMV's design (rlt/kernels/gemv.py: many small programs, each weight tile read once, its first
+tile before the PDL wait) with an accumulator per row of x: each thread multiplies the weights it
+holds by both rows. A program takes one row of w, so that its two accumulators take the registers
+the one-row GEMV's two rows of w take (sm_90, Triton 3.6: 39 against 40, with the SwiGLU 63 against
+62): as many programs per SM.
+At 3 and 4 rows the same design (an accumulator a row) measured slower than cuBLAS: every program
+reads all of x for its one row of w (docs/performance.md).
 """
 
 import torch
@@ -18,11 +20,9 @@ from rlt.kernels import pdl
 from rlt.kernels.gemv import PLAIN, SWIGLU, GemvConfig, _w_tile
 
 _SWIGLU = tl.constexpr(SWIGLU)
-MAX_ROWS = 4
-# Per ROWS (rlt bench gemm times the SWEEP): each row of x adds an accumulator tile of registers
-# (SwiGLU two), so a program takes one row of w: at 2 rows of x as many registers as the one-row
-# GEMV's program of two rows of w (40, with SwiGLU 64, on sm_90), and as many programs per SM.
-CONFIGS = {2: GemvConfig(1, 1024, 4), 4: GemvConfig(1, 1024, 4)}
+# Rows of w per program, K per load, warps: the best total over Ouro-1.4B's and Nanbeige4.2-3B's
+# products in `rlt bench gemm` (one config for every shape, as the one-row GEMV's).
+CONFIG = GemvConfig(1, 1024, 4)
 # The configs `rlt bench gemm` times.
 SWEEP = tuple(
     GemvConfig(*c) for c in ((1, 1024, 4), (2, 1024, 4), (2, 512, 4), (4, 256, 4), (1, 2048, 8))
@@ -30,9 +30,9 @@ SWEEP = tuple(
 
 
 @triton.jit
-def _acc_row(acc, acc_up, wf, uf, x_ptr, r: tl.constexpr, M, kk, K, EPILOGUE: tl.constexpr):
-    """Row r of x over K tile kk into its accumulators (wf, uf: the tile's weights in float32)."""
-    x = tl.load(x_ptr + kk, mask=kk < tl.where(r < M, K, 0), other=0.0).to(tl.float32)
+def _acc_row(acc, acc_up, wf, uf, x_ptr, kk, K, EPILOGUE: tl.constexpr):
+    """A row of x over K tile kk into its accumulators (wf, uf: the tile's weights in float32)."""
+    x = tl.load(x_ptr + kk, mask=kk < K, other=0.0).to(tl.float32)
     acc += wf * x[None, :]
     if EPILOGUE == _SWIGLU:
         acc_up += uf * x[None, :]
@@ -40,14 +40,14 @@ def _acc_row(acc, acc_up, wf, uf, x_ptr, r: tl.constexpr, M, kk, K, EPILOGUE: tl
 
 
 @triton.jit
-def _store_row(acc, acc_up, y_ptr, offs_n, N, r: tl.constexpr, M, EPILOGUE: tl.constexpr):
+def _store_row(acc, acc_up, y_ptr, offs_n, n_ok, EPILOGUE: tl.constexpr):
     dt = y_ptr.dtype.element_ty
     y = tl.sum(acc, axis=1).to(dt)
     if EPILOGUE == _SWIGLU:
         g = y.to(tl.float32)
         u = tl.sum(acc_up, axis=1).to(dt).to(tl.float32)
         y = ((g * tl.sigmoid(g)).to(dt).to(tl.float32) * u).to(dt)
-    tl.store(y_ptr + offs_n, y, mask=offs_n < tl.where(r < M, N, 0))
+    tl.store(y_ptr + offs_n, y, mask=n_ok)
 
 
 @triton.jit
@@ -55,7 +55,6 @@ def _gemv_rows_kernel(
     x_ptr,
     w_ptr,
     y_ptr,
-    M,
     N,
     K,
     stride_xm,
@@ -63,13 +62,12 @@ def _gemv_rows_kernel(
     stride_ym,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
-    ROWS: tl.constexpr,
     EPILOGUE: tl.constexpr,
     PDL: tl.constexpr,
 ):
-    """y[:M] = x[:M] @ w.T, M <= ROWS (2 or 4). SWIGLU: w is [gate; up] (2N rows), rounded as the
-    one-row GEMV's epilogue. The first weight tile is read before the PDL wait (weights are never
-    written during a pass); x only after it."""
+    """y[:2] = x[:2] @ w.T. SWIGLU: w is [gate; up] (2N rows), rounded as the one-row GEMV's
+    epilogue. The first weight tile is read before the PDL wait (weights are never written during a
+    pass); x only after it."""
     offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = offs_n < N
     rows = w_ptr + offs_n[:, None].to(tl.int64) * stride_wn
@@ -78,7 +76,7 @@ def _gemv_rows_kernel(
     w, w_up = _w_tile(rows, rows_up, offs_k, n_ok, K, EPILOGUE)
     pdl.begin(PDL)
     a0 = tl.zeros((BLOCK_N, BLOCK_K), tl.float32)
-    a1, a2, a3, u0, u1, u2, u3 = a0, a0, a0, a0, a0, a0, a0
+    a1, u0, u1 = a0, a0, a0
     for k0 in range(0, K, BLOCK_K):
         kk = k0 + offs_k
         if k0 > 0:
@@ -87,49 +85,32 @@ def _gemv_rows_kernel(
         uf = wf
         if EPILOGUE == _SWIGLU:
             uf = w_up.to(tl.float32)
-        a0, u0 = _acc_row(a0, u0, wf, uf, x_ptr, 0, M, kk, K, EPILOGUE)
-        a1, u1 = _acc_row(a1, u1, wf, uf, x_ptr + stride_xm, 1, M, kk, K, EPILOGUE)
-        if ROWS > 2:
-            a2, u2 = _acc_row(a2, u2, wf, uf, x_ptr + 2 * stride_xm, 2, M, kk, K, EPILOGUE)
-            a3, u3 = _acc_row(a3, u3, wf, uf, x_ptr + 3 * stride_xm, 3, M, kk, K, EPILOGUE)
-    _store_row(a0, u0, y_ptr, offs_n, N, 0, M, EPILOGUE)
-    _store_row(a1, u1, y_ptr + stride_ym, offs_n, N, 1, M, EPILOGUE)
-    if ROWS > 2:
-        _store_row(a2, u2, y_ptr + 2 * stride_ym, offs_n, N, 2, M, EPILOGUE)
-        _store_row(a3, u3, y_ptr + 3 * stride_ym, offs_n, N, 3, M, EPILOGUE)
+        a0, u0 = _acc_row(a0, u0, wf, uf, x_ptr, kk, K, EPILOGUE)
+        a1, u1 = _acc_row(a1, u1, wf, uf, x_ptr + stride_xm, kk, K, EPILOGUE)
+    _store_row(a0, u0, y_ptr, offs_n, n_ok, EPILOGUE)
+    _store_row(a1, u1, y_ptr + stride_ym, offs_n, n_ok, EPILOGUE)
 
 
-def gemv_rows(x: torch.Tensor, w: torch.Tensor, config: GemvConfig | None = None) -> torch.Tensor:
-    """x [M, K] (2 <= M <= 4), w [N, K] (rows contiguous) -> x @ w.T [M, N] in x's dtype."""
+def gemv_rows(x: torch.Tensor, w: torch.Tensor, config: GemvConfig = CONFIG) -> torch.Tensor:
+    """x [2, K] (K contiguous), w [N, K] (rows contiguous) -> x @ w.T [2, N] in x's dtype."""
     return _launch(x, w, config, PLAIN, w.shape[0])
 
 
-def gemv_rows_swiglu(
-    x: torch.Tensor, w: torch.Tensor, config: GemvConfig | None = None
-) -> torch.Tensor:
-    """x [M, K], w the fused [gate; up] weight [2I, K] -> silu(x @ gate.T) * (x @ up.T) [M, I]."""
+def gemv_rows_swiglu(x: torch.Tensor, w: torch.Tensor, config: GemvConfig = CONFIG) -> torch.Tensor:
+    """x [2, K], w the fused [gate; up] weight [2I, K] -> silu(x @ gate.T) * (x @ up.T) [2, I]."""
     return _launch(x, w, config, SWIGLU, w.shape[0] // 2)
 
 
-def rows_bound(m: int) -> int:
-    """The ROWS a product of m rows compiles for."""
-    return 2 if m <= 2 else 4
-
-
-def _launch(x, w, config, epilogue, N):
-    M = x.shape[0]
-    assert 2 <= M <= MAX_ROWS, M
-    rows = rows_bound(M)
-    config = config or CONFIGS[rows]
+def _launch(x, w, config: GemvConfig, epilogue, N):
+    assert x.shape[0] == 2, x.shape
     x = x if x.stride(-1) == 1 else x.contiguous()
-    y = torch.empty(M, N, dtype=x.dtype, device=x.device)
+    y = torch.empty(2, N, dtype=x.dtype, device=x.device)
     pdl.launch(
         _gemv_rows_kernel,
         (triton.cdiv(N, config.rows),),
         x,
         w,
         y,
-        M,
         N,
         w.shape[1],
         x.stride(0),
@@ -137,7 +118,6 @@ def _launch(x, w, config, epilogue, N):
         y.stride(0),
         BLOCK_N=config.rows,
         BLOCK_K=config.k,
-        ROWS=rows,
         EPILOGUE=epilogue,
         num_warps=config.warps,
         like=x,

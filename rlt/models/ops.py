@@ -17,16 +17,14 @@ def gemv_fits(x: torch.Tensor, w: torch.Tensor) -> bool:
     return x.shape[0] == 1 and x.dtype == w.dtype
 
 
-# Decode passes of 2 to GEMV_ROWS rows: the few-rows GEMV (rlt/kernels/gemv_rows.py), every product.
-GEMV_ROWS = 4
-
-
 def gemv_rows_fits(x: torch.Tensor, w: torch.Tensor) -> bool:
-    """A product the few-rows GEMV takes: 2 to GEMV_ROWS rows, of the weight's dtype."""
-    return 2 <= x.shape[0] <= GEMV_ROWS and x.dtype == w.dtype
+    """A product the two-row GEMV takes (rlt/kernels/gemv_rows.py): two rows, of the weight's
+    dtype (every product of such a pass: faster than cuBLAS and the skinny GEMM at both families'
+    shapes, docs/performance.md)."""
+    return x.shape[0] == 2 and x.dtype == w.dtype
 
 
-# Decode passes of more rows, up to SKINNY_ROWS: the skinny GEMM (rlt/kernels/skinny_gemm.py) on the
+# Decode passes of 3 to SKINNY_ROWS rows: the skinny GEMM (rlt/kernels/skinny_gemm.py) on the
 # [gate; up] product and on plain ones up to LAYER_MAX_N rows of w (q/k/v: not the LM heads), where
 # K is at least SKINNY_MIN_K: there the engine's passes are faster with it than with cuBLAS
 # (Nanbeige4.2-3B's K of 3,072), at Ouro-1.4B's 2,048 they are not (docs/performance.md). The o and
@@ -80,8 +78,7 @@ class ReferenceOps:
 class TritonOps(ReferenceOps):
     """The Triton kernels (CUDA): one launch per norm, residual add + norm (with Ouro's exit gate)
     and SwiGLU; a one-row product (decode at one row) is a GEMV, the [gate; up] one with its SwiGLU;
-    a product of 2 to GEMV_ROWS rows the few-rows GEMV; of more rows the skinny GEMM where
-    skinny_fits."""
+    a two-row product the two-row GEMV; of more rows the skinny GEMM where skinny_fits."""
 
     def __init__(self):
         from rlt.kernels import gemv

@@ -100,11 +100,11 @@ def kernels():
 
     def gemv_rows_case(epilogue):
         ptrs = dict(x_ptr=p16, w_ptr=p16, y_ptr=p16)
-        args = dict(ptrs, M=i, N=i, K=i, stride_xm=i, stride_wn=i, stride_ym=i)
+        args = dict(ptrs, N=i, K=i, stride_xm=i, stride_wn=i, stride_ym=i)
         return (
             gemv_rows._gemv_rows_kernel,
             args,
-            dict(BLOCK_N=1, BLOCK_K=1024, ROWS=4, EPILOGUE=epilogue),
+            dict(BLOCK_N=1, BLOCK_K=1024, EPILOGUE=epilogue),
         )
 
     add_norm_args = dict(

@@ -9,7 +9,7 @@ import sys
 def test_kernels_match_references_interpreted():
     """Decode attention (MHA and GQA groups, split and whole), the general paged kernel (whole and
     with its keys split, a head or a GQA group's heads per item; a pass graph's inputs), every GEMV
-    config plain and with its SwiGLU, more K tiles before the wait, the few-rows GEMV, RoPE with the
+    config plain and with its SwiGLU, more K tiles before the wait, the two-row GEMV, RoPE with the
     KV store (and as the one-row q/k/v product's epilogue), the norms, the penalty slots, the
     finalize copies, steady decode's lane rows and latent checks."""
     here = os.path.dirname(__file__)
@@ -26,10 +26,10 @@ def test_kernels_match_references_interpreted():
     from rlt.kernels.gemv import CONFIGS
 
     # decode, paged (5 plans, a pass graph's inputs), GEMV configs and epilogues, 2 and 3 early
-    # tiles, the few-rows GEMV at 2 to 4 rows, RoPE (a program per head, then per two tokens),
+    # tiles, the two-row GEMV, RoPE (a program per head, then per two tokens),
     # norms, penalties, KV copies, lane rows and checks
     assert (
-        r.stdout.count("max error") == 6 + 5 + 1 + len(CONFIGS) * 2 + 2 + 3 + 4 + 1 + 2 + 1 + 1 + 1
+        r.stdout.count("max error") == 6 + 5 + 1 + len(CONFIGS) * 2 + 2 + 1 + 4 + 1 + 2 + 1 + 1 + 1
     ), r.stdout
     # the q/k/v product with RoPE
     assert r.stdout.count("equal to gemv + rope_write_kv: True") == 2, r.stdout
