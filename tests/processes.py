@@ -4,6 +4,7 @@ import contextlib
 import os
 import signal
 import subprocess
+import time
 
 
 def cmdline(pid: str) -> str:
@@ -63,6 +64,25 @@ def logging_to(directory: str) -> list[int]:
         except OSError:
             continue
     return out
+
+
+def wait_for_ready_workers(coordinator: int, count: int, timeout: float) -> list[int]:
+    """Wait until `count` workers of a coordinator process have logged their ready line (the log
+    is their stdout) -> their pids."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        ready = []
+        for pid in workers_of(coordinator):
+            try:
+                with open(f"/proc/{pid}/fd/1", "rb") as log:
+                    if b") ready in " in log.read():
+                        ready.append(pid)
+            except OSError:
+                continue
+        if len(ready) >= count:
+            return ready
+        time.sleep(0.05)
+    raise TimeoutError(f"fewer than {count} workers of {coordinator} ready in {timeout} s")
 
 
 @contextlib.contextmanager

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from tests.processes import as_from_a_terminal, rlt_processes_of, workers_of
+from tests.processes import as_from_a_terminal, rlt_processes_of, wait_for_ready_workers
 from tests.reference import Ref, ref_generate
 
 PROMPTS = [[11, 42, 7, 300, 19, 5], [3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5]]
@@ -313,18 +313,10 @@ def test_ctrl_c_exits_with_one_line_and_leaves_nothing(checkpoints, tmp_path, si
         ],
         env,
     ) as p:
-        deadline = time.monotonic() + 60
-        while not any(tmp_path.glob("rlt-*/control")) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        worker_pgid = None
-        while time.monotonic() < deadline:  # the worker is up and generating
-            workers = workers_of(p.pid)
-            if workers:
-                worker_pgid = os.getpgid(workers[0])
-                break
-            time.sleep(0.1)
-        time.sleep(3)
-        assert worker_pgid is not None and worker_pgid != os.getpgid(p.pid)
+        [worker] = wait_for_ready_workers(p.pid, 1, timeout=60)
+        time.sleep(0.5)  # (generating)
+        worker_pgid = os.getpgid(worker)
+        assert worker_pgid != os.getpgid(p.pid)
         p.send_signal(getattr(signal, sig))
         out, err = p.communicate(timeout=60)
         assert p.returncode == 130 and err.strip() == "rlt: interrupted", err

@@ -34,7 +34,13 @@ def main() -> int:
     die_with_parent()
     if os.getppid() != parent:  # the coordinator died before the death signal was set
         return 1
-    import rlt.workers.worker  # noqa: F401 - torch and the worker's modules, once for every worker
+    # torch and the worker's modules, once for every worker: its loop's, and what it builds its
+    # engine from (rlt/workers/worker_main.py's build)
+    import rlt.models.family  # noqa: F401
+    import rlt.models.loader  # noqa: F401
+    import rlt.workers.engine  # noqa: F401
+    import rlt.workers.worker  # noqa: F401
+    import rlt.workers.worker_main  # noqa: F401
 
     gc.collect()
     gc.freeze()  # (the workers' collections skip the imported heap, whose pages stay shared)

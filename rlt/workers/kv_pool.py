@@ -51,7 +51,12 @@ class KVPool:
         layers = max(g.num_core_layers, g.num_boundary_layers)
         # One extra block that is never handed out: padding rows of a CUDA-graph batch write there.
         self.scratch_block = num_blocks
-        self.cache = torch.zeros(
+        # On a GPU the pool is zeroed (milliseconds), so no kernel's tile ever meets a NaN in a slot
+        # not yet written. On the CPU it is not: zeroing its default 1 GiB took ~0.3 s of each
+        # worker's start, while a slot is written before any pass reads it and the torch reference
+        # reads no position past a segment's length (its pages are mapped at first write).
+        alloc = torch.zeros if torch.device(device).type == "cuda" else torch.empty
+        self.cache = alloc(
             num_blocks + 1,
             layers,
             2,

