@@ -73,10 +73,12 @@ def wait_for_ready_workers(coordinator: int, count: int, timeout: float) -> list
     while time.monotonic() < deadline:
         ready = []
         for pid in workers_of(coordinator):
-            try:
-                with open(f"/proc/{pid}/fd/1", "rb") as log:
-                    if b") ready in " in log.read():
-                        ready.append(pid)
+            try:  # (a process whose stdout is not a file, such as a pipe, is no worker: not read)
+                log = os.readlink(f"/proc/{pid}/fd/1")
+                if os.path.isfile(log):
+                    with open(log, "rb") as f:
+                        if b") ready in " in f.read():
+                            ready.append(pid)
             except OSError:
                 continue
         if len(ready) >= count:

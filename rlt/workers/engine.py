@@ -29,7 +29,7 @@ from rlt.workers.prefix_cache import root_key
 from rlt.workers.runner import Runner
 from rlt.workers.scheduler import Scheduler
 from rlt.workers.sequence import Sequence
-from rlt.workers.speculation import speculated, speculation, verified
+from rlt.workers.speculation import round_back, speculated, speculation
 from rlt.workers.steady_stretch import SteadyStretches
 
 
@@ -303,29 +303,15 @@ class LoopEngine(SteadyStretches):
             if g.draft_of is not None:
                 g.draft_of.tokens[g.start - g.draft_of.start] = smp.token
             elif g.verify_of is None:
-                outputs.append(self._append_token(s, smp.token, g.depth, smp.logprobs))
+                outputs.append(self.append_token(s, smp.token, g.depth, smp.logprobs))
             else:  # a verify row's target: the round's tokens go out once all of them are back
                 r = g.verify_of
                 r.targets[g.start - r.start] = (smp.token, smp.logprobs)
                 if r.ready:
-                    outputs += self._accept(s, r)
+                    outputs += round_back(self, s, r)
         return outputs
 
-    def _accept(self, s: Sequence, r) -> list[StepOutput]:
-        """A speculation round's verify is back: the targets it keeps are the request's next tokens,
-        their positions final; the next round starts after them."""
-        self.spec_rounds, self.spec_drafts = self.spec_rounds + 1, self.spec_drafts + r.k - 1
-        outputs, self.spec_accepted = [], self.spec_accepted + r.matched
-        for tok, top in verified(s, r):
-            outputs.append(self._append_token(s, tok, s.params.max_loops, top))
-            self.spec_tokens += 1
-            if outputs[-1].finish_reason is not None:
-                return outputs
-        if s.spec is r:  # (not preempted meanwhile: then it recomputes them)
-            s.num_done, s.spec = r.start + len(outputs), None
-        return outputs
-
-    def _append_token(self, s: Sequence, tok: int, depth: int, top) -> StepOutput:
+    def append_token(self, s: Sequence, tok: int, depth: int, top) -> StepOutput:
         s.output.append(tok)
         s.depths.append(depth)
         p = s.params

@@ -177,17 +177,9 @@ class Sequence:
             # still recomputing; or that token ends it (or hands it off): nothing to decode here
             return []
         base = len(s.output) + (s.feed is not None)
-        if (
-            s.spec is None
-            and speculate
-            and s.speculation is not None
-            and base >= s.acceptance.pause_until
-            and (s.matcher is None or s.matcher.started)  # (a grammar waiting for `after`: plain)
-        ):
-            d, most = s.speculation  # n drafts checked: n + 1 rows, up to n + 1 tokens a round
-            n = s.acceptance.drafts(most, d, p.max_loops)
-            if (k := min(n + 1, p.max_tokens - base)) >= 2:
-                s.spec = SpecRound(s.num_done, base, k, d)
+        # (a grammar waiting for `after`: plain)
+        if s.spec is None and speculate and (s.matcher is None or s.matcher.started):
+            s.spec = s.new_round(s.num_done, base)
         if s.spec is not None:
             return s.spec_groups(budget)
         return [
@@ -205,24 +197,32 @@ class Sequence:
             )
         ]
 
+    def new_round(self, start: int, base: int) -> SpecRound | None:
+        """A speculation round from position `start` (draft 0 predicting output `base`), where its
+        request speculates and drafting pays now."""
+        p = self.params
+        if self.speculation is None or base < self.acceptance.pause_until:
+            return None
+        d, most = self.speculation  # n drafts checked: n + 1 rows, up to n + 1 tokens a round
+        n = self.acceptance.drafts(most, d, p.max_loops)
+        k = min(n + 1, p.max_tokens - base)
+        return SpecRound(start, base, k, d) if k >= 2 else None
+
     def spec_groups(self, budget: int) -> list[Group]:
         """Its round's next draft, or its verify rows once every draft is out (none while the verify
         runs or its tokens are on their way back)."""
         s, r = self, self.spec
-        j = len(r.drafts)
-        if r.verified or (j == r.k and budget < r.k):
+        if r.verified:
             return []
+        j = len(r.drafts)
+        if j < r.k:
+            return [s._draft(r, j)]
+        if budget < r.k:
+            return []
+        r.verified = True
         common = dict(
             tables=s.tables, params=s.params, decoding=True, samples=True, matcher=s.matcher
         )
-        if j < r.k:
-            ids = [0] if s.feed is not None else [r.tokens[j - 1] if j else s.output[-1]]
-            draft = Group(
-                ids, r.start + j, output_index=r.base + j, feed=s.feed, draft_of=r, **common
-            )
-            draft.samples = j + 1 < r.k  # (the last one's token is checked by nothing: no head)
-            return [draft]
-        r.verified = True
         return [
             Group(
                 [0],
@@ -236,6 +236,25 @@ class Sequence:
             )
             for i, g in enumerate(r.drafts)
         ]
+
+    def _draft(self, r: SpecRound, j: int) -> Group:
+        """Draft j of round r: its input is draft j - 1's token (on the device while it is not
+        back: the feed), or for draft 0 the last output token."""
+        s = self
+        ids = [0] if s.feed is not None else [r.tokens[j - 1] if j else s.output[-1]]
+        draft = Group(
+            ids,
+            r.start + j,
+            s.tables,
+            s.params,
+            True,
+            samples=j + 1 < r.k,  # (the last one's token is checked by nothing: no head)
+            output_index=r.base + j,
+            feed=s.feed,
+            matcher=s.matcher,
+            draft_of=r,
+        )
+        return draft
 
     @property
     def needs_whole_prompt(self) -> bool:

@@ -138,11 +138,23 @@ def speculated(g) -> None:
         r.flying = [f for f in r.flying if f is not g]
 
 
-def verified(s, r: SpecRound) -> list[tuple[int, dict | None]]:
+def round_back(engine, s, r: SpecRound) -> list:
     """Request s's round r is back from its verify: its grammar gives back the drafts, its
-    acceptance takes the round in; -> the targets it outputs."""
+    acceptance takes the round in, and the targets it keeps are the request's next tokens (engine:
+    the LoopEngine, which counts rounds and appends tokens), their positions final; the next round
+    starts after them. -> the step's outputs."""
     if s.matcher is not None:
         s.matcher.end_round()
     d, most = s.speculation
     s.acceptance.update(r.k - 1, r.matched, most, d, s.params.max_loops, len(s.output) + r.k)
-    return r.accepted()
+    engine.spec_rounds, engine.spec_drafts = engine.spec_rounds + 1, engine.spec_drafts + r.k - 1
+    engine.spec_accepted += r.matched
+    outputs = []
+    for tok, top in r.accepted():
+        outputs.append(engine.append_token(s, tok, s.params.max_loops, top))
+        engine.spec_tokens += 1
+        if outputs[-1].finish_reason is not None:
+            return outputs
+    if s.spec is r:  # (not preempted meanwhile: then it recomputes them)
+        s.num_done, s.spec = r.start + len(outputs), None
+    return outputs

@@ -74,7 +74,7 @@ class SteadyStretches:
                 continue
             s.num_done += 1
             outputs.append(
-                self._append_token(
+                self.append_token(
                     s, tokens[lane], depths[lane], top_dict(top, lane, s.params.logprobs)
                 )
             )
