@@ -240,21 +240,19 @@ class Sequence:
     def _draft(self, r: SpecRound, j: int) -> Group:
         """Draft j of round r: its input is draft j - 1's token (on the device while it is not
         back: the feed), or for draft 0 the last output token."""
-        s = self
-        ids = [0] if s.feed is not None else [r.tokens[j - 1] if j else s.output[-1]]
-        draft = Group(
+        ids = [0] if self.feed is not None else [r.tokens[j - 1] if j else self.output[-1]]
+        return Group(
             ids,
             r.start + j,
-            s.tables,
-            s.params,
+            self.tables,
+            self.params,
             True,
             samples=j + 1 < r.k,  # (the last one's token is checked by nothing: no head)
             output_index=r.base + j,
-            feed=s.feed,
-            matcher=s.matcher,
+            feed=self.feed,
+            matcher=self.matcher,
             draft_of=r,
         )
-        return draft
 
     @property
     def needs_whole_prompt(self) -> bool:
