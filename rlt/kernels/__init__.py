@@ -7,7 +7,8 @@ Modules (a Triton kernel in <name>_triton.py beside its reference where both are
   paged_attention.py, _triton  general paged attention (prompt chunks, mixed passes); the plan
   attention_steps.py           device functions the two attention kernels share
   attention.py                 the torch reference attention
-  gemv.py                      one-row products; skinny_gemm.py: 2 to 32 rows where it beats cuBLAS
+  gemv.py                      one-row products; gemv_rows.py: two-row products
+  skinny_gemm.py               3 to 32 rows where it beats cuBLAS
   qkv_rope.py                  the one-row q/k/v product with RoPE and the K/V store as its epilogue
   rope.py                      RoPE on q and k and the K/V store, one launch
   norm.py                      RMSNorm, alone and fused with the residual add
@@ -48,7 +49,9 @@ own (norm.py, in Ouro's last layer with the exit gate's logit), as at every row 
 measured cheaper than the product's last program finishing the row. The o and down products read
 two weight tiles before their PDL wait (the attention and the SwiGLU product's tail before them
 leave HBM idle); the q/k/v product rotates q and k and stores k/v itself (qkv_rope.py, rotate-half
-without bias: Ouro, Nanbeige), one launch less a layer.
+without bias: Ouro, Nanbeige), one launch less a layer. Two-row passes (two requests, or a
+speculation round's verify of one draft) take the same design with an accumulator per row
+(gemv_rows.py); at 3 and 4 rows it measured slower than cuBLAS (every program reads all of x).
 
 PDL (pdl.py): each decode kernel releases its successor, then waits for its predecessor; before
 the wait it reads only what no kernel of the pass writes (weights, positions, slots, older keys).
