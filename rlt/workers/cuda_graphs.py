@@ -70,13 +70,8 @@ class DecodeGraphs:
     plan for a decode-only pass (rlt/workers/backend.py)."""
 
     def __init__(self, model, pool, hidden, dtype, device, counters, max_batch, attention, plan):
-        self.model, self.pool, self.hidden, self.dtype, self.device = (
-            model,
-            pool,
-            hidden,
-            dtype,
-            device,
-        )
+        self.model, self.pool, self.hidden = model, pool, hidden
+        self.dtype, self.device = dtype, device
         self.counters = counters  # (WorkerCounters: each capture counted)
         self.max_batch = max_batch
         self.attention, self.plan = attention, plan
@@ -220,13 +215,8 @@ class PassGraphs:
     segments, not the decode kernel)."""
 
     def __init__(self, model, pool, hidden, dtype, device, counters, max_rows, attention, plan):
-        self.model, self.pool, self.hidden, self.dtype, self.device = (
-            model,
-            pool,
-            hidden,
-            dtype,
-            device,
-        )
+        self.model, self.pool, self.hidden = model, pool, hidden
+        self.dtype, self.device = dtype, device
         self.counters = counters  # (WorkerCounters: each capture counted)
         self.attention, self.plan = attention, plan
         self.buckets = [b for b in PASS_BUCKETS if b < max_rows] + [

@@ -21,13 +21,8 @@ class PromptGraphs:
         """max_rows: the longest prompt chunk a pass carries (prefill_chunk, at most
         max_num_batched_tokens); mempool: shared with the other graphs of passes carrying prompt
         chunks (one pass replays at a time)."""
-        self.model, self.pool, self.hidden, self.dtype, self.device = (
-            model,
-            pool,
-            hidden,
-            dtype,
-            device,
-        )
+        self.model, self.pool, self.hidden = model, pool, hidden
+        self.dtype, self.device = dtype, device
         self.counters = counters  # (WorkerCounters: each capture counted)
         self.attention, self.mempool = attention, mempool
         self.buckets = [b for b in PROMPT_BUCKETS if b < max_rows] + [
