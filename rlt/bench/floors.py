@@ -18,7 +18,7 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from rlt.models.weights import boundary_layers, core_layers
+from rlt.models.weights import boundary_layers, core_layers, nbytes
 from rlt.models.weights import head as lm_head
 
 
@@ -170,7 +170,7 @@ def prefill_floor_ms(model, mc, n: int, context: int = 0, samples: int = 7) -> f
 
 def decode_roofline(model, mc, concurrency: int, context: int, read_gbps: float) -> dict:
     """Time per decode step of `concurrency` sequences at `context` tokens, at full depth."""
-    weights = sum(w.numel() * w.element_size() for L in core_layers(model) for w in L)
+    weights = nbytes(core_layers(model))
     # the KV pool and head use the weights' dtype
     g, es = mc.kv, core_layers(model)[0][0].element_size()
     kv_layer = context * 2 * g.num_kv_heads * g.head_dim * es  # one row's K and V of one layer

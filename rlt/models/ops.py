@@ -119,8 +119,10 @@ class TritonOps(ReferenceOps):
     def linear_add_norm(self, x, w, residual, weight_a, weight_out, eps, exit_gate=None):
         if gemv_fits(x, w):
             y = self._gemv_normed(x, w)
+        elif gemv_rows_fits(x, w):
+            y = self._rows(x, w)
         else:
-            y = self._rows(x, w) if gemv_rows_fits(x, w) else F.linear(x, w)
+            y = F.linear(x, w)
         return self.add_norm(residual, y, weight_a, weight_out, eps, exit_gate)
 
 

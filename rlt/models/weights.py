@@ -1,6 +1,6 @@
 """The weights a pass reads, whatever the family: each core layer's products, the boundary layers'
-(Huginn's prelude and coda), the LM head. For byte counts: the roofline (rlt/bench/floors.py) and
-what a speculation round costs (rlt/workers/speculation.py)."""
+(Huginn's prelude and coda), the LM head. For the roofline's and the dense floor's byte counts
+and products (rlt/bench/floors.py)."""
 
 import torch
 
