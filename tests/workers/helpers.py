@@ -2,6 +2,7 @@
 sampling parameters, a run through rlt.Engine single or disaggregated, and a spy on preemptions."""
 
 import asyncio
+import time
 
 import torch
 
@@ -55,6 +56,10 @@ def run(engine, mc, requests, arrivals=None, abort_at=None):
     """requests: {id: (prompt, SamplingParams)}; arrivals: {id: step}. Returns {id: [(tok, depth, lp)]}."""
     arrivals = arrivals or {}
     out, step, added = {r: [] for r in requests}, 0, set()
+    # (a step that runs nothing while a grammar compiles off the loop waits on that compile, however
+    # long a busy machine takes: only steps that ran a pass count against the cap; the run as a
+    # whole has a generous hang guard)
+    idle_until, worked = time.monotonic() + 300, 0
     while len(added) < len(requests) or engine.has_work():
         for rid, (prompt, sp) in requests.items():
             if rid not in added and arrivals.get(rid, 0) <= step:
@@ -62,10 +67,13 @@ def run(engine, mc, requests, arrivals=None, abort_at=None):
                 added.add(rid)
         if abort_at and step == abort_at[1]:
             engine.abort(abort_at[0])
-        for o in engine.step():
+        ran = engine.passes + engine.steady_steps
+        outputs = engine.step()
+        for o in outputs:
             out[o.request_id].append((o.token_id, o.exit_depth, o.logprobs, o.finish_reason))
         step += 1
-        assert step < 2000
+        worked += bool(outputs) or engine.passes + engine.steady_steps > ran
+        assert worked < 2000 and time.monotonic() < idle_until
     return out
 
 
