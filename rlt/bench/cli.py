@@ -270,6 +270,13 @@ def _profile(p) -> None:
         "--speculative-tokens", type=int, help="most drafts a round checks (default: the engine's)"
     )
     p.add_argument("--gpu", action="store_true", help="also the GPU's side of the steps (CUDA)")
+    p.add_argument(
+        "--prefill",
+        type=int,
+        default=0,
+        metavar="N",
+        help="instead: N prompts of --prompt-len, by part against the dense floor (CUDA)",
+    )
     p.add_argument("--json-out", help="write the results as JSON here")
 
 

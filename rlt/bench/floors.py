@@ -183,6 +183,8 @@ def decode_roofline(model, mc, concurrency: int, context: int, read_gbps: float)
     ms = step_bytes / read_gbps / 1e6
     return {
         "bytes_per_step": step_bytes,
+        "weight_bytes": mc.depth * weights + head,
+        "kv_bytes": step_bytes - mc.depth * weights - head,
         "ms_per_step": round(ms, 3),
         "tok_per_s": round(concurrency / ms * 1e3, 1),
     }

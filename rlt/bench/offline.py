@@ -203,9 +203,9 @@ def first_uses(counters, run, *args) -> dict:
     return row | {"compiles": counters.compiles - c0, "captures": counters.captures - k0}
 
 
-def prefill_ms(mc, model, dtype, device: str, n: int, reps: int = 3, **options) -> float:
-    """Median time from submission to the first token of one n-token prompt in one chunk
-    (options: other EngineConfig fields, e.g. kernels)."""
+def prefill_engine(mc, model, dtype, device: str, n: int, **options) -> LoopEngine:
+    """An engine for one n-token prompt at a time, in one chunk (options: other EngineConfig
+    fields, e.g. kernels)."""
     cfg = EngineConfig(
         **{
             "max_num_seqs": 1,
@@ -215,17 +215,27 @@ def prefill_ms(mc, model, dtype, device: str, n: int, reps: int = 3, **options) 
         }
         | options
     )
-    engine = LoopEngine(mc, model, cfg, dtype, device)
+    return LoopEngine(mc, model, cfg, dtype, device)
+
+
+def first_token(engine, mc, prompt: list[int], request_id: str) -> None:
+    """A prompt through the engine to its first token."""
     sp = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True)
+    engine.add_request(request_id, prompt, resolve_params(mc, len(prompt), sp))
+    while not engine.step():
+        pass
+
+
+def prefill_ms(mc, model, dtype, device: str, n: int, reps: int = 3, **options) -> float:
+    """Median time from submission to the first token of one n-token prompt in one chunk."""
+    engine = prefill_engine(mc, model, dtype, device, n, **options)
     g = torch.Generator().manual_seed(n)
     times = []
     for i in range(reps + 1):  # the first is warm-up (compilation)
         # a new one: no prefix cache hit
         prompt = torch.randint(0, mc.vocab_size, (n,), generator=g).tolist()
-        engine.add_request(str(i), prompt, resolve_params(mc, n, sp))
         t0 = time.perf_counter()
-        while not engine.step():
-            pass
+        first_token(engine, mc, prompt, str(i))
         if device.startswith("cuda"):
             torch.cuda.synchronize()
         times.append((time.perf_counter() - t0) * 1e3)

@@ -13,6 +13,8 @@ import time
 
 import torch
 
+from rlt.bench.step_parts import by_part, decode_bytes, decode_table, prefill_table
+
 
 def attribute_busy(kernels: list[tuple[str, float, float]]) -> dict[str, float]:
     """(label, start, end) intervals -> {label: busy time it adds}: in start order, each kernel
@@ -62,6 +64,18 @@ def traced_kernels(prof) -> list[tuple[str, float, float]]:
             return labelled_kernels(json.load(trace))
 
 
+def busy_per_call(fn, calls: int) -> dict[str, float]:
+    """{label: busy µs it adds} per call of fn, over `calls` calls under torch.profiler (CUDA)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize()
+    return {k: us / calls for k, us in attribute_busy(traced_kernels(prof)).items()}
+
+
 def gpu_profile(engine, steps: int, top: int = 15) -> dict:
     """Two windows of `steps` engine steps on a warm CUDA engine whose requests all keep decoding:
     one plain (tokens per second), one under torch.profiler (GPU busy time per step, the idle
@@ -104,6 +118,7 @@ def gpu_profile(engine, steps: int, top: int = 15) -> dict:
             {"kernel": k, "us_per_step": round(t / steps, 1)}
             for k, t in sorted(critical.items(), key=lambda kv: -kv[1])[:top]
         ],
+        "parts_us": {k: round(t / steps, 1) for k, t in by_part(critical).items()},
     }
 
 
@@ -132,13 +147,15 @@ def profile(args) -> None:
     import msgspec
 
     from rlt import envs
-    from rlt.bench import offline
+    from rlt.bench import floors, offline
     from rlt.bench.commands import exits
     from rlt.contract.config import EngineConfig
     from rlt.models.default_model import default_model_path
     from rlt.workers.engine import LoopEngine
 
     mc, dtype, model = offline.load(args.model or default_model_path(), args.device, args.dtype)
+    if args.prefill:
+        return prefill_profile(args, mc, dtype, model)
     cfg = EngineConfig(
         max_num_seqs=args.concurrency,
         kv_memory_bytes=int(args.kv_gib * 2**30),
@@ -162,11 +179,11 @@ def profile(args) -> None:
     except offline.PoolTooSmall as e:
         raise SystemExit(f"{e}: raise --kv-gib (or lower --concurrency)") from None
     offline.submit(eng, mc, args.concurrency, args.prompt_len, sp, low=3)
-    seen = set()
+    seen, tokens = set(), 0
     while len(seen) < args.concurrency:  # prefill: every request has its first token
         seen |= {o.request_id for o in eng.step()}
     for _ in range(warm):  # decode warm-up: graph captures happen here
-        eng.step()
+        tokens += len(eng.step())
     res = {"concurrency": args.concurrency, "threshold": args.threshold}
     res["steady_decode"] = args.steady_decode
     spec0 = spec_counts(eng)
@@ -181,6 +198,12 @@ def profile(args) -> None:
         print("busy time each kernel adds beyond those started before it, per step:")
         for k in res["busy_by_kernel"]:
             print(f"{k['us_per_step']:10.1f} us  {k['kernel']}")
+        # (a row's context midway through the two windows: a loop step each row a step)
+        context = args.prompt_len + 1 + tokens // args.concurrency + args.steps // mc.depth
+        read = floors.read_gbps(torch.empty(1 << 30, dtype=torch.int16, device=args.device))
+        roof = floors.decode_roofline(model, mc, args.concurrency, context, read)
+        res |= {"read_gbps": read, "context": context}
+        print("\n".join(decode_table(res["parts_us"], decode_bytes(roof, mc.depth), read)))
     per_step, stats = host_profile(eng, args.steps, args.device)
     res |= {"host_ms_per_step": round(per_step * 1e3, 3), "steady_steps": eng.steady_steps}
     res |= {"pdl": envs.pdl_enabled() if args.device.startswith("cuda") else None}
@@ -194,3 +217,30 @@ def profile(args) -> None:
     if args.json_out:
         with open(args.json_out, "w") as f:
             json.dump(res | {"engine": msgspec.to_builtins(cfg)}, f, indent=2)
+
+
+def prefill_profile(args, mc, dtype, model) -> None:
+    """`--prefill N`: N new prompts of --prompt-len through an engine one at a time, after one to
+    warm it, their GPU time by part against the same parts of the prompt's dense floor (CUDA)."""
+    import itertools
+
+    from rlt.bench import floors, offline
+
+    if not args.device.startswith("cuda"):
+        raise SystemExit("--prefill profiles the GPU's side of a prompt: it needs --device cuda")
+    n = args.prompt_len
+    engine = offline.prefill_engine(mc, model, dtype, args.device, n, kernels=args.kernels)
+    g = torch.Generator().manual_seed(n)
+    prompts = iter(torch.randint(0, mc.vocab_size, (args.prefill + 1, n), generator=g).tolist())
+    ids = map(str, itertools.count())
+
+    def one():
+        offline.first_token(engine, mc, next(prompts), next(ids))
+
+    one()
+    engine_us = by_part(busy_per_call(one, args.prefill))
+    floor_us = by_part(busy_per_call(floors.prefill_floor(model, mc, n), args.prefill))
+    print("\n".join(prefill_table(engine_us, floor_us)))
+    if args.json_out:
+        with open(args.json_out, "w") as f:
+            json.dump({"prompt_len": n, "parts_us": engine_us, "floor_parts_us": floor_us}, f)

@@ -449,6 +449,8 @@ def test_decode_roofline_arithmetic(checkpoints):
     head = mc.vocab_size * H * 4
     got = floors.decode_roofline(model, mc, concurrency=3, context=100, read_gbps=1.0)
     assert got["bytes_per_step"] == mc.depth * (weights + 3 * kv_row_loop) + head
+    assert got["weight_bytes"] == mc.depth * weights + head
+    assert got["kv_bytes"] == mc.depth * 3 * kv_row_loop
     assert got["ms_per_step"] == round(got["bytes_per_step"] / 1e6, 3)
 
 
