@@ -101,7 +101,8 @@ async def compile_stall(engine, rng, vocab, args, new_schemas: bool) -> dict:
     while not all(logs):
         await asyncio.sleep(0.005)
     arrivals, tag = [], 0
-    while not any(t.done() for t in tasks):
+    # (at least one arrival: on a busy machine a neighbour may finish before all have begun)
+    while not tag or not any(t.done() for t in tasks):
         tag += 1
         so = schema(f"_{rng.randrange(1 << 30)}") if new_schemas else None
         prompt = [rng.randrange(3, vocab) for _ in range(64)]
