@@ -11,6 +11,7 @@ Modules:
                       (http_client.py), vLLM's metric names; vllm_flags.py: `vllm bench serve` flags
   phases.py           `rlt bench prefix` and `rlt bench first-use`
   profile.py          where a decode step's time goes, from a torch.profiler trace
+  step_parts.py       a pass by part (products, attention, the rest) against its bytes or its floor
   grammar.py          what structured output costs
   parity.py           a PD topology against `single`, token for token
   kv_handoff.py       KV handoff bandwidth through rlt's own KVTransport

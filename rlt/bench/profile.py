@@ -1,6 +1,7 @@
 """Where a decode step's time goes: GPU busy and idle time from a torch.profiler trace, with the
 busy time split among kernels that overlap (programmatic dependent launch starts each before the
-previous one ends, so their durations overstate their cost), and host time under cProfile.
+previous one ends, so their durations overstate their cost) and summed by part
+(rlt/bench/step_parts.py), and host time under cProfile.
 `rlt bench profile` (the parser: rlt/bench/cli.py) runs them over an engine's decode steps.
 """
 
