@@ -179,7 +179,7 @@ class Sequence:
         base = len(s.output) + (s.feed is not None)
         # (a grammar waiting for `after`: plain)
         if s.spec is None and speculate and (s.matcher is None or s.matcher.started):
-            s.spec = s.new_round(s.num_done, base)
+            s.spec = s.new_round(base)
         if s.spec is not None:
             return s.spec_groups(budget)
         return [
@@ -197,16 +197,16 @@ class Sequence:
             )
         ]
 
-    def new_round(self, start: int, base: int) -> SpecRound | None:
-        """A speculation round from position `start` (draft 0 predicting output `base`), where its
-        request speculates and drafting pays now."""
+    def new_round(self, base: int) -> SpecRound | None:
+        """A speculation round from its first position not yet final (draft 0 predicting output
+        `base`), where its request speculates and drafting pays now."""
         p = self.params
         if self.speculation is None or base < self.acceptance.pause_until:
             return None
         d, most = self.speculation  # n drafts checked: n + 1 rows, up to n + 1 tokens a round
         n = self.acceptance.drafts(most, d, p.max_loops)
         k = min(n + 1, p.max_tokens - base)
-        return SpecRound(start, base, k, d) if k >= 2 else None
+        return SpecRound(self.num_done, base, k, d) if k >= 2 else None
 
     def spec_groups(self, budget: int) -> list[Group]:
         """Its round's next draft, or its verify rows once every draft is out (none while the verify
