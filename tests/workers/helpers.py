@@ -2,7 +2,6 @@
 sampling parameters, a run through rlt.Engine single or disaggregated, and a spy on preemptions."""
 
 import asyncio
-import time
 
 import torch
 
@@ -57,9 +56,9 @@ def run(engine, mc, requests, arrivals=None, abort_at=None):
     arrivals = arrivals or {}
     out, step, added = {r: [] for r in requests}, 0, set()
     # (a step that runs nothing while a grammar compiles off the loop waits on that compile, however
-    # long a busy machine takes: only steps that ran a pass count against the cap; the run as a
-    # whole has a generous hang guard)
-    idle_until, worked = time.monotonic() + 300, 0
+    # long a busy machine takes: only steps that ran a pass count against the cap; a compile that
+    # never ends is failed by the pool's own timeout)
+    worked = 0
     while len(added) < len(requests) or engine.has_work():
         for rid, (prompt, sp) in requests.items():
             if rid not in added and arrivals.get(rid, 0) <= step:
@@ -73,7 +72,7 @@ def run(engine, mc, requests, arrivals=None, abort_at=None):
             out[o.request_id].append((o.token_id, o.exit_depth, o.logprobs, o.finish_reason))
         step += 1
         worked += bool(outputs) or engine.passes + engine.steady_steps > ran
-        assert worked < 2000 and time.monotonic() < idle_until
+        assert worked < 2000
     return out
 
 
